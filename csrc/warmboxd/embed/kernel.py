@@ -1,0 +1,1 @@
+# the python kernel lands here

@@ -1,0 +1,147 @@
+/*
+ * wbd.h: the contract between warmboxd's parts.
+ *
+ *   server.c / main.c / store.c / control.c   HTTP server (libmicrohttpd), sandbox
+ *                                             records, control plane, knobs, stats
+ *   runtime.c / dataplane.c / envd.c / interp.c   sandbox directories, bubblewrap
+ *                                             jails, kernels, envd and code interpreter
+ *
+ * Threading: the server runs libmicrohttpd with one thread per connection, so a
+ * handler may block (a streamed /execute does). A lifecycle thread expires
+ * leases. Sandbox records live in the store behind one mutex (wbd_store_lock);
+ * never hold it while waiting on a process or on the network.
+ */
+#ifndef WBD_H
+#define WBD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <microhttpd.h>
+#include <jansson.h>
+
+/* ------------------------------------------------------------------ */
+/* Requests and responses (server.c)                                   */
+/* ------------------------------------------------------------------ */
+
+struct wbd_req {
+  struct MHD_Connection *conn;
+  const char *method;       /* "GET", "POST", ... */
+  const char *path;         /* URL path, no query string */
+  char *body;               /* whole request body, NUL-terminated (body[body_len] == 0) */
+  size_t body_len;
+  int replied;              /* set by the wbd_reply_* functions */
+};
+
+/* Case-insensitive header lookup; NULL when absent. */
+const char *wbd_req_header(struct wbd_req *req, const char *name);
+/* Decoded query argument; NULL when absent. */
+const char *wbd_req_query(struct wbd_req *req, const char *name);
+
+/* Each reply function queues exactly one response and returns MHD_YES/MHD_NO
+ * for the access handler to return. Extra headers: NULL-terminated list of
+ * "Name", "value" pairs, or NULL. */
+enum MHD_Result wbd_reply_json(struct wbd_req *req, unsigned status, json_t *body /* stolen, may be NULL for no body */,
+                               const char *const *headers);
+/* E2B's error body: {"code": status, "message": "..."} */
+enum MHD_Result wbd_reply_error(struct wbd_req *req, unsigned status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+enum MHD_Result wbd_reply_raw(struct wbd_req *req, unsigned status, const char *content_type /* may be NULL */,
+                              const void *data, size_t len, const char *const *headers);
+/* Streamed body. `reader` follows MHD_ContentReaderCallback (may block: one
+ * thread per connection); `done` is called once when the response is finished
+ * or the client went away (use it to interrupt a kernel). */
+enum MHD_Result wbd_reply_stream(struct wbd_req *req, unsigned status, const char *content_type,
+                                 MHD_ContentReaderCallback reader, void *cls,
+                                 MHD_ContentReaderFreeCallback done, const char *const *headers);
+
+/* ------------------------------------------------------------------ */
+/* Sandbox records (store.c)                                           */
+/* ------------------------------------------------------------------ */
+
+enum wbd_state { WBD_RUNNING = 0, WBD_PAUSED = 1, WBD_KILLED = 2 };
+
+struct wbd_rt;  /* runtime state, owned by runtime.c; NULL until first needed */
+
+struct wbd_sandbox {
+  char id[32];              /* "i" + 20 [a-z0-9] */
+  char team[64];            /* which API key owns it */
+  char *template_id;
+  json_t *metadata;         /* object string->string (never NULL) */
+  json_t *env_vars;         /* object string->string (never NULL) */
+  char access_token[72];    /* envdAccessToken, "" when not secure */
+  int secure;
+  int allow_internet;
+  int auto_pause;           /* lifecycle.onTimeout == "pause" */
+  int auto_pause_memory;    /* default 1; 0: filesystem-only snapshot on auto-pause */
+  int auto_resume;
+  int timeout_s;            /* timeout given at create (auto-resume lease rule) */
+  enum wbd_state state;
+  int64_t started_at_us;    /* start of the current run, unix microseconds */
+  int64_t end_at_us;        /* running: lease end; paused: when it was paused */
+  int paused_with_memory;   /* last pause kept memory */
+  int refcount;             /* under the store lock; record freed at 0 after kill */
+  /* data plane bookkeeping (under the store lock) */
+  int runs_in_flight;       /* /execute and Process.Start streams now running */
+  struct wbd_rt *rt;
+};
+
+void wbd_store_lock(void);
+void wbd_store_unlock(void);
+/* Look up by id (any team); returns a referenced record or NULL when unknown
+ * or killed. Release with wbd_sandbox_unref. Takes the store lock itself. */
+struct wbd_sandbox *wbd_sandbox_get(const char *id);
+void wbd_sandbox_unref(struct wbd_sandbox *sb);
+
+/* Resume a paused sandbox as the proxy's auto-resume does (E2B's lease rule:
+ * create timeout raised to >= 300 s, capped). Returns the HTTP status the
+ * proxy would answer on failure (409, 429), or 0 on success. */
+int wbd_sandbox_auto_resume(struct wbd_sandbox *sb);
+
+/* ------------------------------------------------------------------ */
+/* Runtime hooks (runtime.c); the control plane calls these            */
+/* ------------------------------------------------------------------ */
+
+/* Called without the store lock held. Return 0 on success. */
+int  wbd_rt_on_create(struct wbd_sandbox *sb);               /* make its directory */
+int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) or end (no memory) its processes */
+int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its processes */
+void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
+void wbd_rt_shutdown(void);                                   /* warmboxd exits: clean up everything */
+
+/* ------------------------------------------------------------------ */
+/* Data plane (dataplane.c); the server calls this                     */
+/* ------------------------------------------------------------------ */
+
+/* Called for a request routed to sandbox `sb` (already found, running, and
+ * referenced; access token NOT yet checked) on `port` (49983 envd, 49999 code
+ * interpreter). Must reply. */
+enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port);
+
+/* ------------------------------------------------------------------ */
+/* Stats and options (server.c / main.c)                               */
+/* ------------------------------------------------------------------ */
+
+/* Named counters shown by GET /_warmboxd/stats, e.g.
+ * wbd_stat_add("exec_overlap", 1), wbd_stat_add("kill_during_run", 1). */
+void wbd_stat_add(const char *name, long delta);
+
+struct wbd_options {
+  const char *host;
+  int port;
+  const char *api_key;      /* NULL: any e2b_<hex> key, one team per key */
+  int max_length_hours;     /* default 24 */
+  int max_running;          /* 0: unlimited */
+  int default_timeout_s;    /* 15, E2B's server default */
+  int rtt_ms, create_ms, resume_ms;
+  const char *data_dir;     /* where sandbox directories live */
+  int unisolated;           /* --unisolated: run without bubblewrap (warned) */
+  int verbose;
+};
+extern struct wbd_options wbd_opt;
+
+int64_t wbd_now_us(void);
+/* RFC 3339 with nanoseconds, UTC ("2026-08-21T20:00:00.123456000Z"); buf >= 40 */
+void wbd_format_time(int64_t us, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,95 @@
+-- A small HTTP client for specs, over the curl command line tool, so that
+-- warmboxd's specs do not depend on warmbox.core (which they help to test).
+-- It is test scaffolding, not product code: the library speaks HTTP through
+-- libcurl in csrc/core.
+--
+--   local http = require "spec.helpers.http"
+--   local res = http.request{ method = "POST", url = srv.url .. "/sandboxes",
+--     headers = { ["X-API-Key"] = key }, json = { templateID = "base" } }
+--   res.status, res.headers["x-next-token"], res.body, res.json
+local cjson = require("cjson.safe").new()
+local wbd = require "spec.helpers.warmboxd"
+
+local M = { cjson = cjson }
+local q = wbd.sh_quote
+
+local function read_all(path)
+  local f = io.open(path, "rb")
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write_all(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+function M.request(o)
+  local tmp = os.tmpname()
+  local hdr, out, inp = tmp .. ".h", tmp .. ".b", tmp .. ".in"
+  local args = { "curl", "-sS", "-o", q(out), "-D", q(hdr), "-w", q("%{http_code}"),
+    "-X", q(o.method or "GET"), "--max-time", tostring(o.timeout or 30) }
+  local headers = {}
+  for k, v in pairs(o.headers or {}) do headers[#headers + 1] = { k, v } end
+  local body = o.body
+  if o.json ~= nil then
+    body = assert(cjson.encode(o.json))
+    headers[#headers + 1] = { "Content-Type", "application/json" }
+  end
+  for _, h in ipairs(headers) do
+    args[#args + 1] = "-H"
+    args[#args + 1] = q(h[1] .. ": " .. h[2])
+  end
+  if body then
+    write_all(inp, body)
+    args[#args + 1] = "--data-binary"
+    args[#args + 1] = q("@" .. inp)
+  end
+  for _, a in ipairs(o.curl_args or {}) do args[#args + 1] = q(a) end
+  args[#args + 1] = q(o.url)
+  local p = assert(io.popen(table.concat(args, " ") .. " 2>" .. q(tmp .. ".err")))
+  local code = p:read("a")
+  p:close()
+  local res = { status = tonumber(code) or 0, headers = {}, body = read_all(out),
+    error = read_all(tmp .. ".err") }
+  -- Headers of the last response (curl writes every response, e.g. after 100-continue).
+  for line in read_all(hdr):gmatch("[^\r\n]+") do
+    if line:match("^HTTP/") then
+      res.headers = {}
+    else
+      local k, v = line:match("^([^:]+):%s*(.*)$")
+      if k then res.headers[k:lower()] = v end
+    end
+  end
+  res.json = cjson.decode(res.body)
+  for _, f in ipairs({ tmp, hdr, out, inp, tmp .. ".err" }) do os.remove(f) end
+  return res
+end
+
+-- Convenience: a request to warmboxd's control plane with the server's key.
+function M.api(srv, method, path, json, extra)
+  local o = { method = method, url = srv.url .. path, headers = { ["X-API-Key"] = srv.api_key }, json = json }
+  for k, v in pairs(extra or {}) do
+    if k == "headers" then
+      for hk, hv in pairs(v) do o.headers[hk] = hv end
+    else
+      o[k] = v
+    end
+  end
+  return M.request(o)
+end
+
+-- A request to a sandbox's data plane, routed by the E2B headers.
+function M.sandbox(srv, sb, port, method, path, o)
+  o = o or {}
+  local headers = { ["E2b-Sandbox-Id"] = sb.sandboxID, ["E2b-Sandbox-Port"] = tostring(port) }
+  if sb.envdAccessToken then headers["X-Access-Token"] = sb.envdAccessToken end
+  for k, v in pairs(o.headers or {}) do headers[k] = v end
+  return M.request{ method = method, url = srv.url .. path, headers = headers, json = o.json,
+    body = o.body, timeout = o.timeout, curl_args = o.curl_args }
+end
+
+return M

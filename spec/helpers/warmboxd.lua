@@ -1,0 +1,123 @@
+-- Starts a real warmboxd on a free loopback port for integration specs, and
+-- stops it afterwards. Usage, in a describe block:
+--
+--   local wbd = require "spec.helpers.warmboxd"
+--   local srv
+--   lazy_setup(function() srv = wbd.start{ args = { "--rtt-ms", "0" } } end)
+--   lazy_teardown(function() srv:stop() end)
+--   -- srv.url, srv.port, srv.pid, srv.api_key, srv:log()
+--
+-- WARMBOXD_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full")
+-- runs the server under a wrapper; WARMBOXD_BIN overrides the binary.
+local M = {}
+
+local function sh_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+M.sh_quote = sh_quote
+
+local function root()
+  local src = debug.getinfo(1, "S").source:sub(2)
+  local dir = src:match("^(.*)/spec/helpers/[^/]*$")
+  if dir then return dir end
+  return "."
+end
+M.root = root
+
+function M.bin()
+  return os.getenv("WARMBOXD_BIN") or (root() .. "/build/warmboxd")
+end
+
+local function sleep(s) os.execute("sleep " .. tostring(s)) end
+M.sleep = sleep
+
+local function read_all(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function alive(pid)
+  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true
+end
+M.alive = alive
+
+local counter = 0
+-- A fresh E2B-shaped API key (e2b_ + 40 hex), so each spec file is its own team.
+function M.new_key()
+  counter = counter + 1
+  local t = {}
+  local seed = tostring(os.time()) .. tostring(os.clock()) .. tostring({}) .. counter
+  local h = 0
+  for i = 1, 40 do
+    h = (h * 31 + seed:byte((i - 1) % #seed + 1) + i * 7 + counter) % 16
+    t[i] = string.format("%x", (h + math.random(0, 15)) % 16)
+  end
+  return "e2b_" .. table.concat(t)
+end
+
+local Server = {}
+Server.__index = Server
+
+function M.start(opts)
+  opts = opts or {}
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. sh_quote(dir)))
+  local logf = dir .. "/warmboxd.log"
+  local args = { "--port", "0", "--data-dir", dir .. "/data" }
+  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  local parts = {}
+  for i, a in ipairs(args) do parts[i] = sh_quote(a) end
+  local wrapper = opts.wrapper or os.getenv("WARMBOXD_WRAPPER") or ""
+  local cmd = string.format("%s %s %s >%s 2>&1 & echo $!", wrapper, sh_quote(opts.bin or M.bin()),
+    table.concat(parts, " "), sh_quote(logf))
+  local p = assert(io.popen(cmd))
+  local pid = tonumber(p:read("l"))
+  p:close()
+  assert(pid, "could not start warmboxd")
+  local deadline = os.time() + (opts.start_timeout or (wrapper ~= "" and 60 or 15))
+  local url
+  repeat
+    local log = read_all(logf) or ""
+    url = log:match("warmboxd listening on (http://[%d%.]+:%d+)")
+    if not url then
+      if not alive(pid) then
+        error("warmboxd exited at start:\n" .. log)
+      end
+      sleep(0.05)
+    end
+  until url or os.time() > deadline
+  assert(url, "warmboxd did not print its address in time:\n" .. (read_all(logf) or ""))
+  local self = setmetatable({
+    url = url, port = tonumber(url:match(":(%d+)$")), pid = pid, dir = dir,
+    log_path = logf, api_key = opts.api_key or M.new_key(),
+  }, Server)
+  return self
+end
+
+function Server:log()
+  return read_all(self.log_path) or ""
+end
+
+-- Stops the server (SIGTERM, then SIGKILL after a grace period) and returns
+-- its exit status as the shell saw it (nil when it had to be killed).
+function Server:stop()
+  if self.stopped then return self.status end
+  self.stopped = true
+  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+  local waited = 0
+  while alive(self.pid) and waited < 30 do
+    sleep(0.05)
+    waited = waited + 0.05
+  end
+  if alive(self.pid) then
+    os.execute("kill -KILL " .. self.pid .. " 2>/dev/null")
+  end
+  os.execute("rm -rf " .. sh_quote(self.dir))
+  return true
+end
+
+return M
