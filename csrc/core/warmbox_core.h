@@ -1,0 +1,12 @@
+/* warmbox_core.h: the parts of warmbox.core, each adding its functions to
+ * the module table on top of the stack. core.c: luaopen_warmbox_core.
+ * http.c (+ helpers): warmbox.Http (libcurl). lock.c, redis.c: the lock primitives. */
+#ifndef WARMBOX_CORE_H
+#define WARMBOX_CORE_H
+#include <lua.h>
+#include <lauxlib.h>
+
+void warmbox_http_register(lua_State *L);
+void warmbox_lock_register(lua_State *L);
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * runtime.h: sandboxes as processes (runtime.c), the code interpreter
+ * (interp.c) and envd (envd.c), as seen by each other.
+ *
+ * Layout on disk, per sandbox: <data_dir>/<id>/home  (the jail's /home/user)
+ *                              <data_dir>/<id>/tmp   (the jail's /tmp)
+ */
+#ifndef WBD_RUNTIME_H
+#define WBD_RUNTIME_H
+
+#include "wbd.h"
+#include <sys/types.h>
+
+/* Host path of the sandbox's /home/user or /tmp; returns buf. */
+const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len);
+const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len);
+
+/* Starts argv inside the sandbox's jail (bubblewrap, or unisolated when
+ * wbd_opt.unisolated), cwd and paths as the jail sees them, environment =
+ * the sandbox's envVars overlaid with `envs` (object or NULL). Fills the
+ * pipe ends the caller now owns (any may be NULL to get /dev/null). The
+ * process is tracked: pause stops it, kill ends it. Returns 0 or -errno. */
+int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd,
+                 pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
+/* Signal a process started by wbd_rt_spawn (its whole process group). */
+int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig);
+/* Reap: blocks until it exits; returns the wait status. */
+int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid);
+
+/* Routes for port 49999 (interp.c) and port 49983 (envd.c). Must reply. */
+enum MHD_Result wbd_interp_handle(struct wbd_req *req, struct wbd_sandbox *sb);
+enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb);
+
+#endif
