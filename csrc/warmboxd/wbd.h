@@ -102,6 +102,9 @@ int wbd_sandbox_auto_resume(struct wbd_sandbox *sb);
 /* Runtime hooks (runtime.c); the control plane calls these            */
 /* ------------------------------------------------------------------ */
 
+/* Called once at start-up, after options are parsed (checks bubblewrap,
+ * prepares wbd_opt.data_dir). Nonzero aborts start-up with a message. */
+int  wbd_rt_init(void);
 /* Called without the store lock held. Return 0 on success. */
 int  wbd_rt_on_create(struct wbd_sandbox *sb);               /* make its directory */
 int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) or end (no memory) its processes */
