@@ -1,12 +1,109 @@
-/* warmbox.core: the module table. Each part registers its own functions. */
+/* warmbox.core: the module table. Each part registers its own functions:
+ * http.c the libcurl transport, lock.c/redis.c the lock primitives. This file
+ * holds the small OS and crypto helpers. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include "warmbox_core.h"
 
 int luaopen_warmbox_core(lua_State *L);
+
+/* ---- module_path: where core.so was loaded from (warmboxd sits beside it) ---- */
+
+static int warmbox_module_path(lua_State *L) {
+  Dl_info info;
+  char resolved[PATH_MAX];
+  /* Any address inside this shared object will do; a function's is stable. */
+  if (!dladdr((void *)(size_t)&warmbox_module_path, &info) || !info.dli_fname) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "cannot find the path of warmbox.core");
+    return 2;
+  }
+  if (realpath(info.dli_fname, resolved)) {
+    lua_pushstring(L, resolved);
+  } else {
+    lua_pushstring(L, info.dli_fname);
+  }
+  return 1;
+}
+
+/* ---- digests (libcrypto) ---- */
+
+static void warmbox_push_hex(lua_State *L, const unsigned char *md, unsigned int n) {
+  static const char digits[] = "0123456789abcdef";
+  char hex[2 * EVP_MAX_MD_SIZE];
+  unsigned int i;
+  for (i = 0; i < n; i++) {
+    hex[2 * i] = digits[md[i] >> 4];
+    hex[2 * i + 1] = digits[md[i] & 15];
+  }
+  lua_pushlstring(L, hex, 2 * (size_t)n);
+}
+
+static int warmbox_sha256(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (!EVP_Digest(s, n, md, &mdlen, EVP_sha256(), NULL)) return luaL_error(L, "sha256 failed");
+  warmbox_push_hex(L, md, mdlen);
+  return 1;
+}
+
+static int warmbox_hmac_sha256(lua_State *L) {
+  size_t klen, n;
+  const char *k = luaL_checklstring(L, 1, &klen);
+  const char *s = luaL_checklstring(L, 2, &n);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (klen > INT_MAX) return luaL_argerror(L, 1, "key too long");
+  if (!HMAC(EVP_sha256(), k, (int)klen, (const unsigned char *)s, n, md, &mdlen))
+    return luaL_error(L, "hmac_sha256 failed");
+  warmbox_push_hex(L, md, mdlen);
+  return 1;
+}
+
+/* ---- time ---- */
+
+static int warmbox_now(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec / 1e9);
+  return 1;
+}
+
+static int warmbox_sleep(lua_State *L) {
+  lua_Number s = luaL_checknumber(L, 1);
+  struct timespec req, rem;
+  if (!(s > 0)) return 0;  /* also NaN */
+  if (s > 1e9) s = 1e9;
+  req.tv_sec = (time_t)s;
+  req.tv_nsec = (long)((s - (lua_Number)req.tv_sec) * 1e9);
+  if (req.tv_nsec > 999999999L) req.tv_nsec = 999999999L;
+  while (nanosleep(&req, &rem) != 0 && errno == EINTR) req = rem;
+  return 0;
+}
+
+static const luaL_Reg warmbox_core_funcs[] = {
+  {"module_path", warmbox_module_path},
+  {"sha256", warmbox_sha256},
+  {"hmac_sha256", warmbox_hmac_sha256},
+  {"now", warmbox_now},
+  {"sleep", warmbox_sleep},
+  {NULL, NULL}
+};
 
 int luaopen_warmbox_core(lua_State *L) {
   lua_newtable(L);
   lua_pushliteral(L, WARMBOX_VERSION);
   lua_setfield(L, -2, "_VERSION");
+  luaL_setfuncs(L, warmbox_core_funcs, 0);
   warmbox_http_register(L);
   warmbox_lock_register(L);
   return 1;

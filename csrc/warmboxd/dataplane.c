@@ -1,7 +1,58 @@
-/* Placeholder until the data plane lands: routes by port. */
+/*
+ * dataplane.c: what E2B's proxy and envd do to a request before a handler
+ * sees it, once the server has found the (running, referenced) sandbox:
+ * port routing, the proxy's errors, and envd's access-token check.
+ */
 #include "runtime.h"
+#include "envd_util.h"
+
+#include <string.h>
+
+#define ENVD_PORT 49983
+#define INTERP_PORT 49999
+
+/* The proxy's error shape: {"sandboxId", "message", "code"} (+ "port"). */
+static enum MHD_Result proxy_error(struct wbd_req *req, struct wbd_sandbox *sb, unsigned status,
+                                   const char *message, int port) {
+  json_t *b = json_object();
+  json_object_set_new(b, "sandboxId", json_string(sb->id));
+  json_object_set_new(b, "message", json_string(message));
+  json_object_set_new(b, "code", json_integer(status));
+  if (port) json_object_set_new(b, "port", json_integer(port));
+  return wbd_reply_json(req, status, b, NULL);
+}
+
+/* envd routes the proxy keeps for the control plane. */
+static int internal_route(const char *path) {
+  static const char *const routes[] = { "/init", "/freeze", "/unfreeze", "/fsfreeze", "/fsthaw",
+                                        "/collapse", NULL };
+  for (int i = 0; routes[i]; i++) {
+    size_t n = strlen(routes[i]);
+    if (strncmp(path, routes[i], n) == 0 && (path[n] == 0 || path[n] == '/')) return 1;
+  }
+  return 0;
+}
 
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
-  if (port == 49999) return wbd_interp_handle(req, sb);
+  /* The code interpreter does not check envd's token (as in E2B). */
+  if (port == INTERP_PORT) return wbd_interp_handle(req, sb);
+  if (port != ENVD_PORT)
+    return proxy_error(req, sb, 502, "The sandbox is running but port is not open", port);
+  if (internal_route(req->path))
+    return proxy_error(req, sb, 404, "This endpoint is reserved for the E2B control plane", 0);
+
+  if (sb->secure && sb->access_token[0]) {
+    int is_get = strcmp(req->method, "GET") == 0, is_post = strcmp(req->method, "POST") == 0;
+    /* envd's exceptions: /health needs nothing; /files checks the token or
+     * a URL signature itself (envd.c). */
+    int exempt = (is_get && strcmp(req->path, "/health") == 0) ||
+                 ((is_get || is_post) && strcmp(req->path, "/files") == 0);
+    if (!exempt) {
+      const char *tok = wbd_req_header(req, "X-Access-Token");
+      if (!tok || !wbd_str_eq_ct(tok, sb->access_token))
+        return wbd_reply_error(req, 401, "unauthorized access, please provide a valid access token or "
+                                         "method signing if supported");
+    }
+  }
   return wbd_envd_handle(req, sb);
 }

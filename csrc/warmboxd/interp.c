@@ -1,3 +1,850 @@
-/* Placeholder until the code interpreter lands. */
-#include "runtime.h"
-enum MHD_Result wbd_interp_handle(struct wbd_req *req, struct wbd_sandbox *sb) { (void)req; (void)sb; return MHD_NO; }
+/*
+ * interp.c: the code interpreter on port 49999 (e2b-api.md section 4).
+ *
+ * A context is a language, a cwd and, once used, a kernel: embed/kernel.py
+ * run as `/usr/bin/python3 -c <kernel.py> python|bash` inside the sandbox's
+ * jail. The kernel reads one JSON request a line on its stdin and writes the
+ * /execute NDJSON lines on its stdout, then {"type": "__wb_done__"}; a thread
+ * per kernel reads them and hands them to the stream of the run in progress.
+ *
+ * A context runs one cell at a time. It is held from the moment a run starts
+ * until both the stream is over (end_of_execution produced, or the client
+ * gone) and the kernel said the cell is done, so that a run whose client went
+ * away keeps the context until the interrupted cell has finished.
+ */
+#include "rt_priv.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+const unsigned char *wbd_embedded(const char *name, size_t *len);
+
+#define KEEPALIVE_US (5 * 1000000LL)
+#define END_LINE "{\"type\": \"end_of_execution\"}\n"
+#define DONE_MARK "{\"type\": \"__wb_done__\"}"
+
+struct line {
+  struct line *next;
+  size_t len;
+  char data[];
+};
+
+struct ictx;
+
+struct kern {
+  int refs;                 /* under the interp lock */
+  pid_t pid;
+  int in_fd, out_fd;
+  int dead;
+  pthread_mutex_t wmu;      /* one writer at a time on in_fd */
+  struct ictx *ctx;         /* referenced */
+};
+
+struct run;
+
+struct ictx {
+  int refs;
+  char id[40];
+  char lang[16];
+  char cwd[1024];
+  int gone;                 /* deleted, or the sandbox lost its memory */
+  struct kern *k;           /* referenced; NULL until first used */
+  int busy_kernel;          /* busy_k still runs this run's cell */
+  int busy_stream;          /* this run's stream is not over */
+  struct kern *busy_k;
+  struct run *run;          /* the stream that gets the kernel's lines */
+  pthread_cond_t cond;      /* the context became free, or gone */
+  struct ictx *next;
+};
+
+struct istate {
+  int init;
+  struct ictx *ctxs;        /* each referenced by the list */
+  struct ictx *def_python, *def_bash;
+};
+
+struct run {
+  struct wbd_rt *rt;
+  pthread_mutex_t *mu;
+  struct wbd_sandbox *sb;   /* referenced */
+  struct ictx *ctx;         /* referenced */
+  struct kern *k;           /* referenced */
+  struct line *head, *tail;
+  int efd;
+  int conn_fd;
+  int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
+  int64_t last_us, deadline_us;
+  char *pend;
+  size_t pend_len, pend_off;
+};
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                       */
+/* ------------------------------------------------------------------ */
+
+static void new_uuid(char *buf, size_t len) {
+  unsigned char b[16];
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  ssize_t r = fd >= 0 ? read(fd, b, sizeof b) : -1;
+  if (fd >= 0) close(fd);
+  if (r != (ssize_t)sizeof b)
+    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)(rand() & 0xff);
+  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+static void notify(struct run *r) {
+  uint64_t one = 1;
+  if (r->efd >= 0 && write(r->efd, &one, sizeof one) < 0) {}
+}
+
+static enum MHD_Result reply_text(struct wbd_req *req, unsigned status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static enum MHD_Result reply_text(struct wbd_req *req, unsigned status, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) n = 0;
+  if ((size_t)n >= sizeof buf) n = sizeof buf - 1;
+  return wbd_reply_raw(req, status, "text/plain; charset=utf-8", buf, (size_t)n, NULL);
+}
+
+static enum MHD_Result reply_detail(struct wbd_req *req, unsigned status, const char *detail) {
+  return wbd_reply_json(req, status, json_pack("{s:s}", "detail", detail), NULL);
+}
+
+/* "python" / "bash", or NULL when warmboxd has no such kernel. */
+static const char *norm_lang(const char *in, char *buf, size_t len) {
+  size_t i = 0;
+  for (; in[i] && i + 1 < len; i++) buf[i] = (char)tolower((unsigned char)in[i]);
+  buf[i] = 0;
+  if (strcmp(buf, "python") == 0 || strcmp(buf, "python3") == 0) return "python";
+  if (strcmp(buf, "bash") == 0) return "bash";
+  if (strcmp(buf, "js") == 0) snprintf(buf, len, "javascript");
+  else if (strcmp(buf, "ts") == 0) snprintf(buf, len, "typescript");
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* State                                                               */
+/* ------------------------------------------------------------------ */
+
+static void kern_put_locked(struct kern *k);
+
+static void ctx_put_locked(struct ictx *c) {
+  /* A kernel holds a reference on its context, so c->k is NULL here. */
+  if (--c->refs > 0) return;
+  pthread_cond_destroy(&c->cond);
+  free(c);
+}
+
+static void kern_put_locked(struct kern *k) {
+  if (--k->refs > 0) return;
+  if (k->in_fd >= 0) close(k->in_fd);
+  pthread_mutex_destroy(&k->wmu);
+  struct ictx *c = k->ctx;
+  free(k);
+  if (c) ctx_put_locked(c);
+}
+
+static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const char *cwd) {
+  struct ictx *c = calloc(1, sizeof *c);
+  if (!c) abort();
+  c->refs = 1;  /* the list's */
+  new_uuid(c->id, sizeof c->id);
+  snprintf(c->lang, sizeof c->lang, "%s", lang);
+  snprintf(c->cwd, sizeof c->cwd, "%s", cwd && *cwd ? cwd : "/home/user");
+  pthread_cond_init(&c->cond, NULL);
+  c->next = ist->ctxs;
+  ist->ctxs = c;
+  return c;
+}
+
+/* Locks the sandbox's interpreter state, creating it (with the default
+ * python context) when needed. */
+static struct istate *ist_lock(struct wbd_rt *rt) {
+  pthread_mutex_lock(wbd_rt_interp_mu(rt));
+  void **slot = wbd_rt_interp_slot(rt);
+  if (!*slot) {
+    *slot = calloc(1, sizeof(struct istate));
+    if (!*slot) abort();
+  }
+  struct istate *ist = *slot;
+  if (!ist->init) {
+    ist->init = 1;
+    ist->def_python = ctx_new_locked(ist, "python", "/home/user");
+  }
+  return ist;
+}
+
+static void ist_unlock(struct wbd_rt *rt) { pthread_mutex_unlock(wbd_rt_interp_mu(rt)); }
+
+static struct ictx *ctx_find_locked(struct istate *ist, const char *id) {
+  for (struct ictx *c = ist->ctxs; c; c = c->next)
+    if (strcmp(c->id, id) == 0) return c;
+  return NULL;
+}
+
+/* Under the lock: forget a context (it stays alive while referenced). */
+static struct kern *ctx_remove_locked(struct istate *ist, struct ictx *c) {
+  for (struct ictx **pp = &ist->ctxs; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  if (ist->def_python == c) ist->def_python = NULL;
+  if (ist->def_bash == c) ist->def_bash = NULL;
+  c->gone = 1;
+  if (c->run) {
+    c->run->aborted = 1;
+    notify(c->run);
+  }
+  pthread_cond_broadcast(&c->cond);
+  struct kern *k = c->k;
+  if (k) k->refs++;   /* for the caller, to end it */
+  ctx_put_locked(c);
+  return k;
+}
+
+/* ------------------------------------------------------------------ */
+/* Kernels                                                             */
+/* ------------------------------------------------------------------ */
+
+static void maybe_release_locked(struct ictx *c) {
+  if (!c->busy_kernel && !c->busy_stream) pthread_cond_broadcast(&c->cond);
+}
+
+/* The kernel finished (or lost) the cell it was running. */
+static void kern_cell_over_locked(struct ictx *c, struct kern *k, int dead) {
+  if (c->busy_k != k || !c->busy_kernel) return;
+  c->busy_kernel = 0;
+  c->busy_k = NULL;
+  if (c->run && c->run->k == k) {
+    if (dead) c->run->kernel_dead = 1;
+    else c->run->kernel_done = 1;
+    notify(c->run);
+  }
+  maybe_release_locked(c);
+}
+
+static int kern_write(struct kern *k, const char *s, size_t n) {
+  pthread_mutex_lock(&k->wmu);
+  int rc = 0;
+  size_t off = 0;
+  int waited = 0;
+  while (off < n) {
+    ssize_t w = write(k->in_fd, s + off, n - off);
+    if (w > 0) {
+      off += (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN && waited < 30000) {
+      struct pollfd p = { k->in_fd, POLLOUT, 0 };
+      poll(&p, 1, 100);
+      waited += 100;
+      continue;
+    }
+    rc = -1;
+    break;
+  }
+  pthread_mutex_unlock(&k->wmu);
+  return rc;
+}
+
+static void kern_interrupt(struct kern *k) {
+  static const char msg[] = "{\"op\": \"interrupt\"}\n";
+  kern_write(k, msg, sizeof msg - 1);
+}
+
+struct kthread {
+  struct wbd_rt *rt;
+  struct kern *k;
+};
+
+static void *kern_thread(void *arg) {
+  struct kthread *kt = arg;
+  struct wbd_rt *rt = kt->rt;
+  struct kern *k = kt->k;
+  free(kt);
+  pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
+  size_t cap = 65536, len = 0;
+  char *buf = malloc(cap);
+  if (!buf) abort();
+  for (;;) {
+    if (len == cap) {
+      cap *= 2;
+      char *nb = realloc(buf, cap);
+      if (!nb) abort();
+      buf = nb;
+    }
+    ssize_t r = read(k->out_fd, buf + len, cap - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    len += (size_t)r;
+    size_t start = 0;
+    pthread_mutex_lock(mu);
+    for (;;) {
+      char *nl = memchr(buf + start, '\n', len - start);
+      if (!nl) break;
+      size_t n = (size_t)(nl - (buf + start)) + 1;
+      const char *s = buf + start;
+      struct ictx *c = k->ctx;
+      if (n - 1 == strlen(DONE_MARK) && memcmp(s, DONE_MARK, n - 1) == 0) {
+        kern_cell_over_locked(c, k, 0);
+      } else if (c->run && c->run->k == k && !c->run->finished && c->busy_k == k) {
+        struct line *l = malloc(sizeof *l + n);
+        if (!l) abort();
+        l->next = NULL;
+        l->len = n;
+        memcpy(l->data, s, n);
+        if (c->run->tail) c->run->tail->next = l;
+        else c->run->head = l;
+        c->run->tail = l;
+        notify(c->run);
+      }
+      start += n;
+    }
+    pthread_mutex_unlock(mu);
+    memmove(buf, buf + start, len - start);
+    len -= start;
+  }
+  free(buf);
+  pthread_mutex_lock(mu);
+  k->dead = 1;
+  kern_cell_over_locked(k->ctx, k, 1);
+  if (k->ctx->k == k) {
+    k->ctx->k = NULL;
+    kern_put_locked(k);  /* the context's reference */
+  }
+  pthread_mutex_unlock(mu);
+  close(k->out_fd);
+  int st = wbd_rt_wait_rt(rt, k->pid);
+  if (wbd_opt.verbose)
+    fprintf(stderr, "warmboxd: kernel %d exited (status %d)\n", (int)k->pid, st);
+  pthread_mutex_lock(mu);
+  kern_put_locked(k);    /* the thread's */
+  pthread_mutex_unlock(mu);
+  wbd_rt_put(rt);
+  return NULL;
+}
+
+/* Under the lock: give the context a running kernel. */
+static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_t errlen) {
+  size_t len = 0;
+  const unsigned char *src = wbd_embedded("kernel.py", &len);
+  if (!src) {
+    snprintf(err, errlen, "kernel.py is not embedded");
+    return -1;
+  }
+  char *argv[] = { "/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang, NULL };
+  json_t *envs = json_object();
+  json_object_set_new(envs, "PYTHONDONTWRITEBYTECODE", json_string("1"));
+  if (wbd_rt_isolated()) {
+    /* Keep IPython's and matplotlib's caches out of the user's home. */
+    json_object_set_new(envs, "IPYTHONDIR", json_string("/tmp/.ipython"));
+    json_object_set_new(envs, "MPLCONFIGDIR", json_string("/tmp/.config/matplotlib"));
+  }
+  pid_t pid = 0;
+  int in = -1, out = -1;
+  int rc = wbd_rt_spawn_rt(rt, argv, envs, c->cwd, 1, &pid, &in, &out, NULL);
+  json_decref(envs);
+  if (rc) {
+    snprintf(err, errlen, "%s", strerror(-rc));
+    return -1;
+  }
+  fcntl(in, F_SETFL, fcntl(in, F_GETFL) | O_NONBLOCK);
+  struct kern *k = calloc(1, sizeof *k);
+  if (!k) abort();
+  k->refs = 2;  /* the context's and the thread's */
+  k->pid = pid;
+  k->in_fd = in;
+  k->out_fd = out;
+  pthread_mutex_init(&k->wmu, NULL);
+  k->ctx = c;
+  c->refs++;
+  c->k = k;
+  struct kthread *kt = malloc(sizeof *kt);
+  if (!kt) abort();
+  kt->rt = rt;
+  kt->k = k;
+  wbd_rt_ref(rt);
+  pthread_t th;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&th, &at, kern_thread, kt) != 0) {
+    pthread_attr_destroy(&at);
+    /* Without its reader the kernel is useless: end it. */
+    wbd_rt_signal_rt(rt, pid, SIGKILL);
+    close(out);
+    c->k = NULL;
+    k->refs = 1;
+    kern_put_locked(k);
+    free(kt);
+    wbd_rt_put(rt);
+    pthread_mutex_unlock(wbd_rt_interp_mu(rt));
+    wbd_rt_wait_rt(rt, pid);
+    pthread_mutex_lock(wbd_rt_interp_mu(rt));
+    snprintf(err, errlen, "cannot start a thread");
+    return -1;
+  }
+  pthread_attr_destroy(&at);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Hooks from runtime.c                                                */
+/* ------------------------------------------------------------------ */
+
+void wbd_interp_on_pause(struct wbd_rt *rt, int memory) {
+  pthread_mutex_lock(wbd_rt_interp_mu(rt));
+  struct istate *ist = *wbd_rt_interp_slot(rt);
+  if (!ist) {
+    pthread_mutex_unlock(wbd_rt_interp_mu(rt));
+    return;
+  }
+  if (memory) {
+    /* Outside connections do not survive a pause; the cells do. */
+    for (struct ictx *c = ist->ctxs; c; c = c->next)
+      if (c->run) {
+        c->run->aborted = 1;
+        notify(c->run);
+      }
+  } else {
+    while (ist->ctxs) {
+      struct kern *k = ctx_remove_locked(ist, ist->ctxs);
+      if (k) kern_put_locked(k);  /* runtime.c ends every process next */
+    }
+    ist->init = 0;
+  }
+  pthread_mutex_unlock(wbd_rt_interp_mu(rt));
+}
+
+void wbd_interp_free(void *slot) {
+  struct istate *ist = slot;
+  if (!ist) return;
+  /* Called when nothing references the runtime any more: no kernel thread,
+   * no stream. What is left are unused contexts. */
+  while (ist->ctxs) {
+    struct ictx *c = ist->ctxs;
+    ist->ctxs = c->next;
+    ctx_put_locked(c);
+  }
+  free(ist);
+}
+
+/* ------------------------------------------------------------------ */
+/* /execute                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Under the lock: the stream is over (end produced, or the client gone).
+ * Returns 1 when the kernel should be interrupted. */
+static int run_finish_locked(struct run *r) {
+  if (r->finished) return 0;
+  r->finished = 1;
+  struct ictx *c = r->ctx;
+  if (c->run == r) c->run = NULL;
+  c->busy_stream = 0;
+  int interrupt = c->busy_kernel && c->busy_k == r->k;
+  maybe_release_locked(c);
+  if (r->counted) {
+    r->counted = 0;
+    wbd_store_lock();
+    if (r->sb->runs_in_flight > 0) r->sb->runs_in_flight--;
+    wbd_store_unlock();
+  }
+  return interrupt;
+}
+
+static void run_set_pend(struct run *r, char *s, size_t n) {
+  free(r->pend);
+  r->pend = s;
+  r->pend_len = n;
+  r->pend_off = 0;
+}
+
+static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  struct run *r = cls;
+  for (;;) {
+    if (r->pend && r->pend_off < r->pend_len) {
+      size_t n = r->pend_len - r->pend_off;
+      if (n > max) n = max;
+      memcpy(buf, r->pend + r->pend_off, n);
+      r->pend_off += n;
+      return (ssize_t)n;
+    }
+    if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+    pthread_mutex_lock(r->mu);
+    if (r->head) {
+      struct line *l = r->head;
+      r->head = l->next;
+      if (!r->head) r->tail = NULL;
+      pthread_mutex_unlock(r->mu);
+      if (!r->error_seen && strncmp(l->data, "{\"type\": \"error\"", 16) == 0) r->error_seen = 1;
+      char *s = malloc(l->len);
+      if (!s) abort();
+      memcpy(s, l->data, l->len);
+      run_set_pend(r, s, l->len);
+      free(l);
+      r->last_us = wbd_now_us();
+      continue;
+    }
+    if (r->aborted) {
+      int intr = run_finish_locked(r);
+      pthread_mutex_unlock(r->mu);
+      if (intr) kern_interrupt(r->k);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (r->kernel_done || r->kernel_dead) {
+      int dead = r->kernel_dead && !r->kernel_done;
+      run_finish_locked(r);
+      pthread_mutex_unlock(r->mu);
+      const char *err = "";
+      if (dead && !r->error_seen)
+        err = "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
+              "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
+      size_t n = strlen(err) + strlen(END_LINE);
+      char *s = malloc(n + 1);
+      if (!s) abort();
+      snprintf(s, n + 1, "%s%s", err, END_LINE);
+      run_set_pend(r, s, n);
+      continue;
+    }
+    pthread_mutex_unlock(r->mu);
+
+    int64_t now = wbd_now_us();
+    int64_t wake = r->last_us + KEEPALIVE_US;
+    if (r->deadline_us && !r->interrupted && r->deadline_us < wake) wake = r->deadline_us;
+    int64_t ms = (wake - now) / 1000;
+    if (ms < 0) ms = 0;
+    struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
+    int np = r->conn_fd >= 0 ? 2 : 1;
+    int pr = poll(p, (nfds_t)np, (int)(ms + 1));
+    if (pr < 0 && errno != EINTR) pr = 0;
+    if (pr > 0 && (p[0].revents & POLLIN)) {
+      uint64_t v;
+      if (read(r->efd, &v, sizeof v) < 0) {}
+    }
+    if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+      /* The client went away: stop the cell, drop the stream. */
+      pthread_mutex_lock(r->mu);
+      r->aborted = 1;
+      pthread_mutex_unlock(r->mu);
+      continue;
+    }
+    now = wbd_now_us();
+    if (r->deadline_us && !r->interrupted && now >= r->deadline_us) {
+      r->interrupted = 1;
+      kern_interrupt(r->k);
+    }
+    if (now >= r->last_us + KEEPALIVE_US) {
+      static const char ka[] = "{\"type\": \"keepalive\"}\n";
+      char *s = malloc(sizeof ka);
+      if (!s) abort();
+      memcpy(s, ka, sizeof ka);
+      run_set_pend(r, s, sizeof ka - 1);
+      r->last_us = now;
+    }
+  }
+}
+
+static void run_done(void *cls) {
+  struct run *r = cls;
+  pthread_mutex_lock(r->mu);
+  int intr = run_finish_locked(r);
+  pthread_mutex_unlock(r->mu);
+  if (intr) kern_interrupt(r->k);
+  pthread_mutex_lock(r->mu);
+  while (r->head) {
+    struct line *l = r->head;
+    r->head = l->next;
+    free(l);
+  }
+  kern_put_locked(r->k);
+  ctx_put_locked(r->ctx);
+  pthread_mutex_unlock(r->mu);
+  free(r->pend);
+  if (r->efd >= 0) close(r->efd);
+  wbd_sandbox_unref(r->sb);
+  wbd_rt_put(r->rt);
+  free(r);
+}
+
+static enum MHD_Result sandbox_gone(struct wbd_req *req, struct wbd_sandbox *sb) {
+  return wbd_reply_json(req, 502, json_pack("{s:s,s:s,s:i}", "sandboxId", sb->id, "message",
+                                            "The sandbox was not found", "code", 502), NULL);
+}
+
+static enum MHD_Result unprocessable(struct wbd_req *req, const char *type, const char *field, const char *msg) {
+  json_t *d = json_pack("{s:[{s:s,s:[s,s],s:s}]}", "detail", "type", type, "loc", "body", field, "msg", msg);
+  return wbd_reply_json(req, 422, d, NULL);
+}
+
+static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *sb) {
+  json_error_t jerr;
+  json_t *body = req->body_len ? json_loadb(req->body, req->body_len, 0, &jerr) : NULL;
+  if (!json_is_object(body)) {
+    json_decref(body);
+    return unprocessable(req, "json_invalid", "body", "JSON decode error");
+  }
+  json_t *code = json_object_get(body, "code");
+  if (!json_is_string(code)) {
+    enum MHD_Result m = code ? unprocessable(req, "string_type", "code", "Input should be a valid string")
+                             : unprocessable(req, "missing", "code", "Field required");
+    json_decref(body);
+    return m;
+  }
+  json_t *jctx = json_object_get(body, "context_id");
+  json_t *jlang = json_object_get(body, "language");
+  json_t *jenv = json_object_get(body, "env_vars");
+  json_t *jto = json_object_get(body, "timeout");
+  if ((jctx && !json_is_null(jctx) && !json_is_string(jctx)) || (jlang && !json_is_null(jlang) && !json_is_string(jlang)) ||
+      (jenv && !json_is_null(jenv) && !json_is_object(jenv))) {
+    json_decref(body);
+    return unprocessable(req, "type_error", "body", "Input should be a valid string or object");
+  }
+  const char *ctx_id = json_string_value(jctx);
+  const char *lang_in = json_string_value(jlang);
+  if (ctx_id && lang_in) {
+    json_decref(body);
+    return reply_text(req, 400, "Only one of context_id or language can be provided");
+  }
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) {
+    json_decref(body);
+    return sandbox_gone(req, sb);
+  }
+  pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
+  struct istate *ist = ist_lock(rt);
+  struct ictx *c = NULL;
+  if (ctx_id) {
+    c = ctx_find_locked(ist, ctx_id);
+    if (!c) {
+      ist_unlock(rt);
+      wbd_rt_put(rt);
+      enum MHD_Result m = reply_text(req, 404, "Context %s not found", ctx_id);
+      json_decref(body);
+      return m;
+    }
+  } else {
+    char lbuf[32];
+    const char *lang = norm_lang(lang_in ? lang_in : "python", lbuf, sizeof lbuf);
+    if (!lang) {
+      ist_unlock(rt);
+      wbd_rt_put(rt);
+      enum MHD_Result m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash)", lbuf);
+      json_decref(body);
+      return m;
+    }
+    struct ictx **def = strcmp(lang, "bash") == 0 ? &ist->def_bash : &ist->def_python;
+    if (!*def) *def = ctx_new_locked(ist, lang, "/home/user");
+    c = *def;
+  }
+  c->refs++;
+  while ((c->busy_kernel || c->busy_stream) && !c->gone) pthread_cond_wait(&c->cond, mu);
+  if (c->gone) {
+    ctx_put_locked(c);
+    ist_unlock(rt);
+    wbd_rt_put(rt);
+    enum MHD_Result m = ctx_id ? reply_text(req, 404, "Context %s not found", ctx_id)
+                               : reply_text(req, 500, "Failed to create context: the sandbox restarted");
+    json_decref(body);
+    return m;
+  }
+  if (!c->k || c->k->dead) {
+    char err[256];
+    if (kern_start_locked(rt, c, err, sizeof err) != 0) {
+      ctx_put_locked(c);
+      ist_unlock(rt);
+      wbd_rt_put(rt);
+      json_decref(body);
+      return reply_text(req, 500, "Failed to start the %s kernel: %s", c->lang, err);
+    }
+  }
+  struct run *r = calloc(1, sizeof *r);
+  if (!r) abort();
+  r->rt = rt;
+  r->mu = mu;
+  r->ctx = c;
+  r->k = c->k;
+  r->k->refs++;
+  r->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  r->conn_fd = -1;
+  r->sb = wbd_sandbox_get(sb->id);
+  if (!r->sb) {
+    r->finished = 1;
+    kern_put_locked(r->k);
+    ctx_put_locked(c);
+    ist_unlock(rt);
+    if (r->efd >= 0) close(r->efd);
+    free(r);
+    wbd_rt_put(rt);
+    json_decref(body);
+    return sandbox_gone(req, sb);
+  }
+  c->run = r;
+  c->busy_kernel = 1;
+  c->busy_stream = 1;
+  c->busy_k = r->k;
+  ist_unlock(rt);
+
+  wbd_store_lock();
+  int overlap = r->sb->runs_in_flight > 0;
+  r->sb->runs_in_flight++;
+  wbd_store_unlock();
+  r->counted = 1;
+  if (overlap) wbd_stat_add("exec_overlap", 1);
+
+  json_t *msg = json_pack("{s:s,s:O,s:o}", "op", "exec", "code", code, "env",
+                          json_is_object(jenv) ? json_incref(jenv) : json_object());
+  char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
+  json_decref(msg);
+  if (json_is_number(jto) && json_number_value(jto) > 0)
+    r->deadline_us = wbd_now_us() + (int64_t)(json_number_value(jto) * 1e6);
+  json_decref(body);
+  int bad = !s;
+  if (s) {
+    size_t n = strlen(s);
+    char *line = malloc(n + 2);
+    if (!line) abort();
+    memcpy(line, s, n);
+    line[n] = '\n';
+    line[n + 1] = 0;
+    free(s);
+    bad = kern_write(r->k, line, n + 1) != 0;
+    free(line);
+  }
+  if (bad) {
+    pthread_mutex_lock(mu);
+    kern_cell_over_locked(c, r->k, 1);
+    pthread_mutex_unlock(mu);
+  }
+  r->last_us = wbd_now_us();
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (ci) r->conn_fd = ci->connect_fd;
+  return wbd_reply_stream(req, 200, "application/x-ndjson", run_read, r, run_done, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* /contexts                                                           */
+/* ------------------------------------------------------------------ */
+
+static json_t *ctx_json(const struct ictx *c) {
+  return json_pack("{s:s,s:s,s:s}", "id", c->id, "language", c->lang, "cwd", c->cwd);
+}
+
+/* End a kernel that no context uses any more (outside the lock). */
+static void kern_end(struct wbd_rt *rt, struct kern *k) {
+  if (!k) return;
+  if (!k->dead) wbd_rt_signal_rt(rt, k->pid, SIGKILL);
+  pthread_mutex_lock(wbd_rt_interp_mu(rt));
+  kern_put_locked(k);
+  pthread_mutex_unlock(wbd_rt_interp_mu(rt));
+}
+
+static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *sb, const char *rest) {
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) return sandbox_gone(req, sb);
+  enum MHD_Result m;
+  int is_post = strcmp(req->method, "POST") == 0, is_get = strcmp(req->method, "GET") == 0,
+      is_del = strcmp(req->method, "DELETE") == 0;
+  if (!*rest) {
+    if (is_post) {
+      json_error_t jerr;
+      json_t *body = req->body_len ? json_loadb(req->body, req->body_len, 0, &jerr) : json_object();
+      if (!json_is_object(body)) {
+        json_decref(body);
+        wbd_rt_put(rt);
+        return unprocessable(req, "json_invalid", "body", "JSON decode error");
+      }
+      const char *lang_in = json_string_value(json_object_get(body, "language"));
+      const char *cwd = json_string_value(json_object_get(body, "cwd"));
+      char lbuf[32];
+      const char *lang = norm_lang(lang_in ? lang_in : "python", lbuf, sizeof lbuf);
+      if (!lang) {
+        m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash)", lbuf);
+      } else {
+        struct istate *ist = ist_lock(rt);
+        struct ictx *c = ctx_new_locked(ist, lang, cwd ? cwd : "/home/user");
+        json_t *o = ctx_json(c);
+        ist_unlock(rt);
+        m = wbd_reply_json(req, 200, o, NULL);
+      }
+      json_decref(body);
+    } else if (is_get) {
+      json_t *a = json_array();
+      struct istate *ist = ist_lock(rt);
+      for (struct ictx *c = ist->ctxs; c; c = c->next) json_array_insert_new(a, 0, ctx_json(c));
+      ist_unlock(rt);
+      m = wbd_reply_json(req, 200, a, NULL);
+    } else {
+      m = reply_detail(req, 405, "Method Not Allowed");
+    }
+    wbd_rt_put(rt);
+    return m;
+  }
+  /* /contexts/{id} and /contexts/{id}/restart */
+  char id[64];
+  const char *slash = strchr(rest, '/');
+  size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+  if (n >= sizeof id) n = sizeof id - 1;
+  memcpy(id, rest, n);
+  id[n] = 0;
+  int restart = slash && strcmp(slash, "/restart") == 0;
+  if ((slash && !restart) || (restart && !is_post) || (!restart && !is_del)) {
+    wbd_rt_put(rt);
+    return slash && !restart ? reply_detail(req, 404, "Not Found") : reply_detail(req, 405, "Method Not Allowed");
+  }
+  struct istate *ist = ist_lock(rt);
+  struct ictx *c = ctx_find_locked(ist, id);
+  if (!c) {
+    ist_unlock(rt);
+    wbd_rt_put(rt);
+    return reply_text(req, 404, "Context %s not found", id);
+  }
+  struct kern *k = NULL;
+  if (restart) {
+    /* Same id, fresh kernel (started on the next run). */
+    k = c->k;
+    c->k = NULL;
+  } else {
+    k = ctx_remove_locked(ist, c);
+  }
+  ist_unlock(rt);
+  kern_end(rt, k);
+  wbd_rt_put(rt);
+  return wbd_reply_json(req, 200, json_null(), NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Routing                                                             */
+/* ------------------------------------------------------------------ */
+
+enum MHD_Result wbd_interp_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
+  const char *p = req->path;
+  if (strcmp(p, "/health") == 0) {
+    if (strcmp(req->method, "GET") != 0) return reply_detail(req, 405, "Method Not Allowed");
+    return wbd_reply_json(req, 200, json_string("OK"), NULL);
+  }
+  if (strcmp(p, "/execute") == 0) {
+    if (strcmp(req->method, "POST") != 0) return reply_detail(req, 405, "Method Not Allowed");
+    return handle_execute(req, sb);
+  }
+  if (strcmp(p, "/contexts") == 0) return handle_contexts(req, sb, "");
+  if (strncmp(p, "/contexts/", 10) == 0 && p[10]) return handle_contexts(req, sb, p + 10);
+  return reply_detail(req, 404, "Not Found");
+}

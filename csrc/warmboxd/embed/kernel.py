@@ -1,1 +1,499 @@
-# the python kernel lands here
+# warmboxd's kernel: one persistent interpreter per code-interpreter context.
+#
+# Started by interp.c inside the sandbox's jail as
+#   /usr/bin/python3 -c <this file> python|bash
+# fd 0 carries requests from warmboxd, one JSON object a line:
+#   {"op": "exec", "code": "...", "env": {"K": "V"}}   run a cell
+#   {"op": "interrupt"}                                  interrupt the running cell
+# fd 1 carries events back, one JSON object a line: exactly the NDJSON lines of
+# the code interpreter's /execute stream (number_of_executions, stdout, stderr,
+# result, error), then {"type": "__wb_done__"} when the cell is over. Both fds
+# are moved aside at start-up: fds 1 and 2 become pipes read here, so output of
+# subprocesses and C code is streamed as well.
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import codecs
+from datetime import datetime, timezone
+
+CTL = os.dup(0)
+EVT = os.dup(1)
+DIAG = os.dup(2)   # warmboxd's log (or /dev/null): for the kernel's own crashes
+_null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_null, 0)
+os.close(_null)
+
+_evt_lock = threading.Lock()
+_active = threading.Event()   # a cell is running: output is forwarded
+
+
+def _now():
+    return datetime.now(timezone.utc).isoformat()
+
+
+def emit(obj):
+    data = (json.dumps(obj) + "\n").encode("utf-8", "replace")
+    with _evt_lock:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(EVT, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                os._exit(0)   # warmboxd went away
+            view = view[n:]
+
+
+# ---------------------------------------------------------------- output
+
+class _Stream:
+    """sys.stdout/sys.stderr: chunks go out at each newline (or after 50 ms)."""
+
+    def __init__(self, name):
+        self.name = name
+        self._buf = []
+        self._lock = threading.RLock()
+        self._since = None
+        self.encoding = "utf-8"
+        self.errors = "replace"
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        if not s:
+            return 0
+        with self._lock:
+            self._buf.append(s)
+            if self._since is None:
+                self._since = time.monotonic()
+            if s.endswith("\n"):
+                self.flush()
+        return len(s)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        with self._lock:
+            if not self._buf:
+                return
+            text = "".join(self._buf)
+            self._buf = []
+            self._since = None
+            if _active.is_set():
+                emit({"type": self.name, "text": text, "timestamp": _now()})
+
+    def due(self):
+        return self._since is not None and time.monotonic() - self._since > 0.05
+
+    def isatty(self):
+        return False
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def fileno(self):
+        return 1 if self.name == "stdout" else 2
+
+    @property
+    def closed(self):
+        return False
+
+
+OUT = _Stream("stdout")
+ERR = _Stream("stderr")
+
+
+def _flusher():
+    while True:
+        time.sleep(0.05)
+        for s in (OUT, ERR):
+            if s.due():
+                try:
+                    s.flush()
+                except Exception:
+                    pass
+
+
+class _FdPipe:
+    """Captures a file descriptor (1 or 2) through a pipe, for subprocesses."""
+    MARK = b"\x00\x01WBSYNC\x01\x00"
+
+    def __init__(self, fd, stream):
+        r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
+        self.fd = fd
+        self.r = r
+        self.stream = stream
+        self.synced = threading.Event()
+        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _out(self, data):
+        if data:
+            text = self.dec.decode(data)
+            if text and _active.is_set():
+                self.stream.flush()
+                emit({"type": self.stream.name, "text": text, "timestamp": _now()})
+
+    def _run(self):
+        buf = b""
+        mark = self.MARK
+        while True:
+            try:
+                chunk = os.read(self.r, 65536)
+            except InterruptedError:
+                continue
+            if not chunk:
+                return
+            buf += chunk
+            while True:
+                i = buf.find(mark)
+                if i < 0:
+                    break
+                self._out(buf[:i])
+                buf = buf[i + len(mark):]
+                self.synced.set()
+            # keep a tail that could be the start of a marker
+            keep = 0
+            for k in range(min(len(mark) - 1, len(buf)), 0, -1):
+                if mark.startswith(buf[-k:]):
+                    keep = k
+                    break
+            self._out(buf[:len(buf) - keep])
+            buf = buf[len(buf) - keep:]
+
+    def sync(self):
+        """Wait until everything written to the fd so far has been emitted."""
+        self.synced.clear()
+        try:
+            os.write(self.fd, self.MARK)
+        except OSError:
+            return
+        self.synced.wait(2.0)
+
+
+# ---------------------------------------------------------------- control
+
+REQUESTS = queue.Queue()
+_main_ident = threading.get_ident()
+_running = threading.Event()
+
+
+def _control():
+    f = os.fdopen(CTL, "rb", buffering=0)
+    buf = b""
+    while True:
+        try:
+            chunk = f.read(65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            os._exit(0)   # warmboxd closed our control pipe
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+            except ValueError:
+                continue
+            if req.get("op") == "interrupt":
+                if _running.is_set():
+                    signal.pthread_kill(_main_ident, signal.SIGINT)
+            else:
+                REQUESTS.put(req)
+
+
+def _with_env(env):
+    saved = {}
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            continue
+        saved[k] = os.environ.get(k)
+        os.environ[k] = str(v)
+    return saved
+
+
+def _restore_env(saved):
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+# ---------------------------------------------------------------- python
+
+MIME = {
+    "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
+    "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
+    "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
+    "application/javascript": "javascript",
+}
+
+
+def result_line(data, main):
+    out = {"type": "result"}
+    extra = {}
+    for mime, value in (data or {}).items():
+        if value is None:
+            continue
+        key = MIME.get(mime)
+        if key is None:
+            extra[mime] = value
+            continue
+        if isinstance(value, bytes):
+            import base64
+            value = base64.b64encode(value).decode("ascii")
+        if key in ("png", "jpeg", "pdf") and isinstance(value, str):
+            value = value.replace("\n", "")
+        out[key] = value
+    text = out.get("text")
+    if main and isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        out["text"] = text[1:-1]
+    out["is_main_result"] = bool(main)
+    out["extra"] = extra
+    return out
+
+
+class Run:
+    error_sent = False
+
+
+RUN = Run()
+
+
+def error_line(name, value, traceback):
+    if RUN.error_sent:
+        return
+    RUN.error_sent = True
+    OUT.flush()
+    ERR.flush()
+    emit({"type": "error", "name": name, "value": value, "traceback": traceback})
+
+
+def python_main():
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+
+    class Publisher(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kw):
+            OUT.flush()
+            ERR.flush()
+            emit(result_line(data, False))
+
+        def clear_output(self, wait=False):
+            pass
+
+    class Hook(DisplayHook):
+        def start_displayhook(self):
+            OUT.flush()
+            ERR.flush()
+            self._data = None
+
+        def write_output_prompt(self):
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None):
+            self._data = format_dict
+
+        def finish_displayhook(self):
+            if self._data is not None:
+                emit(result_line(self._data, True))
+            self._data = None
+
+    class Shell(InteractiveShell):
+        displayhook_class = Hook
+        display_pub_class = Publisher
+
+        def _showtraceback(self, etype, evalue, stb):
+            name = getattr(etype, "__name__", str(etype))
+            try:
+                value = str(evalue)
+            except Exception:
+                value = "<unprintable %s>" % name
+            error_line(name, value, "\n".join(stb))
+
+        def enable_gui(self, gui=None):
+            pass
+
+    shell = Shell.instance(colors="Neutral")
+    shell.history_manager.enabled = False
+
+    while True:
+        try:
+            req = REQUESTS.get()
+            _running.set()
+            _active.set()
+            RUN.error_sent = False
+            saved = _with_env(req.get("env"))
+            try:
+                emit({"type": "number_of_executions", "execution_count": shell.execution_count})
+                shell.run_cell(req.get("code", ""), store_history=True)
+            finally:
+                _running.clear()
+                _restore_env(saved)
+                try:
+                    OUT.flush()
+                    ERR.flush()
+                    sys.__stdout__.flush()
+                    sys.__stderr__.flush()
+                    FD1.sync()
+                    FD2.sync()
+                finally:
+                    _active.clear()
+                    emit({"type": "__wb_done__"})
+        except KeyboardInterrupt:
+            continue
+
+
+# ---------------------------------------------------------------- bash
+
+def bash_main():
+    import subprocess
+    import tempfile
+    import re
+    import select
+    status_r, status_w = os.pipe()
+    os.set_inheritable(status_w, True)
+    env = dict(os.environ)
+    proc = [None]
+
+    def start():
+        p = subprocess.Popen(["/bin/bash", "--norc", "--noprofile"], stdin=subprocess.PIPE,
+                             stdout=1, stderr=2, pass_fds=(status_w,), env=env,
+                             start_new_session=False)
+        p.stdin.write(b"trap 'return 130 2>/dev/null' INT\n")
+        p.stdin.flush()
+        proc[0] = p
+
+    start()
+    count = [1]
+    ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    def quote(s):
+        return "'" + str(s).replace("'", "'\\''") + "'"
+
+    while True:
+        try:
+            req = REQUESTS.get()
+        except KeyboardInterrupt:
+            continue
+        _active.set()
+        RUN.error_sent = False
+        emit({"type": "number_of_executions", "execution_count": count[0]})
+        count[0] += 1
+        fd, path = tempfile.mkstemp(prefix=".wb-cell-", suffix=".sh", dir="/tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(req.get("code", ""))
+            f.write("\n")
+        pre, post = [], []
+        for i, (k, v) in enumerate((req.get("env") or {}).items()):
+            if not ident.match(k):
+                continue
+            pre.append('if [ -n "${%s+x}" ]; then __wb_o%d="$%s"; __wb_h%d=1; else __wb_h%d=0; fi; export %s=%s'
+                       % (k, i, k, i, i, k, quote(v)))
+            post.append('if [ $__wb_h%d = 1 ]; then export %s="$__wb_o%d"; else unset %s; fi; unset __wb_o%d __wb_h%d'
+                        % (i, k, i, k, i, i))
+        script = "\n".join(["trap - INT; trap 'return 130 2>/dev/null' INT"] + pre + ["source %s; __wb_rc=$?" % quote(path)] + post
+                           + ["echo $__wb_rc >&%d" % status_w, ""])
+        p = proc[0]
+        _running.set()
+        rc = None
+        try:
+            p.stdin.write(script.encode())
+            p.stdin.flush()
+            buf = b""
+            while rc is None:
+                try:
+                    r, _, _ = select.select([status_r], [], [], 0.2)
+                except KeyboardInterrupt:
+                    _interrupt_bash(p)
+                    continue
+                if r:
+                    buf += os.read(status_r, 64)
+                    if b"\n" in buf:
+                        rc = int(buf.split(b"\n")[0] or b"1")
+                elif p.poll() is not None:
+                    rc = p.returncode if p.returncode >= 0 else 128 - p.returncode
+                    error_line("BashExited", "bash exited with status %d; the shell was restarted" % rc, "")
+                    start()
+                    break
+        except (BrokenPipeError, OSError):
+            rc = -1
+            error_line("BashExited", "bash is not running; the shell was restarted", "")
+            start()
+        finally:
+            _running.clear()
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            FD1.sync()
+            FD2.sync()
+            if rc not in (None, 0, -1):
+                error_line("BashError", "exit status %d" % rc, "")
+            _active.clear()
+            emit({"type": "__wb_done__"})
+
+
+def _interrupt_bash(p):
+    """SIGINT to the shell's children (the running command), then the shell."""
+    kids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                stat = f.read()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == p.pid:
+            kids.append(int(pid))
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGINT)
+        except OSError:
+            pass
+    try:
+        os.kill(p.pid, signal.SIGINT)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- main
+
+sys.stdout = OUT
+sys.stderr = ERR
+FD1 = _FdPipe(1, OUT)
+FD2 = _FdPipe(2, ERR)
+sys.__stdout__ = os.fdopen(1, "w", buffering=1, closefd=False)
+sys.__stderr__ = os.fdopen(2, "w", buffering=1, closefd=False)
+threading.Thread(target=_flusher, daemon=True).start()
+threading.Thread(target=_control, daemon=True).start()
+try:
+    if len(sys.argv) > 1 and sys.argv[1] == "bash":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        bash_main()
+    else:
+        python_main()
+except BaseException:
+    import traceback
+    os.write(DIAG, ("warmboxd kernel: " + traceback.format_exc()).encode("utf-8", "replace"))
+    os._exit(1)

@@ -1,0 +1,526 @@
+/*
+ * envd_fs.c: confined filesystem operations for envd (see envd_fs.h).
+ *
+ * Why openat2 and not realpath + prefix checks: the sandbox's own processes
+ * can change its tree at any moment (swap a directory for a symlink between
+ * our check and our use). Resolving in the kernel from a root fd with
+ * RESOLVE_BENEATH makes the check and the use one step.
+ */
+#include "envd_fs.h"
+#include "runtime.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HOME "/home/user"
+#define TMP "/tmp"
+
+/* ------------------------------------------------------------------ */
+/* Resolution                                                          */
+/* ------------------------------------------------------------------ */
+
+static int under(const char *path, const char *prefix, const char **rest) {
+  size_t n = strlen(prefix);
+  if (strncmp(path, prefix, n) != 0 || (path[n] != 0 && path[n] != '/')) return 0;
+  *rest = path + n;
+  return 1;
+}
+
+/* Cleans an absolute path as the sandbox sees it (Go's filepath.Clean: "."
+ * dropped, ".." pops, never above "/") into `jail`, and finds its tree:
+ * 0 /home/user, 1 /tmp; `rel` is the rest ("." for the tree's root).
+ * -EACCES for anything outside both. */
+static int jail_map(const char *abs_in, char *jail, size_t jlen, char *rel, size_t rlen, int *tree) {
+  char abs[2 * PATH_MAX];
+  if (strlen(abs_in) >= sizeof abs) return -ENAMETOOLONG;
+  strcpy(abs, abs_in);
+  size_t ol = 0;
+  char *save = NULL;
+  jail[0] = 0;
+  for (char *c = strtok_r(abs, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+    if (strcmp(c, ".") == 0) continue;
+    if (strcmp(c, "..") == 0) {
+      while (ol > 0 && jail[ol - 1] != '/') ol--;
+      if (ol > 0) ol--;
+      jail[ol] = 0;
+      continue;
+    }
+    size_t cl = strlen(c);
+    if (ol + 1 + cl + 1 > jlen) return -ENAMETOOLONG;
+    jail[ol++] = '/';
+    memcpy(jail + ol, c, cl);
+    ol += cl;
+    jail[ol] = 0;
+  }
+  if (ol == 0) snprintf(jail, jlen, "/");
+  const char *rest;
+  if (under(jail, HOME, &rest))
+    *tree = 0;
+  else if (under(jail, TMP, &rest))
+    *tree = 1;
+  else
+    return -EACCES;
+  if ((size_t)snprintf(rel, rlen, "%s", *rest ? rest + 1 : ".") >= rlen) return -ENAMETOOLONG;
+  return 0;
+}
+
+static int open_tree(struct wbd_sandbox *sb, int tree) {
+  char dir[PATH_MAX];
+  if (tree == 0)
+    wbd_rt_home(sb, dir, sizeof dir);
+  else
+    wbd_rt_tmp(sb, dir, sizeof dir);
+  int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? -ESTALE : -errno;
+  return fd;
+}
+
+int wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *p) {
+  char abs[2 * PATH_MAX];
+  int n, tree;
+  p->sb = sb;
+  p->root = -1;
+  p->jail[0] = p->rel[0] = 0;
+  if (!path) path = "";
+  if (path[0] == '~' && (path[1] == 0 || path[1] == '/'))
+    n = snprintf(abs, sizeof abs, HOME "%s", path + 1);
+  else if (path[0] == '/')
+    n = snprintf(abs, sizeof abs, "%s", path);
+  else
+    n = snprintf(abs, sizeof abs, HOME "/%s", path);
+  if (n < 0 || (size_t)n >= sizeof abs) return -ENAMETOOLONG;
+  int rc = jail_map(abs, p->jail, sizeof p->jail, p->rel, sizeof p->rel, &tree);
+  if (rc < 0) return rc;
+  p->root = open_tree(sb, tree);
+  if (p->root < 0) return p->root;
+  struct stat st;
+  if (fstat(p->root, &st) == 0) {
+    p->uid = st.st_uid;
+    p->gid = st.st_gid;
+  } else {
+    p->uid = geteuid();
+    p->gid = getegid();
+  }
+  return 0;
+}
+
+void wbd_fs_release(struct wbd_fspath *p) {
+  if (p->root >= 0) close(p->root);
+  p->root = -1;
+}
+
+/* Resolution one component at a time, each opened with O_NOFOLLOW, never
+ * above the tree's root. Used where openat2 is missing (old kernels,
+ * valgrind) and for what RESOLVE_BENEATH refuses but the sandbox would
+ * follow: an absolute symlink to somewhere under /home/user or /tmp, which is
+ * resolved again from that tree's root (anything else stays refused). */
+#define WALK_MAX_DEPTH 256
+static int walk_beneath(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode) {
+  int stack[WALK_MAX_DEPTH];
+  int depth = 0, links = 0, rc, owned_root = -1;
+  char todo[2 * PATH_MAX], next[2 * PATH_MAX];
+  if (strlen(rel) >= sizeof todo) return -ENAMETOOLONG;
+  strcpy(todo, rel);
+  stack[0] = p->root;
+  char *cur = todo;
+  for (;;) {
+    while (*cur == '/') cur++;
+    char *end = strchr(cur, '/');
+    size_t clen = end ? (size_t)(end - cur) : strlen(cur);
+    char comp[NAME_MAX + 1];
+    if (clen > NAME_MAX) { rc = -ENAMETOOLONG; goto out; }
+    memcpy(comp, cur, clen);
+    comp[clen] = 0;
+    char *rest = cur + clen;
+    while (*rest == '/') rest++;
+    int last = *rest == 0;
+    if (clen == 0 || strcmp(comp, ".") == 0) {
+      if (!last) { cur = rest; continue; }
+      rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
+      rc = rc < 0 ? -errno : rc;
+      goto out;
+    }
+    if (strcmp(comp, "..") == 0) {
+      if (depth == 0) { rc = -EACCES; goto out; }
+      close(stack[depth--]);
+      if (!last) { cur = rest; continue; }
+      rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
+      rc = rc < 0 ? -errno : rc;
+      goto out;
+    }
+    int fd = openat(stack[depth], comp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) != 0) {
+      rc = -errno;
+      close(fd);
+      goto out;
+    }
+    if (fd >= 0 && S_ISLNK(st.st_mode) && !(last && (flags & O_NOFOLLOW))) {
+      char target[PATH_MAX];
+      ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
+      close(fd);
+      if (n < 0) { rc = -errno; goto out; }
+      target[n] = 0;
+      if (++links > 40) { rc = -ELOOP; goto out; }
+      int w = snprintf(next, sizeof next, "%s/%s", target, rest);
+      if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
+      if (target[0] == '/') {
+        char jail[PATH_MAX];
+        int tree;
+        if ((rc = jail_map(next, jail, sizeof jail, todo, sizeof todo, &tree)) < 0) goto out;
+        int nr = open_tree(p->sb, tree);
+        if (nr < 0) { rc = nr; goto out; }
+        while (depth > 0) close(stack[depth--]);
+        if (owned_root >= 0) close(owned_root);
+        stack[0] = owned_root = nr;
+      } else {
+        strcpy(todo, next);
+      }
+      cur = todo;
+      continue;
+    }
+    if (last) {
+      if (fd >= 0) close(fd);
+      else if (errno != ENOENT || !(flags & O_CREAT)) { rc = -errno; goto out; }
+      rc = openat(stack[depth], comp, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+      rc = rc < 0 ? -errno : rc;
+      goto out;
+    }
+    if (fd < 0) { rc = -errno; goto out; }
+    if (!S_ISDIR(st.st_mode)) {
+      close(fd);
+      rc = -ENOTDIR;
+      goto out;
+    }
+    if (depth + 1 >= WALK_MAX_DEPTH) {
+      close(fd);
+      rc = -ENAMETOOLONG;
+      goto out;
+    }
+    stack[++depth] = fd;
+    cur = rest;
+  }
+out:
+  while (depth > 0) close(stack[depth--]);
+  if (owned_root >= 0) close(owned_root);
+  return rc;
+}
+
+static int have_openat2 = 1;
+
+int wbd_fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode) {
+  if (__atomic_load_n(&have_openat2, __ATOMIC_RELAXED)) {
+    struct open_how how;
+    memset(&how, 0, sizeof how);
+    how.flags = (uint64_t)(flags | O_CLOEXEC);
+    how.mode = (flags & O_CREAT) ? mode : 0;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    long fd;
+    do {
+      fd = syscall(SYS_openat2, p->root, rel, &how, sizeof how);
+    } while (fd < 0 && errno == EAGAIN);
+    if (fd >= 0) return (int)fd;
+    if (errno != ENOSYS && errno != EXDEV) return -errno;
+    if (errno == ENOSYS) __atomic_store_n(&have_openat2, 0, __ATOMIC_RELAXED);
+  }
+  return walk_beneath(p, rel, flags, mode);
+}
+
+int wbd_fs_parent(const struct wbd_fspath *p, const char **base) {
+  if (strcmp(p->rel, ".") == 0) return -EPERM;
+  const char *slash = strrchr(p->rel, '/');
+  if (!slash) {
+    *base = p->rel;
+    return wbd_fs_open(p, ".", O_PATH | O_DIRECTORY, 0);
+  }
+  char dir[PATH_MAX];
+  size_t n = (size_t)(slash - p->rel);
+  memcpy(dir, p->rel, n);
+  dir[n] = 0;
+  *base = slash + 1;
+  return wbd_fs_open(p, dir, O_PATH | O_DIRECTORY, 0);
+}
+
+void wbd_fs_chown(const struct wbd_fspath *p, int fd) {
+  if (geteuid() != 0) return;
+  if (fchown(fd, p->uid, p->gid) != 0) { /* best effort */ }
+}
+
+static void chown_at(const struct wbd_fspath *p, int dirfd, const char *name) {
+  if (geteuid() != 0) return;
+  if (fchownat(dirfd, name, p->uid, p->gid, AT_SYMLINK_NOFOLLOW) != 0) { /* best effort */ }
+}
+
+int wbd_fs_mkdirs(const struct wbd_fspath *p, int self) {
+  if (strcmp(p->rel, ".") == 0) return self ? -EEXIST : 0;
+  char prefix[PATH_MAX];
+  size_t len = strlen(p->rel);
+  int existed = 0;
+  for (size_t i = 0; i <= len; i++) {
+    if (p->rel[i] != '/' && p->rel[i] != 0) continue;
+    if (p->rel[i] == 0 && !self) break;
+    memcpy(prefix, p->rel, i);
+    prefix[i] = 0;
+    char *slash = strrchr(prefix, '/');
+    const char *name = slash ? slash + 1 : prefix;
+    int dfd;
+    if (slash) {
+      *slash = 0;
+      dfd = wbd_fs_open(p, prefix, O_PATH | O_DIRECTORY, 0);
+    } else {
+      dfd = wbd_fs_open(p, ".", O_PATH | O_DIRECTORY, 0);
+    }
+    if (dfd < 0) return dfd;
+    if (mkdirat(dfd, name, 0755) == 0) {
+      chown_at(p, dfd, name);
+      existed = 0;
+    } else if (errno == EEXIST) {
+      existed = 1;
+    } else {
+      int e = -errno;
+      close(dfd);
+      return e;
+    }
+    close(dfd);
+  }
+  return self && existed ? -EEXIST : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Remove and move                                                     */
+/* ------------------------------------------------------------------ */
+
+/* rm -rf name in dirfd without following any symlink. */
+static int rm_tree(int dirfd, const char *name, int depth) {
+  if (unlinkat(dirfd, name, 0) == 0) return 0;
+  if (errno == ENOENT) return 0;
+  if (errno != EISDIR && errno != EPERM) return -errno;
+  if (depth > 256) return -ELOOP;
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 0 : -errno;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  int rc = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+    int r = rm_tree(fd, de->d_name, depth + 1);
+    if (r < 0 && rc == 0) rc = r;
+  }
+  closedir(d);
+  if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT && rc == 0) rc = -errno;
+  return rc;
+}
+
+int wbd_fs_remove(const struct wbd_fspath *p) {
+  const char *base;
+  int dfd = wbd_fs_parent(p, &base);
+  if (dfd == -ENOENT || dfd == -ENOTDIR) return 0;   /* RemoveAll: nothing there */
+  if (dfd < 0) return dfd;
+  int rc = rm_tree(dfd, base, 0);
+  close(dfd);
+  return rc;
+}
+
+int wbd_fs_move(const struct wbd_fspath *src, const struct wbd_fspath *dst) {
+  const char *sbase, *dbase;
+  int sfd = wbd_fs_parent(src, &sbase);
+  if (sfd < 0) return sfd;
+  int rc = wbd_fs_mkdirs(dst, 0);
+  if (rc < 0) {
+    close(sfd);
+    return rc;
+  }
+  int dfd = wbd_fs_parent(dst, &dbase);
+  if (dfd < 0) {
+    close(sfd);
+    return dfd;
+  }
+  rc = renameat(sfd, sbase, dfd, dbase) == 0 ? 0 : -errno;
+  close(sfd);
+  close(dfd);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* EntryInfo                                                           */
+/* ------------------------------------------------------------------ */
+
+/* Go's fs.FileMode.String(), which is what envd sends as "permissions". */
+static void go_mode_string(mode_t m, char *out) {
+  char *o = out;
+  if (S_ISDIR(m)) *o++ = 'd';
+  if (S_ISLNK(m)) *o++ = 'L';
+  if (S_ISBLK(m) || S_ISCHR(m)) *o++ = 'D';
+  if (S_ISFIFO(m)) *o++ = 'p';
+  if (S_ISSOCK(m)) *o++ = 'S';
+  if (m & S_ISUID) *o++ = 'u';
+  if (m & S_ISGID) *o++ = 'g';
+  if (S_ISCHR(m)) *o++ = 'c';
+  if (m & S_ISVTX) *o++ = 't';
+  if (o == out) *o++ = '-';
+  const char *rwx = "rwxrwxrwx";
+  for (int i = 0; i < 9; i++) *o++ = (m & (1u << (8 - i))) ? rwx[i] : '-';
+  *o = 0;
+}
+
+static json_t *entry_json(const struct stat *st, const char *jailpath, const char *target) {
+  const char *name = strrchr(jailpath, '/');
+  name = name && name[1] ? name + 1 : jailpath;
+  const char *type = S_ISDIR(st->st_mode) ? "FILE_TYPE_DIRECTORY"
+                   : S_ISLNK(st->st_mode) ? "FILE_TYPE_SYMLINK"
+                   : S_ISREG(st->st_mode) ? "FILE_TYPE_FILE" : "FILE_TYPE_UNSPECIFIED";
+  json_t *e = json_object();
+  json_object_set_new(e, "name", json_string(name));
+  json_object_set_new(e, "type", json_string(type));
+  json_object_set_new(e, "path", json_string(jailpath));
+  if (st->st_size != 0) {
+    char sz[32];
+    snprintf(sz, sizeof sz, "%lld", (long long)st->st_size);
+    json_object_set_new(e, "size", json_string(sz));
+  }
+  if (st->st_mode & 0777) json_object_set_new(e, "mode", json_integer(st->st_mode & 0777));
+  char perms[24];
+  go_mode_string(st->st_mode, perms);
+  json_object_set_new(e, "permissions", json_string(perms));
+  json_object_set_new(e, "owner", json_string("user"));
+  json_object_set_new(e, "group", json_string("user"));
+  struct tm tm;
+  time_t secs = st->st_mtim.tv_sec;
+  char ts[64], full[80];
+  gmtime_r(&secs, &tm);
+  strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+  if (st->st_mtim.tv_nsec)
+    snprintf(full, sizeof full, "%s.%09ldZ", ts, (long)st->st_mtim.tv_nsec);
+  else
+    snprintf(full, sizeof full, "%sZ", ts);
+  json_object_set_new(e, "modifiedTime", json_string(full));
+  if (target) json_object_set_new(e, "symlinkTarget", json_string(target));
+  return e;
+}
+
+static json_t *entry_at(int dirfd, const char *name, const char *jailpath) {
+  struct stat st;
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW | (*name ? 0 : AT_EMPTY_PATH)) != 0) return NULL;
+  char target[PATH_MAX];
+  const char *tp = NULL;
+  if (S_ISLNK(st.st_mode)) {
+    ssize_t n = readlinkat(dirfd, name, target, sizeof target - 1);
+    if (n >= 0) {
+      target[n] = 0;
+      tp = target;
+    }
+  }
+  return entry_json(&st, jailpath, tp);
+}
+
+json_t *wbd_fs_entry(const struct wbd_fspath *p) {
+  if (strcmp(p->rel, ".") == 0) return entry_at(p->root, "", p->jail);
+  const char *base;
+  int dfd = wbd_fs_parent(p, &base);
+  if (dfd < 0) {
+    errno = -dfd;
+    return NULL;
+  }
+  json_t *e = entry_at(dfd, base, p->jail);
+  int saved = errno;
+  close(dfd);
+  errno = saved;
+  return e;
+}
+
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Lexical order per directory, parents before children: Go's WalkDir. */
+static int list_level(int fd, const char *jailpath, int level, int depth, json_t *out) {
+  int dfd = dup(fd);
+  if (dfd < 0) return -errno;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    int e = -errno;
+    close(dfd);
+    return e;
+  }
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 32;
+      char **nn = realloc(names, cap * sizeof *names);
+      if (!nn) break;
+      names = nn;
+    }
+    names[n++] = strdup(de->d_name);
+  }
+  closedir(d);
+  if (n) qsort(names, n, sizeof *names, cmp_names);
+  for (size_t i = 0; i < n; i++) {
+    char child[PATH_MAX];
+    int w = snprintf(child, sizeof child, "%s%s%s", jailpath,
+                     jailpath[strlen(jailpath) - 1] == '/' ? "" : "/", names[i]);
+    if (w < 0 || (size_t)w >= sizeof child) continue;
+    json_t *e = entry_at(fd, names[i], child);
+    if (!e) continue;   /* vanished meanwhile */
+    int is_dir = strcmp(json_string_value(json_object_get(e, "type")), "FILE_TYPE_DIRECTORY") == 0;
+    json_array_append_new(out, e);
+    if (is_dir && level < depth) {
+      int sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub >= 0) {
+        list_level(sub, child, level + 1, depth, out);
+        close(sub);
+      }
+    }
+  }
+  for (size_t i = 0; i < n; i++) free(names[i]);
+  free(names);
+  return 0;
+}
+
+json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {
+  int fd = wbd_fs_open(p, p->rel, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0) {
+    *err = fd;
+    return NULL;
+  }
+  json_t *arr = json_array();
+  int rc = list_level(fd, p->jail, 1, depth < 1 ? 1 : depth, arr);
+  close(fd);
+  if (rc < 0) {
+    json_decref(arr);
+    *err = rc;
+    return NULL;
+  }
+  json_t *res = json_object();
+  if (json_array_size(arr))
+    json_object_set_new(res, "entries", arr);
+  else
+    json_decref(arr);
+  return res;
+}
+
+const char *wbd_fs_strerror(int err) {
+  switch (err) {
+    case -EACCES: return "path is outside the sandbox (only /home/user and /tmp are reachable)";
+    case -ELOOP: return "too many levels of symbolic links";
+    case -ESTALE: return "the sandbox's filesystem is gone";
+    case -EPERM: return "operation not permitted on the sandbox's root directory";
+    default: return strerror(-err);
+  }
+}

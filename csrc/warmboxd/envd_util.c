@@ -1,0 +1,157 @@
+/* envd_util.c: byte buffer, base64 and SHA-256 for envd. */
+#include "envd_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* Buffer                                                              */
+/* ------------------------------------------------------------------ */
+
+int wbd_buf_add(struct wbd_buf *b, const void *data, size_t len) {
+  if (b->len + len + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + len + 1) cap *= 2;
+    char *p = realloc(b->data, cap);
+    if (!p) return -1;
+    b->data = p;
+    b->cap = cap;
+  }
+  if (len) memcpy(b->data + b->len, data, len);
+  b->len += len;
+  b->data[b->len] = 0;
+  return 0;
+}
+
+void wbd_buf_free(struct wbd_buf *b) {
+  free(b->data);
+  memset(b, 0, sizeof *b);
+}
+
+/* ------------------------------------------------------------------ */
+/* Base64                                                              */
+/* ------------------------------------------------------------------ */
+
+static const char b64_chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *wbd_b64_encode(const void *data, size_t len) {
+  const unsigned char *s = data;
+  char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
+  if (!out) return NULL;
+  size_t i = 0;
+  for (; i + 2 < len; i += 3) {
+    uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8 | s[i + 2];
+    *o++ = b64_chars[v >> 18 & 63];
+    *o++ = b64_chars[v >> 12 & 63];
+    *o++ = b64_chars[v >> 6 & 63];
+    *o++ = b64_chars[v & 63];
+  }
+  if (i < len) {
+    uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < len ? (uint32_t)s[i + 1] << 8 : 0);
+    *o++ = b64_chars[v >> 18 & 63];
+    *o++ = b64_chars[v >> 12 & 63];
+    *o++ = i + 1 < len ? b64_chars[v >> 6 & 63] : '=';
+    *o++ = '=';
+  }
+  *o = 0;
+  return out;
+}
+
+static int b64_val(int c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+unsigned char *wbd_b64_decode(const char *s, size_t *out_len) {
+  size_t n = strlen(s);
+  while (n && s[n - 1] == '=') n--;
+  if (n % 4 == 1) return NULL;
+  unsigned char *out = malloc(n / 4 * 3 + 4), *o = out;
+  if (!out) return NULL;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < n; i++) {
+    int v = b64_val((unsigned char)s[i]);
+    if (v < 0) {
+      free(out);
+      return NULL;
+    }
+    acc = acc << 6 | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      *o++ = (unsigned char)(acc >> bits & 0xff);
+    }
+  }
+  *o = 0;
+  *out_len = (size_t)(o - out);
+  return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* SHA-256 (FIPS 180-4)                                                */
+/* ------------------------------------------------------------------ */
+
+static const uint32_t sha_k[64] = {
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROR(x, n) ((x) >> (n) | (x) << (32 - (n)))
+
+static void sha_block(uint32_t h[8], const unsigned char *p) {
+  uint32_t w[64];
+  for (int i = 0; i < 16; i++)
+    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+  for (int i = 16; i < 64; i++) {
+    uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+  for (int i = 0; i < 64; i++) {
+    uint32_t t1 = hh + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
+    uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+  }
+  h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+}
+
+void wbd_sha256(const void *data, size_t len, unsigned char out[32]) {
+  uint32_t h[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+  const unsigned char *p = data;
+  size_t n = len;
+  for (; n >= 64; n -= 64, p += 64) sha_block(h, p);
+  unsigned char tail[128] = { 0 };
+  memcpy(tail, p, n);
+  tail[n] = 0x80;
+  size_t tl = n + 1 + 8 <= 64 ? 64 : 128;
+  uint64_t bits = (uint64_t)len * 8;
+  for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (unsigned char)(bits >> (8 * i));
+  sha_block(h, tail);
+  if (tl == 128) sha_block(h, tail + 64);
+  for (int i = 0; i < 8; i++) {
+    out[4 * i] = (unsigned char)(h[i] >> 24);
+    out[4 * i + 1] = (unsigned char)(h[i] >> 16);
+    out[4 * i + 2] = (unsigned char)(h[i] >> 8);
+    out[4 * i + 3] = (unsigned char)h[i];
+  }
+}
+
+int wbd_str_eq_ct(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  unsigned char d = la != lb;
+  for (size_t i = 0; i < la; i++) d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
+  return d == 0;
+}

@@ -1,0 +1,91 @@
+/*
+ * wbd_int.h: what the control-plane files (main.c, server.c, store.c,
+ * control.c) share beyond wbd.h. The data plane never includes this.
+ */
+#ifndef WBD_INT_H
+#define WBD_INT_H
+
+#include "wbd.h"
+
+#define WBD_CLIENT_ID "6532622b"
+#define WBD_ENVD_VERSION "0.5.7"
+#define WBD_CPU_COUNT 2
+#define WBD_MEMORY_MB 512
+#define WBD_DISK_MB 1024
+
+/* Options changed at run time by POST /_warmboxd/config are read and written
+ * atomically (handlers run on many threads). */
+static inline int wbd_knob(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline void wbd_knob_set(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+extern int wbd_loose_metadata;
+
+void wbd_sleep_ms(int ms);
+
+/* ---- store.c: records and indexes (the *_locked functions need wbd_store_lock) ---- */
+
+struct wbd_team;
+
+/* A record as the store keeps it; `sb` first so the two pointers convert. */
+struct wbd_rec {
+  struct wbd_sandbox sb;
+  int busy;                    /* a pause/resume/create is in flight */
+  int indexed;                 /* in the hash and the team's index */
+  struct wbd_rec *hnext;       /* hash chain */
+  struct wbd_rec *rprev, *rnext;  /* the team's running list */
+  struct wbd_team *team;
+};
+#define WBD_REC(s) ((struct wbd_rec *)(s))
+
+struct wbd_team {
+  char name[64];
+  struct wbd_rec **v;          /* ordered: startedAt asc, id desc (the asc listing) */
+  size_t n, cap;
+  struct wbd_rec *run_head;    /* running records, any order */
+  int running, paused, reserved;  /* reserved: creates/resumes in flight */
+  struct wbd_team *next;
+};
+
+/* A new record: fresh id, refcount 1 (the store's), empty metadata/env. */
+struct wbd_sandbox *wbd_store_alloc(const char *team);
+/* Frees a record that was never inserted. */
+void wbd_store_discard(struct wbd_sandbox *sb);
+struct wbd_team *wbd_store_team_locked(const char *team, int create);
+void wbd_store_insert_locked(struct wbd_sandbox *sb);
+/* Bulk insert (seed): one sort at the end. */
+void wbd_store_insert_many_locked(struct wbd_sandbox **v, size_t n);
+void wbd_store_remove_locked(struct wbd_sandbox *sb);
+/* Moves a record to a new startedAt and/or state, keeping indexes right. */
+void wbd_store_update_locked(struct wbd_sandbox *sb, int64_t started_at_us, enum wbd_state st);
+struct wbd_sandbox *wbd_store_lookup_locked(const char *id);
+void wbd_store_ref_locked(struct wbd_sandbox *sb);
+void wbd_store_unref_locked(struct wbd_sandbox *sb);
+/* Waits (releasing the lock) until no operation is in flight on sb. */
+void wbd_store_wait_idle_locked(struct wbd_sandbox *sb);
+void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
+/* Index in team->v of the first record ordered after (started, id) in asc order. */
+size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char *id);
+/* Index of the first record not ordered before (started, id) in asc order. */
+size_t wbd_store_lower_locked(struct wbd_team *t, int64_t started_us, const char *id);
+void wbd_store_counts_locked(long *running, long *paused);
+struct wbd_team *wbd_store_teams_locked(void);
+/* Shutdown: calls wbd_rt_on_kill for every live record (no lock held). */
+void wbd_store_kill_all(void);
+void wbd_store_free_all(void);
+
+/* ---- control.c ---- */
+enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
+enum MHD_Result wbd_knob_config(struct wbd_req *req);
+enum MHD_Result wbd_knob_seed(struct wbd_req *req);
+/* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
+const char *wbd_control_route(const char *method, const char *path);
+int wbd_lifecycle_start(void);
+void wbd_lifecycle_stop(void);
+
+/* ---- server.c ---- */
+int wbd_server_start(void);        /* binds, fills the port */
+int wbd_server_port(void);
+void wbd_server_quiesce(void);
+void wbd_server_stop(void);
+void wbd_stats_free(void);
+
+#endif

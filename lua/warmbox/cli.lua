@@ -1,0 +1,439 @@
+--- The `warmbox` command.
+--
+--   warmbox [options] run --session KEY [--language L] [--timeout S] [--file NAME=PATH]...
+--                         [--env K=V]... [--actor A] [--out DIR] [CODE | -]
+--   warmbox [options] release KEY
+--   warmbox [options] sessions
+--   warmbox [options] gc [--dry-run] [--max-age S]
+--   warmbox demo
+--
+-- Options: --api-url URL, --api-key KEY (default $E2B_API_KEY), --template T,
+-- --exec-timeout S, --idle-timeout S, --tag NAME, --lock file|redis|memory,
+-- --policy PATH, --warmboxd PATH. Without an API key an embedded warmboxd is
+-- started for the command (its sandboxes end with it).
+-- @module warmbox.cli
+
+local tostring, tonumber, ipairs, type, pcall, next = tostring, tonumber, ipairs, type, pcall, next
+local string_format, table_concat = string.format, table.concat
+
+local _M = { _VERSION = "0.1.0" }
+
+local USAGE = [[
+usage: warmbox [options] <command> [args]
+
+commands:
+  run --session KEY [CODE | -]   run code in the session's sandbox (code from stdin with - or no CODE)
+      --language L                 python (default), bash, javascript, ...
+      --timeout S                  run timeout in seconds
+      --file NAME=PATH             upload PATH as /home/user/NAME (repeatable)
+      --env K=V                    env var baked into the sandbox (repeatable; part of the session fingerprint)
+      --actor A                    who acts (part of the session fingerprint)
+      --out DIR                    save the files the run left in /home/user/output to DIR
+  release KEY                    kill every sandbox of the session KEY
+  sessions                       list sessions and their sandboxes
+  gc [--dry-run] [--max-age S]   garbage-collect tagged sandboxes under the GC policy
+  demo                           a short conversation on an embedded warmboxd, with timings
+
+options:
+  --api-url URL      E2B API URL (default $E2B_API_URL); with --api-key
+  --api-key KEY      E2B API key (default $E2B_API_KEY); none: an embedded warmboxd for this command
+  --template T       sandbox template (default code-interpreter-v1)
+  --exec-timeout S   seconds a run may take (default 300)
+  --idle-timeout S   seconds of quiet before a sandbox pauses (default 300)
+  --tag NAME         metadata key of the session tag (default warmboxSessionId)
+  --lock BACKEND     file (default), redis or memory
+  --policy PATH      a policy file (Lua)
+  --warmboxd PATH    the warmboxd binary for the embedded server
+  -h, --help         this help
+]]
+
+local GLOBAL = {
+  ["--api-url"] = "api_url", ["--api-key"] = "api_key", ["--template"] = "template",
+  ["--exec-timeout"] = "exec_timeout", ["--idle-timeout"] = "idle_timeout", ["--tag"] = "tag",
+  ["--lock"] = "lock", ["--policy"] = "policy", ["--warmboxd"] = "warmboxd",
+}
+local NUMERIC = { exec_timeout = true, idle_timeout = true }
+
+local function read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function new_warmbox(o, err)
+  local warmbox = require "warmbox"
+  local ok, wb, msg, code = pcall(warmbox.new, o)
+  if not ok then
+    err:write("warmbox: ", tostring(wb), "\n")
+    return nil
+  end
+  if not wb then
+    err:write(string_format("warmbox: %s (%s)\n", tostring(msg), tostring(code)))
+    return nil
+  end
+  return wb
+end
+
+local function fail(err, msg, code)
+  err:write(string_format("warmbox: %s%s\n", tostring(msg), code and (" (" .. tostring(code) .. ")") or ""))
+  return 1
+end
+
+-- ------------------------------------------------------------------
+-- run
+-- ------------------------------------------------------------------
+
+local function cmd_run(o, args, io_)
+  local out, err = io_.stdout, io_.stderr
+  local key, language, timeout, outdir, actor, code
+  local files, env = {}, nil
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local function val()
+      i = i + 1
+      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
+      return args[i]
+    end
+    if a == "--session" or a == "-s" then key = val()
+    elseif a == "--language" then language = val()
+    elseif a == "--timeout" then timeout = tonumber(val()) or error("--timeout needs a number", 0)
+    elseif a == "--out" then outdir = val()
+    elseif a == "--actor" then actor = val()
+    elseif a == "--env" then
+      local k, v = val():match("^([^=]+)=(.*)$")
+      if not k then error("--env needs K=V", 0) end
+      env = env or {}
+      env[k] = v
+    elseif a == "--file" then
+      local name, path = val():match("^([^=]+)=(.+)$")
+      if not name then error("--file needs NAME=PATH", 0) end
+      local data, rerr = read_file(path)
+      if not data then error("cannot read " .. path .. ": " .. tostring(rerr), 0) end
+      files[name] = data
+    elseif a == "-" then code = io_.stdin:read("a")
+    elseif a:sub(1, 2) == "--" then error("unknown option " .. a .. " to run", 0)
+    else
+      if code then error("more than one CODE argument", 0) end
+      code = a
+    end
+    i = i + 1
+  end
+  if not key then error("run needs --session KEY", 0) end
+  if not code then code = io_.stdin:read("a") end
+  local wb = new_warmbox(o, err)
+  if not wb then return 1 end
+  local s = wb:session(key, { env = env, actor = actor })
+  local r, msg, ecode = s:run(code, {
+    files = next(files) and files or nil, language = language, timeout = timeout,
+    on_stdout = function(t) out:write(t) out:flush() end,
+    on_stderr = function(t) err:write(t) err:flush() end,
+  })
+  if not r then
+    wb:close()
+    return fail(err, msg, ecode)
+  end
+  for _, res in ipairs(r.results) do
+    if res.text then out:write(res.text, "\n") end
+  end
+  for _, f in ipairs(r.files) do
+    if outdir then
+      os.execute("mkdir -p '" .. outdir:gsub("'", "'\\''") .. "'")
+      local name = f.name:gsub("/", "_")
+      local fh = assert(io.open(outdir .. "/" .. name, "wb"))
+      fh:write(f.content)
+      fh:close()
+      err:write(string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content))
+    else
+      err:write(string_format("warmbox: output file %s (%d bytes, %s)\n", f.name, #f.content, f.mime))
+    end
+  end
+  if r.error then
+    err:write(tostring(r.error.traceback or (tostring(r.error.name) .. ": " .. tostring(r.error.value))), "\n")
+  end
+  wb:close()
+  return r.error and 1 or 0
+end
+
+-- ------------------------------------------------------------------
+-- release, sessions, gc
+-- ------------------------------------------------------------------
+
+local function cmd_release(o, args, io_)
+  if #args ~= 1 then error("release needs exactly one KEY", 0) end
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return 1 end
+  local n, msg, code = wb:release(args[1])
+  wb:close()
+  if not n then return fail(io_.stderr, msg, code) end
+  io_.stdout:write(string_format("released %s: %d sandbox%s killed\n", args[1], n, n == 1 and "" or "es"))
+  return 0
+end
+
+local function cmd_sessions(o, args, io_)
+  if #args ~= 0 then error("sessions takes no arguments", 0) end
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return 1 end
+  local list, msg, code = wb:sessions()
+  wb:close()
+  if not list then return fail(io_.stderr, msg, code) end
+  if #list == 0 then
+    io_.stdout:write("no sessions\n")
+    return 0
+  end
+  io_.stdout:write(string_format("%-40s %-24s %-8s %s\n", "SESSION", "SANDBOX", "STATE", "ENDS/PAUSED AT"))
+  for _, s in ipairs(list) do
+    io_.stdout:write(string_format("%-40s %-24s %-8s %s\n", s.key or ("(hashed) " .. s.tag_value),
+      tostring(s.sandbox_id), tostring(s.state), tostring(s.end_at or "")))
+  end
+  return 0
+end
+
+local function print_gc(out, rep, dry)
+  out:write(string_format("%slisted %d, kept %d, killed %d, demoted %d, busy %d, errors %d\n",
+    dry and "dry run: " or "", rep.listed or 0, rep.kept or 0, rep.killed or 0, rep.demoted or 0, rep.busy or 0,
+    type(rep.errors) == "table" and #rep.errors or 0))
+  for _, a in ipairs(rep.actions or {}) do
+    local _, sess = pcall(function()
+      local session = require "warmbox.session"
+      return (session.parse_tag(a.session or "")) or a.session
+    end)
+    out:write(string_format("  %-6s %-24s %-30s %s\n", tostring(a.action), tostring(a.sandbox_id),
+      tostring(sess or ""), tostring(a.reason or "")))
+  end
+end
+
+local function cmd_gc(o, args, io_)
+  local dry, max_age = false, nil
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--dry-run" or a == "-n" then dry = true
+    elseif a == "--max-age" then
+      i = i + 1
+      max_age = tonumber(args[i]) or error("--max-age needs a number of seconds", 0)
+    else error("unknown argument " .. a .. " to gc", 0) end
+    i = i + 1
+  end
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return 1 end
+  local rep, msg, code = wb:gc{ dry_run = dry, max_age = max_age }
+  wb:close()
+  if not rep then return fail(io_.stderr, msg, code) end
+  print_gc(io_.stdout, rep, dry)
+  return 0
+end
+
+-- ------------------------------------------------------------------
+-- demo
+-- ------------------------------------------------------------------
+
+local function demo(o, io_)
+  local out = io_.stdout
+  local core = require "warmbox.core"
+  local now = core.now
+  o.idle_timeout = o.idle_timeout or 3
+  o.exec_timeout = o.exec_timeout or 10
+  o.lock = o.lock or "memory"
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return 1 end
+  local http = wb.server and core.http{ timeout = 10 }
+  local function requests()
+    if not http then return nil end
+    local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats" }
+    local cjson = require("cjson.safe")
+    local t = res and res.status == 200 and cjson.decode(res.body)
+    return t and t.total_requests
+  end
+  out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n\n",
+    wb.server and ("an embedded warmboxd at " .. wb.server.url) or "E2B", o.exec_timeout, o.idle_timeout))
+  local key = "demo-workspace:thread-1"
+  local s = wb:session(key)
+  local step = 0
+  local function show(title, fn)
+    step = step + 1
+    local n0 = requests()
+    local t0 = now()
+    local ok, line, extra = fn()
+    local ms = (now() - t0) * 1000
+    local n1 = requests()
+    local reqs = n0 and n1 and string_format("%2d req", n1 - n0) or "      "
+    out:write(string_format("%d. %-16s %8.0f ms  %s  %s\n", step, title, ms, reqs, tostring(line)))
+    if extra then out:write("   ", extra, "\n") end
+    return ok
+  end
+  local function code_line(r)
+    local text = r.results[1] and r.results[1].text or r.stdout:gsub("\n$", "")
+    return string_format("-> %s  (sandbox %s, reused=%s, resumed=%s)", text, r.sandbox_id, tostring(r.reused),
+      tostring(r.resumed))
+  end
+  local sandbox_id
+  local ok = show("cold start", function()
+    local r, msg, code = s:run("x = 41\nprint('hello from', __import__('os').getcwd())")
+    if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+    sandbox_id = r.sandbox_id
+    return true, string_format("x = 41  (created sandbox %s, reused=%s)", r.sandbox_id, tostring(r.reused))
+  end)
+  local abandoned
+  if ok then
+    show("other session", function()
+      -- a conversation that goes quiet at once (2 s lease): GC reclaims it below
+      local r, msg, code = wb:session("demo-workspace:abandoned"):run("echo bye", { language = "bash", timeout = 2 })
+      if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+      abandoned = r.sandbox_id
+      return true, string_format("a second conversation (sandbox %s) that is then abandoned", r.sandbox_id)
+    end)
+  end
+  if ok then
+    ok = show("warm run", function()
+      local r, msg, code = s:run("x + 1", { timeout = 1 })
+      if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+      return true, "x + 1 " .. code_line(r)
+    end)
+  end
+  if ok then
+    ok = show("idle pause", function()
+      local deadline = now() + o.exec_timeout + o.idle_timeout + 30
+      while now() < deadline do
+        local info = wb.client:info(sandbox_id)
+        if info and info.state == "paused" then
+          return true, string_format("nobody ran anything; the lease ran out and sandbox %s paused", sandbox_id)
+        end
+        core.sleep(0.25)
+      end
+      return false, "the sandbox did not pause"
+    end)
+  end
+  if ok then
+    ok = show("resume", function()
+      local r, msg, code = s:run("x + 1", { timeout = 30 })
+      if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+      return true, "x + 1 " .. code_line(r) .. " -- the kernel kept x"
+    end)
+  end
+  if ok then
+    ok = show("chart", function()
+      local r, msg, code = s:run(table_concat({
+        "import matplotlib", "matplotlib.use('Agg')", "import matplotlib.pyplot as plt",
+        "plt.figure(figsize=(4, 3))", "plt.plot([1, 2, 3, 4], [x, x + 1, x - 3, x + 5])",
+        "plt.title('x over time')", "plt.savefig('/home/user/output/chart.png')", "print('saved')" }, "\n"),
+        { timeout = 120 })
+      if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+      if r.error then return false, "FAILED: " .. tostring(r.error.name) .. ": " .. tostring(r.error.value) end
+      local f = r.files[1]
+      if not f then return false, "no file came back" end
+      local png = f.content:sub(1, 8) == "\137PNG\r\n\26\n"
+      return true, string_format("got %s back: %d bytes, %s%s", f.name, #f.content, f.mime,
+        png and ", a real PNG" or "")
+    end)
+  end
+  local have_gc = pcall(require, "warmbox.gc")
+  if ok and have_gc and abandoned then
+    local max_age = 8
+    show("gc --dry-run", function()
+      local rep, msg, code = wb:gc{ dry_run = true, max_age = max_age }
+      if not rep then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+      return true, string_format("max age %ds: listed %d, would kill %d (the abandoned one), keep %d (the live one)",
+        max_age, rep.listed or 0, rep.killed or 0, rep.kept or 0)
+    end)
+    show("gc", function()
+      local rep, msg, code = wb:gc{ max_age = max_age }
+      if not rep then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+      local killed = {}
+      for _, a in ipairs(rep.actions or {}) do
+        if a.action == "kill" then killed[#killed + 1] = tostring(a.sandbox_id) end
+      end
+      return true, string_format("killed %d (%s), kept %d", rep.killed or 0, table_concat(killed, ", "),
+        rep.kept or 0)
+    end)
+  end
+  show("release", function()
+    local n, msg, code = wb:release(key)
+    if not n then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
+    return true, string_format("the conversation was deleted: %d sandbox%s killed", n, n == 1 and "" or "es")
+  end)
+  if http then http:close() end
+  wb:close()
+  out:write(ok and "\ndone.\n" or "\nthe demo stopped at a failed step.\n")
+  return ok and 0 or 1
+end
+
+-- ------------------------------------------------------------------
+-- main
+-- ------------------------------------------------------------------
+
+--- Run the command line.
+-- @tparam table argv the arguments (`arg`)
+-- @tparam[opt] table io_ `stdout`, `stderr`, `stdin`
+-- @treturn integer exit status
+function _M.main(argv, io_)
+  io_ = io_ or { stdout = io.stdout, stderr = io.stderr, stdin = io.stdin }
+  local o = {}
+  local i = 1
+  local args = {}
+  for j = 1, #argv do args[j] = argv[j] end
+  local cmd
+  while i <= #args do
+    local a = args[i]
+    if a == "-h" or a == "--help" then
+      io_.stdout:write(USAGE)
+      return 0
+    elseif GLOBAL[a] then
+      local v = args[i + 1]
+      if v == nil then
+        io_.stderr:write("warmbox: option " .. a .. " needs a value\n")
+        return 2
+      end
+      local k = GLOBAL[a]
+      if NUMERIC[k] then
+        v = tonumber(v)
+        if not v then
+          io_.stderr:write("warmbox: option " .. a .. " needs a number\n")
+          return 2
+        end
+      end
+      o[k] = v
+      i = i + 2
+    elseif a:sub(1, 1) == "-" then
+      io_.stderr:write("warmbox: unknown option " .. a .. "\n" .. USAGE)
+      return 2
+    else
+      cmd = a
+      i = i + 1
+      break
+    end
+  end
+  local rest = {}
+  for j = i, #args do rest[#rest + 1] = args[j] end
+  local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc }
+  if cmd == "demo" then
+    for _, a in ipairs(rest) do
+      if a == "-h" or a == "--help" then
+        io_.stdout:write("usage: warmbox demo\n")
+        return 0
+      end
+    end
+    return demo(o, io_)
+  end
+  local h = handlers[cmd]
+  if not h then
+    io_.stderr:write((cmd and ("warmbox: unknown command " .. cmd .. "\n") or "") .. USAGE)
+    return 2
+  end
+  for _, a in ipairs(rest) do
+    if a == "-h" or a == "--help" then
+      io_.stdout:write(USAGE)
+      return 0
+    end
+  end
+  local ok, code = pcall(h, o, rest, io_)
+  if not ok then
+    io_.stderr:write("warmbox: ", tostring(code), "\n")
+    return 2
+  end
+  return code
+end
+
+return _M

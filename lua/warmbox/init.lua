@@ -1,0 +1,282 @@
+--- warmbox: one warm E2B sandbox per conversation.
+--
+--   local warmbox = require "warmbox"
+--   local wb = warmbox.new{ idle_timeout = 300 }   -- E2B when E2B_API_KEY is set, else an embedded warmboxd
+--   local s = wb:session("workspace-1:thread-9", { env = { TOKEN = "..." }, actor = "alice" })
+--   local r, err, code = s:run("x = 41\nx + 1")
+--   wb:release("workspace-1:thread-9")
+--   wb:close()
+--
+-- @module warmbox
+
+local core = require "warmbox.core"
+local session = require "warmbox.session"
+local policy_mod = require "warmbox.policy"
+
+local type, pairs, ipairs, tostring, error, setmetatable, pcall =
+  type, pairs, ipairs, tostring, error, setmetatable, pcall
+local os_getenv, string_format, table_sort = os.getenv, string.format, table.sort
+
+local _M = { _VERSION = "0.1.0" }
+
+if core._VERSION ~= _M._VERSION then
+  error(string_format("warmbox %s needs warmbox.core %s, got %s (rebuild core.so)", _M._VERSION,
+    _M._VERSION, tostring(core._VERSION)), 2)
+end
+
+_M.session = session
+_M.policy = policy_mod
+
+local OPTS = {
+  template = true, exec_timeout = true, idle_timeout = true, tag = true, lock = true, policy = true,
+  api_key = true, api_url = true, sandbox_url = true, domain = true, warmboxd = true, warmboxd_args = true,
+  clock = true, client = true, secret = true, request_timeout = true,
+}
+
+local function check_type(opts, k, want, level)
+  local v = opts[k]
+  if v ~= nil and type(v) ~= want then
+    error(string_format("bad option '%s' to 'new' (%s expected, got %s)", k, want, type(v)), level + 1)
+  end
+end
+
+local Warmbox = {}
+Warmbox.__index = Warmbox
+Warmbox.__name = "warmbox.Warmbox"
+
+--- Make a warmbox object.
+-- @tparam[opt] table opts `template` ("code-interpreter-v1"), `exec_timeout` (300),
+--   `idle_timeout` (300), `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
+--   lock options), `policy` (nil | table | path), `api_key` (default `$E2B_API_KEY`),
+--   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
+--   server), `warmboxd_args`, `clock` (function returning seconds), `client` (an E2B
+--   client to use as is), `secret` (HMAC key of the session fingerprints), `request_timeout`
+-- @treturn[1] warmbox.Warmbox
+-- @return[2] nil, message, code (the embedded warmboxd did not start, the policy did not load)
+function _M.new(opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  local o = {}
+  for k, v in pairs(opts or {}) do
+    if not OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'new'", 2) end
+    o[k] = v
+  end
+  for k, want in pairs({ template = "string", tag = "string", api_key = "string", api_url = "string",
+    sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
+    clock = "function", client = "table", secret = "string", exec_timeout = "number",
+    idle_timeout = "number", request_timeout = "number" }) do
+    check_type(o, k, want, 2)
+  end
+  for _, k in ipairs({ "exec_timeout", "idle_timeout" }) do
+    if o[k] ~= nil and (o[k] ~= o[k] or o[k] <= 0) then
+      error(string_format("bad option '%s' to 'new' (positive number expected, got %s)", k, tostring(o[k])), 2)
+    end
+  end
+  local lock = o.lock
+  if lock ~= nil and type(lock) ~= "string" and type(lock) ~= "table" and type(lock) ~= "function" then
+    error("bad option 'lock' to 'new' (string, table or function expected, got " .. type(lock) .. ")", 2)
+  end
+  if type(lock) == "string" and lock ~= "file" and lock ~= "redis" and lock ~= "memory" then
+    error("bad option 'lock' to 'new' (\"file\", \"redis\" or \"memory\" expected, got \"" .. lock .. "\")", 2)
+  end
+  local pol = o.policy
+  if pol ~= nil and type(pol) ~= "table" and type(pol) ~= "string" then
+    error("bad option 'policy' to 'new' (table or path expected, got " .. type(pol) .. ")", 2)
+  end
+  local p, perr, pcode
+  if type(pol) == "table" then
+    p = policy_mod.merge(pol) -- a bad table is misuse: raises
+  else
+    p, perr, pcode = policy_mod.resolve(pol)
+    if not p then return nil, perr, pcode end
+  end
+  local self = setmetatable({
+    template = o.template or "code-interpreter-v1",
+    exec_timeout = o.exec_timeout or 300,
+    idle_timeout = o.idle_timeout or 300,
+    tag = o.tag or "warmboxSessionId",
+    lock = lock or "file",
+    policy = p,
+    clock = o.clock or os.time,
+    secret = o.secret,
+  }, Warmbox)
+  if o.client then
+    self.client = o.client
+  else
+    local key = o.api_key or os_getenv("E2B_API_KEY")
+    if key == "" then key = nil end
+    local e2b = require "warmbox.e2b"
+    if key or o.api_url then
+      if not key then error("option 'api_url' to 'new' needs 'api_key' (or E2B_API_KEY)", 2) end
+      self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = o.sandbox_url, domain = o.domain,
+        request_timeout = o.request_timeout }
+      self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
+    else
+      local server = require "warmbox.server"
+      local srv, serr, scode = server.start{ bin = o.warmboxd, args = o.warmboxd_args }
+      if not srv then return nil, serr, scode end
+      self.server = srv
+      self.client = e2b.new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url,
+        request_timeout = o.request_timeout }
+      self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
+    end
+    self.owns_client = true
+  end
+  return self
+end
+
+local SESSION_OPTS = { env = true, actor = true, template = true }
+
+--- A session: one warm sandbox per conversation key.
+-- @tparam string key the session key (any bytes, e.g. "workspace-1:thread-9")
+-- @tparam[opt] table opts `env` (env vars baked in at creation; part of the fingerprint),
+--   `actor` (who acts; part of the fingerprint), `template`
+-- @treturn warmbox.Session
+function Warmbox:session(key, opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  if type(key) ~= "string" or key == "" then
+    error("bad argument #1 to 'session' (non-empty string expected, got "
+      .. (key == "" and "empty string" or type(key)) .. ")", 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #2 to 'session' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  for k in pairs(opts or {}) do
+    if not SESSION_OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'session'", 2) end
+  end
+  opts = opts or {}
+  return session.new(key, {
+    client = self.client, lock = self.lock, clock = self.clock, policy = self.policy,
+    template = opts.template or self.template, exec_timeout = self.exec_timeout,
+    idle_timeout = self.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
+    secret = self.secret, origin = self.origin,
+  })
+end
+
+-- Every tagged sandbox (running or paused) of this API key whose tag is a warmbox tag value.
+function Warmbox:_tagged()
+  local items, err, code = self.client:list_all{ state = { "running", "paused" } }
+  if not items then return nil, err, code end
+  local out = {}
+  for _, it in ipairs(items) do
+    local v = type(it.metadata) == "table" and it.metadata[self.tag]
+    if type(v) == "string" then
+      local key, enc = session.parse_tag(v)
+      if enc then out[#out + 1] = { item = it, tag_value = v, key = key } end
+    end
+  end
+  return out
+end
+
+--- Kill every sandbox of a conversation (any env/actor fingerprint): the
+-- conversation was deleted. Waits for a run in progress on that session.
+-- @tparam string key
+-- @treturn[1] number how many sandboxes were killed
+-- @return[2] nil, message, code
+function Warmbox:release(key)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  if type(key) ~= "string" or key == "" then
+    error("bad argument #1 to 'release' (non-empty string expected, got " .. type(key) .. ")", 2)
+  end
+  local tagged, err, code = self:_tagged()
+  if not tagged then return nil, err, code end
+  local groups, order = {}, {}
+  for _, t in ipairs(tagged) do
+    -- Exact check on the decoded key: another conversation's sandbox is never touched.
+    if session.tag_matches_key(t.tag_value, key) then
+      if not groups[t.tag_value] then
+        groups[t.tag_value] = {}
+        order[#order + 1] = t.tag_value
+      end
+      local g = groups[t.tag_value]
+      g[#g + 1] = t.item.sandbox_id
+    end
+  end
+  local new_lock = session.lock_factory(self.lock, nil, self.exec_timeout)
+  local killed = 0
+  for _, tv in ipairs(order) do
+    local lk = new_lock()
+    local _, lerr = lk:lock(tv)
+    if lerr then
+      if lk.close then pcall(lk.close, lk) end
+      return nil, string_format("session '%s' is busy: %s", key, tostring(lerr)), lerr == "timeout" and "BUSY"
+        or "LOCK"
+    end
+    local kerr, kcode
+    for _, id in ipairs(groups[tv]) do
+      local ok, e, c = self.client:kill(id)
+      if ok then
+        killed = killed + 1
+      elseif ok == nil then
+        kerr, kcode = e, c
+      end
+    end
+    lk:set_state(nil)
+    lk:unlock()
+    if lk.close then pcall(lk.close, lk) end
+    if kerr then return nil, kerr, kcode end
+  end
+  return killed
+end
+
+--- The sessions that have sandboxes: `{ {key, tag_value, sandbox_id, state, started_at, end_at}, ... }`
+-- (`key` is nil for keys that were hashed because they were too long).
+-- @treturn[1] table
+-- @return[2] nil, message, code
+function Warmbox:sessions()
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  local tagged, err, code = self:_tagged()
+  if not tagged then return nil, err, code end
+  local out = {}
+  for _, t in ipairs(tagged) do
+    out[#out + 1] = { key = t.key, tag_value = t.tag_value, sandbox_id = t.item.sandbox_id,
+      state = t.item.state, started_at = t.item.started_at, end_at = t.item.end_at }
+  end
+  table_sort(out, function(a, b)
+    if (a.key or "") ~= (b.key or "") then return (a.key or "") < (b.key or "") end
+    return tostring(a.sandbox_id) < tostring(b.sandbox_id)
+  end)
+  return out
+end
+
+local GC_OPTS = { dry_run = true, max_age = true, concurrency = true }
+
+--- Garbage-collect tagged sandboxes under the GC policy (delegates to `warmbox.gc.run`).
+-- @tparam[opt] table opts `dry_run` (false), `max_age` (seconds, 86400), `concurrency` (8)
+-- @treturn[1] table report `{ listed, kept, killed, demoted, busy, errors, actions }`
+-- @return[2] nil, message, code
+function Warmbox:gc(opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #1 to 'gc' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  for k in pairs(opts or {}) do
+    if not GC_OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'gc'", 2) end
+  end
+  opts = opts or {}
+  local gc = require "warmbox.gc"
+  local lock = self.lock
+  if type(lock) == "string" then lock = { backend = lock } end
+  return gc.run{ client = self.client, tag = self.tag, policy = self.policy, lock = lock, clock = self.clock,
+    dry_run = opts.dry_run or false, max_age = opts.max_age, concurrency = opts.concurrency }
+end
+
+--- Close: stop the embedded warmboxd (if any) and the client's connections. Idempotent.
+function Warmbox:close()
+  if self.closed then return true end
+  self.closed = true
+  if self.owns_client and self.client and type(self.client.close) == "function" then
+    pcall(self.client.close, self.client)
+  end
+  if self.server then self.server:stop() end
+  return true
+end
+
+function Warmbox:__gc() pcall(self.close, self) end
+function Warmbox:__close() pcall(self.close, self) end
+function Warmbox:__tostring()
+  return self.closed and "warmbox.Warmbox (closed)" or "warmbox.Warmbox: " .. (self.server and self.server.url or "E2B")
+end
+
+return _M

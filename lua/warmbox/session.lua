@@ -1,0 +1,866 @@
+--- Sessions: one warm sandbox per conversation.
+--
+-- A session finds its conversation's sandbox by a metadata tag, keeps its lease
+-- long enough for a run and the idle window, runs code in it one run at a
+-- time, and returns only the files that run produced. The parts it works with
+-- are given to it (an E2B client, a lock, a clock and a policy), so GC and the
+-- simulator drive the very same code against a model in virtual time.
+--
+--   local session = require "warmbox.session"
+--   local s = session.new("workspace-1:thread-9", {
+--     client = e2b_client, lock = "file", clock = os.time, policy = nil,
+--     template = "code-interpreter-v1", exec_timeout = 300, idle_timeout = 300,
+--     tag = "warmboxSessionId", env = { TOKEN = "..." }, actor = "alice" })
+--   local r, err, code = s:run("print(1)")
+--
+-- What a session remembers between runs (sandbox id, access token, lease end,
+-- last run) is kept in the lock's per-key state, so every process that shares
+-- the lock shares that memory (see `decode_state`).
+-- @module warmbox.session
+
+local cjson = require("cjson.safe").new()
+local policy_mod = require "warmbox.policy"
+
+local type, pairs, ipairs, tostring, tonumber, error, setmetatable, next =
+  type, pairs, ipairs, tostring, tonumber, error, setmetatable, next
+local xpcall, traceback, string_format, string_byte, string_char, table_concat, table_sort =
+  xpcall, debug.traceback, string.format, string.byte, string.char, table.concat, table.sort
+local getmetatable, pcall = getmetatable, pcall
+local os_time = os.time
+
+local _M = { _VERSION = "0.1.0" }
+
+local HOME = "/home/user"
+local OUTPUT_DIR = HOME .. "/output"
+_M.HOME = HOME
+_M.OUTPUT_DIR = OUTPUT_DIR
+--- The private MIME type of the output report the python hook displays.
+_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
+--- Files up to this size come back inline in the output report; bigger ones are read over envd.
+_M.INLINE_LIMIT = 524288
+--- Seconds of slack between a lease end and the end of a run's timeout.
+_M.LEASE_MARGIN = 5
+
+-- ------------------------------------------------------------------
+-- base64 (the output report carries small files inline)
+-- ------------------------------------------------------------------
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local B64_DEC = {}
+for i = 1, 64 do B64_DEC[B64:sub(i, i)] = i - 1 end
+
+local function b64_encode(s)
+  local out, n = {}, 0
+  for i = 1, #s, 3 do
+    local a, b, c = string_byte(s, i, i + 2)
+    local v = a * 65536 + (b or 0) * 256 + (c or 0)
+    local c1, c2 = (v >> 18) & 63, (v >> 12) & 63
+    local c3, c4 = (v >> 6) & 63, v & 63
+    n = n + 1
+    out[n] = B64:sub(c1 + 1, c1 + 1) .. B64:sub(c2 + 1, c2 + 1)
+      .. (b and B64:sub(c3 + 1, c3 + 1) or "=") .. (c and B64:sub(c4 + 1, c4 + 1) or "=")
+  end
+  return table_concat(out)
+end
+_M.b64_encode = b64_encode
+
+local function b64_decode(s)
+  s = s:gsub("[^%w%+/]", "")
+  local out, n = {}, 0
+  for i = 1, #s, 4 do
+    local a, b = B64_DEC[s:sub(i, i)], B64_DEC[s:sub(i + 1, i + 1)]
+    local c, d = B64_DEC[s:sub(i + 2, i + 2)], B64_DEC[s:sub(i + 3, i + 3)]
+    if not (a and b) then break end
+    local v = (a << 18) | (b << 12) | ((c or 0) << 6) | (d or 0)
+    n = n + 1
+    if d then
+      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255, v & 255)
+    elseif c then
+      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255)
+    else
+      out[n] = string_char((v >> 16) & 255)
+    end
+  end
+  return table_concat(out)
+end
+_M.b64_decode = b64_decode
+
+-- ------------------------------------------------------------------
+-- The tag value: injective key encoding + creation fingerprint
+-- ------------------------------------------------------------------
+
+-- Bytes kept as they are in the encoded key; every other byte (including "~")
+-- becomes "~XX" (upper-case hex), so the encoding is injective and the value
+-- needs no escaping anywhere (metadata filters, file names, Redis keys).
+local function encode_key(key)
+  return (key:gsub("[^%w%-_%.:@]", function(ch) return string_format("~%02X", string_byte(ch)) end))
+end
+_M.encode_key = encode_key
+
+local function decode_key(enc)
+  if enc:find("~[^0-9A-F]") or enc:find("~.?$") then return nil end
+  return (enc:gsub("~(%x%x)", function(h) return string_char(tonumber(h, 16)) end))
+end
+
+--- Longest encoded key kept verbatim; longer keys are replaced by "~h" + SHA-256(key).
+_M.MAX_ENCODED_KEY = 256
+local TAG_PREFIX = "wb1."
+local FP_LEN = 16
+
+local function fp_field(s)
+  s = tostring(s or "")
+  return #s .. ":" .. s
+end
+
+--- The session tag value for a key: `wb1.<fingerprint>.<encoded key>`.
+-- The fingerprint is an HMAC-SHA-256 (first 16 hex digits) of what is baked
+-- into a sandbox at creation (template, env vars and their values, actor), so
+-- a changed secret or actor gets a different sandbox and secrets never appear
+-- in metadata. Keys are encoded injectively (`~XX` escapes); an encoded key
+-- longer than `MAX_ENCODED_KEY` bytes is replaced by `~h<sha256>`.
+-- @tparam string key the session key, any bytes
+-- @tparam[opt] table opts `template`, `env`, `actor`, `secret` (HMAC key,
+--   default "warmbox"), `hmac` (function(key, s) -> hex), `sha256`
+-- @treturn string
+function _M.tag_value(key, opts)
+  if type(key) ~= "string" or key == "" then
+    error("bad argument #1 to 'tag_value' (non-empty string expected, got "
+      .. (key == "" and "empty string" or type(key)) .. ")", 2)
+  end
+  opts = opts or {}
+  local core
+  local hmac, sha256 = opts.hmac, opts.sha256
+  if not hmac or not sha256 then
+    core = require "warmbox.core"
+    hmac, sha256 = hmac or core.hmac_sha256, sha256 or core.sha256
+  end
+  local env_names = {}
+  for k in pairs(opts.env or {}) do env_names[#env_names + 1] = k end
+  table_sort(env_names)
+  local parts = { "v1", fp_field(opts.template), fp_field(opts.actor), fp_field(#env_names) }
+  for _, k in ipairs(env_names) do
+    parts[#parts + 1] = fp_field(k)
+    parts[#parts + 1] = fp_field(opts.env[k])
+  end
+  local fp = hmac(opts.secret or "warmbox", table_concat(parts, "\n")):sub(1, FP_LEN)
+  local enc = encode_key(key)
+  if #enc > _M.MAX_ENCODED_KEY then enc = "~h" .. sha256(key) end
+  return TAG_PREFIX .. fp .. "." .. enc
+end
+
+--- Split a tag value into its parts.
+-- @tparam string v a tag value
+-- @treturn[1] string the session key (nil when it was hashed)
+-- @treturn[1] string the encoded key
+-- @treturn[1] string the fingerprint
+-- @return[2] nil when `v` is not a warmbox tag value
+function _M.parse_tag(v)
+  if type(v) ~= "string" then return nil end
+  local fp, enc = v:match("^wb1%.(%x+)%.(.+)$")
+  if not fp or #fp ~= FP_LEN then return nil end
+  if enc:match("^~h%x+$") then return nil, enc, fp end
+  local key = decode_key(enc)
+  if not key then return nil end
+  return key, enc, fp
+end
+
+--- Whether tag value `v` belongs to session key `key` (any fingerprint).
+function _M.tag_matches_key(v, key)
+  local _, enc = _M.parse_tag(v)
+  if not enc then return false end
+  local want = encode_key(key)
+  if #want > _M.MAX_ENCODED_KEY then
+    local core = require "warmbox.core"
+    want = "~h" .. core.sha256(key)
+  end
+  return enc == want
+end
+
+-- ------------------------------------------------------------------
+-- Remembered state (kept in the lock's per-key state while held)
+-- ------------------------------------------------------------------
+
+--- Decode the state string a session keeps under its lock key:
+-- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, last_run, hooked }`
+-- (times in the session clock's unit, unix seconds by default; `hooked` is the
+-- sandbox id whose python kernel has warmbox's output hooks).
+-- @tparam string|nil s
+-- @treturn table (empty when `s` is nil, empty or not warmbox state)
+function _M.decode_state(s)
+  if type(s) ~= "string" or s == "" then return {} end
+  local t = cjson.decode(s)
+  if type(t) ~= "table" or t.v ~= 1 then return {} end
+  for k, v in pairs(t) do
+    if v == cjson.null then t[k] = nil end
+  end
+  return t
+end
+
+function _M.encode_state(st)
+  if not st.sandbox_id then return nil end
+  return cjson.encode({
+    v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
+    domain = st.domain, lease_end = st.lease_end, last_run = st.last_run, hooked = st.hooked,
+  })
+end
+
+-- ------------------------------------------------------------------
+-- The python output hooks (registered once per kernel)
+-- ------------------------------------------------------------------
+
+local HOOK_SRC = [[
+def _wb():
+    import os, base64, mimetypes, shutil
+    ip = __import__('IPython').get_ipython()
+    if ip is None or getattr(ip, '_warmbox_hooks', False):
+        return
+    out = '%s'
+    limit = %d
+    def reset(*_a, **_k):
+        try:
+            if os.path.islink(out) or os.path.isfile(out):
+                os.unlink(out)
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out, exist_ok=True)
+        except Exception:
+            pass
+    def report(*_a, **_k):
+        files = []
+        try:
+            for root, dirs, names in os.walk(out):
+                dirs.sort()
+                for n in sorted(names):
+                    p = os.path.join(root, n)
+                    if os.path.islink(p) or not os.path.isfile(p):
+                        continue
+                    size = os.path.getsize(p)
+                    e = {'name': os.path.relpath(p, out), 'size': size,
+                         'mime': mimetypes.guess_type(n)[0] or 'application/octet-stream'}
+                    if size <= limit:
+                        with open(p, 'rb') as f:
+                            e['b64'] = base64.b64encode(f.read()).decode('ascii')
+                    files.append(e)
+        except Exception:
+            pass
+        from IPython.display import display
+        display({'%s': {'v': 1, 'files': files}}, raw=True)
+    ip.events.register('pre_run_cell', reset)
+    ip.events.register('post_run_cell', report)
+    ip._warmbox_hooks = True
+    reset()
+try:
+    _wb()
+except Exception:
+    pass
+]]
+
+--- The one line prepended to a python cell when the kernel may not have the
+-- hooks yet (idempotent: guarded by an attribute on `get_ipython()`).
+function _M.prelude_for(dir)
+  return "exec(__import__('base64').b64decode('"
+    .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.OUTPUTS_MIME))
+    .. "').decode(), {})"
+end
+_M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
+
+-- ------------------------------------------------------------------
+-- Helpers
+-- ------------------------------------------------------------------
+
+local MIME = {
+  png = "image/png", jpg = "image/jpeg", jpeg = "image/jpeg", gif = "image/gif", svg = "image/svg+xml",
+  webp = "image/webp", pdf = "application/pdf", csv = "text/csv", txt = "text/plain", json = "application/json",
+  html = "text/html", htm = "text/html", md = "text/markdown", xml = "application/xml", zip = "application/zip",
+  xlsx = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+  docx = "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+  pptx = "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+}
+local function mime_of(name)
+  local ext = name:match("%.([%w]+)$")
+  return ext and MIME[ext:lower()] or "application/octet-stream"
+end
+_M.mime_of = mime_of
+
+--- Check an input file name: a plain name that lands in /home/user.
+-- Names with a directory part ("a/b", "../../etc/x"), "." and ".." are refused
+-- (not flattened), so nothing is written outside /home/user and no two inputs
+-- silently collide.
+-- @treturn[1] string the name
+-- @return[2] nil, message
+function _M.check_file_name(name)
+  if type(name) ~= "string" or name == "" then
+    return nil, "input file name must be a non-empty string"
+  end
+  if name == "." or name == ".." or name:find("[/\\%z]") or #name > 255 then
+    return nil, string_format("input file name %q is not a plain file name (no '/', '\\', NUL, '.' or '..')", name)
+  end
+  return name
+end
+
+local function normalize_files(files)
+  local list = {}
+  if files == nil then return list end
+  if type(files) ~= "table" then
+    error("bad option 'files' to 'run' (table expected, got " .. type(files) .. ")", 3)
+  end
+  if files[1] ~= nil then
+    for i, f in ipairs(files) do
+      if type(f) ~= "table" then error("bad option 'files' to 'run' (entry " .. i .. " is not a table)", 3) end
+      local content = f.content or f.data
+      if type(content) ~= "string" then
+        error("bad option 'files' to 'run' (entry " .. i .. " has no string content)", 3)
+      end
+      list[#list + 1] = { name = f.name, content = content }
+    end
+  else
+    for name, content in pairs(files) do
+      if type(content) ~= "string" then
+        error("bad option 'files' to 'run' (content of '" .. tostring(name) .. "' is not a string)", 3)
+      end
+      list[#list + 1] = { name = name, content = content }
+    end
+    table_sort(list, function(a, b) return tostring(a.name) < tostring(b.name) end)
+  end
+  for _, f in ipairs(list) do
+    local ok, err = _M.check_file_name(f.name)
+    if not ok then return nil, err end
+  end
+  return list
+end
+
+local RUN_OPTS = { files = true, language = true, timeout = true, on_stdout = true, on_stderr = true,
+  on_result = true }
+
+local function copy_opts(opts, allowed, fname, level)
+  local out = {}
+  if opts == nil then return out end
+  if type(opts) ~= "table" then
+    error(string_format("bad argument #2 to '%s' (table expected, got %s)", fname, type(opts)), level + 1)
+  end
+  for k, v in pairs(opts) do
+    if not allowed[k] then
+      error(string_format("unknown option '%s' to '%s'", tostring(k), fname), level + 1)
+    end
+    out[k] = v
+  end
+  return out
+end
+
+local function is_positive_number(v) return type(v) == "number" and v > 0 and v == v and v < math.huge end
+
+-- ------------------------------------------------------------------
+-- Session objects
+-- ------------------------------------------------------------------
+
+local Session = {}
+Session.__index = Session
+Session.__name = "warmbox.Session"
+_M.Session = Session
+
+local NEW_OPTS = { client = true, lock = true, lock_opts = true, clock = true, policy = true, template = true,
+  exec_timeout = true, idle_timeout = true, tag = true, env = true, actor = true, secret = true, hmac = true,
+  sha256 = true, on_event = true, origin = true }
+
+-- Lock options: waits long enough for a run of the same session to finish;
+-- a dead holder's lock expires (Redis) or is released by the kernel (file).
+local function lock_factory(lock, lock_opts, exec_timeout)
+  if type(lock) == "function" then return lock end
+  local module, opts
+  if type(lock) == "table" and type(lock.new) == "function" then
+    module, opts = lock, lock_opts or {}
+  else
+    module = require "warmbox.lock"
+    if lock == nil or type(lock) == "string" then
+      opts = { backend = lock or "file" }
+    elseif type(lock) == "table" then
+      opts = {}
+      for k, v in pairs(lock) do opts[k] = v end
+    else
+      error("bad option 'lock' (string, table or function expected, got " .. type(lock) .. ")", 4)
+    end
+    if opts.timeout == nil then opts.timeout = exec_timeout + 60 end
+    if opts.exptime == nil then opts.exptime = exec_timeout + 120 end
+  end
+  return function() return module.new(opts) end
+end
+_M.lock_factory = lock_factory
+
+--- Make a session object.
+-- @tparam string key the session key (any bytes)
+-- @tparam table opts parts and settings: `client` (a `warmbox.e2b` client,
+--   required), `lock` ("file" | "redis" | "memory" | lock options | a lock
+--   module with `new` | a function returning a lock object; default "file"),
+--   `lock_opts` (options for a lock module), `clock` (function returning
+--   seconds, default `os.time`), `policy` (nil | table | path), `template`
+--   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
+--   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
+--   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
+--   called on "connect", "create", "kill", "retry"), `origin` (a string naming the
+--   E2B endpoint and account: remembered state written under another origin is ignored).
+-- @treturn warmbox.Session
+function _M.new(key, opts)
+  if type(key) ~= "string" or key == "" then
+    error("bad argument #1 to 'new' (non-empty string expected, got "
+      .. (key == "" and "empty string" or type(key)) .. ")", 2)
+  end
+  opts = copy_opts(opts, NEW_OPTS, "new", 2)
+  if type(opts.client) ~= "table" then error("bad option 'client' to 'new' (E2B client expected)", 2) end
+  local self = {
+    key = key,
+    client = opts.client,
+    clock = opts.clock or os_time,
+    template = opts.template or "code-interpreter-v1",
+    exec_timeout = opts.exec_timeout or 300,
+    idle_timeout = opts.idle_timeout or 300,
+    tag = opts.tag or "warmboxSessionId",
+    actor = opts.actor,
+    on_event = opts.on_event,
+    origin = opts.origin,
+  }
+  for _, k in ipairs({ "exec_timeout", "idle_timeout" }) do
+    if not is_positive_number(self[k]) then
+      error(string_format("bad option '%s' to 'new' (positive number expected, got %s)", k, tostring(self[k])), 2)
+    end
+  end
+  if type(self.tag) ~= "string" or self.tag == "" then error("bad option 'tag' to 'new' (non-empty string)", 2) end
+  if type(self.clock) ~= "function" then error("bad option 'clock' to 'new' (function expected)", 2) end
+  local env = {}
+  if opts.env ~= nil then
+    if type(opts.env) ~= "table" then
+      error("bad option 'env' to 'new' (table expected, got " .. type(opts.env) .. ")", 2)
+    end
+    for k, v in pairs(opts.env) do
+      if type(k) ~= "string" or type(v) ~= "string" then
+        error("bad option 'env' to 'new' (string keys and values expected)", 2)
+      end
+      env[k] = v
+    end
+  end
+  self.env = env
+  if opts.actor ~= nil and type(opts.actor) ~= "string" then
+    error("bad option 'actor' to 'new' (string expected, got " .. type(opts.actor) .. ")", 2)
+  end
+  if type(opts.policy) == "table" and opts.policy.name and opts.policy.order and opts.policy.lease
+    and opts.policy.should_refresh and opts.policy.create_params and opts.policy.gc then
+    self.policy = opts.policy
+  else
+    local p, perr = policy_mod.resolve(opts.policy)
+    if not p then error(perr, 2) end
+    self.policy = p
+  end
+  self.tag_value = _M.tag_value(key, { template = self.template, env = env, actor = opts.actor,
+    secret = opts.secret, hmac = opts.hmac, sha256 = opts.sha256 })
+  self.new_lock = lock_factory(opts.lock, opts.lock_opts, self.exec_timeout)
+  return setmetatable(self, Session)
+end
+
+function Session:__tostring()
+  return "warmbox.Session: " .. self.key
+end
+
+function Session:_event(name, info)
+  if self.on_event then self.on_event(name, info) end
+end
+
+-- The context every hook gets.
+function Session:_ctx(st, run_timeout)
+  return {
+    key = self.key, tag = self.tag, tag_value = self.tag_value, template = self.template,
+    env = self.env, actor = self.actor, now = self.clock(),
+    exec_timeout = self.exec_timeout, idle_timeout = self.idle_timeout,
+    run_timeout = run_timeout or self.exec_timeout, margin = _M.LEASE_MARGIN,
+    lease_end = st and st.lease_end, sandbox_id = st and st.sandbox_id,
+  }
+end
+
+function Session:_lease(ctx)
+  local lease, err, code = policy_mod.call(self.policy, "lease", ctx)
+  if code then return nil, err, code end
+  if not is_positive_number(lease) then
+    return nil, string_format("policy '%s' hook 'lease' returned %s (positive number expected)",
+      tostring(self.policy.name), tostring(lease)), "POLICY"
+  end
+  return math.ceil(lease)
+end
+
+local function remember(st, tag, sb, lease_end, origin)
+  st.tag, st.origin = tag, origin
+  if st.sandbox_id ~= sb.sandbox_id then st.hooked = nil end
+  st.sandbox_id = sb.sandbox_id
+  if sb.envd_access_token then st.access_token = sb.envd_access_token end
+  if sb.domain and sb.domain ~= cjson.null then st.domain = sb.domain end
+  st.lease_end = lease_end
+end
+
+local function forget(st)
+  for k in pairs(st) do st[k] = nil end
+end
+
+-- Finds or creates the session's sandbox and secures its lease (the reference
+-- flow: list, exact re-check, connect + set_timeout per candidate in policy
+-- order, reap the others only after one is secured, else create).
+function Session:_resolve(st, lease)
+  local client, tv, tag = self.client, self.tag_value, self.tag
+  local items, err, code = client:list_all{ state = { "running", "paused" }, metadata = { [tag] = tv } }
+  if not items then return nil, err, code end
+  local cands, by_id = {}, {}
+  for _, it in ipairs(items) do
+    -- Exact re-check: a loose server-side match never hands over another key's sandbox.
+    if type(it) == "table" and type(it.metadata) == "table" and it.metadata[tag] == tv
+      and type(it.sandbox_id) == "string" and not by_id[it.sandbox_id] then
+      cands[#cands + 1] = it
+      by_id[it.sandbox_id] = it
+    end
+  end
+  local ordered = cands
+  if #cands > 0 then
+    local copy = {}
+    for i, c in ipairs(cands) do copy[i] = c end
+    local o, perr, pcode = policy_mod.call(self.policy, "order", copy, self:_ctx(st))
+    if pcode then return nil, perr, pcode end
+    if type(o) ~= "table" then
+      return nil, string_format("policy '%s' hook 'order' returned %s (table expected)",
+        tostring(self.policy.name), type(o)), "POLICY"
+    end
+    ordered = {}
+    local seen = {}
+    for _, c in ipairs(o) do
+      local id = type(c) == "table" and c.sandbox_id or c
+      -- Only candidates that passed the exact re-check can be tried.
+      if type(id) == "string" and by_id[id] and not seen[id] then
+        seen[id] = true
+        ordered[#ordered + 1] = by_id[id]
+      end
+    end
+  end
+  local kept, resumed, killed = nil, false, {}
+  for _, it in ipairs(ordered) do
+    local t0 = self.clock()
+    local sb, res = client:connect(it.sandbox_id, { timeout = lease })
+    self:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil })
+    if sb then
+      local ok = client:set_timeout(it.sandbox_id, lease)
+      if ok then
+        if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
+        kept, resumed = sb, res == true
+        remember(st, tv, sb, t0 + lease, self.origin)
+        break
+      end
+      -- Connected but its lease cannot be set: never leave it running unattended.
+      client:kill(it.sandbox_id)
+      killed[it.sandbox_id] = true
+      self:_event("kill", { sandbox_id = it.sandbox_id, reason = "lease refresh failed" })
+    end
+  end
+  local created = false
+  if not kept then
+    local ctx = self:_ctx(st)
+    ctx.lease = lease
+    local p, perr, pcode = policy_mod.call(self.policy, "create_params", ctx)
+    if pcode then return nil, perr, pcode end
+    if type(p) ~= "table" then
+      return nil, string_format("policy '%s' hook 'create_params' returned %s (table expected)",
+        tostring(self.policy.name), type(p)), "POLICY"
+    end
+    local params = {}
+    for k, v in pairs(p) do params[k] = v end
+    params.template = params.template or self.template
+    if params.timeout ~= nil and not is_positive_number(params.timeout) then
+      return nil, string_format("policy '%s' hook 'create_params' returned timeout %s (positive number expected)",
+        tostring(self.policy.name), tostring(params.timeout)), "POLICY"
+    end
+    -- Never shorter than the lease: the first run must not be paused underneath itself.
+    params.timeout = math.max(params.timeout or lease, lease)
+    params.lifecycle = params.lifecycle or { on_timeout = "pause", auto_resume = true }
+    local md = {}
+    for k, v in pairs(params.metadata or {}) do md[k] = v end
+    md[tag] = tv -- the tag is not negotiable: it is what keeps tenants apart
+    params.metadata = md
+    if next(self.env) and params.env_vars == nil then params.env_vars = self.env end
+    local t0 = self.clock()
+    local sb, cerr, ccode = client:create(params)
+    if not sb then return nil, cerr, ccode end
+    self:_event("create", { sandbox_id = sb.sandbox_id })
+    kept, created = sb, true
+    remember(st, tv, sb, t0 + params.timeout, self.origin)
+  end
+  -- Reap duplicates only now that one sandbox is secured.
+  for _, it in ipairs(cands) do
+    if it.sandbox_id ~= kept.sandbox_id and not killed[it.sandbox_id] then
+      client:kill(it.sandbox_id)
+      self:_event("kill", { sandbox_id = it.sandbox_id, reason = "duplicate" })
+    end
+  end
+  return { sandbox_id = kept.sandbox_id, reused = not created, resumed = resumed, how = created and "create"
+    or "resolve" }
+end
+
+-- Secures a sandbox for one run: the remembered one when its lease provably
+-- covers the run (no request), the remembered one refreshed by `connect` (one
+-- request: resumes a paused one and extends the lease), else resolve.
+function Session:_acquire(st, run_timeout)
+  local ctx = self:_ctx(st, run_timeout)
+  local lease, err, code = self:_lease(ctx)
+  if not lease then return nil, err, code end
+  -- A run allowed to take longer than the lease must not be paused underneath itself.
+  if run_timeout > lease then lease = math.ceil(run_timeout) end
+  ctx.lease = lease
+  if st.sandbox_id and st.tag == self.tag_value then
+    local refresh, perr, pcode = policy_mod.call(self.policy, "should_refresh", ctx)
+    if pcode then return nil, perr, pcode end
+    if not refresh then
+      return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
+    end
+    local t0 = self.clock()
+    local sb, res, ccode = self.client:connect(st.sandbox_id, { timeout = lease })
+    self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil })
+    if sb then
+      if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
+      remember(st, self.tag_value, sb, t0 + lease, self.origin)
+      return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
+    end
+    if ccode == "AUTH" then return nil, res, ccode end
+    forget(st)
+  elseif st.sandbox_id then
+    forget(st)
+  end
+  return self:_resolve(st, lease)
+end
+
+local function concat_chunks(t)
+  if type(t) == "string" then return t end
+  if type(t) ~= "table" then return "" end
+  return table_concat(t)
+end
+
+local function outputs_of(res)
+  if type(res) ~= "table" then return nil end
+  local v = type(res.extra) == "table" and res.extra[_M.OUTPUTS_MIME] or res[_M.OUTPUTS_MIME]
+  if type(v) == "string" then v = cjson.decode(v) end
+  if type(v) == "table" and type(v.files) == "table" then return v end
+  return nil
+end
+_M.outputs_of = outputs_of
+
+local function is_dir_entry(e)
+  return e.type == "dir" or e.type == "directory" or e.type == "FILE_TYPE_DIRECTORY"
+end
+
+-- Files left in /home/user/output, over envd (languages without the hooks).
+local function collect_envd(sbx)
+  local entries, err, code = sbx:list_dir(OUTPUT_DIR, 1)
+  if not entries then
+    if code == "NOT_FOUND" then return {} end
+    return nil, err, code
+  end
+  local files = {}
+  table_sort(entries, function(a, b) return tostring(a.name) < tostring(b.name) end)
+  for _, e in ipairs(entries) do
+    if type(e) == "table" and e.name and not is_dir_entry(e) and e.type ~= "symlink"
+      and e.type ~= "FILE_TYPE_SYMLINK" then
+      local data, rerr, rcode = sbx:read_file(OUTPUT_DIR .. "/" .. e.name)
+      if not data then return nil, rerr, rcode end
+      files[#files + 1] = { name = e.name, content = data, mime = mime_of(e.name) }
+    end
+  end
+  return files
+end
+
+local function files_from_report(sbx, report)
+  local files = {}
+  for _, f in ipairs(report.files) do
+    if type(f) == "table" and type(f.name) == "string" then
+      local content = f.b64
+      if type(content) == "string" then
+        content = b64_decode(content)
+      else
+        local data, err, code = sbx:read_file(OUTPUT_DIR .. "/" .. f.name)
+        if not data then return nil, err, code end
+        content = data
+      end
+      files[#files + 1] = { name = f.name, content = content,
+        mime = type(f.mime) == "string" and f.mime or mime_of(f.name) }
+    end
+  end
+  return files
+end
+
+-- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg, code.
+function Session:_execute(info, st, code, opts, files, run_timeout)
+  local client = self.client
+  local sbx = client:sandbox({ sandbox_id = info.sandbox_id, envd_access_token = st.access_token,
+    domain = st.domain }, { access_token = st.access_token })
+  if #files > 0 then
+    local list = {}
+    for i, f in ipairs(files) do list[i] = { path = HOME .. "/" .. f.name, data = f.content } end
+    local ok, err, ecode = sbx:write_files(list)
+    if not ok then return nil, err, ecode end
+  end
+  local language = opts.language or "python"
+  local python = language == "python"
+  if not python and info.reused then
+    local ok, err, ecode = sbx:remove(OUTPUT_DIR)
+    if ok == nil and ecode ~= "NOT_FOUND" then return nil, err, ecode end
+    ok, err, ecode = sbx:make_dir(OUTPUT_DIR)
+    if ok == nil and ecode ~= "CONFLICT" then return nil, err, ecode end
+  end
+  local cell, with_prelude = code, false
+  if python and st.hooked ~= info.sandbox_id then
+    cell, with_prelude = _M.PRELUDE .. "\n" .. code, true
+  end
+  local report
+  local user_on_result = opts.on_result
+  local out, err, ecode = sbx:run_code(cell, {
+    language = language, timeout = run_timeout,
+    on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
+    on_result = function(res)
+      local rep = outputs_of(res)
+      if rep then report = rep return end
+      if user_on_result then return user_on_result(res) end
+    end,
+  })
+  if not out then return nil, err, ecode end
+  local results = {}
+  for _, res in ipairs(out.results or {}) do
+    local rep = outputs_of(res)
+    if rep then report = report or rep else results[#results + 1] = res end
+  end
+  local out_files
+  if report then
+    st.hooked = info.sandbox_id
+    local ferr, fcode
+    out_files, ferr, fcode = files_from_report(sbx, report)
+    if not out_files then return nil, ferr, fcode end
+  elseif python and with_prelude then
+    -- The cell did not run at all (it did not compile): it produced nothing.
+    out_files = {}
+  else
+    -- No report: another language, or the kernel lost its hooks (restarted).
+    if python then st.hooked = nil end
+    local ferr, fcode
+    out_files, ferr, fcode = collect_envd(sbx)
+    if not out_files then return nil, ferr, fcode end
+  end
+  local e = out.error
+  if e == cjson.null then e = nil end
+  return {
+    stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
+    error = e, results = results, files = out_files,
+    reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
+    execution_count = out.execution_count,
+  }
+end
+
+local RETRYABLE = { SANDBOX_GONE = true, NOT_FOUND = true }
+
+function Session:_run_locked(lk, code, opts, files)
+  local st = _M.decode_state(lk:get_state())
+  -- State written for another tag value or another E2B endpoint/account is not ours.
+  if (st.tag ~= nil and st.tag ~= self.tag_value) or st.origin ~= self.origin then forget(st) end
+  local run_timeout = opts.timeout or self.exec_timeout
+  local attempt = 0
+  while true do
+    attempt = attempt + 1
+    local info, err, ecode = self:_acquire(st, run_timeout)
+    lk:set_state(_M.encode_state(st))
+    if not info then return nil, err, ecode end
+    local r
+    r, err, ecode = self:_execute(info, st, code, opts, files, run_timeout)
+    if r then
+      st.last_run = self.clock()
+      lk:set_state(_M.encode_state(st))
+      return r
+    end
+    if RETRYABLE[ecode] and attempt == 1 then
+      -- The remembered sandbox is gone (killed outside, GC'd elsewhere) and
+      -- nothing ran: forget it, resolve again, and run once more.
+      self:_event("retry", { sandbox_id = info.sandbox_id, code = ecode })
+      forget(st)
+      lk:set_state(nil)
+    else
+      lk:set_state(_M.encode_state(st))
+      return nil, err, ecode
+    end
+  end
+end
+
+--- Run code in the session's sandbox.
+-- @tparam string code
+-- @tparam[opt] table opts `files` (`{ [name] = content }` or `{ {name=, content=}, ... }`,
+--   written to /home/user/NAME; names with a directory part are refused), `language`
+--   ("python"), `timeout` (seconds, default `exec_timeout`), `on_stdout(text)`,
+--   `on_stderr(text)`, `on_result(result)`
+-- @treturn[1] table `{ stdout, stderr, error = {name, value, traceback} | nil, results,
+--   files = { {name, content, mime} }, reused, resumed, sandbox_id, execution_count }`
+-- @return[2] nil
+-- @treturn[2] string message
+-- @treturn[2] string code: "BUSY", "LOCK", "POLICY", "BAD_REQUEST", "TIMEOUT", "SANDBOX_GONE",
+--   "STREAM_BROKEN", "NOT_FOUND", "AUTH", "RATE_LIMITED", "TRANSPORT", "HTTP", ...
+function Session:run(code, opts)
+  if getmetatable(self) ~= Session then error("bad self to 'run' (warmbox.Session expected)", 2) end
+  if type(code) ~= "string" then error("bad argument #1 to 'run' (string expected, got " .. type(code) .. ")", 2) end
+  opts = copy_opts(opts, RUN_OPTS, "run", 2)
+  if opts.timeout ~= nil and not is_positive_number(opts.timeout) then
+    error("bad option 'timeout' to 'run' (positive number expected, got " .. tostring(opts.timeout) .. ")", 2)
+  end
+  if opts.language ~= nil and type(opts.language) ~= "string" then
+    error("bad option 'language' to 'run' (string expected, got " .. type(opts.language) .. ")", 2)
+  end
+  for _, cb in ipairs({ "on_stdout", "on_stderr", "on_result" }) do
+    if opts[cb] ~= nil and type(opts[cb]) ~= "function" then
+      error("bad option '" .. cb .. "' to 'run' (function expected, got " .. type(opts[cb]) .. ")", 2)
+    end
+  end
+  local files, ferr = normalize_files(opts.files)
+  if not files then return nil, ferr, "BAD_REQUEST" end
+  local lk = self.new_lock()
+  local _, lerr = lk:lock(self.tag_value)
+  if lerr then
+    if lk.close then pcall(lk.close, lk) end
+    if lerr == "timeout" then
+      return nil, string_format("session '%s' is busy (another run holds it)", self.key), "BUSY"
+    end
+    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), "LOCK"
+  end
+  local ok, r, err, ecode = xpcall(self._run_locked, traceback, self, lk, code, opts, files)
+  lk:unlock()
+  if lk.close then pcall(lk.close, lk) end
+  if not ok then error(r, 0) end
+  return r, err, ecode
+end
+
+--- Forget what this process and every process sharing the lock remember
+-- about the session (the next run resolves again). Takes the lock.
+-- @treturn[1] true
+-- @return[2] nil, message, "BUSY" | "LOCK"
+function Session:forget()
+  local lk = self.new_lock()
+  local _, lerr = lk:lock(self.tag_value)
+  if lerr then
+    if lk.close then pcall(lk.close, lk) end
+    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr),
+      lerr == "timeout" and "BUSY" or "LOCK"
+  end
+  lk:set_state(nil)
+  lk:unlock()
+  if lk.close then pcall(lk.close, lk) end
+  return true
+end
+
+--- What the session remembers (a copy without the access token); takes the lock.
+function Session:state()
+  local lk = self.new_lock()
+  local _, lerr = lk:lock(self.tag_value)
+  if lerr then
+    if lk.close then pcall(lk.close, lk) end
+    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), lerr == "timeout" and "BUSY" or "LOCK"
+  end
+  local st = _M.decode_state(lk:get_state())
+  lk:unlock()
+  if lk.close then pcall(lk.close, lk) end
+  st.access_token = nil
+  return st
+end
+
+return _M

@@ -1,0 +1,140 @@
+-- Behaviour 8 against a real warmboxd: output isolation and input files.
+local wbd = require "spec.helpers.warmboxd"
+local http = require "spec.helpers.http"
+local warmbox = require "warmbox"
+local session = require "warmbox.session"
+
+describe("sessions: inputs and outputs (warmboxd)", function()
+  local srv, lockdir, wb
+
+  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
+  local function names(files)
+    local out = {}
+    for _, f in ipairs(files) do out[#out + 1] = f.name end
+    table.sort(out)
+    return out
+  end
+
+  lazy_setup(function()
+    srv = wbd.start()
+    lockdir = os.tmpname()
+    os.remove(lockdir)
+    wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
+      lock = { backend = "file", dir = lockdir } })
+  end)
+  lazy_teardown(function()
+    local c = stats().counters
+    wb:close()
+    srv:stop()
+    os.execute("rm -rf '" .. lockdir .. "'")
+    assert.equal(0, c.exec_overlap or 0)
+    assert.equal(0, c.kill_during_run or 0)
+    assert.equal(0, c.pause_during_run or 0)
+  end)
+
+  it("returns only the files a run produced in /home/user/output, on a reused sandbox too", function()
+    local s = wb:session("out:1")
+    local r1 = assert(s:run("open('/home/user/output/a.txt', 'w').write('A')\n"
+      .. "import os\nos.makedirs('/home/user/output/sub', exist_ok=True)\n"
+      .. "open('/home/user/output/sub/b.csv', 'w').write('1,2')"))
+    assert.is_nil(r1.error)
+    assert.same({ "a.txt", "sub/b.csv" }, names(r1.files))
+    for _, f in ipairs(r1.files) do
+      if f.name == "a.txt" then
+        assert.equal("A", f.content)
+        assert.equal("text/plain", f.mime)
+      end
+    end
+    local r2 = assert(s:run("y = 2"))
+    assert.is_true(r2.reused)
+    assert.equal(r1.sandbox_id, r2.sandbox_id)
+    assert.same({}, r2.files)
+    local r3 = assert(s:run("import os\nprint(sorted(os.listdir('/home/user/output')))\n"
+      .. "open('/home/user/output/c.txt', 'w').write('C')"))
+    assert.equal("[]\n", r3.stdout) -- emptied before the run
+    assert.same({ "c.txt" }, names(r3.files))
+  end)
+
+  it("returns a chart written with matplotlib", function()
+    local s = wb:session("out:chart")
+    local r = assert(s:run(table.concat({ "import matplotlib", "matplotlib.use('Agg')",
+      "import matplotlib.pyplot as plt", "plt.plot([1, 2, 3], [3, 1, 2])",
+      "plt.savefig('/home/user/output/chart.png')" }, "\n"), { timeout = 120 }))
+    assert.is_nil(r.error)
+    assert.equal(1, #r.files)
+    assert.equal("chart.png", r.files[1].name)
+    assert.equal("image/png", r.files[1].mime)
+    assert.equal("\137PNG\r\n\26\n", r.files[1].content:sub(1, 8))
+  end)
+
+  it("reads files too big to come back inline over envd", function()
+    local s = wb:session("out:big")
+    local n = session.INLINE_LIMIT + 1000
+    local r = assert(s:run("open('/home/user/output/big.bin', 'wb').write(bytes(range(256)) * " .. (n // 256 + 1)
+      .. ")"))
+    assert.equal(1, #r.files)
+    assert.equal((n // 256 + 1) * 256, #r.files[1].content)
+    assert.equal("\0\1\2\3", r.files[1].content:sub(1, 4))
+  end)
+
+  it("empties the output directory and lists it over envd for other languages", function()
+    local s = wb:session("out:bash")
+    assert(s:run("mkdir -p /home/user/output && echo old > /home/user/output/old.txt", { language = "bash" }))
+    local r = assert(s:run("ls /home/user/output | wc -l; echo new > /home/user/output/new.txt",
+      { language = "bash" }))
+    assert.equal("0\n", r.stdout)
+    assert.same({ "new.txt" }, names(r.files))
+    assert.equal("new\n", r.files[1].content)
+  end)
+
+  it("writes input files to /home/user", function()
+    local s = wb:session("out:inputs")
+    local r = assert(s:run("print(open('/home/user/data.csv').read(), end='')\nprint(open('notes.txt').read())",
+      { files = { ["data.csv"] = "a,b\n1,2\n", ["notes.txt"] = "hi" } }))
+    assert.is_nil(r.error)
+    assert.equal("a,b\n1,2\nhi\n", r.stdout)
+  end)
+
+  it("refuses input names that could escape /home/user and writes nothing", function()
+    local s = wb:session("out:escape")
+    assert(s:run("1"))
+    for _, name in ipairs({ "../../etc/x", "../x", "a/../../x", "/etc/x", ".." }) do
+      local r, err, code = s:run("1", { files = { [name] = "pwned" } })
+      assert.is_nil(r)
+      assert.matches("input file name", err)
+      assert.equal("BAD_REQUEST", code)
+    end
+    local r = assert(s:run("import os\nprint(os.path.exists('/etc/x'), os.path.exists('/home/x'), "
+      .. "os.path.exists('/home/user/x'))"))
+    assert.equal("False False False\n", r.stdout)
+    local found = io.popen("find '" .. srv.dir .. "' -name x 2>/dev/null"):read("a")
+    assert.equal("", found)
+  end)
+
+  it("streams stdout, stderr and results to callbacks, without warmbox's own report", function()
+    local s = wb:session("out:stream")
+    local out, err, results = {}, {}, {}
+    local r = assert(s:run("import sys\nprint('o1')\nprint('e1', file=sys.stderr)\n"
+      .. "open('/home/user/output/f.txt', 'w').write('F')\n41 + 1", {
+      on_stdout = function(t) out[#out + 1] = t end,
+      on_stderr = function(t) err[#err + 1] = t end,
+      on_result = function(x) results[#results + 1] = x end }))
+    assert.equal("o1\n", table.concat(out))
+    assert.equal("e1\n", table.concat(err))
+    assert.equal(1, #results)
+    assert.equal("42", results[1].text)
+    assert.equal(1, #r.results)
+    assert.equal("42", r.results[1].text)
+    assert.same({ "f.txt" }, names(r.files))
+  end)
+
+  it("reports a python error with name, value and traceback", function()
+    local r = assert(wb:session("out:error"):run("1 / 0"))
+    assert.equal("ZeroDivisionError", r.error.name)
+    assert.equal("division by zero", r.error.value)
+    assert.matches("ZeroDivisionError", r.error.traceback)
+    local r2 = assert(wb:session("out:error"):run("def f(:\n  pass"))
+    assert.equal("SyntaxError", r2.error.name)
+    assert.same({}, r2.files)
+  end)
+end)

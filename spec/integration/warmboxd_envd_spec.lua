@@ -1,0 +1,831 @@
+-- warmboxd's envd (port 49983) over real HTTP: auth, /files, the Filesystem
+-- and Process Connect-RPC services, and path confinement.
+local wbd = require "spec.helpers.warmboxd"
+local http = require "spec.helpers.http"
+local cjson = http.cjson
+
+local RPC = { ["Connect-Protocol-Version"] = "1" }
+local UNAUTHORIZED = "unauthorized access, please provide a valid access token or method signing if supported"
+
+local function b64decode(s)
+  local chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+  s = s:gsub("[^%w%+/]", "")
+  local out, acc, bits = {}, 0, 0
+  for c in s:gmatch(".") do
+    acc = (acc << 6) | (chars:find(c, 1, true) - 1)
+    bits = bits + 6
+    if bits >= 8 then
+      bits = bits - 8
+      out[#out + 1] = string.char((acc >> bits) & 0xff)
+    end
+  end
+  return table.concat(out)
+end
+
+-- "v1_" .. base64-no-padding(sha256(raw)), as the SDK signs file URLs.
+local function sign(raw)
+  local tmp = os.tmpname()
+  local f = assert(io.open(tmp, "wb"))
+  f:write(raw)
+  f:close()
+  local p = assert(io.popen("openssl dgst -sha256 -binary " .. wbd.sh_quote(tmp) .. " | base64 -w0"))
+  local b64 = p:read("a")
+  p:close()
+  os.remove(tmp)
+  return "v1_" .. b64:gsub("=+$", "")
+end
+
+local function urlencode(s)
+  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+local function envelope(flag, t)
+  local json = type(t) == "string" and t or assert(cjson.encode(t))
+  return string.pack(">I1I4", flag, #json) .. json
+end
+
+local function envelopes(body)
+  local out, pos = {}, 1
+  while pos <= #body do
+    local flag, len = string.unpack(">I1I4", body, pos)
+    out[#out + 1] = { flag = flag, msg = cjson.decode(body:sub(pos + 5, pos + 4 + len)) }
+    pos = pos + 5 + len
+  end
+  return out
+end
+
+describe("warmboxd envd", function()
+  local srv, sb, open
+
+  local function rpc(s, method, body, headers)
+    local h = {}
+    for k, v in pairs(RPC) do h[k] = v end
+    for k, v in pairs(headers or {}) do h[k] = v end
+    return http.sandbox(srv, s or sb, 49983, "POST", "/" .. method, { json = body, headers = h })
+  end
+
+  -- Process.Start: returns { status, envelopes, stdout, stderr, start, end_, trailer }.
+  local function start(s, process, headers, raw_body)
+    local h = { ["Content-Type"] = "application/connect+json", ["Connect-Protocol-Version"] = "1" }
+    for k, v in pairs(headers or {}) do h[k] = v end
+    local res = http.sandbox(srv, s or sb, 49983, "POST", "/process.Process/Start",
+      { body = raw_body or envelope(0, { process = process }), headers = h })
+    local r = { status = res.status, headers = res.headers, body = res.body, stdout = "", stderr = "", events = {} }
+    if res.status ~= 200 then return r end
+    r.envelopes = envelopes(res.body)
+    for _, e in ipairs(r.envelopes) do
+      if e.flag == 2 then
+        r.trailer = e.msg
+      else
+        local ev = e.msg.event
+        r.events[#r.events + 1] = ev
+        if ev.start then r.start = ev.start end
+        if ev["end"] then r.end_ = ev["end"] end
+        if ev.data and ev.data.stdout then r.stdout = r.stdout .. b64decode(ev.data.stdout) end
+        if ev.data and ev.data.stderr then r.stderr = r.stderr .. b64decode(ev.data.stderr) end
+      end
+    end
+    return r
+  end
+
+  local function sh(cmd, s, extra)
+    local p = { cmd = "/bin/bash", args = { "-l", "-c", cmd } }
+    for k, v in pairs(extra or {}) do p[k] = v end
+    return start(s, p)
+  end
+
+  local function upload(path, data, s)
+    return http.sandbox(srv, s or sb, 49983, "POST", "/files?path=" .. urlencode(path),
+      { body = data, headers = { ["Content-Type"] = "application/octet-stream" } })
+  end
+
+  local function download(path, s)
+    return http.sandbox(srv, s or sb, 49983, "GET", "/files?path=" .. urlencode(path))
+  end
+
+  lazy_setup(function()
+    srv = wbd.start{}
+    local res = http.api(srv, "POST", "/sandboxes",
+      { templateID = "base", secure = true, timeout = 600, envVars = { GREETING = "hello", SHARED = "sandbox" } })
+    assert.are.equal(201, res.status, res.body)
+    sb = res.json
+    assert.is_string(sb.envdAccessToken)
+    res = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 })
+    assert.are.equal(201, res.status, res.body)
+    open = res.json
+    assert.is_nil(open.envdAccessToken)
+  end)
+
+  lazy_teardown(function()
+    if srv then srv:stop() end
+  end)
+
+  describe("auth on a secure sandbox", function()
+    it("answers 401 with envd's plain JSON body without X-Access-Token", function()
+      local res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49983, "POST", "/filesystem.Filesystem/Stat",
+        { json = { path = "/home/user" }, headers = RPC })
+      assert.are.equal(401, res.status)
+      assert.are.same({ code = 401, message = UNAUTHORIZED }, res.json)
+    end)
+
+    it("answers 401 for a wrong token, on streaming routes too", function()
+      local bad = { sandboxID = sb.sandboxID, envdAccessToken = "nope" }
+      local res = rpc(bad, "filesystem.Filesystem/Stat", { path = "/home/user" })
+      assert.are.equal(401, res.status)
+      assert.are.same({ code = 401, message = UNAUTHORIZED }, res.json)
+      local r = start(bad, { cmd = "/bin/true" })
+      assert.are.equal(401, r.status)
+      assert.are.equal(UNAUTHORIZED, cjson.decode(r.body).message)
+    end)
+
+    it("accepts the right token", function()
+      local res = rpc(sb, "filesystem.Filesystem/Stat", { path = "/home/user" })
+      assert.are.equal(200, res.status, res.body)
+    end)
+
+    it("leaves GET /health open", function()
+      local res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49983, "GET", "/health")
+      assert.are.equal(204, res.status)
+      assert.are.equal("", res.body)
+    end)
+
+    it("needs no token on a sandbox created without secure", function()
+      local res = rpc(open, "filesystem.Filesystem/Stat", { path = "/home/user" })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal(200, upload("open.txt", "x", open).status)
+      assert.are.equal("x", download("open.txt", open).body)
+    end)
+
+    it("keeps the control plane's internal envd routes closed (404)", function()
+      for _, p in ipairs({ "/init", "/freeze", "/unfreeze", "/fsfreeze", "/fsthaw", "/collapse" }) do
+        local res = http.sandbox(srv, sb, 49983, "POST", p, { json = {} })
+        assert.are.equal(404, res.status, p)
+        assert.matches("reserved for the E2B control plane", res.json.message, 1, true)
+      end
+    end)
+
+    it("answers the proxy's 502 for a port nothing listens on", function()
+      local res = http.sandbox(srv, sb, 8080, "GET", "/")
+      assert.are.equal(502, res.status)
+      assert.are.same({ sandboxId = sb.sandboxID, message = "The sandbox is running but port is not open",
+        code = 502, port = 8080 }, res.json)
+    end)
+  end)
+
+  describe("signed /files URLs", function()
+    local noauth
+    lazy_setup(function()
+      noauth = { sandboxID = sb.sandboxID }
+      assert.are.equal(200, upload("signed.txt", "signed data").status)
+    end)
+
+    local function get(query)
+      return http.sandbox(srv, noauth, 49983, "GET", "/files?" .. query)
+    end
+
+    it("401 without token or signature", function()
+      local res = get("path=signed.txt")
+      assert.are.equal(401, res.status)
+      assert.are.equal(401, res.json.code)
+    end)
+
+    it("serves a read with a valid signature", function()
+      local sig = sign("signed.txt:read::" .. sb.envdAccessToken)
+      local res = get("path=signed.txt&signature=" .. urlencode(sig))
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("signed data", res.body)
+    end)
+
+    it("checks the expiration and signs it", function()
+      local exp = tostring(os.time() + 3600)
+      local sig = sign("signed.txt:read::" .. sb.envdAccessToken .. ":" .. exp)
+      local res = get("path=signed.txt&signature=" .. urlencode(sig) .. "&signature_expiration=" .. exp)
+      assert.are.equal(200, res.status, res.body)
+      local old = tostring(os.time() - 10)
+      sig = sign("signed.txt:read::" .. sb.envdAccessToken .. ":" .. old)
+      res = get("path=signed.txt&signature=" .. urlencode(sig) .. "&signature_expiration=" .. old)
+      assert.are.equal(401, res.status)
+      assert.matches("expired", res.json.message)
+    end)
+
+    it("refuses a signature for another path, operation or user", function()
+      for _, raw in ipairs({ "other.txt:read::", "signed.txt:write::", "signed.txt:read:root:" }) do
+        local res = get("path=signed.txt&signature=" .. urlencode(sign(raw .. sb.envdAccessToken)))
+        assert.are.equal(401, res.status, raw)
+      end
+    end)
+
+    it("accepts a signed upload", function()
+      local sig = sign("up/signed.bin:write::" .. sb.envdAccessToken)
+      local res = http.sandbox(srv, noauth, 49983, "POST", "/files?path=up%2Fsigned.bin&signature=" .. urlencode(sig),
+        { body = "up", headers = { ["Content-Type"] = "application/octet-stream" } })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("up", download("up/signed.bin").body)
+    end)
+
+    it("checks a token that is sent instead of the signature", function()
+      local sig = sign("signed.txt:read::" .. sb.envdAccessToken)
+      local res = http.sandbox(srv, { sandboxID = sb.sandboxID, envdAccessToken = "wrong" }, 49983, "GET",
+        "/files?path=signed.txt&signature=" .. urlencode(sig))
+      assert.are.equal(401, res.status)
+    end)
+  end)
+
+  describe("GET /health and /envs", function()
+    it("/envs returns the sandbox's env vars", function()
+      local res = http.sandbox(srv, sb, 49983, "GET", "/envs")
+      assert.are.equal(200, res.status)
+      assert.are.same({ GREETING = "hello", SHARED = "sandbox" }, res.json)
+    end)
+  end)
+
+  describe("/files", function()
+    it("round-trips bytes with an octet-stream upload", function()
+      local data = "bin\0ary\255data\n"
+      local res = upload("/home/user/data/raw.bin", data)
+      assert.are.equal(200, res.status, res.body)
+      assert.are.same({ { path = "/home/user/data/raw.bin", name = "raw.bin", type = "file" } }, res.json)
+      res = download("/home/user/data/raw.bin")
+      assert.are.equal(200, res.status)
+      assert.are.equal(data, res.body)
+      assert.are.equal('inline; filename="raw.bin"', res.headers["content-disposition"])
+    end)
+
+    it("round-trips a large file (streamed download)", function()
+      local parts = {}
+      for i = 1, 6 * 1024 do parts[i] = string.format("%99d", i):rep(10) .. ("x"):rep(33) .. "\n" end
+      local data = table.concat(parts)
+      local res = upload("big.bin", data)
+      assert.are.equal(200, res.status, res.body)
+      res = download("big.bin")
+      assert.are.equal(200, res.status)
+      assert.are.equal(#data, #res.body)
+      assert.is_true(data == res.body)
+      assert.are.equal("6291456", rpc(sb, "filesystem.Filesystem/Stat", { path = "big.bin" }).json.entry.size)
+    end)
+
+    it("resolves relative and ~ paths against /home/user", function()
+      assert.are.equal(200, upload("rel/a.txt", "relative").status)
+      assert.are.equal("relative", download("~/rel/a.txt").body)
+      assert.are.equal("relative", download("/home/user/rel/a.txt").body)
+      local res = upload("~/tilde.txt", "t")
+      assert.are.equal("/home/user/tilde.txt", res.json[1].path)
+      assert.are.equal("t", download("tilde.txt").body)
+    end)
+
+    it("overwrites an existing file", function()
+      upload("over.txt", "a long first version")
+      upload("over.txt", "short")
+      assert.are.equal("short", download("over.txt").body)
+    end)
+
+    it("writes and reads /tmp", function()
+      assert.are.equal(200, upload("/tmp/t/x.txt", "in tmp").status)
+      assert.are.equal("in tmp", download("/tmp/t/x.txt").body)
+    end)
+
+    it("serves an empty file", function()
+      upload("empty.txt", "")
+      local res = download("empty.txt")
+      assert.are.equal(200, res.status)
+      assert.are.equal("", res.body)
+    end)
+
+    it("404s a missing file with envd's message", function()
+      local res = download("missing.txt")
+      assert.are.equal(404, res.status)
+      assert.are.same({ code = 404, message = "path '/home/user/missing.txt' does not exist" }, res.json)
+    end)
+
+    it("400s a directory", function()
+      upload("somedir/f", "x")
+      local res = download("somedir")
+      assert.are.equal(400, res.status)
+      assert.are.same({ code = 400, message = "path '/home/user/somedir' is a directory" }, res.json)
+    end)
+
+    it("accepts username=user and refuses an unknown user", function()
+      upload("u.txt", "u")
+      local res = http.sandbox(srv, sb, 49983, "GET", "/files?path=u.txt&username=user")
+      assert.are.equal(200, res.status)
+      res = http.sandbox(srv, sb, 49983, "GET", "/files?path=u.txt&username=mallory")
+      assert.are.equal(401, res.status)
+    end)
+
+    it("requires path for a raw upload", function()
+      local res = http.sandbox(srv, sb, 49983, "POST", "/files",
+        { body = "x", headers = { ["Content-Type"] = "application/octet-stream" } })
+      assert.are.equal(400, res.status)
+      assert.are.same({ code = 400, message = "path query parameter is required for raw body upload" }, res.json)
+    end)
+
+    it("refuses other content types", function()
+      local res = http.sandbox(srv, sb, 49983, "POST", "/files?path=x.json", { json = { a = 1 } })
+      assert.are.equal(400, res.status)
+      assert.are.equal(400, res.json.code)
+    end)
+
+    describe("multipart/form-data", function()
+      local dir
+      lazy_setup(function()
+        dir = os.tmpname()
+        os.remove(dir)
+        os.execute("mkdir -p " .. wbd.sh_quote(dir))
+        for name, data in pairs({ a = "first file", b = "second\nfile", e = "" }) do
+          local f = assert(io.open(dir .. "/" .. name, "wb"))
+          f:write(data)
+          f:close()
+        end
+      end)
+      lazy_teardown(function() os.execute("rm -rf " .. wbd.sh_quote(dir)) end)
+
+      local function post(query, parts)
+        local args = {}
+        for _, p in ipairs(parts) do
+          args[#args + 1] = "-F"
+          args[#args + 1] = p
+        end
+        return http.sandbox(srv, sb, 49983, "POST", "/files" .. query, { curl_args = args })
+      end
+
+      it("writes several files named by their filenames, creating parents", function()
+        local res = post("", { "file=@" .. dir .. "/a;filename=mp/one.txt",
+          "file=@" .. dir .. "/b;filename=/home/user/mp/deep/er/two.txt",
+          "file=@" .. dir .. "/e;filename=/tmp/mp-empty.txt", "other=@" .. dir .. "/a;filename=ignored.txt" })
+        assert.are.equal(200, res.status, res.body)
+        assert.are.same({
+          { path = "/home/user/mp/one.txt", name = "one.txt", type = "file" },
+          { path = "/home/user/mp/deep/er/two.txt", name = "two.txt", type = "file" },
+          { path = "/tmp/mp-empty.txt", name = "mp-empty.txt", type = "file" },
+        }, res.json)
+        assert.are.equal("first file", download("mp/one.txt").body)
+        assert.are.equal("second\nfile", download("mp/deep/er/two.txt").body)
+        assert.are.equal(200, download("/tmp/mp-empty.txt").status)
+        assert.are.equal("", download("/tmp/mp-empty.txt").body)
+        assert.are.equal(404, download("ignored.txt").status)
+      end)
+
+      it("uses the path parameter as the destination", function()
+        local res = post("?path=mp%2Fnamed.txt", { "file=@" .. dir .. "/a;filename=whatever.txt" })
+        assert.are.equal(200, res.status, res.body)
+        assert.are.same({ { path = "/home/user/mp/named.txt", name = "named.txt", type = "file" } }, res.json)
+        assert.are.equal("first file", download("mp/named.txt").body)
+      end)
+
+      it("400s two parts with one destination", function()
+        local res = post("", { "file=@" .. dir .. "/a;filename=dup.txt", "file=@" .. dir .. "/b;filename=./dup.txt" })
+        assert.are.equal(400, res.status)
+        assert.matches("same path", res.json.message)
+      end)
+    end)
+  end)
+
+  describe("filesystem.Filesystem", function()
+    lazy_setup(function()
+      upload("fs/a.txt", "12345")
+      upload("fs/sub/b.txt", "b")
+      upload("fs/sub/deeper/c.txt", "c")
+      upload("fs/empty", "")
+    end)
+
+    it("Stat returns a protojson EntryInfo", function()
+      local res = rpc(sb, "filesystem.Filesystem/Stat", { path = "fs/a.txt" })
+      assert.are.equal(200, res.status, res.body)
+      assert.matches("^application/json", res.headers["content-type"])
+      local e = res.json.entry
+      assert.are.equal("a.txt", e.name)
+      assert.are.equal("FILE_TYPE_FILE", e.type)
+      assert.are.equal("/home/user/fs/a.txt", e.path)
+      assert.are.equal("5", e.size)
+      assert.are.equal(420, e.mode)
+      assert.are.equal("-rw-r--r--", e.permissions)
+      assert.are.equal("user", e.owner)
+      assert.are.equal("user", e.group)
+      assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d[%.%d]*Z$", e.modifiedTime)
+    end)
+
+    it("Stat omits a zero size and reports directories", function()
+      local e = rpc(sb, "filesystem.Filesystem/Stat", { path = "fs/empty" }).json.entry
+      assert.is_nil(e.size)
+      e = rpc(sb, "filesystem.Filesystem/Stat", { path = "/home/user/fs/sub" }).json.entry
+      assert.are.equal("FILE_TYPE_DIRECTORY", e.type)
+      assert.are.equal("drwxr-xr-x", e.permissions)
+      assert.are.equal(493, e.mode)
+    end)
+
+    it("Stat of a missing path is not_found (404)", function()
+      local res = rpc(sb, "filesystem.Filesystem/Stat", { path = "fs/nope" })
+      assert.are.equal(404, res.status)
+      assert.are.equal("not_found", res.json.code)
+      assert.is_string(res.json.message)
+    end)
+
+    it("MakeDir creates parents and returns the entry", function()
+      local res = rpc(sb, "filesystem.Filesystem/MakeDir", { path = "made/a/b" })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("FILE_TYPE_DIRECTORY", res.json.entry.type)
+      assert.are.equal("/home/user/made/a/b", res.json.entry.path)
+    end)
+
+    it("MakeDir of an existing directory is already_exists (409)", function()
+      rpc(sb, "filesystem.Filesystem/MakeDir", { path = "made2" })
+      local res = rpc(sb, "filesystem.Filesystem/MakeDir", { path = "made2" })
+      assert.are.equal(409, res.status)
+      assert.are.equal("already_exists", res.json.code)
+    end)
+
+    it("MakeDir over a file is invalid_argument (400)", function()
+      local res = rpc(sb, "filesystem.Filesystem/MakeDir", { path = "fs/a.txt" })
+      assert.are.equal(400, res.status)
+      assert.are.equal("invalid_argument", res.json.code)
+    end)
+
+    it("ListDir lists one level by default and when depth is 0", function()
+      for _, depth in ipairs({ 1, 0 }) do
+        local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "fs", depth = depth })
+        assert.are.equal(200, res.status, res.body)
+        local names = {}
+        for _, e in ipairs(res.json.entries) do names[#names + 1] = e.path end
+        assert.are.same({ "/home/user/fs/a.txt", "/home/user/fs/empty", "/home/user/fs/sub" }, names)
+      end
+    end)
+
+    it("ListDir walks deeper with depth", function()
+      local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "/home/user/fs", depth = 2 })
+      local names = {}
+      for _, e in ipairs(res.json.entries) do names[#names + 1] = e.path end
+      assert.are.same({ "/home/user/fs/a.txt", "/home/user/fs/empty", "/home/user/fs/sub",
+        "/home/user/fs/sub/b.txt", "/home/user/fs/sub/deeper" }, names)
+    end)
+
+    it("ListDir of an empty directory is {}", function()
+      rpc(sb, "filesystem.Filesystem/MakeDir", { path = "emptydir" })
+      local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "emptydir", depth = 1 })
+      assert.are.equal(200, res.status)
+      assert.are.equal("{}", res.body)
+    end)
+
+    it("ListDir errors: missing is not_found, a file is invalid_argument", function()
+      local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "nodir", depth = 1 })
+      assert.are.equal(404, res.status)
+      assert.are.equal("not_found", res.json.code)
+      res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "fs/a.txt", depth = 1 })
+      assert.are.equal(400, res.status)
+      assert.are.equal("invalid_argument", res.json.code)
+    end)
+
+    it("Remove is recursive and a missing path is fine", function()
+      upload("rm/x/y/z.txt", "z")
+      local res = rpc(sb, "filesystem.Filesystem/Remove", { path = "rm" })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("{}", res.body)
+      assert.are.equal(404, rpc(sb, "filesystem.Filesystem/Stat", { path = "rm" }).status)
+      res = rpc(sb, "filesystem.Filesystem/Remove", { path = "rm" })
+      assert.are.equal(200, res.status)
+      assert.are.equal("{}", res.body)
+    end)
+
+    it("Move renames, creating the destination's parents", function()
+      upload("mv/src.txt", "moving")
+      local res = rpc(sb, "filesystem.Filesystem/Move", { source = "mv/src.txt", destination = "mv/new/dst.txt" })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("/home/user/mv/new/dst.txt", res.json.entry.path)
+      assert.are.equal("moving", download("mv/new/dst.txt").body)
+      assert.are.equal(404, download("mv/src.txt").status)
+      res = rpc(sb, "filesystem.Filesystem/Move", { source = "mv/src.txt", destination = "mv/x.txt" })
+      assert.are.equal(404, res.status)
+      assert.are.equal("not_found", res.json.code)
+    end)
+
+    it("answers unimplemented (501) for an RPC it does not serve", function()
+      local res = rpc(sb, "filesystem.Filesystem/CreateWatcher", { path = "fs" })
+      assert.are.equal(501, res.status)
+      assert.are.equal("unimplemented", res.json.code)
+    end)
+
+    it("refuses an unknown user in Authorization with unauthenticated (401)", function()
+      local res = rpc(sb, "filesystem.Filesystem/Stat", { path = "fs" },
+        { Authorization = "Basic " .. "bWFsbG9yeTo=" })   -- "mallory:"
+      assert.are.equal(401, res.status)
+      assert.are.equal("unauthenticated", res.json.code)
+      res = rpc(sb, "filesystem.Filesystem/Stat", { path = "fs" }, { Authorization = "Basic dXNlcjo=" })  -- "user:"
+      assert.are.equal(200, res.status)
+    end)
+  end)
+
+  describe("path confinement", function()
+    it("refuses .. out of /home/user on every route", function()
+      local res = download("../../etc/passwd")
+      assert.are.equal(400, res.status)
+      assert.not_matches("root:", res.body)
+      res = download("/home/user/../../etc/passwd")
+      assert.are.equal(400, res.status)
+      for _, m in ipairs({ "Stat", "ListDir", "Remove", "MakeDir" }) do
+        res = rpc(sb, "filesystem.Filesystem/" .. m, { path = "../../etc", depth = 1 })
+        assert.are.equal(403, res.status, m)
+        assert.are.equal("permission_denied", res.json.code, m)
+      end
+      res = rpc(sb, "filesystem.Filesystem/Move", { source = "fs/a.txt", destination = "/etc/moved" })
+      assert.are.equal(403, res.status)
+    end)
+
+    it("refuses absolute paths outside /home/user and /tmp", function()
+      for _, p in ipairs({ "/etc/passwd", "/", "/home", "/proc/self/environ", "/tmpx/a" }) do
+        local res = download(p)
+        assert.are.equal(400, res.status, p)
+        assert.not_matches("root:", res.body)
+      end
+      local res = upload("/etc/warmbox-evil", "x")
+      assert.are.equal(400, res.status)
+      assert.is_nil(io.open("/etc/warmbox-evil", "r"))
+      res = rpc(sb, "filesystem.Filesystem/Stat", { path = "/etc/passwd" })
+      assert.are.equal(403, res.status)
+      assert.are.equal("permission_denied", res.json.code)
+      assert.matches("outside the sandbox", res.json.message)
+    end)
+
+    it("refuses to remove the sandbox's home itself", function()
+      local res = rpc(sb, "filesystem.Filesystem/Remove", { path = "/home/user" })
+      assert.are.equal(403, res.status)
+      assert.are.equal(200, rpc(sb, "filesystem.Filesystem/Stat", { path = "fs/a.txt" }).status)
+    end)
+
+    describe("with symlinks planted by the sandbox's own code", function()
+      lazy_setup(function()
+        local r = sh("cd /home/user && mkdir -p links/in && echo inside > links/in/f.txt && " ..
+          "ln -s /etc/passwd links/abs && ln -s ../../../../../../../../etc/passwd links/rel && " ..
+          "ln -s /etc links/etcdir && ln -s ../../../../../../../../etc links/reldir && " ..
+          "ln -s in/f.txt links/ok && ln -s /home/user/links/in/f.txt links/absin && ln -s /tmp links/tmpdir && " ..
+          "ln -s /home/user/../../etc links/sneaky && ln -s /tmp/../etc/passwd links/sneaky2")
+        assert.are.equal(200, r.status)
+        assert.is_nil(r.end_.exitCode, r.stderr)
+      end)
+
+      it("does not serve host files through them", function()
+        for _, p in ipairs({ "links/abs", "links/rel", "links/etcdir/passwd", "links/reldir/passwd",
+          "links/sneaky/passwd", "links/sneaky2" }) do
+          local res = download(p)
+          assert.are_not.equal(200, res.status, p)
+          assert.not_matches("root:", res.body)
+        end
+      end)
+
+      it("does not write, list or make directories through them", function()
+        for _, p in ipairs({ "links/etcdir/warmbox-evil", "links/reldir/warmbox-evil" }) do
+          assert.are_not.equal(200, upload(p, "x").status, p)
+          assert.are_not.equal(200, rpc(sb, "filesystem.Filesystem/MakeDir", { path = p }).status, p)
+        end
+        assert.is_nil(io.open("/etc/warmbox-evil", "r"))
+        local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links/etcdir", depth = 1 })
+        assert.are_not.equal(200, res.status)
+        assert.not_matches("passwd", res.body)
+        res = rpc(sb, "filesystem.Filesystem/Stat", { path = "links/etcdir/passwd" })
+        assert.are_not.equal(200, res.status)
+      end)
+
+      it("does not overwrite a host file through a planted link", function()
+        local before = io.open("/etc/passwd"):read("a")
+        assert.are_not.equal(200, upload("links/abs", "pwned").status)
+        assert.are.equal(before, io.open("/etc/passwd"):read("a"))
+      end)
+
+      it("lists and stats the links themselves", function()
+        local e = rpc(sb, "filesystem.Filesystem/Stat", { path = "links/abs" }).json.entry
+        assert.are.equal("FILE_TYPE_SYMLINK", e.type)
+        assert.are.equal("/etc/passwd", e.symlinkTarget)
+        local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links", depth = 3 })
+        for _, entry in ipairs(res.json.entries) do
+          assert.not_matches("passwd$", entry.path:gsub("^/home/user/links/", ""))
+        end
+      end)
+
+      it("follows a link that stays inside the sandbox, relative or absolute", function()
+        assert.are.equal("inside\n", download("links/ok").body)
+        assert.are.equal("inside\n", download("links/absin").body)
+        local res = upload("links/tmpdir/via-link.txt", "via")
+        assert.are.equal(200, res.status, res.body)
+        assert.are.equal("via", download("/tmp/via-link.txt").body)
+        res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links/tmpdir", depth = 1 })
+        assert.are.equal(200, res.status, res.body)
+      end)
+
+      it("moves and removes the link, never its target", function()
+        local res = rpc(sb, "filesystem.Filesystem/Move", { source = "links/rel", destination = "links/rel2" })
+        assert.are.equal(200, res.status, res.body)
+        assert.are.equal("FILE_TYPE_SYMLINK", res.json.entry.type)
+        res = rpc(sb, "filesystem.Filesystem/Remove", { path = "links/rel2" })
+        assert.are.equal(200, res.status)
+        res = rpc(sb, "filesystem.Filesystem/Remove", { path = "links/etcdir" })
+        assert.are.equal(200, res.status)
+        assert.is_not_nil(io.open("/etc/passwd", "r"))
+        assert.is_not_nil(io.open("/etc/hostname", "r") or io.open("/etc/os-release", "r"))
+      end)
+    end)
+  end)
+
+  describe("process.Process/Start", function()
+    it("streams start, base64 stdout/stderr, end and the {} trailer", function()
+      local r = sh("echo out; echo err >&2")
+      assert.are.equal(200, r.status)
+      assert.matches("^application/connect%+json", r.headers["content-type"])
+      assert.is_number(r.events[1].start.pid)
+      assert.are.equal("out\n", r.stdout)
+      assert.are.equal("err\n", r.stderr)
+      assert.are.same({ exited = true, status = "exit status 0" }, r.end_)
+      assert.are.same({}, r.trailer)
+      assert.are.equal(2, r.envelopes[#r.envelopes].flag)
+    end)
+
+    it("reports a non-zero exit code", function()
+      local r = sh("exit 3")
+      assert.are.equal(3, r.end_.exitCode)
+      assert.are.equal("exit status 3", r.end_.status)
+      assert.is_true(r.end_.exited)
+      assert.are.same({}, r.trailer)
+    end)
+
+    it("passes binary output through base64 intact", function()
+      local r = sh("printf 'a\\000b\\377c'")
+      assert.are.equal("a\0b\255c", r.stdout)
+    end)
+
+    it("applies envs over the sandbox's env vars, and cwd", function()
+      local r = sh("echo $GREETING $SHARED $EXTRA", nil, { envs = { SHARED = "request", EXTRA = "x" } })
+      assert.are.equal("hello request x\n", r.stdout)
+      r = sh("pwd", nil, { cwd = "/home/user/fs/sub" })
+      assert.are.equal("/home/user/fs/sub\n", r.stdout)
+      r = sh("pwd", nil, { cwd = "fs" })
+      assert.are.equal("/home/user/fs\n", r.stdout)
+      r = sh("pwd")
+      assert.are.equal("/home/user\n", r.stdout)
+    end)
+
+    it("runs args without a shell", function()
+      local r = start(nil, { cmd = "/bin/echo", args = { "a b", "$HOME" } })
+      assert.are.equal("a b $HOME\n", r.stdout)
+    end)
+
+    it("kills the process and fails with deadline_exceeded after Connect-Timeout-Ms", function()
+      local r = start(nil, { cmd = "/bin/bash", args = { "-c", "echo begun; sleep 60" } },
+        { ["Connect-Timeout-Ms"] = "1000" })
+      assert.are.equal(200, r.status)
+      assert.are.equal("begun\n", r.stdout)
+      assert.is_nil(r.end_)
+      assert.are.equal("deadline_exceeded", r.trailer.error.code)
+    end)
+
+    it("waits for the exit of a process that closed its output, within the deadline", function()
+      local r = sh("exec >&- 2>&-; sleep 0.2; exit 4")
+      assert.are.equal(4, r.end_.exitCode)
+      r = start(nil, { cmd = "/bin/bash", args = { "-c", "echo bye; exec >&- 2>&-; sleep 60" } },
+        { ["Connect-Timeout-Ms"] = "1000" })
+      assert.are.equal("bye\n", r.stdout)
+      assert.are.equal("deadline_exceeded", r.trailer.error.code)
+    end)
+
+    it("answers other streaming RPCs with an unimplemented trailer", function()
+      local res = http.sandbox(srv, sb, 49983, "POST", "/process.Process/Connect", {
+        body = envelope(0, { process = { pid = 1 } }),
+        headers = { ["Content-Type"] = "application/connect+json" } })
+      assert.are.equal(200, res.status)
+      local e = envelopes(res.body)
+      assert.are.equal(1, #e)
+      assert.are.equal(2, e[1].flag)
+      assert.are.equal("unimplemented", e[1].msg.error.code)
+    end)
+
+    it("reports handler errors only in the trailer, with HTTP 200", function()
+      local r = start(nil, { args = { "x" } })
+      assert.are.equal(200, r.status)
+      assert.are.same({}, r.events)
+      assert.are.equal("invalid_argument", r.trailer.error.code)
+      r = start(nil, nil, nil, "\0\0\0")
+      assert.are.equal(200, r.status)
+      assert.are.equal("invalid_argument", r.trailer.error.code)
+      r = start(nil, nil, { Authorization = "Basic bWFsbG9yeTo=" })
+      assert.are.equal("unauthenticated", r.trailer.error.code)
+    end)
+
+    it("refuses a non-streaming content type with 415", function()
+      local res = http.sandbox(srv, sb, 49983, "POST", "/process.Process/Start",
+        { json = { process = { cmd = "/bin/true" } }, headers = RPC })
+      assert.are.equal(415, res.status)
+    end)
+  end)
+
+  describe("process.Process/List and SendSignal", function()
+    local function background_start(cmd, out, tag, stdin)
+      local body = envelope(0, { process = { cmd = "/bin/bash", args = { "-c", cmd } }, tag = tag or "bg",
+        stdin = stdin or false })
+      local bf = out .. ".req"
+      local f = assert(io.open(bf, "wb"))
+      f:write(body)
+      f:close()
+      local q = wbd.sh_quote
+      os.execute(table.concat({ "curl -sS --max-time 60 -o", q(out), "-H", q("E2b-Sandbox-Id: " .. sb.sandboxID),
+        "-H", q("E2b-Sandbox-Port: 49983"), "-H", q("X-Access-Token: " .. sb.envdAccessToken),
+        "-H", q("Content-Type: application/connect+json"), "--data-binary", q("@" .. bf),
+        q(srv.url .. "/process.Process/Start"), "&" }, " "))
+    end
+
+    local function wait_for(fn)
+      for _ = 1, 200 do
+        local v = fn()
+        if v then return v end
+        wbd.sleep(0.05)
+      end
+      return fn()
+    end
+
+    it("lists a running process and kills it with SIGNAL_SIGKILL", function()
+      local out = os.tmpname()
+      background_start("sleep 60", out)
+      local proc = wait_for(function()
+        local res = rpc(sb, "process.Process/List", {})
+        for _, p in ipairs(res.json and res.json.processes or {}) do
+          if p.tag == "bg" then return p end
+        end
+      end)
+      assert.is_table(proc)
+      assert.are.equal("/bin/bash", proc.config.cmd)
+      local res = rpc(sb, "process.Process/SendSignal", { process = { pid = proc.pid }, signal = "SIGNAL_SIGKILL" })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("{}", res.body)
+      local body = wait_for(function()
+        local f = io.open(out, "rb")
+        local s = f and f:read("a")
+        if f then f:close() end
+        local ok, envs = pcall(envelopes, s or "")
+        return ok and #envs > 0 and envs[#envs].flag == 2 and s
+      end)
+      local ended
+      for _, e in ipairs(envelopes(body)) do
+        if e.flag == 0 and e.msg.event["end"] then ended = e.msg.event["end"] end
+      end
+      assert.are.equal("signal: killed", ended.status)
+      os.remove(out)
+      os.remove(out .. ".req")
+      assert.is_true(wait_for(function()
+        local l = rpc(sb, "process.Process/List", {})
+        for _, p in ipairs(l.json.processes or {}) do
+          if p.pid == proc.pid then return nil end
+        end
+        return true
+      end))
+    end)
+
+    it("feeds stdin with SendInput and ends it with CloseStdin", function()
+      local out = os.tmpname()
+      background_start("cat; echo done", out, "cat", true)
+      local proc = wait_for(function()
+        local res = rpc(sb, "process.Process/List", {})
+        for _, p in ipairs(res.json and res.json.processes or {}) do
+          if p.tag == "cat" then return p end
+        end
+      end)
+      assert.is_table(proc)
+      local res = rpc(sb, "process.Process/SendInput", { process = { pid = proc.pid }, input = { stdin = "aGVsbG8K" } })
+      assert.are.equal(200, res.status, res.body)
+      res = rpc(sb, "process.Process/CloseStdin", { process = { tag = "cat" } })
+      assert.are.equal(200, res.status, res.body)
+      local body = wait_for(function()
+        local f = io.open(out, "rb")
+        local s = f and f:read("a")
+        if f then f:close() end
+        local ok, envs = pcall(envelopes, s or "")
+        return ok and #envs > 0 and envs[#envs].flag == 2 and envs
+      end)
+      local stdout = ""
+      for _, e in ipairs(body) do
+        if e.flag == 0 and e.msg.event.data then stdout = stdout .. b64decode(e.msg.event.data.stdout or "") end
+      end
+      assert.are.equal("hello\ndone\n", stdout)
+      os.remove(out)
+      os.remove(out .. ".req")
+      res = rpc(sb, "process.Process/SendInput", { process = { pid = 999999 }, input = { stdin = "eA==" } })
+      assert.are.equal(404, res.status)
+    end)
+
+    it("SendSignal to an unknown pid is not_found", function()
+      local res = rpc(sb, "process.Process/SendSignal", { process = { pid = 999999 }, signal = "SIGNAL_SIGTERM" })
+      assert.are.equal(404, res.status)
+      assert.are.equal("not_found", res.json.code)
+    end)
+
+    it("kills the process when the client goes away", function()
+      -- The client gives up after 1 s; the process would run for 60 s: it is
+      -- gone from List well before that only if warmboxd killed and reaped it.
+      http.sandbox(srv, sb, 49983, "POST", "/process.Process/Start", {
+        body = envelope(0, { process = { cmd = "/bin/bash", args = { "-c", "echo up; sleep 60" } }, tag = "gone" }),
+        headers = { ["Content-Type"] = "application/connect+json" }, timeout = 1 })
+      local gone = wait_for(function()
+        local l = rpc(sb, "process.Process/List", {})
+        for _, p in ipairs(l.json.processes or {}) do
+          if p.tag == "gone" then return nil end
+        end
+        return true
+      end)
+      assert.is_true(gone)
+    end)
+  end)
+end)

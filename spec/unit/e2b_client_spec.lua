@@ -1,0 +1,669 @@
+-- warmbox.e2b with a fake transport: request building (URLs, bodies,
+-- headers), the metadata encoding, lifecycle mapping and validation, error
+-- mapping, streamed data-plane calls. No server involved.
+local cjson = require("cjson.safe").new()
+
+-- A fake warmbox.core: records requests, answers from a script.
+local function fake_core()
+  local fake = { requests = {}, responses = {} }
+  local Http = {}
+  Http.__index = Http
+  function Http:request(req) -- luacheck: ignore self
+    fake.requests[#fake.requests + 1] = req
+    local r = table.remove(fake.responses, 1)
+    assert(r, "no scripted response for " .. tostring(req.method) .. " " .. tostring(req.url))
+    if type(r) == "function" then return r(req) end
+    if r.error then return nil, r.error, r.code end
+    if r.frames and req.on_chunk then
+      for _, f in ipairs(r.frames) do
+        if type(f) == "table" then req.on_chunk(f[1], f[2]) else req.on_chunk(f, 0) end
+      end
+      if r.break_after then return nil, "connection reset", "TRANSPORT" end
+    end
+    return { status = r.status or 200, headers = r.headers or {}, body = r.body or "", attempts = 1 }
+  end
+  function Http:pages(o) -- luacheck: ignore self
+    local token, done = o.next_token, false
+    return function()
+      if done then return nil end
+      local url = o.url
+      if token then url = url .. (url:find("?", 1, true) and "&" or "?") .. "nextToken=" .. token end
+      local res, msg, code = self:request{ method = "GET", url = url, headers = o.headers }
+      local used = token
+      if not res then
+        done = true
+        return false, msg, code, used
+      end
+      if res.status < 200 or res.status > 299 then
+        done = true
+        return false, "http status " .. res.status, "HTTP", used, res
+      end
+      token = res.headers["x-next-token"]
+      if not token then done = true end
+      return res.body, used, res
+    end
+  end
+  function Http:close() end -- luacheck: ignore self
+  fake.core = { _VERSION = "0.1.0", http = function(opts)
+    fake.http_opts = opts
+    return setmetatable({}, Http)
+  end }
+  return fake
+end
+
+local function load(fake)
+  package.loaded["warmbox.core"] = fake.core
+  package.loaded["warmbox.e2b"] = nil
+  return require "warmbox.e2b"
+end
+
+local KEY = "e2b_00112233445566778899aabbccddeeff00112233"
+
+insulate("warmbox.e2b", function()
+  local fake, e2b, c
+
+  before_each(function()
+    fake = fake_core()
+    e2b = load(fake)
+    c = e2b.new{ api_key = KEY, api_url = "http://api.test", sandbox_url = "http://sb.test" }
+  end)
+
+  local function push(r) fake.responses[#fake.responses + 1] = r end
+  local function last() return fake.requests[#fake.requests] end
+
+  describe("new()", function()
+    it("rejects unknown options and wrong types", function()
+      assert.has_error(function() e2b.new{ api_key = KEY, nope = 1 } end)
+      assert.has_error(function() e2b.new{ api_key = 1 } end, "option 'api_key' must be a string, got number")
+      assert.has_error(function() e2b.new{ api_key = KEY, retries = "3" } end,
+        "option 'retries' must be a number, got string")
+      assert.has_error(function() e2b.new("x") end, "bad argument #1 to 'new' (table expected, got string)")
+    end)
+
+    it("defaults the api url from the domain and uses per-port hosts", function()
+      local c2 = e2b.new{ api_key = KEY, domain = "example.org" }
+      assert.equals("https://api.example.org", c2.api_url)
+      local s = c2:sandbox("iabc", { access_token = "tok" })
+      assert.equals("https://49983-iabc.example.org", s.envd_url)
+      assert.equals("https://49999-iabc.example.org", s.interp_url)
+      local s2 = c2:sandbox({ sandbox_id = "iabc", domain = "other.dev" })
+      assert.equals("https://49983-iabc.other.dev", s2.envd_url)
+    end)
+
+    it("never shows the key in tostring", function()
+      assert.falsy(tostring(c):find(KEY, 1, true))
+    end)
+
+    it("passes timeouts to the transport", function()
+      e2b.new{ api_key = KEY, request_timeout = 7, connect_timeout = 2 }
+      assert.equals(7, fake.http_opts.timeout)
+      assert.equals(2, fake.http_opts.connect_timeout)
+    end)
+  end)
+
+  describe("metadata encoding", function()
+    it("matches the SDK's worked example", function()
+      assert.equals("app%3Dprod%26user%3Dalice%252520smith",
+        e2b.encode_metadata{ user = "alice smith", app = "prod" })
+    end)
+
+    it("escapes &, =, %, + and non-ASCII three times", function()
+      -- encodeURIComponent(form(encodeURIComponent(x)))
+      assert.equals("k%3Da%252526b%25253Dc%252525d%25252Be%252520f",
+        e2b.encode_metadata{ k = "a&b=c%d+e f" })
+      assert.equals("k%3D%2525C3%2525A9", e2b.encode_metadata{ k = "é" })
+      assert.equals("a%252526b%3Dv", e2b.encode_metadata{ ["a&b"] = "v" })
+    end)
+
+    it("form-encodes what encodeURIComponent keeps but URLSearchParams does not", function()
+      assert.equals("k%3Da-_.%2521%257E*%2527%2528%2529", e2b.encode_metadata{ k = "a-_.!~*'()" })
+    end)
+
+    it("decodes back to the original with the server's steps", function()
+      local function unescape(s, plus)
+        if plus then s = s:gsub("+", " ") end
+        return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+      end
+      local meta = { ["we ird&key="] = "v%al+ue é&=x", plain = "yes" }
+      local wire = e2b.encode_metadata(meta)
+      local once = unescape(wire)              -- the HTTP framework
+      local whole = unescape(once, true)       -- url.QueryUnescape on the whole string
+      local got = {}
+      for pair in whole:gmatch("[^&]+") do
+        local k, v = pair:match("^([^=]*)=([^=]*)$")
+        assert.truthy(k, "pair splits in exactly two: " .. pair)
+        got[unescape(k, true)] = unescape(v, true)
+      end
+      assert.same(meta, got)
+    end)
+  end)
+
+  describe(":create()", function()
+    local sb = { templateID = "base", sandboxID = "i0123456789abcdefghij", clientID = "6532622b",
+      envdVersion = "0.6.13", envdAccessToken = "tok", alias = "base" }
+
+    it("sends the SDK's body and returns a snake_case sandbox", function()
+      push{ status = 201, body = cjson.encode(sb) }
+      local s = assert(c:create{ template = "base", timeout = 599.5, metadata = { user = "abc" },
+        lifecycle = { on_timeout = "pause", auto_resume = true } })
+      local req = last()
+      assert.equals("POST", req.method)
+      assert.equals("http://api.test/sandboxes", req.url)
+      assert.equals(KEY, req.headers["X-API-Key"])
+      assert.equals("application/json", req.headers["Content-Type"])
+      assert.same({ templateID = "base", timeout = 600, secure = true, allow_internet_access = true,
+        metadata = { user = "abc" }, autoPause = true, autoResume = { enabled = true } }, cjson.decode(req.body))
+      assert.same({ sandbox_id = sb.sandboxID, template_id = "base", client_id = "6532622b", envd_version = "0.6.13",
+        envd_access_token = "tok", alias = "base" }, s)
+    end)
+
+    it("sends only what was given (defaults: base, 300 s)", function()
+      push{ status = 201, body = cjson.encode(sb) }
+      assert(c:create())
+      assert.same({ templateID = "base", timeout = 300, secure = true, allow_internet_access = true },
+        cjson.decode(last().body))
+    end)
+
+    it("maps kill, keep_memory and auto_resume = false", function()
+      push{ status = 201, body = cjson.encode(sb) }
+      assert(c:create{ lifecycle = { on_timeout = "kill" } })
+      assert.equals(false, cjson.decode(last().body).autoPause)
+      push{ status = 201, body = cjson.encode(sb) }
+      assert(c:create{ lifecycle = { on_timeout = "pause", keep_memory = false, auto_resume = false } })
+      local b = cjson.decode(last().body)
+      assert.equals(true, b.autoPause)
+      assert.equals(false, b.autoPauseMemory)
+      assert.same({ enabled = false }, b.autoResume)
+      push{ status = 201, body = cjson.encode(sb) }
+      assert(c:create{ env_vars = { A = "1" }, secure = false, allow_internet_access = false })
+      b = cjson.decode(last().body)
+      assert.same({ A = "1" }, b.envVars)
+      assert.equals(false, b.secure)
+      assert.equals(false, b.allow_internet_access)
+    end)
+
+    it("applies the SDK's validation rules without sending", function()
+      local n = #fake.requests
+      local function bad(lc, want)
+        local s, msg, code = c:create{ lifecycle = lc }
+        assert.is_nil(s)
+        assert.equals("BAD_REQUEST", code)
+        assert.truthy(msg:find(want, 1, true), msg)
+      end
+      bad({ auto_resume = true }, "auto_resume requires on_timeout 'pause'")
+      bad({ on_timeout = "kill", auto_resume = true }, "auto_resume requires on_timeout 'pause'")
+      bad({ keep_memory = true }, "keep_memory requires on_timeout 'pause'")
+      bad({ on_timeout = "pause", keep_memory = false, auto_resume = true }, "keep_memory = false cannot")
+      bad({ on_timeout = "sleep" }, "on_timeout must be 'pause' or 'kill'")
+      local s, _, code = c:create{ timeout = 0 }
+      assert.is_nil(s)
+      assert.equals("BAD_REQUEST", code)
+      assert.equals(n, #fake.requests)
+    end)
+
+    it("raises on misuse", function()
+      assert.has_error(function() c:create{ tmpl = "x" } end)
+      assert.has_error(function() c:create{ metadata = { a = 1 } } end, "option 'metadata' must map strings to strings")
+      assert.has_error(function() c:create{ lifecycle = { on_timeout = "pause", resume = true } } end)
+      assert.has_error(function() c:create{ timeout = "5" } end, "option 'timeout' must be a number, got string")
+    end)
+
+    it("maps errors with status and E2B's message", function()
+      push{ status = 429, body = '{"code":429,"message":"Rate limit exceeded"}' }
+      local s, msg, code, detail = c:create()
+      assert.is_nil(s)
+      assert.equals("RATE_LIMITED", code)
+      assert.equals("create sandbox: http 429: rate limit exceeded", msg)
+      assert.equals(429, detail.status)
+      assert.equals("Rate limit exceeded", detail.message)
+      for status, want in pairs({ [401] = "AUTH", [403] = "AUTH", [400] = "BAD_REQUEST", [404] = "NOT_FOUND",
+        [500] = "HTTP", [502] = "HTTP", [409] = "CONFLICT" }) do
+        push{ status = status, body = '{"code":' .. status .. ',"message":"X"}' }
+        local _, _, got = c:create()
+        assert.equals(want, got)
+      end
+      push{ error = "timed out", code = "TIMEOUT" }
+      local _, m2, c2 = c:create()
+      assert.equals("TIMEOUT", c2)
+      assert.equals("create sandbox: timed out", m2)
+    end)
+  end)
+
+  describe(":list()", function()
+    local function item(id, meta)
+      return { sandboxID = id, templateID = "base", clientID = "6532622b", startedAt = "2026-01-01T00:00:00Z",
+        endAt = "2026-01-01T00:05:00Z", cpuCount = 2, memoryMB = 512, diskSizeMB = 1024, state = "running",
+        envdVersion = "0.6.13", metadata = meta }
+    end
+
+    it("builds the query and follows pages", function()
+      push{ body = cjson.encode({ item("a", { t = "x" }), item("b", { t = "x" }) }),
+        headers = { ["x-next-token"] = "n1" } }
+      push{ body = cjson.encode({ item("c", { t = "x" }) }) }
+      local ids = {}
+      for it in c:list{ state = { "running", "paused" }, metadata = { t = "x" }, limit = 2, order = "asc" } do
+        ids[#ids + 1] = it.sandbox_id
+        assert.equals(2, it.cpu_count)
+        assert.equals(512, it.memory_mb)
+        assert.equals("2026-01-01T00:05:00Z", it.end_at)
+      end
+      assert.same({ "a", "b", "c" }, ids)
+      assert.equals("http://api.test/v2/sandboxes?state=running,paused&metadata=t%3Dx&limit=2&order=asc",
+        fake.requests[1].url)
+      assert.equals("http://api.test/v2/sandboxes?state=running,paused&metadata=t%3Dx&limit=2&order=asc&nextToken=n1",
+        fake.requests[2].url)
+    end)
+
+    it("re-checks the metadata filter exactly", function()
+      push{ body = cjson.encode({ item("a", { t = "x" }), item("b", { t = "xy" }), item("c") }) }
+      local all = assert(c:list_all{ metadata = { t = "x" } })
+      assert.equals(1, #all)
+      assert.equals("a", all[1].sandbox_id)
+    end)
+
+    it("lists without a query when no options are given", function()
+      push{ body = "[]" }
+      assert.same({}, assert(c:list_all()))
+      assert.equals("http://api.test/v2/sandboxes", last().url)
+    end)
+
+    it("gives the loop false, msg, code, token on an error", function()
+      push{ body = cjson.encode({ item("a") }), headers = { ["x-next-token"] = "n1" } }
+      push{ status = 400, body = '{"code":400,"message":"Invalid next token"}' }
+      local got = {}
+      for it, msg, code, token, detail in c:list{} do
+        if it == false then
+          got.err = { msg, code, token, detail.status }
+        else
+          got[#got + 1] = it.sandbox_id
+        end
+      end
+      assert.same({ "a", err = { "list sandboxes: http 400: invalid next token", "BAD_REQUEST", "n1", 400 } }, got)
+      push{ error = "refused", code = "TRANSPORT" }
+      local items, msg, code = c:list_all()
+      assert.is_nil(items)
+      assert.equals("TRANSPORT", code)
+      assert.equals("list sandboxes: refused", msg)
+    end)
+
+    it("pages expose the next token", function()
+      push{ body = cjson.encode({ item("a") }), headers = { ["x-next-token"] = "n1" } }
+      local it = c:list_pages{ limit = 1 }
+      local items, used, nxt = it()
+      assert.equals(1, #items)
+      assert.equals(false, used)
+      assert.equals("n1", nxt)
+    end)
+
+    it("raises on misuse", function()
+      assert.has_error(function() c:list{ states = "running" } end)
+      assert.has_error(function() c:list{ limit = "10" } end, "option 'limit' must be a number, got string")
+    end)
+  end)
+
+  describe("info/connect/pause/kill/set_timeout", function()
+    local detail = { sandboxID = "iabc", templateID = "base", clientID = "6532622b", startedAt = "s", endAt = "e",
+      cpuCount = 2, memoryMB = 512, diskSizeMB = 0, state = "paused", envdVersion = "0.6.13",
+      metadata = { a = "b" }, lifecycle = { onTimeout = "pause", autoResume = true }, domain = cjson.null }
+
+    it("info maps the detail and 404", function()
+      push{ body = cjson.encode(detail) }
+      local d = assert(c:info("iabc"))
+      assert.equals("http://api.test/sandboxes/iabc", last().url)
+      assert.equals("GET", last().method)
+      assert.same({ on_timeout = "pause", auto_resume = true }, d.lifecycle)
+      assert.equals("paused", d.state)
+      assert.is_nil(d.domain)
+      assert.same({ a = "b" }, d.metadata)
+      push{ status = 404, body = '{"code":404,"message":"Sandbox \\"iabc\\" doesn\'t exist"}' }
+      local n, msg, code, det = c:info("iabc")
+      assert.is_nil(n)
+      assert.equals("sandbox 'iabc' not found", msg)
+      assert.equals("NOT_FOUND", code)
+      assert.equals(404, det.status)
+    end)
+
+    it("connect tells resumed from running", function()
+      push{ status = 201, body = cjson.encode(detail) }
+      local sb, resumed = c:connect("iabc", { timeout = 60 })
+      assert.equals("iabc", sb.sandbox_id)
+      assert.is_true(resumed)
+      assert.equals("http://api.test/sandboxes/iabc/connect", last().url)
+      assert.same({ timeout = 60 }, cjson.decode(last().body))
+      push{ status = 200, body = cjson.encode(detail) }
+      local _, resumed2 = c:connect("iabc")
+      assert.is_false(resumed2)
+      assert.same({ timeout = 300 }, cjson.decode(last().body))
+      push{ status = 404, body = "{}" }
+      local _, _, code = c:connect("iabc")
+      assert.equals("NOT_FOUND", code)
+    end)
+
+    it("pause is true, false when already paused, an error when unknown", function()
+      push{ status = 204 }
+      assert.is_true(c:pause("iabc"))
+      assert.same({ memory = true }, cjson.decode(last().body))
+      push{ status = 409, body = '{"code":409,"message":"already paused"}' }
+      assert.is_false(c:pause("iabc", { memory = false }))
+      assert.same({ memory = false }, cjson.decode(last().body))
+      push{ status = 404, body = "{}" }
+      local ok, _, code = c:pause("iabc")
+      assert.is_nil(ok)
+      assert.equals("NOT_FOUND", code)
+    end)
+
+    it("kill is true, false when gone", function()
+      push{ status = 204 }
+      assert.is_true(c:kill("iabc"))
+      assert.equals("DELETE", last().method)
+      push{ status = 404, body = "{}" }
+      assert.is_false(c:kill("iabc"))
+      push{ status = 500, body = '{"code":500,"message":"boom"}' }
+      local ok, msg, code = c:kill("iabc")
+      assert.is_nil(ok)
+      assert.equals("HTTP", code)
+      assert.equals("kill sandbox 'iabc': http 500: boom", msg)
+    end)
+
+    it("set_timeout sends whole seconds", function()
+      push{ status = 204 }
+      assert.is_true(c:set_timeout("iabc", 12.2))
+      assert.same({ timeout = 13 }, cjson.decode(last().body))
+      assert.equals("http://api.test/sandboxes/iabc/timeout", last().url)
+      push{ status = 404, body = "{}" }
+      local ok, _, code = c:set_timeout("iabc", 5)
+      assert.is_nil(ok)
+      assert.equals("NOT_FOUND", code)
+    end)
+
+    it("escapes ids in paths and checks arguments", function()
+      push{ status = 404, body = "{}" }
+      c:info("a/b")
+      assert.equals("http://api.test/sandboxes/a%2Fb", last().url)
+      assert.has_error(function() c:info() end, "bad argument #1 to 'info' (sandbox id expected, got nil)")
+      assert.has_error(function() c:set_timeout("x", -1) end)
+      assert.has_error(function() c:pause("x", { keep = true }) end)
+    end)
+  end)
+
+  describe("data plane", function()
+    local s
+    before_each(function()
+      s = c:sandbox({ sandbox_id = "iabc", envd_access_token = "tok" })
+    end)
+
+    it("routes with the E2B headers and the access token", function()
+      push{ body = "bytes" }
+      assert.equals("bytes", s:read_file("/home/user/a b.txt"))
+      local req = last()
+      assert.equals("http://sb.test/files?path=%2Fhome%2Fuser%2Fa%20b.txt", req.url)
+      assert.equals("iabc", req.headers["E2b-Sandbox-Id"])
+      assert.equals("49983", req.headers["E2b-Sandbox-Port"])
+      assert.equals("tok", req.headers["X-Access-Token"])
+      assert.is_nil(req.headers["X-API-Key"])
+    end)
+
+    it("maps file errors; 502 is SANDBOX_GONE", function()
+      push{ status = 404, body = '{"code":404,"message":"path does not exist"}' }
+      local _, _, code = s:read_file("x")
+      assert.equals("NOT_FOUND", code)
+      push{ status = 502, body = '{"sandboxId":"iabc","message":"The sandbox was not found","code":502}' }
+      local r, msg, code2, detail = s:read_file("x")
+      assert.is_nil(r)
+      assert.equals("SANDBOX_GONE", code2)
+      assert.equals(502, detail.status)
+      assert.equals("The sandbox was not found", detail.message)
+      assert.truthy(msg:find("sandbox was not found", 1, true))
+    end)
+
+    it("writes with octet-stream and with multipart", function()
+      push{ body = '[{"path":"/home/user/a","name":"a","type":"file"}]' }
+      local e = assert(s:write_file("a", "\0data"))
+      assert.equals("/home/user/a", e.path)
+      assert.equals("application/octet-stream", last().headers["Content-Type"])
+      assert.equals("\0data", last().body)
+      assert.equals("http://sb.test/files?path=a", last().url)
+      push{ body = '[{"path":"/home/user/x","name":"x","type":"file"},'
+        .. '{"path":"/home/user/y","name":"y","type":"file"}]' }
+      local es = assert(s:write_files{ { path = "x", data = "1" }, { path = "y", data = "2\r\n" } })
+      assert.equals(2, #es)
+      local req = last()
+      assert.equals("http://sb.test/files", req.url)
+      local boundary = req.headers["Content-Type"]:match("^multipart/form%-data; boundary=(.+)$")
+      assert.truthy(boundary)
+      assert.truthy(req.body:find('name="file"; filename="x"\r\nContent-Type: application/octet-stream\r\n\r\n1\r\n',
+        1, true))
+      assert.truthy(req.body:find("2\r\n\r\n--" .. boundary .. "--\r\n", 1, true))
+    end)
+
+    it("calls Filesystem RPCs with Connect unary JSON", function()
+      push{ body = '{"entry":{"name":"d","type":"FILE_TYPE_DIRECTORY","path":"/home/user/d","size":"4096"}}' }
+      local e = assert(s:stat("/home/user/d"))
+      assert.equals("dir", e.type)
+      assert.equals(4096, e.size)
+      local req = last()
+      assert.equals("http://sb.test/filesystem.Filesystem/Stat", req.url)
+      assert.equals("application/json", req.headers["Content-Type"])
+      assert.equals("1", req.headers["Connect-Protocol-Version"])
+      assert.same({ path = "/home/user/d" }, cjson.decode(req.body))
+      push{ status = 409, body = '{"code":"already_exists","message":"exists"}' }
+      assert.is_false(s:make_dir("d"))
+      push{ body = "{}" }
+      assert.is_true(s:make_dir("e"))
+      push{ body = "{}" }
+      assert.same({}, s:list_dir("/empty"))
+      assert.same({ path = "/empty", depth = 1 }, cjson.decode(last().body))
+      push{ status = 404, body = '{"code":"not_found","message":"no such file"}' }
+      local r, _, code, detail = s:stat("nope")
+      assert.is_nil(r)
+      assert.equals("NOT_FOUND", code)
+      assert.equals("not_found", detail.rpc_code)
+      push{ body = "{}" }
+      assert.is_true(s:remove("x"))
+      push{ body = '{"entry":{"name":"b","type":"FILE_TYPE_FILE","path":"/b"}}' }
+      assert.equals("/b", s:move("/a", "/b").path)
+      assert.same({ source = "/a", destination = "/b" }, cjson.decode(last().body))
+    end)
+
+    local function env(flags, t)
+      return { cjson.encode(t), flags }
+    end
+    local function b64(x) return e2b.base64_encode(x) end
+
+    it("run_command collects and streams output from Process.Start", function()
+      push{ frames = {
+        env(0, { event = { start = { pid = 7 } } }),
+        env(0, { event = { data = { stdout = b64("hel") } } }),
+        env(0, { event = { data = { stderr = b64("warn\n") } } }),
+        env(0, { event = { keepalive = {} } }),
+        env(0, { event = { data = { stdout = b64("lo\n") } } }),
+        env(0, { event = { ["end"] = { exitCode = 3, exited = true, status = "exit status 3" } } }),
+        env(2, {}),
+      } }
+      local seen = {}
+      local r = assert(s:run_command("echo hello", { envs = { A = "1" }, cwd = "/tmp", timeout = 5,
+        on_stdout = function(t) seen[#seen + 1] = t end }))
+      assert.same({ "hel", "lo\n" }, seen)
+      assert.equals("hello\n", r.stdout)
+      assert.equals("warn\n", r.stderr)
+      assert.equals(3, r.exit_code)
+      assert.equals(7, r.pid)
+      local req = last()
+      assert.equals("connect", req.stream)
+      assert.equals("application/connect+json", req.headers["Content-Type"])
+      assert.equals("5000", req.headers["Connect-Timeout-Ms"])
+      local body = req.body
+      assert.equals(0, body:byte(1))
+      local n = (body:byte(2) << 24) | (body:byte(3) << 16) | (body:byte(4) << 8) | body:byte(5)
+      assert.equals(#body - 5, n)
+      assert.same({ process = { cmd = "/bin/bash", args = { "-l", "-c", "echo hello" }, envs = { A = "1" },
+        cwd = "/tmp" }, stdin = false }, cjson.decode(body:sub(6)))
+    end)
+
+    it("run_command: exit code 0 is omitted on the wire", function()
+      push{ frames = { env(0, { event = { start = { pid = 1 } } }), env(0, { event = { ["end"] = { exited = true } } }),
+        env(2, {}) } }
+      assert.equals(0, assert(s:run_command("true")).exit_code)
+    end)
+
+    it("run_command: a trailer error maps to a code", function()
+      push{ frames = { env(2, { error = { code = "deadline_exceeded", message = "timeout" } }) } }
+      local r, _, code = s:run_command("sleep 10")
+      assert.is_nil(r)
+      assert.equals("TIMEOUT", code)
+      push{ frames = { env(2, { error = { code = "unauthenticated", message = "bad user" } }) } }
+      local _, _, code2 = s:run_command("x")
+      assert.equals("AUTH", code2)
+    end)
+
+    it("run_command: a stream broken after output is STREAM_BROKEN", function()
+      push{ frames = { env(0, { event = { start = { pid = 1 } } }),
+        env(0, { event = { data = { stdout = b64("x") } } }) },
+        break_after = true }
+      local r, _, code, detail = s:run_command("x")
+      assert.is_nil(r)
+      assert.equals("STREAM_BROKEN", code)
+      assert.equals("x", detail.partial.stdout)
+    end)
+
+    local function line(t) return cjson.encode(t) end
+
+    it("run_code streams NDJSON to callbacks and returns everything", function()
+      push{ frames = {
+        line{ type = "number_of_executions", execution_count = 4 },
+        line{ type = "stdout", text = "hi\n", timestamp = "t" },
+        line{ type = "keepalive" },
+        line{ type = "stderr", text = "w\n", timestamp = "t" },
+        line{ type = "result", text = "2", is_main_result = true, extra = {} },
+        line{ type = "result", png = "iVBO", is_main_result = false },
+        line{ type = "error", name = "ValueError", value = "bad", traceback = "tb" },
+        line{ type = "unknown_future_type" },
+        '{"type": "end_of_execution"}',
+      } }
+      local out, results, errs = {}, {}, {}
+      local r = assert(s:run_code("print('hi')", { language = "python", env_vars = { A = "1" },
+        on_stdout = function(t) out[#out + 1] = t end, on_result = function(x) results[#results + 1] = x end,
+        on_error = function(e) errs[#errs + 1] = e end }))
+      assert.same({ "hi\n" }, out)
+      assert.same({ "hi\n" }, r.stdout)
+      assert.same({ "w\n" }, r.stderr)
+      assert.equals(4, r.execution_count)
+      assert.equals(2, #r.results)
+      assert.equals("2", r.results[1].text)
+      assert.is_true(r.results[1].is_main_result)
+      assert.equals("iVBO", r.results[2].png)
+      assert.same({ name = "ValueError", value = "bad", traceback = "tb" }, r.error)
+      assert.equals(2, #results)
+      assert.equals(1, #errs)
+      local req = last()
+      assert.equals("http://sb.test/execute", req.url)
+      assert.equals("49999", req.headers["E2b-Sandbox-Port"])
+      assert.equals("lines", req.stream)
+      assert.same({ code = "print('hi')", language = "python", env_vars = { A = "1" } }, cjson.decode(req.body))
+    end)
+
+    it("run_code: 502 before output is SANDBOX_GONE", function()
+      push{ status = 502, body = '{"message":"The sandbox was not found","code":502}' }
+      local r, _, code = s:run_code("1")
+      assert.is_nil(r)
+      assert.equals("SANDBOX_GONE", code)
+    end)
+
+    it("run_code: broken after output is STREAM_BROKEN", function()
+      push{ frames = { line{ type = "stdout", text = "a" } }, break_after = true }
+      local r, _, code, detail = s:run_code("1")
+      assert.is_nil(r)
+      assert.equals("STREAM_BROKEN", code)
+      assert.same({ "a" }, detail.partial.stdout)
+      push{ frames = { line{ type = "stdout", text = "a" } } }
+      local _, _, code2 = s:run_code("1")
+      assert.equals("STREAM_BROKEN", code2)
+    end)
+
+    it("run_code: unknown context is NOT_FOUND; misuse raises", function()
+      push{ status = 404, body = "Context abc not found" }
+      local _, msg, code = s:run_code("1", { context_id = "abc" })
+      assert.equals("NOT_FOUND", code)
+      assert.truthy(msg:find("context abc not found", 1, true))
+      assert.has_error(function() s:run_code("1", { language = "python", context_id = "x" }) end,
+        "options 'language' and 'context_id' are mutually exclusive")
+      assert.has_error(function() s:run_code(1) end)
+      assert.has_error(function() s:run_code("1", { on_stdout = 1 }) end)
+    end)
+
+    it("contexts", function()
+      push{ body = '{"id":"k1","language":"python","cwd":"/home/user"}' }
+      assert.same({ id = "k1", language = "python", cwd = "/home/user" }, s:create_context{ language = "python" })
+      assert.equals("http://sb.test/contexts", last().url)
+      push{ body = '[{"id":"k1","language":"python","cwd":"/home/user"}]' }
+      assert.equals("k1", s:list_contexts()[1].id)
+      push{ body = "null" }
+      assert.is_true(s:restart_context("k1"))
+      assert.equals("http://sb.test/contexts/k1/restart", last().url)
+      push{ body = "null" }
+      assert.is_true(s:delete_context("k1"))
+      assert.equals("DELETE", last().method)
+      push{ status = 404, body = "Context k2 not found" }
+      local ok, _, code = s:delete_context("k2")
+      assert.is_nil(ok)
+      assert.equals("NOT_FOUND", code)
+    end)
+  end)
+end)
+
+describe("warmbox.e2b environment defaults", function()
+  local function run(env, code)
+    local cmd = ("env -u E2B_API_KEY -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_DOMAIN %s lua5.4 -e %q 2>&1"):format(
+      env, "package.path = 'lua/?.lua;' .. package.path; package.cpath = " .. ("%q"):format(package.cpath)
+        .. " .. ';' .. package.cpath; " .. code)
+    local p = assert(io.popen(cmd))
+    local out = p:read("a")
+    p:close()
+    return (out:gsub("%s+$", ""))
+  end
+
+  it("reads E2B_API_KEY, E2B_DOMAIN, E2B_API_URL and E2B_SANDBOX_URL", function()
+    local probe = "local c = require('warmbox.e2b').new(); local s = c:sandbox('iabc'); "
+      .. "io.write(c.api_url, ' ', s.envd_url, ' ', tostring(c.api_headers['X-API-Key']))"
+    assert.equals("https://api.e2b.app https://49983-iabc.e2b.app e2b_1", run("E2B_API_KEY=e2b_1", probe))
+    assert.equals("https://api.example.com https://49983-iabc.example.com e2b_1",
+      run("E2B_API_KEY=e2b_1 E2B_DOMAIN=example.com", probe))
+    assert.equals("http://127.0.0.1:9 http://127.0.0.1:8 e2b_1",
+      run("E2B_API_KEY=e2b_1 E2B_API_URL=http://127.0.0.1:9/ E2B_SANDBOX_URL=http://127.0.0.1:8", probe))
+    assert.equals("http://x e2b_2", run("E2B_API_KEY=e2b_1 E2B_API_URL=http://y",
+      "local c = require('warmbox.e2b').new{ api_key = 'e2b_2', api_url = 'http://x' }; "
+        .. "io.write(c.api_url, ' ', c.api_headers['X-API-Key'])"))
+  end)
+
+  it("raises without an api key", function()
+    local out = run("", "print(pcall(require('warmbox.e2b').new))")
+    assert.truthy(out:find("an api_key is required", 1, true), out)
+  end)
+end)
+
+describe("warmbox.json", function()
+  local json = require "warmbox.json"
+  it("encodes empty arrays as [] and keeps null", function()
+    assert.equals('{"a":[]}', json.encode({ a = json.empty_array() }))
+    assert.equals("[[]]", json.encode(json.array({ json.empty_array() })))
+    assert.equals("{}", json.encode({}))
+    local v = json.decode('{"a":null}')
+    assert.is_true(json.is_null(v.a))
+    assert.is_nil(json.value(v.a))
+    assert.equals("[1,2]", json.encode({ 1, 2 }))
+  end)
+
+  it("is a private instance", function()
+    local cj = require "cjson"
+    local before = cj.encode_sparse_array()
+    json.encode({})
+    assert.equals(before, cj.encode_sparse_array())
+  end)
+
+  it("returns nil, err on invalid input", function()
+    local v, err = json.decode("{")
+    assert.is_nil(v)
+    assert.is_string(err)
+    assert.is_nil(json.decode(nil))
+  end)
+end)

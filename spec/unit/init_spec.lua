@@ -1,0 +1,182 @@
+-- The warmbox module: options, version check, globals, release and sessions
+-- (with a fake core, a fake E2B client and a fake lock).
+local function fake_hash(s)
+  local h1, h2 = 5381, 52711
+  for i = 1, #s do
+    local b = s:byte(i)
+    h1 = (h1 * 33 + b) % 4294967296
+    h2 = (h2 * 31 + b * 7) % 4294967296
+  end
+  return string.format("%08x%08x%08x%08x", h1, h2, (h1 ~ h2) % 4294967296, (h1 + h2) % 4294967296)
+end
+
+local function fake_core(version)
+  return {
+    _VERSION = version or "0.1.0",
+    sha256 = fake_hash,
+    hmac_sha256 = function(k, s) return fake_hash(k .. "\0" .. s) end,
+    now = os.clock, sleep = function() end, module_path = function() return "/nonexistent/warmbox/core.so" end,
+  }
+end
+
+local function fresh_warmbox(core)
+  for _, m in ipairs({ "warmbox", "warmbox.session", "warmbox.policy", "warmbox.policy.default" }) do
+    package.loaded[m] = nil
+  end
+  package.loaded["warmbox.core"] = core or fake_core()
+  return require "warmbox"
+end
+
+local function fake_lock()
+  local m = { held = {}, state = {} }
+  function m.new()
+    local lk = {}
+    function lk:lock(key)
+      if m.held[key] then return nil, "timeout" end
+      m.held[key], self.key = true, key
+      return 0
+    end
+    function lk:unlock() m.held[self.key] = nil return true end
+    function lk:get_state() return m.state[self.key] end
+    function lk:set_state(s) m.state[self.key] = s return true end
+    return lk
+  end
+  return m
+end
+
+local function fake_client(items)
+  local c = { killed = {} }
+  function c:list_all(o)
+    self.listed = o
+    return items
+  end
+  function c:kill(id)
+    self.killed[#self.killed + 1] = id
+    return true
+  end
+  return c
+end
+
+insulate("warmbox", function()
+  it("adds no globals", function()
+    local before = {}
+    for k in pairs(_G) do before[k] = true end
+    fresh_warmbox()
+    for k in pairs(_G) do assert.is_true(before[k], "new global " .. tostring(k)) end
+  end)
+
+  it("has version 0.1.0, like CMakeLists.txt", function()
+    local warmbox = fresh_warmbox()
+    assert.equal("0.1.0", warmbox._VERSION)
+    local f = assert(io.open("CMakeLists.txt"))
+    local cm = f:read("a")
+    f:close()
+    assert.equal(warmbox._VERSION, cm:match("project%(warmbox VERSION ([%d%.]+)"))
+  end)
+
+  it("refuses a mismatched warmbox.core", function()
+    assert.has_error(function() fresh_warmbox(fake_core("9.9.9")) end,
+      "warmbox 0.1.0 needs warmbox.core 0.1.0, got 9.9.9 (rebuild core.so)")
+  end)
+
+  describe(".new()", function()
+    it("raises on unknown options and wrong types", function()
+      local warmbox = fresh_warmbox()
+      assert.has_error(function() warmbox.new{ idle = 3 } end, "unknown option 'idle' to 'new'")
+      assert.has_error(function() warmbox.new(3) end, "bad argument #1 to 'new' (table expected, got number)")
+      assert.has_error(function() warmbox.new{ client = {}, idle_timeout = "3" } end,
+        "bad option 'idle_timeout' to 'new' (number expected, got string)")
+      assert.has_error(function() warmbox.new{ client = {}, exec_timeout = 0 } end,
+        "bad option 'exec_timeout' to 'new' (positive number expected, got 0)")
+      assert.has_error(function() warmbox.new{ client = {}, lock = "nfs" } end,
+        "bad option 'lock' to 'new' (\"file\", \"redis\" or \"memory\" expected, got \"nfs\")")
+      assert.has_error(function() warmbox.new{ client = {}, policy = { lease = 3 } } end)
+    end)
+
+    it("uses a given client and starts no server", function()
+      local warmbox = fresh_warmbox()
+      local wb = assert(warmbox.new{ client = fake_client({}) })
+      assert.is_nil(wb.server)
+      assert.equal("code-interpreter-v1", wb.template)
+      assert.equal(300, wb.exec_timeout)
+      assert.equal(300, wb.idle_timeout)
+      assert.equal("warmboxSessionId", wb.tag)
+      wb:close()
+      assert.has_error(function() wb:session("k") end, "attempt to use a closed warmbox.Warmbox")
+    end)
+
+    it("returns nil, msg, 'POLICY' for a policy file that does not load", function()
+      local warmbox = fresh_warmbox()
+      local wb, err, code = warmbox.new{ client = fake_client({}), policy = "/nonexistent/p.lua" }
+      assert.is_nil(wb)
+      assert.matches("cannot read policy", err)
+      assert.equal("POLICY", code)
+    end)
+
+    it("returns nil, msg, 'NOT_FOUND' when the embedded warmboxd cannot be found", function()
+      local warmbox = fresh_warmbox()
+      package.loaded["warmbox.e2b"] = { new = function() return {} end }
+      local wb, err, code = warmbox.new{ warmboxd = "/nonexistent/warmboxd" }
+      package.loaded["warmbox.e2b"] = nil
+      assert.is_nil(wb)
+      assert.equal("warmboxd not found at '/nonexistent/warmboxd'", err)
+      assert.equal("NOT_FOUND", code)
+    end)
+  end)
+
+  describe(":session()", function()
+    it("raises on misuse", function()
+      local warmbox = fresh_warmbox()
+      local wb = warmbox.new{ client = fake_client({}) }
+      assert.has_error(function() wb:session() end,
+        "bad argument #1 to 'session' (non-empty string expected, got nil)")
+      assert.has_error(function() wb:session("k", { user = "x" }) end, "unknown option 'user' to 'session'")
+    end)
+  end)
+
+  describe(":release() and :sessions()", function()
+    it("kill and list only the sandboxes whose tag decodes to the key, any fingerprint", function()
+      local warmbox = fresh_warmbox()
+      local session = require "warmbox.session"
+      local o = { hmac = function(k, s) return fake_hash(k .. "\0" .. s) end, sha256 = fake_hash }
+      local a1 = session.tag_value("w:1", o)
+      local a2 = session.tag_value("w:1", { hmac = o.hmac, sha256 = o.sha256, actor = "bob" })
+      local b = session.tag_value("w:10", o)
+      local items = {
+        { sandbox_id = "s1", metadata = { warmboxSessionId = a1 }, state = "running" },
+        { sandbox_id = "s2", metadata = { warmboxSessionId = a2 }, state = "paused" },
+        { sandbox_id = "s3", metadata = { warmboxSessionId = b }, state = "running" },
+        { sandbox_id = "s4", metadata = { warmboxSessionId = "w:1" }, state = "running" },
+        { sandbox_id = "s5", metadata = { other = a1 }, state = "running" },
+      }
+      local client = fake_client(items)
+      local lk = fake_lock()
+      lk.state[a1] = '{"v":1,"sandbox_id":"s1"}'
+      local wb = warmbox.new{ client = client, lock = lk }
+      local list = assert(wb:sessions())
+      assert.equal(3, #list)
+      assert.same({ "w:1", "w:1", "w:10" }, { list[1].key, list[2].key, list[3].key })
+      assert.equal(2, assert(wb:release("w:1")))
+      table.sort(client.killed)
+      assert.same({ "s1", "s2" }, client.killed)
+      assert.is_nil(lk.state[a1])
+      assert.same({ "running", "paused" }, client.listed.state)
+    end)
+
+    it("returns BUSY while a run holds the session", function()
+      local warmbox = fresh_warmbox()
+      local session = require "warmbox.session"
+      local o = { hmac = function(k, s) return fake_hash(k .. "\0" .. s) end, sha256 = fake_hash }
+      local a1 = session.tag_value("w:1", o)
+      local client = fake_client({ { sandbox_id = "s1", metadata = { warmboxSessionId = a1 } } })
+      local lk = fake_lock()
+      lk.held[a1] = true
+      local wb = warmbox.new{ client = client, lock = lk }
+      local n, err, code = wb:release("w:1")
+      assert.is_nil(n)
+      assert.matches("busy", err)
+      assert.equal("BUSY", code)
+      assert.same({}, client.killed)
+    end)
+  end)
+end)

@@ -1,0 +1,198 @@
+-- warmbox.lock (file backend) across real processes: mutual exclusion,
+-- a killed holder releases, a hung holder is covered by the timeout and,
+-- past its exptime, broken without disturbing the next holder.
+local lock = require "warmbox.lock"
+local core = require "warmbox.core"
+
+local LUA = "lua5.4"
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function read_all(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write_file(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+-- The child: lua5.4 child.lua <mode> <dir> <key> <arg1> <arg2> <arg3>
+local CHILD = [[
+local mode, dir, key, a1, a2, a3 = ...
+local lock = require "warmbox.lock"
+local core = require "warmbox.core"
+if mode == "loop" then
+  -- a1 = iterations, a2 = shared log
+  local lk = lock.new{ backend = "file", dir = dir, timeout = 120, step = 0.001, max_step = 0.01 }
+  local pid = core.getpid()
+  for i = 1, tonumber(a1) do
+    assert(lk:lock(key))
+    local f = assert(io.open(a2, "a")); f:write("enter ", pid, " ", i, "\n"); f:close()
+    core.sleep(0.001)
+    local g = assert(io.open(a2, "a")); g:write("exit ", pid, " ", i, "\n"); g:close()
+    assert(lk:unlock())
+  end
+  os.exit(0)
+elseif mode == "hold" then
+  -- a1 = ready file, a2 = exptime, a3 = seconds to hold; then reports unlock's result
+  local lk = lock.new{ backend = "file", dir = dir, timeout = 10, exptime = tonumber(a2) }
+  assert(lk:lock(key))
+  assert(lk:set_state("from-child"))
+  local f = assert(io.open(a1, "w")); f:write(core.getpid()); f:close()
+  core.sleep(tonumber(a3))
+  local ok, err = lk:unlock()
+  local g = assert(io.open(a1 .. ".done", "w")); g:write(tostring(ok), " ", tostring(err)); g:close()
+  os.exit(0)
+end
+]]
+
+describe("warmbox.lock (file backend) across processes", function()
+  local dir, work, child
+
+  local function spawn(args)
+    local parts = {}
+    for i, a in ipairs(args) do parts[i] = q(a) end
+    local env = "LUA_PATH=" .. q(package.path) .. " LUA_PATH_5_4=" .. q(package.path)
+      .. " LUA_CPATH=" .. q(package.cpath) .. " LUA_CPATH_5_4=" .. q(package.cpath)
+    local p = assert(io.popen(string.format("%s %s %s %s >>%s 2>&1 & echo $!", env, LUA, q(child),
+      table.concat(parts, " "), q(work .. "/child.out"))))
+    local pid = tonumber(p:read("l"))
+    p:close()
+    return assert(pid)
+  end
+
+  local function alive(pid)
+    return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true
+  end
+
+  local function wait_for(pred, limit)
+    local deadline = core.now() + (limit or 30)
+    while not pred() do
+      if core.now() > deadline then return false end
+      core.sleep(0.01)
+    end
+    return true
+  end
+
+  before_each(function()
+    work = os.tmpname()
+    os.remove(work)
+    assert(os.execute("mkdir -p " .. q(work)))
+    dir = work .. "/locks"
+    child = work .. "/child.lua"
+    write_file(child, CHILD)
+  end)
+
+  after_each(function()
+    if work and work:match("^/tmp/") then os.execute("rm -rf " .. q(work)) end
+  end)
+
+  it("never lets two of 5 processes x 40 iterations hold one key at once", function()
+    local N, M = 5, 40
+    local log = work .. "/log"
+    local pids = {}
+    for i = 1, N do pids[i] = spawn{ "loop", dir, "shared/key:é", M, log } end
+    assert.is_true(wait_for(function()
+      for _, pid in ipairs(pids) do if alive(pid) then return false end end
+      return true
+    end, 120), "children did not finish")
+    local lines = {}
+    for l in (read_all(log) or ""):gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal(2 * N * M, #lines, read_all(work .. "/child.out"))
+    local per = {}
+    for i = 1, #lines, 2 do
+      local p1, n1 = lines[i]:match("^enter (%d+) (%d+)$")
+      local p2, n2 = lines[i + 1]:match("^exit (%d+) (%d+)$")
+      assert.truthy(p1, "line " .. i .. " should be an enter: " .. lines[i])
+      assert.truthy(p2, "line " .. (i + 1) .. " should be an exit: " .. lines[i + 1])
+      assert.equal(p1, p2)
+      assert.equal(n1, n2)
+      per[p1] = (per[p1] or 0) + 1
+    end
+    local procs = 0
+    for _, c in pairs(per) do
+      procs = procs + 1
+      assert.equal(M, c)
+    end
+    assert.equal(N, procs)
+  end)
+
+  it("is released by the kernel when its holder is killed (SIGKILL)", function()
+    local ready = work .. "/ready"
+    local pid = spawn{ "hold", dir, "k", ready, 600, 600 }
+    assert.is_true(wait_for(function() return read_all(ready) ~= nil end), read_all(work .. "/child.out"))
+    local lk = lock.new{ backend = "file", dir = dir, timeout = 0 }
+    assert.same({ nil, "timeout" }, { lk:lock("k") })
+    os.execute("kill -KILL " .. pid)
+    assert.is_true(wait_for(function() return not alive(pid) end))
+    lk = lock.new{ backend = "file", dir = dir, timeout = 30 }
+    assert.truthy(lk:lock("k"))
+    assert.equal("from-child", lk:get_state())
+    lk:unlock()
+  end)
+
+  it("makes waiters time out while a hung holder (SIGSTOP) is within its exptime", function()
+    local ready = work .. "/ready"
+    local pid = spawn{ "hold", dir, "k", ready, 600, 600 }
+    assert.is_true(wait_for(function() return read_all(ready) ~= nil end), read_all(work .. "/child.out"))
+    os.execute("kill -STOP " .. pid)
+    local lk = lock.new{ backend = "file", dir = dir, timeout = 0.3 }
+    assert.same({ nil, "timeout" }, { lk:lock("k") })
+    os.execute("kill -KILL " .. pid .. "; kill -CONT " .. pid)
+    assert.is_true(wait_for(function() return not alive(pid) end))
+  end)
+
+  it("keeps 4 racing breakers of a hung holder's expired lock mutually exclusive", function()
+    local ready = work .. "/ready"
+    local hung = spawn{ "hold", dir, "k", ready, 1, 600 }
+    assert.is_true(wait_for(function() return read_all(ready) ~= nil end), read_all(work .. "/child.out"))
+    os.execute("kill -STOP " .. hung)
+    local log = work .. "/log"
+    local pids = {}
+    for i = 1, 4 do pids[i] = spawn{ "loop", dir, "k", 15, log } end
+    assert.is_true(wait_for(function()
+      for _, pid in ipairs(pids) do if alive(pid) then return false end end
+      return true
+    end, 120), "children did not finish")
+    os.execute("kill -KILL " .. hung .. "; kill -CONT " .. hung)
+    local lines = {}
+    for l in (read_all(log) or ""):gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal(2 * 4 * 15, #lines, read_all(work .. "/child.out"))
+    for i = 1, #lines, 2 do
+      local p1, n1 = lines[i]:match("^enter (%d+) (%d+)$")
+      local p2, n2 = lines[i + 1]:match("^exit (%d+) (%d+)$")
+      assert.truthy(p1 and p2, lines[i] .. " / " .. lines[i + 1])
+      assert.equal(p1 .. " " .. n1, p2 .. " " .. n2)
+    end
+  end)
+
+  it("breaks a hung holder's lock past its exptime; the holder then learns it expired", function()
+    local ready = work .. "/ready"
+    local pid = spawn{ "hold", dir, "k", ready, 1, 3 }
+    assert.is_true(wait_for(function() return read_all(ready) ~= nil end), read_all(work .. "/child.out"))
+    os.execute("kill -STOP " .. pid)
+    local lk = lock.new{ backend = "file", dir = dir, timeout = 30 }
+    assert.truthy(lk:lock("k"))
+    -- the state came along
+    assert.equal("from-child", lk:get_state())
+    os.execute("kill -CONT " .. pid)
+    assert.is_true(wait_for(function() return read_all(ready .. ".done") ~= nil end),
+      read_all(work .. "/child.out"))
+    assert.equal("nil expired", read_all(ready .. ".done"))
+    -- the resumed holder's unlock did not free our lock
+    assert.same({ nil, "busy" }, { lock.new{ backend = "file", dir = dir }:try_lock("k") })
+    assert.is_true(lk:set_state("mine"))
+    assert.is_true(lk:unlock())
+    local again = lock.new{ backend = "file", dir = dir, timeout = 0 }
+    assert.truthy(again:lock("k"))
+    assert.equal("mine", again:get_state())
+    again:unlock()
+    assert.is_true(wait_for(function() return not alive(pid) end))
+  end)
+end)

@@ -1,0 +1,397 @@
+-- warmbox.lock: semantics of the memory and file backends within one process.
+local lock = require "warmbox.lock"
+local core = require "warmbox.core"
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  return d .. "-locks"
+end
+
+local function rmrf(d)
+  if d and d:match("^/tmp/") then os.execute("rm -rf '" .. d .. "'") end
+end
+
+local function ls(dir)
+  local p = io.popen("ls -A '" .. dir .. "' 2>/dev/null")
+  local t = {}
+  for l in p:lines() do t[#t + 1] = l end
+  p:close()
+  table.sort(t)
+  return t
+end
+
+describe("warmbox.lock", function()
+  describe(".new()", function()
+    it("raises on misuse", function()
+      assert.has_error(function() lock.new("file") end, "bad argument #1 to 'new' (table expected, got string)")
+      assert.has_error(function() lock.new{ bogus = 1 } end, "bad argument #1 to 'new' (unknown option 'bogus')")
+      assert.has_error(function() lock.new{ timeout = "1" } end,
+        "bad argument #1 to 'new' (option 'timeout' must be a number, got string)")
+      assert.has_error(function() lock.new{ backend = "etcd" } end, "bad argument #1 to 'new' (unknown backend 'etcd')")
+      assert.has_error(function() lock.new{ redis = { hots = "x" } } end,
+        "bad argument #1 to 'new' (unknown option 'redis.hots')")
+      assert.has_error(function() lock.new{ exptime = 0 } end,
+        "bad argument #1 to 'new' (option 'exptime' must be > 0)")
+      assert.has_error(function() lock.new{ ratio = 0.5 } end, "bad argument #1 to 'new' (option 'ratio' must be >= 1)")
+      assert.has_error(function() lock.new{ backend = "memory" }:lock(42) end,
+        "bad argument #1 to 'lock' (string expected, got number)")
+      assert.has_error(function() lock.new{ backend = "memory" }:set_state(1) end,
+        "bad argument #1 to 'set_state' (string or nil expected, got number)")
+    end)
+
+    it("does not mutate the caller's options", function()
+      local o = { backend = "memory", timeout = 1 }
+      lock.new(o)
+      assert.same({ backend = "memory", timeout = 1 }, o)
+    end)
+  end)
+
+  for _, backend in ipairs{ "memory", "file" } do
+    describe("(" .. backend .. " backend)", function()
+      local dir
+      local n = 0
+      local function key()
+        n = n + 1
+        return "k" .. n .. "-" .. tostring(os.time()) .. tostring({}):sub(-6)
+      end
+      local function new(o)
+        o = o or {}
+        o.backend, o.dir = backend, dir
+        o.timeout = o.timeout or 0.2
+        o.step = o.step or 0.005
+        return lock.new(o)
+      end
+      before_each(function() dir = tmpdir() end)
+      after_each(function()
+        collectgarbage()
+        rmrf(dir)
+      end)
+
+      describe(":lock()", function()
+        it("returns the seconds waited", function()
+          local lk = new()
+          local elapsed, err = lk:lock(key())
+          assert.is_nil(err)
+          assert.is_number(elapsed)
+          assert.is_true(elapsed >= 0)
+          assert.is_true(lk:unlock())
+        end)
+
+        it("returns nil, 'timeout' when held elsewhere", function()
+          local k = key()
+          local a, b = new(), new{ timeout = 0.05 }
+          assert.truthy(a:lock(k))
+          local ok, err = b:lock(k)
+          assert.is_nil(ok)
+          assert.equal("timeout", err)
+          assert.is_true(a:unlock())
+          assert.truthy(b:lock(k))
+          assert.is_true(b:unlock())
+        end)
+
+        it("returns nil, 'locked' when this object already holds a lock", function()
+          local a = new()
+          assert.truthy(a:lock(key()))
+          assert.same({ nil, "locked" }, { a:lock(key()) })
+          assert.same({ nil, "locked" }, { a:try_lock(key()) })
+          a:unlock()
+        end)
+
+        it("lets different keys proceed independently", function()
+          local a, b = new(), new()
+          assert.truthy(a:lock(key()))
+          assert.truthy(b:lock(key()))
+          a:unlock()
+          b:unlock()
+        end)
+
+        it("with timeout 0 makes one attempt", function()
+          local k = key()
+          local a, b = new(), new{ timeout = 0 }
+          assert.truthy(a:lock(k))
+          assert.same({ nil, "timeout" }, { b:lock(k) })
+          a:unlock()
+          assert.truthy(b:lock(k))
+          b:unlock()
+        end)
+      end)
+
+      describe(":try_lock()", function()
+        it("returns nil, 'busy' when held and true when free", function()
+          local k = key()
+          local a, b = new(), new()
+          assert.is_true(a:try_lock(k))
+          assert.same({ nil, "busy" }, { b:try_lock(k) })
+          a:unlock()
+          assert.is_true(b:try_lock(k))
+          b:unlock()
+        end)
+      end)
+
+      describe(":unlock()", function()
+        it("returns nil, 'unlocked' when nothing is held", function()
+          local a = new()
+          assert.same({ nil, "unlocked" }, { a:unlock() })
+          assert.truthy(a:lock(key()))
+          assert.is_true(a:unlock())
+          assert.same({ nil, "unlocked" }, { a:unlock() })
+        end)
+      end)
+
+      describe("state", function()
+        it("is readable and writable only while held, and shared between holders", function()
+          local k = key()
+          local a, b = new(), new()
+          assert.same({ nil, "unlocked" }, { a:get_state() })
+          assert.same({ nil, "unlocked" }, { a:set_state("x") })
+          assert.truthy(a:lock(k))
+          assert.is_nil(a:get_state())
+          assert.is_true(a:set_state("sandbox=abc\0lease=12\n"))
+          assert.equal("sandbox=abc\0lease=12\n", a:get_state())
+          a:unlock()
+          assert.truthy(b:lock(k))
+          assert.equal("sandbox=abc\0lease=12\n", b:get_state())
+          assert.is_true(b:set_state(nil))
+          assert.is_nil(b:get_state())
+          b:unlock()
+          assert.truthy(a:lock(k))
+          assert.is_nil(a:get_state())
+          a:unlock()
+        end)
+
+        it("is per key", function()
+          local k1, k2 = key(), key()
+          local a = new()
+          assert.truthy(a:lock(k1))
+          a:set_state("one")
+          a:unlock()
+          assert.truthy(a:lock(k2))
+          assert.is_nil(a:get_state())
+          a:unlock()
+        end)
+      end)
+
+      describe("<close>", function()
+        it("unlocks when the block is left by an error", function()
+          local k = key()
+          local ok = pcall(function()
+            local lk <close> = new()
+            assert(lk:lock(k))
+            error("boom")
+          end)
+          assert.is_false(ok)
+          local b = new{ timeout = 0 }
+          assert.truthy(b:lock(k))
+          b:unlock()
+        end)
+
+        it("and collection unlock an abandoned lock", function()
+          local k = key()
+          do
+            local lk = new()
+            assert(lk:lock(k))
+          end
+          collectgarbage()
+          collectgarbage()
+          local b = new{ timeout = 0 }
+          assert.truthy(b:lock(k))
+          b:unlock()
+        end)
+      end)
+
+      describe("exptime", function()
+        it("lets another holder take over a lock held past it; the old holder gets 'expired'", function()
+          local k = key()
+          local a, b = new{ exptime = 0.05 }, new{ timeout = 5 }
+          assert.truthy(a:lock(k))
+          a:set_state("kept")
+          local elapsed = assert(b:lock(k))
+          assert.is_true(elapsed > 0)
+          assert.equal("kept", b:get_state())
+          assert.same({ nil, "expired" }, { a:set_state("late") })
+          assert.same({ nil, "unlocked" }, { a:unlock() })
+          assert.equal("kept", b:get_state())
+          -- b still holds it
+          assert.same({ nil, "busy" }, { new():try_lock(k) })
+          assert.is_true(b:unlock())
+          assert.is_true(new():try_lock(k))
+        end)
+
+        it(":expire() extends the lock", function()
+          local k = key()
+          local a, b = new{ exptime = 0.05 }, new{ timeout = 0.1 }
+          assert.truthy(a:lock(k))
+          assert.truthy(a:expire(60))
+          assert.same({ nil, "timeout" }, { b:lock(k) })
+          assert.is_true(a:unlock())
+          assert.same({ nil, "unlocked" }, { a:expire() })
+        end)
+      end)
+
+      describe("coroutines", function()
+        it("serialize with a custom wait and interleave correctly", function()
+          local k = key()
+          local log, active, max_active = {}, 0, 0
+          local function worker(name)
+            return coroutine.create(function()
+              local lk = new{ timeout = 10, wait = function() coroutine.yield() end }
+              for i = 1, 3 do
+                assert(lk:lock(k))
+                active = active + 1
+                if active > max_active then max_active = active end
+                log[#log + 1] = name .. i .. "+"
+                for _ = 1, 3 do coroutine.yield() end -- "work" while holding it
+                log[#log + 1] = name .. i .. "-"
+                active = active - 1
+                assert(lk:unlock())
+                coroutine.yield()
+              end
+            end)
+          end
+          local cos = { worker("a"), worker("b"), worker("c") }
+          local alive = #cos
+          local rounds = 0
+          while alive > 0 and rounds < 10000 do
+            rounds = rounds + 1
+            alive = 0
+            for _, c in ipairs(cos) do
+              if coroutine.status(c) ~= "dead" then
+                assert(coroutine.resume(c))
+                alive = alive + 1
+              end
+            end
+          end
+          assert.equal(0, alive)
+          assert.equal(1, max_active)
+          assert.equal(18, #log)
+          for i = 1, #log, 2 do
+            assert.equal(log[i]:sub(1, -2), log[i + 1]:sub(1, -2))
+          end
+          -- they really interleaved: not all of a before b
+          local firsts = {}
+          for i = 1, 6, 2 do firsts[log[i]:sub(1, 1)] = true end
+          assert.is_true(firsts.a and (firsts.b or firsts.c) and true or false)
+        end)
+
+        it("uses coroutine.yield by default when yieldable", function()
+          local k = key()
+          local a = new()
+          assert.truthy(a:lock(k))
+          local yields = 0
+          local c = coroutine.create(function()
+            local b = new{ timeout = 60 }
+            assert(b:lock(k))
+            b:unlock()
+            return "done"
+          end)
+          assert(coroutine.resume(c))
+          while coroutine.status(c) ~= "dead" do
+            yields = yields + 1
+            if yields == 5 then a:unlock() end
+            assert(coroutine.resume(c))
+          end
+          assert.equal(5, yields)
+        end)
+      end)
+    end)
+  end
+
+  describe("(file backend) keys", function()
+    local dir
+    before_each(function() dir = tmpdir() .. "/nested/dir" end)
+    after_each(function()
+      collectgarbage()
+      rmrf(dir:match("^(.*)/nested/dir$"))
+    end)
+
+    it("creates the directory and maps hostile keys to distinct files inside it", function()
+      local keys = { "../../x", "a/b", "a%2Fb", "a%2fb", ".", "..", "", "/", "ws:thread",
+                     ("k"):rep(2000), ("k"):rep(1999) .. "j", "Ünïcödé ✓", "Ünïcödé ✓ ",
+                     "a\nb", "a b", "A", "a", "x.lock", "x%2Elock" }
+      local held = {}
+      for i, k in ipairs(keys) do
+        held[i] = lock.new{ backend = "file", dir = dir, timeout = 0 }
+        assert.is_true(held[i]:try_lock(k), "key #" .. i)
+        assert.is_true(held[i]:set_state("state " .. i))
+      end
+      local files = ls(dir)
+      -- one file per key plus the break lock, all directly inside dir
+      assert.equal(#keys + 1, #files)
+      for _, f in ipairs(files) do
+        assert.is_nil(f:find("/", 1, true))
+        assert.truthy(#f <= 255)
+      end
+      for i, k in ipairs(keys) do
+        assert.equal("state " .. i, held[i]:get_state())
+        assert.same({ nil, "busy" }, { lock.new{ backend = "file", dir = dir }:try_lock(k) })
+        held[i]:unlock()
+      end
+      -- nothing escaped: the parent of dir holds only dir
+      assert.same({ "dir" }, ls(dir:match("^(.*)/dir$")))
+    end)
+
+    it("returns nil, msg, 'IO' when the directory cannot be made", function()
+      local lk = lock.new{ backend = "file", dir = "/proc/warmbox-nope", timeout = 0 }
+      local ok, err, code = lk:lock("k")
+      assert.is_nil(ok)
+      assert.matches("cannot open lock file", err)
+      assert.equal("IO", code)
+    end)
+  end)
+
+  describe("warmbox.core Flock", function()
+    local dir
+    before_each(function()
+      dir = tmpdir()
+      os.execute("mkdir -p '" .. dir .. "'")
+    end)
+    after_each(function() rmrf(dir) end)
+
+    it("follows the handle lifecycle", function()
+      local fl = assert(core.flock_open(dir .. "/f"))
+      assert.matches("^warmbox%.Flock: 0x", tostring(fl))
+      assert.is_true(fl:close())
+      assert.is_true(fl:close())
+      assert.equal("warmbox.Flock (closed)", tostring(fl))
+      assert.has_error(function() fl:lock(0) end, "attempt to use a closed warmbox.Flock")
+      local ok, err, code = core.flock_open(dir .. "/no/such/dir")
+      assert.is_nil(ok)
+      assert.matches("No such file", err)
+      assert.equal("IO", code)
+    end)
+
+    it("excludes a second handle in the same process, reads and writes, and notices removal", function()
+      local a = assert(core.flock_open(dir .. "/f"))
+      local b = assert(core.flock_open(dir .. "/f"))
+      assert.is_true(a:lock(1))
+      assert.same({ nil, "busy" }, { b:try_lock() })
+      assert.same({ nil, "timeout" }, { b:lock(0.02) })
+      assert.is_true(a:write("hello\0world"))
+      assert.equal("hello\0world", b:read())
+      assert.is_true(a:write("x"))
+      assert.equal("x", b:read())
+      assert.is_false(a:stale())
+      os.remove(dir .. "/f")
+      assert.is_true(a:stale())
+      assert.is_true(a:unlock())
+      assert.is_true(b:try_lock())
+      do local c <close> = b; assert(c) end
+      assert.equal("warmbox.Flock (closed)", tostring(b))
+      a:close()
+    end)
+
+    it("shared locks coexist and exclude an exclusive one", function()
+      local a = assert(core.flock_open(dir .. "/f"))
+      local b = assert(core.flock_open(dir .. "/f"))
+      local c = assert(core.flock_open(dir .. "/f"))
+      assert.is_true(a:try_lock(true))
+      assert.is_true(b:try_lock(true))
+      assert.same({ nil, "busy" }, { c:try_lock() })
+      a:close()
+      b:close()
+      assert.is_true(c:try_lock())
+      c:close()
+    end)
+  end)
+end)

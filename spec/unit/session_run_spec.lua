@@ -1,0 +1,620 @@
+-- Session logic against a fake E2B client, a fake lock and a virtual clock:
+-- the reference's seven resolve cases, remembered state, retries, outputs.
+local session = require "warmbox.session"
+
+local MIME = session.OUTPUTS_MIME
+
+-- Deterministic stand-ins for core.hmac_sha256 / core.sha256 (hex strings).
+local function fake_hash(s)
+  local h1, h2 = 5381, 52711
+  for i = 1, #s do
+    local b = s:byte(i)
+    h1 = (h1 * 33 + b) % 4294967296
+    h2 = (h2 * 31 + b * 7) % 4294967296
+  end
+  return string.format("%08x%08x%08x%08x", h1, h2, (h1 ~ h2) % 4294967296, (h1 + h2) % 4294967296)
+end
+local function fake_hmac(k, s) return fake_hash(k .. "\0" .. s) end
+
+-- A fake E2B client: sandboxes in a table, every call recorded.
+local function new_client(clock)
+  local c = { calls = {}, sb = {}, seq = 0, fail = {}, loose = false, exec = nil }
+  local function rec(name, ...) c.calls[#c.calls + 1] = { name, ... } end
+  function c:count(name)
+    local n = 0
+    for _, call in ipairs(self.calls) do if call[1] == name then n = n + 1 end end
+    return n
+  end
+  function c:ids(name)
+    local out = {}
+    for _, call in ipairs(self.calls) do if call[1] == name then out[#out + 1] = call[2] end end
+    return out
+  end
+  function c:add(id, tagvalue, state, extra_md)
+    local md = { warmboxSessionId = tagvalue }
+    for k, v in pairs(extra_md or {}) do md[k] = v end
+    self.sb[id] = { sandbox_id = id, metadata = md, state = state or "running", lease_end = clock() + 10,
+      output = {}, hooked = false }
+    self.order = self.order or {}
+    table.insert(self.order, 1, id)
+  end
+  function c:list_all(o)
+    rec("list", o)
+    if self.fail.list then return nil, "list failed", self.fail.list end
+    local out = {}
+    for _, id in ipairs(self.order or {}) do
+      local s = self.sb[id]
+      if s and not s.killed then
+        local ok = true
+        for k, v in pairs(o.metadata or {}) do
+          local have = s.metadata[k]
+          if self.loose then
+            ok = ok and have ~= nil and have:sub(1, #v) == v
+          else
+            ok = ok and have == v
+          end
+        end
+        if ok then out[#out + 1] = { sandbox_id = id, metadata = s.metadata, state = s.state } end
+      end
+    end
+    return out
+  end
+  function c:connect(id, o)
+    rec("connect", id, o.timeout)
+    local s = self.sb[id]
+    if self.fail.connect and self.fail.connect[id] then return nil, "connect failed", "HTTP" end
+    if not s or s.killed then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
+    local resumed = s.state == "paused"
+    s.state = "running"
+    s.lease_end = math.max(s.lease_end, clock() + o.timeout)
+    return { sandbox_id = id, envd_access_token = "tok-" .. id }, resumed
+  end
+  function c:set_timeout(id, t)
+    rec("set_timeout", id, t)
+    if self.fail.set_timeout and self.fail.set_timeout[id] then return nil, "timeout failed", "HTTP" end
+    self.sb[id].lease_end = clock() + t
+    return true
+  end
+  function c:kill(id)
+    rec("kill", id)
+    local s = self.sb[id]
+    if not s or s.killed then return false end
+    s.killed = true
+    return true
+  end
+  function c:create(p)
+    rec("create", p)
+    if self.fail.create then return nil, "create failed", self.fail.create end
+    self.seq = self.seq + 1
+    local id = "new" .. self.seq
+    self:add(id, p.metadata.warmboxSessionId, "running")
+    self.sb[id].metadata = p.metadata
+    self.sb[id].lease_end = clock() + p.timeout
+    self.sb[id].env = p.env_vars
+    return { sandbox_id = id, envd_access_token = "tok-" .. id }
+  end
+  function c:sandbox(sb, o)
+    local client = self
+    local h = { id = sb.sandbox_id, token = o.access_token }
+    function h.write_files(_, list)
+      rec("write_files", h.id, list)
+      local s = client.sb[h.id]
+      s.files = s.files or {}
+      for _, f in ipairs(list) do s.files[f.path] = f.data end
+      return list
+    end
+    function h.read_file(_, path)
+      rec("read_file", h.id, path)
+      local name = path:match("^/home/user/output/(.+)$")
+      local s = client.sb[h.id]
+      if name and s.output[name] then return s.output[name] end
+      return nil, "not found", "NOT_FOUND"
+    end
+    function h.list_dir(_, path)
+      rec("list_dir", h.id, path)
+      local out = {}
+      for name in pairs(client.sb[h.id].output) do out[#out + 1] = { name = name, type = "file" } end
+      return out
+    end
+    function h.remove(_, path)
+      rec("remove", h.id, path)
+      client.sb[h.id].output = {}
+      return true
+    end
+    function h.make_dir(_, path)
+      rec("make_dir", h.id, path)
+      return true
+    end
+    function h.run_code(_, code, ro)
+      rec("run_code", h.id, code, ro)
+      local s = client.sb[h.id]
+      if not s or s.killed or s.state ~= "running" then
+        return nil, "the sandbox was not found", "SANDBOX_GONE"
+      end
+      if client.fail.run then
+        local f = table.remove(client.fail.run, 1)
+        if f then return nil, f[1], f[2] end
+      end
+      local python = (ro.language or "python") == "python"
+      if python and code:find(session.PRELUDE, 1, true) == 1 then
+        if not s.hooked then s.output = {} end -- the prelude's own reset
+        s.hooked = true
+        code = code:sub(#session.PRELUDE + 2)
+      elseif python and s.hooked then
+        s.output = {} -- pre_run_cell
+      end
+      local out = { stdout = {}, stderr = {}, results = {} }
+      if client.exec then client.exec(s, code, out) end
+      for _, t in ipairs(out.stdout) do if ro.on_stdout then ro.on_stdout(t) end end
+      for _, r in ipairs(out.results) do if ro.on_result then ro.on_result(r) end end
+      if python and s.hooked then
+        local files = {}
+        for name, data in pairs(s.output) do
+          local e = { name = name, size = #data, mime = "image/png" }
+          if #data <= 8 then e.b64 = session.b64_encode(data) end
+          files[#files + 1] = e
+        end
+        table.sort(files, function(a, b) return a.name < b.name end)
+        local marker = { is_main_result = false, extra = { [MIME] = { v = 1, files = files } } }
+        out.results[#out.results + 1] = marker
+        if ro.on_result then ro.on_result(marker) end
+      end
+      return out
+    end
+    return h
+  end
+  return c
+end
+
+-- A fake lock module: one table of holders and states (like the memory backend).
+local function new_lock_module()
+  local m = { held = {}, state = {}, log = {} }
+  function m.new()
+    local lk = {}
+    function lk:lock(key)
+      if m.held[key] then return nil, m.busy_err or "timeout" end
+      m.held[key] = self
+      self.key = key
+      m.log[#m.log + 1] = "lock " .. key
+      return 0
+    end
+    function lk:unlock()
+      m.held[self.key] = nil
+      m.log[#m.log + 1] = "unlock " .. self.key
+      return true
+    end
+    function lk:get_state() return m.state[self.key] end
+    function lk:set_state(s) m.state[self.key] = s return true end
+    return lk
+  end
+  return m
+end
+
+local function setup(o)
+  o = o or {}
+  local t = { now = 1000000 }
+  local clock = function() return t.now end
+  local client = new_client(clock)
+  local locks = new_lock_module()
+  local function mk(key, extra)
+    local opts = { client = client, lock = locks, clock = clock, hmac = fake_hmac, sha256 = fake_hash,
+      exec_timeout = o.exec_timeout or 600, idle_timeout = o.idle_timeout or 300, policy = o.policy,
+      template = "code-interpreter-v1" }
+    for k, v in pairs(extra or {}) do opts[k] = v end
+    return session.new(key, opts)
+  end
+  return { t = t, client = client, locks = locks, new = mk }
+end
+
+describe("warmbox.session", function()
+  describe(":run() resolving the sandbox (the reference's cases)", function()
+    it("reuses an existing sandbox and extends its lease to max(exec_timeout, idle_timeout)", function()
+      local e = setup()
+      local s = e.new("workspace-1:thread-1")
+      e.client:add("sb1", s.tag_value, "running")
+      local r = assert(s:run("x = 1"))
+      assert.same({ "sb1" }, e.client:ids("connect"))
+      assert.equal(600, e.client.calls[2][3])
+      assert.same({ "sb1" }, e.client:ids("set_timeout"))
+      assert.equal(0, e.client:count("create"))
+      assert.equal(0, e.client:count("kill"))
+      assert.equal(e.t.now + 600, e.client.sb.sb1.lease_end)
+      assert.is_true(r.reused)
+      assert.equal("sb1", r.sandbox_id)
+      local list = e.client.calls[1]
+      assert.same({ "running", "paused" }, list[2].state)
+      assert.same({ warmboxSessionId = s.tag_value }, list[2].metadata)
+    end)
+
+    it("creates a tagged, auto-pausing, auto-resuming sandbox when none exists", function()
+      local e = setup()
+      local s = e.new("workspace-1:thread-1")
+      local r = assert(s:run("x = 1"))
+      assert.equal(1, e.client:count("create"))
+      local p = e.client.calls[2][2]
+      assert.same({ warmboxSessionId = s.tag_value }, p.metadata)
+      assert.same({ on_timeout = "pause", auto_resume = true }, p.lifecycle)
+      assert.equal(600, p.timeout)
+      assert.equal("code-interpreter-v1", p.template)
+      assert.is_false(r.reused)
+      assert.is_false(r.resumed)
+    end)
+
+    it("keeps one of several duplicates and kills the others only after it is secured", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("a", s.tag_value)
+      e.client:add("b", s.tag_value)
+      e.client:add("c", s.tag_value) -- listed first (newest)
+      assert(s:run("1"))
+      assert.same({ "c" }, e.client:ids("connect"))
+      assert.same({ "b", "a" }, e.client:ids("kill"))
+      local names = {}
+      for _, call in ipairs(e.client.calls) do names[#names + 1] = call[1] end
+      assert.same({ "list", "connect", "set_timeout", "kill", "kill", "run_code" }, names)
+    end)
+
+    it("creates a fresh sandbox when connecting to the only candidate fails", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("dead", s.tag_value)
+      e.client.fail.connect = { dead = true }
+      local r = assert(s:run("1"))
+      assert.equal(1, e.client:count("create"))
+      assert.equal("new1", r.sandbox_id)
+      -- the dead duplicate is cleaned up once the new one exists
+      assert.same({ "dead" }, e.client:ids("kill"))
+    end)
+
+    it("keeps the live second candidate, kills the dead first one and creates nothing", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("live", s.tag_value)
+      e.client:add("dead", s.tag_value)
+      e.client.fail.connect = { dead = true }
+      local r = assert(s:run("1"))
+      assert.equal("live", r.sandbox_id)
+      assert.same({ "dead", "live" }, e.client:ids("connect"))
+      assert.same({ "dead" }, e.client:ids("kill"))
+      assert.equal(0, e.client:count("create"))
+    end)
+
+    it("never connects to, kills or reuses another key's sandbox, even when the server matches loosely", function()
+      local e = setup()
+      local mine = e.new("workspace-1:thread-1")
+      local other = e.new("workspace-1:thread-10")
+      e.client:add("theirs", other.tag_value)
+      e.client.loose = true
+      -- the loose server returns "theirs" for a prefix of its tag; make ours a prefix of theirs
+      e.client.sb.theirs.metadata.warmboxSessionId = mine.tag_value .. "0"
+      assert.equal(1, #e.client:list_all{ metadata = { warmboxSessionId = mine.tag_value } })
+      local r = assert(mine:run("1"))
+      assert.equal(0, e.client:count("connect"))
+      assert.equal(0, e.client:count("kill"))
+      assert.equal(1, e.client:count("create"))
+      assert.are_not.equal("theirs", r.sandbox_id)
+    end)
+
+    it("kills a sandbox whose lease cannot be set after connect and creates a fresh one", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("stuck", s.tag_value)
+      e.client.fail.set_timeout = { stuck = true }
+      local r = assert(s:run("1"))
+      assert.same({ "stuck" }, e.client:ids("kill"))
+      assert.equal(1, e.client:count("create"))
+      assert.equal("new1", r.sandbox_id)
+    end)
+
+    it("returns the list error with its code", function()
+      local e = setup()
+      e.client.fail.list = "RATE_LIMITED"
+      local r, err, code = e.new("w:t"):run("1")
+      assert.is_nil(r)
+      assert.equal("list failed", err)
+      assert.equal("RATE_LIMITED", code)
+    end)
+  end)
+
+  describe(":run() remembering the sandbox", function()
+    it("runs a warm session in one call when the remembered lease covers the run", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.calls = {}
+      e.t.now = e.t.now + 10
+      local r = assert(s:run("2", { timeout = 60 }))
+      assert.same({ "run_code" }, (function()
+        local n = {}
+        for _, c in ipairs(e.client.calls) do n[#n + 1] = c[1] end
+        return n
+      end)())
+      assert.is_true(r.reused)
+    end)
+
+    it("refreshes with one connect (no list) when the lease may not cover the run", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.calls = {}
+      e.t.now = e.t.now + 10
+      assert(s:run("2")) -- timeout 300: 10 + 300 + margin > lease end
+      assert.equal(0, e.client:count("list"))
+      assert.equal(1, e.client:count("connect"))
+      assert.equal(1, e.client:count("run_code"))
+    end)
+
+    it("resumes a paused remembered sandbox with connect and says so", function()
+      local e = setup()
+      local s = e.new("w:t")
+      local r1 = assert(s:run("1"))
+      e.t.now = e.t.now + 3600
+      e.client.sb[r1.sandbox_id].state = "paused"
+      local r = assert(s:run("2"))
+      assert.is_true(r.resumed)
+      assert.is_true(r.reused)
+      assert.equal(r1.sandbox_id, r.sandbox_id)
+    end)
+
+    it("shares the memory between session objects through the lock state", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      assert(e.new("w:t"):run("1"))
+      e.client.calls = {}
+      assert(e.new("w:t"):run("2", { timeout = 30 }))
+      assert.equal(1, #e.client.calls)
+      local st = session.decode_state(e.locks.state[e.new("w:t").tag_value])
+      assert.equal("new1", st.sandbox_id)
+      assert.equal("tok-new1", st.access_token)
+      assert.equal(e.t.now, st.last_run)
+    end)
+
+    it("forgets a remembered sandbox that is gone, resolves again and runs once more", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      local r1 = assert(s:run("1"))
+      e.client.sb[r1.sandbox_id].killed = true
+      e.client.calls = {}
+      local r = assert(s:run("2", { timeout = 30 }))
+      assert.are_not.equal(r1.sandbox_id, r.sandbox_id)
+      assert.equal(2, e.client:count("run_code"))
+      assert.equal(1, e.client:count("create"))
+    end)
+
+    it("retries only once", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.fail.run = { { "gone", "SANDBOX_GONE" }, { "gone again", "SANDBOX_GONE" } }
+      local r, err, code = s:run("2", { timeout = 30 })
+      assert.is_nil(r)
+      assert.equal("gone again", err)
+      assert.equal("SANDBOX_GONE", code)
+    end)
+
+    it("never re-runs a run whose stream broke after it started", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.calls = {}
+      e.client.fail.run = { { "stream broke", "STREAM_BROKEN" } }
+      local r, err, code = s:run("2", { timeout = 30 })
+      assert.is_nil(r)
+      assert.equal("stream broke", err)
+      assert.equal("STREAM_BROKEN", code)
+      assert.equal(1, e.client:count("run_code"))
+    end)
+
+    it("returns BUSY when the session's lock cannot be taken", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.locks.held[s.tag_value] = true
+      local r, err, code = s:run("1")
+      assert.is_nil(r)
+      assert.equal("session 'w:t' is busy (another run holds it)", err)
+      assert.equal("BUSY", code)
+      assert.equal(0, #e.client.calls)
+    end)
+
+    it("holds the lock around resolve, run and collect, and releases it after", function()
+      local e = setup()
+      local s = e.new("w:t")
+      local held_during
+      e.client.exec = function() held_during = e.locks.held[s.tag_value] ~= nil end
+      assert(s:run("1"))
+      assert.is_true(held_during)
+      assert.is_nil(e.locks.held[s.tag_value])
+    end)
+
+    it("releases the lock when a callback raises, and re-raises", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client.exec = function(_, _, out) out.stdout[1] = "hi\n" end
+      assert.has_error(function()
+        s:run("1", { on_stdout = function() error("boom", 0) end })
+      end)
+      assert.is_nil(e.locks.held[s.tag_value])
+    end)
+  end)
+
+  describe(":run() inputs and outputs", function()
+    it("returns stdout, results and the files the run produced (inline and read over envd)", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client.exec = function(sb, code, out)
+        out.stdout[1] = "a\n"
+        out.stdout[2] = "b\n"
+        out.results[1] = { text = "42", is_main_result = true, extra = {} }
+        if code == "chart" then
+          sb.output["small.png"] = "PNG"
+          sb.output["big.bin"] = string.rep("x", 100)
+        end
+      end
+      local seen = {}
+      local r = assert(s:run("chart", { on_result = function(res) seen[#seen + 1] = res end }))
+      assert.equal("a\nb\n", r.stdout)
+      assert.equal("", r.stderr)
+      assert.equal(1, #r.results)
+      assert.equal("42", r.results[1].text)
+      assert.equal(1, #seen) -- the private report is not passed on
+      assert.same({ { name = "big.bin", content = string.rep("x", 100), mime = "image/png" },
+        { name = "small.png", content = "PNG", mime = "image/png" } }, r.files)
+      assert.same({ "new1" }, e.client:ids("read_file"))
+    end)
+
+    it("prepends the hook prelude only until the kernel reports it has the hooks", function()
+      local e = setup()
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      assert(s:run("2"))
+      local codes = {}
+      for _, c in ipairs(e.client.calls) do if c[1] == "run_code" then codes[#codes + 1] = c[3] end end
+      assert.equal(1, codes[1]:find(session.PRELUDE, 1, true))
+      assert.equal("2", codes[2])
+    end)
+
+    it("returns only the files this run produced on a reused sandbox", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client.exec = function(sb, code) if code == "write" then sb.output["old.png"] = "OLD" end end
+      local r1 = assert(s:run("write"))
+      assert.equal(1, #r1.files)
+      local r2 = assert(s:run("nothing"))
+      assert.same({}, r2.files)
+    end)
+
+    it("empties the output directory over envd for other languages", function()
+      local e = setup()
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.sb.new1.output["stale.txt"] = "old"
+      e.client.calls = {}
+      local r = assert(s:run("echo hi", { language = "bash" }))
+      assert.same({ "new1" }, e.client:ids("remove"))
+      assert.same({ "new1" }, e.client:ids("make_dir"))
+      assert.same({}, r.files)
+    end)
+
+    it("writes input files to /home/user", function()
+      local e = setup()
+      local s = e.new("w:t")
+      assert(s:run("1", { files = { ["data.csv"] = "a,b\n1,2\n" } }))
+      assert.same("a,b\n1,2\n", e.client.sb.new1.files["/home/user/data.csv"])
+    end)
+
+    it("refuses input names that could escape /home/user, before doing anything", function()
+      local e = setup()
+      local s = e.new("w:t")
+      for _, name in ipairs({ "../../etc/x", "a/b", "..", ".", "", "x\0y", "..\\x" }) do
+        local r, err, code = s:run("1", { files = { [name] = "x" } })
+        assert.is_nil(r)
+        assert.matches("input file name", err)
+        assert.equal("BAD_REQUEST", code)
+      end
+      assert.equal(0, #e.client.calls)
+    end)
+
+    it("raises on misuse", function()
+      local e = setup()
+      local s = e.new("w:t")
+      assert.has_error(function() s:run(42) end, "bad argument #1 to 'run' (string expected, got number)")
+      assert.has_error(function() s:run("1", { nope = 1 }) end, "unknown option 'nope' to 'run'")
+      assert.has_error(function() s:run("1", { timeout = -1 }) end,
+        "bad option 'timeout' to 'run' (positive number expected, got -1)")
+      assert.has_error(function() s:run("1", { files = "x" }) end,
+        "bad option 'files' to 'run' (table expected, got string)")
+    end)
+  end)
+
+  describe("policy hooks", function()
+    it("tries candidates in the policy's order", function()
+      local e = setup({ policy = { order = function(c)
+        table.sort(c, function(a, b) return a.sandbox_id < b.sandbox_id end)
+        return c
+      end } })
+      local s = e.new("w:t")
+      e.client:add("a", s.tag_value)
+      e.client:add("b", s.tag_value)
+      local r = assert(s:run("1"))
+      assert.equal("a", r.sandbox_id)
+      assert.same({ "b" }, e.client:ids("kill"))
+    end)
+
+    it("cannot make the session try a sandbox that failed the exact re-check", function()
+      local e = setup({ policy = { order = function() return { { sandbox_id = "theirs" } } end } })
+      local s = e.new("w:t")
+      e.client:add("mine", s.tag_value)
+      e.client:add("theirs", "someone else")
+      assert(s:run("1"))
+      assert.equal(0, e.client:count("connect"))
+      assert.is_nil(e.client.sb.theirs.killed)
+    end)
+
+    it("uses the policy's lease and create parameters, always keeping the tag", function()
+      local e = setup({ policy = {
+        lease = function() return 42 end,
+        create_params = function(ctx)
+          return { template = "base", timeout = ctx.lease, metadata = { owner = "x", warmboxSessionId = "forged" } }
+        end,
+      } })
+      local s = e.new("w:t")
+      assert(s:run("1", { timeout = 10 }))
+      local p = e.client.calls[2][2]
+      assert.equal("base", p.template)
+      assert.equal(42, p.timeout)
+      assert.same({ owner = "x", warmboxSessionId = s.tag_value }, p.metadata)
+    end)
+
+    it("skips the refresh when should_refresh says so", function()
+      local e = setup({ policy = { should_refresh = function() return false end } })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.t.now = e.t.now + 100000
+      e.client.calls = {}
+      assert(s:run("2"))
+      assert.equal(0, e.client:count("connect"))
+    end)
+
+    for _, hook in ipairs({ "order", "lease", "should_refresh", "create_params" }) do
+      it("returns nil, msg, 'POLICY' when the '" .. hook .. "' hook raises", function()
+        local e = setup({ policy = { [hook] = function() error("oops") end } })
+        local s = e.new("w:t")
+        if hook == "order" then e.client:add("a", s.tag_value) end
+        if hook == "should_refresh" then
+          s.policy = require("warmbox.policy").default
+          assert(s:run("1"))
+          s.policy = require("warmbox.policy").merge{ should_refresh = function() error("oops") end }
+        end
+        local r, err, code = s:run("1")
+        assert.is_nil(r)
+        assert.matches("hook '" .. hook .. "' failed: .*oops", err)
+        assert.equal("POLICY", code)
+        assert.is_nil(e.locks.held[s.tag_value])
+      end)
+    end
+
+    it("returns POLICY for a lease that is not a positive number", function()
+      local e = setup({ policy = { lease = function() return "long" end } })
+      local r, err, code = e.new("w:t"):run("1")
+      assert.is_nil(r)
+      assert.equal("policy 'custom' hook 'lease' returned long (positive number expected)", err)
+      assert.equal("POLICY", code)
+    end)
+  end)
+
+  describe("isolation", function()
+    it("gets a different sandbox when an env secret or the actor changes", function()
+      local e = setup()
+      local a = assert(e.new("w:t", { env = { TOKEN = "one" }, actor = "alice" }):run("1"))
+      local b = assert(e.new("w:t", { env = { TOKEN = "two" }, actor = "alice" }):run("1"))
+      local c = assert(e.new("w:t", { env = { TOKEN = "one" }, actor = "bob" }):run("1"))
+      local d = assert(e.new("w:t", { env = { TOKEN = "one" }, actor = "alice" }):run("1"))
+      assert.are_not.equal(a.sandbox_id, b.sandbox_id)
+      assert.are_not.equal(a.sandbox_id, c.sandbox_id)
+      assert.equal(a.sandbox_id, d.sandbox_id)
+      assert.same({ TOKEN = "one" }, e.client.sb[a.sandbox_id].env)
+      for _, sb in pairs(e.client.sb) do
+        assert.is_nil(sb.metadata.warmboxSessionId:find("one", 1, true))
+      end
+    end)
+  end)
+end)
