@@ -23,6 +23,7 @@
 #define WARMBOX_HTTP_MT "warmbox.Http"
 #define WARMBOX_MAX_FRAME ((size_t)64 * 1024 * 1024)
 #define WARMBOX_MAX_SECRETS 8
+#define WARMBOX_MAX_STATUSES 16
 
 /* ======================================================================
  * The client
@@ -166,6 +167,8 @@ typedef struct warmbox_xfer {
   int nsecrets;
   /* retry policy */
   int idempotent;
+  long statuses[WARMBOX_MAX_STATUSES]; /* retried statuses */
+  int nstatuses;
   int max_attempts;
   double budget, base, cap;
   int attempts;
@@ -327,7 +330,8 @@ static void warmbox_xfer_free(warmbox_xfer *x) {
 /* Pass 1: validate a request table (raises on misuse; allocates nothing). */
 static const char *const warmbox_req_fields[] = {"method", "url", "headers", "body", "timeout",
   "connect_timeout", "retry", "stream", "on_chunk", NULL};
-static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", NULL};
+static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", "statuses",
+  NULL};
 
 static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
   const char *s;
@@ -369,6 +373,18 @@ static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
     warmbox_opt_number(L, t, "budget", 0, "retry");
     warmbox_opt_number(L, t, "base", 0, "retry");
     warmbox_opt_number(L, t, "cap", 0, "retry");
+    lua_getfield(L, t, "statuses");
+    if (!lua_isnil(L, -1)) {
+      lua_Integer i, n;
+      if (!lua_istable(L, -1)) luaL_error(L, "retry option 'statuses' must be a list of status codes");
+      n = luaL_len(L, -1);
+      if (n > WARMBOX_MAX_STATUSES) luaL_error(L, "retry option 'statuses' lists too many codes");
+      for (i = 1; i <= n; i++) {
+        if (lua_geti(L, -1, i) != LUA_TNUMBER) luaL_error(L, "retry option 'statuses' must be a list of status codes");
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
   } else if (!lua_isnil(L, -1) && !(lua_isboolean(L, -1) && !lua_toboolean(L, -1))) {
     luaL_error(L, "request option 'retry' must be a table or false");
   }
@@ -418,6 +434,11 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   x->budget = 30;
   x->base = 0.1;
   x->cap = 2;
+  x->statuses[0] = 429;
+  x->statuses[1] = 502;
+  x->statuses[2] = 503;
+  x->statuses[3] = 504;
+  x->nstatuses = 4;
   url = warmbox_opt_string(L, idx, "url", &n, "request");
   method = warmbox_opt_string(L, idx, "method", &n, "request");
   body = warmbox_opt_string(L, idx, "body", &body_len, "request");
@@ -438,6 +459,17 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
     x->cap = warmbox_opt_number(L, r, "cap", 2, "retry");
     lua_getfield(L, r, "idempotent");
     if (!lua_isnil(L, -1)) x->idempotent = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    lua_getfield(L, r, "statuses");
+    if (lua_istable(L, -1)) {
+      lua_Integer i, cnt = luaL_len(L, -1);
+      x->nstatuses = 0;
+      for (i = 1; i <= cnt && x->nstatuses < WARMBOX_MAX_STATUSES; i++) {
+        lua_geti(L, -1, i);
+        x->statuses[x->nstatuses++] = (long)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+      }
+    }
     lua_pop(L, 1);
   } else if (lua_isboolean(L, -1)) {
     x->max_attempts = 1;
@@ -654,9 +686,11 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
   int retryable = 0;
   if (x->attempts >= x->max_attempts || x->delivered > 0 || x->cb_state || x->oom || x->parse_error) return -1;
   if (x->rc == CURLE_OK) {
+    int i;
     if (!x->idempotent) return -1;
-    if (x->status == 429 || x->status == 502 || x->status == 503 || x->status == 504) {
-      retryable = 1;
+    for (i = 0; i < x->nstatuses; i++)
+      if (x->statuses[i] == x->status) retryable = 1;
+    if (retryable) {
       if (x->status == 429 || x->status == 503) ra = warmbox_retry_after(x);
     }
   } else if (x->idempotent) {

@@ -1031,17 +1031,26 @@ enum MHD_Result wbd_knob_seed(struct wbd_req *req) {
   json_t *meta = field(req, o, "metadata", J_STRMAP, &bad, &r);
   json_t *tmpl = field(req, o, "templateID", J_STRING, &bad, &r);
   json_t *timeout = field(req, o, "timeout", J_INT, &bad, &r);
+  json_t *started_ago = field(req, o, "started_ago_s", J_INT, &bad, &r);
+  json_t *paused_ago = field(req, o, "paused_ago_s", J_INT, &bad, &r);
+  json_t *ap = field(req, o, "autoPause", J_BOOL, &bad, &r);
+  json_t *ar = field(req, o, "autoResume", J_BOOL, &bad, &r);
   if (bad) {
     json_decref(o);
     return r;
   }
+  int64_t sago = started_ago ? json_integer_value(started_ago) * US : 0;
+  int64_t pago = paused_ago ? json_integer_value(paused_ago) * US : 0;
+  int auto_pause = ap && json_is_true(ap), auto_resume = ar && json_is_true(ar);
   long long n = count ? json_integer_value(count) : 0;
   const char *st = state ? json_string_value(state) : "paused";
   int running = strcmp(st, "running") == 0;
   long long to = timeout ? json_integer_value(timeout) : wbd_opt.default_timeout_s;
-  if (n < 1 || n > 1000000 || (!running && strcmp(st, "paused") != 0) || to <= 0) {
+  if (n < 1 || n > 1000000 || (!running && strcmp(st, "paused") != 0) || to <= 0 || sago < 0 || pago < 0 ||
+      pago > sago) {
     json_decref(o);
-    return wbd_reply_error(req, 400, "seed: count must be 1..1000000, state running or paused, timeout > 0");
+    return wbd_reply_error(req, 400, "seed: count must be 1..1000000, state running or paused, timeout > 0, "
+                                     "0 <= paused_ago_s <= started_ago_s");
   }
   const char *tid = tmpl ? json_string_value(tmpl) : "base";
   json_t *shared = json_object();
@@ -1056,13 +1065,16 @@ enum MHD_Result wbd_knob_seed(struct wbd_req *req) {
     sb->metadata = json_incref(shared);  /* immutable after create: one copy for all */
     sb->secure = 1;
     sb->timeout_s = (int)to;
-    sb->started_at_us = now - (n - i);
+    sb->auto_pause = auto_pause;
+    sb->auto_resume = auto_resume;
+    /* distinct start times, oldest first, all before the pause time */
+    sb->started_at_us = now - sago - (n - i);
     if (running) {
       sb->state = WBD_RUNNING;
-      sb->end_at_us = now + to * US;
+      sb->end_at_us = now + to * US;  /* not capped: a record may outlive the maximum length */
     } else {
       sb->state = WBD_PAUSED;
-      sb->end_at_us = now;
+      sb->end_at_us = now - pago;
     }
     v[i] = sb;
   }

@@ -67,6 +67,7 @@ struct ictx {
 
 struct istate {
   int init;
+  int active_runs;          /* /execute streams not over, all contexts */
   struct ictx *ctxs;        /* each referenced by the list */
   struct ictx *def_python, *def_bash;
 };
@@ -81,6 +82,8 @@ struct run {
   int efd;
   int conn_fd;
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
+  int keep_cell;            /* dropped by a pause: the cell goes on after resume */
+  int active;               /* counted in istate.active_runs */
   int64_t last_us, deadline_us;
   char *pend;
   size_t pend_len, pend_off;
@@ -421,6 +424,7 @@ void wbd_interp_on_pause(struct wbd_rt *rt, int memory) {
     for (struct ictx *c = ist->ctxs; c; c = c->next)
       if (c->run) {
         c->run->aborted = 1;
+        c->run->keep_cell = 1;
         notify(c->run);
       }
   } else {
@@ -458,7 +462,12 @@ static int run_finish_locked(struct run *r) {
   struct ictx *c = r->ctx;
   if (c->run == r) c->run = NULL;
   c->busy_stream = 0;
-  int interrupt = c->busy_kernel && c->busy_k == r->k;
+  if (r->active) {
+    r->active = 0;
+    struct istate *ist = *wbd_rt_interp_slot(r->rt);
+    if (ist && ist->active_runs > 0) ist->active_runs--;
+  }
+  int interrupt = c->busy_kernel && c->busy_k == r->k && !r->keep_cell;
   maybe_release_locked(c);
   if (r->counted) {
     r->counted = 0;
@@ -700,14 +709,18 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   c->busy_kernel = 1;
   c->busy_stream = 1;
   c->busy_k = r->k;
+  /* Two /execute runs of one sandbox at once (other contexts included):
+   * what the session layer must never let happen. */
+  int overlap = ist->active_runs > 0;
+  ist->active_runs++;
+  r->active = 1;
   ist_unlock(rt);
+  if (overlap) wbd_stat_add("exec_overlap", 1);
 
   wbd_store_lock();
-  int overlap = r->sb->runs_in_flight > 0;
   r->sb->runs_in_flight++;
   wbd_store_unlock();
   r->counted = 1;
-  if (overlap) wbd_stat_add("exec_overlap", 1);
 
   json_t *msg = json_pack("{s:s,s:O,s:o}", "op", "exec", "code", code, "env",
                           json_is_object(jenv) ? json_incref(jenv) : json_object());

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,12 +165,14 @@ int main(int argc, char **argv) {
   if (!wbd_opt.api_key && wbd_opt.verbose)
     fprintf(stderr, "warmboxd: accepting any e2b_<hex> API key, one team per key\n");
 
+  /* A timed poll rather than a blocking read: sanitizers that defer signal
+   * handlers to the next intercepted call still see the signal. */
   unsigned char b = 0;
   for (;;) {
-    ssize_t r = read(sig_pipe[0], &b, 1);
-    if (r == 1) break;
-    if (r < 0 && errno == EINTR) continue;
-    break;
+    struct pollfd pfd = { .fd = sig_pipe[0], .events = POLLIN };
+    int n = poll(&pfd, 1, 250);
+    if (n < 0 && errno != EINTR) break;
+    if (n > 0 && read(sig_pipe[0], &b, 1) == 1) break;
   }
   if (wbd_opt.verbose) fprintf(stderr, "warmboxd: signal %d, shutting down\n", b);
 

@@ -54,7 +54,7 @@ struct wbd_rt {
   int refs;                 /* under g_mu */
   int owner;                /* sb->rt's reference is still held (under g_mu) */
   char id[32];
-  char dir[PATH_MAX];
+  char dir[PATH_MAX + 64];
   char cg[PATH_MAX + 64];   /* freezer group, "" without one */
   int allow_net;
   int frozen;
@@ -76,7 +76,8 @@ static struct wbd_rt *g_all;
 static int g_shut;
 static int g_isolated;
 static char g_cg_root[PATH_MAX];
-static char g_etc[PATH_MAX];
+static char g_etc[PATH_MAX + 32];
+static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -461,7 +462,7 @@ static void jail_args(struct sv *a, const char *home, const char *tmp, int net, 
   }
   static const char *const gen[] = { "passwd", "group", NULL };
   for (int i = 0; gen[i]; i++) {
-    char src[PATH_MAX + 16], dst[64];
+    char src[PATH_MAX + 64], dst[64];
     snprintf(src, sizeof src, "%s/%s", g_etc, gen[i]);
     snprintf(dst, sizeof dst, "/etc/%s", gen[i]);
     sv_add(a, "--ro-bind");
@@ -509,7 +510,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   struct wbd_rt *rt = calloc(1, sizeof *rt);
   if (!rt) return NULL;
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
-  snprintf(rt->dir, sizeof rt->dir, "%s/%s", wbd_opt.data_dir, sb->id);
+  snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
   rt->allow_net = sb->allow_internet;
   char home[PATH_MAX + 8], tmp[PATH_MAX + 8];
   rt_sub(rt, "home", home, sizeof home);
@@ -590,12 +591,12 @@ void **wbd_rt_interp_slot(struct wbd_rt *rt) { return &rt->interp; }
 pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) { return &rt->interp_mu; }
 
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
-  snprintf(buf, len, "%s/%s/home", wbd_opt.data_dir, sb->id);
+  snprintf(buf, len, "%s/%s/home", g_data[0] ? g_data : wbd_opt.data_dir, sb->id);
   return buf;
 }
 
 const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len) {
-  snprintf(buf, len, "%s/%s/tmp", wbd_opt.data_dir, sb->id);
+  snprintf(buf, len, "%s/%s/tmp", g_data[0] ? g_data : wbd_opt.data_dir, sb->id);
   return buf;
 }
 
@@ -993,9 +994,9 @@ void wbd_rt_on_kill(struct wbd_sandbox *sb) {
   if (rt && rt != RT_KILLED && !shut) {
     teardown(rt, 1);
     drop_owner(rt);
-  } else if (!shut && wbd_opt.data_dir) {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/%s", wbd_opt.data_dir, sb->id);
+  } else if (!shut && g_data[0]) {
+    char dir[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/%s", g_data, sb->id);
     rm_rf(dir);
   }
 }
@@ -1066,8 +1067,13 @@ int wbd_rt_init(void) {
     fprintf(stderr, "warmboxd: cannot create %s: %s\n", wbd_opt.data_dir, strerror(-rc));
     return -1;
   }
-  snprintf(g_etc, sizeof g_etc, "%s/.warmboxd-etc", wbd_opt.data_dir);
-  char p[PATH_MAX + 16];
+  /* Absolute, for bubblewrap's binds and HOME in unisolated mode. */
+  if (!realpath(wbd_opt.data_dir, g_data)) {
+    fprintf(stderr, "warmboxd: cannot resolve %s: %s\n", wbd_opt.data_dir, strerror(errno));
+    return -1;
+  }
+  snprintf(g_etc, sizeof g_etc, "%s/.warmboxd-etc", g_data);
+  char p[PATH_MAX + 64];
   if (mkdir_p(g_etc, 0755) != 0) {
     fprintf(stderr, "warmboxd: cannot create %s\n", g_etc);
     return -1;
@@ -1097,8 +1103,11 @@ int wbd_rt_init(void) {
     g_isolated = 1;
   }
 
+  /* WARMBOXD_NO_FREEZER=1 (for tests) takes the SIGSTOP path even where the
+   * freezer is available. */
+  const char *nofreeze = getenv("WARMBOXD_NO_FREEZER");
   snprintf(g_cg_root, sizeof g_cg_root, "/sys/fs/cgroup/freezer/warmboxd-%d", (int)getpid());
-  if (mkdir(g_cg_root, 0755) != 0) {
+  if ((nofreeze && strcmp(nofreeze, "1") == 0) || mkdir(g_cg_root, 0755) != 0) {
     if (wbd_opt.verbose)
       fprintf(stderr, "warmboxd: no cgroup freezer (%s): pausing with SIGSTOP\n", strerror(errno));
     g_cg_root[0] = 0;

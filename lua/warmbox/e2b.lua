@@ -298,6 +298,11 @@ function _M.new(opts)
     http = http,
     retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
     retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
+    -- The data plane: a 502 from the sandbox proxy means the sandbox is gone
+    -- or paused, not a passing failure, so it is not retried.
+    dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },
+    dp_retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true,
+      statuses = { 429, 503, 504 } },
     -- The key lives only in this header table, never in messages.
     api_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json" },
     json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
@@ -782,7 +787,7 @@ function Sandbox:read_file(path)
   local what = ("read '%s' in sandbox '%s'"):format(path, self.sandbox_id)
   local res, msg, code, d = dp_request(self, { method = "GET",
     url = self.envd_url .. "/files" .. files_query(self, path), headers = self.envd_headers,
-    retry = self.client.retry }, what)
+    retry = self.client.dp_retry }, what)
   if not res then return nil, msg, code, d end
   if res.status ~= 200 then
     return http_failure(res, what, true, ("file '%s' not found in sandbox '%s'"):format(path, self.sandbox_id))
@@ -812,7 +817,7 @@ function Sandbox:write_file(path, data)
   headers["Content-Type"] = "application/octet-stream"
   local res, msg, code, d = dp_request(self, { method = "POST",
     url = self.envd_url .. "/files" .. files_query(self, path), headers = headers, body = data,
-    retry = self.client.retry_idem }, what)
+    retry = self.client.dp_retry_idem }, what)
   if not res then return nil, msg, code, d end
   if res.status ~= 200 then return http_failure(res, what, true) end
   local entries, m2, c2, d2 = entries_of(res, what)
@@ -862,7 +867,7 @@ function Sandbox:write_files(files)
   local url = self.envd_url .. "/files"
   if self.user then url = url .. "?username=" .. uri_component(self.user) end
   local res, msg, code, d = dp_request(self, { method = "POST", url = url, headers = headers, body = body,
-    retry = self.client.retry_idem }, what)
+    retry = self.client.dp_retry_idem }, what)
   if not res then return nil, msg, code, d end
   if res.status ~= 200 then return http_failure(res, what, true) end
   return entries_of(res, what)
@@ -874,7 +879,7 @@ local function rpc(self, method, body, what, idempotent, not_found_msg)
   local s = assert(json.encode(body))
   local res, msg, code, d = dp_request(self, { method = "POST",
     url = self.envd_url .. "/filesystem.Filesystem/" .. method, headers = self.json_headers, body = s,
-    retry = idempotent and self.client.retry_idem or self.client.retry }, what)
+    retry = idempotent and self.client.dp_retry_idem or self.client.dp_retry }, what)
   if not res then return nil, msg, code, d end
   if res.status ~= 200 then
     local n, m2, c2, d2 = http_failure(res, what, true, not_found_msg)
@@ -1176,7 +1181,7 @@ end
 
 local function interp_call(self, method, path, body, what, not_found_msg, idempotent)
   local req = { method = method, url = self.interp_url .. path, headers = self.interp_headers,
-    retry = idempotent and self.client.retry_idem or self.client.retry }
+    retry = idempotent and self.client.dp_retry_idem or self.client.dp_retry }
   if body ~= nil then req.body = assert(json.encode(body)) end
   local res, msg, code, d = dp_request(self, req, what)
   if not res then return nil, msg, code, d end

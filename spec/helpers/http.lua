@@ -30,7 +30,8 @@ end
 function M.request(o)
   local tmp = os.tmpname()
   local hdr, out, inp = tmp .. ".h", tmp .. ".b", tmp .. ".in"
-  local args = { "curl", "-sS", "-o", q(out), "-D", q(hdr), "-w", q("%{http_code}"),
+  -- env -u LD_PRELOAD: the sanitizer run preloads ASan into lua5.4 only; curl must not inherit it.
+  local args = { "env", "-u", "LD_PRELOAD", "curl", "-sS", "-o", q(out), "-D", q(hdr), "-w", q("%{http_code}"),
     "-X", q(o.method or "GET"), "--max-time", tostring(o.timeout or 30) }
   local headers = {}
   for k, v in pairs(o.headers or {}) do headers[#headers + 1] = { k, v } end

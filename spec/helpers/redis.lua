@@ -41,7 +41,7 @@ Server.__index = Server
 
 local function try_start(dir, port)
   local logf = dir .. "/redis-" .. port .. ".log"
-  local cmd = string.format("%s --port %d --bind 127.0.0.1 --save '' --appendonly no --daemonize no "
+  local cmd = string.format("env -u LD_PRELOAD %s --port %d --bind 127.0.0.1 --save '' --appendonly no --daemonize no "
     .. "--dir %s --logfile '' >%s 2>&1 & echo $!", q(M.bin()), port, q(dir), q(logf))
   local p = assert(io.popen(cmd))
   local pid = tonumber(p:read("l"))

@@ -72,7 +72,8 @@ function M.start(opts)
   local parts = {}
   for i, a in ipairs(args) do parts[i] = sh_quote(a) end
   local wrapper = opts.wrapper or os.getenv("WARMBOXD_WRAPPER") or ""
-  local cmd = string.format("%s %s %s >%s 2>&1 & echo $!", wrapper, sh_quote(opts.bin or M.bin()),
+  -- The sanitizer run preloads ASan into lua5.4; warmboxd links its own (or runs under valgrind).
+  local cmd = string.format("env -u LD_PRELOAD %s %s %s >%s 2>&1 & echo $!", wrapper, sh_quote(opts.bin or M.bin()),
     table.concat(parts, " "), sh_quote(logf))
   local p = assert(io.popen(cmd))
   local pid = tonumber(p:read("l"))

@@ -2,12 +2,21 @@
 -- error cases, metadata filters with awkward bytes, pagination, retries with
 -- warmboxd's fault injection, the API key never in a message.
 local wbd = require "spec.helpers.warmboxd"
-local http = require "spec.helpers.http"
+local core = require "warmbox.core"
+local json = require "warmbox.json"
 local e2b = require "warmbox.e2b"
 
-local function knob(srv, method, path, json, key)
-  local headers = key and { ["X-API-Key"] = key } or nil
-  return http.request{ method = method, url = srv.url .. "/_warmboxd" .. path, json = json, headers = headers }
+-- Knobs through warmbox.core rather than the curl-CLI helper: these specs
+-- depend on core anyway, and the curl tool hangs under an LD_PRELOADed ASan.
+local knob_http
+local function knob(srv, method, path, body, key)
+  knob_http = knob_http or core.http{ timeout = 120 }
+  local headers = { ["Content-Type"] = "application/json" }
+  if key then headers["X-API-Key"] = key end
+  local res = assert(knob_http:request{ method = method, url = srv.url .. "/_warmboxd" .. path, headers = headers,
+    body = body ~= nil and assert(json.encode(body)) or nil, retry = false })
+  res.json = json.decode(res.body)
+  return res
 end
 
 local function stats(srv)

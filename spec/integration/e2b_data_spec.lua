@@ -154,7 +154,7 @@ describe("warmbox.e2b data plane against warmboxd", function()
       local ctx = assert(s:create_context{ language = "python" })
       assert.is_string(ctx.id)
       assert(s:run_code("y = 'ctx'", { context_id = ctx.id }))
-      assert.equals("'ctx'", assert(s:run_code("y", { context_id = ctx.id })).results[1].text)
+      assert.equals("ctx", assert(s:run_code("y", { context_id = ctx.id })).results[1].text)
       local listed = assert(s:list_contexts())
       local found = false
       for _, x in ipairs(listed) do if x.id == ctx.id then found = true end end
@@ -208,6 +208,7 @@ describe("warmbox.e2b data plane against warmboxd", function()
       assert.is_true(killed)
       if r then
         assert.truthy(r.error) -- the interpreter reported the lost kernel as an error line
+        print("\n  (sandbox killed mid-run: reported as an error line: " .. tostring(r.error.name) .. ")")
       else
         assert.equals("STREAM_BROKEN", code)
         assert.is_true(detail.output_started)

@@ -63,7 +63,7 @@ describe("sessions: state (warmboxd)", function()
   it("gets a different sandbox, never the old kernel, when an env secret or the actor changes", function()
     local a = wb:session("state:shared", { env = { TOKEN = "alice-token" }, actor = "alice:direct" })
     local ra = assert(a:run("import os\nsecret_seen = os.environ.get('TOKEN')\nsecret_seen"))
-    assert.equal("'alice-token'", ra.results[1].text)
+    assert.equal("alice-token", ra.results[1].text)
     local b = wb:session("state:shared", { env = { TOKEN = "bob-token" }, actor = "alice:direct" })
     local rb = assert(b:run("import os\nprint('secret_seen' in globals(), os.environ.get('TOKEN'))"))
     assert.are_not.equal(ra.sandbox_id, rb.sandbox_id)
@@ -77,7 +77,7 @@ describe("sessions: state (warmboxd)", function()
     local ra2 = assert(wb:session("state:shared", { env = { TOKEN = "alice-token" }, actor = "alice:direct" })
       :run("secret_seen"))
     assert.equal(ra.sandbox_id, ra2.sandbox_id)
-    assert.equal("'alice-token'", ra2.results[1].text)
+    assert.equal("alice-token", ra2.results[1].text)
     -- secrets never appear in metadata
     for _, it in ipairs(assert(wb.client:list_all{})) do
       for _, v in pairs(it.metadata) do

@@ -329,5 +329,23 @@ describe("warmboxd GET /v2/sandboxes", function()
       assert.are.equal(400, http.api(srv, "POST", "/_warmboxd/seed", { count = 0 }).status)
       assert.are.equal(400, http.api(srv, "POST", "/_warmboxd/seed", { count = 1, state = "gone" }).status)
     end)
+
+    it("backdates records and sets their lifecycle", function()
+      srv.api_key = wbd.new_key()
+      local res = http.api(srv, "POST", "/_warmboxd/seed", { count = 2, state = "paused", started_ago_s = 86400 * 3,
+        paused_ago_s = 86400 * 2, autoPause = true, autoResume = true })
+      assert.are.equal(200, res.status, res.body)
+      local items = list(srv).json
+      assert.are.equal(2, #items)
+      local d = http.api(srv, "GET", "/sandboxes/" .. items[1].sandboxID).json
+      assert.are.same({ autoResume = true, onTimeout = "pause" }, d.lifecycle)
+      local y, mo, day = d.endAt:match("^(%d+)-(%d+)-(%d+)T")
+      local ended = os.time{ year = tonumber(y), month = tonumber(mo), day = tonumber(day), hour = 12 }
+      local days = (os.time() - ended) / 86400
+      assert.is_true(days > 1 and days < 3, tostring(days))
+      assert.is_true(items[1].startedAt < items[1].endAt)
+      assert.are.equal(400, http.api(srv, "POST", "/_warmboxd/seed", { count = 1, started_ago_s = 5,
+        paused_ago_s = 10 }).status)
+    end)
   end)
 end)

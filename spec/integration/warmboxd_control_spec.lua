@@ -300,6 +300,22 @@ describe("warmboxd control plane", function()
       assert(ok, err)
     end)
 
+    it("answers 400 'Max instance length exceeded' once the run is longer than the maximum", function()
+      local s2 = new_srv({ "--max-length-hours", "1" })
+      local ok, err = pcall(function()
+        -- a record that started two hours ago (the seed knob backdates it)
+        local res = http.api(s2, "POST", "/_warmboxd/seed", { count = 1, state = "running", timeout = 600,
+          started_ago_s = 7200 })
+        assert.are.equal(200, res.status, res.body)
+        local id = http.api(s2, "GET", "/v2/sandboxes").json[1].sandboxID
+        res = http.api(s2, "POST", "/sandboxes/" .. id .. "/timeout", { timeout = 30 })
+        assert.are.equal(400, res.status)
+        assert.are.same({ code = 400, message = "Max instance length exceeded" }, res.json)
+      end)
+      s2:stop()
+      assert(ok, err)
+    end)
+
     it("answers 404 for a paused or unknown sandbox, 400 without a timeout", function()
       local id = create(srv).sandboxID
       assert.are.equal(400, http.api(srv, "POST", "/sandboxes/" .. id .. "/timeout", {}).status)

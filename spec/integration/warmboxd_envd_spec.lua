@@ -208,6 +208,14 @@ describe("warmboxd envd", function()
       assert.matches("expired", res.json.message)
     end)
 
+    it("signs the username when one is given", function()
+      local sig = sign("signed.txt:read:user:" .. sb.envdAccessToken)
+      local res = get("path=signed.txt&username=user&signature=" .. urlencode(sig))
+      assert.are.equal(200, res.status, res.body)
+      res = get("path=signed.txt&signature=" .. urlencode(sig))
+      assert.are.equal(401, res.status)
+    end)
+
     it("refuses a signature for another path, operation or user", function()
       for _, raw in ipairs({ "other.txt:read::", "signed.txt:write::", "signed.txt:read:root:" }) do
         local res = get("path=signed.txt&signature=" .. urlencode(sign(raw .. sb.envdAccessToken)))

@@ -107,6 +107,8 @@ describe("warmbox.Http", function()
       "request option 'on_chunk' needs 'stream'")
     assert.has_error(function() h:request{ url = "http://x/", retry = { tries = 2 } } end,
       "unknown retry option 'tries'")
+    assert.has_error(function() h:request{ url = "http://x/", retry = { statuses = 503 } } end,
+      "retry option 'statuses' must be a list of status codes")
     assert.has_error(function() h:request{ url = "http://x/", headers = { ["X-A"] = "a\r\nb" } } end,
       "invalid header value")
     assert.has_error(function() h:request{ url = "http://x/", headers = { ["X:A"] = "a" } } end,

@@ -217,6 +217,12 @@ def _control():
                 REQUESTS.put(req)
 
 
+def _on_sigint(signum, frame):
+    # Only a running cell is interrupted; a late signal after it is ignored.
+    if _running.is_set():
+        raise KeyboardInterrupt
+
+
 def _with_env(env):
     saved = {}
     for k, v in (env or {}).items():
@@ -241,7 +247,7 @@ MIME = {
     "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
     "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
     "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
-    "application/javascript": "javascript",
+    "application/javascript": "javascript", "e2b/data": "data", "e2b/graph": "graph", "e2b/chart": "chart",
 }
 
 
@@ -262,7 +268,8 @@ def result_line(data, main):
             value = value.replace("\n", "")
         out[key] = value
     text = out.get("text")
-    if main and isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+    # as the code interpreter's Result does, for every result
+    if isinstance(text, str) and text.startswith("'") and text.endswith("'"):
         out["text"] = text[1:-1]
     out["is_main_result"] = bool(main)
     out["extra"] = extra
@@ -327,7 +334,8 @@ def python_main():
                 value = str(evalue)
             except Exception:
                 value = "<unprintable %s>" % name
-            error_line(name, value, "\n".join(stb))
+            # joined without separators, as the code interpreter does
+            error_line(name, value, "".join(stb))
 
         def enable_gui(self, gui=None):
             pass
@@ -335,31 +343,37 @@ def python_main():
     shell = Shell.instance(colors="Neutral")
     shell.history_manager.enabled = False
 
-    while True:
+    def finish(saved):
+        _running.clear()   # first: no KeyboardInterrupt after this
+        _restore_env(saved)
         try:
-            req = REQUESTS.get()
-            _running.set()
-            _active.set()
-            RUN.error_sent = False
-            saved = _with_env(req.get("env"))
+            OUT.flush()
+            ERR.flush()
+            sys.__stdout__.flush()
+            sys.__stderr__.flush()
+            FD1.sync()
+            FD2.sync()
+        finally:
+            _active.clear()
+            emit({"type": "__wb_done__"})
+
+    while True:
+        req = REQUESTS.get()
+        _active.set()
+        RUN.error_sent = False
+        saved = _with_env(req.get("env"))
+        try:
             try:
                 emit({"type": "number_of_executions", "execution_count": shell.execution_count})
+                _running.set()
                 shell.run_cell(req.get("code", ""), store_history=True)
+            except KeyboardInterrupt:
+                error_line("KeyboardInterrupt", "", "")
             finally:
-                _running.clear()
-                _restore_env(saved)
-                try:
-                    OUT.flush()
-                    ERR.flush()
-                    sys.__stdout__.flush()
-                    sys.__stderr__.flush()
-                    FD1.sync()
-                    FD2.sync()
-                finally:
-                    _active.clear()
-                    emit({"type": "__wb_done__"})
+                finish(saved)
         except KeyboardInterrupt:
-            continue
+            # the interrupt landed between the cell and finish(): finish now
+            finish(saved)
 
 
 # ---------------------------------------------------------------- bash
@@ -394,65 +408,85 @@ def bash_main():
             req = REQUESTS.get()
         except KeyboardInterrupt:
             continue
-        _active.set()
-        RUN.error_sent = False
-        emit({"type": "number_of_executions", "execution_count": count[0]})
-        count[0] += 1
-        fd, path = tempfile.mkstemp(prefix=".wb-cell-", suffix=".sh", dir="/tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(req.get("code", ""))
-            f.write("\n")
-        pre, post = [], []
-        for i, (k, v) in enumerate((req.get("env") or {}).items()):
-            if not ident.match(k):
-                continue
-            pre.append('if [ -n "${%s+x}" ]; then __wb_o%d="$%s"; __wb_h%d=1; else __wb_h%d=0; fi; export %s=%s'
-                       % (k, i, k, i, i, k, quote(v)))
-            post.append('if [ $__wb_h%d = 1 ]; then export %s="$__wb_o%d"; else unset %s; fi; unset __wb_o%d __wb_h%d'
-                        % (i, k, i, k, i, i))
-        script = "\n".join(["trap - INT; trap 'return 130 2>/dev/null' INT"] + pre + ["source %s; __wb_rc=$?" % quote(path)] + post
-                           + ["echo $__wb_rc >&%d" % status_w, ""])
-        p = proc[0]
-        _running.set()
-        rc = None
+        RUN.done_sent = False
         try:
-            p.stdin.write(script.encode())
-            p.stdin.flush()
-            buf = b""
-            while rc is None:
-                try:
-                    r, _, _ = select.select([status_r], [], [], 0.2)
-                except KeyboardInterrupt:
-                    _interrupt_bash(p)
+            _active.set()
+            RUN.error_sent = False
+            emit({"type": "number_of_executions", "execution_count": count[0]})
+            count[0] += 1
+            fd, path = tempfile.mkstemp(prefix=".wb-cell-", suffix=".sh", dir="/tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(req.get("code", ""))
+                f.write("\n")
+            pre, post = [], []
+            for i, (k, v) in enumerate((req.get("env") or {}).items()):
+                if not ident.match(k):
                     continue
-                if r:
-                    buf += os.read(status_r, 64)
-                    if b"\n" in buf:
-                        rc = int(buf.split(b"\n")[0] or b"1")
-                elif p.poll() is not None:
-                    rc = p.returncode if p.returncode >= 0 else 128 - p.returncode
-                    error_line("BashExited", "bash exited with status %d; the shell was restarted" % rc, "")
-                    start()
-                    break
-        except (BrokenPipeError, OSError):
-            rc = -1
-            error_line("BashExited", "bash is not running; the shell was restarted", "")
-            start()
-        finally:
-            _running.clear()
+                pre.append('if [ -n "${%s+x}" ]; then __wb_o%d="$%s"; __wb_h%d=1; else __wb_h%d=0; fi; export %s=%s'
+                           % (k, i, k, i, i, k, quote(v)))
+                post.append('if [ $__wb_h%d = 1 ]; then export %s="$__wb_o%d"; else unset %s; fi; unset __wb_o%d __wb_h%d'
+                            % (i, k, i, k, i, i))
+            script = "\n".join(["trap - INT; trap 'return 130 2>/dev/null' INT"] + pre + ["source %s; __wb_rc=$?" % quote(path)] + post
+                               + ["echo $__wb_rc >&%d" % status_w, ""])
+            p = proc[0]
+            _running.set()
+            rc = None
             try:
-                os.unlink(path)
-            except OSError:
-                pass
-            FD1.sync()
-            FD2.sync()
-            if rc not in (None, 0, -1):
-                error_line("BashError", "exit status %d" % rc, "")
-            _active.clear()
-            emit({"type": "__wb_done__"})
+                p.stdin.write(script.encode())
+                p.stdin.flush()
+                buf = b""
+                intr_at = None
+                while rc is None:
+                    try:
+                        r, _, _ = select.select([status_r], [], [], 0.2)
+                    except KeyboardInterrupt:
+                        _interrupt_bash(p)
+                        intr_at = intr_at or time.monotonic()
+                        continue
+                    if intr_at and not r and time.monotonic() - intr_at > 3:
+                        # the shell does not give up the command: a new shell
+                        _interrupt_bash(p, signal.SIGKILL)
+                        p.wait()
+                        rc = -1
+                        error_line("KeyboardInterrupt", "the command did not stop; the shell was restarted", "")
+                        start()
+                        break
+                    if r:
+                        buf += os.read(status_r, 64)
+                        if b"\n" in buf:
+                            rc = int(buf.split(b"\n")[0] or b"1")
+                    elif p.poll() is not None:
+                        rc = p.returncode if p.returncode >= 0 else 128 - p.returncode
+                        error_line("BashExited", "bash exited with status %d; the shell was restarted" % rc, "")
+                        start()
+                        break
+            except (BrokenPipeError, OSError):
+                rc = -1
+                error_line("BashExited", "bash is not running; the shell was restarted", "")
+                start()
+            finally:
+                _running.clear()
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                FD1.sync()
+                FD2.sync()
+                if rc not in (None, 0, -1):
+                    error_line("BashError", "exit status %d" % rc, "")
+                _active.clear()
+                emit({"type": "__wb_done__"})
+                RUN.done_sent = True
+        except KeyboardInterrupt:
+            # the interrupt landed after the command ended: still end the cell
+            _running.clear()
+            if not RUN.done_sent:
+                _active.clear()
+                emit({"type": "__wb_done__"})
+                RUN.done_sent = True
 
 
-def _interrupt_bash(p):
+def _interrupt_bash(p, sig=signal.SIGINT):
     """SIGINT to the shell's children (the running command), then the shell."""
     kids = []
     for pid in os.listdir("/proc"):
@@ -468,11 +502,11 @@ def _interrupt_bash(p):
             kids.append(int(pid))
     for pid in kids:
         try:
-            os.kill(pid, signal.SIGINT)
+            os.kill(pid, sig)
         except OSError:
             pass
     try:
-        os.kill(p.pid, signal.SIGINT)
+        os.kill(p.pid, sig)
     except OSError:
         pass
 
@@ -488,8 +522,8 @@ sys.__stderr__ = os.fdopen(2, "w", buffering=1, closefd=False)
 threading.Thread(target=_flusher, daemon=True).start()
 threading.Thread(target=_control, daemon=True).start()
 try:
+    signal.signal(signal.SIGINT, _on_sigint)
     if len(sys.argv) > 1 and sys.argv[1] == "bash":
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         bash_main()
     else:
         python_main()
