@@ -84,6 +84,7 @@ struct run {
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
   int keep_cell;            /* dropped by a pause: the cell goes on after resume */
   int active;               /* counted in istate.active_runs */
+  int restarted;            /* the context was restarted under it */
   int64_t last_us, deadline_us;
   char *pend;
   size_t pend_len, pend_off;
@@ -524,8 +525,11 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
       pthread_mutex_unlock(r->mu);
       const char *err = "";
       if (dead && !r->error_seen)
-        err = "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
-              "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
+        err = r->restarted
+                  ? "{\"type\": \"error\", \"name\": \"ContextRestarting\", \"value\": \"Context was restarted\", "
+                    "\"traceback\": \"\"}\n"
+                  : "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
+                    "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
       size_t n = strlen(err) + strlen(END_LINE);
       char *s = malloc(n + 1);
       if (!s) abort();
@@ -834,6 +838,7 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
     /* Same id, fresh kernel (started on the next run). */
     k = c->k;
     c->k = NULL;
+    if (c->run) c->run->restarted = 1;
   } else {
     k = ctx_remove_locked(ist, c);
   }

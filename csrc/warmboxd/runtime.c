@@ -412,8 +412,9 @@ static int spawn_via_thread(struct spawn_job *j) {
 /* ------------------------------------------------------------------ */
 
 static const char *const etc_ro[] = {
-  "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl",
-  "ca-certificates", "ca-certificates.conf", "resolv.conf", "hosts", "nsswitch.conf", "host.conf",
+  /* /etc/ssl/private holds keys: only the public parts of /etc/ssl */
+  "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl/certs",
+  "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "resolv.conf", "hosts", "nsswitch.conf", "host.conf",
   "gai.conf", "protocols", "services", "matplotlibrc", "mime.types", "python3", "python3.11",
   "bash.bashrc", "profile", "inputrc", "fonts", "magic", "magic.mime", "os-release",
   "debian_version", "login.defs", "terminfo", "mailcap", NULL,
@@ -835,6 +836,42 @@ static size_t live_pids(struct wbd_rt *rt, pid_t **out) {
   return n;
 }
 
+/* Unisolated and without a freezer, a process that left its parent (setsid
+ * and a double fork) is found by the E2B_SANDBOX_ID its environment
+ * inherited. */
+static void signal_tagged(const struct wbd_rt *rt, int sig) {
+  char tag[64];
+  int tlen = snprintf(tag, sizeof tag, "E2B_SANDBOX_ID=%s", rt->id);
+  DIR *d = opendir("/proc");
+  if (!d) return;
+  struct dirent *e;
+  static char buf[65536];  /* too big for a thread stack; guarded by buf_mu */
+  static pthread_mutex_t buf_mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&buf_mu);
+  while ((e = readdir(d))) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0) continue;
+    for (ssize_t off = 0; off < r;) {
+      const char *v = buf + off;
+      size_t l = strnlen(v, (size_t)(r - off));
+      if (l == (size_t)tlen && memcmp(v, tag, l) == 0) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid != getpid()) kill(pid, sig);
+        break;
+      }
+      off += (ssize_t)l + 1;
+    }
+  }
+  pthread_mutex_unlock(&buf_mu);
+  closedir(d);
+}
+
 /* Under rt->mu. */
 static void signal_tree_locked(struct wbd_rt *rt, int sig) {
   pid_t *roots, *d;
@@ -842,8 +879,10 @@ static void signal_tree_locked(struct wbd_rt *rt, int sig) {
   size_t n = descendants(roots, nr, &d);
   for (size_t i = 0; i < nr; i++) kill(roots[i], sig);
   for (size_t i = 0; i < n; i++) kill(d[i], sig);
-  if (!g_isolated)
+  if (!g_isolated) {
     for (size_t i = 0; i < nr; i++) kill(-roots[i], sig);
+    if (!rt->cg[0]) signal_tagged(rt, sig);
+  }
   free(roots);
   free(d);
 }

@@ -36,6 +36,7 @@ commands:
 
 options:
   --api-url URL      E2B API URL (default $E2B_API_URL); with --api-key
+  --sandbox-url URL  data-plane URL (default $E2B_SANDBOX_URL; a loopback --api-url is a warmboxd: the same URL)
   --api-key KEY      E2B API key (default $E2B_API_KEY); none: an embedded warmboxd for this command
   --template T       sandbox template (default code-interpreter-v1)
   --exec-timeout S   seconds a run may take (default 300)
@@ -48,7 +49,7 @@ options:
 ]]
 
 local GLOBAL = {
-  ["--api-url"] = "api_url", ["--api-key"] = "api_key", ["--template"] = "template",
+  ["--api-url"] = "api_url", ["--api-key"] = "api_key", ["--sandbox-url"] = "sandbox_url", ["--template"] = "template",
   ["--exec-timeout"] = "exec_timeout", ["--idle-timeout"] = "idle_timeout", ["--tag"] = "tag",
   ["--lock"] = "lock", ["--policy"] = "policy", ["--warmboxd"] = "warmboxd",
 }
@@ -237,8 +238,21 @@ local function demo(o, io_)
   o.idle_timeout = o.idle_timeout or 3
   o.exec_timeout = o.exec_timeout or 10
   o.lock = o.lock or "memory"
+  -- The demo runs on its own warmboxd even when E2B_API_KEY is set (unless --api-url is given).
+  local srv
+  if not o.api_url then
+    local server = require "warmbox.server"
+    local err, code
+    srv, err, code = server.start{ bin = o.warmboxd }
+    if not srv then return fail(io_.stderr, err, code) end
+    o.api_url, o.api_key, o.sandbox_url, o.warmboxd = srv.url, srv.api_key, srv.url, nil
+  end
   local wb = new_warmbox(o, io_.stderr)
-  if not wb then return 1 end
+  if not wb then
+    if srv then srv:stop() end
+    return 1
+  end
+  wb.server = wb.server or srv -- stopped by wb:close()
   local http = wb.server and core.http{ timeout = 10 }
   local function requests()
     if not http then return nil end
@@ -252,14 +266,14 @@ local function demo(o, io_)
   local key = "demo-workspace:thread-1"
   local s = wb:session(key)
   local step = 0
-  local function show(title, fn)
+  local function show(title, fn, quiet)
     step = step + 1
     local n0 = requests()
     local t0 = now()
     local ok, line, extra = fn()
     local ms = (now() - t0) * 1000
     local n1 = requests()
-    local reqs = n0 and n1 and string_format("%2d req", n1 - n0) or "      "
+    local reqs = n0 and n1 and not quiet and string_format("%2d req", n1 - n0) or "      "
     out:write(string_format("%d. %-16s %8.0f ms  %s  %s\n", step, title, ms, reqs, tostring(line)))
     if extra then out:write("   ", extra, "\n") end
     return ok
@@ -279,8 +293,9 @@ local function demo(o, io_)
   local abandoned
   if ok then
     show("other session", function()
-      -- a conversation that goes quiet at once (2 s lease): GC reclaims it below
-      local r, msg, code = wb:session("demo-workspace:abandoned"):run("echo bye", { language = "bash", timeout = 2 })
+      -- a conversation that goes quiet at once (a 2 s lease): GC reclaims it below
+      local quick = require("warmbox").new{ client = wb.client, exec_timeout = 2, idle_timeout = 2, lock = o.lock }
+      local r, msg, code = quick:session("demo-workspace:abandoned"):run("echo bye", { language = "bash" })
       if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
       abandoned = r.sandbox_id
       return true, string_format("a second conversation (sandbox %s) that is then abandoned", r.sandbox_id)
@@ -299,12 +314,13 @@ local function demo(o, io_)
       while now() < deadline do
         local info = wb.client:info(sandbox_id)
         if info and info.state == "paused" then
-          return true, string_format("nobody ran anything; the lease ran out and sandbox %s paused", sandbox_id)
+          return true, string_format("nobody ran anything; the lease ran out and sandbox %s paused (polled with info)",
+            sandbox_id)
         end
         core.sleep(0.25)
       end
       return false, "the sandbox did not pause"
-    end)
+    end, true) -- its requests are the demo's own polling
   end
   if ok then
     ok = show("resume", function()
@@ -331,7 +347,7 @@ local function demo(o, io_)
   end
   local have_gc = pcall(require, "warmbox.gc")
   if ok and have_gc and abandoned then
-    local max_age = 8
+    local max_age = 6
     show("gc --dry-run", function()
       local rep, msg, code = wb:gc{ dry_run = true, max_age = max_age }
       if not rep then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end

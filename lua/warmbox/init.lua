@@ -109,7 +109,16 @@ function _M.new(opts)
     local e2b = require "warmbox.e2b"
     if key or o.api_url then
       if not key then error("option 'api_url' to 'new' needs 'api_key' (or E2B_API_KEY)", 2) end
-      self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = o.sandbox_url, domain = o.domain,
+      local sandbox_url = o.sandbox_url or os_getenv("E2B_SANDBOX_URL")
+      local api_url = o.api_url or os_getenv("E2B_API_URL")
+      if (sandbox_url == nil or sandbox_url == "") and api_url and (api_url:match("^https?://127%.")
+        or api_url:match("^https?://localhost[:/]") or api_url:match("^https?://localhost$")
+        or api_url:match("^https?://%[::1%]")) then
+        -- A loopback API URL is a local warmboxd: it serves the data plane on the same port.
+        sandbox_url = api_url
+      end
+      if sandbox_url == "" then sandbox_url = nil end
+      self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = sandbox_url, domain = o.domain,
         request_timeout = o.request_timeout }
       self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
     else

@@ -823,6 +823,11 @@ function Session:run(code, opts)
     end
     return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), "LOCK"
   end
+  -- A run allowed to take longer than exec_timeout keeps its lock long enough.
+  local run_timeout = opts.timeout or self.exec_timeout
+  if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
+    lk:expire(math.ceil(run_timeout) + 120)
+  end
   local ok, r, err, ecode = xpcall(self._run_locked, traceback, self, lk, code, opts, files)
   lk:unlock()
   if lk.close then pcall(lk.close, lk) end

@@ -6,7 +6,7 @@ local ROOT = wbd.root()
 -- Runs bin/warmbox with the spec's build; returns exit status, stdout, stderr.
 local function warmbox(args, stdin, env)
   local tmp = os.tmpname()
-  local build = os.getenv("WARMBOX_CPATH_BUILD") or package.cpath:match("([^;]*)/%?/%?%.so") or "build"
+  local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")
   local cmd = string.format(
     "cd %s && WARMBOX_BUILD_DIR=%s WARMBOXD_BIN=%s %s lua5.4 bin/warmbox %s <%s >%s.out 2>%s.err",
     wbd.sh_quote(ROOT), wbd.sh_quote(build), wbd.sh_quote(wbd.bin()), env or "", args,

@@ -12,14 +12,54 @@ describe("sessions: serialization (warmboxd)", function()
   local srv, lockdir, wb
 
   local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
-  local function script(body)
+  local function script(body, lock_src)
+    lock_src = lock_src or string.format("{ backend = 'file', dir = %q, timeout = 300 }", lockdir)
     return string.format([[
       package.path = %q
       package.cpath = %q
       local warmbox = require "warmbox"
       local wb = assert(warmbox.new{ api_url = %q, sandbox_url = %q, api_key = %q,
-        lock = { backend = "file", dir = %q, timeout = 300 }, exec_timeout = 60, idle_timeout = 60 })
-    ]], package.path, package.cpath, srv.url, srv.url, srv.api_key, lockdir) .. body .. "\nwb:close()\n"
+        lock = %s, exec_timeout = 60, idle_timeout = 60 })
+    ]], package.path, package.cpath, srv.url, srv.url, srv.api_key, lock_src) .. body .. "\nwb:close()\n"
+  end
+
+  -- Runs `procs` processes of `runs` runs each on one key; returns the values of
+  -- n they saw and the sandbox ids they used.
+  local function contend(key, procs, runs, lock_src)
+    local body = string.format([[
+      local s = wb:session(%q)
+      for i = 1, %d do
+        local r, err, code = s:run("import time\nn = globals().get('n', 0)\ntime.sleep(0.05)\nn = n + 1\nn")
+        if not r then io.stderr:write(tostring(err), " ", tostring(code), "\n") os.exit(1) end
+        io.write(r.sandbox_id, " ", r.results[1].text, "\n")
+      end
+    ]], key, runs)
+    local outs, pipes = {}, {}
+    for p = 1, procs do
+      outs[p] = os.tmpname()
+      pipes[p] = io.popen("lua5.4 -e " .. wbd.sh_quote(script(body, lock_src)) .. " >" .. outs[p] .. " 2>&1; echo $?")
+    end
+    local ids, counts = {}, {}
+    for p = 1, procs do
+      local status = pipes[p]:read("a")
+      pipes[p]:close()
+      local f = io.open(outs[p])
+      local out = f:read("a")
+      f:close()
+      os.remove(outs[p])
+      assert.equal("0\n", status, out)
+      local lines = 0
+      for id, n in out:gmatch("(%S+) (%d+)\n") do
+        ids[id] = true
+        counts[#counts + 1] = tonumber(n)
+        lines = lines + 1
+      end
+      assert.equal(runs, lines, out)
+    end
+    table.sort(counts)
+    local nids = 0
+    for _ in pairs(ids) do nids = nids + 1 end
+    return counts, nids
   end
 
   lazy_setup(function()
@@ -37,45 +77,12 @@ describe("sessions: serialization (warmboxd)", function()
 
   it(PROCS .. " processes x " .. RUNS .. " runs on one key: no overlap, every run completes, one sandbox", function()
     local key = "serial:one"
-    local body = string.format([[
-      local s = wb:session(%q)
-      for i = 1, %d do
-        local r, err, code = s:run("import time\nn = globals().get('n', 0)\ntime.sleep(0.05)\nn = n + 1\nn")
-        if not r then io.stderr:write(tostring(err), " ", tostring(code), "\n") os.exit(1) end
-        io.write(r.sandbox_id, " ", r.results[1].text, "\n")
-      end
-    ]], key, RUNS)
-    local outs = {}
-    local pipes = {}
-    for p = 1, PROCS do
-      outs[p] = os.tmpname()
-      pipes[p] = io.popen("lua5.4 -e " .. wbd.sh_quote(script(body)) .. " >" .. outs[p] .. " 2>&1; echo $?")
-    end
-    local ids, counts = {}, {}
-    for p = 1, PROCS do
-      local status = pipes[p]:read("a")
-      pipes[p]:close()
-      local f = io.open(outs[p])
-      local out = f:read("a")
-      f:close()
-      os.remove(outs[p])
-      assert.equal("0\n", status, out)
-      local lines = 0
-      for id, n in out:gmatch("(%S+) (%d+)\n") do
-        ids[id] = true
-        counts[#counts + 1] = tonumber(n)
-        lines = lines + 1
-      end
-      assert.equal(RUNS, lines, out)
-    end
+    local counts, nids = contend(key, PROCS, RUNS)
     -- every run saw its own value of n: none ran concurrently in the kernel
-    table.sort(counts)
     local want = {}
     for i = 1, PROCS * RUNS do want[i] = i end
     assert.same(want, counts)
-    local n = 0
-    for _ in pairs(ids) do n = n + 1 end
-    assert.equal(1, n)
+    assert.equal(1, nids)
     local st = stats()
     assert.equal(0, st.counters.exec_overlap or 0)
     assert.equal(0, st.counters.kill_during_run or 0)
@@ -83,6 +90,24 @@ describe("sessions: serialization (warmboxd)", function()
     local tv = wb:session(key).tag_value
     local items = assert(wb.client:list_all{ metadata = { warmboxSessionId = tv } })
     assert.equal(1, #items)
+  end)
+
+  local redis_helper = require "spec.helpers.redis"
+  local it_redis = redis_helper.available() and it or pending
+  it_redis("serializes across hosts through Redis (" .. PROCS .. " processes sharing only Redis)", function()
+    local rsrv = redis_helper.start()
+    local ok, err = pcall(function()
+      local lock_src = string.format("{ backend = 'redis', redis = { host = %q, port = %d }, timeout = 300 }",
+        rsrv.host, rsrv.port)
+      local counts, nids = contend("serial:redis", PROCS, 3, lock_src)
+      local want = {}
+      for i = 1, PROCS * 3 do want[i] = i end
+      assert.same(want, counts)
+      assert.equal(1, nids)
+      assert.equal(0, stats().counters.exec_overlap or 0)
+    end)
+    rsrv:stop()
+    assert(ok, err)
   end)
 
   it("lets a run on another key proceed while a key is held", function()

@@ -1,6 +1,8 @@
--- The control plane's run counters: pausing or killing a sandbox while an
--- /execute stream runs in it adds to pause_during_run / kill_during_run
--- (warmbox's session specs use them to prove warmbox never does that).
+-- The control plane with code running in the sandbox: pause/connect keeps
+-- kernel memory unless v2 connect asks for memory:false; pausing or killing a
+-- sandbox while an /execute stream runs in it adds to pause_during_run /
+-- kill_during_run (warmbox's session specs use them to prove warmbox never
+-- does that).
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 
@@ -24,7 +26,7 @@ local function read(path)
   return s
 end
 
-describe("warmboxd run counters", function()
+describe("warmboxd control plane with code running", function()
   local srv
   lazy_setup(function() srv = wbd.start() end)
   lazy_teardown(function() if srv then srv:stop() end end)
@@ -50,6 +52,28 @@ describe("warmboxd run counters", function()
     assert.are.equal(201, res.status, res.body)
     return res.json
   end
+
+  it("keeps kernel memory across pause/connect, and reboots on v2 connect with memory:false", function()
+    local sb = create()
+    local function value_of(code)
+      local res = http.sandbox(srv, sb, 49999, "POST", "/execute", { json = { code = code } })
+      assert.are.equal(200, res.status, res.body)
+      for line in res.body:gmatch("[^\n]+") do
+        local l = http.cjson.decode(line)
+        if l and l.type == "result" then return l.text end
+        if l and l.type == "error" then return l.name end
+      end
+    end
+    local path = "/sandboxes/" .. sb.sandboxID
+    assert.is_nil(value_of("x = 41"))
+    assert.are.equal(204, http.api(srv, "POST", path .. "/pause", {}).status)
+    assert.are.equal(201, http.api(srv, "POST", "/v2" .. path .. "/connect", { timeout = 60 }).status)
+    assert.are.equal("42", value_of("x + 1"))
+    assert.are.equal(204, http.api(srv, "POST", path .. "/pause", {}).status)
+    assert.are.equal(201, http.api(srv, "POST", "/v2" .. path .. "/connect", { timeout = 60, memory = false }).status)
+    assert.are.equal("NameError", value_of("x + 1"))
+    assert.are.equal(204, http.api(srv, "DELETE", path).status)
+  end)
 
   it("counts nothing for pause and kill between runs", function()
     local sb = create()

@@ -228,12 +228,23 @@ describe("warmboxd code interpreter", function()
     end)
 
     it("streams output as it is produced, not at the end", function()
-      local lines = run(sb, 'import time\nprint("one", flush=True)\ntime.sleep(1)\nprint("two")')
+      local lines = run(sb, 'import time\nprint("one")\ntime.sleep(1)\nprint("two")')
       local outs = of_type(lines, "stdout")
       assert.are.equal(2, #outs)
       assert.are.equal("one\n", outs[1].text)
       assert.are.equal("two\n", outs[2].text)
       assert.is_true(outs[1].timestamp < outs[2].timestamp)
+    end)
+
+    it("delivers a burst of output complete and in order", function()
+      local lines = run(sb, "for i in range(20000): print(i)")
+      local text = stdout_text(lines)
+      local n = 0
+      for v in text:gmatch("[^\n]+") do
+        assert.are.equal(tostring(n), v)
+        n = n + 1
+      end
+      assert.are.equal(20000, n)
     end)
 
     it("supports get_ipython() and its post_run_cell event", function()
@@ -372,6 +383,20 @@ describe("warmboxd code interpreter", function()
       assert.are.equal(404, exec(sb, { code = "1", context_id = ctx.id }).status)
       assert.are.equal(404, ctx_api(sb, "DELETE", "/contexts/" .. ctx.id).status)
       assert.are.equal(404, ctx_api(sb, "POST", "/contexts/nope/restart").status)
+    end)
+
+    it("ends a run in flight with ContextRestarting when its context restarts", function()
+      local ctx = ctx_api(sb, "POST", "/contexts", { language = "python" }).json
+      run(sb, { code = "1", context_id = ctx.id })
+      local a = exec_bg(sb, { code = "import time\nprint('go', flush=True)\ntime.sleep(600)", context_id = ctx.id })
+      wbd.sleep(0.5)
+      assert.are.equal(200, ctx_api(sb, "POST", "/contexts/" .. ctx.id .. "/restart").status)
+      local lines, raw = lines_of(a.wait())
+      local errs = of_type(lines, "error")
+      assert.are.equal(1, #errs, table.concat(raw, "\n"))
+      assert.are.equal("ContextRestarting", errs[1].name)
+      assert.are.equal("end_of_execution", lines[#lines].type)
+      assert.are.equal("2", main_result(run(sb, { code = "1 + 1", context_id = ctx.id })).text)
     end)
 
     it("creates a bash context", function()

@@ -106,6 +106,8 @@ describe("warmboxd runtime", function()
       assert.are.equal("False", py(sb, "import os\nstr(os.path.exists('/root'))"))
       assert.are.equal("False", py(sb, "str(os.path.exists(" .. string.format("%q", data) .. "))"))
       assert.are.equal("False", py(sb, "str(os.path.exists('/etc/shadow'))"))
+      assert.are.equal("False", py(sb, "str(os.path.exists('/etc/ssl/private'))"))
+      assert.are.equal("True", py(sb, "str(os.path.exists('/etc/ssl/certs'))"))
       assert.are.equal("False", py(sb, "str(os.path.exists('/work'))"))
       kill(sb)
     end)
@@ -299,8 +301,10 @@ describe("warmboxd runtime", function()
   end)
 
   describe("--unisolated", function()
-    it("warns loudly and runs sandboxes as plain processes", function()
-      local s3 = wbd.start{ args = { "--unisolated" } }
+    it("warns loudly, runs sandboxes as plain processes, and still ends them all", function()
+      -- without the freezer too: the hardest case for finding every process
+      local s3 = wbd.start{ args = { "--unisolated" }, wrapper = "env WARMBOXD_NO_FREEZER=1" }
+      local marker = "sleep " .. tostring(600 + math.random(1, 399)) .. ".5"
       local ok, err = pcall(function()
         assert.is_truthy(s3:log():find("WARNING", 1, true))
         local res = http.api(s3, "POST", "/sandboxes", { templateID = "code-interpreter-v1", timeout = 600 })
@@ -309,8 +313,19 @@ describe("warmboxd runtime", function()
         res = http.sandbox(s3, sb, 49999, "POST", "/execute",
           { json = { code = "import os\nx = 2\nos.environ['HOME'].endswith('/home')" } })
         assert.are.equal("True", main_text(res.body), res.body)
-        res = http.sandbox(s3, sb, 49999, "POST", "/execute", { json = { code = "x * 21" } })
+        -- a process that leaves its parent: setsid and a double fork
+        res = http.sandbox(s3, sb, 49999, "POST", "/execute", { json = { code = table.concat({
+          "import subprocess",
+          "subprocess.run(['bash', '-c', '(setsid " .. marker .. " >/dev/null 2>&1 &)'])",
+          "x * 21" }, "\n") } })
         assert.are.equal("42", main_text(res.body))
+        for _ = 1, 100 do
+          if #procs_mentioning(marker) > 0 then break end
+          wbd.sleep(0.05)
+        end
+        assert.are.equal(1, #procs_mentioning(marker))
+        assert.are.equal(204, http.api(s3, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
+        assert.are.same({}, procs_mentioning(marker))
       end)
       s3:stop()
       assert(ok, err)

@@ -57,8 +57,10 @@ class _Stream:
     def __init__(self, name):
         self.name = name
         self._buf = []
+        self._size = 0
         self._lock = threading.RLock()
         self._since = None
+        self._last = 0.0
         self.encoding = "utf-8"
         self.errors = "replace"
 
@@ -69,9 +71,13 @@ class _Stream:
             return 0
         with self._lock:
             self._buf.append(s)
+            self._size += len(s)
+            now = time.monotonic()
             if self._since is None:
-                self._since = time.monotonic()
-            if s.endswith("\n"):
+                self._since = now
+            # A line goes out at once after a quiet spell; a burst of lines is
+            # batched (the flusher sends the rest within 50 ms).
+            if s.endswith("\n") and (now - self._last > 0.05 or self._size > 65536):
                 self.flush()
         return len(s)
 
@@ -85,7 +91,9 @@ class _Stream:
                 return
             text = "".join(self._buf)
             self._buf = []
+            self._size = 0
             self._since = None
+            self._last = time.monotonic()
             if _active.is_set():
                 emit({"type": self.name, "text": text, "timestamp": _now()})
 
