@@ -267,8 +267,12 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   return 204;
 }
 
+#define BUSY_PAUSING 2
+
 static int op_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
+  /* E2B answers 204 to a pause that joins one already in flight */
+  int joined = WBD_REC(sb)->busy == BUSY_PAUSING;
   wbd_store_wait_idle_locked(sb);
   if (sb->state == WBD_KILLED) {
     wbd_store_unlock();
@@ -276,14 +280,14 @@ static int op_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   }
   if (sb->state == WBD_PAUSED) {
     wbd_store_unlock();
-    return 409;
+    return joined ? 204 : 409;
   }
   if (expire_only && sb->end_at_us > wbd_now_us()) {
     wbd_store_unlock();
     return 204;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
-  wbd_store_set_busy_locked(sb, 1);
+  wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
   int rc = wbd_rt_on_pause(sb, memory);
   wbd_store_lock();

@@ -630,8 +630,11 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
     json_decref(body);
     return unprocessable(req, "type_error", "body", "Input should be a valid string or object");
   }
+  /* Empty strings count as absent, as the server's truthiness tests do. */
   const char *ctx_id = json_string_value(jctx);
   const char *lang_in = json_string_value(jlang);
+  if (ctx_id && !*ctx_id) ctx_id = NULL;
+  if (lang_in && !*lang_in) lang_in = NULL;
   if (ctx_id && lang_in) {
     json_decref(body);
     return reply_text(req, 400, "Only one of context_id or language can be provided");
@@ -790,6 +793,8 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
       }
       const char *lang_in = json_string_value(json_object_get(body, "language"));
       const char *cwd = json_string_value(json_object_get(body, "cwd"));
+      if (lang_in && !*lang_in) lang_in = NULL;
+      if (cwd && !*cwd) cwd = NULL;
       char lbuf[32];
       const char *lang = norm_lang(lang_in ? lang_in : "python", lbuf, sizeof lbuf);
       if (!lang) {

@@ -176,11 +176,11 @@ int main(int argc, char **argv) {
   }
   if (wbd_opt.verbose) fprintf(stderr, "warmboxd: signal %d, shutting down\n", b);
 
-  /* Stop accepting, stop expiring leases, end every sandbox's processes (so
-   * streams that wait on them finish), then join the connection threads. */
+  /* Stop accepting, stop expiring leases, let the runtime end every
+   * sandbox's processes (so streams that wait on them finish), then join the
+   * connection threads and free the records. */
   wbd_server_quiesce();
   wbd_lifecycle_stop();
-  wbd_store_kill_all();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();

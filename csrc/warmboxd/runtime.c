@@ -210,7 +210,7 @@ static size_t descendants(const pid_t *roots, size_t nroots, pid_t **out) {
   struct pp *t;
   size_t n = proc_table(&t);
   size_t cap = nroots + 16, m = 0;
-  pid_t *v = malloc(cap * sizeof *v);
+  pid_t *v = calloc(cap, sizeof *v);  /* calloc: gcc -O2 cannot see every slot read was written */
   if (!v) abort();
   for (size_t i = 0; i < nroots; i++) v[m++] = roots[i];
   for (size_t q = 0; q < m; q++)
@@ -275,15 +275,19 @@ static int cg_set_state(const char *cg, const char *state) {
   snprintf(path, sizeof path, "%s/freezer.state", cg);
   int rc = write_file(path, state);
   if (rc) return rc;
-  /* FREEZING until every task has stopped. */
-  for (int i = 0; i < 400; i++) {
+  /* FREEZING until every task has stopped: usually well under a millisecond. */
+  long wait_us = 100, waited_us = 0;
+  while (waited_us < 2000000) {
     char buf[32] = { 0 };
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -errno;
     ssize_t r = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (r > 0 && strncmp(buf, state, strlen(state)) == 0) return 0;
-    sleep_ms(5);
+    struct timespec ts = { 0, wait_us * 1000L };
+    nanosleep(&ts, NULL);
+    waited_us += wait_us;
+    if (wait_us < 5000) wait_us *= 2;
   }
   return -ETIMEDOUT;
 }
@@ -513,7 +517,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
   snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
   rt->allow_net = sb->allow_internet;
-  char home[PATH_MAX + 8], tmp[PATH_MAX + 8];
+  char home[PATH_MAX + 128], tmp[PATH_MAX + 128];
   rt_sub(rt, "home", home, sizeof home);
   rt_sub(rt, "tmp", tmp, sizeof tmp);
   if (mkdir_p(rt->dir, 0755) != 0 || mkdir_p(home, 0755) != 0 || mkdir_p(tmp, 01777) != 0) {
@@ -632,7 +636,7 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
                     pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd) {
   if (!argv || !argv[0]) return -EINVAL;
   if (!cwd || !*cwd) cwd = "/home/user";
-  char home[PATH_MAX + 8], tmp[PATH_MAX + 8], hcwd[PATH_MAX + 8];
+  char home[PATH_MAX + 128], tmp[PATH_MAX + 128], hcwd[PATH_MAX + 128];
   rt_sub(rt, "home", home, sizeof home);
   rt_sub(rt, "tmp", tmp, sizeof tmp);
 
@@ -827,7 +831,7 @@ int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) {
 static size_t live_pids(struct wbd_rt *rt, pid_t **out) {
   size_t n = 0;
   for (struct rt_proc *p = rt->procs; p; p = p->next) n++;
-  pid_t *v = malloc((n + 1) * sizeof *v);
+  pid_t *v = calloc(n + 1, sizeof *v);  /* calloc: see descendants() */
   if (!v) abort();
   n = 0;
   for (struct rt_proc *p = rt->procs; p; p = p->next)
@@ -1044,6 +1048,36 @@ void wbd_rt_on_kill(struct wbd_sandbox *sb) {
 /* Start-up and shutdown                                               */
 /* ------------------------------------------------------------------ */
 
+/* Freezer groups left by a warmboxd that was killed (SIGKILL skips the
+ * clean-up): removed when their owner is gone and they hold no process. */
+static void reap_stale_cgroups(void) {
+  const char *root = "/sys/fs/cgroup/freezer";
+  DIR *d = opendir(root);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int pid;
+    if (sscanf(e->d_name, "warmboxd-%d", &pid) != 1 || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    char top[PATH_MAX];
+    snprintf(top, sizeof top, "%s/%s", root, e->d_name);
+    DIR *sd = opendir(top);
+    if (sd) {
+      struct dirent *se;
+      while ((se = readdir(sd)))
+        if (se->d_type == DT_DIR && se->d_name[0] != '.') {
+          char sub[PATH_MAX + 300];
+          snprintf(sub, sizeof sub, "%s/%s", top, se->d_name);
+          cg_set_state(sub, "THAWED");
+          rmdir(sub);  /* fails, and stays, while it holds a process */
+        }
+      closedir(sd);
+    }
+    rmdir(top);
+  }
+  closedir(d);
+}
+
 /* Runs a trivial jail; 0 when bubblewrap works. why gets bwrap's complaint. */
 static int check_bwrap(char *why, size_t len) {
   why[0] = 0;
@@ -1142,6 +1176,7 @@ int wbd_rt_init(void) {
     g_isolated = 1;
   }
 
+  reap_stale_cgroups();
   /* WARMBOXD_NO_FREEZER=1 (for tests) takes the SIGSTOP path even where the
    * freezer is available. */
   const char *nofreeze = getenv("WARMBOXD_NO_FREEZER");

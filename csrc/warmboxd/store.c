@@ -349,28 +349,6 @@ void wbd_sandbox_unref(struct wbd_sandbox *sb) {
 /* Shutdown                                                            */
 /* ------------------------------------------------------------------ */
 
-void wbd_store_kill_all(void) {
-  /* Collect under the lock, call the runtime without it. */
-  wbd_store_lock();
-  size_t n = 0, i = 0;
-  for (struct wbd_team *t = teams; t; t = t->next) n += t->n;
-  struct wbd_sandbox **v = n ? malloc(n * sizeof *v) : NULL;
-  for (struct wbd_team *t = teams; t && v; t = t->next)
-    for (size_t k = 0; k < t->n; k++) {
-      struct wbd_sandbox *sb = &t->v[k]->sb;
-      if (sb->rt) {
-        wbd_store_ref_locked(sb);
-        v[i++] = sb;
-      }
-    }
-  wbd_store_unlock();
-  for (size_t k = 0; k < i; k++) wbd_rt_on_kill(v[k]);
-  wbd_store_lock();
-  for (size_t k = 0; k < i; k++) wbd_store_unref_locked(v[k]);
-  wbd_store_unlock();
-  free(v);
-}
-
 void wbd_store_free_all(void) {
   wbd_store_lock();
   while (teams) {

@@ -68,8 +68,6 @@ size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char
 size_t wbd_store_lower_locked(struct wbd_team *t, int64_t started_us, const char *id);
 void wbd_store_counts_locked(long *running, long *paused);
 struct wbd_team *wbd_store_teams_locked(void);
-/* Shutdown: calls wbd_rt_on_kill for every live record (no lock held). */
-void wbd_store_kill_all(void);
 void wbd_store_free_all(void);
 
 /* ---- control.c ---- */

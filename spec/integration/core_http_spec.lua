@@ -133,8 +133,10 @@ local function drop(c)
   for i, x in ipairs(list) do if x == c then table.remove(list, i) break end end
 end
 
+local last = socket.gettime()
 while true do
   local rd = socket.select({ srv, table.unpack(list) }, nil, 1)
+  if #rd > 0 then last = socket.gettime() elseif socket.gettime() - last > 60 then os.exit(0) end
   for _, s in ipairs(rd) do
     if s == srv then
       local c = srv:accept()
@@ -164,15 +166,27 @@ while true do
 end
 ]==]
 
+-- The server runs detached (its output in a file), so nothing here waits on
+-- it; it also exits by itself after a minute without requests.
 local function start_server()
   local path = os.tmpname()
   local f = assert(io.open(path, "w"))
   f:write(SERVER)
   f:close()
-  local p = assert(io.popen("lua5.4 " .. path .. " & echo $!; wait", "r"))
+  local out = path .. ".out"
+  local p = assert(io.popen(("lua5.4 %s >%s 2>&1 </dev/null & echo $!"):format(path, out), "r"))
   local pid = assert(tonumber(p:read("l")))
-  local port = assert(tonumber(p:read("l")))
-  return { url = "http://127.0.0.1:" .. port, pid = pid, pipe = p, script = path }
+  p:close()
+  local port
+  for _ = 1, 400 do
+    local o = io.open(out, "r")
+    port = o and tonumber(o:read("l"))
+    if o then o:close() end
+    if port then break end
+    os.execute("sleep 0.05")
+  end
+  assert(port, "the raw server did not start")
+  return { url = "http://127.0.0.1:" .. port, pid = pid, script = path, out = out }
 end
 
 describe("warmbox.Http against a raw server", function()
@@ -186,8 +200,8 @@ describe("warmbox.Http against a raw server", function()
   lazy_teardown(function()
     h:close()
     os.execute("kill " .. srv.pid .. " 2>/dev/null")
-    srv.pipe:close()
     os.remove(srv.script)
+    os.remove(srv.out)
   end)
 
   local function get(path, extra)

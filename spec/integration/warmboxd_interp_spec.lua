@@ -83,7 +83,21 @@ describe("warmboxd code interpreter", function()
       q("X-Access-Token: " .. (box.envdAccessToken or "")), q("Content-Type: application/json"),
       q(cjson.encode(body)), q(srv.url .. "/execute"), q(tmp .. ".out"), q(tmp .. ".done"))
     os.execute(cmd)
+    local function peek()
+      local f = io.open(tmp .. ".out", "rb")
+      local s = f and f:read("a") or ""
+      if f then f:close() end
+      return s
+    end
     return {
+      -- waits until the stream so far contains `text` (the cell is running)
+      started = function(text)
+        for _ = 1, 1200 do
+          if peek():find(text, 1, true) then return true end
+          wbd.sleep(0.02)
+        end
+        error("the background run never printed " .. text)
+      end,
       wait = function()
         for _ = 1, 1200 do
           local f = io.open(tmp .. ".done")
@@ -389,7 +403,7 @@ describe("warmboxd code interpreter", function()
       local ctx = ctx_api(sb, "POST", "/contexts", { language = "python" }).json
       run(sb, { code = "1", context_id = ctx.id })
       local a = exec_bg(sb, { code = "import time\nprint('go', flush=True)\ntime.sleep(600)", context_id = ctx.id })
-      wbd.sleep(0.5)
+      a.started("go")
       assert.are.equal(200, ctx_api(sb, "POST", "/contexts/" .. ctx.id .. "/restart").status)
       local lines, raw = lines_of(a.wait())
       local errs = of_type(lines, "error")
@@ -446,8 +460,9 @@ describe("warmboxd code interpreter", function()
   describe("serialization", function()
     it("runs one cell at a time per context: a second run waits for the first", function()
       run(sb, "order = []")
-      local a = exec_bg(sb, { code = "import time\norder.append('a1')\ntime.sleep(1)\norder.append('a2')" })
-      wbd.sleep(0.3)
+      local a = exec_bg(sb, { code = "import time\norder.append('a1')\nprint('a1')\ntime.sleep(1)\n"
+        .. "order.append('a2')" })
+      a.started("a1")
       local b = exec_bg(sb, { code = "order.append('b')\nlist(order)" })
       local body_a, body_b = a.wait(), b.wait()
       assert.is_truthy(body_a:find("end_of_execution", 1, true))
@@ -456,8 +471,8 @@ describe("warmboxd code interpreter", function()
 
     it("does not count serialized runs as overlapping", function()
       http.request{ method = "POST", url = srv.url .. "/_warmboxd/stats/reset" }
-      local a = exec_bg(sb, { code = "import time\ntime.sleep(0.5)" })
-      wbd.sleep(0.1)
+      local a = exec_bg(sb, { code = "import time\nprint('a')\ntime.sleep(0.5)" })
+      a.started("number_of_executions")
       local b = exec_bg(sb, { code = "1" })
       a.wait()
       b.wait()
@@ -468,8 +483,8 @@ describe("warmboxd code interpreter", function()
     it("counts runs of one sandbox that overlap across contexts", function()
       local ctx = ctx_api(sb, "POST", "/contexts", { language = "python" }).json
       http.request{ method = "POST", url = srv.url .. "/_warmboxd/stats/reset" }
-      local a = exec_bg(sb, { code = "import time\ntime.sleep(2)" })
-      wbd.sleep(0.5)
+      local a = exec_bg(sb, { code = "import time\nprint('running')\ntime.sleep(2)" })
+      a.started("running")
       local lines = run(sb, { code = "'other context'", context_id = ctx.id })
       assert.are.equal("other context", main_result(lines).text)
       a.wait()
@@ -543,7 +558,7 @@ describe("warmboxd code interpreter", function()
       local box = create()
       run(box, "1")
       local a = exec_bg(box, { code = "import time\nprint('started', flush=True)\ntime.sleep(1.5)\nfinished = 'yes'" })
-      wbd.sleep(0.5)
+      a.started("started")
       local before = stats().counters.pause_during_run
       pause(box, true)
       assert.are.equal(before + 1, stats().counters.pause_during_run)
