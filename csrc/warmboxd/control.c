@@ -375,7 +375,7 @@ int wbd_sandbox_auto_resume(struct wbd_sandbox *sb) {
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
-static enum MHD_Result h_create(struct wbd_req *req, const char *team) {
+static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   enum MHD_Result r = MHD_NO;
   json_t *o = body_object(req, 1, &r);
   if (!o) return r;
@@ -427,7 +427,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team) {
   sb->template_id = strdup(tid);
   if (meta) json_object_update(sb->metadata, meta);
   if (env) json_object_update(sb->env_vars, env);
-  sb->secure = secure && json_is_true(secure);
+  /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system
+   * communication with the sandbox is always secured"; the SDK no longer sends
+   * `secure`). The older path keeps the opt-in `secure` flag. */
+  sb->secure = v2 || (secure && json_is_true(secure));
   if (!sb->secure) sb->access_token[0] = 0;
   sb->allow_internet = inet ? json_is_true(inet) : 1;
   sb->auto_pause = auto_pause;
@@ -970,7 +973,8 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
   char team[64], id[64];
   enum MHD_Result r = MHD_NO;
   if (authenticate(req, team, sizeof team, &r) != 0) return r;
-  if (strcmp(route, "POST /sandboxes") == 0 || strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team);
+  if (strcmp(route, "POST /sandboxes") == 0) return h_create(req, team, 0);
+  if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
   if (strcmp(route, "GET /v2/sandboxes") == 0) return h_list_v2(req, team);
   if (strcmp(route, "GET /sandboxes") == 0) return h_list_v1(req, team);
   if (path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");

@@ -126,10 +126,19 @@ describe("warmboxd control plane", function()
       end
     end)
 
-    it("gives no envdAccessToken unless secure", function()
+    it("gives no envdAccessToken unless secure (old path)", function()
       local sb = create(srv, { templateID = "base" })
       assert.is_nil(sb.envdAccessToken)
       assert.is_nil(info(srv, sb.sandboxID).json.envdAccessToken)
+    end)
+
+    it("always secures sandboxes created through /v2/sandboxes, as e2b 2.51 expects", function()
+      for _, body in ipairs({ { templateID = "base" }, { templateID = "base", secure = false } }) do
+        local res = http.api(srv, "POST", "/v2/sandboxes", body)
+        assert.are.equal(201, res.status)
+        assert.is_string(res.json.envdAccessToken)
+        assert.are.equal(res.json.envdAccessToken, info(srv, res.json.sandboxID).json.envdAccessToken)
+      end
     end)
 
     it("gives distinct ids", function()
