@@ -1,13 +1,11 @@
 -- Behaviour 8 against a real warmboxd: output isolation and input files.
-local wbd = require "spec.helpers.warmboxd"
-local http = require "spec.helpers.http"
-local warmbox = require "warmbox"
+local sessions = require "spec.helpers.sessions"
 local session = require "warmbox.session"
 
 describe("sessions: inputs and outputs (warmboxd)", function()
-  local srv, lockdir, wb
+  local env = sessions.new()
+  local srv, wb
 
-  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
   local function names(files)
     local out = {}
     for _, f in ipairs(files) do out[#out + 1] = f.name end
@@ -16,21 +14,10 @@ describe("sessions: inputs and outputs (warmboxd)", function()
   end
 
   lazy_setup(function()
-    srv = wbd.start()
-    lockdir = os.tmpname()
-    os.remove(lockdir)
-    wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      lock = { backend = "file", dir = lockdir } })
+    srv = env:start()
+    wb = env:warmbox()
   end)
-  lazy_teardown(function()
-    local c = stats().counters
-    wb:close()
-    srv:stop()
-    os.execute("rm -rf '" .. lockdir .. "'")
-    assert.equal(0, c.exec_overlap or 0)
-    assert.equal(0, c.kill_during_run or 0)
-    assert.equal(0, c.pause_during_run or 0)
-  end)
+  lazy_teardown(function() env:stop() end)
 
   it("returns only the files a run produced in /home/user/output, on a reused sandbox too", function()
     local s = wb:session("out:1")

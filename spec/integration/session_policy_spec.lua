@@ -1,37 +1,24 @@
 -- Behaviour 12 against a real warmboxd: policy hooks are plain Lua functions.
 local wbd = require "spec.helpers.warmboxd"
+local sessions = require "spec.helpers.sessions"
 local http = require "spec.helpers.http"
 local warmbox = require "warmbox"
 
-local function utc(s)
-  local y, m, d, H, M, S = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)")
-  y, m, d = tonumber(y), tonumber(m), tonumber(d)
-  if m <= 2 then y, m = y - 1, m + 12 end
-  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (m - 3) + 2) // 5 + d - 719469
-  return days * 86400 + tonumber(H) * 3600 + tonumber(M) * 60 + tonumber(S)
-end
+local utc = sessions.utc
 
 describe("sessions: policies (warmboxd)", function()
+  local env = sessions.new()
   local srv, lockdir
 
-  local function new_wb(o)
-    local opts = { api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      lock = { backend = "file", dir = lockdir } }
-    for k, v in pairs(o or {}) do opts[k] = v end
-    return assert(warmbox.new(opts))
-  end
-  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
-  local function reset_stats() http.request{ method = "POST", url = srv.url .. "/_warmboxd/stats/reset" } end
+  local function new_wb(o) return env:warmbox(o) end
+  local function stats() return env:stats() end
+  local function reset_stats() env:reset_stats() end
 
   lazy_setup(function()
-    srv = wbd.start()
-    lockdir = os.tmpname()
-    os.remove(lockdir)
+    srv = env:start()
+    lockdir = env.lockdir
   end)
-  lazy_teardown(function()
-    srv:stop()
-    os.execute("rm -rf '" .. lockdir .. "'")
-  end)
+  lazy_teardown(function() env:stop() end)
 
   it("tries candidates in the order the policy gives (here: oldest first)", function()
     local wb = new_wb{ policy = { order = function(c)

@@ -2,29 +2,24 @@
 -- the remembered sandbox and lease, a remembered sandbox that is gone, a
 -- stream that broke after it started.
 local wbd = require "spec.helpers.warmboxd"
+local sessions = require "spec.helpers.sessions"
 local http = require "spec.helpers.http"
-local warmbox = require "warmbox"
 
 describe("sessions: remembering the sandbox (warmboxd)", function()
+  local env = sessions.new()
   local srv, lockdir, wb
   local offset = 0
 
-  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
+  local function stats() return env:stats() end
   local function total() return stats().total_requests end
 
   lazy_setup(function()
-    srv = wbd.start()
-    lockdir = os.tmpname()
-    os.remove(lockdir)
-    wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      lock = { backend = "file", dir = lockdir }, exec_timeout = 300, idle_timeout = 300,
-      clock = function() return os.time() + offset end })
+    srv = env:start()
+    lockdir = env.lockdir
+    wb = env:warmbox{ exec_timeout = 300, idle_timeout = 300, clock = function() return os.time() + offset end }
   end)
-  lazy_teardown(function()
-    wb:close()
-    srv:stop()
-    os.execute("rm -rf '" .. lockdir .. "'")
-  end)
+  -- one spec kills a sandbox under a run on purpose
+  lazy_teardown(function() env:stop{ kill_during_run = true } end)
 
   it("runs a warm session with no files in one round trip", function()
     local s = wb:session("rt:1")

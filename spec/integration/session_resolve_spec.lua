@@ -1,35 +1,21 @@
 -- Behaviours 1-7 against a real warmboxd: reuse, create, duplicates, connect
 -- failure, dead first candidate, cross-tenant isolation, lease refresh failure.
 local wbd = require "spec.helpers.warmboxd"
+local sessions = require "spec.helpers.sessions"
 local http = require "spec.helpers.http"
-local warmbox = require "warmbox"
 
 local TEMPLATE = "code-interpreter-v1"
 
-local function utc(s)
-  local y, m, d, H, M, S = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)")
-  y, m, d = tonumber(y), tonumber(m), tonumber(d)
-  if m <= 2 then y, m = y - 1, m + 12 end
-  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (m - 3) + 2) // 5 + d - 719469
-  return days * 86400 + tonumber(H) * 3600 + tonumber(M) * 60 + tonumber(S)
-end
+local utc = sessions.utc
 
 describe("sessions: finding the sandbox (warmboxd)", function()
+  local env = sessions.new()
   local srv, lockdir, wb
 
-  local function new_wb(o)
-    local opts = { api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      lock = { backend = "file", dir = lockdir } }
-    for k, v in pairs(o or {}) do opts[k] = v end
-    return assert(warmbox.new(opts))
-  end
-  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
-  local function reset_stats() http.request{ method = "POST", url = srv.url .. "/_warmboxd/stats/reset" } end
-  local function fault(route, o)
-    local body = { route = route, count = 1, status = 500 }
-    for k, v in pairs(o or {}) do body[k] = v end
-    assert.equal(204, http.request{ method = "POST", url = srv.url .. "/_warmboxd/faults", json = body }.status)
-  end
+  local function new_wb(o) return env:warmbox(o) end
+  local function stats() return env:stats() end
+  local function reset_stats() env:reset_stats() end
+  local function fault(route, o) env:fault(route, o) end
   local function tagged(tv, n)
     local ids = {}
     for i = 1, n or 1 do
@@ -48,21 +34,17 @@ describe("sessions: finding the sandbox (warmboxd)", function()
     table.sort(ids)
     return ids
   end
-  local function route(st, name) return st.requests[name] or 0 end
+  local function route(st, name) return env:route(name, st) end
 
   lazy_setup(function()
-    srv = wbd.start()
-    lockdir = os.tmpname()
-    os.remove(lockdir)
+    srv = env:start()
+    lockdir = env.lockdir
   end)
-  lazy_teardown(function()
-    srv:stop()
-    os.execute("rm -rf '" .. lockdir .. "'")
-  end)
+  lazy_teardown(function() env:stop() end)
   before_each(function()
     wb = new_wb{ exec_timeout = 600, idle_timeout = 300 }
     http.request{ method = "DELETE", url = srv.url .. "/_warmboxd/faults" }
-    http.request{ method = "POST", url = srv.url .. "/_warmboxd/config", json = { loose_metadata = false } }
+    env:config{ loose_metadata = false }
   end)
   after_each(function()
     -- ours never run two executions at once, nor kill or pause during a run

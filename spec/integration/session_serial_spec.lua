@@ -2,16 +2,16 @@
 -- processes; different keys do not wait for each other; a dead holder's lock
 -- is released.
 local wbd = require "spec.helpers.warmboxd"
-local http = require "spec.helpers.http"
-local warmbox = require "warmbox"
+local sessions = require "spec.helpers.sessions"
 local lock = require "warmbox.lock"
 
 local PROCS, RUNS = 4, 5
 
 describe("sessions: serialization (warmboxd)", function()
+  local env = sessions.new()
   local srv, lockdir, wb
 
-  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
+  local function stats() return env:stats() end
   local function script(body, lock_src)
     lock_src = lock_src or string.format("{ backend = 'file', dir = %q, timeout = 300 }", lockdir)
     return string.format([[
@@ -63,17 +63,11 @@ describe("sessions: serialization (warmboxd)", function()
   end
 
   lazy_setup(function()
-    srv = wbd.start()
-    lockdir = os.tmpname()
-    os.remove(lockdir)
-    wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      lock = { backend = "file", dir = lockdir, timeout = 5 }, exec_timeout = 60, idle_timeout = 60 })
+    srv = env:start()
+    lockdir = env.lockdir
+    wb = env:warmbox{ lock = { backend = "file", dir = lockdir, timeout = 5 }, exec_timeout = 60, idle_timeout = 60 }
   end)
-  lazy_teardown(function()
-    wb:close()
-    srv:stop()
-    os.execute("rm -rf '" .. lockdir .. "'")
-  end)
+  lazy_teardown(function() env:stop() end)
 
   it(PROCS .. " processes x " .. RUNS .. " runs on one key: no overlap, every run completes, one sandbox", function()
     local key = "serial:one"

@@ -1,32 +1,19 @@
 -- Behaviour 9 against a real warmboxd: kernel state across runs and across an
 -- idle pause and resume; a changed env secret or actor gets another sandbox.
 local wbd = require "spec.helpers.warmboxd"
+local sessions = require "spec.helpers.sessions"
 local http = require "spec.helpers.http"
-local warmbox = require "warmbox"
 
 describe("sessions: state (warmboxd)", function()
-  local srv, lockdir, wb
+  local env = sessions.new()
+  local srv, wb
   local offset = 0 -- the session clock runs ahead of the wall clock by this much
 
-  local function stats() return http.request{ url = srv.url .. "/_warmboxd/stats" }.json end
-
   lazy_setup(function()
-    srv = wbd.start()
-    lockdir = os.tmpname()
-    os.remove(lockdir)
-    wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      lock = { backend = "file", dir = lockdir }, exec_timeout = 60, idle_timeout = 60,
-      clock = function() return os.time() + offset end })
+    srv = env:start()
+    wb = env:warmbox{ exec_timeout = 60, idle_timeout = 60, clock = function() return os.time() + offset end }
   end)
-  lazy_teardown(function()
-    local c = stats().counters
-    wb:close()
-    srv:stop()
-    os.execute("rm -rf '" .. lockdir .. "'")
-    assert.equal(0, c.exec_overlap or 0)
-    assert.equal(0, c.kill_during_run or 0)
-    assert.equal(0, c.pause_during_run or 0)
-  end)
+  lazy_teardown(function() env:stop() end)
 
   it("keeps a variable from one run to the next", function()
     local s = wb:session("state:1")

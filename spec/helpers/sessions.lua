@@ -1,0 +1,96 @@
+-- Shared set-up for the session integration specs: one warmboxd, a lock
+-- directory, warmbox objects wired to both, warmboxd's knobs, and the check
+-- that no run ever overlapped another or had its sandbox paused or killed
+-- underneath it.
+--
+--   local env = require("spec.helpers.sessions").new()
+--   local srv, wb
+--   lazy_setup(function() srv = env:start(); wb = env:warmbox{ exec_timeout = 60 } end)
+--   lazy_teardown(function() env:stop() end)   -- closes every warmbox, asserts the counters
+local luassert = require "luassert"
+local wbd = require "spec.helpers.warmboxd"
+local http = require "spec.helpers.http"
+
+local M = {}
+
+--- Seconds since the epoch of an RFC 3339 UTC time ("2026-08-21T20:00:00.123Z").
+function M.utc(s)
+  local y, m, d, H, Mi, S = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)")
+  y, m, d = tonumber(y), tonumber(m), tonumber(d)
+  if m <= 2 then y, m = y - 1, m + 12 end
+  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (m - 3) + 2) // 5 + d - 719469
+  return days * 86400 + tonumber(H) * 3600 + tonumber(Mi) * 60 + tonumber(S)
+end
+
+local Env = {}
+Env.__index = Env
+
+function M.new()
+  return setmetatable({ wbs = {} }, Env)
+end
+
+--- Starts warmboxd (options as spec.helpers.warmboxd.start) and makes the lock dir.
+function Env:start(opts)
+  self.srv = wbd.start(opts)
+  self.lockdir = os.tmpname()
+  os.remove(self.lockdir)
+  return self.srv
+end
+
+--- A warmbox object on this warmboxd with a file lock in the lock dir; `o`
+-- overrides any option. Closed by env:stop().
+function Env:warmbox(o)
+  local opts = { api_url = self.srv.url, sandbox_url = self.srv.url, api_key = self.srv.api_key,
+    lock = { backend = "file", dir = self.lockdir } }
+  for k, v in pairs(o or {}) do opts[k] = v end
+  local wb = luassert(require("warmbox").new(opts))
+  self.wbs[#self.wbs + 1] = wb
+  return wb
+end
+
+function Env:stats()
+  return http.request{ url = self.srv.url .. "/_warmboxd/stats" }.json
+end
+
+function Env:total()
+  return self:stats().total_requests
+end
+
+function Env:reset_stats()
+  luassert.equal(204, http.request{ method = "POST", url = self.srv.url .. "/_warmboxd/stats/reset" }.status)
+end
+
+--- How many requests a route got (from `st`, or from fresh stats).
+function Env:route(name, st)
+  return ((st or self:stats()).requests or {})[name] or 0
+end
+
+--- The next request(s) to `route` fail: by default one 500; `o` adds or overrides fields.
+function Env:fault(route, o)
+  local body = { route = route, count = 1, status = 500 }
+  for k, v in pairs(o or {}) do body[k] = v end
+  luassert.equal(204, http.request{ method = "POST", url = self.srv.url .. "/_warmboxd/faults", json = body }.status)
+end
+
+function Env:config(t)
+  luassert.equal(204, http.request{ method = "POST", url = self.srv.url .. "/_warmboxd/config", json = t }.status)
+end
+
+--- Closes every warmbox made here, stops warmboxd, removes the lock dir, then
+-- asserts that warmboxd never saw two runs of one sandbox overlap, nor a pause
+-- or kill hit a sandbox during a run. `allow` names counters a spec provokes on
+-- purpose (e.g. { kill_during_run = true } for a sandbox killed from outside).
+function Env:stop(allow)
+  allow = allow or {}
+  local c = self:stats().counters
+  for _, wb in ipairs(self.wbs) do wb:close() end
+  self.srv:stop()
+  os.execute("rm -rf " .. wbd.sh_quote(self.lockdir))
+  local what = { exec_overlap = "two runs of one sandbox overlapped",
+    kill_during_run = "a sandbox was killed during a run", pause_during_run = "a sandbox was paused during a run" }
+  for name, msg in pairs(what) do
+    if not allow[name] then luassert.equal(0, c[name] or 0, msg) end
+  end
+end
+
+return M
