@@ -13,7 +13,7 @@ math.randomseed(os.time() + math.floor(os.clock() * 1e6))
 do
   local tmpname, remove = os.tmpname, os.remove
   local names = {}
-  os.tmpname = function()
+  os.tmpname = function() -- luacheck: ignore 122 (deliberate: specs-only wrapper)
     local name = tmpname()
     names[#names + 1] = name
     return name
