@@ -5,6 +5,8 @@
 --   warmbox [options] release KEY
 --   warmbox [options] sessions
 --   warmbox [options] gc [--dry-run] [--max-age S]
+--   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
+--                              [--idle-timeout S,S,S] [--policy FILE] [--chart out.svg]
 --   warmbox demo
 --
 -- Options: --api-url URL, --api-key KEY (default $E2B_API_KEY), --template T,
@@ -32,6 +34,14 @@ commands:
   release KEY                    kill every sandbox of the session KEY
   sessions                       list sessions and their sandboxes
   gc [--dry-run] [--max-age S]   garbage-collect tagged sandboxes under the GC policy
+  simulate                       replay a trace or a generated workload against a virtual-time model of E2B
+      --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}
+      --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
+                                   --span S, --seed N)
+      --idle-timeout S[,S...]      one row per value (also --exec-timeout, --max-age, --gc-every)
+      --tail S                     seconds simulated after the last run (default lease + max-age + gc-every)
+      --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
+      --chart FILE                 write an SVG chart (cost vs p95 added latency; --chart-x/--chart-y METRIC)
   demo                           a short conversation on an embedded warmboxd, with timings
 
 options:
@@ -224,6 +234,108 @@ local function cmd_gc(o, args, io_)
   wb:close()
   if not rep then return fail(io_.stderr, msg, code) end
   print_gc(io_.stdout, rep, dry)
+  return 0
+end
+
+-- ------------------------------------------------------------------
+-- simulate
+-- ------------------------------------------------------------------
+
+local SIM_LISTS = { ["--idle-timeout"] = "idle_timeout", ["--exec-timeout"] = "exec_timeout",
+  ["--max-age"] = "max_age", ["--gc-every"] = "gc_every" }
+local SIM_MODEL = { ["--rtt-ms"] = "rtt_ms", ["--create-ms"] = "create_ms", ["--kernel-ms"] = "kernel_ms",
+  ["--resume-ms"] = "resume_ms", ["--max-length-hours"] = "max_length_hours" }
+local SIM_WORKLOAD = { ["--sessions"] = "sessions", ["--turns"] = "turns", ["--gap"] = "gap",
+  ["--duration"] = "duration", ["--think"] = "think", ["--span"] = "span", ["--seed"] = "seed" }
+local SIM_INTEGER = { sessions = true, turns = true, seed = true }
+local SIM_RANGE = { turns = true, duration = true, gap = true }
+
+local function cmd_simulate(o, args, io_)
+  local sim = require "warmbox.sim"
+  local opts = { exec_timeout = o.exec_timeout, idle_timeout = o.idle_timeout, policy = o.policy,
+    template = o.template, tag = o.tag }
+  local workload, model, chart, chart_x, chart_y
+  local sweep
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local function val()
+      i = i + 1
+      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
+      return args[i]
+    end
+    local function number(v, integer)
+      local n = tonumber(v)
+      if not n or (integer and math.type(n) ~= "integer") then
+        error(string_format("option %s needs %s, got '%s'", a, integer and "an integer" or "a number", v), 0)
+      end
+      return n
+    end
+    if a == "--trace" then opts.trace = val()
+    elseif a == "--policy" then opts.policy = val()
+    elseif a == "--chart" then chart = val()
+    elseif a == "--chart-x" then chart_x = val()
+    elseif a == "--chart-y" then chart_y = val()
+    elseif a == "--tail" then opts.tail = number(val())
+    elseif SIM_LISTS[a] then
+      local k, values = SIM_LISTS[a], {}
+      for item in (val() .. ","):gmatch("([^,]*),") do values[#values + 1] = number(item) end
+      if #values == 1 then
+        opts[k] = values[1]
+      else
+        if sweep and sweep.param ~= k then error("only one option may list several values", 0) end
+        sweep = { param = k, values = values }
+      end
+    elseif SIM_MODEL[a] then
+      model = model or {}
+      model[SIM_MODEL[a]] = number(val())
+    elseif SIM_WORKLOAD[a] then
+      local k, v = SIM_WORKLOAD[a], val()
+      workload = workload or {}
+      local lo, hi = v:match("^([^-]+)%-([^-]+)$")
+      if lo and SIM_RANGE[k] then
+        workload[k] = { number(lo, SIM_INTEGER[k]), number(hi, SIM_INTEGER[k]) }
+      else
+        workload[k] = number(v, SIM_INTEGER[k])
+      end
+    else
+      error("unknown argument " .. a .. " to simulate", 0)
+    end
+    i = i + 1
+  end
+  if opts.trace and workload then error("give --trace or a generated workload (--sessions ...), not both", 0) end
+  if not opts.trace then
+    workload = workload or {}
+    workload.sessions = workload.sessions or 20
+    opts.workload = workload
+  end
+  opts.model = model
+  local rows, msg, code
+  if sweep then
+    rows, msg, code = sim.sweep(opts, sweep)
+  else
+    local r
+    r, msg, code = sim.run(opts)
+    rows = r and { r }
+  end
+  if not rows then return fail(io_.stderr, msg, code) end
+  local r1 = rows[1]
+  local function shown(k)
+    if sweep and sweep.param == k then return "(swept)" end
+    return string_format("%gs", r1[k])
+  end
+  io_.stdout:write(string_format("%s: %d turns, exec timeout %s, idle timeout %s, max age %s, GC every %s, "
+    .. "policy %s\n", opts.trace or "generated workload", r1.turns, shown("exec_timeout"), shown("idle_timeout"),
+    shown("max_age"), shown("gc_every"), r1.policy))
+  io_.stdout:write(sim.format(rows))
+  if chart then
+    local svg = sim.chart(rows, { x = chart_x, y = chart_y })
+    local f, ferr = io.open(chart, "wb")
+    if not f then return fail(io_.stderr, "cannot write " .. chart .. ": " .. tostring(ferr), "IO") end
+    f:write(svg)
+    f:close()
+    io_.stderr:write(string_format("warmbox: chart written to %s\n", chart))
+  end
   return 0
 end
 
@@ -423,7 +535,8 @@ function _M.main(argv, io_)
   end
   local rest = {}
   for j = i, #args do rest[#rest + 1] = args[j] end
-  local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc }
+  local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
+    simulate = cmd_simulate }
   if cmd == "demo" then
     for _, a in ipairs(rest) do
       if a == "-h" or a == "--help" then

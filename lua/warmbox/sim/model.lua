@@ -1,0 +1,593 @@
+--- warmbox.sim.model: a virtual-time model of E2B for the simulator.
+--
+-- An object with the methods of a `warmbox.e2b` client that `warmbox.session`
+-- and `warmbox.gc` call (`create`, `list`, `list_pages`, `list_all`, `info`,
+-- `connect`, `set_timeout`, `pause`, `kill`, `kill_many`, `sandbox` and, on a
+-- sandbox handle, `run_code`, `read_file`, `write_file(s)`, `remove`,
+-- `make_dir`, `list_dir`, `stat`), whose state machine follows E2B's
+-- lifecycle (e2b-api.md section 5):
+--
+-- * a running sandbox has a lease (`end_at`); when it passes, the sandbox is
+--   paused (`onTimeout = pause`, memory kept) or killed;
+-- * `connect` extends a running sandbox's lease (never shortens it) or
+--   resumes a paused one (new `started_at`, `end_at = now + timeout`);
+--   `set_timeout` replaces the lease of a running one (404 when paused);
+-- * the lease is capped by the maximum session length, counted from the
+--   current run's `started_at`;
+-- * data-plane traffic to a paused sandbox auto-resumes it when
+--   `autoResume` is on (lease: the create timeout, at least 300 s), else gets
+--   a 502; a filesystem-only snapshot is resumed by a cold boot and never
+--   auto-resumed;
+-- * paused sandboxes are kept until killed.
+--
+-- Nothing sleeps and nothing touches the network: every call advances the
+-- virtual clock by its cost (half a round trip each way, plus create,
+-- resume, kernel start or run time), and lease expiry is evaluated lazily,
+-- at each step, at the exact time it happened. The model also keeps the
+-- books: running and paused sandbox-seconds, creates, resumes, requests.
+--
+--   local model = require("warmbox.sim.model").new{ rtt_ms = 20, create_ms = 500 }
+--   local clock = model:clock()        -- function() return virtual seconds end
+--   model:advance_to(t)                -- idle time passes (leases expire lazily)
+-- @module warmbox.sim.model
+
+local type, pairs, ipairs, tostring, error, setmetatable, require =
+  type, pairs, ipairs, tostring, error, setmetatable, require
+local string_format, table_sort, math_floor, math_max, math_min =
+  string.format, table.sort, math.floor, math.max, math.min
+local os_date = os.date
+
+local _M = { _VERSION = "0.1.0" }
+
+--- The private MIME type of the output report (as `warmbox.session` expects it).
+_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
+
+--- Default model parameters (milliseconds unless said).
+_M.DEFAULTS = {
+  rtt_ms = 20,             -- one request's round trip
+  create_ms = 500,         -- create (VM boot) server-side
+  kernel_ms = 1000,        -- first run on a fresh kernel (code interpreter start-up)
+  resume_ms = 1000,        -- resume of a memory snapshot
+  pause_ms = 2000,         -- an explicit pause (about 4 s per GiB of RAM)
+  max_length_hours = 24,   -- maximum session length (Pro: 24, Hobby: 1)
+  auto_resume_min = 300,   -- seconds: lease after a traffic-triggered resume, at least
+  start = 1767225600,      -- unix seconds of virtual time 0 (2026-01-01T00:00:00Z)
+}
+
+local Model = {}
+Model.__index = Model
+Model.__name = "warmbox.sim.Model"
+
+--- Make a model.
+-- @tparam[opt] table opts overrides of `DEFAULTS` (unknown keys raise)
+-- @treturn warmbox.sim.Model
+function _M.new(opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  local cfg = {}
+  for k, v in pairs(_M.DEFAULTS) do cfg[k] = v end
+  for k, v in pairs(opts or {}) do
+    if _M.DEFAULTS[k] == nil then error("bad option 'model." .. tostring(k) .. "' (unknown)", 2) end
+    if type(v) ~= "number" or v ~= v or v < 0 then
+      error("bad option 'model." .. tostring(k) .. "' (non-negative number expected)", 2)
+    end
+    cfg[k] = v
+  end
+  local self = setmetatable({
+    cfg = cfg,
+    now = cfg.start,           -- virtual unix seconds
+    rtt = cfg.rtt_ms / 1000,
+    max_length = cfg.max_length_hours * 3600,
+    boxes = {},                -- id -> record (killed ones too, until the end)
+    live = {},                 -- id -> record (running or paused)
+    seq = 0,
+    -- the books
+    stats = { requests = 0, creates = 0, resumes = 0, auto_resumes = 0, cold_boot_resumes = 0, auto_pauses = 0,
+              timeout_kills = 0, pauses = 0, kills = 0, paused_during_run = 0, running_seconds = 0,
+              paused_seconds = 0, runs = 0 },
+    -- per-run marks (reset by the simulator before each run)
+    mark = {},
+  }, Model)
+  return self
+end
+
+--- The virtual clock: a function returning the model's current time (unix seconds).
+function Model:clock()
+  return function() return self.now end
+end
+
+--- RFC 3339 (UTC, milliseconds) of a virtual time.
+local function rfc3339(t)
+  local s = math_floor(t)
+  local ms = math_floor((t - s) * 1000 + 0.5)
+  if ms >= 1000 then s, ms = s + 1, ms - 1000 end
+  return os_date("!%Y-%m-%dT%H:%M:%S", s) .. string_format(".%03dZ", ms)
+end
+_M.rfc3339 = rfc3339
+
+-- ------------------------------------------------------------------
+-- Time and the lifecycle
+-- ------------------------------------------------------------------
+
+-- A running sandbox stops running at time t (paused or killed): book its run time.
+local function stop_running(self, b, t)
+  self.stats.running_seconds = self.stats.running_seconds + math_max(0, t - b.running_since)
+  b.running_since = nil
+end
+
+local function start_paused(b, t)
+  b.state, b.paused_since, b.end_at = "paused", t, t
+end
+
+local function end_paused(self, b, t)
+  self.stats.paused_seconds = self.stats.paused_seconds + math_max(0, t - b.paused_since)
+  b.paused_since = nil
+end
+
+local function remove(self, b, t)
+  if b.state == "running" then stop_running(self, b, t) elseif b.state == "paused" then end_paused(self, b, t) end
+  b.state, b.killed_at = "killed", t
+  self.live[b.id] = nil
+end
+
+-- Leases that ran out by time `t`, applied at the time each one ran out.
+local function settle(self, t)
+  local due = {}
+  for _, b in pairs(self.live) do
+    if b.state == "running" and b.end_at <= t then due[#due + 1] = b end
+  end
+  if #due == 0 then return end
+  table_sort(due, function(a, b) return a.end_at < b.end_at or (a.end_at == b.end_at and a.n < b.n) end)
+  for _, b in ipairs(due) do
+    local at = b.end_at
+    if b.on_timeout == "pause" then
+      stop_running(self, b, at)
+      start_paused(b, at)
+      b.memory = b.keep_memory
+      if not b.memory then b.kernel, b.hooked = false, false end
+      self.stats.auto_pauses = self.stats.auto_pauses + 1
+    else
+      remove(self, b, at)
+      self.stats.timeout_kills = self.stats.timeout_kills + 1
+    end
+  end
+end
+
+--- Let virtual time pass to `t` (never backwards); leases expire on the way.
+function Model:advance_to(t)
+  if t > self.now then
+    settle(self, t)
+    self.now = t
+  end
+end
+
+-- Time passes by `d` seconds.
+local function pass(self, d)
+  if d > 0 then Model.advance_to(self, self.now + d) end
+end
+
+-- A control-plane request: half a round trip out, server work, half back.
+local function request(self, work)
+  self.stats.requests = self.stats.requests + 1
+  pass(self, self.rtt / 2)
+  local a, b, c = work()
+  pass(self, self.rtt / 2)
+  return a, b, c
+end
+
+local function cap(self, b, end_at)
+  return math_min(end_at, b.started_at + self.max_length)
+end
+
+-- Resume a paused sandbox now with a lease of `timeout` seconds (server side).
+local function resume(self, b, timeout)
+  end_paused(self, b, self.now)
+  if b.memory then
+    pass(self, self.cfg.resume_ms / 1000)
+  else
+    -- A filesystem-only snapshot boots cold: the kernel starts again.
+    pass(self, self.cfg.create_ms / 1000)
+    self.stats.cold_boot_resumes = self.stats.cold_boot_resumes + 1
+  end
+  b.state, b.started_at, b.running_since = "running", self.now, self.now
+  b.end_at = cap(self, b, self.now + timeout)
+  b.memory = true
+  self.stats.resumes = self.stats.resumes + 1
+  self.mark.resumed = true
+end
+
+local function sandbox_of(b)
+  return { sandbox_id = b.id, template_id = b.template, client_id = "sim", envd_version = "0.5.7",
+           envd_access_token = b.token, domain = "sim.local" }
+end
+
+local function detail_of(b)
+  local d = sandbox_of(b)
+  local md = {}
+  for k, v in pairs(b.metadata) do md[k] = v end
+  d.metadata, d.state = md, b.state
+  d.started_at, d.end_at = rfc3339(b.started_at), rfc3339(b.end_at)
+  d.cpu_count, d.memory_mb, d.disk_size_mb = 2, 512, 1024
+  d.lifecycle = { on_timeout = b.on_timeout, auto_resume = b.auto_resume }
+  return d
+end
+
+local function not_found(id)
+  return nil, string_format("sandbox '%s' not found", tostring(id)), "NOT_FOUND"
+end
+
+local function check_id(id, fname)
+  if type(id) == "table" then id = id.sandbox_id end
+  if type(id) ~= "string" then error("bad argument #1 to '" .. fname .. "' (sandbox id expected)", 3) end
+  return id
+end
+
+-- ------------------------------------------------------------------
+-- Control plane
+-- ------------------------------------------------------------------
+
+--- `c:create(params)` (see `warmbox.e2b`).
+function Model:create(params)
+  if type(params) ~= "table" then error("bad argument #1 to 'create' (table expected)", 2) end
+  return request(self, function()
+    local timeout = params.timeout or 15
+    if type(timeout) ~= "number" or timeout <= 0 then
+      return nil, "timeout must be greater than 0", "BAD_REQUEST"
+    end
+    if timeout > self.max_length then
+      return nil, string_format("timeout cannot be greater than %g hours", self.cfg.max_length_hours), "BAD_REQUEST"
+    end
+    pass(self, self.cfg.create_ms / 1000)
+    self.seq = self.seq + 1
+    local lc = params.lifecycle or {}
+    local md = {}
+    for k, v in pairs(params.metadata or {}) do md[k] = v end
+    local b = {
+      n = self.seq, id = string_format("sim%06d", self.seq), token = string_format("tok%06d", self.seq),
+      template = params.template or "base", metadata = md, state = "running",
+      started_at = self.now, created_at = self.now, running_since = self.now,
+      on_timeout = lc.on_timeout == "pause" and "pause" or "kill",
+      auto_resume = lc.on_timeout == "pause" and lc.auto_resume == true,
+      keep_memory = lc.keep_memory ~= false, memory = true,
+      timeout = timeout, kernel = false, hooked = false, executions = 0,
+    }
+    b.end_at = cap(self, b, self.now + timeout)
+    self.boxes[b.id], self.live[b.id] = b, b
+    self.stats.creates = self.stats.creates + 1
+    self.mark.created = true
+    return sandbox_of(b), nil
+  end)
+end
+
+local function state_set(opts)
+  local st = opts.state
+  if st == nil then return { running = true, paused = true } end
+  if type(st) == "string" then return { [st] = true } end
+  local set = {}
+  for _, s in ipairs(st) do set[s] = true end
+  return set
+end
+
+local function matching(self, opts)
+  local states, md = state_set(opts), opts.metadata
+  local out = {}
+  for _, b in pairs(self.live) do
+    if states[b.state] then
+      local ok = true
+      for k, v in pairs(md or {}) do
+        if b.metadata[k] ~= v then ok = false break end
+      end
+      if ok then out[#out + 1] = b end
+    end
+  end
+  -- E2B lists newest first.
+  table_sort(out, function(a, b) return a.started_at > b.started_at or (a.started_at == b.started_at and a.n > b.n) end)
+  return out
+end
+
+--- `c:list_pages(opts)`: one request per page of `limit` (100) items.
+function Model:list_pages(opts)
+  opts = opts or {}
+  local limit = opts.limit or 100
+  local snapshot, pos, done = nil, 0, false
+  return function()
+    if done then return nil end
+    return request(self, function()
+      if not snapshot then snapshot = matching(self, opts) end
+      local page = {}
+      for i = pos + 1, math_min(pos + limit, #snapshot) do page[#page + 1] = detail_of(snapshot[i]) end
+      pos = pos + #page
+      if pos >= #snapshot then done = true end
+      return page, false, (not done) and tostring(pos) or nil
+    end)
+  end
+end
+
+--- `c:list(opts)`: an iterator over items, following every page.
+function Model:list(opts)
+  local pages = self:list_pages(opts)
+  local items, i = nil, 0
+  return function()
+    while true do
+      if items and i < #items then
+        i = i + 1
+        return items[i]
+      end
+      items, i = pages(), 0
+      if items == nil then return nil end
+    end
+  end
+end
+
+--- `c:list_all(opts)` → items.
+function Model:list_all(opts)
+  local out = {}
+  for item in self:list(opts) do out[#out + 1] = item end
+  return out
+end
+
+--- `c:info(id)` → detail | nil, msg, "NOT_FOUND".
+function Model:info(id)
+  id = check_id(id, "info")
+  return request(self, function()
+    local b = self.live[id]
+    if not b then return not_found(id) end
+    return detail_of(b)
+  end)
+end
+
+--- `c:connect(id, { timeout })` → sb, resumed | nil, msg, code.
+function Model:connect(id, opts)
+  id = check_id(id, "connect")
+  local timeout = (opts and opts.timeout) or 300
+  return request(self, function()
+    local b = self.live[id]
+    if not b then return nil, string_format("paused sandbox '%s' not found", id), "NOT_FOUND" end
+    if timeout > self.max_length then
+      return nil, string_format("timeout cannot be greater than %g hours", self.cfg.max_length_hours), "BAD_REQUEST"
+    end
+    if b.state == "running" then
+      -- Only extended, never shortened; capped by the maximum session length.
+      b.end_at = math_max(b.end_at, cap(self, b, self.now + timeout))
+      if b.end_at <= self.now then settle(self, self.now) end
+      if b.state == "running" then return sandbox_of(b), false end
+    end
+    resume(self, b, timeout)
+    return sandbox_of(b), true
+  end)
+end
+
+--- `c:set_timeout(id, seconds)` → true | nil, msg, code.
+function Model:set_timeout(id, seconds)
+  id = check_id(id, "set_timeout")
+  return request(self, function()
+    local b = self.live[id]
+    if not b or b.state ~= "running" then
+      return nil, string_format("sandbox '%s' not found or not running", id), "NOT_FOUND"
+    end
+    if self.now - b.started_at >= self.max_length then
+      return nil, "max instance length exceeded", "BAD_REQUEST"
+    end
+    b.end_at = cap(self, b, self.now + seconds)
+    if b.end_at <= self.now then settle(self, self.now) end
+    return true
+  end)
+end
+
+--- `c:pause(id, { memory })` → true | false (already paused) | nil, msg, code.
+function Model:pause(id, opts)
+  id = check_id(id, "pause")
+  local memory = not (opts and opts.memory == false)
+  return request(self, function()
+    local b = self.live[id]
+    if not b then return not_found(id) end
+    if b.state == "paused" then return false end
+    pass(self, self.cfg.pause_ms / 1000)
+    if b.state ~= "running" then return false end
+    stop_running(self, b, self.now)
+    start_paused(b, self.now)
+    b.memory = memory
+    if not memory then b.kernel, b.hooked = false, false end
+    self.stats.pauses = self.stats.pauses + 1
+    return true
+  end)
+end
+
+local function kill_now(self, id)
+  local b = self.live[id]
+  if not b then return false end
+  remove(self, b, self.now)
+  self.stats.kills = self.stats.kills + 1
+  return true
+end
+
+--- `c:kill(id)` → true | false (already gone).
+function Model:kill(id)
+  id = check_id(id, "kill")
+  return request(self, function() return kill_now(self, id) end)
+end
+
+--- `c:kill_many(ids, { concurrency })`: parallel kills (one round trip per
+-- `concurrency` of them) → `{ { true } | { false }, ... }`.
+function Model:kill_many(ids, opts)
+  if type(ids) ~= "table" then error("bad argument #1 to 'kill_many' (table expected)", 2) end
+  local conc = (opts and opts.concurrency) or 8
+  local out = {}
+  for start = 1, #ids, conc do
+    self.stats.requests = self.stats.requests + math_min(conc, #ids - start + 1) - 1
+    request(self, function()
+      for i = start, math_min(start + conc - 1, #ids) do
+        out[i] = { kill_now(self, check_id(ids[i], "kill_many")) }
+      end
+    end)
+  end
+  return out
+end
+
+-- ------------------------------------------------------------------
+-- Data plane
+-- ------------------------------------------------------------------
+
+local Sandbox = {}
+Sandbox.__index = Sandbox
+Sandbox.__name = "warmbox.sim.Sandbox"
+
+--- `c:sandbox(sb_or_id, opts)`: a data-plane handle.
+function Model:sandbox(sb, opts) -- luacheck: ignore 212
+  local id = check_id(sb, "sandbox")
+  return setmetatable({ model = self, sandbox_id = id }, Sandbox)
+end
+
+-- Reach the sandbox through the proxy: a paused one with autoResume (and a
+-- memory snapshot) is resumed, else the proxy answers 502.
+local function reach(self, id)
+  local b = self.live[id]
+  if b and b.state == "paused" and b.auto_resume and b.memory then
+    resume(self, b, math_min(math_max(b.timeout, self.cfg.auto_resume_min), self.max_length))
+    self.stats.auto_resumes = self.stats.auto_resumes + 1
+  end
+  if not b or b.state ~= "running" then
+    return nil, string_format("sandbox '%s' is not reachable (the sandbox was not found)", id), "SANDBOX_GONE"
+  end
+  return b
+end
+
+local function dp(self, id, work)
+  return request(self, function()
+    local b, err, code = reach(self, id)
+    if not b then return nil, err, code end
+    return work(b)
+  end)
+end
+
+function Sandbox:write_files(files)
+  return dp(self.model, self.sandbox_id, function()
+    local out = {}
+    for i, f in ipairs(files) do out[i] = { path = f.path, name = f.path:match("[^/]*$"), type = "file" } end
+    return out
+  end)
+end
+
+function Sandbox:write_file(path, data)
+  local r, err, code = self:write_files{ { path = path, data = data } }
+  if not r then return nil, err, code end
+  return r[1]
+end
+
+function Sandbox:read_file(path)
+  return dp(self.model, self.sandbox_id, function()
+    return nil, string_format("file '%s' not found", tostring(path)), "NOT_FOUND"
+  end)
+end
+
+function Sandbox:remove(path)
+  return dp(self.model, self.sandbox_id, function() return true, path end)
+end
+
+function Sandbox:make_dir(path)
+  return dp(self.model, self.sandbox_id, function() return true, path end)
+end
+
+function Sandbox:list_dir(path) -- luacheck: ignore 212
+  -- The simulated runs leave no files behind.
+  return dp(self.model, self.sandbox_id, function() return {} end)
+end
+
+function Sandbox:stat(path)
+  return dp(self.model, self.sandbox_id, function() return { path = path, type = "dir" } end)
+end
+
+--- `s:run_code(code, opts)`: the run takes `model.duration` seconds (set by
+-- the simulator per run; 0 by default). The first cell on a fresh kernel
+-- pays `kernel_ms`. A python cell that carries warmbox's prelude registers the
+-- output hooks, so the kernel then reports its (empty) output directory the way
+-- `warmbox.session` expects. A lease that runs out during the run pauses (or
+-- kills) the sandbox under it: the stream breaks.
+function Sandbox:run_code(code, opts)
+  opts = opts or {}
+  local m = self.model
+  local duration = m.duration or 0
+  local timeout = opts.timeout
+  m.stats.requests = m.stats.requests + 1
+  pass(m, m.rtt / 2)
+  local b, err, ecode = reach(m, self.sandbox_id)
+  if not b then
+    pass(m, m.rtt / 2)
+    return nil, err, ecode
+  end
+  if not b.kernel then
+    pass(m, m.cfg.kernel_ms / 1000)
+    b.kernel, b.hooked = true, false
+  end
+  m.mark.code_started = m.now
+  m.stats.runs = m.stats.runs + 1
+  local stop = duration
+  local timed_out = timeout and duration > timeout
+  if timed_out then stop = timeout end
+  if b.end_at < m.now + stop then
+    -- The lease runs out under the run: E2B pauses (or kills) the sandbox.
+    m:advance_to(b.end_at)
+    m.stats.paused_during_run = m.stats.paused_during_run + 1
+    pass(m, m.rtt / 2)
+    return nil, "the stream broke: the sandbox was paused during the run", "STREAM_BROKEN"
+  end
+  pass(m, stop)
+  pass(m, m.rtt / 2)
+  if timed_out then return nil, "execution timed out", "TIMEOUT" end
+  b.executions = b.executions + 1
+  local language = opts.language or "python"
+  local results = {}
+  if language == "python" then
+    -- The kernel gets the hooks from warmbox's prelude line (the session's own source).
+    if not b.hooked and type(code) == "string" and code:find(require("warmbox.session").PRELUDE, 1, true) then
+      b.hooked = true
+    end
+    if b.hooked then
+      local res = { is_main_result = false, extra = { [_M.OUTPUTS_MIME] = { v = 1, files = {} } } }
+      if opts.on_result then opts.on_result(res) end
+      results[1] = res
+    end
+  end
+  return { stdout = {}, stderr = {}, results = results, error = nil, execution_count = b.executions }
+end
+
+-- ------------------------------------------------------------------
+-- The books
+-- ------------------------------------------------------------------
+
+--- Close the books at the current time: running and paused seconds so far
+-- (idempotent: the sandboxes keep their state).
+-- @treturn table `{ running, paused }` counts of live sandboxes
+function Model:close_books()
+  local running, paused = 0, 0
+  for _, b in pairs(self.live) do
+    if b.state == "running" then
+      stop_running(self, b, self.now)
+      b.running_since = self.now
+      running = running + 1
+    else
+      end_paused(self, b, self.now)
+      b.paused_since = self.now
+      paused = paused + 1
+    end
+  end
+  return { running = running, paused = paused }
+end
+
+--- Records of every sandbox the model made (a copy: id, state, metadata, ...).
+function Model:sandboxes()
+  local out = {}
+  for _, b in pairs(self.boxes) do
+    local md = {}
+    for k, v in pairs(b.metadata) do md[k] = v end
+    out[#out + 1] = { sandbox_id = b.id, state = b.state, metadata = md, created_at = b.created_at,
+                      killed_at = b.killed_at, executions = b.executions }
+  end
+  table_sort(out, function(a, b) return a.sandbox_id < b.sandbox_id end)
+  return out
+end
+
+_M.Model = Model
+_M.Sandbox = Sandbox
+return _M
