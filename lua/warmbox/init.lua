@@ -30,7 +30,7 @@ _M.policy = policy_mod
 local OPTS = {
   template = true, exec_timeout = true, idle_timeout = true, tag = true, lock = true, policy = true,
   api_key = true, api_url = true, sandbox_url = true, domain = true, warmboxd = true, warmboxd_args = true,
-  clock = true, client = true, secret = true, request_timeout = true,
+  clock = true, client = true, secret = true, request_timeout = true, max_run_length = true,
 }
 
 local function check_type(opts, k, want, level)
@@ -65,10 +65,10 @@ function _M.new(opts)
   for k, want in pairs({ template = "string", tag = "string", api_key = "string", api_url = "string",
     sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
     clock = "function", client = "table", secret = "string", exec_timeout = "number",
-    idle_timeout = "number", request_timeout = "number" }) do
+    idle_timeout = "number", request_timeout = "number", max_run_length = "number" }) do
     check_type(o, k, want, 2)
   end
-  for _, k in ipairs({ "exec_timeout", "idle_timeout" }) do
+  for _, k in ipairs({ "exec_timeout", "idle_timeout", "max_run_length" }) do
     if o[k] ~= nil and (o[k] ~= o[k] or o[k] <= 0) then
       error(string_format("bad option '%s' to 'new' (positive number expected, got %s)", k, tostring(o[k])), 2)
     end
@@ -95,6 +95,7 @@ function _M.new(opts)
     template = o.template or "code-interpreter-v1",
     exec_timeout = o.exec_timeout or 300,
     idle_timeout = o.idle_timeout or 300,
+    max_run_length = o.max_run_length or 24 * 3600,
     tag = o.tag or "warmboxSessionId",
     lock = lock or "file",
     policy = p,
@@ -159,7 +160,7 @@ function Warmbox:session(key, opts)
     client = self.client, lock = self.lock, clock = self.clock, policy = self.policy,
     template = opts.template or self.template, exec_timeout = self.exec_timeout,
     idle_timeout = self.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
-    secret = self.secret, origin = self.origin,
+    secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
   })
 end
 

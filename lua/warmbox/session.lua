@@ -181,9 +181,10 @@ end
 -- ------------------------------------------------------------------
 
 --- Decode the state string a session keeps under its lock key:
--- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, last_run, hooked }`
--- (times in the session clock's unit, unix seconds by default; `hooked` is the
--- sandbox id whose python kernel has warmbox's output hooks).
+-- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, run_started, last_run, hooked }`
+-- (times in the session clock's unit, unix seconds by default; `run_started` is
+-- when the sandbox's current run began, since E2B caps a run's length; `hooked`
+-- is the sandbox id whose python kernel has warmbox's output hooks).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
 function _M.decode_state(s)
@@ -200,7 +201,8 @@ function _M.encode_state(st)
   if not st.sandbox_id then return nil end
   return cjson.encode({
     v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
-    domain = st.domain, lease_end = st.lease_end, last_run = st.last_run, hooked = st.hooked,
+    domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
+    hooked = st.hooked,
   })
 end
 
@@ -360,7 +362,7 @@ _M.Session = Session
 
 local NEW_OPTS = { client = true, lock = true, lock_opts = true, clock = true, policy = true, template = true,
   exec_timeout = true, idle_timeout = true, tag = true, env = true, actor = true, secret = true, hmac = true,
-  sha256 = true, on_event = true, origin = true }
+  sha256 = true, on_event = true, origin = true, max_run_length = true }
 
 -- Lock options: waits long enough for a run of the same session to finish;
 -- a dead holder's lock expires (Redis) or is released by the kernel (file).
@@ -396,8 +398,10 @@ _M.lock_factory = lock_factory
 --   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
 --   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
 --   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
---   called on "connect", "create", "kill", "retry"), `origin` (a string naming the
---   E2B endpoint and account: remembered state written under another origin is ignored).
+--   called on "connect", "create", "kill", "retry", "recycle"), `origin` (a string naming the
+--   E2B endpoint and account: remembered state written under another origin is ignored),
+--   `max_run_length` (seconds E2B lets one run of a sandbox last from its start:
+--   86400 on Pro, 3600 on Hobby; default 86400).
 -- @treturn warmbox.Session
 function _M.new(key, opts)
   if type(key) ~= "string" or key == "" then
@@ -417,8 +421,9 @@ function _M.new(key, opts)
     actor = opts.actor,
     on_event = opts.on_event,
     origin = opts.origin,
+    max_run_length = opts.max_run_length or 24 * 3600,
   }
-  for _, k in ipairs({ "exec_timeout", "idle_timeout" }) do
+  for _, k in ipairs({ "exec_timeout", "idle_timeout", "max_run_length" }) do
     if not is_positive_number(self[k]) then
       error(string_format("bad option '%s' to 'new' (positive number expected, got %s)", k, tostring(self[k])), 2)
     end
@@ -484,13 +489,31 @@ function Session:_lease(ctx)
   return math.ceil(lease)
 end
 
-local function remember(st, tag, sb, lease_end, origin)
-  st.tag, st.origin = tag, origin
-  if st.sandbox_id ~= sb.sandbox_id then st.hooked = nil end
+-- Remembers the secured sandbox. `run_started` is when its current run began
+-- (nil: unchanged for the same sandbox, unknown for another); E2B caps every
+-- lease at run start + the maximum run length, so the remembered lease is too.
+function Session:_remember(st, sb, lease_end, run_started)
+  st.tag, st.origin = self.tag_value, self.origin
+  if st.sandbox_id ~= sb.sandbox_id then
+    st.hooked, st.run_started = nil, nil
+  end
   st.sandbox_id = sb.sandbox_id
   if sb.envd_access_token then st.access_token = sb.envd_access_token end
   if sb.domain and sb.domain ~= cjson.null then st.domain = sb.domain end
+  if run_started then st.run_started = run_started end
+  if st.run_started then lease_end = math.min(lease_end, st.run_started + self.max_run_length) end
   st.lease_end = lease_end
+end
+
+-- Seconds since the epoch of an RFC 3339 UTC time (the listed `started_at`).
+local function parse_utc(s)
+  if type(s) ~= "string" then return nil end
+  local y, m, d, H, Mi, S = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)")
+  if not y then return nil end
+  y, m, d = tonumber(y), tonumber(m), tonumber(d)
+  if m <= 2 then y, m = y - 1, m + 12 end
+  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (m - 3) + 2) // 5 + d - 719469
+  return days * 86400 + tonumber(H) * 3600 + tonumber(Mi) * 60 + tonumber(S)
 end
 
 local function forget(st)
@@ -544,7 +567,7 @@ function Session:_resolve(st, lease)
       if ok then
         if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
         kept, resumed = sb, res == true
-        remember(st, tv, sb, t0 + lease, self.origin)
+        self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
         break
       end
       -- Connected but its lease cannot be set: never leave it running unattended.
@@ -583,7 +606,7 @@ function Session:_resolve(st, lease)
     if not sb then return nil, cerr, ccode end
     self:_event("create", { sandbox_id = sb.sandbox_id })
     kept, created = sb, true
-    remember(st, tv, sb, t0 + params.timeout, self.origin)
+    self:_remember(st, sb, t0 + params.timeout, t0)
   end
   -- Reap duplicates only now that one sandbox is secured.
   for _, it in ipairs(cands) do
@@ -606,6 +629,29 @@ function Session:_acquire(st, run_timeout)
   -- A run allowed to take longer than the lease must not be paused underneath itself.
   if run_timeout > lease then lease = math.ceil(run_timeout) end
   ctx.lease = lease
+  local got, gerr, gcode = self:_secure(st, ctx, lease)
+  if not got then return nil, gerr, gcode end
+  -- E2B ends a run at its start + the maximum run length, whatever the lease
+  -- says: a run that could cross that line would be paused underneath itself.
+  -- Pausing (memory kept) and connecting starts a new run of the same kernel.
+  if st.run_started and st.run_started + self.max_run_length < self.clock() + run_timeout + _M.LEASE_MARGIN then
+    local ok, perr, pcode = self.client:pause(got.sandbox_id)
+    if ok == nil and pcode ~= "NOT_FOUND" then return nil, perr, pcode end
+    local t0 = self.clock()
+    local sb, res, ccode = self.client:connect(got.sandbox_id, { timeout = lease })
+    self:_event("recycle", { sandbox_id = got.sandbox_id, ok = sb ~= nil })
+    if not sb then
+      forget(st)
+      return nil, res, ccode
+    end
+    if sb.sandbox_id == nil then sb.sandbox_id = got.sandbox_id end
+    self:_remember(st, sb, t0 + lease, t0)
+  end
+  return got
+end
+
+-- The three ways to a sandbox for one run (see _acquire).
+function Session:_secure(st, ctx, lease)
   if st.sandbox_id and st.tag == self.tag_value then
     local refresh, perr, pcode = policy_mod.call(self.policy, "should_refresh", ctx)
     if pcode then return nil, perr, pcode end
@@ -617,7 +663,7 @@ function Session:_acquire(st, run_timeout)
     self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil })
     if sb then
       if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
-      remember(st, self.tag_value, sb, t0 + lease, self.origin)
+      self:_remember(st, sb, t0 + lease, res == true and t0 or nil)
       return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
     end
     if ccode == "AUTH" then return nil, res, ccode end

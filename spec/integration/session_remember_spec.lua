@@ -108,4 +108,27 @@ describe("sessions: remembering the sandbox (warmboxd)", function()
     assert.equal(1, st.requests["interp POST /execute"])
     assert.is_nil(st.requests["POST /sandboxes"])
   end)
+
+  it("recycles a sandbox near E2B's maximum run length so a run is never paused underneath", function()
+    local w = env:warmbox{ exec_timeout = 60, idle_timeout = 300 } -- the real clock: it reads started_at
+    local s = w:session("rt:maxlen")
+    -- A running sandbox of this session whose run began 24 h - 20 s ago (warmboxd's cap is 24 h).
+    local seeded = http.api(srv, "POST", "/_warmboxd/seed", { count = 1, state = "running",
+      templateID = "code-interpreter-v1", timeout = 300, started_ago_s = 24 * 3600 - 20,
+      autoPause = true, autoResume = true, metadata = { warmboxSessionId = s.tag_value } })
+    assert.equal(200, seeded.status)
+    local id = assert(w.client:list_all{ metadata = { warmboxSessionId = s.tag_value } })[1].sandbox_id
+    env:reset_stats()
+    local t0 = os.time()
+    local r = assert(s:run("import time\ntime.sleep(1)\n6 * 7", { timeout = 60 }))
+    assert.equal(id, r.sandbox_id)
+    assert.equal("42", r.results[1].text)
+    local st = stats()
+    assert.equal(1, env:route("POST /sandboxes/{id}/pause", st))
+    assert.equal(0, st.counters.pause_during_run or 0)
+    -- a new run of the same sandbox: it started just now, so the next 24 h are its own
+    local info = assert(w.client:info(id))
+    assert.equal("running", info.state)
+    assert.is_true(sessions.utc(info.started_at) >= t0 - 1)
+  end)
 end)

@@ -69,6 +69,14 @@ local function new_client(clock)
     s.lease_end = math.max(s.lease_end, clock() + o.timeout)
     return { sandbox_id = id, envd_access_token = "tok-" .. id }, resumed
   end
+  function c:pause(id)
+    rec("pause", id)
+    local s = self.sb[id]
+    if not s or s.killed then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
+    if s.state == "paused" then return false end
+    s.state = "paused"
+    return true
+  end
   function c:set_timeout(id, t)
     rec("set_timeout", id, t)
     if self.fail.set_timeout and self.fail.set_timeout[id] then return nil, "timeout failed", "HTTP" end
@@ -564,11 +572,52 @@ describe("warmbox.session", function()
       assert.same({ owner = "x", warmboxSessionId = s.tag_value }, p.metadata)
     end)
 
+    it("recycles a sandbox whose run would cross E2B's maximum run length: pause, then connect", function()
+      local e = setup()
+      local s = e.new("w:t", { max_run_length = 3600 })
+      local r1 = assert(s:run("1"))
+      e.t.now = e.t.now + 3600 - 30 -- 30 s of this run left; the next may take up to 60
+      e.client.calls = {}
+      local r2 = assert(s:run("2", { timeout = 60 }))
+      assert.equal(r1.sandbox_id, r2.sandbox_id)
+      local names = {}
+      for _, call in ipairs(e.client.calls) do names[#names + 1] = call[1] end
+      -- the refresh first (the capped lease cannot cover the run), then the recycle, then the run
+      assert.same({ "connect", "pause", "connect", "run_code" }, names)
+      local st = s:state()
+      assert.equal(e.t.now, st.run_started) -- a new run: the cap moved to now + 3600
+      assert.equal(e.t.now + 600, st.lease_end)
+      -- right after, nothing more is needed
+      e.client.calls = {}
+      assert(s:run("3", { timeout = 60 }))
+      assert.equal(0, e.client:count("pause"))
+    end)
+
+    it("does not recycle while the run fits before the maximum run length", function()
+      local e = setup()
+      local s = e.new("w:t", { max_run_length = 3600 })
+      assert(s:run("1"))
+      e.t.now = e.t.now + 3600 - 120
+      e.client.calls = {}
+      assert(s:run("2", { timeout = 60 }))
+      assert.equal(0, e.client:count("pause"))
+    end)
+
+    it("caps the remembered lease at the run's start + the maximum run length", function()
+      local e = setup()
+      local s = e.new("w:t", { max_run_length = 400, exec_timeout = 300, idle_timeout = 300 })
+      local t0 = e.t.now
+      assert(s:run("1", { timeout = 10 }))
+      e.t.now = t0 + 200
+      assert(s:run("2", { timeout = 10 })) -- refreshed: now + 300 would pass the cap at t0 + 400
+      assert.equal(t0 + 400, s:state().lease_end)
+    end)
+
     it("skips the refresh when should_refresh says so", function()
       local e = setup({ policy = { should_refresh = function() return false end } })
       local s = e.new("w:t")
       assert(s:run("1"))
-      e.t.now = e.t.now + 100000
+      e.t.now = e.t.now + 10000 -- far past the lease, within E2B's maximum run length
       e.client.calls = {}
       assert(s:run("2"))
       assert.equal(0, e.client:count("connect"))

@@ -335,7 +335,7 @@ local function run(o)
     if not s then
       s = session_mod.new(key, { client = model, lock = new_lock, clock = clock, policy = policy,
         template = template, exec_timeout = exec_timeout, idle_timeout = idle_timeout, tag = tag,
-        origin = "warmbox.sim", on_event = on_event })
+        origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length })
       sessions[key] = s
     end
     return s
