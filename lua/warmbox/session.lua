@@ -505,15 +505,10 @@ function Session:_remember(st, sb, lease_end, run_started)
   st.lease_end = lease_end
 end
 
--- Seconds since the epoch of an RFC 3339 UTC time (the listed `started_at`).
+-- Unix seconds of an RFC 3339 time (the listed `started_at`); warmbox.gc owns
+-- the parser (required here lazily: gc requires this module lazily too).
 local function parse_utc(s)
-  if type(s) ~= "string" then return nil end
-  local y, m, d, H, Mi, S = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)")
-  if not y then return nil end
-  y, m, d = tonumber(y), tonumber(m), tonumber(d)
-  if m <= 2 then y, m = y - 1, m + 12 end
-  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (m - 3) + 2) // 5 + d - 719469
-  return days * 86400 + tonumber(H) * 3600 + tonumber(Mi) * 60 + tonumber(S)
+  return require("warmbox.gc").parse_time(s)
 end
 
 local function forget(st)
