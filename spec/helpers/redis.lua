@@ -12,21 +12,8 @@
 -- M.available() is false when redis-server is not installed (specs skip).
 local M = {}
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function read_all(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function alive(pid)
-  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true
-end
-
-local function sleep(s) os.execute("sleep " .. s) end
+local wbd = require "spec.helpers.warmboxd"
+local q, read_all, alive, sleep = wbd.sh_quote, wbd.read_all, wbd.alive, wbd.sleep
 
 function M.bin()
   return os.getenv("REDIS_SERVER_BIN") or "redis-server"

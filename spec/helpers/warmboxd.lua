@@ -38,6 +38,7 @@ local function read_all(path)
   f:close()
   return s
 end
+M.read_all = read_all
 
 local function alive(pid)
   return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true

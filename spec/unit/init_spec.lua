@@ -1,20 +1,13 @@
 -- The warmbox module: options, version check, globals, release and sessions
 -- (with a fake core, a fake E2B client and a fake lock).
-local function fake_hash(s)
-  local h1, h2 = 5381, 52711
-  for i = 1, #s do
-    local b = s:byte(i)
-    h1 = (h1 * 33 + b) % 4294967296
-    h2 = (h2 * 31 + b * 7) % 4294967296
-  end
-  return string.format("%08x%08x%08x%08x", h1, h2, (h1 ~ h2) % 4294967296, (h1 + h2) % 4294967296)
-end
+local fakes = require "spec.helpers.fakes"
+local fake_hash = fakes.hash
 
 local function fake_core(version)
   return {
     _VERSION = version or "0.1.0",
     sha256 = fake_hash,
-    hmac_sha256 = function(k, s) return fake_hash(k .. "\0" .. s) end,
+    hmac_sha256 = fakes.hmac,
     now = os.clock, sleep = function() end, module_path = function() return "/nonexistent/warmbox/core.so" end,
   }
 end
@@ -138,7 +131,7 @@ insulate("warmbox", function()
     it("kill and list only the sandboxes whose tag decodes to the key, any fingerprint", function()
       local warmbox = fresh_warmbox()
       local session = require "warmbox.session"
-      local o = { hmac = function(k, s) return fake_hash(k .. "\0" .. s) end, sha256 = fake_hash }
+      local o = { hmac = fakes.hmac, sha256 = fake_hash }
       local a1 = session.tag_value("w:1", o)
       local a2 = session.tag_value("w:1", { hmac = o.hmac, sha256 = o.sha256, actor = "bob" })
       local b = session.tag_value("w:10", o)
@@ -166,7 +159,7 @@ insulate("warmbox", function()
     it("returns BUSY while a run holds the session", function()
       local warmbox = fresh_warmbox()
       local session = require "warmbox.session"
-      local o = { hmac = function(k, s) return fake_hash(k .. "\0" .. s) end, sha256 = fake_hash }
+      local o = { hmac = fakes.hmac, sha256 = fake_hash }
       local a1 = session.tag_value("w:1", o)
       local client = fake_client({ { sandbox_id = "s1", metadata = { warmboxSessionId = a1 } } })
       local lk = fake_lock()

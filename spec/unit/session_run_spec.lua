@@ -4,17 +4,9 @@ local session = require "warmbox.session"
 
 local MIME = session.OUTPUTS_MIME
 
--- Deterministic stand-ins for core.hmac_sha256 / core.sha256 (hex strings).
-local function fake_hash(s)
-  local h1, h2 = 5381, 52711
-  for i = 1, #s do
-    local b = s:byte(i)
-    h1 = (h1 * 33 + b) % 4294967296
-    h2 = (h2 * 31 + b * 7) % 4294967296
-  end
-  return string.format("%08x%08x%08x%08x", h1, h2, (h1 ~ h2) % 4294967296, (h1 + h2) % 4294967296)
-end
-local function fake_hmac(k, s) return fake_hash(k .. "\0" .. s) end
+local fakes = require "spec.helpers.fakes"
+local fake_hash = fakes.hash
+local fake_hmac = fakes.hmac
 
 -- A fake E2B client: sandboxes in a table, every call recorded.
 local function new_client(clock)

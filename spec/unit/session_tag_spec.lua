@@ -1,16 +1,9 @@
 -- The session tag value: injective key encoding plus creation fingerprint.
 local session = require "warmbox.session"
 
-local function fake_hash(s)
-  local h1, h2 = 5381, 52711
-  for i = 1, #s do
-    local b = s:byte(i)
-    h1 = (h1 * 33 + b) % 4294967296
-    h2 = (h2 * 31 + b * 7) % 4294967296
-  end
-  return string.format("%08x%08x%08x%08x", h1, h2, (h1 ~ h2) % 4294967296, (h1 + h2) % 4294967296)
-end
-local O = { hmac = function(k, s) return fake_hash(k .. "\0" .. s) end, sha256 = fake_hash }
+local fakes = require "spec.helpers.fakes"
+local fake_hash = fakes.hash
+local O = { hmac = fakes.hmac, sha256 = fake_hash }
 local function tv(key, extra)
   local o = {}
   for k, v in pairs(O) do o[k] = v end
