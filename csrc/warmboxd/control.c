@@ -684,6 +684,17 @@ static char *make_token(const struct wbd_sandbox *sb, int asc) {
 
 #define QERR "validation error: parameter \"%s\" in query has an error: "
 
+/* Decodes ?metadata= into *filter (NULL when absent). A bad one is answered
+ * with E2B's 400 here: the caller returns the result when req->replied. */
+static enum MHD_Result metadata_filter(struct wbd_req *req, const char *metadata, json_t **filter) {
+  *filter = NULL;
+  if (!metadata) return MHD_YES;
+  const char *err = NULL;
+  *filter = parse_metadata(metadata, &err);
+  if (!*filter) return wbd_reply_error(req, 400, "Error parsing metadata: %s", err);
+  return MHD_YES;
+}
+
 static enum MHD_Result h_list_v2(struct wbd_req *req, const char *team) {
   const char *state = wbd_req_query(req, "state"), *metadata = wbd_req_query(req, "metadata"),
              *limit_s = wbd_req_query(req, "limit"), *token = wbd_req_query(req, "nextToken"),
@@ -738,12 +749,9 @@ static enum MHD_Result h_list_v2(struct wbd_req *req, const char *team) {
       return wbd_reply_error(req, 400, "Invalid next token");
     has_cursor = 1;
   }
-  json_t *filter = NULL;
-  if (metadata) {
-    const char *err = NULL;
-    filter = parse_metadata(metadata, &err);
-    if (!filter) return wbd_reply_error(req, 400, "Error parsing metadata: %s", err);
-  }
+  json_t *filter;
+  enum MHD_Result mr = metadata_filter(req, metadata, &filter);
+  if (req->replied) return mr;
   int loose = wbd_knob(&wbd_loose_metadata);
 
   json_t *items = json_array();
@@ -822,12 +830,9 @@ static int desc_cmp(const void *a, const void *b) {
 
 static enum MHD_Result h_list_v1(struct wbd_req *req, const char *team) {
   const char *metadata = wbd_req_query(req, "metadata");
-  json_t *filter = NULL;
-  if (metadata) {
-    const char *err = NULL;
-    filter = parse_metadata(metadata, &err);
-    if (!filter) return wbd_reply_error(req, 400, "Error parsing metadata: %s", err);
-  }
+  json_t *filter;
+  enum MHD_Result mr = metadata_filter(req, metadata, &filter);
+  if (req->replied) return mr;
   int loose = wbd_knob(&wbd_loose_metadata);
   json_t *items = json_array();
   wbd_store_lock();

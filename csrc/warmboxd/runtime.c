@@ -975,15 +975,20 @@ int wbd_rt_on_create(struct wbd_sandbox *sb) {
   return 0;
 }
 
-int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
+/* The sandbox's runtime, referenced, or NULL when it has none (no process
+ * ever ran), was killed, or warmboxd is shutting down: nothing to pause or resume. */
+static struct wbd_rt *rt_take_live(struct wbd_sandbox *sb) {
   wbd_store_lock();
   struct wbd_rt *rt = sb->rt;
-  if (rt == RT_KILLED || !rt || g_shut) {
-    wbd_store_unlock();
-    return 0;
-  }
-  wbd_rt_ref(rt);
+  if (rt == RT_KILLED || !rt || g_shut) rt = NULL;
+  else wbd_rt_ref(rt);
   wbd_store_unlock();
+  return rt;
+}
+
+int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (!rt) return 0;
   int rc = 0;
   if (!memory) {
     teardown(rt, 0);
@@ -1009,14 +1014,8 @@ int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
 }
 
 int wbd_rt_on_resume(struct wbd_sandbox *sb) {
-  wbd_store_lock();
-  struct wbd_rt *rt = sb->rt;
-  if (rt == RT_KILLED || !rt || g_shut) {
-    wbd_store_unlock();
-    return 0;
-  }
-  wbd_rt_ref(rt);
-  wbd_store_unlock();
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (!rt) return 0;
   pthread_mutex_lock(&rt->mu);
   if (rt->frozen) {
     if (rt->cg[0]) cg_set_state(rt->cg, "THAWED");

@@ -167,6 +167,10 @@ describe("warmboxd GET /v2/sandboxes", function()
         assert.are.equal(400, res.status, q)
         assert.are.equal(400, res.json.code)
         assert.matches("^Error parsing metadata", res.json.message)
+        -- the deprecated v1 list decodes the same filter the same way
+        local v1 = http.api(srv, "GET", "/sandboxes?" .. q)
+        assert.are.equal(400, v1.status, q)
+        assert.matches("^Error parsing metadata", v1.json.message)
       end
     end)
 
