@@ -13,14 +13,8 @@ local http = require "spec.helpers.http"
 
 local M = {}
 
---- Seconds since the epoch of an RFC 3339 UTC time ("2026-08-21T20:00:00.123Z").
-function M.utc(s)
-  local y, m, d, H, Mi, S = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)")
-  y, m, d = tonumber(y), tonumber(m), tonumber(d)
-  if m <= 2 then y, m = y - 1, m + 12 end
-  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (m - 3) + 2) // 5 + d - 719469
-  return days * 86400 + tonumber(H) * 3600 + tonumber(Mi) * 60 + tonumber(S)
-end
+--- Unix seconds of an RFC 3339 UTC time (spec.helpers.warmboxd's parser).
+M.utc = wbd.utc
 
 local Env = {}
 Env.__index = Env

@@ -31,6 +31,30 @@ end
 local function sleep(s) os.execute("sleep " .. tostring(s)) end
 M.sleep = sleep
 
+--- Unix seconds (a float with the fraction) of an RFC 3339 UTC time as warmboxd
+-- writes it ("2026-08-21T20:00:00.123456789Z"); independent of the local TZ.
+function M.utc(s)
+  local y, mo, d, h, mi, sec, frac = tostring(s):match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)%.?(%d*)Z$")
+  assert(y, "not an RFC 3339 UTC time: " .. tostring(s))
+  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
+  if mo <= 2 then y, mo = y - 1, mo + 12 end
+  local days = 365 * y + y // 4 - y // 100 + y // 400 + (153 * (mo - 3) + 2) // 5 + d - 719469
+  return days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec)
+    + (frac ~= "" and tonumber("0." .. frac) or 0)
+end
+
+--- Polls `fn` every 0.1 s until it returns a truthy value or `seconds` (15)
+-- pass (lease expiry and the like are asynchronous); returns fn's last value.
+function M.eventually(fn, seconds)
+  local deadline = os.time() + (seconds or 15)
+  repeat
+    local v = fn()
+    if v then return v end
+    sleep(0.1)
+  until os.time() > deadline
+  return fn()
+end
+
 local function read_all(path)
   local f = io.open(path, "rb")
   if not f then return nil end

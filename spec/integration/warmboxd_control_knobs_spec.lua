@@ -17,22 +17,9 @@ local function knob(srv, method, path, json)
   return http.request{ method = method, url = srv.url .. "/_warmboxd" .. path, json = json }
 end
 
-local function eventually(fn, seconds)
-  local deadline = os.time() + (seconds or 15)
-  repeat
-    local v = fn()
-    if v then return v end
-    wbd.sleep(0.1)
-  until os.time() > deadline
-  return fn()
-end
+local eventually = wbd.eventually
 
-local function ts(s)
-  local y, mo, d, h, mi, sec, frac = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)%.?(%d*)Z$")
-  local t = os.time{ year = tonumber(y), month = tonumber(mo), day = tonumber(d), hour = tonumber(h),
-    min = tonumber(mi), sec = tonumber(sec), isdst = false }
-  return t + (frac ~= "" and tonumber("0." .. frac) or 0)
-end
+local ts = wbd.utc
 
 -- the data-plane request used to poke a sandbox (envd's health check)
 local function poke(srv, sb, how)

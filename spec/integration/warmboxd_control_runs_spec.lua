@@ -8,15 +8,7 @@ local http = require "spec.helpers.http"
 
 local q = wbd.sh_quote
 
-local function eventually(fn, seconds)
-  local deadline = os.time() + (seconds or 30)
-  repeat
-    local v = fn()
-    if v then return v end
-    wbd.sleep(0.1)
-  until os.time() > deadline
-  return fn()
-end
+local function eventually(fn, seconds) return wbd.eventually(fn, seconds or 30) end
 
 local function read(path)
   local f = io.open(path, "rb")

@@ -18,30 +18,9 @@ local function info(srv, id)
   return http.api(srv, "GET", "/sandboxes/" .. id)
 end
 
--- RFC 3339 (UTC, as warmboxd writes it) -> unix seconds (float).
-local function ts(s)
-  local y, mo, d, h, mi, sec, frac = s:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)%.?(%d*)Z$")
-  assert(y, "not an RFC 3339 UTC time: " .. tostring(s))
-  local days = 0
-  local function leap(yr) return (yr % 4 == 0 and yr % 100 ~= 0) or yr % 400 == 0 end
-  for yr = 1970, tonumber(y) - 1 do days = days + (leap(yr) and 366 or 365) end
-  local mdays = { 31, leap(tonumber(y)) and 29 or 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
-  for m = 1, tonumber(mo) - 1 do days = days + mdays[m] end
-  days = days + tonumber(d) - 1
-  local f = frac ~= "" and tonumber("0." .. frac) or 0
-  return days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec) + f
-end
+local ts = wbd.utc
 
--- Polls `fn` until it returns a truthy value (lease expiry is asynchronous).
-local function eventually(fn, seconds)
-  local deadline = os.time() + (seconds or 15)
-  repeat
-    local v = fn()
-    if v then return v end
-    wbd.sleep(0.1)
-  until os.time() > deadline
-  return fn()
-end
+local eventually = wbd.eventually
 
 local function not_found_msg(id)
   return 'Sandbox "' .. id .. "\" doesn't exist or you don't have access to it"
