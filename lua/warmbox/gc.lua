@@ -35,9 +35,11 @@
 -- many sandboxes (and so sessions) are locked at once.
 -- @module warmbox.gc
 local lock_mod = require "warmbox.lock"
+local util = require "warmbox.util"
+local state_codec = require "warmbox.state"
 
-local type, pairs, ipairs, tostring, tonumber, error, xpcall, pcall =
-  type, pairs, ipairs, tostring, tonumber, error, xpcall, pcall
+local type, pairs, ipairs, tostring, tonumber, error, xpcall =
+  type, pairs, ipairs, tostring, tonumber, error, xpcall
 local traceback, fmt, floor, max = debug.traceback, string.format, math.floor, math.max
 local os_time = os.time
 
@@ -49,38 +51,7 @@ local DEMOTE_LEASE = 60
 -- time
 -- ---------------------------------------------------------------------------
 
-local function days_from_civil(y, m, d)
-  y = m <= 2 and y - 1 or y
-  local era = (y >= 0 and y or y - 399) // 400
-  local yoe = y - era * 400
-  local doy = (153 * (m > 2 and m - 3 or m + 9) + 2) // 5 + d - 1
-  local doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-  return era * 146097 + doe - 719468
-end
-
---- Parses an RFC 3339 date-time ("2026-11-29T11:03:50.123Z", "...+02:00")
--- into unix seconds (a float when there is a fraction). Numbers pass through.
--- @treturn number|nil
-function _M.parse_time(s)
-  if type(s) == "number" then return s end
-  if type(s) ~= "string" then return nil end
-  local Y, M, D, h, mi, sec, frac, tz =
-    s:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)[Tt ](%d%d):(%d%d):(%d%d)(%.?%d*)(.*)$")
-  if not Y then return nil end
-  local off
-  if tz == "Z" or tz == "z" then
-    off = 0
-  else
-    local sign, oh, om = tz:match("^([+-])(%d%d):?(%d%d)$")
-    if not sign then return nil end
-    off = (tonumber(oh) * 3600 + tonumber(om) * 60) * (sign == "-" and -1 or 1)
-  end
-  Y, M, D = tonumber(Y), tonumber(M), tonumber(D)
-  if M < 1 or M > 12 or D < 1 or D > 31 then return nil end
-  local t = days_from_civil(Y, M, D) * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec) - off
-  if frac ~= "" and frac ~= "." then t = t + tonumber("0" .. frac) end
-  return t
-end
+_M.parse_time = util.parse_time
 local parse_time = _M.parse_time
 
 local function last_activity(item)
@@ -137,21 +108,9 @@ local function lock_factory(l, fname)
   return function() return lock_mod.new(opts) end
 end
 
--- The remembered state a session keeps under its lock (warmbox.session's
--- format); only `sandbox_id` and `last_run` are read here.
-local decode_state
-do
-  local ok, session = pcall(require, "warmbox.session")
-  if ok and type(session) == "table" and type(session.decode_state) == "function" then
-    decode_state = session.decode_state
-  else
-    local cjson = require("cjson.safe").new()
-    decode_state = function(s)
-      local t = type(s) == "string" and cjson.decode(s)
-      return type(t) == "table" and t or {}
-    end
-  end
-end
+-- The remembered state a session keeps under its lock (only `sandbox_id`
+-- and `last_run` are read here).
+local decode_state = state_codec.decode
 
 -- Iterates `client:list(opts)` by hand, so an error (nil/false, msg, code)
 -- is seen rather than ending the loop. Calls fn(item) for each item.

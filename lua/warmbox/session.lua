@@ -20,6 +20,8 @@
 
 local cjson = require("cjson.safe").new()
 local policy_mod = require "warmbox.policy"
+local util = require "warmbox.util"
+local state_codec = require "warmbox.state"
 
 local type, pairs, ipairs, tostring, tonumber, error, setmetatable, next =
   type, pairs, ipairs, tostring, tonumber, error, setmetatable, next
@@ -180,31 +182,8 @@ end
 -- Remembered state (kept in the lock's per-key state while held)
 -- ------------------------------------------------------------------
 
---- Decode the state string a session keeps under its lock key:
--- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, run_started, last_run, hooked }`
--- (times in the session clock's unit, unix seconds by default; `run_started` is
--- when the sandbox's current run began, since E2B caps a run's length; `hooked`
--- is the sandbox id whose python kernel has warmbox's output hooks).
--- @tparam string|nil s
--- @treturn table (empty when `s` is nil, empty or not warmbox state)
-function _M.decode_state(s)
-  if type(s) ~= "string" or s == "" then return {} end
-  local t = cjson.decode(s)
-  if type(t) ~= "table" or t.v ~= 1 then return {} end
-  for k, v in pairs(t) do
-    if v == cjson.null then t[k] = nil end
-  end
-  return t
-end
-
-function _M.encode_state(st)
-  if not st.sandbox_id then return nil end
-  return cjson.encode({
-    v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
-    domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
-    hooked = st.hooked,
-  })
-end
+_M.decode_state = state_codec.decode
+_M.encode_state = state_codec.encode
 
 -- ------------------------------------------------------------------
 -- The python output hooks (registered once per kernel)
@@ -505,11 +484,8 @@ function Session:_remember(st, sb, lease_end, run_started)
   st.lease_end = lease_end
 end
 
--- Unix seconds of an RFC 3339 time (the listed `started_at`); warmbox.gc owns
--- the parser (required here lazily: gc requires this module lazily too).
-local function parse_utc(s)
-  return require("warmbox.gc").parse_time(s)
-end
+-- Unix seconds of an RFC 3339 time (the listed `started_at`).
+local parse_utc = util.parse_time
 
 local function forget(st)
   for k in pairs(st) do st[k] = nil end

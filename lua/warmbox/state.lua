@@ -1,0 +1,36 @@
+--- The state a session remembers under its lock key (a leaf codec shared by
+-- warmbox.session and warmbox.gc).
+-- @module warmbox.state
+local json = require "warmbox.json"
+
+local type, pairs = type, pairs
+
+local _M = {}
+
+--- Decode the state string a session keeps under its lock key:
+-- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, run_started, last_run, hooked }`
+-- (times in the session clock's unit, unix seconds by default; `run_started` is
+-- when the sandbox's current run began, since E2B caps a run's length; `hooked`
+-- is the sandbox id whose python kernel has warmbox's output hooks).
+-- @tparam string|nil s
+-- @treturn table (empty when `s` is nil, empty or not warmbox state)
+function _M.decode(s)
+  if type(s) ~= "string" or s == "" then return {} end
+  local t = json.decode(s)
+  if type(t) ~= "table" or t.v ~= 1 then return {} end
+  for k, v in pairs(t) do
+    if v == json.null then t[k] = nil end
+  end
+  return t
+end
+
+function _M.encode(st)
+  if not st.sandbox_id then return nil end
+  return json.encode({
+    v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
+    domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
+    hooked = st.hooked,
+  })
+end
+
+return _M
