@@ -46,6 +46,8 @@ static unsigned connect_status(const char *code) {
   return 500;
 }
 
+static json_t *connect_error_json(const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 static json_t *connect_error_json(const char *code, const char *fmt, va_list ap) {
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
