@@ -1,6 +1,8 @@
-/* warmbox.core: the module table. Each part registers its own functions:
- * http.c the libcurl transport, lock.c/redis.c the lock primitives. This file
- * holds the small OS and crypto helpers. */
+/* warmbox.core: the module table. Each part registers its own functions
+ * (the table `parts` below lists them all): http.c the libcurl transport,
+ * lock.c/redis.c the lock primitives. This file holds the small OS and
+ * crypto helpers. Every other symbol is hidden (CMake's visibility preset):
+ * luaopen_warmbox_core is the module's only export. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -12,7 +14,7 @@
 #include <openssl/hmac.h>
 #include "warmbox_core.h"
 
-int luaopen_warmbox_core(lua_State *L);
+__attribute__((visibility("default"))) int luaopen_warmbox_core(lua_State *L);
 
 /* ---- module_path: where core.so was loaded from (warmboxd sits beside it) ---- */
 
@@ -99,12 +101,19 @@ static const luaL_Reg warmbox_core_funcs[] = {
   {NULL, NULL}
 };
 
+/* The parts, each adding its functions and metatables to the module table
+ * on the top of the stack (luasocket's mod[]). */
+static void (*const parts[])(lua_State *L) = {
+  warmbox_http_register,
+  warmbox_lock_register,
+  warmbox_redis_register,
+};
+
 int luaopen_warmbox_core(lua_State *L) {
   lua_newtable(L);
   lua_pushliteral(L, WARMBOX_VERSION);
   lua_setfield(L, -2, "_VERSION");
   luaL_setfuncs(L, warmbox_core_funcs, 0);
-  warmbox_http_register(L);
-  warmbox_lock_register(L);
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) parts[i](L);
   return 1;
 }

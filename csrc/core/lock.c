@@ -299,5 +299,4 @@ void warmbox_lock_register(lua_State *L) {
   lua_setfield(L, -2, "flock_open");
   lua_pushcfunction(L, warmbox_lock_getpid);
   lua_setfield(L, -2, "getpid");
-  warmbox_redis_register(L);
 }

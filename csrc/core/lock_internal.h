@@ -5,7 +5,5 @@
 
 double warmbox_lock_monotonic(void);
 void warmbox_lock_sleep(double seconds);
-/* Adds core.redis to the module table on top of the stack (redis.c). */
-void warmbox_redis_register(lua_State *L);
 
 #endif

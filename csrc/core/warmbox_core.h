@@ -8,5 +8,6 @@
 
 void warmbox_http_register(lua_State *L);
 void warmbox_lock_register(lua_State *L);
+void warmbox_redis_register(lua_State *L);
 
 #endif
