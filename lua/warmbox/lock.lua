@@ -103,8 +103,8 @@ local HEAD_STEP = 0.05
 local held = {}
 -- memory backend state: key -> string; queues: pkey -> queue
 local mem_state, mem_queues = {}, {}
--- created directories, break-lock handles per dir, queue handles per path, redis connections
-local made_dirs, break_locks, queue_fls, redis_conns = {}, {}, {}, {}
+-- created directories, break-lock handles per dir, redis connections
+local made_dirs, break_locks, redis_conns = {}, {}, {}
 
 local counter = 0
 local function new_token()
@@ -433,29 +433,18 @@ function file.set_state(_, _, e, s)
 end
 
 
--- The queue file's handle (one per path and process: the critical sections
--- below never yield, so the coroutines of a process cannot interleave them).
-local function queue_handle(self, key)
-  local name = file_name(key) .. "q"
-  local path = self.dir .. "/" .. name
-  local fl = queue_fls[path]
-  if fl then return fl end
-  local err, code
-  fl, err, code = open_in(self.dir, name)
-  if not fl then return nil, err, code end
-  queue_fls[path] = fl
-  return fl
-end
-
 -- Runs fn(q) -> changed, ... under the queue file's flock; rewrites the file
 -- when changed. A queue lock held for over a second (its holder stopped
 -- mid-update) answers nil, "queue busy".
 local function with_queue(self, key, fn)
-  local qfl, err, code = queue_handle(self, key)
+  -- opened per update (a handle kept per key would hold a descriptor for
+  -- every session the process ever saw)
+  local qfl, err, code = open_in(self.dir, file_name(key) .. "q")
   if not qfl then return nil, err, code end
   local ok
   ok, err, code = qfl:lock(1)
   if not ok then
+    qfl:close()
     if err == "timeout" then return nil, "queue busy" end
     return nil, err, code
   end
@@ -467,7 +456,7 @@ local function with_queue(self, key, fn)
     local wok, werr, wcode = qfl:write(q_format(q))
     if not wok and not res[3] then res = { true, false, nil, werr, wcode } end
   end
-  qfl:unlock()
+  qfl:close()
   if not res[1] then error(res[2], 0) end
   return res[3], res[4], res[5], res[6]
 end
