@@ -78,8 +78,9 @@
 -- sessions as coroutines replaces `lock.wait` (or passes `wait`) with a
 -- function that yields to itself and resumes the waiter within the time
 -- given (it must resume it within `ticket_ttl`, or the ticket lapses).
--- Steps: `step` growing by `ratio` up to `max_step`; the queue's head polls
--- at most every 50 ms so a released lock is handed over quickly.
+-- Steps: `step` growing by `ratio` up to `max_step`; a waiter that becomes
+-- the queue's head starts again from `step` and polls at least every 10 ms,
+-- so a released lock is handed over quickly.
 local core = require "warmbox.core"
 
 local error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber =
@@ -96,8 +97,9 @@ _M.wait = sleep
 
 -- How often a failed unlock is tried in all, and the first pause between tries.
 local UNLOCK_TRIES, UNLOCK_PAUSE = 3, 0.05
--- The head of a queue polls at least this often.
-local HEAD_STEP = 0.05
+-- The head of a queue polls at least this often (a released lock is handed
+-- over within this; 100 cheap attempts a second at most, per waiting key).
+local HEAD_STEP = 0.01
 
 -- The in-process table: namespace .. key -> entry { token, expires, ... }.
 local held = {}
@@ -748,6 +750,7 @@ function _M:lock(key)
   local start = now()
   local step, timeout = self.step, self.timeout
   local ticket = new_token()
+  local was_head = false
   while true do
     local ok, err, code, head = attempt(self, key, ticket, "wait")
     if ok then return now() - start end
@@ -758,6 +761,9 @@ function _M:lock(key)
       return nil, "timeout"
     end
     local cap = head and min(self.max_step, HEAD_STEP) or self.max_step
+    -- just became the head: the holder may be about to release, poll fast again
+    if head and not was_head then step = self.step end
+    was_head = head
     step = min(step, cap);
     (self.wait or _M.wait)(min(step, timeout - elapsed))
     step = min(step * self.ratio, cap)
