@@ -2,7 +2,9 @@
 -- back-to-back 0.1 s cells on a session for 10 s; three other processes
 -- sharing the session key each get a run in within a few run times (their
 -- lock wait is capped at 2 s), none gets BUSY. Once with the file lock, once
--- with the Redis lock (when redis-server is installed).
+-- with the Redis lock (when redis-server is installed). And a silent cell
+-- longer than the Redis lock's ttl keeps the session locked (the keeper
+-- thread renews the key while the run sits in curl).
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 local redis_helper = require "spec.helpers.redis"
@@ -101,6 +103,54 @@ describe("sessions: a back-to-back runner does not starve others (warmboxd)", fu
 
   it("with the file lock", function()
     contend(string.format("{ backend = 'file', dir = %q, timeout = %d }", env.lockdir, OTHER_WAIT))
+  end)
+
+  it("a silent cell 3x longer than the redis ttl keeps the session to itself", function()
+    if not redis_srv then
+      pending("redis-server is not installed")
+      return
+    end
+    local lock_src = string.format("{ backend = 'redis', redis = { port = %d, prefix = 'silent:' }, ttl = 1, "
+      .. "timeout = 30 }", redis_srv.port)
+    local a_out, b_out, started = os.tmpname(), os.tmpname(), os.tmpname()
+    os.remove(started)
+    local warm = spawn(script(lock_src, 'assert(s:run("y = 1"))'), a_out)
+    assert.truthy(wbd.eventually(function() return not wbd.alive(warm) end, 60))
+    local a = spawn(script(lock_src, string.format([[
+      io.open(%q, "w"):close()
+      local r, err, code = s:run("import time\ntime.sleep(3)\ny = 2")
+      if not r then print("a failed", err, code) os.exit(1) end
+      print(string.format("a ended %%.3f", core.now()))
+    ]], started)), a_out)
+    assert.truthy(wbd.eventually(function() return io.open(started) end, 60), read(a_out))
+    core.sleep(1.5) -- a's cell is running, past the 1 s ttl the key was set with
+    assert.truthy(wbd.alive(a))
+    local b = spawn(script(lock_src, [[
+      local r, err, code = s:run("y")
+      if not r then print("b failed", err, code) os.exit(1) end
+      print(string.format("b saw %s started %.3f", r.results[1].text, core.now()))
+    ]]), b_out)
+    -- while a's cell runs, b waits in the lock's queue (without the keeper a's key
+    -- would have lapsed and b would hold the lock, its execute queued in warmboxd)
+    local r = assert(core.redis{ port = redis_srv.port })
+    local queued_while_a_ran = wbd.eventually(function()
+      local keys = r:command("KEYS", "silent:queue:*")
+      return (keys[1] and r:command("ZCARD", keys[1]) == 1 and wbd.alive(a)) or not wbd.alive(a)
+    end, 30) and wbd.alive(a)
+    r:close()
+    assert.truthy(queued_while_a_ran, "b was not waiting for the lock while a ran")
+    assert.truthy(wbd.eventually(function() return not wbd.alive(a) and not wbd.alive(b) end, 60))
+    local a_log, b_log = read(a_out), read(b_out)
+    local a_end = tonumber(a_log:match("a ended ([%d.]+)"))
+    local seen, b_end = b_log:match("b saw (%d+) started ([%d.]+)")
+    assert.truthy(a_end, a_log)
+    assert.truthy(seen, b_log)
+    -- b ran after a's whole cell
+    assert.equal("2", seen)
+    assert.truthy(tonumber(b_end) > a_end)
+    os.remove(a_out)
+    os.remove(b_out)
+    os.remove(started)
   end)
 
   it("with the redis lock", function()
