@@ -321,6 +321,27 @@ end
       os.execute("rm -rf " .. q(work))
     end)
 
+    it("drops an abandoned waiter's ticket after ticket_ttl; a timed-out waiter leaves at once", function()
+      local k = key()
+      local holder = new()
+      assert.truthy(holder:lock(k))
+      assert.same({ nil, "timeout" }, { new{ timeout = 0.05 }:lock(k) })
+      assert.equal(0, r:command("ZCARD", "t:queue:" .. k))
+      local abandoned = coroutine.create(function()
+        new{ timeout = 60, max_step = 0.01, ticket_ttl = 0.5, wait = function() coroutine.yield() end }:lock(k)
+      end)
+      assert(coroutine.resume(abandoned)) -- it took a ticket and is never resumed
+      assert.equal(1, r:command("ZCARD", "t:queue:" .. k))
+      holder:unlock()
+      assert.same({ nil, "busy" }, { new():try_lock(k) }) -- the head is the abandoned ticket
+      local t0 = core.now()
+      local b = new{ timeout = 10 }
+      assert.truthy(b:lock(k))
+      assert.is_true(core.now() - t0 >= 0.3)
+      assert.equal(0, r:command("ZCARD", "t:queue:" .. k))
+      b:unlock()
+    end)
+
     it("serializes 4 processes x 25 iterations", function()
       local work = os.tmpname()
       os.remove(work)
