@@ -555,6 +555,9 @@ local function rkeys(self, key)
   return p .. "lock:" .. key, p .. "queue:" .. key, p .. "qdl:" .. key, p .. "qseq:" .. key
 end
 
+-- The keeper's longest cap (core's limit; ~31 years).
+local MAX_CAP = 1e9
+
 local function stop_keeper(e)
   if e.keeper then
     e.keeper:stop()
@@ -580,7 +583,7 @@ function redis.acquire(self, key, e, prev, mode, local_busy)
   e.lkey, e.skey = lkey, self.redis.prefix .. "state:" .. key
   if self.use_keeper then
     -- nil when the thread cannot start: keepalive() then refreshes the key
-    e.keeper = c:keeper(lkey, e.token, self.ttl, self.exptime)
+    e.keeper = c:keeper(lkey, e.token, self.ttl, min(self.exptime, MAX_CAP))
   end
   return e
 end
@@ -620,10 +623,11 @@ function redis.expire(self, _, e, t)
     if err == "expired" then stop_keeper(e) end
     return nil, err, code
   end
-  if self.use_keeper and not (e.keeper and e.keeper:extend(t or self.exptime)) then
+  local cap = min(t or self.exptime, MAX_CAP)
+  if self.use_keeper and not (e.keeper and e.keeper:extend(cap)) then
     stop_keeper(e)
     local c = conn(self)
-    if c then e.keeper = c:keeper(e.lkey, e.token, self.ttl, t or self.exptime) end
+    if c then e.keeper = c:keeper(e.lkey, e.token, self.ttl, cap) end
   end
   return true
 end
