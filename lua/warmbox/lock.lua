@@ -55,9 +55,10 @@
 --           never race a fresh holder. Expiry uses the wall clock in whole
 --           seconds (a lock is breakable once now > expires).
 --           The queue file `<name>q`: a line `warmbox-queue 1 <next seq>`,
---           then one line `<seq> <deadline ms> <token>` per waiter (deadline
---           on CLOCK_MONOTONIC, which all processes of a host share; one
---           further than 2 x ticket_ttl away, e.g. after a reboot, is dropped).
+--           then one line `<seq> <deadline ms> <ttl ms> <token>` per waiter
+--           (deadline on CLOCK_MONOTONIC, which all processes of a host
+--           share; one further than 2 x its ttl away, e.g. after a reboot,
+--           is dropped).
 --   redis   the lock is `<prefix>lock:<key>` = token (SET NX PX ttl, taken by
 --           the queue script only for the queue's head); unlock, expire,
 --           keepalive and set_state are compare-and-{delete,pexpire,set}
@@ -152,11 +153,12 @@ end
 
 local function q_new() return { next = 1, list = {} } end
 
--- Drops lapsed tickets (and absurd deadlines); true when something changed.
-local function q_purge(q, t, ttl_ms)
+-- Drops lapsed tickets (and deadlines further away than twice their own
+-- ttl: the clock was reset); true when something changed.
+local function q_purge(q, t)
   local keep = {}
   for _, tk in ipairs(q.list) do
-    if tk.dl >= t and tk.dl <= t + 2 * ttl_ms then keep[#keep + 1] = tk end
+    if tk.dl >= t and tk.dl <= t + 2 * tk.ttl then keep[#keep + 1] = tk end
   end
   local changed = #keep ~= #q.list
   q.list = keep
@@ -174,7 +176,7 @@ local function q_enter(q, token, t, ttl_ms)
     q.next = q.next + 1
     q.list[#q.list + 1] = mine
   end
-  mine.dl = t + ttl_ms
+  mine.dl, mine.ttl = t + ttl_ms, ttl_ms
   return q.list[1] == mine
 end
 
@@ -193,8 +195,8 @@ local function q_parse(s)
   local q = q_new()
   if not nxt then return q end
   q.next = tonumber(nxt)
-  for seq, dl, token in s:sub(pos):gmatch("(%d+) (%d+) (%x+)\n") do
-    q.list[#q.list + 1] = { seq = tonumber(seq), dl = tonumber(dl), token = token }
+  for seq, dl, ttl, token in s:sub(pos):gmatch("(%d+) (%d+) (%d+) (%x+)\n") do
+    q.list[#q.list + 1] = { seq = tonumber(seq), dl = tonumber(dl), ttl = tonumber(ttl), token = token }
   end
   table.sort(q.list, function(a, b) return a.seq < b.seq end)
   return q
@@ -202,7 +204,7 @@ end
 
 local function q_format(q)
   local t = { fmt("warmbox-queue 1 %d\n", q.next) }
-  for _, tk in ipairs(q.list) do t[#t + 1] = fmt("%d %d %s\n", tk.seq, tk.dl, tk.token) end
+  for _, tk in ipairs(q.list) do t[#t + 1] = fmt("%d %d %d %s\n", tk.seq, tk.dl, tk.ttl, tk.token) end
   return concat(t)
 end
 
@@ -212,7 +214,7 @@ end
 -- changed, (e | nil, err, code, head).
 local function q_step(self, q, e, mode, local_busy, grab)
   local t, ttl_ms = now_ms(), ceil(self.ticket_ttl * 1000)
-  local changed = q_purge(q, t, ttl_ms)
+  local changed = q_purge(q, t)
   local may
   if mode == "try" then
     may = #q.list == 0

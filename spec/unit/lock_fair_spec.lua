@@ -110,6 +110,18 @@ describe("warmbox.lock fairness", function()
         assert.same({}, log)
       end)
 
+      it("keeps the order of waiters with different ticket_ttl", function()
+        local k = key()
+        local holder = new()
+        assert.truthy(holder:lock(k))
+        local log = {}
+        local cos = { waiter(k, "long", log, { ticket_ttl = 600 }), waiter(k, "short", log, { ticket_ttl = 2 }) }
+        for _, c in ipairs(cos) do assert(coroutine.resume(c)) end
+        holder:unlock()
+        run_all(cos, { 2, 1 })
+        assert.same({ "long", "short" }, log)
+      end)
+
       it("a waiter that times out leaves the queue at once", function()
         local k = key()
         local holder = new()
@@ -120,6 +132,21 @@ describe("warmbox.lock fairness", function()
       end)
     end)
   end
+end)
+
+describe("warmbox.lock file queue", function()
+  it("drops a ticket whose deadline is beyond twice its ttl (the clock was reset by a reboot)", function()
+    local dir = tmpdir()
+    local lk = lock.new{ backend = "file", dir = dir, timeout = 5 }
+    assert.truthy(lk:lock("k")) -- makes the directory
+    lk:unlock()
+    local f = assert(io.open(dir .. "/" .. lock._file_name("k") .. "q", "w"))
+    -- a ticket from before a reboot: 5 s ttl, deadline an uptime of ~11 days away
+    f:write(string.format("warmbox-queue 1 8\n7 %d 5000 %s\n", math.floor(core.now() * 1000) + 1e9, ("ab"):rep(16)))
+    f:close()
+    assert.is_true(lock.new{ backend = "file", dir = dir }:try_lock("k"))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
 end)
 
 describe("warmbox.sim.lock", function()

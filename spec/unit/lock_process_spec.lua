@@ -151,7 +151,7 @@ describe("warmbox.lock (file backend) across processes", function()
   -- tickets in the key's queue file
   local function queued(key)
     local n = 0
-    for _ in (read_all(dir .. "/" .. lock._file_name(key) .. "q") or ""):gmatch("\n%d+ %d+ %x+") do n = n + 1 end
+    for _ in (read_all(dir .. "/" .. lock._file_name(key) .. "q") or ""):gmatch("\n%d+ %d+ %d+ %x+") do n = n + 1 end
     return n
   end
 
