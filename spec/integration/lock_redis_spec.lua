@@ -171,6 +171,26 @@ describe_redis("redis", function()
       assert.same({ nil, "expired", "LOCK" }, { a:unlock() })
     end)
 
+    it("keepalive reports a keeper that cannot reach redis for a whole ttl", function()
+      local k = key()
+      local a = lock.new{ backend = "redis", redis = { host = srv.host, port = srv.port, prefix = "t:", timeout = 0.2 },
+        ttl = 0.6, timeout = 0.2 }
+      assert.truthy(a:lock(k))
+      assert.is_true(a:keepalive())
+      assert.equal("OK", r:command("CLIENT", "PAUSE", 2000, "WRITE"))
+      local t0 = core.now()
+      local ok, err, code
+      repeat
+        ok, err, code = a:keepalive()
+        core.sleep(0.05)
+      until not ok or core.now() - t0 > 1.8
+      assert.is_nil(ok)
+      assert.equal("TRANSPORT", code)
+      assert.matches("it may have expired", err, 1, true)
+      a:close()
+      core.sleep(math.max(0, 2.1 - (core.now() - t0)))
+    end)
+
     it("retries an unlock whose connection dropped", function()
       local k = key()
       local a = new()
