@@ -45,6 +45,26 @@ describe("warmbox smoke (warmboxd)", function()
     return #items
   end
 
+  it("takes no arguments (status 2) and prints its usage with --help", function()
+    local function cli(args)
+      local out = {}
+      local sink = { flush = function() end }
+      function sink.write(_, ...)
+        for _, v in ipairs{ ... } do out[#out + 1] = v end
+      end
+      return require("warmbox.cli").main(args, { stdout = sink, stderr = sink }), table.concat(out)
+    end
+    local status, out = cli{ "smoke", "extra" }
+    assert.equal(2, status)
+    assert.matches("smoke takes no arguments", out, 1, true)
+    status, out = cli{ "smoke", "--help" }
+    assert.equal(0, status)
+    assert.matches("usage: warmbox [options] smoke", out, 1, true)
+    status, out = cli{ "--help" }
+    assert.equal(0, status)
+    assert.matches("\n  smoke ", out)
+  end)
+
   it("passes every step in order, exits 0 and leaves no sandbox", function()
     local status, out = smoke().wait()
     assert.equal(0, status, out)
