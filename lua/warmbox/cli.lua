@@ -8,6 +8,7 @@
 --   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
 --                              [--idle-timeout S,S,S] [--policy FILE] [--chart out.svg]
 --   warmbox demo
+--   warmbox [options] smoke
 --
 -- Options: --api-url URL, --api-key KEY (default $E2B_API_KEY), --template T,
 -- --exec-timeout S, --idle-timeout S, --tag NAME, --lock file|redis|memory,
@@ -43,6 +44,7 @@ commands:
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
       --chart FILE                 write an SVG chart (cost vs p95 added latency; --chart-x/--chart-y METRIC)
   demo                           a short conversation on an embedded warmboxd, with timings
+  smoke                          a short self-cleaning live check of the selected backend (E2B or warmboxd)
 
 options:
   --api-url URL      E2B API URL (default $E2B_API_URL); with --api-key
@@ -537,6 +539,17 @@ function _M.main(argv, io_)
   for j = i, #args do rest[#rest + 1] = args[j] end
   local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
     simulate = cmd_simulate }
+  if cmd == "smoke" then
+    if rest[1] == "-h" or rest[1] == "--help" then
+      io_.stdout:write("usage: warmbox [options] smoke\n")
+      return 0
+    end
+    if rest[1] then
+      io_.stderr:write("warmbox: smoke takes no arguments\n")
+      return 2
+    end
+    return require("warmbox.smoke").run(o, io_)
+  end
   if cmd == "demo" then
     for _, a in ipairs(rest) do
       if a == "-h" or a == "--help" then

@@ -1,20 +1,47 @@
 --- warmbox.lock: one holder per key, across the coroutines of one process
 -- (every backend), the processes of one host (`file`) and hosts (`redis`).
 -- Mirrors lua-resty-lock: `elapsed, err = lk:lock(key)`, `lk:unlock()`,
--- `lk:expire(t)`, errors "timeout" | "locked" | "unlocked"; new for 5.4,
--- `local lk <close> = lock.new(opts)` unlocks when the block is left.
+-- `lk:expire(t)`, errors "timeout" | "locked" | "unlocked" | "expired"; new
+-- for 5.4, `local lk <close> = lock.new(opts)` unlocks when the block is
+-- left; `lk:close()` does the same by hand (idempotent).
+--
+-- Fair: waiters for one key are served in arrival order, across coroutines,
+-- processes and hosts. Each `lock()` call takes a ticket in a queue kept in
+-- the backend (memory: a table; file: `<name>q` next to the lock file, read
+-- and rewritten under its own flock; redis: two sorted sets and a counter
+-- updated by one script, with the server's clock). Only the queue's head may
+-- take the lock, and `try_lock` only when nobody is queued. A waiter
+-- refreshes its ticket on every attempt; a ticket not refreshed for
+-- `ticket_ttl` seconds (its waiter died or gave up) is dropped by the next
+-- waiter, so a dead waiter delays the queue by at most `ticket_ttl`.
 --
 -- Each lock also carries a small per-key state (`get_state`/`set_state`,
 -- only while held): the session code keeps the remembered sandbox id and
 -- lease there, so processes that share a key share that memory. The state
 -- is a cache: losing it (a broken lock, a wiped /tmp) costs one lookup.
 --
+-- Expiry. `exptime` bounds how long a holder may keep the lock without
+-- calling `expire()` (a hung holder's limit; the session sets it from its
+-- run timeout). How a dead holder frees the key:
+--   memory  with the Lua state.
+--   file    the kernel drops the flock when the holder's process dies, at
+--           once; a holder alive but stuck past exptime may be broken (below).
+--   redis   the key's PX is short (`ttl`, 10 s) and a keeper thread of the
+--           holder's process (core.redis keeper) refreshes it every ttl/3
+--           until unlock or exptime, also while the holder's Lua side is
+--           inside a long blocking call (a silent cell). A crashed, stopped
+--           or cut-off holder frees the key within `ttl`.
+-- `lk:keepalive()` (cheap: it looks at Redis state at most every ttl/3)
+-- tells the holder whether it still holds the lock; with `keeper = false`
+-- it refreshes the key itself, and then must be called more often than
+-- `ttl` (a blocking call longer than `ttl` loses the lock).
+--
 -- Backends:
 --   memory  this Lua state only (the in-process table below).
---   file    one file per key under `dir`, locked with flock(2). The kernel
---           releases the lock when the holder dies. File contents: a header
---           line `warmbox-lock 1 <pid> <expires unix s> <token> <0|1>` then
---           the state. Lock files are never removed in normal operation (an
+--   file    one file per key under `dir`, locked with flock(2). File
+--           contents: a header line
+--           `warmbox-lock 1 <pid> <expires unix s> <token> <0|1>` then the
+--           state. Lock files are never removed in normal operation (an
 --           unlink racing a flock would let two holders in).
 --           exptime and hung holders: a holder that is alive but stuck past
 --           its expiry (header) may be broken by a waiter. Breaking happens
@@ -27,32 +54,58 @@
 --           the one at the path before writing its header, so a break can
 --           never race a fresh holder. Expiry uses the wall clock in whole
 --           seconds (a lock is breakable once now > expires).
---   redis   SET key token NX PX exptime; unlock, expire and set_state are
---           compare-and-{delete,pexpire,set} scripts, so a holder whose
---           lock expired can never release or touch the next holder's.
---           The state lives under a sibling key (`<prefix>state:<key>`)
---           with its own TTL (`state_ttl`).
+--           The queue file `<name>q`: a line `warmbox-queue 1 <next seq>`,
+--           then one line `<seq> <deadline ms> <ttl ms> <token>` per waiter
+--           (deadline on CLOCK_MONOTONIC, which all processes of a host
+--           share; one further than 2 x its ttl away, e.g. after a reboot,
+--           is dropped).
+--   redis   the lock is `<prefix>lock:<key>` = token (SET NX PX ttl, taken by
+--           the queue script only for the queue's head); unlock, expire,
+--           keepalive and set_state are compare-and-{delete,pexpire,set}
+--           scripts, so a holder whose lock expired can never release or
+--           touch the next holder's. The queue: `<prefix>queue:<key>` (ZSET
+--           token -> arrival number from INCR `<prefix>qseq:<key>`) and
+--           `<prefix>qdl:<key>` (ZSET token -> deadline, server ms); the three
+--           expire 2 x ticket_ttl after the last waiter's refresh. The state
+--           lives under `<prefix>state:<key>` with its own TTL (`state_ttl`).
 --
 -- Every backend first takes an in-process table entry, so coroutines of one
 -- process serialize without a second flock on another descriptor (which
--- would block the whole process). A waiter calls `wait(step)` between
--- attempts (default: coroutine.yield() when yieldable, else core.sleep(step))
--- with step * ratio backoff capped at max_step, until `timeout`.
+-- would block the whole process).
+--
+-- Waiting blocks: between attempts a waiter calls `wait(seconds)`, by default
+-- `lock.wait`, which is `core.sleep`. It never yields into the caller's
+-- coroutines. This is the one hook for a scheduler: a task engine that runs
+-- sessions as coroutines replaces `lock.wait` (or passes `wait`) with a
+-- function that yields to itself and resumes the waiter within the time
+-- given (it must resume it within `ticket_ttl`, or the ticket lapses).
+-- Steps: `step` growing by `ratio` up to `max_step`; a waiter that becomes
+-- the queue's head starts again from `step` and polls at least every 10 ms,
+-- so a released lock is handed over quickly.
 local core = require "warmbox.core"
 
-local error, pairs, pcall, setmetatable, type, tostring, tonumber =
-  error, pairs, pcall, setmetatable, type, tostring, tonumber
-local fmt, min, floor, ceil = string.format, math.min, math.floor, math.ceil
-local co_yield, co_isyieldable = coroutine.yield, coroutine.isyieldable
+local error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber =
+  error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber
+local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor, math.ceil
+local concat = table.concat
 local now, sleep = core.now, core.sleep
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 local mt = { __index = _M }
+
+--- The default wait between attempts (seconds): blocks. The hook a scheduler replaces.
+_M.wait = sleep
+
+-- How often a failed unlock is tried in all, and the first pause between tries.
+local UNLOCK_TRIES, UNLOCK_PAUSE = 3, 0.05
+-- The head of a queue polls at least this often (a released lock is handed
+-- over within this; 100 cheap attempts a second at most, per waiting key).
+local HEAD_STEP = 0.01
 
 -- The in-process table: namespace .. key -> entry { token, expires, ... }.
 local held = {}
--- memory backend state: key -> string
-local mem_state = {}
+-- memory backend state: key -> string; queues: pkey -> queue
+local mem_state, mem_queues = {}, {}
 -- created directories, break-lock handles per dir, redis connections
 local made_dirs, break_locks, redis_conns = {}, {}, {}
 
@@ -63,17 +116,11 @@ local function new_token()
     tostring({}), math.random())):sub(1, 32)
 end
 
-local function default_wait(step)
-  if co_isyieldable() then
-    co_yield()
-  else
-    sleep(step)
-  end
-end
-
 local function sh_quote(s)
   return "'" .. s:gsub("'", "'\\''") .. "'"
 end
+
+local function now_ms() return floor(now() * 1000) end
 
 -- ---------------------------------------------------------------------------
 -- option checking (misuse raises)
@@ -82,6 +129,7 @@ end
 local OPTS = {
   backend = "string", dir = "string", redis = "table", timeout = "number", exptime = "number",
   step = "number", ratio = "number", max_step = "number", wait = "function", state_ttl = "number",
+  ttl = "number", ticket_ttl = "number", keeper = "boolean",
 }
 local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
 local BACKENDS = { memory = true, file = true, redis = true }
@@ -99,15 +147,111 @@ local function check_fields(t, spec, what, level)
 end
 
 -- ---------------------------------------------------------------------------
+-- the ticket queue (memory and file backends; redis does the same in a script)
+-- q = { next = <seq>, list = { { seq =, dl = <deadline ms>, token = }, ... } } (by seq)
+-- ---------------------------------------------------------------------------
+
+local function q_new() return { next = 1, list = {} } end
+
+-- Drops lapsed tickets (and deadlines further away than twice their own
+-- ttl: the clock was reset); true when something changed.
+local function q_purge(q, t)
+  local keep = {}
+  for _, tk in ipairs(q.list) do
+    if tk.dl >= t and tk.dl <= t + 2 * tk.ttl then keep[#keep + 1] = tk end
+  end
+  local changed = #keep ~= #q.list
+  q.list = keep
+  return changed
+end
+
+-- Enters (or refreshes) `token`; true when it is the head.
+local function q_enter(q, token, t, ttl_ms)
+  local mine
+  for _, tk in ipairs(q.list) do
+    if tk.token == token then mine = tk break end
+  end
+  if not mine then
+    mine = { seq = q.next, token = token }
+    q.next = q.next + 1
+    q.list[#q.list + 1] = mine
+  end
+  mine.dl, mine.ttl = t + ttl_ms, ttl_ms
+  return q.list[1] == mine
+end
+
+local function q_leave(q, token)
+  for i, tk in ipairs(q.list) do
+    if tk.token == token then
+      table.remove(q.list, i)
+      return true
+    end
+  end
+  return false
+end
+
+local function q_parse(s)
+  local nxt, pos = s:match("^warmbox%-queue 1 (%d+)\n()")
+  local q = q_new()
+  if not nxt then return q end
+  q.next = tonumber(nxt)
+  for seq, dl, ttl, token in s:sub(pos):gmatch("(%d+) (%d+) (%d+) (%x+)\n") do
+    q.list[#q.list + 1] = { seq = tonumber(seq), dl = tonumber(dl), ttl = tonumber(ttl), token = token }
+  end
+  table.sort(q.list, function(a, b) return a.seq < b.seq end)
+  return q
+end
+
+local function q_format(q)
+  local t = { fmt("warmbox-queue 1 %d\n", q.next) }
+  for _, tk in ipairs(q.list) do t[#t + 1] = fmt("%d %d %d %s\n", tk.seq, tk.dl, tk.ttl, tk.token) end
+  return concat(t)
+end
+
+-- One step on queue `q` for acquisition mode `mode` ("wait" | "try"):
+-- calls grab() when this waiter may take the lock (the head, or "try" on an
+-- empty queue) and the key is not busy in this process. Returns
+-- changed, (e | nil, err, code, head).
+local function q_step(self, q, e, mode, local_busy, grab)
+  local t, ttl_ms = now_ms(), ceil(self.ticket_ttl * 1000)
+  local changed = q_purge(q, t)
+  local may
+  if mode == "try" then
+    may = #q.list == 0
+  else
+    changed, may = true, q_enter(q, e.token, t, ttl_ms)
+  end
+  if not may or local_busy then return changed, nil, "busy", nil, may end
+  local got, err, code = grab()
+  if got and mode ~= "try" then q_leave(q, e.token) end
+  if got then return changed, got end
+  return changed, nil, err, code, may
+end
+
+-- ---------------------------------------------------------------------------
 -- memory backend
 -- ---------------------------------------------------------------------------
 
 local memory = {}
 
 function memory.ns() return "memory\0" end
-function memory.acquire() return {} end
+function memory.acquire(self, _, e, _, mode, local_busy)
+  local q = mem_queues[e.pkey] or q_new()
+  mem_queues[e.pkey] = q
+  local _, got, err, code, head = q_step(self, q, e, mode, local_busy, function() return e end)
+  if #q.list == 0 then mem_queues[e.pkey] = nil end
+  return got, err, code, head
+end
+function memory.leave(_, _, pkey, token)
+  local q = mem_queues[pkey]
+  if q then
+    q_leave(q, token)
+    if #q.list == 0 then mem_queues[pkey] = nil end
+  end
+end
 function memory.release() return true end
 function memory.expire() return true end
+function memory.keepalive() return true end
 function memory.get_state(_, key) return mem_state[key] end
 function memory.set_state(_, key, _, s)
   mem_state[key] = s
@@ -197,7 +341,7 @@ local function try_break(self, fl, seen)
   return broke
 end
 
-function file.acquire(self, key, e, prev)
+local function file_grab(self, key, e, prev)
   if prev and prev.fl then
     -- This process still holds the flock for an entry that overran its
     -- exptime: take the handle over.
@@ -272,12 +416,12 @@ function file.release(_, _, e)
   local was_broken = broken(e)
   e.fl:unlock()
   e.fl:close()
-  if was_broken then return nil, "expired" end
+  if was_broken then return nil, "expired", "LOCK" end
   return true
 end
 
 function file.expire(self, _, e, t)
-  if broken(e) then return nil, "expired" end
+  if broken(e) then return nil, "expired", "LOCK" end
   e.wall_expires = os.time() + ceil(t or self.exptime)
   return e.fl:write(header(e, e.state))
 end
@@ -285,10 +429,62 @@ end
 function file.get_state(_, _, e) return e.state end
 
 function file.set_state(_, _, e, s)
-  if broken(e) then return nil, "expired" end
+  if broken(e) then return nil, "expired", "LOCK" end
   local ok, err, code = e.fl:write(header(e, s))
   if not ok then return nil, err, code end
   e.state = s
+  return true
+end
+
+
+-- Runs fn(q) -> changed, ... under the queue file's flock; rewrites the file
+-- when changed. A queue lock held for over a second (its holder stopped
+-- mid-update) answers nil, "queue busy".
+local function with_queue(self, key, fn)
+  -- opened per update (a handle kept per key would hold a descriptor for
+  -- every session the process ever saw)
+  local qfl, err, code = open_in(self.dir, file_name(key) .. "q")
+  if not qfl then return nil, err, code end
+  local ok
+  ok, err, code = qfl:lock(1)
+  if not ok then
+    qfl:close()
+    if err == "timeout" then return nil, "queue busy" end
+    return nil, err, code
+  end
+  local q = q_parse(qfl:read() or "")
+  local res = table.pack(pcall(fn, q))
+  if res[1] and res[2] then
+    -- A lost write costs fairness only (a ticket kept until it lapses), but
+    -- a waiter must know: its ticket may not be there.
+    local wok, werr, wcode = qfl:write(q_format(q))
+    if not wok and not res[3] then res = { true, false, nil, werr, wcode } end
+  end
+  qfl:close()
+  if not res[1] then error(res[2], 0) end
+  return res[3], res[4], res[5], res[6]
+end
+
+function file.acquire(self, key, e, prev, mode, local_busy)
+  local got, err, code, head = with_queue(self, key, function(q)
+    return q_step(self, q, e, mode, local_busy, function() return file_grab(self, key, e, prev) end)
+  end)
+  if err == "queue busy" then
+    -- A process stopped inside its queue update (SIGSTOP) holds the queue's
+    -- flock: stay live, unfairly, by trying the lock itself.
+    if local_busy then return nil, "busy" end
+    return file_grab(self, key, e, prev)
+  end
+  return got, err, code, head
+end
+
+function file.leave(self, key, _, token)
+  with_queue(self, key, function(q) return q_leave(q, token) end)
+end
+
+function file.keepalive(_, _, e, t)
+  e.next_check = t + 1
+  if broken(e) then return nil, "expired", "LOCK" end
   return true
 end
 
@@ -298,6 +494,38 @@ end
 
 local redis = {}
 
+-- KEYS: lock, queue, deadlines, seq; ARGV: token, lock PX ms, ticket ms, mode
+-- ("wait" | "try" | "hold" = only refresh the ticket). Returns 1 taken,
+-- 2 head but the lock is held, 0 waiting behind others.
+local ACQUIRE = [[
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tms = tonumber(ARGV[3])
+local dead = redis.call('zrangebyscore', KEYS[3], '-inf', '(' .. now)
+for i = 1, #dead do
+  redis.call('zrem', KEYS[2], dead[i])
+  redis.call('zrem', KEYS[3], dead[i])
+end
+if ARGV[4] == 'try' then
+  if redis.call('zcard', KEYS[2]) > 0 then return 0 end
+  if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+  return 0
+end
+if not redis.call('zscore', KEYS[2], ARGV[1]) then
+  redis.call('zadd', KEYS[2], redis.call('incr', KEYS[4]), ARGV[1])
+end
+redis.call('zadd', KEYS[3], now + tms, ARGV[1])
+for i = 2, 4 do redis.call('pexpire', KEYS[i], 2 * tms) end
+if redis.call('zrange', KEYS[2], 0, 0)[1] ~= ARGV[1] then return 0 end
+if ARGV[4] == 'hold' then return 2 end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('zrem', KEYS[2], ARGV[1])
+  redis.call('zrem', KEYS[3], ARGV[1])
+  return 1
+end
+return 2
+]]
+local LEAVE = "redis.call('zrem', KEYS[1], ARGV[1]) redis.call('zrem', KEYS[2], ARGV[1]) return 1"
 local UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 local PEXPIRE = "if redis.call('get', KEYS[1]) == ARGV[1] then "
   .. "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -317,49 +545,109 @@ local function conn(self)
   return c
 end
 
-local function ms(t) return math.max(1, floor(t * 1000 + 0.5)) end
+local function ms(t) return max(1, floor(t * 1000 + 0.5)) end
 
 function redis.ns(self)
   local r = self.redis
   return fmt("redis\0%s:%d\0%s\0", r.host, r.port, r.prefix)
 end
 
-function redis.acquire(self, key, e, prev)
+local function rkeys(self, key)
+  local p = self.redis.prefix
+  return p .. "lock:" .. key, p .. "queue:" .. key, p .. "qdl:" .. key, p .. "qseq:" .. key
+end
+
+-- The keeper's longest cap (core's limit; ~31 years).
+local MAX_CAP = 1e9
+
+local function stop_keeper(e)
+  if e.keeper then
+    e.keeper:stop()
+    e.keeper = nil
+  end
+end
+
+function redis.acquire(self, key, e, prev, mode, local_busy)
+  if mode == "try" and local_busy then return nil, "busy" end
   local c, err, code = conn(self)
   if not c then return nil, err, code end
-  local lkey = self.redis.prefix .. "lock:" .. key
-  if prev and prev.token then
+  local lkey, qkey, dkey, seqkey = rkeys(self, key)
+  if prev and prev.token and not local_busy then
     -- Our own in-process holder overran exptime: drop its key if still there.
+    stop_keeper(prev)
     c:command("EVAL", UNLOCK, 1, lkey, prev.token)
   end
   local res
-  res, err, code = c:command("SET", lkey, e.token, "NX", "PX", ms(self.exptime))
-  if res == nil then
-    if err then return nil, err, code end
-    return nil, "busy"
-  end
+  res, err, code = c:command("EVAL", ACQUIRE, 4, lkey, qkey, dkey, seqkey, e.token, ms(self.ttl),
+    ms(self.ticket_ttl), local_busy and "hold" or mode)
+  if res == nil then return nil, err, code end
+  if res ~= 1 then return nil, "busy", nil, res == 2 end
   e.lkey, e.skey = lkey, self.redis.prefix .. "state:" .. key
+  if self.use_keeper then
+    -- nil when the thread cannot start: keepalive() then refreshes the key
+    e.keeper = c:keeper(lkey, e.token, self.ttl, min(self.exptime, MAX_CAP))
+  end
   return e
 end
 
+function redis.leave(self, key, _, token)
+  local c = conn(self)
+  if not c then return end
+  local _, qkey, dkey = rkeys(self, key)
+  c:command("EVAL", LEAVE, 2, qkey, dkey, token)
+end
+
 function redis.release(self, _, e)
+  stop_keeper(e)
   local c, err, code = conn(self)
   if not c then return nil, err, code end
   local n
   n, err, code = c:command("EVAL", UNLOCK, 1, e.lkey, e.token)
   if n == nil then return nil, err, code end
-  if n == 0 then return nil, "expired" end
+  if n == 0 then return nil, "expired", "LOCK" end
+  return true
+end
+
+-- One compare-and-pexpire to `ttl`: true | nil, "expired", "LOCK" | nil, msg, code
+local function refresh(self, e)
+  local c, err, code = conn(self)
+  if not c then return nil, err, code end
+  local n
+  n, err, code = c:command("EVAL", PEXPIRE, 1, e.lkey, e.token, ms(self.ttl))
+  if n == nil then return nil, err, code end
+  if n == 0 then return nil, "expired", "LOCK" end
   return true
 end
 
 function redis.expire(self, _, e, t)
-  local c, err, code = conn(self)
-  if not c then return nil, err, code end
-  local n
-  n, err, code = c:command("EVAL", PEXPIRE, 1, e.lkey, e.token, ms(t or self.exptime))
-  if n == nil then return nil, err, code end
-  if n == 0 then return nil, "expired" end
+  local ok, err, code = refresh(self, e)
+  if not ok then
+    if err == "expired" then stop_keeper(e) end
+    return nil, err, code
+  end
+  local cap = min(t or self.exptime, MAX_CAP)
+  if self.use_keeper and not (e.keeper and e.keeper:extend(cap)) then
+    stop_keeper(e)
+    local c = conn(self)
+    if c then e.keeper = c:keeper(e.lkey, e.token, self.ttl, cap) end
+  end
   return true
+end
+
+function redis.keepalive(self, _, e, t)
+  e.next_check = t + self.ttl / 3
+  if not e.keeper then
+    if t > e.expires then return nil, "expired (held past exptime)", "LOCK" end
+    return refresh(self, e)
+  end
+  local state, age, err = e.keeper:status()
+  if state == "ok" then return true end
+  if state == "failing" then
+    if age < self.ttl then return true end
+    return nil, fmt("lock not refreshed for %.1f s (it may have expired): %s", age, tostring(err)), "TRANSPORT"
+  end
+  if state == "capped" then return nil, "expired (held past exptime)", "LOCK" end
+  return nil, "expired", "LOCK"
 end
 
 function redis.get_state(self, _, e)
@@ -375,7 +663,7 @@ function redis.set_state(self, _, e, s)
   n, err, code = c:command("EVAL", SET_STATE, 2, e.lkey, e.skey, e.token, s and "1" or "0", s or "",
     ceil(self.state_ttl))
   if n == nil then return nil, err, code end
-  if n == 0 then return nil, "expired" end
+  if n == 0 then return nil, "expired", "LOCK" end
   return true
 end
 
@@ -389,7 +677,8 @@ local impl = { memory = memory, file = file, redis = redis }
 -- @tparam[opt] table opts backend ("file"), dir ("/tmp/warmbox-locks"),
 --   redis {host="127.0.0.1", port=6379, timeout=5, prefix="warmbox:"},
 --   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5),
---   wait (function(step)), state_ttl (604800, redis only)
+--   wait (function(seconds); default lock.wait), state_ttl (604800, redis),
+--   ttl (10, redis: the key's PX), ticket_ttl (5), keeper (true, redis)
 function _M.new(opts)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
@@ -404,8 +693,11 @@ function _M.new(opts)
     step = opts.step or 0.01,
     ratio = opts.ratio or 2,
     max_step = opts.max_step or 0.5,
-    wait = opts.wait or default_wait,
+    wait = opts.wait,
     state_ttl = opts.state_ttl or 604800,
+    ttl = opts.ttl or 10,
+    ticket_ttl = opts.ticket_ttl or 5,
+    use_keeper = opts.keeper ~= false,
   }
   if not BACKENDS[self.backend] then
     error("bad argument #1 to 'new' (unknown backend '" .. self.backend .. "')", 2)
@@ -413,11 +705,17 @@ function _M.new(opts)
   if self.dir == "" then error("bad argument #1 to 'new' (option 'dir' must not be empty)", 2) end
   self.dir = (self.dir:gsub("(.)/+$", "%1"))
   local function bad(k, what) error("bad argument #1 to 'new' (option '" .. k .. "' must be " .. what .. ")", 3) end
-  if self.timeout ~= self.timeout or self.timeout < 0 then bad("timeout", ">= 0") end
-  for _, k in pairs{ "exptime", "step", "max_step", "state_ttl" } do
-    if self[k] ~= self[k] or self[k] <= 0 then bad(k, "> 0") end
+  if self.timeout ~= self.timeout or self.timeout < 0 or self.timeout == math.huge then
+    bad("timeout", ">= 0 and finite")
   end
-  if self.ratio ~= self.ratio or self.ratio < 1 then bad("ratio", ">= 1") end
+  for _, k in ipairs{ "exptime", "step", "max_step", "state_ttl" } do
+    if self[k] ~= self[k] or self[k] <= 0 or self[k] == math.huge then bad(k, "> 0 and finite") end
+  end
+  if self.ratio ~= self.ratio or self.ratio < 1 or self.ratio == math.huge then bad("ratio", ">= 1 and finite") end
+  if self.ttl ~= self.ttl or self.ttl < 0.05 or self.ttl > 86400 then bad("ttl", "in [0.05, 86400]") end
+  if self.ticket_ttl ~= self.ticket_ttl or self.ticket_ttl > 86400 or self.ticket_ttl < 2 * min(self.max_step, 1) then
+    bad("ticket_ttl", "in [2 x max_step, 86400]")
+  end
   local r = opts.redis or {}
   check_fields(r, REDIS_OPTS, "redis.", 3)
   self.redis = { host = r.host or "127.0.0.1", port = r.port or 6379, timeout = r.timeout or 5,
@@ -433,21 +731,23 @@ local function check_key(key, fname)
   end
 end
 
--- One non-blocking attempt: true | nil, "busy" | nil, msg, code
-local function attempt(self, key)
+-- One attempt with ticket `token` ("wait") or without one ("try"):
+-- true | nil, "busy", nil, is_head | nil, msg, code
+local function attempt(self, key, token, mode)
   local pkey = self.ns .. key
   local prev = held[pkey]
   local t = now()
-  if prev and prev.expires > t then return nil, "busy" end
-  local e = { token = new_token(), expires = t + self.exptime, pkey = pkey }
-  local ok, err, code = self.impl.acquire(self, key, e, prev)
-  if not ok then return nil, err, code end
+  local local_busy = prev and prev.expires > t
+  local e = { token = token or new_token(), expires = t + self.exptime, pkey = pkey, next_check = t }
+  local ok, err, code, head = self.impl.acquire(self, key, e, prev, mode, local_busy)
+  if not ok then return nil, err, code, head end
+  if prev and prev.keeper then stop_keeper(prev) end
   held[pkey] = e
   self._key, self._entry = key, e
   return true
 end
 
---- Takes the lock on `key`, waiting up to `timeout` seconds.
+--- Takes the lock on `key`, waiting (in arrival order) up to `timeout` seconds.
 -- @treturn[1] number seconds waited
 -- @return[2] nil, "timeout" | "locked" | message, code
 function _M:lock(key)
@@ -455,23 +755,34 @@ function _M:lock(key)
   if self._entry then return nil, "locked" end
   local start = now()
   local step, timeout = self.step, self.timeout
+  local ticket = new_token()
+  local was_head = false
   while true do
-    local ok, err, code = attempt(self, key)
+    local ok, err, code, head = attempt(self, key, ticket, "wait")
     if ok then return now() - start end
-    if err ~= "busy" then return nil, err, code end
     local elapsed = now() - start
-    if elapsed >= timeout then return nil, "timeout" end
-    self.wait(min(step, timeout - elapsed))
-    step = min(step * self.ratio, self.max_step)
+    if err ~= "busy" or elapsed >= timeout then
+      if self.impl.leave then pcall(self.impl.leave, self, key, self.ns .. key, ticket) end
+      if err ~= "busy" then return nil, err, code end
+      return nil, "timeout"
+    end
+    local cap = head and min(self.max_step, HEAD_STEP) or self.max_step
+    -- just became the head: the holder may be about to release, poll fast again
+    if head and not was_head then step = self.step end
+    was_head = head
+    step = min(step, cap);
+    (self.wait or _M.wait)(min(step, timeout - elapsed))
+    step = min(step * self.ratio, cap)
   end
 end
 
---- Takes the lock on `key` if it is free.
+--- Takes the lock on `key` if it is free and nobody is waiting for it.
 -- @return true | nil, "busy" | nil, "locked" | nil, msg, code
 function _M:try_lock(key)
   check_key(key, "try_lock")
   if self._entry then return nil, "locked" end
-  return attempt(self, key)
+  local ok, err, code = attempt(self, key, nil, "try")
+  return ok, err, code
 end
 
 local function current(self)
@@ -479,39 +790,83 @@ local function current(self)
   if not e then return nil end
   if held[e.pkey] ~= e then
     -- Our exptime passed and another holder took the key over.
+    stop_keeper(e)
     self._key, self._entry = nil, nil
     return nil, "expired"
   end
   return e
 end
 
---- Releases the lock.
--- @return true | nil, "unlocked" | nil, "expired" (it had been taken over)
+local function transient(code)
+  return code == "TRANSPORT" or code == "IO"
+end
+
+--- Releases the lock. A transport failure is retried (3 tries in all);
+-- when it persists, the Redis key frees itself within `ttl` (its keeper has
+-- stopped) and the failure is returned.
+-- @return true | nil, "unlocked" | nil, "expired", "LOCK" (it had been taken
+--   over) | nil, msg, code
 function _M:unlock()
   local e = self._entry
   if not e then return nil, "unlocked" end
   local key = self._key
   self._key, self._entry = nil, nil
-  if held[e.pkey] ~= e then return nil, "expired" end
+  if held[e.pkey] ~= e then
+    stop_keeper(e)
+    return nil, "expired", "LOCK"
+  end
   held[e.pkey] = nil
-  return self.impl.release(self, key, e)
+  local ok, err, code
+  local pause = UNLOCK_PAUSE
+  for i = 1, UNLOCK_TRIES do
+    ok, err, code = self.impl.release(self, key, e)
+    -- after a lost reply, "not ours any more" may be our own earlier delete
+    if i > 1 and err == "expired" then ok, err, code = true, nil, nil end
+    if ok or not transient(code) or i == UNLOCK_TRIES then break end
+    sleep(pause)
+    pause = pause * 2
+  end
+  if not ok and transient(code) and self.backend == "redis" then
+    err = fmt("%s (after %d tries; the lock expires by itself within %g s)", tostring(err), UNLOCK_TRIES, self.ttl)
+  end
+  return ok, err, code
 end
 
---- Sets the lock's expiry to `t` seconds from now (default exptime).
+--- Releases the lock if held; idempotent (true when nothing was held).
+-- @return true | what unlock() returns
+function _M:close()
+  if not self._entry then return true end
+  return self:unlock()
+end
+
+--- Sets the hold limit to `t` seconds from now (default exptime).
 function _M:expire(t)
-  if t ~= nil and (type(t) ~= "number" or t ~= t or t <= 0) then
+  if t ~= nil and (type(t) ~= "number" or t ~= t or t <= 0 or t == math.huge) then
     error("bad argument #1 to 'expire' (positive number expected, got " .. tostring(t) .. ")", 2)
   end
   local e, err = current(self)
-  if not e then return nil, err or "unlocked" end
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
   e.expires = now() + (t or self.exptime)
   return self.impl.expire(self, self._key, e, t)
+end
+
+--- Whether this object still holds its lock; cheap enough to call on every
+-- stream event (it looks at the backend at most every ttl/3, redis, or
+-- every second, file). With a redis keeper thread it only reads the
+-- keeper's state; without one (keeper = false) it refreshes the key.
+-- @return true | nil, "unlocked" | nil, "expired", "LOCK" | nil, msg, code
+function _M:keepalive()
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  local t = now()
+  if t < e.next_check then return true end
+  return self.impl.keepalive(self, self._key, e, t)
 end
 
 --- The key's shared state (string or nil), only while held.
 function _M:get_state()
   local e, err = current(self)
-  if not e then return nil, err or "unlocked" end
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
   return self.impl.get_state(self, self._key, e)
 end
 
@@ -521,7 +876,7 @@ function _M:set_state(s)
     error("bad argument #1 to 'set_state' (string or nil expected, got " .. type(s) .. ")", 2)
   end
   local e, err = current(self)
-  if not e then return nil, err or "unlocked" end
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
   return self.impl.set_state(self, self._key, e, s)
 end
 

@@ -121,29 +121,130 @@ describe_redis("redis", function()
       a:unlock()
     end)
 
-    it("sets PX from exptime and :expire() extends it", function()
+    it("sets PX from ttl and keeps it alive from a thread across a long blocking call", function()
       local k = key()
-      local a = new{ exptime = 5 }
+      local a = new{ ttl = 0.3 }
       assert.truthy(a:lock(k))
+      local token = r:command("GET", "t:lock:" .. k)
       local pttl = r:command("PTTL", "t:lock:" .. k)
-      assert.is_true(pttl > 0 and pttl <= 5000)
-      assert.is_true(a:expire(120))
-      assert.is_true(r:command("PTTL", "t:lock:" .. k) > 100000)
-      a:unlock()
+      assert.is_true(pttl > 0 and pttl <= 300)
+      core.sleep(1.2) -- four ttls inside C, no Lua runs: only the keeper refreshes
+      assert.equal(token, r:command("GET", "t:lock:" .. k))
+      assert.same({ nil, "busy" }, { new():try_lock(k) })
+      assert.is_true(a:keepalive())
+      assert.is_true(a:unlock())
+      assert.is_nil(r:command("GET", "t:lock:" .. k))
     end)
 
-    it("never releases or touches someone else's lock (compare-and-delete)", function()
+    it("stops refreshing at exptime; :expire() moves that limit", function()
+      local k = key()
+      local a = new{ ttl = 0.2, exptime = 0.5 }
+      assert.truthy(a:lock(k))
+      core.sleep(1)
+      assert.is_nil(r:command("GET", "t:lock:" .. k))
+      assert.same({ nil, "expired (held past exptime)", "LOCK" }, { a:keepalive() })
+      assert.truthy(new():lock(k)) -- collected (and so unlocked) below
+      collectgarbage()
+      local b = new{ ttl = 0.2, exptime = 0.5, timeout = 2 }
+      assert.truthy(b:lock(k))
+      assert.is_true(b:expire(60))
+      core.sleep(1)
+      assert.truthy(r:command("GET", "t:lock:" .. k))
+      assert.is_true(b:keepalive())
+      assert.is_true(b:unlock())
+    end)
+
+    it("with keeper = false, keepalive refreshes the key at most every ttl/3", function()
+      local k = key()
+      local a = new{ ttl = 0.3, keeper = false }
+      assert.truthy(a:lock(k))
+      for _ = 1, 20 do
+        assert.is_true(a:keepalive())
+        core.sleep(0.05)
+      end
+      -- 1 s later, still ours
+      assert.truthy(r:command("GET", "t:lock:" .. k))
+      -- not refreshed: gone within ttl
+      core.sleep(0.5)
+      assert.is_nil(r:command("GET", "t:lock:" .. k))
+      assert.same({ nil, "expired", "LOCK" }, { a:keepalive() })
+      assert.same({ nil, "expired", "LOCK" }, { a:unlock() })
+    end)
+
+    it("keepalive reports a keeper that cannot reach redis for a whole ttl", function()
+      local k = key()
+      local a = lock.new{ backend = "redis", redis = { host = srv.host, port = srv.port, prefix = "t:", timeout = 0.2 },
+        ttl = 0.6, timeout = 0.2 }
+      assert.truthy(a:lock(k))
+      assert.is_true(a:keepalive())
+      assert.equal("OK", r:command("CLIENT", "PAUSE", 2000, "WRITE"))
+      local t0 = core.now()
+      local ok, err, code
+      repeat
+        ok, err, code = a:keepalive()
+        core.sleep(0.05)
+      until not ok or core.now() - t0 > 1.8
+      assert.is_nil(ok)
+      assert.equal("TRANSPORT", code)
+      assert.matches("it may have expired", err, 1, true)
+      a:close()
+      core.sleep(math.max(0, 2.1 - (core.now() - t0)))
+    end)
+
+    it("retries an unlock whose connection dropped", function()
       local k = key()
       local a = new()
       assert.truthy(a:lock(k))
-      -- a's lock expired and another host took it
-      assert.equal("OK", r:command("SET", "t:lock:" .. k, "intruder"))
-      assert.same({ nil, "expired" }, { a:expire(60) })
-      assert.same({ nil, "expired" }, { a:set_state("late") })
-      assert.same({ nil, "expired" }, { a:unlock() })
-      assert.equal("intruder", r:command("GET", "t:lock:" .. k))
-      assert.is_nil(r:command("GET", "t:state:" .. k))
-      r:command("DEL", "t:lock:" .. k)
+      assert.truthy(r:command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1)
+      assert.is_true(a:unlock())
+      assert.is_nil(r:command("GET", "t:lock:" .. k))
+    end)
+
+    it("reports an unlock that keeps failing; the key then frees itself within ttl", function()
+      local k = key()
+      local a = lock.new{ backend = "redis", redis = { host = srv.host, port = srv.port, prefix = "t:", timeout = 0.2 },
+        ttl = 1, timeout = 0.2 }
+      assert.truthy(a:lock(k))
+      assert.equal("OK", r:command("CLIENT", "PAUSE", 1500, "WRITE"))
+      local ok, err, code = a:unlock()
+      assert.is_nil(ok)
+      assert.equal("TRANSPORT", code)
+      assert.matches("after 3 tries; the lock expires by itself within 1 s", err, 1, true)
+      -- no keeper any more: the key lapses once the pause is over
+      local b = new{ timeout = 5 }
+      assert.truthy(b:lock(k))
+      b:unlock()
+    end)
+
+    it("frees the key within ttl when its holder is killed or stopped", function()
+      for _, sig in ipairs{ "KILL", "STOP" } do
+        local k = key():gsub("%z", "")
+        local work = os.tmpname()
+        local f = assert(io.open(work, "w"))
+        f:write(string.format([[
+local lock = require "warmbox.lock"
+local lk = lock.new{ backend = "redis", redis = { port = %d, prefix = "t:" }, ttl = 1 }
+assert(lk:lock(%q))
+io.open(%q, "a"):write("held\n"):close()
+require("warmbox.core").sleep(600)
+]], srv.port, k, work .. ".held"))
+        f:close()
+        local env = "LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
+        local p = assert(io.popen(env .. " lua5.4 " .. q(work) .. " >/dev/null 2>&1 & echo $!"))
+        local pid = tonumber(p:read("l"))
+        p:close()
+        local deadline = core.now() + 30
+        while not io.open(work .. ".held") and core.now() < deadline do core.sleep(0.02) end
+        assert.same({ nil, "busy" }, { new():try_lock(k) })
+        os.execute("kill -" .. sig .. " " .. pid)
+        -- far below the 600 s exptime: the keeper died (or stopped) with its process
+        local b = new{ timeout = 5 }
+        assert.truthy(b:lock(k), sig)
+        b:unlock()
+        os.execute("kill -KILL " .. pid .. "; kill -CONT " .. pid .. " 2>/dev/null")
+        os.remove(work)
+        os.remove(work .. ".held")
+      end
     end)
 
     it("returns nil, msg, 'TRANSPORT' when redis is unreachable", function()
@@ -152,6 +253,113 @@ describe_redis("redis", function()
       assert.is_nil(ok)
       assert.matches("refused", err)
       assert.equal("TRANSPORT", code)
+    end)
+
+    it("serves processes in arrival order, and 3 get in while a fourth locks back to back", function()
+      local work = os.tmpname()
+      os.remove(work)
+      assert(os.execute("mkdir -p " .. q(work)))
+      local child = work .. "/child.lua"
+      local f = assert(io.open(child, "w"))
+      f:write([[
+local port, mode, log, name, a = ...
+local lock = require "warmbox.lock"
+local core = require "warmbox.core"
+local lk = lock.new{ backend = "redis", redis = { port = tonumber(port), prefix = "f:" },
+                     timeout = tonumber(a) or 60 }
+if mode == "want" then
+  local ok, err = lk:lock("fair")
+  local g = assert(io.open(log, "a"))
+  g:write(ok and ("got " .. name) or ("fail " .. name .. " " .. err), "\n")
+  g:close()
+  if ok then core.sleep(0.05); assert(lk:unlock()) end
+else -- looper: back-to-back lock / 20 ms / unlock for `a` seconds
+  local t_end, n = core.now() + tonumber(a), 0
+  while core.now() < t_end do
+    assert(lk:lock("fair")); core.sleep(0.02); assert(lk:unlock()); n = n + 1
+  end
+  local g = assert(io.open(log, "w")); g:write(n); g:close()
+end
+]])
+      f:close()
+      local env = "LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
+      local function spawn(...)
+        local args = {}
+        for i, a in ipairs{ ... } do args[i] = q(a) end
+        local p = assert(io.popen(string.format("%s lua5.4 %s %d %s >>%s 2>&1 & echo $!", env, q(child), srv.port,
+          table.concat(args, " "), q(work .. "/out"))))
+        local pid = tonumber(p:read("l"))
+        p:close()
+        return pid
+      end
+      local function wait_for(pred)
+        local deadline = core.now() + 30
+        while not pred() and core.now() < deadline do core.sleep(0.01) end
+        return pred()
+      end
+      local function all_done(pids)
+        return wait_for(function()
+          for _, pid in ipairs(pids) do if os.execute("kill -0 " .. pid .. " 2>/dev/null") then return false end end
+          return true
+        end)
+      end
+      local function read(path)
+        local h = io.open(path)
+        if not h then return "" end
+        local s = h:read("a")
+        h:close()
+        return s
+      end
+      -- arrival order
+      local holder = lock.new{ backend = "redis", redis = { port = srv.port, prefix = "f:" } }
+      assert.truthy(holder:lock("fair"))
+      local log, pids = work .. "/log", {}
+      for i = 1, 3 do
+        pids[i] = spawn("want", log, "w" .. i)
+        assert.is_true(wait_for(function() return r:command("ZCARD", "f:queue:fair") == i end))
+      end
+      assert.is_true(holder:unlock())
+      assert.truthy(holder:lock("fair"))
+      local g = assert(io.open(log, "a")); g:write("got holder\n"); g:close()
+      holder:unlock()
+      assert.is_true(all_done(pids), read(work .. "/out"))
+      assert.equal("got w1\ngot w2\ngot w3\ngot holder\n", read(log))
+      assert.equal(0, r:command("ZCARD", "f:queue:fair"))
+      -- a back-to-back locker does not starve 3 others (each may wait 2 s, the looper runs 4 s)
+      local looper = spawn("looper", work .. "/n", "l", 4)
+      core.sleep(0.3)
+      local log2 = work .. "/log2"
+      pids = {}
+      for i = 1, 3 do pids[i] = spawn("want", log2, "w" .. i, 2) end
+      pids[4] = looper
+      assert.is_true(all_done(pids), read(work .. "/out"))
+      local got = {}
+      for l in read(log2):gmatch("[^\n]+") do got[#got + 1] = l end
+      table.sort(got)
+      assert.same({ "got w1", "got w2", "got w3" }, got)
+      assert.truthy(tonumber(read(work .. "/n")) > 10)
+      os.execute("rm -rf " .. q(work))
+    end)
+
+    it("drops an abandoned waiter's ticket after ticket_ttl; a timed-out waiter leaves at once", function()
+      local k = key()
+      local holder = new()
+      assert.truthy(holder:lock(k))
+      assert.same({ nil, "timeout" }, { new{ timeout = 0.05 }:lock(k) })
+      assert.equal(0, r:command("ZCARD", "t:queue:" .. k))
+      local abandoned = coroutine.create(function()
+        new{ timeout = 60, max_step = 0.01, ticket_ttl = 0.5, wait = function() coroutine.yield() end }:lock(k)
+      end)
+      assert(coroutine.resume(abandoned)) -- it took a ticket and is never resumed
+      assert.equal(1, r:command("ZCARD", "t:queue:" .. k))
+      holder:unlock()
+      assert.same({ nil, "busy" }, { new():try_lock(k) }) -- the head is the abandoned ticket
+      local t0 = core.now()
+      local b = new{ timeout = 10 }
+      assert.truthy(b:lock(k))
+      assert.is_true(core.now() - t0 >= 0.3)
+      assert.equal(0, r:command("ZCARD", "t:queue:" .. k))
+      b:unlock()
     end)
 
     it("serializes 4 processes x 25 iterations", function()

@@ -49,6 +49,31 @@ elseif mode == "hold" then
   local ok, err = lk:unlock()
   local g = assert(io.open(a1 .. ".done", "w")); g:write(tostring(ok), " ", tostring(err)); g:close()
   os.exit(0)
+elseif mode == "want" then
+  -- a1 = log, a2 = name, a3 = timeout: one lock, held 0.05 s; logs the outcome
+  local lk = lock.new{ backend = "file", dir = dir, timeout = tonumber(a3) }
+  local waited, err = lk:lock(key)
+  local f = assert(io.open(a1, "a"))
+  f:write(waited and ("got " .. a2) or ("fail " .. a2 .. " " .. tostring(err)), "\n")
+  f:close()
+  if waited then
+    core.sleep(0.05)
+    assert(lk:unlock())
+  end
+  os.exit(0)
+elseif mode == "looper" then
+  -- a1 = seconds, a2 = stop file: back-to-back lock / 20 ms / unlock
+  local lk = lock.new{ backend = "file", dir = dir, timeout = 60 }
+  local t_end = core.now() + tonumber(a1)
+  local n = 0
+  while core.now() < t_end do
+    assert(lk:lock(key))
+    core.sleep(0.02)
+    assert(lk:unlock())
+    n = n + 1
+  end
+  local f = assert(io.open(a2, "w")); f:write(n); f:close()
+  os.exit(0)
 end
 ]]
 
@@ -121,6 +146,75 @@ describe("warmbox.lock (file backend) across processes", function()
       assert.equal(M, c)
     end
     assert.equal(N, procs)
+  end)
+
+  -- tickets in the key's queue file
+  local function queued(key)
+    local n = 0
+    for _ in (read_all(dir .. "/" .. lock._file_name(key) .. "q") or ""):gmatch("\n%d+ %d+ %d+ %x+") do n = n + 1 end
+    return n
+  end
+
+  it("serves waiting processes in arrival order", function()
+    local holder = lock.new{ backend = "file", dir = dir }
+    assert.truthy(holder:lock("k"))
+    local log = work .. "/log"
+    local pids = {}
+    for i = 1, 4 do
+      pids[i] = spawn{ "want", dir, "k", log, "w" .. i, 60 }
+      assert.is_true(wait_for(function() return queued("k") == i end), read_all(work .. "/child.out"))
+    end
+    assert.is_true(holder:unlock())
+    -- the holder comes back at once: it queues behind the four
+    assert.truthy(holder:lock("k"))
+    local f = assert(io.open(log, "a"))
+    f:write("got holder\n")
+    f:close()
+    holder:unlock()
+    assert.is_true(wait_for(function()
+      for _, pid in ipairs(pids) do if alive(pid) then return false end end
+      return true
+    end))
+    assert.equal("got w1\ngot w2\ngot w3\ngot w4\ngot holder\n", read_all(log))
+    assert.equal(0, queued("k"))
+  end)
+
+  it("drops a killed waiter's ticket after ticket_ttl, so the queue moves on", function()
+    local holder = lock.new{ backend = "file", dir = dir }
+    assert.truthy(holder:lock("k"))
+    local log = work .. "/log"
+    local dead = spawn{ "want", dir, "k", log, "dead", 60 }
+    assert.is_true(wait_for(function() return queued("k") == 1 end))
+    os.execute("kill -KILL " .. dead)
+    assert.is_true(wait_for(function() return not alive(dead) end))
+    local pid = spawn{ "want", dir, "k", log, "next", 60 }
+    assert.is_true(wait_for(function() return queued("k") == 2 end))
+    holder:unlock()
+    -- the dead ticket is at the head: nobody may take the key until it lapses (5 s)
+    assert.same({ nil, "busy" }, { lock.new{ backend = "file", dir = dir }:try_lock("k") })
+    assert.is_true(wait_for(function() return not alive(pid) end, 30))
+    assert.equal("got next\n", read_all(log))
+    assert.equal(0, queued("k"))
+  end)
+
+  it("lets 3 processes in while a fourth locks back to back (none times out)", function()
+    local stop = work .. "/looper.done"
+    local looper = spawn{ "looper", dir, "k", 4, stop }
+    assert.is_true(wait_for(function() return queued("k") > 0 or read_all(dir .. "/k.lock") ~= nil end))
+    core.sleep(0.3)
+    local log = work .. "/log"
+    local pids = {}
+    -- each may wait at most 2 s: a few of the looper's 20 ms turns, never its 4 s
+    for i = 1, 3 do pids[i] = spawn{ "want", dir, "k", log, "w" .. i, 2 } end
+    assert.is_true(wait_for(function()
+      for _, pid in ipairs(pids) do if alive(pid) then return false end end
+      return not alive(looper)
+    end, 60))
+    local got = {}
+    for l in (read_all(log) or ""):gmatch("[^\n]+") do got[#got + 1] = l end
+    table.sort(got)
+    assert.same({ "got w1", "got w2", "got w3" }, got)
+    assert.truthy(tonumber(read_all(stop)) > 10, "the looper kept running")
   end)
 
   it("is released by the kernel when its holder is killed (SIGKILL)", function()

@@ -32,8 +32,19 @@ describe("warmbox.lock", function()
       assert.has_error(function() lock.new{ redis = { hots = "x" } } end,
         "bad argument #1 to 'new' (unknown option 'redis.hots')")
       assert.has_error(function() lock.new{ exptime = 0 } end,
-        "bad argument #1 to 'new' (option 'exptime' must be > 0)")
-      assert.has_error(function() lock.new{ ratio = 0.5 } end, "bad argument #1 to 'new' (option 'ratio' must be >= 1)")
+        "bad argument #1 to 'new' (option 'exptime' must be > 0 and finite)")
+      assert.has_error(function() lock.new{ exptime = math.huge } end,
+        "bad argument #1 to 'new' (option 'exptime' must be > 0 and finite)")
+      assert.has_error(function() lock.new{ timeout = 0 / 0 } end,
+        "bad argument #1 to 'new' (option 'timeout' must be >= 0 and finite)")
+      assert.has_error(function() lock.new{ ratio = 0.5 } end,
+        "bad argument #1 to 'new' (option 'ratio' must be >= 1 and finite)")
+      assert.has_error(function() lock.new{ ttl = 0 } end,
+        "bad argument #1 to 'new' (option 'ttl' must be in [0.05, 86400])")
+      assert.has_error(function() lock.new{ ticket_ttl = 0.5 } end,
+        "bad argument #1 to 'new' (option 'ticket_ttl' must be in [2 x max_step, 86400])")
+      assert.has_error(function() lock.new{ keeper = 1 } end,
+        "bad argument #1 to 'new' (option 'keeper' must be a boolean, got number)")
       assert.has_error(function() lock.new{ backend = "memory" }:lock(42) end,
         "bad argument #1 to 'lock' (string expected, got number)")
       assert.has_error(function() lock.new{ backend = "memory" }:set_state(1) end,
@@ -209,7 +220,7 @@ describe("warmbox.lock", function()
           local elapsed = assert(b:lock(k))
           assert.is_true(elapsed > 0)
           assert.equal("kept", b:get_state())
-          assert.same({ nil, "expired" }, { a:set_state("late") })
+          assert.same({ nil, "expired", "LOCK" }, { a:set_state("late") })
           assert.same({ nil, "unlocked" }, { a:unlock() })
           assert.equal("kept", b:get_state())
           -- b still holds it
@@ -274,24 +285,68 @@ describe("warmbox.lock", function()
           assert.is_true(firsts.a and (firsts.b or firsts.c) and true or false)
         end)
 
-        it("uses coroutine.yield by default when yieldable", function()
+        it("never yields into the caller's coroutine by default: the wait blocks", function()
           local k = key()
           local a = new()
           assert.truthy(a:lock(k))
-          local yields = 0
           local c = coroutine.create(function()
-            local b = new{ timeout = 60 }
-            assert(b:lock(k))
-            b:unlock()
-            return "done"
+            local b = new{ timeout = 0.15 }
+            local t0 = core.now()
+            local ok, err = b:lock(k)
+            return ok, err, core.now() - t0
           end)
-          assert(coroutine.resume(c))
-          while coroutine.status(c) ~= "dead" do
-            yields = yields + 1
-            if yields == 5 then a:unlock() end
-            assert(coroutine.resume(c))
+          -- one resume runs the whole wait: no yield reached us
+          local resumed, ok, err, waited = coroutine.resume(c)
+          assert.is_true(resumed)
+          assert.equal("dead", coroutine.status(c))
+          assert.is_nil(ok)
+          assert.equal("timeout", err)
+          assert.is_true(waited >= 0.15)
+          a:unlock()
+        end)
+
+        it("waits through lock.wait, the scheduler hook, when no wait is given", function()
+          local k = key()
+          local a = new()
+          assert.truthy(a:lock(k))
+          local saved, calls = lock.wait, 0
+          lock.wait = function(s)
+            calls = calls + 1
+            assert.is_true(s > 0)
+            if calls == 3 then a:unlock() end
           end
-          assert.equal(5, yields)
+          local ok, err = pcall(function() return assert(new{ timeout = 5 }:lock(k)) end)
+          lock.wait = saved
+          assert.is_true(ok, err)
+          assert.equal(3, calls)
+        end)
+      end)
+
+      describe(":close() and :keepalive()", function()
+        it("close releases, is idempotent, and keepalive reports whether it is held", function()
+          local k = key()
+          local a = new()
+          assert.is_true(a:close())
+          assert.same({ nil, "unlocked" }, { a:keepalive() })
+          assert.truthy(a:lock(k))
+          assert.is_true(a:keepalive())
+          assert.is_true(a:keepalive())
+          assert.same({ nil, "busy" }, { new():try_lock(k) })
+          assert.is_true(a:close())
+          assert.is_true(a:close())
+          assert.same({ nil, "unlocked" }, { a:keepalive() })
+          local b = new()
+          assert.is_true(b:try_lock(k))
+          b:close()
+        end)
+
+        it("keepalive reports 'expired' once the lock was taken over", function()
+          local k = key()
+          local a, b = new{ exptime = 0.05 }, new{ timeout = 5 }
+          assert.truthy(a:lock(k))
+          assert.truthy(b:lock(k))
+          assert.same({ nil, "expired", "LOCK" }, { a:keepalive() })
+          b:close()
         end)
       end)
     end)
@@ -316,8 +371,8 @@ describe("warmbox.lock", function()
         assert.is_true(held[i]:set_state("state " .. i))
       end
       local files = ls(dir)
-      -- one file per key plus the break lock, all directly inside dir
-      assert.equal(#keys + 1, #files)
+      -- one file and one queue file per key plus the break lock, all directly inside dir
+      assert.equal(2 * #keys + 1, #files)
       for _, f in ipairs(files) do
         assert.is_nil(f:find("/", 1, true))
         assert.truthy(#f <= 255)

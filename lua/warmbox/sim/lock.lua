@@ -1,7 +1,7 @@
 --- warmbox.sim.lock: session locks for one simulation.
 --
 -- The methods of a `warmbox.lock` object (`lock`, `try_lock`, `unlock`,
--- `expire`, `get_state`, `set_state`, `key`, `close`) over a table owned by one
+-- `expire`, `keepalive`, `get_state`, `set_state`, `key`, `close`) over a table owned by one
 -- simulation. `warmbox.lock`'s memory backend is not used because its
 -- per-key state is process-wide (two simulations in one process, or a host
 -- that also uses the memory backend, would share remembered sandboxes) and
@@ -58,6 +58,12 @@ function Lock:expire()
   return true
 end
 
+--- Virtual locks are never lost: true | nil, "unlocked".
+function Lock:keepalive()
+  if not self._key then return nil, "unlocked" end
+  return true
+end
+
 --- The key's shared state, only while held.
 function Lock:get_state()
   if not self._key then return nil, "unlocked" end
@@ -79,11 +85,12 @@ function Lock:key()
   return self._key
 end
 
---- Releases the lock if held (idempotent).
+--- Releases the lock if held (idempotent): true.
 function Lock:close()
   if self._key then self:unlock() end
+  return true
 end
-Lock.__close = Lock.close
+Lock.__close = function(self) self:close() end
 
 --- A lock constructor for one simulation: `function() return lock end`; every
 -- lock it makes shares one table of held keys and states.
