@@ -1306,7 +1306,9 @@ function Sandbox:run_code(code, opts)
     return nil, what .. ": the stream ended without any output", "STREAM_BROKEN",
       errors.detail(200, "empty stream", { started = false, sent = true })
   end
-  if timeout > 0 and exec.error and elapsed >= timeout then
+  local e = exec.error
+  if timeout > 0 and e and elapsed >= timeout and (e.name == "KeyboardInterrupt"
+    or (e.name == "BashError" and e.value == "exit status 130")) then
     -- The server interrupted the cell at its timeout.
     return nil, ("%s: the run timed out after %gs (the cell was interrupted)"):format(what, timeout), "TIMEOUT",
       errors.detail(200, "interrupted at the timeout", { started = true, sent = true, output_started = true,

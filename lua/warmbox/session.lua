@@ -789,12 +789,13 @@ local function files_from_report(sbx, report, cap)
 end
 
 -- Whether a failed execute was refused before it was accepted (nothing can
--- have reached the kernel): a 404/502 answer, or a connection that failed
--- before anything was sent. Only then may the run be sent again.
+-- have reached the kernel): a 404/502 answer (run_code gives these codes only
+-- for an HTTP answer with no stream byte), or a connection that failed before
+-- anything was sent. Only then may the run be sent again.
 local function refused_before_accept(code, detail)
-  if type(detail) ~= "table" or detail.started then return false end
-  if code == "SANDBOX_GONE" or code == "NOT_FOUND" then return detail.status ~= nil end
-  return code == "TRANSPORT" and detail.sent == false
+  if type(detail) == "table" and detail.started then return false end
+  if code == "SANDBOX_GONE" or code == "NOT_FOUND" then return true end
+  return code == "TRANSPORT" and type(detail) == "table" and detail.sent == false
 end
 _M.refused_before_accept = refused_before_accept
 

@@ -250,6 +250,18 @@ describe("sessions under faults (warmboxd)", function()
       survived(s, id) -- the kernel is free again, its state kept
     end)
 
+    it("interrupts a bash cell at the run's timeout too", function()
+      local s = wb:session("faults:timeout-bash")
+      assert(s:run("echo warm", { language = "bash" }))
+      local t0 = os.time()
+      local r, _, ecode, detail = s:run("sleep 30", { language = "bash", timeout = 1 })
+      assert.is_nil(r)
+      assert.equal("TIMEOUT", ecode)
+      assert.is_true(detail.started)
+      assert.is_true(os.time() - t0 < 10)
+      assert.equal("again\n", assert(s:run("echo again", { language = "bash" })).stdout)
+    end)
+
     it("says started = false when the run timed out before the cell started", function()
       local s, id = warm("faults:timeout-before")
       local grace = e2b.EXEC_GRACE
