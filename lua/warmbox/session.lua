@@ -746,11 +746,43 @@ local function take_file(files, cap, name, size, mime, read)
 end
 
 -- Files left in /home/user/output, over envd (languages without the hooks).
+-- envd's listing is JSON: a name that is not UTF-8 comes back without a name
+-- (warmboxd) or with U+FFFD in it (E2B's envd). Then the directory is listed
+-- again by a command that prints each regular file's size and name bytes
+-- (NUL-separated, base64), so such files come back under their real names.
+local LIST_CMD = "find " .. OUTPUT_DIR .. " -mindepth 1 -maxdepth 1 -type f -printf '%s %f\\0' | base64 -w 0"
+_M.LIST_CMD = LIST_CMD
+
+local function listing_lost_names(entries)
+  for _, e in ipairs(entries) do
+    if type(e) == "table" and (type(e.name) ~= "string" or e.name:find("\xEF\xBF\xBD", 1, true)) then return true end
+  end
+  return false
+end
+
+local function list_by_command(sbx)
+  local res, err, code = sbx:run_command(LIST_CMD, { timeout = 60 })
+  if not res then return nil, err, code end
+  if res.exit_code ~= 0 then
+    return nil, "list " .. OUTPUT_DIR .. ": exit status " .. tostring(res.exit_code) .. ": " .. tostring(res.stderr),
+      "HTTP"
+  end
+  local entries = {}
+  for size, name in b64_decode(res.stdout or ""):gmatch("(%d+) ([^\0]+)\0") do
+    entries[#entries + 1] = { name = name, size = tonumber(size), type = "file" }
+  end
+  return entries
+end
+
 local function collect_envd(sbx, cap)
   local entries, err, code = sbx:list_dir(OUTPUT_DIR, 1)
   if not entries then
     if code == "NOT_FOUND" then return {} end
     return nil, err, code
+  end
+  if listing_lost_names(entries) then
+    entries, err, code = list_by_command(sbx)
+    if not entries then return nil, err, code end
   end
   local files = {}
   table_sort(entries, function(a, b) return tostring(a.name) < tostring(b.name) end)
@@ -817,10 +849,13 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local language = opts.language or "python"
   local python = language == "python"
-  if not python and info.reused then
-    local ok, err, ecode, detail = sbx:remove(OUTPUT_DIR)
-    if ok == nil and ecode ~= "NOT_FOUND" then return before(err, ecode, detail) end
-    ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
+  if not python then
+    -- Emptied on a reused sandbox; made on a new one, so the cell can write there.
+    if info.reused then
+      local ok, err, ecode, detail = sbx:remove(OUTPUT_DIR)
+      if ok == nil and ecode ~= "NOT_FOUND" then return before(err, ecode, detail) end
+    end
+    local ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
     if ok == nil and ecode ~= "CONFLICT" then return before(err, ecode, detail) end
   end
   local cell, with_prelude = code, false
