@@ -722,7 +722,9 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
       if (x->status == 429 || x->status == 503) ra = warmbox_retry_after(x);
     }
   } else if (x->idempotent) {
-    retryable = warmbox_is_connection_error(x->rc) || warmbox_failed_before_send(x, x->rc);
+    /* A timed-out idempotent request is safe to send again (within the budget). */
+    retryable = warmbox_is_connection_error(x->rc) || x->rc == CURLE_OPERATION_TIMEDOUT ||
+                warmbox_failed_before_send(x, x->rc);
   } else {
     retryable = warmbox_failed_before_send(x, x->rc);
   }

@@ -393,6 +393,15 @@ describe("warmbox.e2b control plane against warmboxd", function()
       c1:close()
     end)
 
+    it("retries an idempotent call that timed out, within the budget", function()
+      local c1 = e2b.new{ api_key = srv.api_key, api_url = srv.url, request_timeout = 0.5, retries = 2 }
+      knob(srv, "POST", "/stats/reset")
+      fault(srv, { route = "GET /sandboxes/{id}", count = 1, delay_ms = 1500 })
+      assert(c1:info(sb.sandbox_id))
+      assert.equals(2, count(srv, "GET /sandboxes/{id}"))
+      c1:close()
+    end)
+
     it("keeps connections alive across calls", function()
       local h = c.http
       local r1 = assert(h:request{ url = srv.url .. "/sandboxes/" .. sb.sandbox_id,
