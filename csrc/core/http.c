@@ -169,6 +169,8 @@ typedef struct warmbox_xfer {
   int idempotent;
   long statuses[WARMBOX_MAX_STATUSES]; /* retried statuses */
   int nstatuses;
+  long refused[WARMBOX_MAX_STATUSES];  /* statuses retried even when not idempotent */
+  int nrefused;
   int max_attempts;
   double budget, base, cap;
   int attempts;
@@ -329,9 +331,41 @@ static void warmbox_xfer_free(warmbox_xfer *x) {
 
 /* Pass 1: validate a request table (raises on misuse; allocates nothing). */
 static const char *const warmbox_req_fields[] = {"method", "url", "headers", "body", "timeout",
-  "connect_timeout", "retry", "stream", "on_chunk", NULL};
+  "connect_timeout", "retry", "stream", "on_chunk", "max_frame", NULL};
 static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", "statuses",
-  NULL};
+  "refused", NULL};
+
+static void warmbox_check_status_list(lua_State *L, int t, const char *name) {
+  lua_getfield(L, t, name);
+  if (!lua_isnil(L, -1)) {
+    lua_Integer i, n;
+    if (!lua_istable(L, -1)) luaL_error(L, "retry option '%s' must be a list of status codes", name);
+    n = luaL_len(L, -1);
+    if (n > WARMBOX_MAX_STATUSES) luaL_error(L, "retry option '%s' lists too many codes", name);
+    for (i = 1; i <= n; i++) {
+      if (lua_geti(L, -1, i) != LUA_TNUMBER) luaL_error(L, "retry option '%s' must be a list of status codes", name);
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+}
+
+static int warmbox_read_status_list(lua_State *L, int t, const char *name, long *out) {
+  int k = 0;
+  lua_getfield(L, t, name);
+  if (lua_istable(L, -1)) {
+    lua_Integer i, cnt = luaL_len(L, -1);
+    for (i = 1; i <= cnt && k < WARMBOX_MAX_STATUSES; i++) {
+      lua_geti(L, -1, i);
+      out[k++] = (long)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+  } else {
+    k = -1;
+  }
+  lua_pop(L, 1);
+  return k;
+}
 
 static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
   const char *s;
@@ -347,6 +381,7 @@ static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
   warmbox_opt_string(L, idx, "body", &len, "request");
   warmbox_opt_number(L, idx, "timeout", 0, "request");
   warmbox_opt_number(L, idx, "connect_timeout", 0, "request");
+  warmbox_opt_number(L, idx, "max_frame", 1, "request");
   lua_getfield(L, idx, "headers");
   if (!lua_isnil(L, -1)) {
     int t = lua_gettop(L);
@@ -373,18 +408,8 @@ static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
     warmbox_opt_number(L, t, "budget", 0, "retry");
     warmbox_opt_number(L, t, "base", 0, "retry");
     warmbox_opt_number(L, t, "cap", 0, "retry");
-    lua_getfield(L, t, "statuses");
-    if (!lua_isnil(L, -1)) {
-      lua_Integer i, n;
-      if (!lua_istable(L, -1)) luaL_error(L, "retry option 'statuses' must be a list of status codes");
-      n = luaL_len(L, -1);
-      if (n > WARMBOX_MAX_STATUSES) luaL_error(L, "retry option 'statuses' lists too many codes");
-      for (i = 1; i <= n; i++) {
-        if (lua_geti(L, -1, i) != LUA_TNUMBER) luaL_error(L, "retry option 'statuses' must be a list of status codes");
-        lua_pop(L, 1);
-      }
-    }
-    lua_pop(L, 1);
+    warmbox_check_status_list(L, t, "statuses");
+    warmbox_check_status_list(L, t, "refused");
   } else if (!lua_isnil(L, -1) && !(lua_isboolean(L, -1) && !lua_toboolean(L, -1))) {
     luaL_error(L, "request option 'retry' must be a table or false");
   }
@@ -460,17 +485,12 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
     lua_getfield(L, r, "idempotent");
     if (!lua_isnil(L, -1)) x->idempotent = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    lua_getfield(L, r, "statuses");
-    if (lua_istable(L, -1)) {
-      lua_Integer i, cnt = luaL_len(L, -1);
-      x->nstatuses = 0;
-      for (i = 1; i <= cnt && x->nstatuses < WARMBOX_MAX_STATUSES; i++) {
-        lua_geti(L, -1, i);
-        x->statuses[x->nstatuses++] = (long)lua_tointeger(L, -1);
-        lua_pop(L, 1);
-      }
+    {
+      int k = warmbox_read_status_list(L, r, "statuses", x->statuses);
+      if (k >= 0) x->nstatuses = k;
+      k = warmbox_read_status_list(L, r, "refused", x->refused);
+      if (k >= 0) x->nrefused = k;
     }
-    lua_pop(L, 1);
   } else if (lua_isboolean(L, -1)) {
     x->max_attempts = 1;
   }
@@ -535,7 +555,10 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
     const char *mode = warmbox_opt_string(L, idx, "stream", &n, "request");
     x->stream_mode = !mode ? WARMBOX_STREAM_NONE
                            : strcmp(mode, "lines") == 0 ? WARMBOX_STREAM_LINES : WARMBOX_STREAM_CONNECT;
-    warmbox_stream_init(&x->parser, x->stream_mode, WARMBOX_MAX_FRAME);
+    double mf = warmbox_opt_number(L, idx, "max_frame", (double)WARMBOX_MAX_FRAME, "request");
+    if (mf > (double)WARMBOX_MAX_FRAME) mf = (double)WARMBOX_MAX_FRAME;
+    if (mf < 1) mf = 1;
+    warmbox_stream_init(&x->parser, x->stream_mode, (size_t)mf);
   }
 
   curl_easy_setopt(easy, CURLOPT_URL, url);
@@ -590,6 +613,7 @@ static void warmbox_xfer_reset_attempt(warmbox_xfer *x) {
   warmbox_buf_reset(&x->body);
   warmbox_buf_reset(&x->head);
   x->parser.pending.len = 0;
+  x->parser.skipping = 0;
   x->status_known = 0;
   x->streaming = 0;
   x->errbuf[0] = '\0';
@@ -687,14 +711,20 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
   if (x->attempts >= x->max_attempts || x->delivered > 0 || x->cb_state || x->oom || x->parse_error) return -1;
   if (x->rc == CURLE_OK) {
     int i;
-    if (!x->idempotent) return -1;
-    for (i = 0; i < x->nstatuses; i++)
-      if (x->statuses[i] == x->status) retryable = 1;
+    /* A refused status says the server did not act on the request (E2B's
+     * 429 on create): safe to send again even when not idempotent. */
+    for (i = 0; i < x->nrefused; i++)
+      if (x->refused[i] == x->status) retryable = 1;
+    if (x->idempotent)
+      for (i = 0; i < x->nstatuses; i++)
+        if (x->statuses[i] == x->status) retryable = 1;
     if (retryable) {
       if (x->status == 429 || x->status == 503) ra = warmbox_retry_after(x);
     }
   } else if (x->idempotent) {
-    retryable = warmbox_is_connection_error(x->rc) || warmbox_failed_before_send(x, x->rc);
+    /* A timed-out idempotent request is safe to send again (within the budget). */
+    retryable = warmbox_is_connection_error(x->rc) || x->rc == CURLE_OPERATION_TIMEDOUT ||
+                warmbox_failed_before_send(x, x->rc);
   } else {
     retryable = warmbox_failed_before_send(x, x->rc);
   }
@@ -827,7 +857,10 @@ static int warmbox_push_outcome(lua_State *L, warmbox_xfer *x) {
     return warmbox_push_error(L, x, "the connection was lost after the request was sent", "TRANSPORT");
   if (x->rc != CURLE_OK) {
     const char *m = x->errbuf[0] ? x->errbuf : curl_easy_strerror(x->rc);
-    return warmbox_push_error(L, x, m, x->rc == CURLE_OPERATION_TIMEDOUT ? "TIMEOUT" : "TRANSPORT");
+    warmbox_push_error(L, x, m, x->rc == CURLE_OPERATION_TIMEDOUT ? "TIMEOUT" : "TRANSPORT");
+    /* 4th value: whether the request may have reached the server. */
+    lua_pushboolean(L, !warmbox_failed_before_send(x, x->rc));
+    return 4;
   }
   lua_createtable(L, 0, 5);
   lua_pushinteger(L, x->status);

@@ -18,6 +18,10 @@ enum {
   WARMBOX_STREAM_TRUNCATED = -3  /* the body ended inside an envelope */
 };
 
+/* The flags of a line longer than max_frame, delivered cut to max_frame bytes
+ * (lines mode; its remaining bytes are dropped). */
+#define WARMBOX_FRAME_CUT 1
+
 /* Called per frame; returns nonzero to stop. flags: the envelope's flag byte
  * (0 for lines). */
 typedef int (*warmbox_frame_fn)(void *ud, const char *data, size_t len, int flags);
@@ -25,6 +29,7 @@ typedef int (*warmbox_frame_fn)(void *ud, const char *data, size_t len, int flag
 typedef struct warmbox_stream {
   int mode;
   size_t max_frame;
+  int skipping;  /* lines mode: dropping the rest of a line that was too long */
   warmbox_buf pending;
 } warmbox_stream;
 

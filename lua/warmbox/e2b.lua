@@ -189,8 +189,10 @@ local function http_failure(res, what, data_plane, not_found_msg)
   return nil, msg, code, errors.detail(status, message)
 end
 
-local function transport_failure(what, msg, code)
-  return nil, what .. ": " .. tostring(msg), code, errors.detail(nil, msg)
+-- `sent`: the core's word on whether the request may have reached the server
+-- (false only when it provably did not: connection refused, connect timeout).
+local function transport_failure(what, msg, code, sent)
+  return nil, what .. ": " .. tostring(msg), code, errors.detail(nil, msg, { sent = sent ~= false })
 end
 
 -- ======================================================================
@@ -283,7 +285,18 @@ function _M.new(opts)
   local api_url = opts.api_url or env("E2B_API_URL") or ("https://api." .. domain)
   local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
   local retries = opts.retries or 3
-  if retries < 0 then error("option 'retries' must be >= 0", 2) end
+  if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
+    error("bad option 'retries' to 'new' (integer 0..100 expected, got " .. tostring(retries) .. ")", 2)
+  end
+  for _, k in ipairs({ "request_timeout", "connect_timeout" }) do
+    local t = opts[k]
+    if t ~= nil and not (t > 0 and t <= 86400) then
+      error(("bad option '%s' to 'new' (seconds in (0, 86400] expected, got %s)"):format(k, tostring(t)), 2)
+    end
+  end
+  if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
+    error("bad option 'max_connections' to 'new' (1..10000 expected, got " .. tostring(opts.max_connections) .. ")", 2)
+  end
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
     proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
@@ -298,6 +311,10 @@ function _M.new(opts)
     http = http,
     retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
     retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
+    retry_create = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, refused = { 429, 503 } },
+    -- An execute answered 429/503 (before any stream byte) was not accepted.
+    exec_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = {},
+      refused = { 429, 503 } },
     -- The data plane: a 502 from the sandbox proxy means the sandbox is gone
     -- or paused, not a passing failure, so it is not retried.
     dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },
@@ -328,19 +345,19 @@ local function check_client(self, fname)
 end
 
 -- A control-plane call; returns res (any status) or nil, msg, code, detail.
-local function api(self, method, path, body, what, idempotent)
+local function api(self, method, path, body, what, idempotent, retry)
   local req = {
     method = method, url = self.api_url .. path,
     headers = body ~= nil and self.json_headers or self.api_headers,
-    retry = idempotent and self.retry_idem or self.retry,
+    retry = retry or (idempotent and self.retry_idem or self.retry),
   }
   if body ~= nil then
     local s, err = json.encode(body)
     if not s then return nil, what .. ": cannot encode the request: " .. tostring(err), "BAD_REQUEST" end
     req.body = s
   end
-  local res, msg, code = self.http:request(req)
-  if not res then return transport_failure(what, msg, code) end
+  local res, msg, code, sent = self.http:request(req)
+  if not res then return transport_failure(what, msg, code, sent) end
   return res
 end
 
@@ -425,7 +442,9 @@ function Client:create(opts)
   end
   local body, msg, code = _M.create_body(opts)
   if not body then return nil, msg, code, errors.detail(nil, msg) end
-  local res, m2, c2, d2 = api(self, "POST", "/sandboxes", body, "create sandbox")
+  -- E2B's 429 (and a 503) on create means nothing was created: retried,
+  -- honouring Retry-After within the retry budget.
+  local res, m2, c2, d2 = api(self, "POST", "/sandboxes", body, "create sandbox", false, self.retry_create)
   if not res then return nil, m2, c2, d2 end
   if res.status ~= 201 and res.status ~= 200 then
     return http_failure(res, "create sandbox")
@@ -679,7 +698,7 @@ function Client:kill_many(ids, opts)
     local what = ("kill sandbox '%s'"):format(list[i])
     local res = r[1]
     if not res then
-      out[i] = { transport_failure(what, r[2], r[3]) }
+      out[i] = { transport_failure(what, r[2], r[3], r[4]) }
     elseif res.status == 204 or res.status == 200 then
       out[i] = { true }
     elseif res.status == 404 then
@@ -767,8 +786,8 @@ local function check_path(p, n, fname)
 end
 
 local function dp_request(self, req, what)
-  local res, msg, code = self.client.http:request(req)
-  if not res then return transport_failure(what, msg, code) end
+  local res, msg, code, sent = self.client.http:request(req)
+  if not res then return transport_failure(what, msg, code, sent) end
   return res
 end
 
@@ -1018,7 +1037,7 @@ function Sandbox:run_command(cmd, opts)
   local result = { exit_code = nil }
   local trailer_error, ended, started = nil, false, false
   local on_stdout, on_stderr = opts.on_stdout, opts.on_stderr
-  local res, msg, code = self.client.http:request{
+  local res, msg, code, sent = self.client.http:request{
     method = "POST", url = self.envd_url .. "/process.Process/Start", headers = headers,
     body = envelope(body), stream = "connect", retry = false,
     timeout = timeout > 0 and (timeout + self.client.request_timeout) or 0,
@@ -1061,7 +1080,7 @@ function Sandbox:run_command(cmd, opts)
       return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
         errors.detail(nil, msg, { output_started = true, partial = result })
     end
-    return transport_failure(what, msg, code)
+    return transport_failure(what, msg, code, sent)
   end
   if res.status ~= 200 then return http_failure(res, what, true) end
   if trailer_error then
@@ -1087,16 +1106,55 @@ local RESULT_KEYS = { "text", "html", "markdown", "svg", "png", "jpeg", "pdf", "
   "javascript", "data", "chart", "is_main_result", "extra" }
 
 local code_fields = { "language", "context_id", "env_vars", "timeout", "on_stdout", "on_stderr",
-  "on_result", "on_error" }
+  "on_result", "on_error", "on_line", "max_output", "is_private" }
+
+--- Seconds the client waits past an execute's own timeout for the server's
+-- interrupt to end the stream (a bash command gets 3 s to stop).
+_M.EXEC_GRACE = 10
+
+local clean = json.utf8_clean
+
+-- Cuts s to at most n bytes without splitting a UTF-8 sequence.
+local function cut_utf8(s, n)
+  if n <= 0 then return "" end
+  if #s <= n then return s end
+  local i = n + 1
+  while i > 1 and (string_byte(s, i) or 0) & 0xC0 == 0x80 do i = i - 1 end
+  return s:sub(1, i - 1)
+end
+_M._cut_utf8 = cut_utf8
+
+local function clean_tree(x, depth)
+  if type(x) == "string" then return clean(x) end
+  if type(x) ~= "table" or depth > 32 then return x end
+  for k, y in pairs(x) do x[k] = clean_tree(y, depth + 1) end
+  return x
+end
 
 --- Runs code in the code interpreter (port 49999, NDJSON stream).
+--
+-- At most once: the execute is never sent twice once it may have reached the
+-- server. Only a refusal is retried here: 429/503 before any stream byte
+-- (honouring Retry-After within the retry budget) and a connection that
+-- failed before anything was sent.
+--
+-- Decoding loses nothing: lone surrogate escapes (`\udcXX`, Python's
+-- surrogate-escaped bytes) and invalid UTF-8 become U+FFFD, and a line that
+-- still cannot be parsed is kept, raw, in `undecoded`.
 -- @tparam string code
--- @tparam[opt] table opts `language`, `context_id` (not both), `env_vars`, `timeout` (300 s; 0: none),
---   `on_stdout(text, msg)`, `on_stderr(text, msg)`, `on_result(result)`, `on_error(err)`
+-- @tparam[opt] table opts `language`, `context_id` (not both), `env_vars`, `timeout` (300 s; 0: none;
+--   sent to the server, which interrupts the cell then; the client waits `EXEC_GRACE` s more),
+--   `on_stdout(text, msg)`, `on_stderr(text, msg)`, `on_result(result)`, `on_error(err)`,
+--   `on_line(type)` (every line, keepalives included), `max_output` (bytes of stdout, stderr,
+--   results and undecoded lines kept; past it the rest is read and dropped, `truncated = true`),
+--   `is_private(result)` (results it says true for go to `on_result` only: not kept, not counted)
 -- @treturn[1] table `{ stdout = {chunks}, stderr = {chunks}, results = {...}, error = {name, value,
---   traceback} | nil, execution_count = n }`
+--   traceback} | nil, execution_count = n, truncated = bool, undecoded = { raw lines },
+--   replaced = n (characters replaced by U+FFFD) }`
 -- @return[2] nil, msg, code, detail: "SANDBOX_GONE" for the proxy's 502 before any output,
---   "STREAM_BROKEN" when the stream broke after output started (never retried)
+--   "STREAM_BROKEN" when the stream broke after output started (never retried), "TIMEOUT" with
+--   `detail.started` (whether the cell started) and `detail.partial`; `detail.sent` says whether
+--   the request may have reached the server
 function Sandbox:run_code(code, opts)
   check_sandbox(self, "run_code")
   argcheck(type(code) == "string", 1, "run_code", "string expected, got " .. type(code))
@@ -1106,46 +1164,107 @@ function Sandbox:run_code(code, opts)
   check_type(opts.context_id, "string", "context_id", 2)
   check_string_map(opts.env_vars, "env_vars", 2)
   check_type(opts.timeout, "number", "timeout", 2)
-  for _, k in ipairs({ "on_stdout", "on_stderr", "on_result", "on_error" }) do
+  check_type(opts.max_output, "number", "max_output", 2)
+  for _, k in ipairs({ "on_stdout", "on_stderr", "on_result", "on_error", "on_line", "is_private" }) do
     check_type(opts[k], "function", k, 2)
   end
   if opts.language and opts.context_id then
     error("options 'language' and 'context_id' are mutually exclusive", 2)
   end
+  local timeout = opts.timeout or 300
+  if not (timeout >= 0 and timeout < math.huge) then
+    error("option 'timeout' must be a finite number >= 0", 2)
+  end
+  local max_output = opts.max_output or math.huge
+  if max_output ~= max_output or max_output < 0 then error("option 'max_output' must be >= 0", 2) end
   local body = { code = code }
   if opts.context_id then body.context_id = opts.context_id end
   if opts.language then body.language = opts.language end
   if opts.env_vars then body.env_vars = copy_map(opts.env_vars) end
+  if timeout > 0 then body.timeout = timeout end
   local s = assert(json.encode(body))
-  local timeout = opts.timeout or 300
   local what = ("run code in sandbox '%s'"):format(self.sandbox_id)
-  local exec = { stdout = {}, stderr = {}, results = {}, error = nil, execution_count = nil }
-  local got_output, finished = false, false
+  local exec = { stdout = {}, stderr = {}, results = {}, error = nil, execution_count = nil, truncated = false,
+    undecoded = {}, replaced = 0 }
+  local used = 0
+  local started, finished = false, false
   local on_stdout, on_stderr, on_result, on_error = opts.on_stdout, opts.on_stderr, opts.on_result, opts.on_error
-  local res, msg, ecode = self.client.http:request{
+  local on_line, is_private = opts.on_line, opts.is_private
+  -- Room for max_output bytes of text in one line, JSON-escaped; never above the core's limit.
+  local max_frame = nil
+  if max_output < math.huge then max_frame = math.min(64 * 1048576, math.max(1048576, 2 * max_output + 65536)) end
+  local mono = core.now or os.time -- (specs may fake the core without a clock)
+  local t0 = mono()
+  local res, msg, ecode, sent = self.client.http:request{
     method = "POST", url = self.interp_url .. "/execute", headers = self.interp_headers, body = s,
-    stream = "lines", retry = false, timeout = timeout,
-    on_chunk = function(line)
-      local t = json.decode(line)
-      if type(t) ~= "table" then return end
-      got_output = true
+    stream = "lines", retry = self.client.exec_retry, max_frame = max_frame,
+    timeout = timeout > 0 and (timeout + _M.EXEC_GRACE) or 0,
+    on_chunk = function(line, flags)
+      if flags & 1 ~= 0 then
+        -- A line longer than the stream's limit, cut: past max_output anyway.
+        started = true
+        exec.truncated = true
+        if on_line then on_line("cut") end
+        return
+      end
+      local t, nfixed = json.decode_lossless(line)
+      if type(t) ~= "table" then
+        started = true
+        if used + #line <= max_output then
+          used = used + #line
+          exec.undecoded[#exec.undecoded + 1] = line
+        else
+          exec.truncated = true
+        end
+        if on_line then on_line("undecoded") end
+        return
+      end
       local kind = t.type
+      if on_line then on_line(kind) end
+      if kind == "keepalive" then return end
+      started = true
+      exec.replaced = exec.replaced + (nfixed or 0)
       if kind == "stdout" or kind == "stderr" then
-        local text = v(t.text) or ""
+        local text = v(t.text)
+        if type(text) ~= "string" then text = "" end
+        text = clean(text)
+        if used + #text > max_output then
+          text = cut_utf8(text, max_output - used)
+          exec.truncated = true
+          if text == "" then return end
+        end
+        used = used + #text
         local list = exec[kind]
         list[#list + 1] = text
         local cb = kind == "stdout" and on_stdout or on_stderr
         if cb then cb(text, { text = text, timestamp = v(t.timestamp) }) end
       elseif kind == "result" then
         local r = {}
-        for _, k in ipairs(RESULT_KEYS) do r[k] = v(t[k]) end
+        for _, k in ipairs(RESULT_KEYS) do r[k] = clean_tree(v(t[k]), 0) end
         r.is_main_result = r.is_main_result == true
         if type(r.extra) ~= "table" then r.extra = {} end
+        if is_private and is_private(r) then
+          if on_result then on_result(r) end
+          return
+        end
+        if used + #line > max_output then
+          exec.truncated = true
+          return
+        end
+        used = used + #line
         exec.results[#exec.results + 1] = r
         if on_result then on_result(r) end
       elseif kind == "error" then
         local e = { name = v(t.name), value = v(t.value), traceback = v(t.traceback) }
-        if type(e.traceback) == "table" then e.traceback = table_concat(e.traceback, "\n") end
+        if type(e.traceback) == "table" then
+          local parts = {}
+          for i, x in ipairs(e.traceback) do parts[i] = tostring(v(x)) end
+          e.traceback = table_concat(parts, "\n")
+        end
+        for _, k in ipairs({ "name", "value", "traceback" }) do
+          if e[k] ~= nil and type(e[k]) ~= "string" then e[k] = tostring(e[k]) end
+          e[k] = clean(e[k])
+        end
         exec.error = e
         if on_error then on_error(e) end
       elseif kind == "number_of_executions" then
@@ -1153,28 +1272,47 @@ function Sandbox:run_code(code, opts)
       elseif kind == "end_of_execution" then
         finished = true
       end
-      -- keepalive and unknown types are ignored, as the SDKs do.
+      -- unknown types are ignored, as the SDKs do.
     end,
   }
+  local elapsed = mono() - t0
   if not res then
-    if got_output and ecode ~= "TIMEOUT" then
-      return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
-        errors.detail(nil, msg, { output_started = true, partial = exec })
+    if ecode == "TIMEOUT" then
+      return nil, what .. ": the run timed out" .. (started and " (the cell had started)" or
+        " before the cell started") .. ": " .. tostring(msg), "TIMEOUT",
+        errors.detail(nil, msg, { started = started, sent = true, output_started = started, partial = exec })
     end
-    local n, m2, c2, d2 = transport_failure(what, msg, ecode)
-    if got_output then d2.output_started = true; d2.partial = exec end
+    if started then
+      return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
+        errors.detail(nil, msg, { output_started = true, started = true, sent = true, partial = exec })
+    end
+    local n, m2, c2, d2 = transport_failure(what, msg, ecode, sent)
+    d2.started = false
     return n, m2, c2, d2
   end
   if res.status ~= 200 then
-    return http_failure(res, what, true)
+    local n, m2, c2, d2 = http_failure(res, what, true)
+    d2.started = false
+    d2.sent = true
+    d2.attempts = res.attempts
+    return n, m2, c2, d2
   end
   if not finished then
-    if got_output then
+    if started then
       return nil, what .. ": the stream ended before end_of_execution", "STREAM_BROKEN",
-        errors.detail(200, "no end_of_execution", { output_started = true, partial = exec })
+        errors.detail(200, "no end_of_execution", { output_started = true, started = true, sent = true,
+          partial = exec })
     end
     return nil, what .. ": the stream ended without any output", "STREAM_BROKEN",
-      errors.detail(200, "empty stream")
+      errors.detail(200, "empty stream", { started = false, sent = true })
+  end
+  local e = exec.error
+  if timeout > 0 and e and elapsed >= timeout and (e.name == "KeyboardInterrupt"
+    or (e.name == "BashError" and e.value == "exit status 130")) then
+    -- The server interrupted the cell at its timeout.
+    return nil, ("%s: the run timed out after %gs (the cell was interrupted)"):format(what, timeout), "TIMEOUT",
+      errors.detail(200, "interrupted at the timeout", { started = true, sent = true, output_started = true,
+        partial = exec })
   end
   return exec
 end

@@ -31,6 +31,7 @@ local OPTS = {
   template = true, exec_timeout = true, idle_timeout = true, tag = true, lock = true, policy = true,
   api_key = true, api_url = true, sandbox_url = true, domain = true, warmboxd = true, warmboxd_args = true,
   clock = true, client = true, secret = true, request_timeout = true, max_run_length = true,
+  max_output = true, max_files_bytes = true,
 }
 
 local function check_type(opts, k, want, level)
@@ -51,6 +52,10 @@ Warmbox.__name = "warmbox.Warmbox"
 --   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
 --   server), `warmboxd_args`, `clock` (function returning seconds), `client` (an E2B
 --   client to use as is), `secret` (HMAC key of the session fingerprints), `request_timeout`
+--   (seconds, (0, 3600]), `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of
+--   stdout, stderr and results kept per run, default 16 MiB), `max_files_bytes` (bytes of output
+--   files returned per run, default 64 MiB); timeouts must be finite, positive and at most
+--   `max_run_length`
 -- @treturn[1] warmbox.Warmbox
 -- @return[2] nil, message, code (the embedded warmboxd did not start, the policy did not load)
 function _M.new(opts)
@@ -65,13 +70,16 @@ function _M.new(opts)
   for k, want in pairs({ template = "string", tag = "string", api_key = "string", api_url = "string",
     sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
     clock = "function", client = "table", secret = "string", exec_timeout = "number",
-    idle_timeout = "number", request_timeout = "number", max_run_length = "number" }) do
+    idle_timeout = "number", request_timeout = "number", max_run_length = "number", max_output = "number",
+    max_files_bytes = "number" }) do
     check_type(o, k, want, 2)
   end
-  for _, k in ipairs({ "exec_timeout", "idle_timeout", "max_run_length" }) do
-    if o[k] ~= nil and (o[k] ~= o[k] or o[k] <= 0) then
-      error(string_format("bad option '%s' to 'new' (positive number expected, got %s)", k, tostring(o[k])), 2)
-    end
+  -- Non-finite or out-of-range settings are misuse, refused here rather than at the first session.
+  session.check_settings(o, "new", 2)
+  local rt = o.request_timeout
+  if rt ~= nil and not (rt > 0 and rt <= 3600) then
+    error(string_format("bad option 'request_timeout' to 'new' (seconds in (0, 3600] expected, got %s)",
+      tostring(rt)), 2)
   end
   local lock = o.lock
   if lock ~= nil and type(lock) ~= "string" and type(lock) ~= "table" and type(lock) ~= "function" then
@@ -96,6 +104,8 @@ function _M.new(opts)
     exec_timeout = o.exec_timeout or 300,
     idle_timeout = o.idle_timeout or 300,
     max_run_length = o.max_run_length or 24 * 3600,
+    max_output = o.max_output or session.MAX_OUTPUT,
+    max_files_bytes = o.max_files_bytes or session.MAX_FILES_BYTES,
     tag = o.tag or "warmboxSessionId",
     lock = lock or "file",
     policy = p,
@@ -136,12 +146,14 @@ function _M.new(opts)
   return self
 end
 
-local SESSION_OPTS = { env = true, actor = true, template = true }
+local SESSION_OPTS = { env = true, actor = true, template = true, exec_timeout = true, idle_timeout = true,
+  max_output = true, max_files_bytes = true }
 
 --- A session: one warm sandbox per conversation key.
 -- @tparam string key the session key (any bytes, e.g. "workspace-1:thread-9")
 -- @tparam[opt] table opts `env` (env vars baked in at creation; part of the fingerprint),
---   `actor` (who acts; part of the fingerprint), `template`
+--   `actor` (who acts; part of the fingerprint), `template`, and overrides of `exec_timeout`,
+--   `idle_timeout`, `max_output`, `max_files_bytes` (checked as in `new`)
 -- @treturn warmbox.Session
 function Warmbox:session(key, opts)
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
@@ -156,11 +168,21 @@ function Warmbox:session(key, opts)
     if not SESSION_OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'session'", 2) end
   end
   opts = opts or {}
+  for _, k in ipairs({ "exec_timeout", "idle_timeout", "max_output", "max_files_bytes" }) do
+    if opts[k] ~= nil and type(opts[k]) ~= "number" then
+      error(string_format("bad option '%s' to 'session' (number expected, got %s)", k, type(opts[k])), 2)
+    end
+  end
+  local settings = { max_run_length = self.max_run_length, exec_timeout = opts.exec_timeout or self.exec_timeout,
+    idle_timeout = opts.idle_timeout or self.idle_timeout, max_output = opts.max_output or self.max_output,
+    max_files_bytes = opts.max_files_bytes or self.max_files_bytes }
+  session.check_settings(settings, "session", 2)
   return session.new(key, {
     client = self.client, lock = self.lock, clock = self.clock, policy = self.policy,
-    template = opts.template or self.template, exec_timeout = self.exec_timeout,
-    idle_timeout = self.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
+    template = opts.template or self.template, exec_timeout = settings.exec_timeout,
+    idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
+    max_output = settings.max_output, max_files_bytes = settings.max_files_bytes,
   })
 end
 

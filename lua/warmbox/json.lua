@@ -90,6 +90,89 @@ function _M.decode(s)
   return v
 end
 
+local string_find, string_match, string_sub = string.find, string.match, string.sub
+local tonumber, utf8_len, table_concat = tonumber, utf8.len, table.concat
+
+--- Replaces every `\uD800`..`\uDFFF` escape that is not half of a valid
+-- surrogate pair by `\uFFFD`. Python's `json.dumps` writes lone surrogates
+-- (surrogate-escaped bytes such as `os.listdir` names that are not UTF-8) as
+-- such escapes, which lua-cjson refuses; this makes the line decodable
+-- without touching anything else (escaped backslashes are respected).
+-- @tparam string s JSON text
+-- @treturn string
+-- @treturn integer how many escapes were replaced
+function _M.repair_surrogates(s)
+  local out, n, pos, last, fixed = {}, 0, 1, 1, 0
+  while true do
+    local a, b, bs, hex = string_find(s, "(\\+)u(%x%x%x%x)", pos)
+    if not a then break end
+    pos = b + 1
+    if #bs % 2 == 1 then
+      local cp = tonumber(hex, 16)
+      if cp >= 0xD800 and cp <= 0xDBFF then
+        local hex2 = string_match(s, "^\\u(%x%x%x%x)", b + 1)
+        local cp2 = hex2 and tonumber(hex2, 16)
+        if cp2 and cp2 >= 0xDC00 and cp2 <= 0xDFFF then
+          pos = b + 7 -- a valid pair: keep both halves
+          cp = nil
+        end
+      elseif cp < 0xDC00 or cp > 0xDFFF then
+        cp = nil
+      end
+      if cp then
+        n = n + 1
+        out[n] = string_sub(s, last, b - 6) .. "\\uFFFD"
+        last = b + 1
+        fixed = fixed + 1
+      end
+    end
+  end
+  if fixed == 0 then return s, 0 end
+  out[n + 1] = string_sub(s, last)
+  return table_concat(out), fixed
+end
+
+local REPLACEMENT = "\xEF\xBF\xBD"
+
+--- `s` with every byte that is not part of valid UTF-8 (Lua's strict
+-- `utf8.len`: no surrogates, nothing above U+10FFFF) replaced by U+FFFD.
+-- @tparam string s
+-- @treturn string
+function _M.utf8_clean(s)
+  if type(s) ~= "string" then return s end
+  local ok, bad = utf8_len(s)
+  if ok then return s end
+  local out, n, from = {}, 0, 1
+  while bad do
+    n = n + 1
+    out[n] = string_sub(s, from, bad - 1) .. REPLACEMENT
+    from = bad + 1
+    ok, bad = utf8_len(s, from)
+    if ok then break end
+  end
+  out[n + 1] = string_sub(s, from)
+  return table_concat(out)
+end
+
+--- Decodes one line of a stream without losing it to a bad escape: lone
+-- surrogate escapes become U+FFFD (see `repair_surrogates`), then the line is
+-- decoded again. Strings are not otherwise changed (see `utf8_clean`).
+-- @tparam string s
+-- @return[1] value
+-- @treturn[1] integer how many escapes were replaced
+-- @return[2] nil
+-- @treturn[2] string error message
+function _M.decode_lossless(s)
+  local v, err = _M.decode(s)
+  if v ~= nil then return v, 0 end
+  if not string_find(s, "\\u[dD][89a-fA-F]") then return nil, err end
+  local fixed, n = _M.repair_surrogates(s)
+  if n == 0 then return nil, err end
+  v = codec.decode(fixed)
+  if v == nil then return nil, err end
+  return v, n
+end
+
 --- `v` unless it is `json.null` (then nil).
 function _M.value(v)
   if v == codec.null then return nil end

@@ -40,6 +40,13 @@ _M.OUTPUT_DIR = OUTPUT_DIR
 _M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
 --- Files up to this size come back inline in the output report; bigger ones are read over envd.
 _M.INLINE_LIMIT = 524288
+--- At most this many bytes of files come back inline in one report (the rest is read over envd).
+_M.INLINE_TOTAL = 8388608
+--- Defaults of the per-run caps (bytes): stdout + stderr + results, and returned output files.
+_M.MAX_OUTPUT = 16 * 1048576
+_M.MAX_FILES_BYTES = 64 * 1048576
+--- The largest `max_run_length` accepted (seconds).
+_M.MAX_RUN_LENGTH_LIMIT = 30 * 86400
 --- Seconds of slack between a lease end and the end of a run's timeout.
 _M.LEASE_MARGIN = 5
 
@@ -197,6 +204,7 @@ def _wb():
         return
     out = '%s'
     limit = %d
+    budget = [%d]
     def reset(*_a, **_k):
         try:
             if os.path.islink(out) or os.path.isfile(out):
@@ -208,6 +216,7 @@ def _wb():
             pass
     def report(*_a, **_k):
         files = []
+        budget[0] = %d
         try:
             for root, dirs, names in os.walk(out):
                 dirs.sort()
@@ -216,11 +225,16 @@ def _wb():
                     if os.path.islink(p) or not os.path.isfile(p):
                         continue
                     size = os.path.getsize(p)
-                    e = {'name': os.path.relpath(p, out), 'size': size,
+                    rel = os.path.relpath(p, out)
+                    e = {'name': rel, 'size': size,
+                         'name_b64': base64.b64encode(os.fsencode(rel)).decode('ascii'),
                          'mime': mimetypes.guess_type(n)[0] or 'application/octet-stream'}
-                    if size <= limit:
+                    if size <= limit and size <= budget[0]:
                         with open(p, 'rb') as f:
-                            e['b64'] = base64.b64encode(f.read()).decode('ascii')
+                            data = f.read(limit + 1)
+                        if len(data) <= limit and len(data) <= budget[0]:
+                            budget[0] -= len(data)
+                            e['b64'] = base64.b64encode(data).decode('ascii')
                     files.append(e)
         except Exception:
             pass
@@ -240,7 +254,7 @@ except Exception:
 -- hooks yet (idempotent: guarded by an attribute on `get_ipython()`).
 function _M.prelude_for(dir)
   return "exec(__import__('base64').b64decode('"
-    .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.OUTPUTS_MIME))
+    .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))
     .. "').decode(), {})"
 end
 _M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
@@ -330,6 +344,36 @@ end
 
 local function is_positive_number(v) return type(v) == "number" and v > 0 and v == v and v < math.huge end
 
+--- Checks the settings shared by `new` here and in warmbox (`exec_timeout`,
+-- `idle_timeout`, `max_run_length`, `max_output`, `max_files_bytes`) and
+-- raises `bad option` errors naming `fname`. Missing values are allowed.
+-- @tparam table o the settings
+-- @tparam string fname the function named in the error
+-- @tparam integer level passed to `error`
+function _M.check_settings(o, fname, level)
+  level = (level or 1) + 1
+  local function bad(k, want)
+    error(string_format("bad option '%s' to '%s' (%s expected, got %s)", k, fname, want, tostring(o[k])), level + 1)
+  end
+  local mrl = o.max_run_length
+  if mrl ~= nil and not (is_positive_number(mrl) and mrl <= _M.MAX_RUN_LENGTH_LIMIT) then
+    bad("max_run_length", "seconds in (0, " .. _M.MAX_RUN_LENGTH_LIMIT .. "]")
+  end
+  local limit = mrl or 24 * 3600
+  for _, k in ipairs({ "exec_timeout", "idle_timeout" }) do
+    local v = o[k]
+    if v ~= nil and not (is_positive_number(v) and v <= limit) then
+      bad(k, "seconds in (0, " .. string_format("%g", limit) .. "] (at most max_run_length)")
+    end
+  end
+  for _, k in ipairs({ "max_output", "max_files_bytes" }) do
+    local v = o[k]
+    if v ~= nil and not (math.type(v) == "integer" and v >= 1 and v <= 1 << 40) then
+      bad(k, "an integer number of bytes in [1, 2^40]")
+    end
+  end
+end
+
 -- ------------------------------------------------------------------
 -- Session objects
 -- ------------------------------------------------------------------
@@ -341,7 +385,7 @@ _M.Session = Session
 
 local NEW_OPTS = { client = true, lock = true, lock_opts = true, clock = true, policy = true, template = true,
   exec_timeout = true, idle_timeout = true, tag = true, env = true, actor = true, secret = true, hmac = true,
-  sha256 = true, on_event = true, origin = true, max_run_length = true }
+  sha256 = true, on_event = true, origin = true, max_run_length = true, max_output = true, max_files_bytes = true }
 
 -- Lock options: waits long enough for a run of the same session to finish;
 -- a dead holder's lock expires (Redis) or is released by the kernel (file).
@@ -401,12 +445,10 @@ function _M.new(key, opts)
     on_event = opts.on_event,
     origin = opts.origin,
     max_run_length = opts.max_run_length or 24 * 3600,
+    max_output = opts.max_output or _M.MAX_OUTPUT,
+    max_files_bytes = opts.max_files_bytes or _M.MAX_FILES_BYTES,
   }
-  for _, k in ipairs({ "exec_timeout", "idle_timeout", "max_run_length" }) do
-    if not is_positive_number(self[k]) then
-      error(string_format("bad option '%s' to 'new' (positive number expected, got %s)", k, tostring(self[k])), 2)
-    end
-  end
+  _M.check_settings(self, "new", 2)
   if type(self.tag) ~= "string" or self.tag == "" then error("bad option 'tag' to 'new' (non-empty string)", 2) end
   if type(self.clock) ~= "function" then error("bad option 'clock' to 'new' (function expected)", 2) end
   local env = {}
@@ -491,9 +533,19 @@ local function forget(st)
   for k in pairs(st) do st[k] = nil end
 end
 
+-- Whether a failed control-plane call says the sandbox is definitively gone
+-- (as opposed to a transient fault: 5xx, 429, a timeout or a transport error,
+-- which fail the run and leave the sandbox and its kernel alone).
+local function is_gone(code)
+  return code == "NOT_FOUND"
+end
+_M.is_gone = is_gone
+
 -- Finds or creates the session's sandbox and secures its lease (the reference
 -- flow: list, exact re-check, connect + set_timeout per candidate in policy
--- order, reap the others only after one is secured, else create).
+-- order, reap the others only after one is secured, else create). Only a
+-- candidate that is gone (404) is passed over; any other failure fails the
+-- run and touches nothing, so a transient fault never destroys state.
 function Session:_resolve(st, lease)
   local client, tv, tag = self.client, self.tag_value, self.tag
   local items, err, code = client:list_all{ state = { "running", "paused" }, metadata = { [tag] = tv } }
@@ -528,23 +580,30 @@ function Session:_resolve(st, lease)
       end
     end
   end
-  local kept, resumed, killed = nil, false, {}
+  local kept, resumed, gone = nil, false, {}
   for _, it in ipairs(ordered) do
     local t0 = self.clock()
-    local sb, res = client:connect(it.sandbox_id, { timeout = lease })
-    self:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil })
-    if sb then
-      local ok = client:set_timeout(it.sandbox_id, lease)
+    local sb, res, ccode, cdetail = client:connect(it.sandbox_id, { timeout = lease })
+    self:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
+      code = not sb and ccode or nil })
+    if not sb then
+      if not is_gone(ccode) then return nil, res, ccode, cdetail end
+      gone[it.sandbox_id] = true
+    else
+      local ok, terr, tcode, tdetail = client:set_timeout(it.sandbox_id, lease)
       if ok then
         if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
         kept, resumed = sb, res == true
         self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
         break
       end
-      -- Connected but its lease cannot be set: never leave it running unattended.
-      client:kill(it.sandbox_id)
-      killed[it.sandbox_id] = true
-      self:_event("kill", { sandbox_id = it.sandbox_id, reason = "lease refresh failed" })
+      if not is_gone(tcode) then
+        -- Its lease could not be set: it is not used for this run (it might
+        -- pause underneath it), and it is left alone: the next run tries again.
+        self:_event("lease_failed", { sandbox_id = it.sandbox_id, code = tcode })
+        return nil, terr, tcode, tdetail
+      end
+      gone[it.sandbox_id] = true
     end
   end
   local created = false
@@ -573,15 +632,15 @@ function Session:_resolve(st, lease)
     params.metadata = md
     if next(self.env) and params.env_vars == nil then params.env_vars = self.env end
     local t0 = self.clock()
-    local sb, cerr, ccode = client:create(params)
-    if not sb then return nil, cerr, ccode end
+    local sb, cerr, ccode, cdetail = client:create(params)
+    if not sb then return nil, cerr, ccode, cdetail end
     self:_event("create", { sandbox_id = sb.sandbox_id })
     kept, created = sb, true
     self:_remember(st, sb, t0 + params.timeout, t0)
   end
-  -- Reap duplicates only now that one sandbox is secured.
+  -- Reap duplicates only now that one sandbox is secured (the gone ones need nothing).
   for _, it in ipairs(cands) do
-    if it.sandbox_id ~= kept.sandbox_id and not killed[it.sandbox_id] then
+    if it.sandbox_id ~= kept.sandbox_id and not gone[it.sandbox_id] then
       client:kill(it.sandbox_id)
       self:_event("kill", { sandbox_id = it.sandbox_id, reason = "duplicate" })
     end
@@ -600,20 +659,21 @@ function Session:_acquire(st, run_timeout)
   -- A run allowed to take longer than the lease must not be paused underneath itself.
   if run_timeout > lease then lease = math.ceil(run_timeout) end
   ctx.lease = lease
-  local got, gerr, gcode = self:_secure(st, ctx, lease)
-  if not got then return nil, gerr, gcode end
+  local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease)
+  if not got then return nil, gerr, gcode, gdetail end
   -- E2B ends a run at its start + the maximum run length, whatever the lease
   -- says: a run that could cross that line would be paused underneath itself.
   -- Pausing (memory kept) and connecting starts a new run of the same kernel.
   if st.run_started and st.run_started + self.max_run_length < self.clock() + run_timeout + _M.LEASE_MARGIN then
-    local ok, perr, pcode = self.client:pause(got.sandbox_id)
-    if ok == nil and pcode ~= "NOT_FOUND" then return nil, perr, pcode end
+    local ok, perr, pcode, pdetail = self.client:pause(got.sandbox_id)
+    if ok == nil and pcode ~= "NOT_FOUND" then return nil, perr, pcode, pdetail end
     local t0 = self.clock()
-    local sb, res, ccode = self.client:connect(got.sandbox_id, { timeout = lease })
+    local sb, res, ccode, cdetail = self.client:connect(got.sandbox_id, { timeout = lease })
     self:_event("recycle", { sandbox_id = got.sandbox_id, ok = sb ~= nil })
     if not sb then
-      forget(st)
-      return nil, res, ccode
+      -- Paused (memory kept): the next run's connect resumes it, unless it is gone.
+      if is_gone(ccode) then forget(st) else st.lease_end = nil end
+      return nil, res, ccode, cdetail
     end
     if sb.sandbox_id == nil then sb.sandbox_id = got.sandbox_id end
     self:_remember(st, sb, t0 + lease, t0)
@@ -630,14 +690,17 @@ function Session:_secure(st, ctx, lease)
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
     end
     local t0 = self.clock()
-    local sb, res, ccode = self.client:connect(st.sandbox_id, { timeout = lease })
-    self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil })
+    local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
+    self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
+      code = not sb and ccode or nil })
     if sb then
       if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
       self:_remember(st, sb, t0 + lease, res == true and t0 or nil)
       return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
     end
-    if ccode == "AUTH" then return nil, res, ccode end
+    -- A transient fault fails the run and keeps what is remembered (the next
+    -- run tries again); only a sandbox that is gone is forgotten.
+    if not is_gone(ccode) then return nil, res, ccode, cdetail end
     forget(st)
   elseif st.sandbox_id then
     forget(st)
@@ -664,63 +727,136 @@ local function is_dir_entry(e)
   return e.type == "dir" or e.type == "directory" or e.type == "FILE_TYPE_DIRECTORY"
 end
 
+-- Adds one output file within the run's byte budget `cap` (a table with
+-- `left`); a file past it is dropped (listed in `cap.dropped`).
+local function take_file(files, cap, name, size, mime, read)
+  if size > cap.left then
+    cap.dropped[#cap.dropped + 1] = { name = name, size = size }
+    return true
+  end
+  local data, err, code = read()
+  if not data then return nil, err, code end
+  if #data > cap.left then
+    cap.dropped[#cap.dropped + 1] = { name = name, size = #data }
+    return true
+  end
+  cap.left = cap.left - #data
+  files[#files + 1] = { name = name, content = data, mime = mime }
+  return true
+end
+
 -- Files left in /home/user/output, over envd (languages without the hooks).
-local function collect_envd(sbx)
+-- envd's listing is JSON: a name that is not UTF-8 comes back without a name
+-- (warmboxd) or with U+FFFD in it (E2B's envd). Then the directory is listed
+-- again by a command that prints each regular file's size and name bytes
+-- (NUL-separated, base64), so such files come back under their real names.
+local LIST_CMD = "find " .. OUTPUT_DIR .. " -mindepth 1 -maxdepth 1 -type f -printf '%s %f\\0' | base64 -w 0"
+_M.LIST_CMD = LIST_CMD
+
+local function listing_lost_names(entries)
+  for _, e in ipairs(entries) do
+    if type(e) == "table" and (type(e.name) ~= "string" or e.name:find("\xEF\xBF\xBD", 1, true)) then return true end
+  end
+  return false
+end
+
+local function list_by_command(sbx)
+  local res, err, code = sbx:run_command(LIST_CMD, { timeout = 60 })
+  if not res then return nil, err, code end
+  if res.exit_code ~= 0 then
+    return nil, "list " .. OUTPUT_DIR .. ": exit status " .. tostring(res.exit_code) .. ": " .. tostring(res.stderr),
+      "HTTP"
+  end
+  local entries = {}
+  for size, name in b64_decode(res.stdout or ""):gmatch("(%d+) ([^\0]+)\0") do
+    entries[#entries + 1] = { name = name, size = tonumber(size), type = "file" }
+  end
+  return entries
+end
+
+local function collect_envd(sbx, cap)
   local entries, err, code = sbx:list_dir(OUTPUT_DIR, 1)
   if not entries then
     if code == "NOT_FOUND" then return {} end
     return nil, err, code
   end
+  if listing_lost_names(entries) then
+    entries, err, code = list_by_command(sbx)
+    if not entries then return nil, err, code end
+  end
   local files = {}
   table_sort(entries, function(a, b) return tostring(a.name) < tostring(b.name) end)
   for _, e in ipairs(entries) do
-    if type(e) == "table" and e.name and not is_dir_entry(e) and e.type ~= "symlink"
+    if type(e) == "table" and type(e.name) == "string" and not is_dir_entry(e) and e.type ~= "symlink"
       and e.type ~= "FILE_TYPE_SYMLINK" then
-      local data, rerr, rcode = sbx:read_file(OUTPUT_DIR .. "/" .. e.name)
-      if not data then return nil, rerr, rcode end
-      files[#files + 1] = { name = e.name, content = data, mime = mime_of(e.name) }
+      local ok, rerr, rcode = take_file(files, cap, e.name, tonumber(e.size) or 0, mime_of(e.name),
+        function() return sbx:read_file(OUTPUT_DIR .. "/" .. e.name) end)
+      if not ok then return nil, rerr, rcode, files end
     end
   end
   return files
 end
 
-local function files_from_report(sbx, report)
+local function files_from_report(sbx, report, cap)
   local files = {}
   for _, f in ipairs(report.files) do
     if type(f) == "table" and type(f.name) == "string" then
+      -- The name's bytes as they are (a name that is not UTF-8 included).
+      local name = f.name
+      if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) end
+      local mime = type(f.mime) == "string" and f.mime or mime_of(name)
       local content = f.b64
+      local ok, err, code
       if type(content) == "string" then
         content = b64_decode(content)
+        ok, err, code = take_file(files, cap, name, #content, mime, function() return content end)
       else
-        local data, err, code = sbx:read_file(OUTPUT_DIR .. "/" .. f.name)
-        if not data then return nil, err, code end
-        content = data
+        ok, err, code = take_file(files, cap, name, tonumber(f.size) or 0, mime,
+          function() return sbx:read_file(OUTPUT_DIR .. "/" .. name) end)
       end
-      files[#files + 1] = { name = f.name, content = content,
-        mime = type(f.mime) == "string" and f.mime or mime_of(f.name) }
+      if not ok then return nil, err, code, files end
     end
   end
   return files
 end
 
--- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg, code.
-function Session:_execute(info, st, code, opts, files, run_timeout)
+-- Whether a failed execute was refused before it was accepted (nothing can
+-- have reached the kernel): a 404/502 answer (run_code gives these codes only
+-- for an HTTP answer with no stream byte), or a connection that failed before
+-- anything was sent. Only then may the run be sent again.
+local function refused_before_accept(code, detail)
+  if type(detail) == "table" and detail.started then return false end
+  if code == "SANDBOX_GONE" or code == "NOT_FOUND" then return true end
+  return code == "TRANSPORT" and type(detail) == "table" and detail.sent == false
+end
+_M.refused_before_accept = refused_before_accept
+
+-- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
+-- code, detail, retryable (true only when the cell cannot have run).
+function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   local client = self.client
   local sbx = client:sandbox({ sandbox_id = info.sandbox_id, envd_access_token = st.access_token,
     domain = st.domain }, { access_token = st.access_token })
+  -- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
+  local function before(err, ecode, detail)
+    return nil, err, ecode, detail, ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND"
+  end
   if #files > 0 then
     local list = {}
     for i, f in ipairs(files) do list[i] = { path = HOME .. "/" .. f.name, data = f.content } end
-    local ok, err, ecode = sbx:write_files(list)
-    if not ok then return nil, err, ecode end
+    local ok, err, ecode, detail = sbx:write_files(list)
+    if not ok then return before(err, ecode, detail) end
   end
   local language = opts.language or "python"
   local python = language == "python"
-  if not python and info.reused then
-    local ok, err, ecode = sbx:remove(OUTPUT_DIR)
-    if ok == nil and ecode ~= "NOT_FOUND" then return nil, err, ecode end
-    ok, err, ecode = sbx:make_dir(OUTPUT_DIR)
-    if ok == nil and ecode ~= "CONFLICT" then return nil, err, ecode end
+  if not python then
+    -- Emptied on a reused sandbox; made on a new one, so the cell can write there.
+    if info.reused then
+      local ok, err, ecode, detail = sbx:remove(OUTPUT_DIR)
+      if ok == nil and ecode ~= "NOT_FOUND" then return before(err, ecode, detail) end
+    end
+    local ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
+    if ok == nil and ecode ~= "CONFLICT" then return before(err, ecode, detail) end
   end
   local cell, with_prelude = code, false
   if python and st.hooked ~= info.sandbox_id then
@@ -728,48 +864,64 @@ function Session:_execute(info, st, code, opts, files, run_timeout)
   end
   local report
   local user_on_result = opts.on_result
-  local out, err, ecode = sbx:run_code(cell, {
-    language = language, timeout = run_timeout,
+  local lock_error
+  local keepalive = lk and lk.keepalive
+  local out, err, ecode, detail = sbx:run_code(cell, {
+    language = language, timeout = run_timeout, max_output = self.max_output,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
+    is_private = function(res) return outputs_of(res) ~= nil end,
     on_result = function(res)
       local rep = outputs_of(res)
       if rep then report = rep return end
       if user_on_result then return user_on_result(res) end
     end,
+    -- Every stream event (keepalives included) keeps the session's lock alive.
+    on_line = keepalive and function()
+      local ok, kerr, kcode = keepalive(lk)
+      if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
+    end or nil,
   })
-  if not out then return nil, err, ecode end
+  if not out then
+    if detail and lock_error then detail.lock_error = lock_error end
+    return nil, err, ecode, detail, refused_before_accept(ecode, detail)
+  end
+  -- The cell ran: whatever fails from here on is reported in the result, never re-run.
   local results = {}
   for _, res in ipairs(out.results or {}) do
     local rep = outputs_of(res)
     if rep then report = report or rep else results[#results + 1] = res end
   end
-  local out_files
+  local cap = { left = self.max_files_bytes, dropped = {} }
+  local out_files, files_error
   if report then
     st.hooked = info.sandbox_id
-    local ferr, fcode
-    out_files, ferr, fcode = files_from_report(sbx, report)
-    if not out_files then return nil, ferr, fcode end
+    local ferr, fcode, partial
+    out_files, ferr, fcode, partial = files_from_report(sbx, report, cap)
+    if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
   elseif python and with_prelude then
     -- The cell did not run at all (it did not compile): it produced nothing.
     out_files = {}
   else
     -- No report: another language, or the kernel lost its hooks (restarted).
     if python then st.hooked = nil end
-    local ferr, fcode
-    out_files, ferr, fcode = collect_envd(sbx)
-    if not out_files then return nil, ferr, fcode end
+    local ferr, fcode, partial
+    out_files, ferr, fcode, partial = collect_envd(sbx, cap)
+    if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
   end
   local e = out.error
   if e == cjson.null then e = nil end
   return {
     stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
-    error = e, results = results, files = out_files,
+    error = e, results = results, files = out_files, files_error = files_error,
+    truncated = (out.truncated or #cap.dropped > 0) or false,
+    dropped_files = #cap.dropped > 0 and cap.dropped or nil,
+    undecoded = out.undecoded and #out.undecoded > 0 and out.undecoded or nil,
+    replaced = out.replaced,
+    lock_error = lock_error,
     reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
     execution_count = out.execution_count,
   }
 end
-
-local RETRYABLE = { SANDBOX_GONE = true, NOT_FOUND = true }
 
 function Session:_run_locked(lk, code, opts, files)
   local st = _M.decode_state(lk:get_state())
@@ -779,47 +931,58 @@ function Session:_run_locked(lk, code, opts, files)
   local attempt = 0
   while true do
     attempt = attempt + 1
-    local info, err, ecode = self:_acquire(st, run_timeout)
+    local info, err, ecode, detail = self:_acquire(st, run_timeout)
     lk:set_state(_M.encode_state(st))
-    if not info then return nil, err, ecode end
-    local r
-    r, err, ecode = self:_execute(info, st, code, opts, files, run_timeout)
+    if not info then return nil, err, ecode, detail end
+    local r, retryable
+    r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
     if r then
       st.last_run = self.clock()
       lk:set_state(_M.encode_state(st))
       return r
     end
-    if RETRYABLE[ecode] and attempt == 1 then
-      -- The remembered sandbox is gone (killed outside, GC'd elsewhere) and
-      -- nothing ran: forget it, resolve again, and run once more.
+    if retryable and attempt == 1 then
+      -- At most once: the execute was refused before it was accepted (the
+      -- sandbox is gone or unreachable), so nothing ran: forget the sandbox,
+      -- resolve again, and send the run once more.
       self:_event("retry", { sandbox_id = info.sandbox_id, code = ecode })
       forget(st)
       lk:set_state(nil)
     else
       lk:set_state(_M.encode_state(st))
-      return nil, err, ecode
+      return nil, err, ecode, detail
     end
   end
 end
 
 --- Run code in the session's sandbox.
+--
+-- At most once: once the execute may have reached the kernel, the cell is
+-- never sent again; a later failure (reading or listing outputs) is reported
+-- in the result (`files_error`), and a run is retried (once, on a resolved
+-- sandbox) only when its execute was refused before it was accepted.
 -- @tparam string code
 -- @tparam[opt] table opts `files` (`{ [name] = content }` or `{ {name=, content=}, ... }`,
 --   written to /home/user/NAME; names with a directory part are refused), `language`
---   ("python"), `timeout` (seconds, default `exec_timeout`), `on_stdout(text)`,
---   `on_stderr(text)`, `on_result(result)`
+--   ("python"), `timeout` (seconds, default `exec_timeout`; the cell is interrupted then),
+--   `on_stdout(text)`, `on_stderr(text)`, `on_result(result)`
 -- @treturn[1] table `{ stdout, stderr, error = {name, value, traceback} | nil, results,
---   files = { {name, content, mime} }, reused, resumed, sandbox_id, execution_count }`
+--   files = { {name, content, mime} }, reused, resumed, sandbox_id, execution_count,
+--   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
+--   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
+--   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`
 -- @return[2] nil
 -- @treturn[2] string message
 -- @treturn[2] string code: "BUSY", "LOCK", "POLICY", "BAD_REQUEST", "TIMEOUT", "SANDBOX_GONE",
 --   "STREAM_BROKEN", "NOT_FOUND", "AUTH", "RATE_LIMITED", "TRANSPORT", "HTTP", ...
+-- @treturn[2] table|nil detail (`status`, `started` for TIMEOUT, `partial`, `unlock_error`)
 function Session:run(code, opts)
   if getmetatable(self) ~= Session then error("bad self to 'run' (warmbox.Session expected)", 2) end
   if type(code) ~= "string" then error("bad argument #1 to 'run' (string expected, got " .. type(code) .. ")", 2) end
   opts = copy_opts(opts, RUN_OPTS, "run", 2)
-  if opts.timeout ~= nil and not is_positive_number(opts.timeout) then
-    error("bad option 'timeout' to 'run' (positive number expected, got " .. tostring(opts.timeout) .. ")", 2)
+  if opts.timeout ~= nil and not (is_positive_number(opts.timeout) and opts.timeout <= self.max_run_length) then
+    error("bad option 'timeout' to 'run' (positive number of seconds up to max_run_length expected, got "
+      .. tostring(opts.timeout) .. ")", 2)
   end
   if opts.language ~= nil and type(opts.language) ~= "string" then
     error("bad option 'language' to 'run' (string expected, got " .. type(opts.language) .. ")", 2)
@@ -845,11 +1008,21 @@ function Session:run(code, opts)
   if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
     lk:expire(math.ceil(run_timeout) + 120)
   end
-  local ok, r, err, ecode = xpcall(self._run_locked, traceback, self, lk, code, opts, files)
-  lk:unlock()
+  local ok, r, err, ecode, detail = xpcall(self._run_locked, traceback, self, lk, code, opts, files)
+  -- A failed unlock is reported with the run (the lock retries it itself).
+  local uok, uerr, ucode = lk:unlock()
   if lk.close then pcall(lk.close, lk) end
   if not ok then error(r, 0) end
-  return r, err, ecode
+  if uok == nil then
+    local ue = { tostring(uerr), ucode }
+    if r then
+      r.unlock_error = ue
+    else
+      detail = type(detail) == "table" and detail or {}
+      detail.unlock_error = ue
+    end
+  end
+  return r, err, ecode, detail
 end
 
 --- Forget what this process and every process sharing the lock remember

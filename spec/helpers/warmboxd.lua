@@ -124,6 +124,31 @@ function M.start(opts)
   return self
 end
 
+-- The admin API (`/_warmboxd/...`). Specs reach it only through these, so a
+-- change of how it is reached (e.g. an admin token) lands here alone.
+function Server:admin(method, path, json)
+  local http = require "spec.helpers.http"
+  return http.request{ method = method, url = self.url .. "/_warmboxd" .. path, json = json }
+end
+
+local function expect_204(res, what)
+  if res.status ~= 204 then error(what .. ": http " .. tostring(res.status) .. ": " .. tostring(res.body), 3) end
+end
+
+--- Injects a fault: `t` as `POST /_warmboxd/faults` takes it (route, count, status, headers, delay_ms, drop).
+function Server:fault(t) expect_204(self:admin("POST", "/faults", t), "fault") end
+function Server:clear_faults() expect_204(self:admin("DELETE", "/faults"), "clear faults") end
+function Server:config(t) expect_204(self:admin("POST", "/config", t), "config") end
+function Server:reset_stats() expect_204(self:admin("POST", "/stats/reset"), "reset stats") end
+function Server:stats() return assert(self:admin("GET", "/stats").json, "stats") end
+--- How many requests `route` got since the last reset.
+function Server:count(route) return (self:stats().requests or {})[route] or 0 end
+
+--- The host directory that is /home/user inside sandbox `id`.
+function Server:sandbox_home(id)
+  return self.dir .. "/data/" .. id .. "/home"
+end
+
 function Server:log()
   return read_all(self.log_path) or ""
 end

@@ -20,6 +20,7 @@ local function fake_core()
       end
       if r.break_after then return nil, "connection reset", "TRANSPORT" end
     end
+    if r.fail then return nil, r.fail[1], r.fail[2], r.fail[3] end
     return { status = r.status or 200, headers = r.headers or {}, body = r.body or "", attempts = 1 }
   end
   function Http:pages(o) -- luacheck: ignore self
@@ -559,7 +560,88 @@ insulate("warmbox.e2b", function()
       assert.equals("http://sb.test/execute", req.url)
       assert.equals("49999", req.headers["E2b-Sandbox-Port"])
       assert.equals("lines", req.stream)
-      assert.same({ code = "print('hi')", language = "python", env_vars = { A = "1" } }, cjson.decode(req.body))
+      -- the run's timeout travels in the body: the server interrupts the cell then
+      assert.same({ code = "print('hi')", language = "python", env_vars = { A = "1" }, timeout = 300 },
+        cjson.decode(req.body))
+      assert.equals(300 + e2b.EXEC_GRACE, req.timeout)
+      -- only a refusal (429/503 before any byte) is retried; never a 502 or 500
+      assert.same({ 429, 503 }, req.retry.refused)
+      assert.same({}, req.retry.statuses)
+      assert.is_nil(req.retry.idempotent)
+    end)
+
+    it("run_code decodes lone surrogates and invalid UTF-8 to U+FFFD and keeps unparsable lines", function()
+      push{ frames = {
+        '{"type": "stdout", "text": "a\\udcff b\\n"}',
+        '{"type": "stdout", "text": "' .. "c\255d" .. '"}',
+        '{"type": "stdout", "text": "pair \\ud83d\\ude00 and \\\\udcff"}',
+        "this is not json",
+        '{"type": "error", "name": "ValueError", "value": "bad \\udcff value", "traceback": ["l1", "l2"]}',
+        '{"type": "end_of_execution"}',
+      } }
+      local r = assert(s:run_code("x"))
+      assert.same({ "a\xEF\xBF\xBD b\n", "c\xEF\xBF\xBDd", "pair \xF0\x9F\x98\x80 and \\udcff" }, r.stdout)
+      assert.same({ "this is not json" }, r.undecoded)
+      assert.same({ name = "ValueError", value = "bad \xEF\xBF\xBD value", traceback = "l1\nl2" }, r.error)
+      assert.equals(2, r.replaced)
+    end)
+
+    it("run_code keeps at most max_output bytes, drops the rest and says so", function()
+      local frames = {}
+      for i = 1, 10 do frames[i] = line{ type = "stdout", text = "0123456789" } end
+      frames[#frames + 1] = { "cut line prefix", 1 }
+      frames[#frames + 1] = line{ type = "result", text = "big result" }
+      frames[#frames + 1] = line{ type = "result", text = "private", extra = { p = 1 } }
+      frames[#frames + 1] = '{"type": "end_of_execution"}'
+      push{ frames = frames }
+      local seen, private = {}, 0
+      local r = assert(s:run_code("x", { max_output = 25, on_stdout = function(t) seen[#seen + 1] = t end,
+        is_private = function(res) return res.extra.p == 1 end,
+        on_result = function(res) if res.extra.p == 1 then private = private + 1 end end }))
+      assert.same({ "0123456789", "0123456789", "01234" }, r.stdout)
+      assert.same(r.stdout, seen)
+      assert.is_true(r.truncated)
+      assert.same({}, r.results)
+      assert.equals(1, private)
+      assert.equals(2 * 25 + 65536 > 1048576 and 2 * 25 + 65536 or 1048576, last().max_frame)
+    end)
+
+    it("run_code: an error that ends the run at its timeout is TIMEOUT with started = true", function()
+      local now = 0
+      package.loaded["warmbox.core"].now = function() now = now + 1 return now end
+      push{ frames = { line{ type = "number_of_executions", execution_count = 1 },
+        line{ type = "error", name = "KeyboardInterrupt", value = "", traceback = "" },
+        '{"type": "end_of_execution"}' } }
+      local r, msg, code, detail = s:run_code("x", { timeout = 1 })
+      package.loaded["warmbox.core"].now = nil
+      assert.is_nil(r)
+      assert.equals("TIMEOUT", code)
+      assert.matches("timed out", msg)
+      assert.is_true(detail.started)
+      assert.equals("KeyboardInterrupt", detail.partial.error.name)
+    end)
+
+    it("run_code: a client-side timeout says whether the cell started", function()
+      push{ frames = {}, fail = { "operation timed out", "TIMEOUT" } }
+      local _, _, code, detail = s:run_code("x", { timeout = 1 })
+      assert.equals("TIMEOUT", code)
+      assert.is_false(detail.started)
+      push{ frames = { line{ type = "number_of_executions", execution_count = 1 } },
+        fail = { "operation timed out", "TIMEOUT" } }
+      _, _, code, detail = s:run_code("x", { timeout = 1 })
+      assert.equals("TIMEOUT", code)
+      assert.is_true(detail.started)
+    end)
+
+    it("run_code: a connection that failed before sending says sent = false", function()
+      push{ fail = { "couldn't connect", "TRANSPORT", false } }
+      local _, _, code, detail = s:run_code("x")
+      assert.equals("TRANSPORT", code)
+      assert.is_false(detail.sent)
+      push{ fail = { "empty reply", "TRANSPORT", true } }
+      _, _, code, detail = s:run_code("x")
+      assert.equals("TRANSPORT", code)
+      assert.is_true(detail.sent)
     end)
 
     it("run_code: 502 before output is SANDBOX_GONE", function()

@@ -80,10 +80,42 @@ insulate("warmbox", function()
       assert.has_error(function() warmbox.new{ client = {}, idle_timeout = "3" } end,
         "bad option 'idle_timeout' to 'new' (number expected, got string)")
       assert.has_error(function() warmbox.new{ client = {}, exec_timeout = 0 } end,
-        "bad option 'exec_timeout' to 'new' (positive number expected, got 0)")
+        "bad option 'exec_timeout' to 'new' (seconds in (0, 86400] (at most max_run_length) expected, got 0)")
       assert.has_error(function() warmbox.new{ client = {}, lock = "nfs" } end,
         "bad option 'lock' to 'new' (\"file\", \"redis\" or \"memory\" expected, got \"nfs\")")
       assert.has_error(function() warmbox.new{ client = {}, policy = { lease = 3 } } end)
+    end)
+
+    it("refuses non-finite and out-of-range timeouts and sizes with an argument error", function()
+      local warmbox = fresh_warmbox()
+      local bad = {
+        { exec_timeout = math.huge }, { exec_timeout = 0 / 0 }, { exec_timeout = -1 }, { idle_timeout = math.huge },
+        { idle_timeout = 0 }, { exec_timeout = 7200, max_run_length = 3600 }, { max_run_length = math.huge },
+        { max_run_length = 0 }, { max_run_length = 31 * 86400 }, { max_output = 0 }, { max_output = 1.5 },
+        { max_output = math.huge }, { max_files_bytes = -1 }, { max_files_bytes = 0 / 0 },
+        { request_timeout = math.huge }, { request_timeout = 0 }, { request_timeout = 0 / 0 },
+      }
+      for _, o in ipairs(bad) do
+        local k = o.max_run_length == 3600 and "exec_timeout" or next(o)
+        o.client = fake_client({})
+        local ok, err = pcall(warmbox.new, o)
+        assert.is_false(ok, "accepted " .. tostring(k) .. " = " .. tostring(o[k]))
+        assert.matches("^bad option '" .. k .. "' to 'new' %(", err:gsub("^[^:]*:%d+: ", ""))
+      end
+      local wb = assert(warmbox.new{ client = fake_client({}), exec_timeout = 3600, max_run_length = 3600,
+        max_output = 1024, max_files_bytes = 2048 })
+      local s = wb:session("k")
+      assert.equal(1024, s.max_output)
+      assert.equal(2048, s.max_files_bytes)
+      assert.equal(16 * 1048576, assert(warmbox.new{ client = fake_client({}) }):session("k").max_output)
+      for _, o in ipairs({ { exec_timeout = math.huge }, { idle_timeout = 0 / 0 }, { exec_timeout = 7200 },
+        { max_output = 0 }, { max_files_bytes = 2.5 }, { exec_timeout = "1" } }) do
+        local k = next(o)
+        local ok, err = pcall(wb.session, wb, "k", o)
+        assert.is_false(ok, "session accepted " .. k)
+        assert.matches("bad option '" .. k .. "' to 'session' %(", err)
+      end
+      assert.equal(10, wb:session("k", { exec_timeout = 10 }).exec_timeout)
     end)
 
     it("uses a given client and starts no server", function()

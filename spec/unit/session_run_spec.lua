@@ -54,7 +54,8 @@ local function new_client(clock)
   function c:connect(id, o)
     rec("connect", id, o.timeout)
     local s = self.sb[id]
-    if self.fail.connect and self.fail.connect[id] then return nil, "connect failed", "HTTP" end
+    local cf = self.fail.connect and self.fail.connect[id]
+    if cf then return nil, "connect failed", cf == true and "HTTP" or cf end
     if not s or s.killed then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
     local resumed = s.state == "paused"
     s.state = "running"
@@ -71,7 +72,8 @@ local function new_client(clock)
   end
   function c:set_timeout(id, t)
     rec("set_timeout", id, t)
-    if self.fail.set_timeout and self.fail.set_timeout[id] then return nil, "timeout failed", "HTTP" end
+    local tf = self.fail.set_timeout and self.fail.set_timeout[id]
+    if tf then return nil, "timeout failed", tf == true and "HTTP" or tf end
     self.sb[id].lease_end = clock() + t
     return true
   end
@@ -107,6 +109,7 @@ local function new_client(clock)
       rec("read_file", h.id, path)
       local name = path:match("^/home/user/output/(.+)$")
       local s = client.sb[h.id]
+      if client.fail.read then return nil, "read failed", client.fail.read end
       if name and s.output[name] then return s.output[name] end
       return nil, "not found", "NOT_FOUND"
     end
@@ -129,11 +132,14 @@ local function new_client(clock)
       rec("run_code", h.id, code, ro)
       local s = client.sb[h.id]
       if not s or s.killed or s.state ~= "running" then
-        return nil, "the sandbox was not found", "SANDBOX_GONE"
+        return nil, "the sandbox was not found", "SANDBOX_GONE", { status = 502, started = false, sent = true }
       end
       if client.fail.run then
         local f = table.remove(client.fail.run, 1)
-        if f then return nil, f[1], f[2] end
+        if f then
+          if f.before_run then f.before_run(s) end
+          return nil, f[1], f[2], f[3] or (f[2] == "SANDBOX_GONE" and { status = 502, started = false } or {})
+        end
       end
       local python = (ro.language or "python") == "python"
       if python and code:find(session.PRELUDE, 1, true) == 1 then
@@ -150,7 +156,7 @@ local function new_client(clock)
       if python and s.hooked then
         local files = {}
         for name, data in pairs(s.output) do
-          local e = { name = name, size = #data, mime = "image/png" }
+          local e = { name = name, size = #data, mime = "image/png", name_b64 = session.b64_encode(name) }
           if #data <= 8 then e.b64 = session.b64_encode(data) end
           files[#files + 1] = e
         end
@@ -254,29 +260,59 @@ describe("warmbox.session", function()
       assert.same({ "list", "connect", "set_timeout", "kill", "kill", "run_code" }, names)
     end)
 
-    it("creates a fresh sandbox when connecting to the only candidate fails", function()
-      local e = setup()
-      local s = e.new("w:t")
-      e.client:add("dead", s.tag_value)
-      e.client.fail.connect = { dead = true }
-      local r = assert(s:run("1"))
-      assert.equal(1, e.client:count("create"))
-      assert.equal("new1", r.sandbox_id)
-      -- the dead duplicate is cleaned up once the new one exists
-      assert.same({ "dead" }, e.client:ids("kill"))
-    end)
+    for _, code in ipairs({ "HTTP", "RATE_LIMITED", "TIMEOUT", "TRANSPORT" }) do
+      it("fails the run with the code of a transient connect fault (" .. code .. ") and touches nothing", function()
+        local e = setup()
+        local s = e.new("w:t")
+        e.client:add("warm", s.tag_value)
+        e.client.fail.connect = { warm = code }
+        local r, err, ecode = s:run("1")
+        assert.is_nil(r)
+        assert.equal("connect failed", err)
+        assert.equal(code, ecode)
+        assert.equal(0, e.client:count("create"))
+        assert.equal(0, e.client:count("kill"))
+        assert.equal(0, e.client:count("run_code"))
+        -- the next run tries again and gets the same sandbox
+        e.client.fail.connect = nil
+        assert.equal("warm", assert(s:run("2")).sandbox_id)
+      end)
+    end
 
-    it("keeps the live second candidate, kills the dead first one and creates nothing", function()
+    it("passes over a candidate that is gone (404), keeps the live one and creates nothing", function()
       local e = setup()
       local s = e.new("w:t")
       e.client:add("live", s.tag_value)
       e.client:add("dead", s.tag_value)
-      e.client.fail.connect = { dead = true }
+      e.client.fail.connect = { dead = "NOT_FOUND" }
       local r = assert(s:run("1"))
       assert.equal("live", r.sandbox_id)
       assert.same({ "dead", "live" }, e.client:ids("connect"))
-      assert.same({ "dead" }, e.client:ids("kill"))
+      assert.same({}, e.client:ids("kill"))
       assert.equal(0, e.client:count("create"))
+    end)
+
+    it("creates a fresh sandbox when the only candidate is gone", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("dead", s.tag_value)
+      e.client.fail.connect = { dead = "NOT_FOUND" }
+      local r = assert(s:run("1"))
+      assert.equal(1, e.client:count("create"))
+      assert.equal("new1", r.sandbox_id)
+    end)
+
+    it("never reaps the candidate a transient fault hid: the run fails before any kill", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("other", s.tag_value)
+      e.client:add("stateful", s.tag_value) -- listed first
+      e.client.fail.connect = { stateful = "HTTP" }
+      local r, _, code = s:run("1")
+      assert.is_nil(r)
+      assert.equal("HTTP", code)
+      assert.same({ "stateful" }, e.client:ids("connect"))
+      assert.equal(0, e.client:count("kill"))
     end)
 
     it("never connects to, kills or reuses another key's sandbox, even when the server matches loosely", function()
@@ -295,15 +331,20 @@ describe("warmbox.session", function()
       assert.are_not.equal("theirs", r.sandbox_id)
     end)
 
-    it("kills a sandbox whose lease cannot be set after connect and creates a fresh one", function()
+    it("never runs in a sandbox whose lease cannot be set, and leaves it alone", function()
       local e = setup()
       local s = e.new("w:t")
       e.client:add("stuck", s.tag_value)
       e.client.fail.set_timeout = { stuck = true }
-      local r = assert(s:run("1"))
-      assert.same({ "stuck" }, e.client:ids("kill"))
-      assert.equal(1, e.client:count("create"))
-      assert.equal("new1", r.sandbox_id)
+      local r, err, code = s:run("1")
+      assert.is_nil(r)
+      assert.equal("timeout failed", err)
+      assert.equal("HTTP", code)
+      assert.equal(0, e.client:count("kill"))
+      assert.equal(0, e.client:count("create"))
+      assert.equal(0, e.client:count("run_code"))
+      e.client.fail.set_timeout = nil
+      assert.equal("stuck", assert(s:run("2")).sandbox_id)
     end)
 
     it("returns the list error with its code", function()
@@ -378,6 +419,121 @@ describe("warmbox.session", function()
       assert.are_not.equal(r1.sandbox_id, r.sandbox_id)
       assert.equal(2, e.client:count("run_code"))
       assert.equal(1, e.client:count("create"))
+    end)
+
+    it("keeps the remembered sandbox on a transient connect fault: fails the run, no list, no kill", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      local r1 = assert(s:run("1"))
+      e.t.now = e.t.now + 3600
+      e.client.calls = {}
+      e.client.fail.connect = { [r1.sandbox_id] = "RATE_LIMITED" }
+      local r, _, code = s:run("2")
+      assert.is_nil(r)
+      assert.equal("RATE_LIMITED", code)
+      assert.equal(0, e.client:count("list"))
+      assert.equal(0, e.client:count("kill"))
+      assert.equal(r1.sandbox_id, s:state().sandbox_id)
+      e.client.fail.connect = nil
+      assert.equal(r1.sandbox_id, assert(s:run("3")).sandbox_id)
+    end)
+
+    it("resolves again when the remembered sandbox is gone (404 on connect)", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      local r1 = assert(s:run("1"))
+      e.t.now = e.t.now + 3600
+      e.client.sb[r1.sandbox_id].killed = true
+      e.client.calls = {}
+      local r = assert(s:run("2"))
+      assert.are_not.equal(r1.sandbox_id, r.sandbox_id)
+      assert.equal(1, e.client:count("list"))
+    end)
+
+    it("retries a run whose connection failed before anything was sent, never one that may have been sent", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.calls = {}
+      e.client.fail.run = { { "refused", "TRANSPORT", { sent = false, started = false } } }
+      assert(s:run("2", { timeout = 30 }))
+      assert.equal(2, e.client:count("run_code"))
+      e.client.calls = {}
+      e.client.fail.run = { { "empty reply", "TRANSPORT", { sent = true, started = false } } }
+      local r, _, code = s:run("3", { timeout = 30 })
+      assert.is_nil(r)
+      assert.equal("TRANSPORT", code)
+      assert.equal(1, e.client:count("run_code"))
+    end)
+
+    it("never re-runs a cell whose output read failed: reports files_error in the result", function()
+      local e = setup()
+      local s = e.new("w:t")
+      local runs = 0
+      e.client.exec = function(sb) runs = runs + 1 sb.output["big.bin"] = string.rep("x", 100) end
+      e.client.fail.read = "SANDBOX_GONE"
+      local r = assert(s:run("chart"))
+      assert.equal(1, runs)
+      assert.same({ "read failed", "SANDBOX_GONE" }, r.files_error)
+      assert.same({}, r.files)
+      e.client.fail.read = "NOT_FOUND"
+      r = assert(s:run("chart"))
+      assert.equal(2, runs)
+      assert.same({ "read failed", "NOT_FOUND" }, r.files_error)
+    end)
+
+    it("keeps output files within max_files_bytes and says what it dropped", function()
+      local e = setup()
+      local s = e.new("w:t", { max_files_bytes = 150 })
+      e.client.exec = function(sb)
+        sb.output["a.bin"] = string.rep("a", 100)
+        sb.output["b.bin"] = string.rep("b", 100)
+        sb.output["c.png"] = "PNG"
+      end
+      local r = assert(s:run("x"))
+      assert.same({ { name = "a.bin", content = string.rep("a", 100), mime = "image/png" },
+        { name = "c.png", content = "PNG", mime = "image/png" } }, r.files)
+      assert.is_true(r.truncated)
+      assert.same({ { name = "b.bin", size = 100 } }, r.dropped_files)
+    end)
+
+    it("reports a failed unlock with the run's result, and keeps the lock alive on every stream event", function()
+      local e = setup()
+      local s = e.new("w:t")
+      local keepalives = 0
+      local orig = e.locks.new
+      e.locks.new = function()
+        local lk = orig()
+        function lk.keepalive() keepalives = keepalives + 1 return nil, "redis down", "TRANSPORT" end
+        local unlock = lk.unlock
+        function lk.unlock(self) unlock(self) return nil, "redis down", "TRANSPORT" end
+        return lk
+      end
+      e.client.exec = function(_, _, out) out.stdout[1] = "a" end
+      local seen_lines = 0
+      local orig_sandbox = e.client.sandbox
+      e.client.sandbox = function(c, sb, o)
+        local h = orig_sandbox(c, sb, o)
+        local run_code = h.run_code
+        h.run_code = function(hh, code, ro)
+          for _ = 1, 3 do if ro.on_line then ro.on_line("keepalive") seen_lines = seen_lines + 1 end end
+          return run_code(hh, code, ro)
+        end
+        return h
+      end
+      local r = assert(s:run("1"))
+      assert.equal(3, seen_lines)
+      assert.equal(3, keepalives)
+      assert.same({ "redis down", "TRANSPORT" }, r.lock_error)
+      assert.same({ "redis down", "TRANSPORT" }, r.unlock_error)
+      local _, _, code, detail = s:run(1 and "x", { files = { ["a/b"] = "x" } })
+      assert.equal("BAD_REQUEST", code)
+      assert.is_nil(detail)
+      e.client.fail.run = { { "boom", "HTTP" } }
+      local r2, _, code2, detail2 = s:run("2")
+      assert.is_nil(r2)
+      assert.equal("HTTP", code2)
+      assert.same({ "redis down", "TRANSPORT" }, detail2.unlock_error)
     end)
 
     it("retries only once", function()
@@ -519,7 +675,9 @@ describe("warmbox.session", function()
       assert.has_error(function() s:run(42) end, "bad argument #1 to 'run' (string expected, got number)")
       assert.has_error(function() s:run("1", { nope = 1 }) end, "unknown option 'nope' to 'run'")
       assert.has_error(function() s:run("1", { timeout = -1 }) end,
-        "bad option 'timeout' to 'run' (positive number expected, got -1)")
+        "bad option 'timeout' to 'run' (positive number of seconds up to max_run_length expected, got -1)")
+      assert.has_error(function() s:run("1", { timeout = math.huge }) end)
+      assert.has_error(function() s:run("1", { timeout = 0 / 0 }) end)
       assert.has_error(function() s:run("1", { files = "x" }) end,
         "bad option 'files' to 'run' (table expected, got string)")
     end)

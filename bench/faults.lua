@@ -1,0 +1,172 @@
+-- Runs under faults: for each route a run touches and each fault, N cells
+-- (default 20) against one warmboxd with its fault knobs, counting how many
+-- times each cell really executed (the cell appends a mark to a file in its
+-- sandbox before anything else; the bench reads the files from the host).
+--
+--   lua5.4 bench/faults.lua [CELLS] [ROUTE]     (after scripts/setup)
+--
+-- Prints one row per route x fault: ok, errors by code (and, for ok runs whose
+-- output files could not be read, "files_error CODE"), how many cells
+-- executed 0 and 1 times (anything else is a broken at-most-once promise and
+-- makes the script exit 1, as does an ok cell that did not execute exactly
+-- once), and whether the sandbox and its kernel state survived (same sandbox,
+-- its counter equal to the number of executions; "-" for create, where every
+-- cell is a new conversation).
+--
+-- The fault hits the route's next request only (count 1), so idempotent calls
+-- that are retried recover; "delay" holds the request past the client's
+-- timeout (request_timeout 2 s; for the execute, the run's timeout + grace).
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local root = here .. "/.."
+local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
+if build:sub(1, 1) ~= "/" then build = root .. "/" .. build end
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
+package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+
+local warmbox = require "warmbox"
+local e2b = require "warmbox.e2b"
+local wbd = require "spec.helpers.warmboxd"
+
+local CELLS = tonumber(arg and arg[1]) or 20
+local ONLY = arg and arg[2]
+local REQUEST_TIMEOUT = 2
+local RUN_TIMEOUT = 2
+e2b.EXEC_GRACE = 1 -- the execute's client-side deadline: its own timeout + 1 s
+
+local ROUTES = {
+  { "list", "GET /v2/sandboxes" },
+  { "connect", "POST /sandboxes/{id}/connect" },
+  { "lease", "POST /sandboxes/{id}/timeout" },
+  { "create", "POST /sandboxes" },
+  { "execute", "interp POST /execute" },
+  { "output read", "envd GET /files" },
+}
+local FAULTS = {
+  { "500", { status = 500 } },
+  { "502", { status = 502 } },
+  { "503", { status = 503 } },
+  { "429+RA", { status = 429, headers = { ["Retry-After"] = "1" } } },
+  { "drop", { drop = true } },
+  { "delay", { delay_ms = (REQUEST_TIMEOUT + 0.5) * 1000 } },
+}
+
+local srv = wbd.start{}
+local lockdir = os.tmpname()
+os.remove(lockdir)
+local wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
+  lock = { backend = "file", dir = lockdir }, exec_timeout = 60, idle_timeout = 60,
+  request_timeout = REQUEST_TIMEOUT })
+
+-- mark -> how many times it was written, over every sandbox's runs.log.
+local function executions()
+  local counts = {}
+  local p = io.popen("cat " .. wbd.sh_quote(srv.dir .. "/data") .. "/*/home/runs.log 2>/dev/null")
+  for line in p:lines() do counts[line] = (counts[line] or 0) + 1 end
+  p:close()
+  return counts
+end
+
+local BIG = "open('/home/user/output/big.bin', 'wb').write(b'z' * 600000)\n"
+local seq = 0
+local function cell(big)
+  seq = seq + 1
+  local mark = "cell-" .. seq
+  return "open('/home/user/runs.log', 'a').write('" .. mark .. "\\n')\nn = globals().get('n', 0) + 1\n"
+    .. (big and BIG or ""), mark
+end
+
+local function row(route, rname, fault, fname)
+  local is_create = rname == "create"
+  local s, id
+  if not is_create then
+    s = wb:session("bench-faults:" .. rname .. ":" .. fname)
+    id = assert(s:run("n = 0")).sandbox_id
+    assert(s:run("n")) -- the kernel has the output hooks
+  end
+  local ok, codes, marks, oks = 0, {}, {}, {}
+  for i = 1, CELLS do
+    local sess = s
+    if is_create then sess = wb:session("bench-faults:create:" .. fname .. ":" .. i) end
+    if rname == "list" or rname == "connect" or rname == "lease" then assert(sess:forget()) end
+    local code, mark = cell(rname == "output read")
+    marks[i] = mark
+    local f = { route = route, count = 1 }
+    for k, v in pairs(fault) do f[k] = v end
+    if f.delay_ms and rname == "execute" then f.delay_ms = (RUN_TIMEOUT + e2b.EXEC_GRACE + 0.5) * 1000 end
+    srv:fault(f)
+    local r, _, ecode = sess:run(code, { timeout = RUN_TIMEOUT })
+    srv:clear_faults()
+    if r then
+      ok = ok + 1
+      oks[i] = true
+      if r.files_error then
+        local k = "files_error " .. tostring(r.files_error[2])
+        codes[k] = (codes[k] or 0) + 1
+      end
+    else
+      codes[ecode] = (codes[ecode] or 0) + 1
+    end
+  end
+  local counts = executions()
+  local hist, bad, total = {}, false, 0
+  for i, mark in ipairs(marks) do
+    local n = counts[mark] or 0
+    hist[n] = (hist[n] or 0) + 1
+    total = total + n
+    if n > 1 or (oks[i] and n ~= 1) then bad = true end
+  end
+  local survived = "-"
+  if not is_create then
+    local r = s:run("n")
+    local n = r and r.results[1] and tonumber(r.results[1].text)
+    survived = (r and r.sandbox_id == id and n == total) and "yes" or
+      ("NO (" .. (r and (r.sandbox_id == id and "n=" .. tostring(n) .. " want " .. total or "new sandbox")
+        or "run failed") .. ")")
+    if survived ~= "yes" then bad = true end
+  end
+  local cl = {}
+  for c, n in pairs(codes) do cl[#cl + 1] = c .. " " .. n end
+  table.sort(cl)
+  local hl = {}
+  for n, k in pairs(hist) do hl[#hl + 1] = n .. "x:" .. k end
+  table.sort(hl)
+  return { rname, fname, ok, table.concat(cl, ", "), table.concat(hl, " "), survived }, bad
+end
+
+local rows, any_bad = {}, false
+local t0 = os.time()
+for _, r in ipairs(ROUTES) do
+  if not ONLY or ONLY == r[1] then
+    for _, f in ipairs(FAULTS) do
+      local line, bad = row(r[2], r[1], f[2], f[1])
+      rows[#rows + 1] = line
+      any_bad = any_bad or bad
+      io.stderr:write(table.concat(line, " | "), "\n")
+    end
+  end
+end
+
+local head = { "route", "fault", "ok", "errors by code", "executions per cell", "state survived" }
+local w = {}
+for i, h in ipairs(head) do w[i] = #h end
+for _, l in ipairs(rows) do for i, c in ipairs(l) do w[i] = math.max(w[i], #tostring(c)) end end
+local function fmt(l)
+  local out = {}
+  for i, c in ipairs(l) do out[i] = tostring(c) .. string.rep(" ", w[i] - #tostring(c)) end
+  return "| " .. table.concat(out, " | ") .. " |"
+end
+print(("%d cells per row; request_timeout %gs, run timeout %gs; %ds in all"):format(CELLS, REQUEST_TIMEOUT,
+  RUN_TIMEOUT, os.time() - t0))
+print(fmt(head))
+local sep = {}
+for i = 1, #head do sep[i] = string.rep("-", w[i]) end
+print(fmt(sep))
+for _, l in ipairs(rows) do print(fmt(l)) end
+
+wb:close()
+srv:stop()
+os.execute("rm -rf " .. wbd.sh_quote(lockdir))
+if any_bad then
+  print("FAILED: a cell executed more than once, an ok cell not exactly once, or state was lost")
+  os.exit(1)
+end
