@@ -1,0 +1,70 @@
+-- Benchmark of warmbox.core's event engine against one local warmboxd that
+-- adds a round-trip time to every request (--rtt-ms, default 20): N requests
+-- (GET /v2/sandboxes) all started at once on one engine and driven through
+-- its pollable fd, vs the same N one after another with the blocking
+-- h:request, vs h:batch with its default bound (8). Prints wall time and
+-- requests/s for each.
+-- Usage (from the repository root, after scripts/setup):
+--   lua5.4 bench/core_engine.lua [requests=200] [rtt_ms=20]
+-- WARMBOX_BUILD_DIR selects the build (default build/).
+local root = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$")) or "."
+local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
+package.cpath = root .. "/" .. build .. "/?.so;" .. package.cpath
+
+local core = require "warmbox.core"
+local wbd = require "spec.helpers.warmboxd"
+
+local N = tonumber(arg[1]) or 200
+local RTT = tonumber(arg[2]) or 20
+
+local srv = wbd.start{ bin = os.getenv("WARMBOXD_BIN") or (root .. "/" .. build .. "/warmboxd"),
+  args = { "--rtt-ms", tostring(RTT) } }
+local ok, err = pcall(function()
+  local req = { url = srv.url .. "/v2/sandboxes", headers = { ["X-API-Key"] = srv.api_key } }
+  local rows = {}
+  local function row(name, n, secs)
+    rows[#rows + 1] = ("%-34s %6d req %9.3f s %10.1f req/s"):format(name, n, secs, n / secs)
+  end
+
+  -- 1. the engine: everything in flight at once, one fd watched
+  local h = core.http{ timeout = 120 }
+  local eng = core.engine()
+  local t0 = core.now()
+  local trs = {}
+  for i = 1, N do trs[i] = eng:start(h, req) end
+  local fd = eng:pollfd()
+  while eng:pending() > 0 do
+    local t = eng:timeout()
+    core.poll(fd, t and math.min(t, 1) or 1)
+    eng:step(0)
+  end
+  local secs = core.now() - t0
+  for i = 1, N do assert(assert(trs[i]:result()).status == 200) end
+  row("engine, all at once", N, secs)
+  eng:close()
+  h:close()
+
+  -- 2. sequential h:request on a warm connection
+  h = core.http{ timeout = 120 }
+  assert(h:request(req))
+  local n_seq = math.min(N, 100)
+  t0 = core.now()
+  for _ = 1, n_seq do assert(assert(h:request(req)).status == 200) end
+  row("h:request, one after another", n_seq, core.now() - t0)
+
+  -- 3. h:batch, its default bound
+  local reqs = {}
+  for i = 1, N do reqs[i] = req end
+  t0 = core.now()
+  local out = h:batch(reqs)
+  secs = core.now() - t0
+  for i = 1, N do assert(out[i][1] and out[i][1].status == 200) end
+  row("h:batch, concurrency 8", N, secs)
+  h:close()
+
+  print(("warmboxd --rtt-ms %d, GET /v2/sandboxes"):format(RTT))
+  for _, r in ipairs(rows) do print(r) end
+end)
+srv:stop()
+if not ok then error(err, 0) end
