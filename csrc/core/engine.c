@@ -71,6 +71,7 @@ struct engine {
   double armed;            /* what the timerfd is armed for, < 0 disarmed */
   size_t max_buffered;     /* unread frame bytes per transfer before pausing it */
   long pending;            /* transfers not done */
+  long waiting;            /* transfers in TR_WAITING (the deadline scan skips when 0) */
   transfer *live;
   transfer *news, *news_tail;
 };
@@ -85,6 +86,12 @@ static double engine_mono(void) {
  * Plain C: lists, timer, libcurl callbacks (no Lua below this line until
  * the Lua-facing part)
  * ====================================================================== */
+
+static void set_state(transfer *t, int state) {
+  if (t->state == TR_WAITING) t->eng->waiting--;
+  if (state == TR_WAITING) t->eng->waiting++;
+  t->state = state;
+}
 
 static void news_add(transfer *t) {
   engine *e = t->eng;
@@ -134,6 +141,7 @@ static void live_remove(transfer *t) {
 static double engine_deadline(const engine *e) {
   double d = e->curl_deadline;
   const transfer *t;
+  if (e->waiting == 0) return d;
   for (t = e->live; t; t = t->next)
     if (t->state == TR_WAITING && (d < 0 || t->not_before < d)) d = t->not_before;
   return d;
@@ -221,12 +229,12 @@ static void engine_launch(engine *e, transfer *t) {
   t->paused = 0;
   if (curl_multi_add_handle(e->multi, warmbox_xfer_easy(t->x)) != CURLM_OK) {
     t->why = TR_ADD_FAILED;
-    t->state = TR_DONE;
+    set_state(t, TR_DONE);
     live_remove(t);
     news_add(t);
     return;
   }
-  t->state = TR_RUNNING;
+  set_state(t, TR_RUNNING);
 }
 
 /* An attempt ended: retry on the timer, or done. */
@@ -236,11 +244,11 @@ static void engine_attempt_done(engine *e, transfer *t, CURLcode rc) {
   warmbox_xfer_end(t->x, rc);
   delay = t->why == TR_OK ? warmbox_xfer_retry_delay(t->x) : -1;
   if (delay >= 0) {
-    t->state = TR_WAITING;
+    set_state(t, TR_WAITING);
     t->not_before = engine_mono() + delay;
     return;
   }
-  t->state = TR_DONE;
+  set_state(t, TR_DONE);
   live_remove(t);
   news_add(t);
 }
@@ -298,7 +306,7 @@ static void engine_release(engine *e) {
   if (e->closed) return;
   while ((t = e->live) != NULL) {
     if (t->state == TR_RUNNING) curl_multi_remove_handle(e->multi, warmbox_xfer_easy(t->x));
-    t->state = TR_DONE;
+    set_state(t, TR_DONE);
     t->why = TR_ENGINE_CLOSED;
     live_remove(t);
   }
@@ -321,7 +329,7 @@ static void transfer_detach(transfer *t, int why) {
      * the disconnect. */
     curl_multi_remove_handle(e->multi, warmbox_xfer_easy(t->x));
   }
-  t->state = TR_DONE;
+  set_state(t, TR_DONE);
   t->why = why;
   live_remove(t);
 }
@@ -440,7 +448,7 @@ static int engine_start(lua_State *L) {
   curl_easy_setopt(warmbox_xfer_easy(t->x), CURLOPT_WRITEDATA, t);
   curl_easy_setopt(warmbox_xfer_easy(t->x), CURLOPT_PRIVATE, t);
   t->why = TR_OK;
-  t->state = TR_WAITING;
+  set_state(t, TR_WAITING);
   live_add(t);
   engine_launch(e, t);  /* libcurl asks for a timeout of 0: the pollfd turns readable */
   return 1;
