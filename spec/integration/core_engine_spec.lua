@@ -286,6 +286,42 @@ describe("warmbox.Engine against warmboxd", function()
       end
     end)
 
+    it("reads a Connect stream (envd Process.Start) with its envelope flags", function()
+      local eng <close> = core.engine()
+      local body = cjson.encode({ process = { cmd = "/bin/bash", args = { "-c", "echo one; sleep 0.2; echo two" } },
+        stdin = false })
+      local n = #body
+      local tr = eng:start(h, { method = "POST", url = srv.url .. "/process.Process/Start", stream = "connect",
+        body = string.char(0, (n >> 24) & 255, (n >> 16) & 255, (n >> 8) & 255, n & 255) .. body, retry = false,
+        headers = { ["E2b-Sandbox-Id"] = box_a.sandboxID, ["E2b-Sandbox-Port"] = "49983",
+          ["X-Access-Token"] = box_a.envdAccessToken, ["Content-Type"] = "application/connect+json",
+          ["Connect-Protocol-Version"] = "1", ["Authorization"] = "Basic dXNlcjo=" } })
+      local frames, flags = {}, {}
+      drive(eng, function()
+        local f, fl = tr:frames()
+        assert.equals(#f, #fl)
+        for i = 1, #f do
+          frames[#frames + 1] = assert(cjson.decode(f[i]))
+          flags[#flags + 1] = fl[i]
+        end
+        return tr:done() and #f == 0
+      end)
+      local res = assert(tr:result())
+      assert.equals(200, res.status)
+      assert.equals(#frames, res.frames)
+      local out = {}
+      for i, f in ipairs(frames) do
+        if i < #frames then
+          assert.equals(0, flags[i])
+          local so = f.event and f.event.data and f.event.data.stdout
+          if so then out[#out + 1] = require("warmbox.e2b").base64_decode(so) end
+        end
+      end
+      assert.equals(2, flags[#flags])         -- the end-of-stream envelope
+      assert.same({}, frames[#frames])        -- no error in it
+      assert.equals("one\ntwo\n", table.concat(out))
+    end)
+
     it("pauses a stream whose frames are not read, and resumes it", function()
       local eng <close> = core.engine{ max_buffered = 8192 }
       local n = 20000
