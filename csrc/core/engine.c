@@ -438,8 +438,9 @@ static int engine_start(lua_State *L) {
   lua_pushvalue(L, 4);
   lua_rawsetp(L, -2, t);
   lua_pop(L, 1);
-  t->x = warmbox_xfer_new(L, 3, h, engine_frame_sink, t, &failed);
+  t->x = warmbox_xfer_new(h);
   if (!t->x) return luaL_error(L, "out of memory");
+  failed = warmbox_xfer_setup(L, 3, t->x, engine_frame_sink, t);  /* if it raises, __gc frees t->x */
   if (failed) {
     news_add(t);
     return 1;

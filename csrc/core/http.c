@@ -1285,20 +1285,23 @@ warmbox_http *warmbox_http_check(lua_State *L, int idx) { return warmbox_check_h
 
 void warmbox_http_check_request(lua_State *L, int idx, int mode) { warmbox_check_request(L, idx, mode); }
 
-warmbox_xfer *warmbox_xfer_new(lua_State *L, int idx, warmbox_http *h, warmbox_frame_fn sink, void *owner,
-                               int *failed) {
+warmbox_xfer *warmbox_xfer_new(warmbox_http *h) {
   warmbox_xfer *x = (warmbox_xfer *)calloc(1, sizeof *x);
   if (!x) return NULL;
   x->own_easy = 1;
   x->easy = curl_easy_init();
   x->client = h;
   h->share_users++;
-  *failed = !x->easy || warmbox_setup(L, idx, h, x, x->easy) != 0;
-  if (*failed) x->oom = 1;
+  return x;
+}
+
+int warmbox_xfer_setup(lua_State *L, int idx, warmbox_xfer *x, warmbox_frame_fn sink, void *owner) {
+  int failed = !x->easy || warmbox_setup(L, idx, x->client, x, x->easy) != 0;
+  if (failed) x->oom = 1;
   x->sink = sink;
   x->owner = owner;
   x->t0 = warmbox_mono();
-  return x;
+  return failed;
 }
 
 CURL *warmbox_xfer_easy(warmbox_xfer *x) { return x->easy; }

@@ -23,13 +23,15 @@ warmbox_http *warmbox_http_check(lua_State *L, int idx);
 /* Raises on a malformed request table; allocates nothing. */
 void warmbox_http_check_request(lua_State *L, int idx, int mode);
 
-/* A transfer for the validated request at idx, on its own easy handle that
- * shares h's pool; stream frames go to sink(owner, ...). NULL when out of
- * memory; *failed set when the handle could not be set up (then
- * warmbox_xfer_push_outcome reports it). The share stays alive until
- * warmbox_xfer_destroy, even across h:close(). */
-warmbox_xfer *warmbox_xfer_new(lua_State *L, int idx, warmbox_http *h, warmbox_frame_fn sink, void *owner,
-                               int *failed);
+/* A transfer on its own easy handle that shares h's pool (NULL when out of
+ * memory). The share stays alive until warmbox_xfer_destroy, even across
+ * h:close(). */
+warmbox_xfer *warmbox_xfer_new(warmbox_http *h);
+/* Sets it up for the validated request at idx (may raise on a Lua memory
+ * error: keep x where a finalizer destroys it first); stream frames go to
+ * sink(owner, ...). Nonzero when the handle could not be set up (then
+ * warmbox_xfer_push_outcome reports it). */
+int warmbox_xfer_setup(lua_State *L, int idx, warmbox_xfer *x, warmbox_frame_fn sink, void *owner);
 CURL *warmbox_xfer_easy(warmbox_xfer *x);
 /* Before each attempt: clears the last response, counts the attempt. */
 void warmbox_xfer_begin(warmbox_xfer *x);
