@@ -95,6 +95,52 @@ describe("warmbox.Engine against warmboxd", function()
       assert.equals(50, count(ROUTE))
     end)
 
+    it("serves coroutines that wait on their transfers (a scheduler's shape)", function()
+      local eng <close> = core.engine()
+      fault{ route = ROUTE, count = 60, delay_ms = 300 }
+      local waiting = {}   -- transfer -> coroutine
+      local function await(tr)
+        waiting[tr] = coroutine.running()
+        coroutine.yield()
+        return tr:result()
+      end
+      local results, cos = {}, {}
+      for i = 1, 20 do
+        cos[i] = coroutine.create(function()
+          for j = 1, 3 do
+            local res = assert(await(eng:start(h, list_req())))
+            results[#results + 1] = { i, j, res.status }
+          end
+        end)
+        assert(coroutine.resume(cos[i]))
+      end
+      loop(function()
+        for _, tr in ipairs(eng:step(eng:timeout() or 1)) do
+          local co = waiting[tr]
+          if co and tr:done() then
+            waiting[tr] = nil
+            assert(coroutine.resume(co))
+          end
+        end
+        return eng:pending() == 0 and next(waiting) == nil
+      end)
+      assert.equals(60, #results)
+      for i = 1, 20 do assert.equals("dead", coroutine.status(cos[i])) end
+      assert.equals(60, count(ROUTE))
+      for _, r in ipairs(results) do assert.equals(200, r[3]) end
+    end)
+
+    it("times out a slow answer with TIMEOUT", function()
+      local eng <close> = core.engine()
+      fault{ route = ROUTE, count = 1, delay_ms = 3000 }
+      local tr = eng:start(h, list_req{ timeout = 0.3, retry = false })
+      finish(eng)
+      local res, msg, code = tr:result()
+      assert.is_nil(res)
+      assert.equals("TIMEOUT", code)
+      assert.truthy(msg:find("timed out", 1, true), msg)
+    end)
+
     it("shares the client's pool with h:request", function()
       local eng <close> = core.engine()
       local tr = eng:start(h, list_req())
