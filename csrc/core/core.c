@@ -1,6 +1,7 @@
 /* warmbox.core: the module table. Each part registers its own functions
  * (the table `parts` below lists them all): http.c the libcurl transport,
- * lock.c/redis.c the lock primitives. This file holds the small OS and
+ * engine.c its event engine, retry.c the retry rules, lock.c/redis.c the
+ * lock primitives. This file holds the small OS and
  * crypto helpers. Every other symbol is hidden (CMake's visibility preset):
  * luaopen_warmbox_core is the module's only export. */
 #include <dlfcn.h>
@@ -107,6 +108,8 @@ static void (*const parts[])(lua_State *L) = {
   warmbox_http_register,
   warmbox_lock_register,
   warmbox_redis_register,
+  warmbox_engine_register,
+  warmbox_retry_register,
 };
 
 int luaopen_warmbox_core(lua_State *L) {

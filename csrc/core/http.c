@@ -19,8 +19,9 @@
 #include "warmbox_core.h"
 #include "warmbox_buf.h"
 #include "warmbox_stream.h"
+#include "warmbox_retry.h"
+#include "warmbox_http.h"
 
-#define WARMBOX_HTTP_MT "warmbox.Http"
 #define WARMBOX_MAX_FRAME ((size_t)64 * 1024 * 1024)
 #define WARMBOX_MAX_SECRETS 8
 #define WARMBOX_MAX_STATUSES 16
@@ -42,6 +43,7 @@ typedef struct warmbox_http {
   uint64_t rng;    /* jitter; per client, so no mutable C statics */
   int busy;        /* h->easy is in a transfer (a callback may call us again) */
   int closed;
+  long share_users; /* engine transfers using the share: it outlives h:close() */
 } warmbox_http;
 
 static double warmbox_mono(void) {
@@ -80,16 +82,19 @@ static char *warmbox_strdup(const char *s) {
 }
 
 static void warmbox_http_release(warmbox_http *h) {
-  /* Easy handles first: the share cannot be cleaned up while in use. */
+  /* Easy handles first: the share cannot be cleaned up while in use (an
+   * engine transfer still using it cleans it up when it ends). */
   if (h->easy) curl_easy_cleanup(h->easy);
   if (h->multi) curl_multi_cleanup(h->multi);
-  if (h->share) curl_share_cleanup(h->share);
+  if (h->share && h->share_users == 0) {
+    curl_share_cleanup(h->share);
+    h->share = NULL;
+  }
   free(h->proxy);
   free(h->user_agent);
   free(h->ca_file);
   h->easy = NULL;
   h->multi = NULL;
-  h->share = NULL;
   h->proxy = h->user_agent = h->ca_file = NULL;
   h->closed = 1;
 }
@@ -192,6 +197,8 @@ typedef struct warmbox_xfer {
   long delivered;
   int status_known;
   int streaming;                /* this response is 2xx: frames go to the callback */
+  warmbox_frame_fn sink;        /* engine transfers: frames go here, never to Lua */
+  void *owner;                  /* the sink's argument (the engine's transfer) */
   /* outcome */
   CURLcode rc;
   long status;
@@ -226,7 +233,6 @@ static int warmbox_deliver(void *ud, const char *data, size_t len, int flags) {
   lua_pushcfunction(L, warmbox_frame_trampoline);
   lua_pushvalue(L, x->cb_index);
   lua_pushlightuserdata(L, &f);
-  x->delivered++;
   if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
     lua_replace(L, x->err_slot);
     x->cb_state = 2;
@@ -241,6 +247,15 @@ static int warmbox_deliver(void *ud, const char *data, size_t len, int flags) {
   return 0;
 }
 
+/* Every frame of a 2xx streamed body: counted (a retry would repeat it),
+ * then handed to the engine's sink or to the Lua callback. */
+static int warmbox_emit(void *ud, const char *data, size_t len, int flags) {
+  warmbox_xfer *x = (warmbox_xfer *)ud;
+  x->delivered++;
+  if (x->sink) return x->sink(x->owner, data, len, flags);
+  return warmbox_deliver(ud, data, len, flags);
+}
+
 static size_t warmbox_on_write(char *p, size_t size, size_t n, void *ud) {
   warmbox_xfer *x = (warmbox_xfer *)ud;
   size_t len = size * n;
@@ -252,7 +267,7 @@ static size_t warmbox_on_write(char *p, size_t size, size_t n, void *ud) {
       x->status_known = 1;
     }
     if (x->streaming) {
-      int r = warmbox_stream_feed(&x->parser, p, len, warmbox_deliver, x);
+      int r = warmbox_stream_feed(&x->parser, p, len, warmbox_emit, x);
       if (r == WARMBOX_STREAM_OK) return len;
       if (r != WARMBOX_STREAM_STOPPED) x->parse_error = r;
       return 0;  /* anything but len aborts the transfer */
@@ -367,7 +382,9 @@ static int warmbox_read_status_list(lua_State *L, int t, const char *name, long 
   return k;
 }
 
-static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
+/* mode: WARMBOX_REQ_BATCH (no stream), WARMBOX_REQ_CALLBACK (a stream needs
+ * on_chunk), WARMBOX_REQ_FRAMES (the engine: a stream without on_chunk). */
+static void warmbox_check_request(lua_State *L, int idx, int mode) {
   const char *s;
   size_t len;
   idx = lua_absindex(L, idx);
@@ -416,11 +433,14 @@ static void warmbox_check_request(lua_State *L, int idx, int allow_stream) {
   lua_pop(L, 1);
   s = warmbox_opt_string(L, idx, "stream", &len, "request");
   if (s) {
-    if (!allow_stream) luaL_error(L, "streaming is not supported in a batch");
+    if (mode == WARMBOX_REQ_BATCH) luaL_error(L, "streaming is not supported in a batch");
     if (strcmp(s, "lines") != 0 && strcmp(s, "connect") != 0)
       luaL_error(L, "request option 'stream' must be \"lines\" or \"connect\"");
     lua_getfield(L, idx, "on_chunk");
-    if (!lua_isfunction(L, -1)) luaL_error(L, "a streamed request needs an 'on_chunk' function");
+    if (mode == WARMBOX_REQ_FRAMES && !lua_isnil(L, -1))
+      luaL_error(L, "request option 'on_chunk' is not used by the engine (read tr:frames())");
+    if (mode == WARMBOX_REQ_CALLBACK && !lua_isfunction(L, -1))
+      luaL_error(L, "a streamed request needs an 'on_chunk' function");
     lua_pop(L, 1);
   } else {
     lua_getfield(L, idx, "on_chunk");
@@ -704,38 +724,34 @@ static int warmbox_failed_before_send(const warmbox_xfer *x, CURLcode rc) {
 }
 
 /* After an attempt ended (x->rc, x->status set): seconds to wait before the
- * next one, or -1 for no retry. */
+ * next one, or -1 for no retry (the rules: retry.c). */
 static double warmbox_retry_delay(warmbox_xfer *x) {
-  double delay, elapsed, ra = -1;
-  int retryable = 0;
-  if (x->attempts >= x->max_attempts || x->delivered > 0 || x->cb_state || x->oom || x->parse_error) return -1;
-  if (x->rc == CURLE_OK) {
-    int i;
-    /* A refused status says the server did not act on the request (E2B's
-     * 429 on create): safe to send again even when not idempotent. */
-    for (i = 0; i < x->nrefused; i++)
-      if (x->refused[i] == x->status) retryable = 1;
-    if (x->idempotent)
-      for (i = 0; i < x->nstatuses; i++)
-        if (x->statuses[i] == x->status) retryable = 1;
-    if (retryable) {
-      if (x->status == 429 || x->status == 503) ra = warmbox_retry_after(x);
-    }
-  } else if (x->idempotent) {
-    /* A timed-out idempotent request is safe to send again (within the budget). */
-    retryable = warmbox_is_connection_error(x->rc) || x->rc == CURLE_OPERATION_TIMEDOUT ||
-                warmbox_failed_before_send(x, x->rc);
-  } else {
-    retryable = warmbox_failed_before_send(x, x->rc);
+  warmbox_retry_facts f;
+  memset(&f, 0, sizeof f);
+  f.attempts = x->attempts;
+  f.max_attempts = x->max_attempts;
+  f.idempotent = x->idempotent;
+  f.delivered = x->delivered > 0;
+  f.local_failure = x->cb_state || x->oom || x->parse_error;
+  f.completed = x->rc == CURLE_OK;
+  f.status = x->status;
+  f.statuses = x->statuses;
+  f.nstatuses = x->nstatuses;
+  f.refused = x->refused;
+  f.nrefused = x->nrefused;
+  f.retry_after = -1;
+  if (f.completed && (x->status == 429 || x->status == 503)) f.retry_after = warmbox_retry_after(x);
+  if (!f.completed) {
+    f.connection_error = warmbox_is_connection_error(x->rc);
+    f.before_send = warmbox_failed_before_send(x, x->rc);
+    f.timed_out = x->rc == CURLE_OPERATION_TIMEDOUT;
   }
-  if (!retryable) return -1;
-  delay = x->base * (double)(1u << (x->attempts - 1 < 20 ? x->attempts - 1 : 20));
-  if (delay > x->cap) delay = x->cap;
-  delay = delay / 2 + warmbox_random(x->client) * delay / 2;  /* jitter in [d/2, d] */
-  if (ra >= 0) delay = ra;
-  elapsed = warmbox_mono() - x->t0;
-  if (elapsed + delay > x->budget) return -1;
-  return delay;
+  f.base = x->base;
+  f.cap = x->cap;
+  f.budget = x->budget;
+  f.elapsed = warmbox_mono() - x->t0;
+  f.jitter = warmbox_random(x->client);
+  return warmbox_retry_decide(&f);
 }
 
 static void warmbox_note_attempt(warmbox_xfer *x) {
@@ -748,7 +764,7 @@ static void warmbox_note_attempt(warmbox_xfer *x) {
 static void warmbox_finish_stream(warmbox_xfer *x) {
   int r;
   if (x->rc != CURLE_OK || x->stream_mode == WARMBOX_STREAM_NONE || !x->streaming || x->cb_state) return;
-  r = warmbox_stream_finish(&x->parser, warmbox_deliver, x);
+  r = warmbox_stream_finish(&x->parser, warmbox_emit, x);
   if (r < 0) x->parse_error = r;
 }
 
@@ -886,7 +902,7 @@ static int warmbox_http_request(lua_State *L) {
   warmbox_http *h = warmbox_check_http(L, 1);
   warmbox_xfer x;
   int nres;
-  warmbox_check_request(L, 2, 1);
+  warmbox_check_request(L, 2, WARMBOX_REQ_CALLBACK);
   lua_settop(L, 2);
   lua_pushnil(L);                  /* 3: a callback's error, stashed */
   lua_getfield(L, 2, "on_chunk");  /* 4: the callback */
@@ -959,7 +975,7 @@ static int warmbox_http_batch(lua_State *L) {
   n = luaL_len(L, 2);
   for (i = 1; i <= n; i++) {
     lua_geti(L, 2, i);
-    warmbox_check_request(L, -1, 0);
+    warmbox_check_request(L, -1, WARMBOX_REQ_BATCH);
     lua_pop(L, 1);
   }
   lua_createtable(L, (int)(n > 1000000 ? 0 : n), 0); /* 3: the results */
@@ -1289,6 +1305,70 @@ static int warmbox_split(lua_State *L) {
   lua_pushstring(L, r == WARMBOX_STREAM_OK ? "ok" : r == WARMBOX_STREAM_TRUNCATED ? "truncated"
                     : r == WARMBOX_STREAM_TOOBIG ? "too_big" : "error");
   return 2;
+}
+
+/* ======================================================================
+ * For the engine (warmbox_http.h)
+ * ====================================================================== */
+
+warmbox_http *warmbox_http_check(lua_State *L, int idx) { return warmbox_check_http(L, idx); }
+
+void warmbox_http_check_request(lua_State *L, int idx, int mode) { warmbox_check_request(L, idx, mode); }
+
+warmbox_xfer *warmbox_xfer_new(warmbox_http *h) {
+  warmbox_xfer *x = (warmbox_xfer *)calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->own_easy = 1;
+  x->easy = curl_easy_init();
+  x->client = h;
+  h->share_users++;
+  return x;
+}
+
+int warmbox_xfer_setup(lua_State *L, int idx, warmbox_xfer *x, warmbox_frame_fn sink, void *owner) {
+  int failed = !x->easy || warmbox_setup(L, idx, x->client, x, x->easy) != 0;
+  if (failed) x->oom = 1;
+  x->sink = sink;
+  x->owner = owner;
+  x->t0 = warmbox_mono();
+  return failed;
+}
+
+CURL *warmbox_xfer_easy(warmbox_xfer *x) { return x->easy; }
+
+void warmbox_xfer_begin(warmbox_xfer *x) {
+  warmbox_xfer_reset_attempt(x);
+  x->attempts++;
+}
+
+void warmbox_xfer_end(warmbox_xfer *x, CURLcode rc) {
+  x->rc = rc;
+  warmbox_note_attempt(x);
+  warmbox_finish_stream(x);
+}
+
+double warmbox_xfer_retry_delay(warmbox_xfer *x) { return warmbox_retry_delay(x); }
+
+size_t warmbox_xfer_write(char *p, size_t size, size_t n, void *x) { return warmbox_on_write(p, size, n, x); }
+
+int warmbox_xfer_streaming(const warmbox_xfer *x) {
+  return x->stream_mode != WARMBOX_STREAM_NONE && x->status_known && x->streaming;
+}
+
+int warmbox_xfer_push_outcome(lua_State *L, warmbox_xfer *x) { return warmbox_push_outcome(L, x); }
+
+int warmbox_xfer_push_error(lua_State *L, warmbox_xfer *x, const char *what, const char *code) {
+  return warmbox_push_error(L, x, what, code);
+}
+
+void warmbox_xfer_destroy(warmbox_xfer *x) {
+  warmbox_http *h = x->client;
+  warmbox_xfer_free(x);  /* the easy handle first: it holds the share */
+  free(x);
+  if (h && --h->share_users == 0 && h->closed && h->share) {
+    curl_share_cleanup(h->share);
+    h->share = NULL;
+  }
 }
 
 /* ======================================================================
