@@ -42,6 +42,36 @@ function _M.raise(msg, level)
   error(msg, (level or 1) + 1)
 end
 
+--- Raises `bad argument #n to 'fname' (msg)` at the caller's caller unless `cond`.
+function _M.argcheck(cond, n, fname, msg)
+  if not cond then error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), 3) end
+end
+
+--- The option table argument #n of `fname`: `{}` for nil; raises for a non-table.
+function _M.opt_table(v, n, fname)
+  if v == nil then return {} end
+  _M.argcheck(type(v) == "table", n, fname, "table expected, got " .. type(v))
+  return v
+end
+
+--- Raises unless option `name` is nil or of type `want`.
+function _M.check_type(v, want, name, level)
+  if v ~= nil and type(v) ~= want then
+    error(("option '%s' must be a %s, got %s"):format(name, want, type(v)), level + 1)
+  end
+end
+
+--- Raises unless option `name` is nil or a table of strings to strings.
+function _M.check_string_map(t, name, level)
+  if t == nil then return end
+  if type(t) ~= "table" then error(("option '%s' must be a table"):format(name), level + 1) end
+  for k, v in pairs(t) do
+    if type(k) ~= "string" or type(v) ~= "string" then
+      error(("option '%s' must map strings to strings"):format(name), level + 1)
+    end
+  end
+end
+
 --- Raises unless every key of `t` is in `allowed` (a set or a list).
 -- @tparam table t the option table
 -- @tparam table allowed

@@ -182,7 +182,7 @@ local function list_by_command(sbx)
       "HTTP"
   end
   local entries = {}
-  for size, name in b64_decode(res.stdout or ""):gmatch("(%d+) ([^\0]+)\0") do
+  for size, name in (b64_decode(res.stdout or "") or ""):gmatch("(%d+) ([^\0]+)\0") do
     entries[#entries + 1] = { name = name, size = tonumber(size), type = "file" }
   end
   return entries
@@ -217,12 +217,11 @@ local function files_from_report(sbx, report, cap)
     if type(f) == "table" and type(f.name) == "string" then
       -- The name's bytes as they are (a name that is not UTF-8 included).
       local name = f.name
-      if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) end
+      if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) or name end
       local mime = type(f.mime) == "string" and f.mime or mime_of(name)
-      local content = f.b64
+      local content = type(f.b64) == "string" and b64_decode(f.b64) or nil
       local ok, err, code
-      if type(content) == "string" then
-        content = b64_decode(content)
+      if content then
         ok, err, code = take_file(files, cap, name, #content, mime, function() return content end)
       else
         ok, err, code = take_file(files, cap, name, tonumber(f.size) or 0, mime,

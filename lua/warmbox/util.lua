@@ -1,6 +1,6 @@
 --- Small leaf helpers shared by warmbox's modules (no warmbox requires).
 -- @module warmbox.util
-local type, tonumber = type, tonumber
+local type, tonumber, pairs = type, tonumber, pairs
 local string_byte, string_char, table_concat = string.byte, string.char, table.concat
 
 local _M = {}
@@ -40,48 +40,58 @@ end
 
 local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 local B64_DEC = {}
-for i = 1, 64 do B64_DEC[B64:sub(i, i)] = i - 1 end
+for i = 1, 64 do B64_DEC[string_byte(B64, i)] = i - 1 end
+B64_DEC[string_byte("-")] = 62
+B64_DEC[string_byte("_")] = 63
 
---- Standard base64 (RFC 4648, with padding).
+--- Standard (or URL-safe) base64 decoding; padding optional. The one base64
+-- of warmbox (the output report, Process streams, Connect payloads).
 -- @tparam string s
--- @treturn string
-local function b64_encode(s)
+-- @treturn string|nil nil when `s` holds a byte outside the alphabet
+function _M.b64_decode(s)
+  s = s:gsub("[%s=]", "")
   local out, n = {}, 0
-  for i = 1, #s, 3 do
-    local a, b, c = string_byte(s, i, i + 2)
-    local v = a * 65536 + (b or 0) * 256 + (c or 0)
-    local c1, c2 = (v >> 18) & 63, (v >> 12) & 63
-    local c3, c4 = (v >> 6) & 63, v & 63
-    n = n + 1
-    out[n] = B64:sub(c1 + 1, c1 + 1) .. B64:sub(c2 + 1, c2 + 1)
-      .. (b and B64:sub(c3 + 1, c3 + 1) or "=") .. (c and B64:sub(c4 + 1, c4 + 1) or "=")
-  end
-  return table_concat(out)
-end
-_M.b64_encode = b64_encode
-
---- Decodes base64, skipping characters outside the alphabet.
--- @tparam string s
--- @treturn string
-local function b64_decode(s)
-  s = s:gsub("[^%w%+/]", "")
-  local out, n = {}, 0
-  for i = 1, #s, 4 do
-    local a, b = B64_DEC[s:sub(i, i)], B64_DEC[s:sub(i + 1, i + 1)]
-    local c, d = B64_DEC[s:sub(i + 2, i + 2)], B64_DEC[s:sub(i + 3, i + 3)]
-    if not (a and b) then break end
-    local v = (a << 18) | (b << 12) | ((c or 0) << 6) | (d or 0)
+  local len = #s
+  local i = 1
+  while i <= len do
+    local a, b, c, d = string_byte(s, i, i + 3)
+    local va, vb = B64_DEC[a], B64_DEC[b]
+    if va == nil or vb == nil then return nil end
+    local vc, vd = c and B64_DEC[c], d and B64_DEC[d]
+    if (c and vc == nil) or (d and vd == nil) then return nil end
+    local v = va * 262144 + vb * 4096 + (vc or 0) * 64 + (vd or 0)
     n = n + 1
     if d then
-      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255, v & 255)
+      out[n] = string_char(v >> 16, (v >> 8) & 255, v & 255)
     elseif c then
-      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255)
+      out[n] = string_char(v >> 16, (v >> 8) & 255)
     else
-      out[n] = string_char((v >> 16) & 255)
+      out[n] = string_char(v >> 16)
     end
+    i = i + 4
   end
   return table_concat(out)
 end
-_M.b64_decode = b64_decode
+
+--- Standard base64 encoding with padding.
+-- @tparam string s
+-- @treturn string
+function _M.b64_encode(s)
+  return (s:gsub("..?.?", function(c)
+    local a, b, cc = string_byte(c, 1, 3)
+    local n = a * 65536 + (b or 0) * 256 + (cc or 0)
+    local function at(i) return B64:sub(i + 1, i + 1) end
+    return at(n >> 18) .. at((n >> 12) & 63) .. (b and at((n >> 6) & 63) or "=") .. (cc and at(n & 63) or "=")
+  end))
+end
+
+--- A shallow copy of a table.
+-- @tparam table t
+-- @treturn table
+function _M.copy(t)
+  local out = {}
+  for k, v in pairs(t) do out[k] = v end
+  return out
+end
 
 return _M

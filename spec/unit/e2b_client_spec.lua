@@ -55,6 +55,7 @@ end
 local function load(fake)
   package.loaded["warmbox.core"] = fake.core
   package.loaded["warmbox.e2b"] = nil
+  package.loaded["warmbox.e2b.sandbox"] = nil
   return require "warmbox.e2b"
 end
 
@@ -469,7 +470,7 @@ insulate("warmbox.e2b", function()
     local function env(flags, t)
       return { cjson.encode(t), flags }
     end
-    local function b64(x) return e2b.base64_encode(x) end
+    local function b64(x) return require("warmbox.util").b64_encode(x) end
 
     it("run_command collects and streams output from Process.Start", function()
       push{ frames = {
@@ -696,7 +697,7 @@ end)
 describe("warmbox.e2b environment defaults", function()
   local function run(env, code)
     local cmd = ("env -u E2B_API_KEY -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_DOMAIN %s lua5.4 -e %q 2>&1"):format(
-      env, "package.path = 'lua/?.lua;' .. package.path; package.cpath = " .. ("%q"):format(package.cpath)
+      env, "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; package.cpath = " .. ("%q"):format(package.cpath)
         .. " .. ';' .. package.cpath; " .. code)
     local p = assert(io.popen(cmd))
     local out = p:read("a")

@@ -1,0 +1,522 @@
+--- warmbox.e2b: an E2B client (control plane and data plane) over warmbox.core.
+--
+-- Runtime failures return `nil, message, CODE, detail` where `detail` is
+-- `{ status = <http status>, message = <E2B's message> }`; misuse (wrong
+-- argument types, unknown option keys) raises. Tables use snake_case.
+--
+-- Iterators (`list`, `list_pages`) yield `false, message, code, token, detail`
+-- on an error: `false` rather than `nil` so that a generic `for` loop sees the
+-- error instead of silently stopping.
+--
+-- The data plane lives in `warmbox.e2b.sandbox`, the wire encodings in
+-- `warmbox.e2b.wire`; this module is the client and the control plane.
+-- @module warmbox.e2b
+local core = require "warmbox.core"
+local json = require "warmbox.json"
+local errors = require "warmbox.errors"
+local util = require "warmbox.util"
+local wire = require "warmbox.e2b.wire"
+local sandbox_mod = require "warmbox.e2b.sandbox"
+
+local type, pairs, ipairs, tostring, setmetatable, getmetatable, error, next =
+  type, pairs, ipairs, tostring, setmetatable, getmetatable, error, next
+local table_concat = table.concat
+local math_ceil = math.ceil
+local os_getenv = os.getenv
+
+local _M = { _VERSION = "0.1.0" }
+
+local DEFAULT_DOMAIN = "e2b.app"
+local DEFAULT_SANDBOX_TIMEOUT = 300
+
+local Client = { __name = "warmbox.e2b.Client" }
+Client.__index = Client
+local argcheck, opt_table, check_type, check_string_map =
+  errors.argcheck, errors.opt_table, errors.check_type, errors.check_string_map
+local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
+local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
+local sandbox_new = sandbox_mod.new
+
+-- ======================================================================
+-- The client
+-- ======================================================================
+
+local client_fields = { "api_key", "api_url", "sandbox_url", "domain", "request_timeout", "retries",
+  "connect_timeout", "proxy", "ca_file", "user_agent", "max_connections" }
+
+--- Creates a client.
+-- @tparam[opt] table opts `api_key` (default `E2B_API_KEY`), `api_url` (`E2B_API_URL`, else
+--   `https://api.<domain>`), `sandbox_url` (`E2B_SANDBOX_URL`, else the per-port host
+--   `https://<port>-<id>.<domain>`), `domain` (`E2B_DOMAIN`, default `e2b.app`),
+--   `request_timeout` (60 s), `retries` (3: attempts after the first for idempotent calls),
+--   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`.
+-- @treturn warmbox.e2b.Client
+function _M.new(opts)
+  opts = opt_table(opts, 1, "new")
+  errors.check_fields(opts, client_fields, "e2b.new", 2)
+  for _, k in ipairs({ "api_key", "api_url", "sandbox_url", "domain", "ca_file", "user_agent" }) do
+    check_type(opts[k], "string", k, 2)
+  end
+  for _, k in ipairs({ "request_timeout", "retries", "connect_timeout", "max_connections" }) do
+    check_type(opts[k], "number", k, 2)
+  end
+  if opts.proxy ~= nil and opts.proxy ~= false then check_type(opts.proxy, "string", "proxy", 2) end
+  local function env(name)
+    local s = os_getenv(name)
+    if s == "" then return nil end
+    return s
+  end
+  local api_key = opts.api_key or env("E2B_API_KEY")
+  if not api_key or api_key == "" then
+    error("an api_key is required (option 'api_key' or E2B_API_KEY)", 2)
+  end
+  local domain = opts.domain or env("E2B_DOMAIN") or DEFAULT_DOMAIN
+  local api_url = opts.api_url or env("E2B_API_URL") or ("https://api." .. domain)
+  local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
+  local retries = opts.retries or 3
+  if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
+    error("bad option 'retries' to 'new' (integer 0..100 expected, got " .. tostring(retries) .. ")", 2)
+  end
+  for _, k in ipairs({ "request_timeout", "connect_timeout" }) do
+    local t = opts[k]
+    if t ~= nil and not (t > 0 and t <= 86400) then
+      error(("bad option '%s' to 'new' (seconds in (0, 86400] expected, got %s)"):format(k, tostring(t)), 2)
+    end
+  end
+  if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
+    error("bad option 'max_connections' to 'new' (1..10000 expected, got " .. tostring(opts.max_connections) .. ")", 2)
+  end
+  local http, msg = core.http{
+    timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
+    proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
+    user_agent = opts.user_agent or ("warmbox/" .. _M._VERSION),
+  }
+  if not http then error("cannot create the http client: " .. tostring(msg), 2) end
+  local self = {
+    api_url = (api_url:gsub("/+$", "")),
+    sandbox_url = sandbox_url and (sandbox_url:gsub("/+$", "")) or nil,
+    domain = domain,
+    request_timeout = opts.request_timeout or 60,
+    http = http,
+    retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
+    retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
+    retry_create = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, refused = { 429, 503 } },
+    -- An execute answered 429/503 (before any stream byte) was not accepted.
+    exec_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = {},
+      refused = { 429, 503 } },
+    -- The data plane: a 502 from the sandbox proxy means the sandbox is gone
+    -- or paused, not a passing failure, so it is not retried.
+    dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },
+    dp_retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true,
+      statuses = { 429, 503, 504 } },
+    -- The key lives only in this header table, never in messages.
+    api_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json" },
+    json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
+      ["Content-Type"] = "application/json" },
+  }
+  return setmetatable(self, Client)
+end
+
+function Client:__tostring()
+  return ("warmbox.e2b.Client: %s"):format(self.api_url)
+end
+
+--- Closes the client's connections (idempotent).
+function Client:close()
+  self.http:close()
+end
+Client.__close = Client.close
+
+local function check_client(self, fname)
+  if getmetatable(self) ~= Client then
+    error(("bad argument #1 to '%s' (warmbox.e2b.Client expected, got %s)"):format(fname, type(self)), 3)
+  end
+end
+
+-- A control-plane call; returns res (any status) or nil, msg, code, detail.
+local function api(self, method, path, body, what, idempotent, retry)
+  local req = {
+    method = method, url = self.api_url .. path,
+    headers = body ~= nil and self.json_headers or self.api_headers,
+    retry = retry or (idempotent and self.retry_idem or self.retry),
+  }
+  if body ~= nil then
+    local s, err = json.encode(body)
+    if not s then return nil, what .. ": cannot encode the request: " .. tostring(err), "BAD_REQUEST" end
+    req.body = s
+  end
+  local res, msg, code, sent = self.http:request(req)
+  if not res then return transport_failure(what, msg, code, sent) end
+  return res
+end
+
+local function check_id(id, n, fname)
+  if type(id) == "table" then id = id.sandbox_id end
+  argcheck(type(id) == "string" and id ~= "", n, fname, "sandbox id expected, got " .. type(id))
+  return id
+end
+
+local create_fields = { "template", "timeout", "metadata", "env_vars", "lifecycle", "secure",
+  "allow_internet_access", "network" }
+local lifecycle_fields = { "on_timeout", "auto_resume", "keep_memory" }
+
+--- Builds the create body (exposed for specs).
+-- @return[1] table the body
+-- @return[2] nil, msg, "BAD_REQUEST"
+function _M.create_body(opts)
+  local body = { templateID = opts.template or "base" }
+  local timeout = opts.timeout or DEFAULT_SANDBOX_TIMEOUT
+  if timeout <= 0 then return nil, "create: timeout must be greater than 0", "BAD_REQUEST" end
+  body.timeout = math_ceil(timeout)
+  body.secure = opts.secure ~= false
+  body.allow_internet_access = opts.allow_internet_access ~= false
+  if opts.metadata ~= nil then body.metadata = util.copy(opts.metadata) end
+  if opts.env_vars ~= nil then body.envVars = util.copy(opts.env_vars) end
+  if opts.network ~= nil then body.network = opts.network end
+  local lc = opts.lifecycle
+  if lc ~= nil then
+    local on_timeout, auto_resume, keep_memory = lc.on_timeout, lc.auto_resume, lc.keep_memory
+    if on_timeout ~= nil and on_timeout ~= "pause" and on_timeout ~= "kill" then
+      return nil, "create: lifecycle.on_timeout must be 'pause' or 'kill'", "BAD_REQUEST"
+    end
+    if auto_resume and on_timeout ~= "pause" then
+      return nil, "create: lifecycle.auto_resume requires on_timeout 'pause'", "BAD_REQUEST"
+    end
+    if keep_memory ~= nil and on_timeout ~= "pause" then
+      return nil, "create: lifecycle.keep_memory requires on_timeout 'pause'", "BAD_REQUEST"
+    end
+    if keep_memory == false and auto_resume then
+      return nil, "create: lifecycle.keep_memory = false cannot be combined with auto_resume", "BAD_REQUEST"
+    end
+    if on_timeout ~= nil then body.autoPause = on_timeout == "pause" end
+    if keep_memory ~= nil then body.autoPauseMemory = keep_memory end
+    if auto_resume ~= nil then body.autoResume = { enabled = auto_resume } end
+  end
+  return body
+end
+
+--- Creates a sandbox.
+-- @tparam[opt] table opts `template` ("base"), `timeout` (300 s), `metadata`, `env_vars`,
+--   `lifecycle = { on_timeout = "pause"|"kill", auto_resume, keep_memory }`, `secure` (true),
+--   `allow_internet_access` (true), `network` (passed through).
+-- @treturn[1] table sandbox `{ sandbox_id, template_id, client_id, envd_version,
+--   envd_access_token, domain, alias }`
+-- @return[2] nil, msg, code, detail
+function Client:create(opts)
+  check_client(self, "create")
+  opts = opt_table(opts, 1, "create")
+  errors.check_fields(opts, create_fields, "create", 2)
+  check_type(opts.template, "string", "template", 2)
+  check_type(opts.timeout, "number", "timeout", 2)
+  check_string_map(opts.metadata, "metadata", 2)
+  check_string_map(opts.env_vars, "env_vars", 2)
+  check_type(opts.secure, "boolean", "secure", 2)
+  check_type(opts.allow_internet_access, "boolean", "allow_internet_access", 2)
+  check_type(opts.network, "table", "network", 2)
+  check_type(opts.lifecycle, "table", "lifecycle", 2)
+  if opts.lifecycle then
+    errors.check_fields(opts.lifecycle, lifecycle_fields, "lifecycle", 2)
+    check_type(opts.lifecycle.on_timeout, "string", "lifecycle.on_timeout", 2)
+    check_type(opts.lifecycle.auto_resume, "boolean", "lifecycle.auto_resume", 2)
+    check_type(opts.lifecycle.keep_memory, "boolean", "lifecycle.keep_memory", 2)
+  end
+  local body, msg, code = _M.create_body(opts)
+  if not body then return nil, msg, code, errors.detail(nil, msg) end
+  -- E2B's 429 (and a 503) on create means nothing was created: retried,
+  -- honouring Retry-After within the retry budget.
+  local res, m2, c2, d2 = api(self, "POST", "/sandboxes", body, "create sandbox", false, self.retry_create)
+  if not res then return nil, m2, c2, d2 end
+  if res.status ~= 201 and res.status ~= 200 then
+    return http_failure(res, "create sandbox")
+  end
+  local t, m3, c3, d3 = decode_body(res, "create sandbox")
+  if not t then return nil, m3, c3, d3 end
+  return to_sandbox(t), nil
+end
+
+local list_fields = { "state", "metadata", "limit", "order", "next_token", "template", "started_after" }
+
+--- Builds the `/v2/sandboxes` URL path and query (exposed for specs).
+function _M.list_path(opts)
+  local q = {}
+  local state = opts.state
+  if type(state) == "table" then
+    if #state > 0 then q[#q + 1] = "state=" .. table_concat(state, ",") end
+  elseif type(state) == "string" then
+    q[#q + 1] = "state=" .. state
+  end
+  if opts.metadata and next(opts.metadata) ~= nil then
+    q[#q + 1] = "metadata=" .. _M.encode_metadata(opts.metadata)
+  end
+  if opts.limit then q[#q + 1] = "limit=" .. tostring(math.floor(opts.limit)) end
+  if opts.order then q[#q + 1] = "order=" .. uri_component(opts.order) end
+  if opts.template then q[#q + 1] = "template=" .. uri_component(opts.template) end
+  if opts.started_after then q[#q + 1] = "startedAfter=" .. uri_component(opts.started_after) end
+  if #q == 0 then return "/v2/sandboxes" end
+  return "/v2/sandboxes?" .. table_concat(q, "&")
+end
+
+local function check_list_opts(opts)
+  errors.check_fields(opts, list_fields, "list", 2)
+  if opts.state ~= nil and type(opts.state) ~= "string" then
+    if type(opts.state) ~= "table" then error("option 'state' must be a string or a list", 3) end
+    for _, s in ipairs(opts.state) do
+      if type(s) ~= "string" then error("option 'state' must list strings", 3) end
+    end
+  end
+  check_string_map(opts.metadata, "metadata", 3)
+  check_type(opts.limit, "number", "limit", 3)
+  check_type(opts.order, "string", "order", 3)
+  check_type(opts.next_token, "string", "next_token", 3)
+  check_type(opts.template, "string", "template", 3)
+  check_type(opts.started_after, "string", "started_after", 3)
+end
+
+-- Exact client-side re-check of the metadata filter: a loose server must
+-- never hand one tenant's sandbox to another.
+local function metadata_matches(item, filter)
+  if not filter then return true end
+  local m = item.metadata or {}
+  for k, x in pairs(filter) do
+    if m[k] ~= x then return false end
+  end
+  return true
+end
+
+--- Iterates over pages of listed sandboxes.
+-- `for items, token_used, next_token in c:list_pages(opts) do ... end`; on an
+-- error the loop gets `false, msg, code, token, detail` and then stops.
+function Client:list_pages(opts)
+  check_client(self, "list_pages")
+  opts = opt_table(opts, 1, "list_pages")
+  check_list_opts(opts)
+  local filter = opts.metadata and util.copy(opts.metadata)
+  local pages = self.http:pages{
+    url = self.api_url .. _M.list_path(opts), headers = self.api_headers,
+    next_token = opts.next_token, retry = self.retry,
+  }
+  local finished = false
+  return function()
+    if finished then return nil end
+    local body, token, res, extra1, extra2 = pages()
+    if body == nil then
+      finished = true
+      return nil
+    end
+    if body == false then
+      finished = true
+      local msg, code = token, res
+      if extra2 then
+        local _, m, c, d = http_failure(extra2, "list sandboxes")
+        return false, m, c, extra1, d
+      end
+      local _, m, c, d = transport_failure("list sandboxes", msg, code)
+      return false, m, c, extra1, d
+    end
+    local arr, err = json.decode(body)
+    if type(arr) ~= "table" then
+      finished = true
+      return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", token,
+        errors.detail(res.status, body)
+    end
+    local items = {}
+    for _, t in ipairs(arr) do
+      local d = to_detail(t)
+      if metadata_matches(d, filter) then items[#items + 1] = d end
+    end
+    local nxt = res.headers["x-next-token"]
+    if nxt == "" then nxt = nil end
+    return items, token or false, nxt
+  end
+end
+
+--- Iterates over listed sandboxes, following every page.
+-- @tparam[opt] table opts `state` ("running", "paused" or a list; default both),
+--   `metadata` (exact AND filter, re-checked client-side), `limit` (page size, 1..100),
+--   `order` ("asc"|"desc"), `next_token` (resume from a page), `template`, `started_after`.
+-- @return an iterator: `for item in c:list(opts) do ... end`; on an error the loop
+--   gets `false, msg, code, token (the page it failed at), detail`, then stops.
+function Client:list(opts)
+  check_client(self, "list")
+  local pages = self:list_pages(opts)
+  local items, i = nil, 0
+  local finished = false
+  return function()
+    while not finished do
+      if items and i < #items then
+        i = i + 1
+        return items[i]
+      end
+      local page, a, b, c, d = pages()
+      if page == nil then
+        finished = true
+        return nil
+      end
+      if page == false then
+        finished = true
+        return false, a, b, c, d
+      end
+      items, i = page, 0
+    end
+    return nil
+  end
+end
+
+--- Lists every matching sandbox (all pages).
+-- @treturn[1] table items
+-- @return[2] nil, msg, code, detail
+function Client:list_all(opts)
+  check_client(self, "list_all")
+  local out = {}
+  for item, msg, code, _, detail in self:list(opts) do
+    if item == false then return nil, msg, code, detail end
+    out[#out + 1] = item
+  end
+  return out
+end
+
+--- Details of one sandbox (running or paused).
+-- @treturn[1] table detail (see the module doc for the fields)
+-- @return[2] nil, msg, code, detail ("NOT_FOUND" when unknown)
+function Client:info(id)
+  check_client(self, "info")
+  id = check_id(id, 1, "info")
+  local what = ("info of sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "GET", "/sandboxes/" .. uri_component(id), nil, what)
+  if not res then return nil, msg, code, d end
+  if res.status ~= 200 then
+    return http_failure(res, what, false, ("sandbox '%s' not found"):format(id))
+  end
+  local t, m2, c2, d2 = decode_body(res, what)
+  if not t then return nil, m2, c2, d2 end
+  return to_detail(t)
+end
+
+--- Connects to a sandbox, resuming it when paused.
+-- @tparam string id
+-- @tparam[opt] table opts `timeout` (300 s: the lease from now)
+-- @treturn[1] table sandbox
+-- @treturn[1] boolean resumed (true when it was paused: HTTP 201)
+-- @return[2] nil, msg, code, detail
+function Client:connect(id, opts)
+  check_client(self, "connect")
+  id = check_id(id, 1, "connect")
+  opts = opt_table(opts, 2, "connect")
+  errors.check_fields(opts, { "timeout" }, "connect", 2)
+  check_type(opts.timeout, "number", "timeout", 2)
+  local timeout = opts.timeout or DEFAULT_SANDBOX_TIMEOUT
+  if timeout < 0 then error("option 'timeout' must be >= 0", 2) end
+  local what = ("connect to sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/connect",
+    { timeout = math_ceil(timeout) }, what, true)
+  if not res then return nil, msg, code, d end
+  if res.status ~= 200 and res.status ~= 201 then
+    return http_failure(res, what, false, ("sandbox '%s' not found"):format(id))
+  end
+  local t, m2, c2, d2 = decode_body(res, what)
+  if not t then return nil, m2, c2, d2 end
+  return to_sandbox(t), res.status == 201
+end
+
+--- Pauses a sandbox (synchronous).
+-- @tparam string id
+-- @tparam[opt] table opts `memory` (true: keep memory; false: filesystem only)
+-- @treturn[1] boolean true when paused, false when it was already paused
+-- @return[2] nil, msg, code, detail
+function Client:pause(id, opts)
+  check_client(self, "pause")
+  id = check_id(id, 1, "pause")
+  opts = opt_table(opts, 2, "pause")
+  errors.check_fields(opts, { "memory" }, "pause", 2)
+  check_type(opts.memory, "boolean", "memory", 2)
+  local what = ("pause sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/pause",
+    { memory = opts.memory ~= false }, what)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  if res.status == 409 then return false end
+  return http_failure(res, what, false, ("sandbox '%s' not found"):format(id))
+end
+
+--- Kills a sandbox (running or paused).
+-- @treturn[1] boolean true when killed, false when it was already gone
+-- @return[2] nil, msg, code, detail
+function Client:kill(id)
+  check_client(self, "kill")
+  id = check_id(id, 1, "kill")
+  local what = ("kill sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "DELETE", "/sandboxes/" .. uri_component(id), nil, what)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  if res.status == 404 then return false end
+  return http_failure(res, what)
+end
+
+--- Kills many sandboxes in parallel (libcurl's multi interface, bounded).
+-- Not in HACKING's contract: an extension `warmbox.gc` uses when present.
+-- @tparam table ids sandbox ids (or sandbox tables)
+-- @tparam[opt] table opts `concurrency` (8)
+-- @treturn table one entry per id, in order: `{ true }` (killed), `{ false }` (already gone)
+--   or `{ nil, msg, code, detail }`
+function Client:kill_many(ids, opts)
+  check_client(self, "kill_many")
+  argcheck(type(ids) == "table", 1, "kill_many", "table expected, got " .. type(ids))
+  opts = opt_table(opts, 2, "kill_many")
+  errors.check_fields(opts, { "concurrency" }, "kill_many", 2)
+  check_type(opts.concurrency, "number", "concurrency", 2)
+  local reqs, list = {}, {}
+  for i, id in ipairs(ids) do
+    id = check_id(id, 1, "kill_many")
+    list[i] = id
+    reqs[i] = { method = "DELETE", url = self.api_url .. "/sandboxes/" .. uri_component(id),
+      headers = self.api_headers, retry = self.retry }
+  end
+  local out = {}
+  if #reqs == 0 then return out end
+  local results = self.http:batch(reqs, { concurrency = opts.concurrency or 8 })
+  for i, r in ipairs(results) do
+    local what = ("kill sandbox '%s'"):format(list[i])
+    local res = r[1]
+    if not res then
+      out[i] = { transport_failure(what, r[2], r[3], r[4]) }
+    elseif res.status == 204 or res.status == 200 then
+      out[i] = { true }
+    elseif res.status == 404 then
+      out[i] = { false }
+    else
+      out[i] = { http_failure(res, what) }
+    end
+  end
+  return out
+end
+
+--- Sets a running sandbox's lease: it ends `seconds` from now.
+-- @treturn[1] boolean true
+-- @return[2] nil, msg, code, detail ("NOT_FOUND" also when paused)
+function Client:set_timeout(id, seconds)
+  check_client(self, "set_timeout")
+  id = check_id(id, 1, "set_timeout")
+  argcheck(type(seconds) == "number" and seconds >= 0, 2, "set_timeout", "number >= 0 expected")
+  local what = ("set the timeout of sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/timeout",
+    { timeout = math_ceil(seconds) }, what, true)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  return http_failure(res, what, false, ("sandbox '%s' not found or not running"):format(id))
+end
+
+--- A data-plane handle on a sandbox (see `warmbox.e2b.sandbox`).
+-- @tparam table|string sb a sandbox table (from create/connect/info) or an id
+-- @tparam[opt] table opts `access_token` (default `sb.envd_access_token`), `user`, `traffic_token`
+-- @treturn warmbox.e2b.Sandbox
+function Client:sandbox(sb, opts)
+  check_client(self, "sandbox")
+  return sandbox_new(self, sb, opts)
+end
+
+--- Re-exported from `warmbox.e2b.wire` and `warmbox.e2b.sandbox`.
+_M.encode_metadata = wire.encode_metadata
+_M.EXEC_GRACE = sandbox_mod.EXEC_GRACE
+_M.Client = Client
+_M.Sandbox = sandbox_mod.Sandbox
+return _M
