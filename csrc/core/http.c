@@ -1063,109 +1063,6 @@ static int warmbox_http_batch(lua_State *L) {
 }
 
 /* ======================================================================
- * h:pages{url, headers, next_token, timeout, retry}
- * ====================================================================== */
-
-static const char *const warmbox_pages_fields[] = {"url", "headers", "next_token", "timeout",
-  "connect_timeout", "retry", NULL};
-
-/* upvalues: 1 client, 2 options, 3 token (string|nil), 4 done (boolean) */
-static int warmbox_pages_next(lua_State *L) {
-  const char *url;
-  char *esc;
-  if (lua_toboolean(L, lua_upvalueindex(4))) return 0;
-  warmbox_check_http(L, lua_upvalueindex(1));
-  lua_settop(L, 0);
-  lua_pushcfunction(L, warmbox_http_request);  /* 1 */
-  lua_pushvalue(L, lua_upvalueindex(1));       /* 2 */
-  lua_createtable(L, 0, 6);                    /* 3: the request */
-  lua_getfield(L, lua_upvalueindex(2), "url");
-  url = lua_tostring(L, -1);
-  if (lua_isstring(L, lua_upvalueindex(3))) {
-    size_t tl;
-    const char *tok = lua_tolstring(L, lua_upvalueindex(3), &tl);
-    esc = curl_easy_escape(NULL, tok, (int)tl);
-    if (!esc) return luaL_error(L, "out of memory");
-    lua_pushfstring(L, "%s%snextToken=%s", url, strchr(url, '?') ? "&" : "?", esc);
-    curl_free(esc);
-    lua_replace(L, -2);
-  }
-  lua_setfield(L, 3, "url");
-  lua_getfield(L, lua_upvalueindex(2), "headers");
-  lua_setfield(L, 3, "headers");
-  lua_getfield(L, lua_upvalueindex(2), "timeout");
-  lua_setfield(L, 3, "timeout");
-  lua_getfield(L, lua_upvalueindex(2), "connect_timeout");
-  lua_setfield(L, 3, "connect_timeout");
-  lua_getfield(L, lua_upvalueindex(2), "retry");
-  lua_setfield(L, 3, "retry");
-  lua_call(L, 2, 3);                           /* 1..3: res | nil, msg, code */
-  if (lua_isnil(L, 1)) {
-    lua_pushboolean(L, 1);
-    lua_replace(L, lua_upvalueindex(4));
-    /* false, not nil: a generic for stops on nil and would lose the error. */
-    lua_pushboolean(L, 0);
-    lua_replace(L, 1);
-    lua_pushvalue(L, lua_upvalueindex(3));     /* 4: the token it failed at */
-    return 4;
-  }
-  lua_settop(L, 1);                            /* 1: res */
-  lua_getfield(L, 1, "status");
-  {
-    lua_Integer st = lua_tointeger(L, -1);
-    lua_pop(L, 1);
-    if (st < 200 || st > 299) {
-      lua_pushboolean(L, 1);
-      lua_replace(L, lua_upvalueindex(4));
-      lua_pushboolean(L, 0);                   /* 2 */
-      lua_pushfstring(L, "http status %d", (int)st);
-      lua_pushliteral(L, "HTTP");
-      lua_pushvalue(L, lua_upvalueindex(3));
-      lua_pushvalue(L, 1);                     /* the response, for the caller's mapping */
-      return 5;
-    }
-  }
-  lua_getfield(L, 1, "body");                  /* 2 */
-  lua_pushvalue(L, lua_upvalueindex(3));       /* 3: the token used */
-  lua_pushvalue(L, 1);                         /* 4: res */
-  lua_getfield(L, 1, "headers");
-  lua_getfield(L, -1, "x-next-token");
-  if (lua_isstring(L, -1) && lua_rawlen(L, -1) > 0) {
-    lua_replace(L, lua_upvalueindex(3));
-  } else {
-    lua_pushboolean(L, 1);
-    lua_replace(L, lua_upvalueindex(4));
-  }
-  lua_settop(L, 4);
-  return 3;
-}
-
-static int warmbox_http_pages(lua_State *L) {
-  size_t len;
-  const char *tok;
-  warmbox_check_http(L, 1);
-  luaL_checktype(L, 2, LUA_TTABLE);
-  warmbox_check_fields(L, 2, "pages", warmbox_pages_fields);
-  if (!warmbox_opt_string(L, 2, "url", &len, "pages")) luaL_error(L, "pages option 'url' is required");
-  tok = warmbox_opt_string(L, 2, "next_token", &len, "pages");
-  lua_settop(L, 2);
-  /* Copy the options: the caller's table is never kept or mutated. */
-  lua_createtable(L, 0, 6);
-  lua_pushnil(L);
-  while (lua_next(L, 2)) {
-    lua_pushvalue(L, -2);
-    lua_insert(L, -2);
-    lua_rawset(L, 3);
-  }
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 3);
-  if (tok && len > 0) lua_pushlstring(L, tok, len); else lua_pushnil(L);
-  lua_pushboolean(L, 0);
-  lua_pushcclosure(L, warmbox_pages_next, 4);
-  return 1;
-}
-
-/* ======================================================================
  * Lifecycle
  * ====================================================================== */
 
@@ -1378,7 +1275,6 @@ void warmbox_xfer_destroy(warmbox_xfer *x) {
 static const luaL_Reg warmbox_http_methods[] = {
   {"request", warmbox_http_request},
   {"batch", warmbox_http_batch},
-  {"pages", warmbox_http_pages},
   {"close", warmbox_http_close},
   {NULL, NULL}
 };

@@ -68,7 +68,6 @@ describe("warmbox.Http", function()
     assert.has_error(function() h:request{ url = "http://127.0.0.1:1/" } end,
       "attempt to use a closed warmbox.Http")
     assert.has_error(function() h:batch({}) end, "attempt to use a closed warmbox.Http")
-    assert.has_error(function() h:pages{ url = "http://127.0.0.1:1/" } end, "attempt to use a closed warmbox.Http")
   end)
 
   it("closes on scope exit (__close)", function()
@@ -116,7 +115,6 @@ describe("warmbox.Http", function()
     assert.has_error(function() h:batch({ { url = "http://x/", stream = "lines", on_chunk = print } }) end,
       "streaming is not supported in a batch")
     assert.has_error(function() h:batch({}, { conc = 1 }) end, "unknown batch option 'conc'")
-    assert.has_error(function() h:pages{ url = "http://x/", limit = 1 } end, "unknown pages option 'limit'")
     h:close()
   end)
 
@@ -158,18 +156,6 @@ describe("warmbox.Http", function()
       assert.equals("TRANSPORT", r[3])
       assert.truthy(r[2]:find(i == 1 and "/a" or "/b", 1, true))
     end
-    h:close()
-  end)
-
-  it("pages yields false, msg, code, token on a transport error", function()
-    local h = core.http{}
-    local it = h:pages{ url = "http://127.0.0.1:1/v2/sandboxes", next_token = "tok", retry = false }
-    local ok, msg, code, token = it()
-    assert.equals(false, ok)
-    assert.equals("TRANSPORT", code)
-    assert.equals("tok", token)
-    assert.truthy(msg:find("127.0.0.1:1/v2/sandboxes", 1, true))
-    assert.is_nil(it())
     h:close()
   end)
 end)

@@ -23,27 +23,6 @@ local function fake_core()
     if r.fail then return nil, r.fail[1], r.fail[2], r.fail[3] end
     return { status = r.status or 200, headers = r.headers or {}, body = r.body or "", attempts = 1 }
   end
-  function Http:pages(o) -- luacheck: ignore self
-    local token, done = o.next_token, false
-    return function()
-      if done then return nil end
-      local url = o.url
-      if token then url = url .. (url:find("?", 1, true) and "&" or "?") .. "nextToken=" .. token end
-      local res, msg, code = self:request{ method = "GET", url = url, headers = o.headers }
-      local used = token
-      if not res then
-        done = true
-        return false, msg, code, used
-      end
-      if res.status < 200 or res.status > 299 then
-        done = true
-        return false, "http status " .. res.status, "HTTP", used, res
-      end
-      token = res.headers["x-next-token"]
-      if not token then done = true end
-      return res.body, used, res
-    end
-  end
   function Http:close() end -- luacheck: ignore self
   fake.core = { _VERSION = "0.1.0", http = function(opts)
     fake.http_opts = opts
@@ -295,6 +274,16 @@ insulate("warmbox.e2b", function()
       assert.equals(1, #items)
       assert.equals(false, used)
       assert.equals("n1", nxt)
+      -- a page resumed from a token: the token is escaped into the query, the retry policy kept
+      push{ body = cjson.encode({ item("b") }) }
+      it = c:list_pages{ limit = 1, next_token = "a/b+c=" }
+      items, used, nxt = it()
+      assert.equals("b", items[1].sandbox_id)
+      assert.equals("a/b+c=", used)
+      assert.is_nil(nxt)
+      assert.equals("http://api.test/v2/sandboxes?limit=1&nextToken=a%2Fb%2Bc%3D", last().url)
+      assert.equals("GET", last().method)
+      assert.is_nil(it())
     end)
 
     it("raises on misuse", function()
@@ -697,8 +686,8 @@ end)
 describe("warmbox.e2b environment defaults", function()
   local function run(env, code)
     local cmd = ("env -u E2B_API_KEY -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_DOMAIN %s lua5.4 -e %q 2>&1"):format(
-      env, "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; package.cpath = " .. ("%q"):format(package.cpath)
-        .. " .. ';' .. package.cpath; " .. code)
+      env, "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; package.cpath = "
+        .. ("%q"):format(package.cpath) .. " .. ';' .. package.cpath; " .. code)
     local p = assert(io.popen(cmd))
     local out = p:read("a")
     p:close()

@@ -291,42 +291,44 @@ function Client:list_pages(opts)
   opts = opt_table(opts, 1, "list_pages")
   check_list_opts(opts)
   local filter = opts.metadata and util.copy(opts.metadata)
-  local pages = self.http:pages{
-    url = self.api_url .. _M.list_path(opts), headers = self.api_headers,
-    next_token = opts.next_token, retry = self.retry,
-  }
+  local base = self.api_url .. _M.list_path(opts)
+  local token = opts.next_token
+  if token == "" then token = nil end
   local finished = false
+  -- E2B pages with a `nextToken` query parameter and the `x-next-token`
+  -- response header; the transport knows nothing of either.
   return function()
     if finished then return nil end
-    local body, token, res, extra1, extra2 = pages()
-    if body == nil then
-      finished = true
-      return nil
+    local used, url = token, base
+    if used then url = url .. (url:find("?", 1, true) and "&" or "?") .. "nextToken=" .. uri_component(used) end
+    local res, msg, code, sent = self.http:request{ method = "GET", url = url, headers = self.api_headers,
+      retry = self.retry }
+    local _, m, c, d
+    if not res then
+      _, m, c, d = transport_failure("list sandboxes", msg, code, sent)
+    elseif res.status < 200 or res.status > 299 then
+      _, m, c, d = http_failure(res, "list sandboxes")
     end
-    if body == false then
+    if m then
       finished = true
-      local msg, code = token, res
-      if extra2 then
-        local _, m, c, d = http_failure(extra2, "list sandboxes")
-        return false, m, c, extra1, d
-      end
-      local _, m, c, d = transport_failure("list sandboxes", msg, code)
-      return false, m, c, extra1, d
+      return false, m, c, used, d
     end
-    local arr, err = json.decode(body)
+    local arr, err = json.decode(res.body)
     if type(arr) ~= "table" then
       finished = true
-      return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", token,
-        errors.detail(res.status, body)
+      return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", used,
+        errors.detail(res.status, res.body)
     end
     local items = {}
     for _, t in ipairs(arr) do
-      local d = to_detail(t)
-      if metadata_matches(d, filter) then items[#items + 1] = d end
+      local dt = to_detail(t)
+      if metadata_matches(dt, filter) then items[#items + 1] = dt end
     end
     local nxt = res.headers["x-next-token"]
     if nxt == "" then nxt = nil end
-    return items, token or false, nxt
+    token = nxt
+    if not nxt then finished = true end
+    return items, used or false, nxt
   end
 end
 
