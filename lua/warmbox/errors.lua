@@ -3,7 +3,7 @@
 -- useful); misuse raises. Codes are stable upper-case tokens.
 -- @module warmbox.errors
 local type, tostring, setmetatable, error = type, tostring, setmetatable, error
-local pairs, ipairs, table_concat, table_sort = pairs, ipairs, table.concat, table.sort
+local pairs, ipairs, string_format, math_type = pairs, ipairs, string.format, math.type
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -14,14 +14,6 @@ _M.codes = {
   TRANSPORT = "TRANSPORT", ABORTED = "ABORTED", HTTP = "HTTP", STREAM_BROKEN = "STREAM_BROKEN",
   POLICY = "POLICY", BUSY = "BUSY",
 }
-
---- Builds a failure: returns `nil, msg, code, detail`.
--- @tparam string msg human-readable, lower case
--- @tparam string code a stable upper-case token
--- @tparam[opt] table detail e.g. `{ status = 404, message = "..." }`
-function _M.new(msg, code, detail)
-  return nil, msg, code, detail
-end
 
 --- The code for an HTTP status.
 -- @tparam integer status
@@ -37,61 +29,106 @@ function _M.code_for_status(status, data_plane)
   return "HTTP"
 end
 
---- Raises a misuse error at the caller's caller (`error(msg, level)`).
-function _M.raise(msg, level)
-  error(msg, (level or 1) + 1)
+-- ------------------------------------------------------------------
+-- Misuse: lauxlib's `bad argument #n to 'f' (...)`, the one vocabulary of
+-- every module's argument and option checks (csrc/core says the same words
+-- through luaL_argerror).
+-- ------------------------------------------------------------------
+
+--- Raises `bad argument #argn to 'fname' (msg)`.
+-- @tparam integer argn
+-- @tparam string fname
+-- @tparam string msg
+-- @tparam[opt=2] integer level as `error`'s, counted from the function that calls this one
+--   (2: that function's caller)
+function _M.bad_argument(argn, fname, msg, level)
+  error(string_format("bad argument #%d to '%s' (%s)", argn, fname, msg), (level or 2) + 1)
+end
+
+--- Raises `bad argument #argn to 'fname' (option 'key': msg)`.
+function _M.bad_option(argn, fname, key, msg, level)
+  error(string_format("bad argument #%d to '%s' (option '%s': %s)", argn, fname, tostring(key), msg),
+    (level or 2) + 1)
 end
 
 --- Raises `bad argument #n to 'fname' (msg)` at the caller's caller unless `cond`.
 function _M.argcheck(cond, n, fname, msg)
-  if not cond then error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), 3) end
+  if not cond then error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), 3) end
 end
 
---- The option table argument #n of `fname`: `{}` for nil; raises for a non-table.
-function _M.opt_table(v, n, fname)
-  if v == nil then return {} end
-  _M.argcheck(type(v) == "table", n, fname, "table expected, got " .. type(v))
-  return v
-end
-
---- Raises unless option `name` is nil or of type `want`.
-function _M.check_type(v, want, name, level)
-  if v ~= nil and type(v) ~= want then
-    error(("option '%s' must be a %s, got %s"):format(name, want, type(v)), level + 1)
-  end
-end
-
---- Raises unless option `name` is nil or a table of strings to strings.
-function _M.check_string_map(t, name, level)
-  if t == nil then return end
-  if type(t) ~= "table" then error(("option '%s' must be a table"):format(name), level + 1) end
-  for k, v in pairs(t) do
-    if type(k) ~= "string" or type(v) ~= "string" then
-      error(("option '%s' must map strings to strings"):format(name), level + 1)
+local function type_ok(v, want)
+  if type(want) ~= "string" then return true end
+  for w in want:gmatch("[^|]+") do
+    if w == "integer" then
+      if math_type(v) == "integer" then return true end
+    elseif w == "map" then
+      if type(v) == "table" then
+        local ok = true
+        for k, x in pairs(v) do
+          if type(k) ~= "string" or type(x) ~= "string" then ok = false break end
+        end
+        if ok then return true end
+      end
+    elseif w == "false" then
+      if v == false then return true end
+    elseif type(v) == w then
+      return true
     end
   end
+  return false
 end
 
---- Raises unless every key of `t` is in `allowed` (a set or a list).
--- @tparam table t the option table
--- @tparam table allowed
--- @tparam string what the name used in the message
--- @tparam[opt] integer level passed to error (default: the caller's caller)
-function _M.check_fields(t, allowed, what, level)
-  local set = allowed
-  if allowed[1] ~= nil then
+-- A list of names becomes a set of "any type" entries (memoised per list).
+local sets = setmetatable({}, { __mode = "k" })
+local function spec_of(spec)
+  if spec[1] == nil then return spec end
+  local set = sets[spec]
+  if not set then
     set = {}
-    for _, k in ipairs(allowed) do set[k] = true end
+    for _, k in ipairs(spec) do set[k] = true end
+    sets[spec] = set
   end
-  for k in pairs(t) do
-    if not set[k] then
-      local names = {}
-      for n in pairs(set) do names[#names + 1] = n end
-      table_sort(names)
-      error(("unknown %s option '%s' (expected one of: %s)"):format(what, tostring(k),
-        table_concat(names, ", ")), (level or 2) + 1)
+  return set
+end
+
+--- Checks the option table argument #argn of `fname`: raises lauxlib's
+-- `bad argument #argn to 'fname' (...)` for a non-table (`table expected, got
+-- T`), an unknown key (`unknown option 'k'`) or a value of the wrong type
+-- (`option 'k': T expected, got U`). Absent options are not checked.
+-- @tparam table|nil t the options
+-- @tparam table spec `{ name = "type" | "type|type" | any other value: any type }` (types:
+--   Lua's, plus "integer", "false" and "map", a table of strings to strings) or a list of names
+-- @tparam string fname the function named in the message
+-- @tparam integer argn the argument's position (as the caller writes it: `o:f(opts)` is #1)
+-- @tparam[opt=2] integer level as `error`'s, counted from the function that calls this one
+-- @tparam[opt] string prefix put before option names (a nested table: "lifecycle.")
+-- @treturn table `t`, or a new empty table for nil
+function _M.check_options(t, spec, fname, argn, level, prefix)
+  level = (level or 2) + 1
+  if t == nil then return {} end
+  if type(t) ~= "table" then
+    error(string_format("bad argument #%d to '%s' (table expected, got %s)", argn, fname, type(t)), level)
+  end
+  spec = spec_of(spec)
+  prefix = prefix or ""
+  for k, v in pairs(t) do
+    local want = spec[k]
+    if want == nil then
+      error(string_format("bad argument #%d to '%s' (unknown option '%s%s')", argn, fname, prefix, tostring(k)),
+        level)
+    end
+    if not type_ok(v, want) then
+      local msg
+      if want == "map" and type(v) == "table" then
+        msg = "a table of strings to strings expected"
+      else
+        msg = string_format("%s expected, got %s", want == "map" and "table" or want:gsub("|", " or "), type(v))
+      end
+      error(string_format("bad argument #%d to '%s' (option '%s%s': %s)", argn, fname, prefix, tostring(k), msg),
+        level)
     end
   end
+  return t
 end
 
 local Detail = { __name = "warmbox.ErrorDetail" }

@@ -35,6 +35,7 @@
 -- many sandboxes (and so sessions) are locked at once.
 -- @module warmbox.gc
 local lock_mod = require "warmbox.lock"
+local errors = require "warmbox.errors"
 local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
 
@@ -66,24 +67,17 @@ _M.last_activity = last_activity
 -- options
 -- ---------------------------------------------------------------------------
 
-local RUN_OPTS = { client = true, tag = true, policy = true, lock = true, clock = true, concurrency = true,
-  dry_run = true, max_age = true }
-local RELEASE_OPTS = { client = true, tag = true, tag_value = true, lock = true }
+local RUN_OPTS = { client = "table|userdata", tag = "string", policy = "table", lock = "string|table|function",
+  clock = "function", concurrency = "number", dry_run = "boolean", max_age = "number" }
+local RELEASE_OPTS = { client = "table|userdata", tag = "string", tag_value = "string",
+  lock = "string|table|function" }
 
+-- Level 3: the caller of run or release.
 local function check_opts(opts, known, fname)
-  if type(opts) ~= "table" then
-    error(fmt("bad argument #1 to '%s' (table expected, got %s)", fname, type(opts)), 3)
-  end
-  for k in pairs(opts) do
-    if not known[k] then error(fmt("bad argument #1 to '%s' (unknown option '%s')", fname, tostring(k)), 3) end
-  end
-  local c = opts.client
-  if (type(c) ~= "table" and type(c) ~= "userdata") then
-    error(fmt("bad argument #1 to '%s' (option 'client' must be an e2b client)", fname), 3)
-  end
-  if opts.tag ~= nil and (type(opts.tag) ~= "string" or opts.tag == "") then
-    error(fmt("bad argument #1 to '%s' (option 'tag' must be a non-empty string)", fname), 3)
-  end
+  if type(opts) ~= "table" then errors.bad_argument(1, fname, "table expected, got " .. type(opts), 3) end
+  errors.check_options(opts, known, fname, 1, 3)
+  if opts.client == nil then errors.bad_option(1, fname, "client", "an e2b client expected", 3) end
+  if opts.tag == "" then errors.bad_option(1, fname, "tag", "a non-empty string expected", 3) end
 end
 
 -- lock: nil (file backend) | "file"/"redis"/"memory" | lock options |
@@ -102,7 +96,7 @@ local function lock_factory(l, fname)
     opts = {}
     for k, v in pairs(l) do opts[k] = v end
   else
-    error(fmt("bad argument #1 to '%s' (option 'lock' must be a string, table or function)", fname), 4)
+    error(fmt("bad argument #1 to '%s' (option 'lock': a string, table or function expected)", fname), 4)
   end
   lock_mod.new(opts) -- validates now: misuse raises here, not in the middle of a pass
   return function() return lock_mod.new(opts) end
@@ -168,16 +162,16 @@ function _M.run(opts)
   local tag = opts.tag or "warmboxSessionId"
   local policy = opts.policy or require "warmbox.policy.default"
   if type(policy) ~= "table" or type(policy.gc) ~= "function" then
-    error("bad argument #1 to 'run' (option 'policy' must be a table with a 'gc' function)", 2)
+    error("bad argument #1 to 'run' (option 'policy': a table with a 'gc' function expected)", 2)
   end
   local clock = opts.clock or os_time
-  if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock' must be a function)", 2) end
+  if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock': a function expected)", 2) end
   local concurrency = opts.concurrency or 8
   if math.type(concurrency) ~= "integer" or concurrency < 1 then
-    error("bad argument #1 to 'run' (option 'concurrency' must be a positive integer)", 2)
+    error("bad argument #1 to 'run' (option 'concurrency': a positive integer expected)", 2)
   end
   local max_age = opts.max_age or 86400
-  if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age' must be a number)", 2) end
+  if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age': a number expected)", 2) end
   local dry_run = opts.dry_run and true or false
   local new_lock = lock_factory(opts.lock, "run")
 
@@ -384,7 +378,7 @@ function _M.release(opts)
   check_opts(opts, RELEASE_OPTS, "release")
   local client, tag, tv = opts.client, opts.tag or "warmboxSessionId", opts.tag_value
   if type(tv) ~= "string" or tv == "" then
-    error("bad argument #1 to 'release' (option 'tag_value' must be a non-empty string)", 2)
+    error("bad argument #1 to 'release' (option 'tag_value': a non-empty string expected)", 2)
   end
   local new_lock = lock_factory(opts.lock, "release")
   local lk = new_lock()

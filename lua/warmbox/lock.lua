@@ -83,9 +83,10 @@
 -- the queue's head starts again from `step` and polls at least every 10 ms,
 -- so a released lock is handed over quickly.
 local core = require "warmbox.core"
+local errors = require "warmbox.errors"
 
-local error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber =
-  error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber
+local error, ipairs, pcall, setmetatable, type, tostring, tonumber =
+  error, ipairs, pcall, setmetatable, type, tostring, tonumber
 local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor, math.ceil
 local concat = table.concat
 local now, sleep = core.now, core.sleep
@@ -133,18 +134,6 @@ local OPTS = {
 }
 local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
 local BACKENDS = { memory = true, file = true, redis = true }
-
-local function check_fields(t, spec, what, level)
-  for k, v in pairs(t) do
-    local want = spec[k]
-    if not want then
-      error(fmt("bad argument #1 to 'new' (unknown option '%s%s')", what, tostring(k)), level)
-    end
-    if type(v) ~= want then
-      error(fmt("bad argument #1 to 'new' (option '%s%s' must be a %s, got %s)", what, k, want, type(v)), level)
-    end
-  end
-end
 
 -- ---------------------------------------------------------------------------
 -- the ticket queue (memory and file backends; redis does the same in a script)
@@ -680,11 +669,7 @@ local impl = { memory = memory, file = file, redis = redis }
 --   wait (function(seconds); default lock.wait), state_ttl (604800, redis),
 --   ttl (10, redis: the key's PX), ticket_ttl (5), keeper (true, redis)
 function _M.new(opts)
-  if opts == nil then opts = {} end
-  if type(opts) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
-  end
-  check_fields(opts, OPTS, "", 3)
+  opts = errors.check_options(opts, OPTS, "new", 1)
   local self = {
     backend = opts.backend or "file",
     dir = opts.dir or "/tmp/warmbox-locks",
@@ -702,9 +687,9 @@ function _M.new(opts)
   if not BACKENDS[self.backend] then
     error("bad argument #1 to 'new' (unknown backend '" .. self.backend .. "')", 2)
   end
-  if self.dir == "" then error("bad argument #1 to 'new' (option 'dir' must not be empty)", 2) end
+  if self.dir == "" then error("bad argument #1 to 'new' (option 'dir': a non-empty string expected)", 2) end
   self.dir = (self.dir:gsub("(.)/+$", "%1"))
-  local function bad(k, what) error("bad argument #1 to 'new' (option '" .. k .. "' must be " .. what .. ")", 3) end
+  local function bad(k, what) errors.bad_option(1, "new", k, "a number " .. what .. " expected", 3) end
   if self.timeout ~= self.timeout or self.timeout < 0 or self.timeout == math.huge then
     bad("timeout", ">= 0 and finite")
   end
@@ -717,7 +702,7 @@ function _M.new(opts)
     bad("ticket_ttl", "in [2 x max_step, 86400]")
   end
   local r = opts.redis or {}
-  check_fields(r, REDIS_OPTS, "redis.", 3)
+  errors.check_options(r, REDIS_OPTS, "new", 1, 2, "redis.")
   self.redis = { host = r.host or "127.0.0.1", port = r.port or 6379, timeout = r.timeout or 5,
                  prefix = r.prefix or "warmbox:" }
   self.impl = impl[self.backend]

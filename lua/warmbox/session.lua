@@ -24,6 +24,7 @@ local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
 local tag_mod = require "warmbox.tag"
 local outputs = require "warmbox.outputs"
+local errors = require "warmbox.errors"
 
 local type, pairs, ipairs, tostring, error, setmetatable, next =
   type, pairs, ipairs, tostring, error, setmetatable, next
@@ -33,6 +34,8 @@ local getmetatable, pcall = getmetatable, pcall
 local os_time = os.time
 
 local _M = { _VERSION = "0.1.0" }
+
+local check_options, bad_option = errors.check_options, errors.bad_option
 
 local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
 _M.HOME, _M.OUTPUT_DIR = HOME, OUTPUT_DIR
@@ -65,22 +68,19 @@ local check_file_name = outputs.check_file_name
 local function normalize_files(files)
   local list = {}
   if files == nil then return list end
-  if type(files) ~= "table" then
-    error("bad option 'files' to 'run' (table expected, got " .. type(files) .. ")", 3)
-  end
   if files[1] ~= nil then
     for i, f in ipairs(files) do
-      if type(f) ~= "table" then error("bad option 'files' to 'run' (entry " .. i .. " is not a table)", 3) end
+      if type(f) ~= "table" then bad_option(2, "run", "files", "entry " .. i .. " is not a table", 3) end
       local content = f.content or f.data
       if type(content) ~= "string" then
-        error("bad option 'files' to 'run' (entry " .. i .. " has no string content)", 3)
+        bad_option(2, "run", "files", "entry " .. i .. " has no string content", 3)
       end
       list[#list + 1] = { name = f.name, content = content }
     end
   else
     for name, content in pairs(files) do
       if type(content) ~= "string" then
-        error("bad option 'files' to 'run' (content of '" .. tostring(name) .. "' is not a string)", 3)
+        bad_option(2, "run", "files", "content of '" .. tostring(name) .. "' is not a string", 3)
       end
       list[#list + 1] = { name = name, content = content }
     end
@@ -93,36 +93,22 @@ local function normalize_files(files)
   return list
 end
 
-local RUN_OPTS = { files = true, language = true, timeout = true, on_stdout = true, on_stderr = true,
-  on_result = true }
-
-local function copy_opts(opts, allowed, fname, level)
-  local out = {}
-  if opts == nil then return out end
-  if type(opts) ~= "table" then
-    error(string_format("bad argument #2 to '%s' (table expected, got %s)", fname, type(opts)), level + 1)
-  end
-  for k, v in pairs(opts) do
-    if not allowed[k] then
-      error(string_format("unknown option '%s' to '%s'", tostring(k), fname), level + 1)
-    end
-    out[k] = v
-  end
-  return out
-end
+local RUN_OPTS = { files = "table", language = "string", timeout = "number", on_stdout = "function",
+  on_stderr = "function", on_result = "function" }
 
 local function is_positive_number(v) return type(v) == "number" and v > 0 and v == v and v < math.huge end
 
 --- Checks the settings shared by `new` here and in warmbox (`exec_timeout`,
 -- `idle_timeout`, `max_run_length`, `max_output`, `max_files_bytes`) and
--- raises `bad option` errors naming `fname`. Missing values are allowed.
+-- raises `bad argument #argn to 'fname' (option 'k': ...)`. Missing values are allowed.
 -- @tparam table o the settings
 -- @tparam string fname the function named in the error
--- @tparam integer level passed to `error`
-function _M.check_settings(o, fname, level)
-  level = (level or 1) + 1
+-- @tparam integer argn the position of the options argument
+-- @tparam[opt=2] integer level as `error`'s, counted from the caller
+function _M.check_settings(o, fname, argn, level)
+  level = (level or 2) + 2
   local function bad(k, want)
-    error(string_format("bad option '%s' to '%s' (%s expected, got %s)", k, fname, want, tostring(o[k])), level + 1)
+    bad_option(argn, fname, k, want .. " expected, got " .. tostring(o[k]), level)
   end
   local mrl = o.max_run_length
   if mrl ~= nil and not (is_positive_number(mrl) and mrl <= _M.MAX_RUN_LENGTH_LIMIT) then
@@ -152,9 +138,10 @@ Session.__index = Session
 Session.__name = "warmbox.Session"
 _M.Session = Session
 
-local NEW_OPTS = { client = true, lock = true, lock_opts = true, clock = true, policy = true, template = true,
-  exec_timeout = true, idle_timeout = true, tag = true, env = true, actor = true, secret = true, hmac = true,
-  sha256 = true, on_event = true, origin = true, max_run_length = true, max_output = true, max_files_bytes = true }
+local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts = "table", clock = "function",
+  policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
+  env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
+  origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number" }
 
 -- Lock options: waits long enough for a run of the same session to finish;
 -- a dead holder's lock expires (Redis) or is released by the kernel (file).
@@ -171,7 +158,7 @@ local function lock_factory(lock, lock_opts, exec_timeout)
       opts = {}
       for k, v in pairs(lock) do opts[k] = v end
     else
-      error("bad option 'lock' (string, table or function expected, got " .. type(lock) .. ")", 4)
+      bad_option(2, "new", "lock", "string, table or function expected, got " .. type(lock), 3)
     end
     if opts.timeout == nil then opts.timeout = exec_timeout + 60 end
     if opts.exptime == nil then opts.exptime = exec_timeout + 120 end
@@ -200,8 +187,8 @@ function _M.new(key, opts)
     error("bad argument #1 to 'new' (non-empty string expected, got "
       .. (key == "" and "empty string" or type(key)) .. ")", 2)
   end
-  opts = copy_opts(opts, NEW_OPTS, "new", 2)
-  if type(opts.client) ~= "table" then error("bad option 'client' to 'new' (E2B client expected)", 2) end
+  opts = util.copy(check_options(opts, NEW_OPTS, "new", 2))
+  if type(opts.client) ~= "table" then bad_option(2, "new", "client", "E2B client expected") end
   local self = {
     key = key,
     client = opts.client,
@@ -218,24 +205,8 @@ function _M.new(key, opts)
     max_files_bytes = opts.max_files_bytes or _M.MAX_FILES_BYTES,
   }
   _M.check_settings(self, "new", 2)
-  if type(self.tag) ~= "string" or self.tag == "" then error("bad option 'tag' to 'new' (non-empty string)", 2) end
-  if type(self.clock) ~= "function" then error("bad option 'clock' to 'new' (function expected)", 2) end
-  local env = {}
-  if opts.env ~= nil then
-    if type(opts.env) ~= "table" then
-      error("bad option 'env' to 'new' (table expected, got " .. type(opts.env) .. ")", 2)
-    end
-    for k, v in pairs(opts.env) do
-      if type(k) ~= "string" or type(v) ~= "string" then
-        error("bad option 'env' to 'new' (string keys and values expected)", 2)
-      end
-      env[k] = v
-    end
-  end
-  self.env = env
-  if opts.actor ~= nil and type(opts.actor) ~= "string" then
-    error("bad option 'actor' to 'new' (string expected, got " .. type(opts.actor) .. ")", 2)
-  end
+  if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
+  self.env = opts.env and util.copy(opts.env) or {}
   if type(opts.policy) == "table" and opts.policy.name and opts.policy.order and opts.policy.lease
     and opts.policy.should_refresh and opts.policy.create_params and opts.policy.gc then
     self.policy = opts.policy
@@ -244,7 +215,7 @@ function _M.new(key, opts)
     if not p then error(perr, 2) end
     self.policy = p
   end
-  self.tag_value = tag_mod.tag_value(key, { template = self.template, env = env, actor = opts.actor,
+  self.tag_value = tag_mod.tag_value(key, { template = self.template, env = self.env, actor = opts.actor,
     secret = opts.secret, hmac = opts.hmac, sha256 = opts.sha256 })
   self.new_lock = lock_factory(opts.lock, opts.lock_opts, self.exec_timeout)
   return setmetatable(self, Session)
@@ -644,18 +615,10 @@ end
 function Session:run(code, opts)
   if getmetatable(self) ~= Session then error("bad self to 'run' (warmbox.Session expected)", 2) end
   if type(code) ~= "string" then error("bad argument #1 to 'run' (string expected, got " .. type(code) .. ")", 2) end
-  opts = copy_opts(opts, RUN_OPTS, "run", 2)
+  opts = util.copy(check_options(opts, RUN_OPTS, "run", 2))
   if opts.timeout ~= nil and not (is_positive_number(opts.timeout) and opts.timeout <= self.max_run_length) then
-    error("bad option 'timeout' to 'run' (positive number of seconds up to max_run_length expected, got "
-      .. tostring(opts.timeout) .. ")", 2)
-  end
-  if opts.language ~= nil and type(opts.language) ~= "string" then
-    error("bad option 'language' to 'run' (string expected, got " .. type(opts.language) .. ")", 2)
-  end
-  for _, cb in ipairs({ "on_stdout", "on_stderr", "on_result" }) do
-    if opts[cb] ~= nil and type(opts[cb]) ~= "function" then
-      error("bad option '" .. cb .. "' to 'run' (function expected, got " .. type(opts[cb]) .. ")", 2)
-    end
+    bad_option(2, "run", "timeout", "positive number of seconds up to max_run_length expected, got "
+      .. tostring(opts.timeout))
   end
   local files, ferr = normalize_files(opts.files)
   if not files then return nil, ferr, "BAD_REQUEST" end

@@ -54,10 +54,12 @@ insulate("warmbox.e2b", function()
 
   describe("new()", function()
     it("rejects unknown options and wrong types", function()
-      assert.has_error(function() e2b.new{ api_key = KEY, nope = 1 } end)
-      assert.has_error(function() e2b.new{ api_key = 1 } end, "option 'api_key' must be a string, got number")
+      assert.has_error(function() e2b.new{ api_key = KEY, nope = 1 } end,
+        "bad argument #1 to 'new' (unknown option 'nope')")
+      assert.has_error(function() e2b.new{ api_key = 1 } end,
+        "bad argument #1 to 'new' (option 'api_key': string expected, got number)")
       assert.has_error(function() e2b.new{ api_key = KEY, retries = "3" } end,
-        "option 'retries' must be a number, got string")
+        "bad argument #1 to 'new' (option 'retries': number expected, got string)")
       assert.has_error(function() e2b.new("x") end, "bad argument #1 to 'new' (table expected, got string)")
     end)
 
@@ -183,10 +185,13 @@ insulate("warmbox.e2b", function()
     end)
 
     it("raises on misuse", function()
-      assert.has_error(function() c:create{ tmpl = "x" } end)
-      assert.has_error(function() c:create{ metadata = { a = 1 } } end, "option 'metadata' must map strings to strings")
-      assert.has_error(function() c:create{ lifecycle = { on_timeout = "pause", resume = true } } end)
-      assert.has_error(function() c:create{ timeout = "5" } end, "option 'timeout' must be a number, got string")
+      assert.has_error(function() c:create{ tmpl = "x" } end, "bad argument #1 to 'create' (unknown option 'tmpl')")
+      assert.has_error(function() c:create{ metadata = { a = 1 } } end,
+        "bad argument #1 to 'create' (option 'metadata': a table of strings to strings expected)")
+      assert.has_error(function() c:create{ lifecycle = { on_timeout = "pause", resume = true } } end,
+        "bad argument #1 to 'create' (unknown option 'lifecycle.resume')")
+      assert.has_error(function() c:create{ timeout = "5" } end,
+        "bad argument #1 to 'create' (option 'timeout': number expected, got string)")
     end)
 
     it("maps errors with status and E2B's message", function()
@@ -287,8 +292,12 @@ insulate("warmbox.e2b", function()
     end)
 
     it("raises on misuse", function()
-      assert.has_error(function() c:list{ states = "running" } end)
-      assert.has_error(function() c:list{ limit = "10" } end, "option 'limit' must be a number, got string")
+      assert.has_error(function() c:list{ states = "running" } end,
+        "bad argument #1 to 'list' (unknown option 'states')")
+      assert.has_error(function() c:list{ limit = "10" } end,
+        "bad argument #1 to 'list' (option 'limit': number expected, got string)")
+      assert.has_error(function() c:list_all{ state = { 1 } } end,
+        "bad argument #1 to 'list_all' (option 'state': a list of strings expected)")
     end)
   end)
 
@@ -658,7 +667,7 @@ insulate("warmbox.e2b", function()
       assert.equals("NOT_FOUND", code)
       assert.truthy(msg:find("context abc not found", 1, true))
       assert.has_error(function() s:run_code("1", { language = "python", context_id = "x" }) end,
-        "options 'language' and 'context_id' are mutually exclusive")
+        "bad argument #2 to 'run_code' (options 'language' and 'context_id' are mutually exclusive)")
       assert.has_error(function() s:run_code(1) end)
       assert.has_error(function() s:run_code("1", { on_stdout = 1 }) end)
     end)

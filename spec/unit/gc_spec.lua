@@ -327,11 +327,11 @@ describe("warmbox.gc", function()
       assert.has_error(function() gc.run() end, "bad argument #1 to 'run' (table expected, got nil)")
       assert.has_error(function() gc.run{ client = fake_client{}, bogus = 1 } end,
         "bad argument #1 to 'run' (unknown option 'bogus')")
-      assert.has_error(function() gc.run{} end, "bad argument #1 to 'run' (option 'client' must be an e2b client)")
+      assert.has_error(function() gc.run{} end, "bad argument #1 to 'run' (option 'client': an e2b client expected)")
       assert.has_error(function() gc.run{ client = fake_client{}, concurrency = 0 } end,
-        "bad argument #1 to 'run' (option 'concurrency' must be a positive integer)")
+        "bad argument #1 to 'run' (option 'concurrency': a positive integer expected)")
       assert.has_error(function() gc.run{ client = fake_client{}, policy = {} } end,
-        "bad argument #1 to 'run' (option 'policy' must be a table with a 'gc' function)")
+        "bad argument #1 to 'run' (option 'policy': a table with a 'gc' function expected)")
       assert.has_error(function() gc.run{ client = fake_client{}, lock = { backend = "nope" } } end,
         "bad argument #1 to 'new' (unknown backend 'nope')")
     end)
@@ -372,7 +372,7 @@ describe("warmbox.gc", function()
 
     it("raises on misuse", function()
       assert.has_error(function() gc.release{ client = fake_client{} } end,
-        "bad argument #1 to 'release' (option 'tag_value' must be a non-empty string)")
+        "bad argument #1 to 'release' (option 'tag_value': a non-empty string expected)")
     end)
   end)
 end)

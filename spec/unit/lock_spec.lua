@@ -27,24 +27,24 @@ describe("warmbox.lock", function()
       assert.has_error(function() lock.new("file") end, "bad argument #1 to 'new' (table expected, got string)")
       assert.has_error(function() lock.new{ bogus = 1 } end, "bad argument #1 to 'new' (unknown option 'bogus')")
       assert.has_error(function() lock.new{ timeout = "1" } end,
-        "bad argument #1 to 'new' (option 'timeout' must be a number, got string)")
+        "bad argument #1 to 'new' (option 'timeout': number expected, got string)")
       assert.has_error(function() lock.new{ backend = "etcd" } end, "bad argument #1 to 'new' (unknown backend 'etcd')")
       assert.has_error(function() lock.new{ redis = { hots = "x" } } end,
         "bad argument #1 to 'new' (unknown option 'redis.hots')")
       assert.has_error(function() lock.new{ exptime = 0 } end,
-        "bad argument #1 to 'new' (option 'exptime' must be > 0 and finite)")
+        "bad argument #1 to 'new' (option 'exptime': a number > 0 and finite expected)")
       assert.has_error(function() lock.new{ exptime = math.huge } end,
-        "bad argument #1 to 'new' (option 'exptime' must be > 0 and finite)")
+        "bad argument #1 to 'new' (option 'exptime': a number > 0 and finite expected)")
       assert.has_error(function() lock.new{ timeout = 0 / 0 } end,
-        "bad argument #1 to 'new' (option 'timeout' must be >= 0 and finite)")
+        "bad argument #1 to 'new' (option 'timeout': a number >= 0 and finite expected)")
       assert.has_error(function() lock.new{ ratio = 0.5 } end,
-        "bad argument #1 to 'new' (option 'ratio' must be >= 1 and finite)")
+        "bad argument #1 to 'new' (option 'ratio': a number >= 1 and finite expected)")
       assert.has_error(function() lock.new{ ttl = 0 } end,
-        "bad argument #1 to 'new' (option 'ttl' must be in [0.05, 86400])")
+        "bad argument #1 to 'new' (option 'ttl': a number in [0.05, 86400] expected)")
       assert.has_error(function() lock.new{ ticket_ttl = 0.5 } end,
-        "bad argument #1 to 'new' (option 'ticket_ttl' must be in [2 x max_step, 86400])")
+        "bad argument #1 to 'new' (option 'ticket_ttl': a number in [2 x max_step, 86400] expected)")
       assert.has_error(function() lock.new{ keeper = 1 } end,
-        "bad argument #1 to 'new' (option 'keeper' must be a boolean, got number)")
+        "bad argument #1 to 'new' (option 'keeper': boolean expected, got number)")
       assert.has_error(function() lock.new{ backend = "memory" }:lock(42) end,
         "bad argument #1 to 'lock' (string expected, got number)")
       assert.has_error(function() lock.new{ backend = "memory" }:set_state(1) end,

@@ -673,13 +673,13 @@ describe("warmbox.session", function()
       local e = setup()
       local s = e.new("w:t")
       assert.has_error(function() s:run(42) end, "bad argument #1 to 'run' (string expected, got number)")
-      assert.has_error(function() s:run("1", { nope = 1 }) end, "unknown option 'nope' to 'run'")
+      assert.has_error(function() s:run("1", { nope = 1 }) end, "bad argument #2 to 'run' (unknown option 'nope')")
       assert.has_error(function() s:run("1", { timeout = -1 }) end,
-        "bad option 'timeout' to 'run' (positive number of seconds up to max_run_length expected, got -1)")
+        "bad argument #2 to 'run' (option 'timeout': positive number of seconds up to max_run_length expected, got -1)")
       assert.has_error(function() s:run("1", { timeout = math.huge }) end)
       assert.has_error(function() s:run("1", { timeout = 0 / 0 }) end)
       assert.has_error(function() s:run("1", { files = "x" }) end,
-        "bad option 'files' to 'run' (table expected, got string)")
+        "bad argument #2 to 'run' (option 'files': table expected, got string)")
     end)
   end)
 

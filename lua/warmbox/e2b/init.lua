@@ -31,8 +31,7 @@ local DEFAULT_SANDBOX_TIMEOUT = 300
 
 local Client = { __name = "warmbox.e2b.Client" }
 Client.__index = Client
-local argcheck, opt_table, check_type, check_string_map =
-  errors.argcheck, errors.opt_table, errors.check_type, errors.check_string_map
+local argcheck, check_options, bad_option = errors.argcheck, errors.check_options, errors.bad_option
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
 local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
 local sandbox_new = sandbox_mod.new
@@ -41,8 +40,9 @@ local sandbox_new = sandbox_mod.new
 -- The client
 -- ======================================================================
 
-local client_fields = { "api_key", "api_url", "sandbox_url", "domain", "request_timeout", "retries",
-  "connect_timeout", "proxy", "ca_file", "user_agent", "max_connections" }
+local client_fields = { api_key = "string", api_url = "string", sandbox_url = "string", domain = "string",
+  request_timeout = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
+  ca_file = "string", user_agent = "string", max_connections = "number" }
 
 --- Creates a client.
 -- @tparam[opt] table opts `api_key` (default `E2B_API_KEY`), `api_url` (`E2B_API_URL`, else
@@ -52,15 +52,7 @@ local client_fields = { "api_key", "api_url", "sandbox_url", "domain", "request_
 --   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`.
 -- @treturn warmbox.e2b.Client
 function _M.new(opts)
-  opts = opt_table(opts, 1, "new")
-  errors.check_fields(opts, client_fields, "e2b.new", 2)
-  for _, k in ipairs({ "api_key", "api_url", "sandbox_url", "domain", "ca_file", "user_agent" }) do
-    check_type(opts[k], "string", k, 2)
-  end
-  for _, k in ipairs({ "request_timeout", "retries", "connect_timeout", "max_connections" }) do
-    check_type(opts[k], "number", k, 2)
-  end
-  if opts.proxy ~= nil and opts.proxy ~= false then check_type(opts.proxy, "string", "proxy", 2) end
+  opts = check_options(opts, client_fields, "new", 1)
   local function env(name)
     local s = os_getenv(name)
     if s == "" then return nil end
@@ -68,23 +60,23 @@ function _M.new(opts)
   end
   local api_key = opts.api_key or env("E2B_API_KEY")
   if not api_key or api_key == "" then
-    error("an api_key is required (option 'api_key' or E2B_API_KEY)", 2)
+    bad_option(1, "new", "api_key", "an api_key is required (option 'api_key' or E2B_API_KEY)")
   end
   local domain = opts.domain or env("E2B_DOMAIN") or DEFAULT_DOMAIN
   local api_url = opts.api_url or env("E2B_API_URL") or ("https://api." .. domain)
   local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
   local retries = opts.retries or 3
   if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
-    error("bad option 'retries' to 'new' (integer 0..100 expected, got " .. tostring(retries) .. ")", 2)
+    bad_option(1, "new", "retries", "integer 0..100 expected, got " .. tostring(retries))
   end
   for _, k in ipairs({ "request_timeout", "connect_timeout" }) do
     local t = opts[k]
     if t ~= nil and not (t > 0 and t <= 86400) then
-      error(("bad option '%s' to 'new' (seconds in (0, 86400] expected, got %s)"):format(k, tostring(t)), 2)
+      bad_option(1, "new", k, "seconds in (0, 86400] expected, got " .. tostring(t))
     end
   end
   if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
-    error("bad option 'max_connections' to 'new' (1..10000 expected, got " .. tostring(opts.max_connections) .. ")", 2)
+    bad_option(1, "new", "max_connections", "1..10000 expected, got " .. tostring(opts.max_connections))
   end
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
@@ -156,9 +148,9 @@ local function check_id(id, n, fname)
   return id
 end
 
-local create_fields = { "template", "timeout", "metadata", "env_vars", "lifecycle", "secure",
-  "allow_internet_access", "network" }
-local lifecycle_fields = { "on_timeout", "auto_resume", "keep_memory" }
+local create_fields = { template = "string", timeout = "number", metadata = "map", env_vars = "map",
+  lifecycle = "table", secure = "boolean", allow_internet_access = "boolean", network = "table" }
+local lifecycle_fields = { on_timeout = "string", auto_resume = "boolean", keep_memory = "boolean" }
 
 --- Builds the create body (exposed for specs).
 -- @return[1] table the body
@@ -204,22 +196,8 @@ end
 -- @return[2] nil, msg, code, detail
 function Client:create(opts)
   check_client(self, "create")
-  opts = opt_table(opts, 1, "create")
-  errors.check_fields(opts, create_fields, "create", 2)
-  check_type(opts.template, "string", "template", 2)
-  check_type(opts.timeout, "number", "timeout", 2)
-  check_string_map(opts.metadata, "metadata", 2)
-  check_string_map(opts.env_vars, "env_vars", 2)
-  check_type(opts.secure, "boolean", "secure", 2)
-  check_type(opts.allow_internet_access, "boolean", "allow_internet_access", 2)
-  check_type(opts.network, "table", "network", 2)
-  check_type(opts.lifecycle, "table", "lifecycle", 2)
-  if opts.lifecycle then
-    errors.check_fields(opts.lifecycle, lifecycle_fields, "lifecycle", 2)
-    check_type(opts.lifecycle.on_timeout, "string", "lifecycle.on_timeout", 2)
-    check_type(opts.lifecycle.auto_resume, "boolean", "lifecycle.auto_resume", 2)
-    check_type(opts.lifecycle.keep_memory, "boolean", "lifecycle.keep_memory", 2)
-  end
+  opts = check_options(opts, create_fields, "create", 1)
+  check_options(opts.lifecycle, lifecycle_fields, "create", 1, 2, "lifecycle.")
   local body, msg, code = _M.create_body(opts)
   if not body then return nil, msg, code, errors.detail(nil, msg) end
   -- E2B's 429 (and a 503) on create means nothing was created: retried,
@@ -234,7 +212,8 @@ function Client:create(opts)
   return to_sandbox(t), nil
 end
 
-local list_fields = { "state", "metadata", "limit", "order", "next_token", "template", "started_after" }
+local list_fields = { state = "string|table", metadata = "map", limit = "number", order = "string",
+  next_token = "string", template = "string", started_after = "string" }
 
 --- Builds the `/v2/sandboxes` URL path and query (exposed for specs).
 function _M.list_path(opts)
@@ -256,20 +235,15 @@ function _M.list_path(opts)
   return "/v2/sandboxes?" .. table_concat(q, "&")
 end
 
-local function check_list_opts(opts)
-  errors.check_fields(opts, list_fields, "list", 2)
-  if opts.state ~= nil and type(opts.state) ~= "string" then
-    if type(opts.state) ~= "table" then error("option 'state' must be a string or a list", 3) end
+-- Level 3: the caller of list_pages, list or list_all.
+local function check_list_opts(opts, fname)
+  opts = check_options(opts, list_fields, fname, 1, 3)
+  if type(opts.state) == "table" then
     for _, s in ipairs(opts.state) do
-      if type(s) ~= "string" then error("option 'state' must list strings", 3) end
+      if type(s) ~= "string" then bad_option(1, fname, "state", "a list of strings expected", 3) end
     end
   end
-  check_string_map(opts.metadata, "metadata", 3)
-  check_type(opts.limit, "number", "limit", 3)
-  check_type(opts.order, "string", "order", 3)
-  check_type(opts.next_token, "string", "next_token", 3)
-  check_type(opts.template, "string", "template", 3)
-  check_type(opts.started_after, "string", "started_after", 3)
+  return opts
 end
 
 -- Exact client-side re-check of the metadata filter: a loose server must
@@ -288,8 +262,7 @@ end
 -- error the loop gets `false, msg, code, token, detail` and then stops.
 function Client:list_pages(opts)
   check_client(self, "list_pages")
-  opts = opt_table(opts, 1, "list_pages")
-  check_list_opts(opts)
+  opts = check_list_opts(opts, "list_pages")
   local filter = opts.metadata and util.copy(opts.metadata)
   local base = self.api_url .. _M.list_path(opts)
   local token = opts.next_token
@@ -340,6 +313,7 @@ end
 --   gets `false, msg, code, token (the page it failed at), detail`, then stops.
 function Client:list(opts)
   check_client(self, "list")
+  check_list_opts(opts, "list")
   local pages = self:list_pages(opts)
   local items, i = nil, 0
   local finished = false
@@ -369,6 +343,7 @@ end
 -- @return[2] nil, msg, code, detail
 function Client:list_all(opts)
   check_client(self, "list_all")
+  check_list_opts(opts, "list_all")
   local out = {}
   for item, msg, code, _, detail in self:list(opts) do
     if item == false then return nil, msg, code, detail end
@@ -403,11 +378,9 @@ end
 function Client:connect(id, opts)
   check_client(self, "connect")
   id = check_id(id, 1, "connect")
-  opts = opt_table(opts, 2, "connect")
-  errors.check_fields(opts, { "timeout" }, "connect", 2)
-  check_type(opts.timeout, "number", "timeout", 2)
+  opts = check_options(opts, { timeout = "number" }, "connect", 2)
   local timeout = opts.timeout or DEFAULT_SANDBOX_TIMEOUT
-  if timeout < 0 then error("option 'timeout' must be >= 0", 2) end
+  if timeout < 0 then bad_option(2, "connect", "timeout", "a number >= 0 expected") end
   local what = ("connect to sandbox '%s'"):format(id)
   local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/connect",
     { timeout = math_ceil(timeout) }, what, true)
@@ -428,9 +401,7 @@ end
 function Client:pause(id, opts)
   check_client(self, "pause")
   id = check_id(id, 1, "pause")
-  opts = opt_table(opts, 2, "pause")
-  errors.check_fields(opts, { "memory" }, "pause", 2)
-  check_type(opts.memory, "boolean", "memory", 2)
+  opts = check_options(opts, { memory = "boolean" }, "pause", 2)
   local what = ("pause sandbox '%s'"):format(id)
   local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/pause",
     { memory = opts.memory ~= false }, what)
@@ -463,9 +434,7 @@ end
 function Client:kill_many(ids, opts)
   check_client(self, "kill_many")
   argcheck(type(ids) == "table", 1, "kill_many", "table expected, got " .. type(ids))
-  opts = opt_table(opts, 2, "kill_many")
-  errors.check_fields(opts, { "concurrency" }, "kill_many", 2)
-  check_type(opts.concurrency, "number", "concurrency", 2)
+  opts = check_options(opts, { concurrency = "number" }, "kill_many", 2)
   local reqs, list = {}, {}
   for i, id in ipairs(ids) do
     id = check_id(id, 1, "kill_many")

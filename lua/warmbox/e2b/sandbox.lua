@@ -13,8 +13,7 @@ local type, pairs, ipairs, tostring, tonumber, setmetatable, getmetatable, error
   type, pairs, ipairs, tostring, tonumber, setmetatable, getmetatable, error
 local table_concat = table.concat
 local math_ceil, math_type = math.ceil, math.type
-local argcheck, opt_table, check_type, check_string_map =
-  errors.argcheck, errors.opt_table, errors.check_type, errors.check_string_map
+local argcheck, check_options = errors.argcheck, errors.check_options
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
 local to_entry, to_context, multipart, envelope = wire.to_entry, wire.to_context, wire.multipart, wire.envelope
 local decode_body, lower = wire.decode_body, wire.lower
@@ -37,11 +36,7 @@ _M.Sandbox = Sandbox
 -- @tparam[opt] table opts `access_token` (default `sb.envd_access_token`), `user`
 -- @treturn warmbox.e2b.Sandbox
 function _M.new(self, sb, opts)
-  opts = opt_table(opts, 2, "sandbox")
-  errors.check_fields(opts, { "access_token", "user", "traffic_token" }, "sandbox", 2)
-  check_type(opts.access_token, "string", "access_token", 2)
-  check_type(opts.user, "string", "user", 2)
-  check_type(opts.traffic_token, "string", "traffic_token", 2)
+  opts = check_options(opts, { access_token = "string", user = "string", traffic_token = "string" }, "sandbox", 2)
   local id, token, domain, traffic
   if type(sb) == "table" then
     id, token, domain, traffic = sb.sandbox_id, sb.envd_access_token, sb.domain, sb.traffic_access_token
@@ -264,7 +259,8 @@ function Sandbox:move(src, dst)
   return to_entry(v(t.entry)) or { path = dst }
 end
 
-local command_fields = { "envs", "cwd", "timeout", "on_stdout", "on_stderr", "user" }
+local command_fields = { envs = "map", cwd = "string", timeout = "number", on_stdout = "function",
+  on_stderr = "function", user = "string" }
 
 --- Runs a shell command (`/bin/bash -l -c cmd`) through envd's Process.Start.
 -- @tparam string cmd
@@ -275,14 +271,7 @@ local command_fields = { "envs", "cwd", "timeout", "on_stdout", "on_stderr", "us
 function Sandbox:run_command(cmd, opts)
   check_sandbox(self, "run_command")
   argcheck(type(cmd) == "string", 1, "run_command", "string expected, got " .. type(cmd))
-  opts = opt_table(opts, 2, "run_command")
-  errors.check_fields(opts, command_fields, "run_command", 2)
-  check_string_map(opts.envs, "envs", 2)
-  check_type(opts.cwd, "string", "cwd", 2)
-  check_type(opts.timeout, "number", "timeout", 2)
-  check_type(opts.on_stdout, "function", "on_stdout", 2)
-  check_type(opts.on_stderr, "function", "on_stderr", 2)
-  check_type(opts.user, "string", "user", 2)
+  opts = check_options(opts, command_fields, "run_command", 2)
   local timeout = opts.timeout or 60
   local process = { cmd = "/bin/bash", args = json.array({ "-l", "-c", cmd }) }
   if opts.envs then process.envs = util.copy(opts.envs) end
@@ -370,8 +359,9 @@ function Sandbox:run_command(cmd, opts)
   return result
 end
 
-local code_fields = { "language", "context_id", "env_vars", "timeout", "on_stdout", "on_stderr",
-  "on_result", "on_error", "on_line", "max_output", "is_private" }
+local code_fields = { language = "string", context_id = "string", env_vars = "map", timeout = "number",
+  on_stdout = "function", on_stderr = "function", on_result = "function", on_error = "function",
+  on_line = "function", max_output = "number", is_private = "function" }
 
 --- Seconds the client waits past an execute's own timeout for the server's
 -- interrupt to end the stream (a bash command gets 3 s to stop).
@@ -404,25 +394,18 @@ _M.EXEC_GRACE = 10
 function Sandbox:run_code(code, opts)
   check_sandbox(self, "run_code")
   argcheck(type(code) == "string", 1, "run_code", "string expected, got " .. type(code))
-  opts = opt_table(opts, 2, "run_code")
-  errors.check_fields(opts, code_fields, "run_code", 2)
-  check_type(opts.language, "string", "language", 2)
-  check_type(opts.context_id, "string", "context_id", 2)
-  check_string_map(opts.env_vars, "env_vars", 2)
-  check_type(opts.timeout, "number", "timeout", 2)
-  check_type(opts.max_output, "number", "max_output", 2)
-  for _, k in ipairs({ "on_stdout", "on_stderr", "on_result", "on_error", "on_line", "is_private" }) do
-    check_type(opts[k], "function", k, 2)
-  end
+  opts = check_options(opts, code_fields, "run_code", 2)
   if opts.language and opts.context_id then
-    error("options 'language' and 'context_id' are mutually exclusive", 2)
+    errors.bad_argument(2, "run_code", "options 'language' and 'context_id' are mutually exclusive")
   end
   local timeout = opts.timeout or 300
   if not (timeout >= 0 and timeout < math.huge) then
-    error("option 'timeout' must be a finite number >= 0", 2)
+    errors.bad_option(2, "run_code", "timeout", "a finite number >= 0 expected")
   end
   local max_output = opts.max_output or math.huge
-  if max_output ~= max_output or max_output < 0 then error("option 'max_output' must be >= 0", 2) end
+  if max_output ~= max_output or max_output < 0 then
+    errors.bad_option(2, "run_code", "max_output", "a number >= 0 expected")
+  end
   local body = { code = code }
   if opts.context_id then body.context_id = opts.context_id end
   if opts.language then body.language = opts.language end
@@ -581,10 +564,7 @@ end
 -- @return[2] nil, msg, code, detail
 function Sandbox:create_context(opts)
   check_sandbox(self, "create_context")
-  opts = opt_table(opts, 1, "create_context")
-  errors.check_fields(opts, { "language", "cwd" }, "create_context", 2)
-  check_type(opts.language, "string", "language", 2)
-  check_type(opts.cwd, "string", "cwd", 2)
+  opts = check_options(opts, { language = "string", cwd = "string" }, "create_context", 1)
   local body = {}
   if opts.language then body.language = opts.language end
   if opts.cwd then body.cwd = opts.cwd end

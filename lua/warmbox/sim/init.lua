@@ -24,6 +24,7 @@ local session_mod = require "warmbox.session"
 local policy_mod = require "warmbox.policy"
 local gc_mod = require "warmbox.gc"
 local json = require "warmbox.json"
+local errors = require "warmbox.errors"
 local model_mod = require "warmbox.sim.model"
 local sim_lock = require "warmbox.sim.lock"
 local chart_mod = require "warmbox.sim.chart"
@@ -173,9 +174,7 @@ end
 -- @treturn table turns, sorted by `t`
 function _M.workload(w)
   if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", 2) end
-  for k in pairs(w) do
-    if not WORKLOAD_KEYS[k] then bad("workload", "unknown option '" .. tostring(k) .. "'", 2) end
-  end
+  errors.check_options(w, WORKLOAD_KEYS, "workload", 1)
   local n = w.sessions
   if math_type(n) ~= "integer" or n < 0 then bad("workload", "'sessions' must be an integer >= 0", 2) end
   local turns_r = w.turns or { 1, 10 }
@@ -233,9 +232,7 @@ end
 
 local function check_run_opts(o, fname, level)
   if type(o) ~= "table" then bad(fname, "table expected, got " .. type(o), level) end
-  for k in pairs(o) do
-    if not RUN_KEYS[k] then bad(fname, "unknown option '" .. tostring(k) .. "'", level) end
-  end
+  errors.check_options(o, RUN_KEYS, fname, 1, level)
   if (o.trace == nil) == (o.workload == nil) then
     bad(fname, "exactly one of 'trace' and 'workload' expected", level)
   end
@@ -480,11 +477,7 @@ function _M.sweep(base, spec)
   if type(spec) ~= "table" then
     error("bad argument #2 to 'sweep' (table expected, got " .. type(spec) .. ")", 2)
   end
-  for k in pairs(spec) do
-    if k ~= "param" and k ~= "values" then
-      error("bad argument #2 to 'sweep' (unknown option '" .. tostring(k) .. "')", 2)
-    end
-  end
+  errors.check_options(spec, { param = true, values = true }, "sweep", 2)
   local param, values = spec.param, spec.values
   if type(param) ~= "string" then error("bad argument #2 to 'sweep' ('param' must be a string)", 2) end
   local group, name = param:match("^(%a+)%.([%w_]+)$")

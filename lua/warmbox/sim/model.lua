@@ -32,6 +32,7 @@
 -- @module warmbox.sim.model
 
 local outputs = require "warmbox.outputs"
+local errors = require "warmbox.errors"
 
 local type, pairs, ipairs, tostring, error, setmetatable =
   type, pairs, ipairs, tostring, error, setmetatable
@@ -64,16 +65,11 @@ Model.__name = "warmbox.sim.Model"
 -- @tparam[opt] table opts overrides of `DEFAULTS` (unknown keys raise)
 -- @treturn warmbox.sim.Model
 function _M.new(opts)
-  if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
-  end
+  opts = errors.check_options(opts, _M.DEFAULTS, "new", 1)
   local cfg = {}
   for k, v in pairs(_M.DEFAULTS) do cfg[k] = v end
-  for k, v in pairs(opts or {}) do
-    if _M.DEFAULTS[k] == nil then error("bad option 'model." .. tostring(k) .. "' (unknown)", 2) end
-    if type(v) ~= "number" or v ~= v or v < 0 then
-      error("bad option 'model." .. tostring(k) .. "' (non-negative number expected)", 2)
-    end
+  for k, v in pairs(opts) do
+    if type(v) ~= "number" or v ~= v or v < 0 then errors.bad_option(1, "new", k, "a non-negative number expected") end
     cfg[k] = v
   end
   local self = setmetatable({
