@@ -363,14 +363,16 @@ static int engine_new(lua_State *L) {
       if (lua_type(L, -2) == LUA_TSTRING)
         for (f = engine_fields; *f; f++)
           if (strcmp(*f, lua_tostring(L, -2)) == 0) ok = 1;
-      if (!ok) return luaL_error(L, "unknown engine option '%s'", luaL_tolstring(L, -2, NULL));
+      if (!ok) return luaL_argerror(L, 1, lua_pushfstring(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL)));
       lua_pop(L, 1);
     }
     lua_getfield(L, 1, "max_buffered");
     if (!lua_isnil(L, -1)) {
-      if (!lua_isnumber(L, -1)) return luaL_error(L, "engine option 'max_buffered' must be a number");
+      if (!lua_isnumber(L, -1))
+        return luaL_argerror(L, 1, lua_pushfstring(L, "option 'max_buffered': number expected, got %s",
+                                                   luaL_typename(L, -1)));
       mb = (double)lua_tonumber(L, -1);
-      if (!(mb >= 1)) return luaL_error(L, "engine option 'max_buffered' must be >= 1");
+      if (!(mb >= 1)) return luaL_argerror(L, 1, "option 'max_buffered': a number >= 1 expected");
     }
     lua_pop(L, 1);
   }

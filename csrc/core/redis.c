@@ -120,29 +120,28 @@ static int warmbox_redis_new(lua_State *L) {
         if (strcmp(lua_tostring(L, -1), warmbox_redis_opt_keys[i]) == 0) known = 1;
     }
     if (!known) {
-      return luaL_error(L, "bad argument #1 to 'redis' (unknown option '%s')",
-                        luaL_tolstring(L, -1, NULL));
+      return luaL_argerror(L, 1, lua_pushfstring(L, "unknown option '%s'", luaL_tolstring(L, -1, NULL)));
     }
   }
   if (lua_getfield(L, 1, "host") != LUA_TNIL) {
     size_t len;
     if (lua_type(L, -1) != LUA_TSTRING)
-      return luaL_argerror(L, 1, "'host' must be a string");
+      return luaL_argerror(L, 1, "option 'host': string expected");
     host = lua_tolstring(L, -1, &len);
     if (strlen(host) != len || len == 0)
-      return luaL_argerror(L, 1, "'host' must be a non-empty string without NUL");
+      return luaL_argerror(L, 1, "option 'host': a non-empty string without NUL expected");
   }
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "port") != LUA_TNIL) {
     int ok;
     port = lua_tointegerx(L, -1, &ok);
     if (!ok || port < 0 || port > 65535)
-      return luaL_argerror(L, 1, "'port' must be an integer in 0..65535");
+      return luaL_argerror(L, 1, "option 'port': an integer in 0..65535 expected");
   }
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "timeout") != LUA_TNIL) {
     if (lua_type(L, -1) != LUA_TNUMBER || !(lua_tonumber(L, -1) > 0))
-      return luaL_argerror(L, 1, "'timeout' must be a positive number");
+      return luaL_argerror(L, 1, "option 'timeout': a positive number expected");
     timeout = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
