@@ -7,12 +7,28 @@ local pairs, ipairs, string_format, math_type = pairs, ipairs, string.format, ma
 
 local _M = { _VERSION = "0.1.0" }
 
---- The codes returned across warmbox.
+--- The codes returned across warmbox (`nil, message, CODE`), each with what it
+-- means: the one list (README and HACKING point here; spec/unit/errors_spec.lua
+-- checks that every code lua/ and csrc/core return is in it).
 _M.codes = {
-  AUTH = "AUTH", NOT_FOUND = "NOT_FOUND", CONFLICT = "CONFLICT", RATE_LIMITED = "RATE_LIMITED",
-  BAD_REQUEST = "BAD_REQUEST", SANDBOX_GONE = "SANDBOX_GONE", TIMEOUT = "TIMEOUT",
-  TRANSPORT = "TRANSPORT", ABORTED = "ABORTED", HTTP = "HTTP", STREAM_BROKEN = "STREAM_BROKEN",
-  POLICY = "POLICY", BUSY = "BUSY",
+  BUSY = "the session's lock was not free within the lock timeout (another run holds it)",
+  LOCK = "the lock backend failed (e.g. Redis unreachable), or a held lock was lost",
+  POLICY = "a policy hook raised or returned a wrong value; a policy file did not load",
+  BAD_REQUEST = "bad input: an input file name that could escape /home/user; E2B's 400/422",
+  TIMEOUT = "a request or the run exceeded its timeout (for a run, detail.started says whether the cell "
+    .. "had started)",
+  SANDBOX_GONE = "the sandbox refused the run (the proxy's 502 before it was accepted), twice in a row",
+  STREAM_BROKEN = "a run's or a command's stream broke after output started (not re-run)",
+  NOT_FOUND = "E2B's 404; the warmboxd binary not found",
+  CONFLICT = "E2B's 409",
+  RATE_LIMITED = "E2B's 429 (after retries)",
+  AUTH = "E2B's 401/403",
+  TRANSPORT = "a connection failure (detail.sent says whether the request may have left); the embedded "
+    .. "warmboxd did not start",
+  ABORTED = "a transfer cancelled (by its on_chunk callback, tr:cancel() or the engine's close)",
+  HTTP = "any other HTTP status, or an answer that is not what E2B sends",
+  IO = "a local file or descriptor operation failed (the file lock, the engine's poll)",
+  REDIS = "Redis answered a command with an error",
 }
 
 --- The code for an HTTP status.

@@ -426,7 +426,6 @@ function Client:kill(id)
 end
 
 --- Kills many sandboxes in parallel (libcurl's multi interface, bounded).
--- Not in HACKING's contract: an extension `warmbox.gc` uses when present.
 -- @tparam table ids sandbox ids (or sandbox tables)
 -- @tparam[opt] table opts `concurrency` (8)
 -- @treturn table one entry per id, in order: `{ true }` (killed), `{ false }` (already gone)
