@@ -80,28 +80,6 @@ local function check_opts(opts, known, fname)
   if opts.tag == "" then errors.bad_option(1, fname, "tag", "a non-empty string expected", 3) end
 end
 
--- lock: nil (file backend) | "file"/"redis"/"memory" | lock options |
--- a lock module (a table with `new`) | a function returning a lock object.
-local function lock_factory(l, fname)
-  if type(l) == "function" then return l end
-  if type(l) == "table" and type(l.new) == "function" then
-    return function() return l.new() end
-  end
-  local opts
-  if l == nil then
-    opts = {}
-  elseif type(l) == "string" then
-    opts = { backend = l }
-  elseif type(l) == "table" then
-    opts = {}
-    for k, v in pairs(l) do opts[k] = v end
-  else
-    error(fmt("bad argument #1 to '%s' (option 'lock': a string, table or function expected)", fname), 4)
-  end
-  lock_mod.new(opts) -- validates now: misuse raises here, not in the middle of a pass
-  return function() return lock_mod.new(opts) end
-end
-
 -- The remembered state a session keeps under its lock (only `sandbox_id`
 -- and `last_run` are read here).
 local decode_state = state_codec.decode
@@ -173,7 +151,7 @@ function _M.run(opts)
   local max_age = opts.max_age or 86400
   if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age': a number expected)", 2) end
   local dry_run = opts.dry_run and true or false
-  local new_lock = lock_factory(opts.lock, "run")
+  local new_lock = lock_mod.factory(opts.lock, nil, nil, "run")
 
   local report = { listed = 0, tagged = 0, kept = 0, killed = 0, demoted = 0, busy = 0, skipped = 0,
                    errors = {}, actions = {}, dry_run = dry_run }
@@ -380,13 +358,10 @@ function _M.release(opts)
   if type(tv) ~= "string" or tv == "" then
     error("bad argument #1 to 'release' (option 'tag_value': a non-empty string expected)", 2)
   end
-  local new_lock = lock_factory(opts.lock, "release")
-  local lk = new_lock()
-  local _, lerr, lcode = lk:lock(tv)
-  if lerr then
-    if lerr == "timeout" then return nil, fmt("session '%s' is busy", tv), "BUSY" end
-    return nil, "cannot lock session: " .. tostring(lerr), lcode or "LOCK"
-  end
+  local lk = lock_mod.factory(opts.lock, nil, nil, "release")()
+  local guard <close> = lock_mod.closing(lk) -- luacheck: ignore 211 (closed at scope exit)
+  local _, lerr = lk:lock(tv)
+  if lerr then return lock_mod.failure(fmt("session '%s'", tv), lerr) end
   local ids = {}
   local ok, err, code = each_listed(client, { state = { "running", "paused" }, metadata = { [tag] = tv },
                                               limit = 100 }, function(item)

@@ -179,41 +179,22 @@ function Warmbox:release(key)
   end
   local tagged, err, code = self:_tagged()
   if not tagged then return nil, err, code end
-  local groups, order = {}, {}
+  local seen, order = {}, {}
   for _, t in ipairs(tagged) do
     -- Exact check on the decoded key: another conversation's sandbox is never touched.
-    if session.tag_matches_key(t.tag_value, key) then
-      if not groups[t.tag_value] then
-        groups[t.tag_value] = {}
-        order[#order + 1] = t.tag_value
-      end
-      local g = groups[t.tag_value]
-      g[#g + 1] = t.item.sandbox_id
+    if session.tag_matches_key(t.tag_value, key) and not seen[t.tag_value] then
+      seen[t.tag_value] = true
+      order[#order + 1] = t.tag_value
     end
   end
-  local new_lock = session.lock_factory(self.lock, nil, self.exec_timeout)
+  -- gc.release per tag value, under a session's lock options (it waits for a run in progress).
+  local gc = require "warmbox.gc"
+  local lock = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout))
   local killed = 0
   for _, tv in ipairs(order) do
-    local lk = new_lock()
-    local _, lerr = lk:lock(tv)
-    if lerr then
-      if lk.close then pcall(lk.close, lk) end
-      return nil, string_format("session '%s' is busy: %s", key, tostring(lerr)), lerr == "timeout" and "BUSY"
-        or "LOCK"
-    end
-    local kerr, kcode
-    for _, id in ipairs(groups[tv]) do
-      local ok, e, c = self.client:kill(id)
-      if ok then
-        killed = killed + 1
-      elseif ok == nil then
-        kerr, kcode = e, c
-      end
-    end
-    lk:set_state(nil)
-    lk:unlock()
-    if lk.close then pcall(lk.close, lk) end
-    if kerr then return nil, kerr, kcode end
+    local n, kerr, kcode = gc.release{ client = self.client, tag = self.tag, tag_value = tv, lock = lock }
+    if not n then return nil, kerr, kcode end
+    killed = killed + n
   end
   return killed
 end

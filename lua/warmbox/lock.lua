@@ -85,8 +85,8 @@
 local core = require "warmbox.core"
 local errors = require "warmbox.errors"
 
-local error, ipairs, pcall, setmetatable, type, tostring, tonumber =
-  error, ipairs, pcall, setmetatable, type, tostring, tonumber
+local error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring, tonumber =
+  error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring, tonumber
 local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor, math.ceil
 local concat = table.concat
 local now, sleep = core.now, core.sleep
@@ -868,6 +868,63 @@ end
 --- The key this object holds, or nil.
 function _M:key()
   return (current(self)) and self._key or nil
+end
+
+-- ---------------------------------------------------------------------------
+-- locks as resources: one factory, one failure mapping, one closer
+-- ---------------------------------------------------------------------------
+
+--- The one factory of lock objects (sessions, GC, release). `spec` is nil
+-- (the file backend) | "file" | "redis" | "memory" | lock options | a lock
+-- module (a table with `new`, called with `module_opts`) | a function
+-- returning a lock object. `defaults` fill the options left out (`timeout`,
+-- `exptime`). Options are checked now: misuse raises here, not at the first lock.
+-- @param spec
+-- @tparam[opt] table defaults
+-- @tparam[opt] table module_opts
+-- @tparam[opt="new"] string fname named in a misuse error (option 'lock' of it)
+-- @tparam[opt=1] integer argn
+-- @treturn function returning a new lock object
+function _M.factory(spec, defaults, module_opts, fname, argn)
+  if type(spec) == "function" then return spec end
+  if type(spec) == "table" and type(spec.new) == "function" then
+    local mopts = module_opts or {}
+    return function() return spec.new(mopts) end
+  end
+  local opts
+  if spec == nil or type(spec) == "string" then
+    opts = { backend = spec or "file" }
+  elseif type(spec) == "table" then
+    opts = {}
+    for k, v in pairs(spec) do opts[k] = v end
+  else
+    errors.bad_option(argn or 1, fname or "new", "lock", "string, table or function expected, got " .. type(spec), 3)
+  end
+  for k, v in pairs(defaults or {}) do
+    if opts[k] == nil then opts[k] = v end
+  end
+  _M.new(opts)
+  return function() return _M.new(opts) end
+end
+
+--- The one mapping of a failed `lk:lock(key)` to warmbox's codes: "timeout"
+-- (another holder kept it past the lock's timeout) is BUSY, anything else LOCK.
+-- @tparam string what the thing locked, for the message ("session 'k'")
+-- @return nil, message, "BUSY" | "LOCK"
+function _M.failure(what, err)
+  if err == "timeout" then return nil, what .. " is busy (another run holds it)", "BUSY" end
+  return nil, "cannot lock " .. what .. ": " .. tostring(err), "LOCK"
+end
+
+--- For `local _ <close> = lock.closing(lk)`: `lk` itself when `<close>` can
+-- close it, else a guard that calls its `close` (a caller's own lock object
+-- may have neither).
+function _M.closing(lk)
+  local m = getmetatable(lk)
+  if type(m) == "table" and m.__close then return lk end
+  return setmetatable({}, { __close = function()
+    if type(lk.close) == "function" then pcall(lk.close, lk) end
+  end })
 end
 
 local function release_quietly(self)

@@ -30,7 +30,7 @@ local type, pairs, ipairs, tostring, error, setmetatable, next =
   type, pairs, ipairs, tostring, error, setmetatable, next
 local xpcall, traceback, string_format, table_concat, table_sort =
   xpcall, debug.traceback, string.format, table.concat, table.sort
-local getmetatable, pcall = getmetatable, pcall
+local getmetatable = getmetatable
 local os_time = os.time
 
 local _M = { _VERSION = "0.1.0" }
@@ -143,29 +143,16 @@ local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts =
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number" }
 
--- Lock options: waits long enough for a run of the same session to finish;
--- a dead holder's lock expires (Redis) or is released by the kernel (file).
-local function lock_factory(lock, lock_opts, exec_timeout)
-  if type(lock) == "function" then return lock end
-  local module, opts
-  if type(lock) == "table" and type(lock.new) == "function" then
-    module, opts = lock, lock_opts or {}
-  else
-    module = require "warmbox.lock"
-    if lock == nil or type(lock) == "string" then
-      opts = { backend = lock or "file" }
-    elseif type(lock) == "table" then
-      opts = {}
-      for k, v in pairs(lock) do opts[k] = v end
-    else
-      bad_option(2, "new", "lock", "string, table or function expected, got " .. type(lock), 3)
-    end
-    if opts.timeout == nil then opts.timeout = exec_timeout + 60 end
-    if opts.exptime == nil then opts.exptime = exec_timeout + 120 end
-  end
-  return function() return module.new(opts) end
+-- The lock module, required when a session first needs it (a session given
+-- its own lock function never loads warmbox.lock).
+local function locks() return require "warmbox.lock" end
+
+--- The lock options a session's lock gets unless given: it waits long enough
+-- for a run of the same session to finish; a dead holder's lock expires
+-- (Redis) or is released by the kernel (file).
+function _M.lock_defaults(exec_timeout)
+  return { timeout = exec_timeout + 60, exptime = exec_timeout + 120 }
 end
-_M.lock_factory = lock_factory
 
 --- Make a session object.
 -- @tparam string key the session key (any bytes)
@@ -217,7 +204,11 @@ function _M.new(key, opts)
   end
   self.tag_value = tag_mod.tag_value(key, { template = self.template, env = self.env, actor = opts.actor,
     secret = opts.secret, hmac = opts.hmac, sha256 = opts.sha256 })
-  self.new_lock = lock_factory(opts.lock, opts.lock_opts, self.exec_timeout)
+  if type(opts.lock) == "function" then
+    self.new_lock = opts.lock
+  else
+    self.new_lock = locks().factory(opts.lock, _M.lock_defaults(self.exec_timeout), opts.lock_opts, "new", 2)
+  end
   return setmetatable(self, Session)
 end
 
@@ -622,35 +613,40 @@ function Session:run(code, opts)
   end
   local files, ferr = normalize_files(opts.files)
   if not files then return nil, ferr, "BAD_REQUEST" end
-  local lk = self.new_lock()
-  local _, lerr = lk:lock(self.tag_value)
-  if lerr then
-    if lk.close then pcall(lk.close, lk) end
-    if lerr == "timeout" then
-      return nil, string_format("session '%s' is busy (another run holds it)", self.key), "BUSY"
-    end
-    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), "LOCK"
-  end
   -- A run allowed to take longer than exec_timeout keeps its lock long enough.
   local run_timeout = opts.timeout or self.exec_timeout
-  if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
-    lk:expire(math.ceil(run_timeout) + 120)
-  end
-  local ok, r, err, ecode, detail = xpcall(self._run_locked, traceback, self, lk, code, opts, files)
+  local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
+    if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
+      lk:expire(math.ceil(run_timeout) + 120)
+    end
+    return self:_run_locked(lk, code, opts, files)
+  end)
   -- A failed unlock is reported with the run (the lock retries it itself).
-  local uok, uerr, ucode = lk:unlock()
-  if lk.close then pcall(lk.close, lk) end
-  if not ok then error(r, 0) end
-  if uok == nil then
-    local ue = { tostring(uerr), ucode }
+  if unlock_error then
     if r then
-      r.unlock_error = ue
+      r.unlock_error = unlock_error
     else
       detail = type(detail) == "table" and detail or {}
-      detail.unlock_error = ue
+      detail.unlock_error = unlock_error
     end
   end
   return r, err, ecode, detail
+end
+
+--- Runs `fn(lk)` holding the session's lock: the one place a session takes,
+-- releases and closes its lock (also when `fn` raises) and maps a lock
+-- failure to BUSY / LOCK.
+-- @treturn what `fn` returns (up to four values), then `{ msg, code }` when
+-- the unlock failed | nil, msg, "BUSY" | "LOCK"
+function Session:_with_lock(fn)
+  local lk = self.new_lock()
+  local guard <close> = locks().closing(lk) -- luacheck: ignore 211 (closed at scope exit)
+  local _, lerr = lk:lock(self.tag_value)
+  if lerr then return locks().failure("session '" .. self.key .. "'", lerr) end
+  local ok, r, err, ecode, detail = xpcall(fn, traceback, lk)
+  local uok, uerr, ucode = lk:unlock()
+  if not ok then error(r, 0) end
+  return r, err, ecode, detail, uok == nil and { tostring(uerr), ucode } or nil
 end
 
 --- Forget what this process and every process sharing the lock remember
@@ -658,32 +654,18 @@ end
 -- @treturn[1] true
 -- @return[2] nil, message, "BUSY" | "LOCK"
 function Session:forget()
-  local lk = self.new_lock()
-  local _, lerr = lk:lock(self.tag_value)
-  if lerr then
-    if lk.close then pcall(lk.close, lk) end
-    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr),
-      lerr == "timeout" and "BUSY" or "LOCK"
-  end
-  lk:set_state(nil)
-  lk:unlock()
-  if lk.close then pcall(lk.close, lk) end
-  return true
+  local ok, err, code = self:_with_lock(function(lk)
+    lk:set_state(nil)
+    return true
+  end)
+  return ok, err, code
 end
 
 --- What the session remembers (a copy without the access token); takes the lock.
 function Session:state()
-  local lk = self.new_lock()
-  local _, lerr = lk:lock(self.tag_value)
-  if lerr then
-    if lk.close then pcall(lk.close, lk) end
-    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), lerr == "timeout" and "BUSY" or "LOCK"
-  end
-  local st = _M.decode_state(lk:get_state())
-  lk:unlock()
-  if lk.close then pcall(lk.close, lk) end
-  st.access_token = nil
-  return st
+  local st, err, code = self:_with_lock(function(lk) return _M.decode_state(lk:get_state()) end)
+  if st then st.access_token = nil end
+  return st, err, code
 end
 
 return _M

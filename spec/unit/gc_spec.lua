@@ -365,7 +365,7 @@ describe("warmbox.gc", function()
       local ok, err, code = gc.release{ client = c, tag_value = "conv-2", lock = memlock }
       holder:unlock()
       assert.is_nil(ok)
-      assert.equal("session 'conv-2' is busy", err)
+      assert.equal("session 'conv-2' is busy (another run holds it)", err)
       assert.equal("BUSY", code)
       assert.same({}, calls_of(c, "kill"))
     end)

@@ -450,3 +450,50 @@ describe("warmbox.lock", function()
     end)
   end)
 end)
+
+describe("warmbox.lock as a resource", function()
+  it("factory: one maker of lock objects from every spec a caller may give", function()
+    local made = lock.factory("memory", { timeout = 7, exptime = 9 })()
+    assert.equal("memory", made.backend)
+    assert.equal(7, made.timeout)
+    assert.equal(9, made.exptime)
+    assert.equal(1, lock.factory({ backend = "memory", timeout = 1 }, { timeout = 7 })().timeout)
+    local fn = function() return made end
+    assert.equal(fn, lock.factory(fn))
+    local got
+    local module = { new = function(o) got = o return made end }
+    assert.equal(made, lock.factory(module, nil, { x = 1 })())
+    assert.same({ x = 1 }, got)
+    assert.has_error(function() lock.factory(42, nil, nil, "run") end,
+      "bad argument #1 to 'run' (option 'lock': string, table or function expected, got number)")
+    -- options are checked when the factory is made, not at the first lock
+    assert.has_error(function() lock.factory({ backend = "nfs" }) end,
+      "bad argument #1 to 'new' (unknown backend 'nfs')")
+  end)
+
+  it("failure: timeout is BUSY, anything else LOCK", function()
+    assert.same({ nil, "session 'k' is busy (another run holds it)", "BUSY" },
+      { lock.failure("session 'k'", "timeout") })
+    assert.same({ nil, "cannot lock session 'k': connection refused", "LOCK" },
+      { lock.failure("session 'k'", "connection refused") })
+  end)
+
+  it("closing: <close> releases a warmbox lock, and a plain object through its close", function()
+    local lk = lock.new{ backend = "memory", timeout = 0 }
+    do
+      local guard <close> = lock.closing(lk) -- luacheck: ignore 211
+      assert.truthy(lk:lock("res-1"))
+    end
+    assert.is_nil(lk:key())
+    assert.truthy(lock.new{ backend = "memory", timeout = 0 }:lock("res-1"))
+    local closed = 0
+    local plain = { close = function() closed = closed + 1 end }
+    do
+      local guard <close> = lock.closing(plain) -- luacheck: ignore 211
+    end
+    assert.equal(1, closed)
+    do
+      local guard <close> = lock.closing({}) -- luacheck: ignore 211 (no close at all: nothing to call)
+    end
+  end)
+end)

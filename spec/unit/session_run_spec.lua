@@ -536,6 +536,33 @@ describe("warmbox.session", function()
       assert.same({ "redis down", "TRANSPORT" }, detail2.unlock_error)
     end)
 
+    it("unlocks and closes its lock when the run raises, and forget/state take the same lock", function()
+      local e = setup()
+      local s = e.new("w:t")
+      local closed = 0
+      local orig = e.locks.new
+      e.locks.new = function()
+        local lk = orig()
+        function lk.close() closed = closed + 1 end
+        return lk
+      end
+      e.client.exec = function(_, _, out) out.stdout[1] = "a" end
+      assert.has_error(function() s:run("1", { on_stdout = function() error("callback failed") end }) end)
+      assert.equal(1, closed)
+      assert.same({ "lock " .. s.tag_value, "unlock " .. s.tag_value }, { e.locks.log[#e.locks.log - 1],
+        e.locks.log[#e.locks.log] })
+      assert(s:run("2"))
+      assert.equal(2, closed)
+      assert.is_true(s:forget())
+      assert.same({}, assert(s:state()))
+      assert.equal(4, closed)
+      e.locks.held[s.tag_value] = {}
+      assert.same({ nil, "session 'w:t' is busy (another run holds it)", "BUSY" }, { s:forget() })
+      e.locks.busy_err = "connection refused"
+      assert.same({ nil, "cannot lock session 'w:t': connection refused", "LOCK" }, { s:state() })
+      assert.equal(6, closed)
+    end)
+
     it("retries only once", function()
       local e = setup({ exec_timeout = 300, idle_timeout = 300 })
       local s = e.new("w:t")
