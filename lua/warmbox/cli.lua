@@ -19,7 +19,7 @@
 local tostring, tonumber, ipairs, type, pcall, next = tostring, tonumber, ipairs, type, pcall, next
 local string_format, table_concat = string.format, table.concat
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local USAGE = [[
 usage: warmbox [options] <command> [args]

@@ -5,7 +5,7 @@
 local type, tostring, setmetatable, error = type, tostring, setmetatable, error
 local pairs, ipairs, string_format, math_type = pairs, ipairs, string.format, math.type
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- The codes returned across warmbox (`nil, message, CODE`), each with what it
 -- means: the one list (README and HACKING point here; spec/unit/errors_spec.lua

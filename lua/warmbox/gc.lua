@@ -44,7 +44,7 @@ local type, pairs, ipairs, tostring, tonumber, error, xpcall =
 local traceback, fmt, floor, max = debug.traceback, string.format, math.floor, math.max
 local os_time = os.time
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local DEMOTE_LEASE = 60
 

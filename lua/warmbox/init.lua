@@ -19,6 +19,8 @@ local type, ipairs, tostring, error, setmetatable, pcall =
   type, ipairs, tostring, error, setmetatable, pcall
 local os_getenv, string_format, table_sort = os.getenv, string.format, table.sort
 
+--- The version: the one literal in lua/ (CMakeLists.txt compiles the same one into
+-- warmbox.core; spec/unit/version_spec.lua checks both and the rockspec agree).
 local _M = { _VERSION = "0.1.0" }
 
 local check_options, bad_option = errors.check_options, errors.bad_option

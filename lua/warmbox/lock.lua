@@ -91,7 +91,7 @@ local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor
 local concat = table.concat
 local now, sleep = core.now, core.sleep
 
-local _M = { _VERSION = "0.2.0" }
+local _M = {}
 local mt = { __index = _M }
 
 --- The default wait between attempts (seconds): blocks. The hook a scheduler replaces.

@@ -33,7 +33,7 @@ local xpcall, traceback, string_format, table_concat, table_sort =
 local getmetatable = getmetatable
 local os_time = os.time
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local check_options, bad_option = errors.check_options, errors.bad_option
 

@@ -24,7 +24,7 @@ local function fake_core()
     return { status = r.status or 200, headers = r.headers or {}, body = r.body or "", attempts = 1 }
   end
   function Http:close() end -- luacheck: ignore self
-  fake.core = { _VERSION = "0.1.0", http = function(opts)
+  fake.core = { _VERSION = require("spec.helpers.fakes").VERSION, http = function(opts)
     fake.http_opts = opts
     return setmetatable({}, Http)
   end }

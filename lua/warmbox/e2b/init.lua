@@ -24,7 +24,7 @@ local table_concat = table.concat
 local math_ceil = math.ceil
 local os_getenv = os.getenv
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local DEFAULT_DOMAIN = "e2b.app"
 local DEFAULT_SANDBOX_TIMEOUT = 300
@@ -81,7 +81,7 @@ function _M.new(opts)
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
     proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
-    user_agent = opts.user_agent or ("warmbox/" .. _M._VERSION),
+    user_agent = opts.user_agent or ("warmbox/" .. tostring(core._VERSION)),
   }
   if not http then error("cannot create the http client: " .. tostring(msg), 2) end
   local self = {

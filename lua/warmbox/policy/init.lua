@@ -16,7 +16,7 @@ local type, pairs, ipairs, error, tostring, setmetatable =
 local xpcall, load, io_open, string_format, traceback =
   xpcall, load, io.open, string.format, debug.traceback
 
-local _M = { _VERSION = "0.1.0", default = default }
+local _M = { default = default }
 
 -- Fields a policy may have, and whether each is a hook (function).
 local FIELDS = {

@@ -13,7 +13,7 @@ local type, ipairs, tostring, error, math_type =
 local string_format, table_concat, math_min, math_max, math_abs, math_floor, math_ceil, math_log =
   string.format, table.concat, math.min, math.max, math.abs, math.floor, math.ceil, math.log
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- Axis titles of the metrics a chart is usually drawn with.
 _M.LABELS = {

@@ -35,7 +35,7 @@ local string_format, table_sort, table_concat, math_floor, math_ceil, math_log, 
   string.format, table.sort, table.concat, math.floor, math.ceil, math.log, math.max, math.huge
 local io_open, math_type = io.open, math.type
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- E2B's published prices and the default sandbox size (2 vCPU, 512 MiB).
 _M.PRICES = {

@@ -40,7 +40,7 @@ local string_format, table_sort, math_floor, math_max, math_min =
   string.format, table.sort, math.floor, math.max, math.min
 local os_date = os.date
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- The private MIME type of the output report (`warmbox.outputs` defines it).
 _M.OUTPUTS_MIME = outputs.OUTPUTS_MIME
