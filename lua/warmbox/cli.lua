@@ -371,8 +371,7 @@ local function demo(o, io_)
   local function requests()
     if not http then return nil end
     local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats" }
-    local cjson = require("cjson.safe")
-    local t = res and res.status == 200 and cjson.decode(res.body)
+    local t = res and res.status == 200 and require("warmbox.json").decode(res.body)
     return t and t.total_requests
   end
   out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n\n",
