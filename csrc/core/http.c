@@ -17,6 +17,7 @@
 #include <time.h>
 #include <curl/curl.h>
 #include "warmbox_core.h"
+#include "warmbox_clock.h"
 #include "warmbox_buf.h"
 #include "warmbox_stream.h"
 #include "warmbox_retry.h"
@@ -45,21 +46,6 @@ typedef struct warmbox_http {
   int closed;
   long share_users; /* engine transfers using the share: it outlives h:close() */
 } warmbox_http;
-
-static double warmbox_mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void warmbox_sleep_s(double s) {
-  struct timespec req, rem;
-  if (!(s > 0)) return;
-  req.tv_sec = (time_t)s;
-  req.tv_nsec = (long)((s - (double)req.tv_sec) * 1e9);
-  if (req.tv_nsec > 999999999L) req.tv_nsec = 999999999L;
-  while (nanosleep(&req, &rem) != 0 && errno == EINTR) req = rem;
-}
 
 static double warmbox_random(warmbox_http *h) {
   /* xorshift64*: plenty for jitter. */
@@ -761,7 +747,7 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
   f.base = x->base;
   f.cap = x->cap;
   f.budget = x->budget;
-  f.elapsed = warmbox_mono() - x->t0;
+  f.elapsed = warmbox_clock_now() - x->t0;
   f.jitter = warmbox_random(x->client);
   return warmbox_retry_decide(&f);
 }
@@ -940,7 +926,7 @@ static int warmbox_http_request(lua_State *L) {
   x.L = L;
   x.err_slot = 3;
   x.cb_index = 4;
-  x.t0 = warmbox_mono();
+  x.t0 = warmbox_clock_now();
   for (;;) {
     double delay;
     int was_busy = h->busy;
@@ -959,7 +945,7 @@ static int warmbox_http_request(lua_State *L) {
     }
     delay = warmbox_retry_delay(&x);
     if (delay < 0) break;
-    warmbox_sleep_s(delay);
+    warmbox_clock_sleep(delay);
   }
   nres = warmbox_push_outcome(L, &x);
   warmbox_xfer_free(&x);
@@ -1010,10 +996,10 @@ static int warmbox_http_batch(lua_State *L) {
       done++;
     }
     lua_pop(L, 1);
-    x->t0 = warmbox_mono();
+    x->t0 = warmbox_clock_now();
   }
   while (done < n) {
-    double now = warmbox_mono(), wait = 1.0;
+    double now = warmbox_clock_now(), wait = 1.0;
     int running = 0, left = 0;
     CURLMsg *m;
     for (i = 0; i < n && active < conc; i++) {
@@ -1047,7 +1033,7 @@ static int warmbox_http_batch(lua_State *L) {
       delay = warmbox_retry_delay(x);
       if (delay >= 0) {
         x->state = 0;
-        x->not_before = warmbox_mono() + delay;
+        x->not_before = warmbox_clock_now() + delay;
         wait = 0;
       } else {
         x->state = 2;
@@ -1114,7 +1100,7 @@ static int warmbox_http_new(lua_State *L) {
   h->connect_timeout_ms = warmbox_ms(ct);
   h->timeout_ms = warmbox_ms(to);
   h->max_connections = (long)(mc < 1 ? 1 : mc);
-  h->rng = (uint64_t)(size_t)h ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)(warmbox_mono() * 1e9);
+  h->rng = (uint64_t)(size_t)h ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)(warmbox_clock_now() * 1e9);
   if (h->rng == 0) h->rng = 88172645463325252ULL;
   h->share = curl_share_init();
   h->easy = curl_easy_init();
@@ -1239,7 +1225,7 @@ int warmbox_xfer_setup(lua_State *L, int idx, warmbox_xfer *x, warmbox_frame_fn 
   if (failed) x->oom = 1;
   x->sink = sink;
   x->owner = owner;
-  x->t0 = warmbox_mono();
+  x->t0 = warmbox_clock_now();
   return failed;
 }
 

@@ -27,7 +27,7 @@
 #include <hiredis/hiredis.h>
 
 #include "warmbox_core.h"
-#include "lock_internal.h"
+#include "warmbox_clock.h"
 
 #define WARMBOX_REDIS_MT "warmbox.Redis"
 #define WARMBOX_REDIS_MAX_ARGS 1024
@@ -362,7 +362,7 @@ static void *warmbox_keeper_main(void *arg) {
   pthread_mutex_lock(&k->mu);
   next = k->last_ok + k->ttl / 3;
   while (!k->stop) {
-    double now = warmbox_lock_monotonic();
+    double now = warmbox_clock_now();
     char err[256];
     int r;
     if (now < next) {
@@ -378,7 +378,7 @@ static void *warmbox_keeper_main(void *arg) {
     err[0] = '\0';
     r = warmbox_keeper_refresh(k, &ctx, err, sizeof err);
     pthread_mutex_lock(&k->mu);
-    now = warmbox_lock_monotonic();
+    now = warmbox_clock_now();
     if (r == 1) {
       k->last_ok = now;
       k->failing = 0;
@@ -459,7 +459,7 @@ static int warmbox_redis_keeper(lua_State *L) {
   k->timeout = r->timeout;
   k->ttl = ttl;
   snprintf(k->ttlms, sizeof k->ttlms, "%lld", (long long)(ttl * 1000 + 0.5));
-  k->last_ok = warmbox_lock_monotonic();
+  k->last_ok = warmbox_clock_now();
   k->cap_at = k->last_ok + cap;
   pthread_mutex_init(&k->mu, NULL);
   pthread_condattr_init(&ca);
@@ -492,7 +492,7 @@ static int warmbox_keeper_status(lua_State *L) {
   pthread_mutex_lock(&k->mu);
   state = k->lost ? "lost" : k->capped ? "capped" : k->done ? "stopped" : k->failing ? "failing" : "ok";
   lua_pushstring(L, state);
-  lua_pushnumber(L, warmbox_lock_monotonic() - k->last_ok);
+  lua_pushnumber(L, warmbox_clock_now() - k->last_ok);
   if (k->err[0] && k->failing)
     lua_pushstring(L, k->err);
   else
@@ -515,7 +515,7 @@ static int warmbox_keeper_extend(lua_State *L) {
   }
   pthread_mutex_lock(&k->mu);
   ok = !k->done;
-  if (ok) k->cap_at = warmbox_lock_monotonic() + cap;
+  if (ok) k->cap_at = warmbox_clock_now() + cap;
   pthread_mutex_unlock(&k->mu);
   lua_pushboolean(L, ok);
   return 1;

@@ -78,3 +78,15 @@ describe("the lua/warmbox module graph", function()
     end
   end)
 end)
+
+describe("csrc/core", function()
+  it("reads one monotonic clock and sleeps in one place: clock.c", function()
+    local users = {}
+    for _, path in ipairs(find("csrc/core", "*.c")) do
+      local src = read(path)
+      if src:find("clock_gettime%s*%(") or src:find("nanosleep%s*%(") then users[#users + 1] = path end
+    end
+    assert.same({ "csrc/core/clock.c" }, users)
+  end)
+end)
+
