@@ -3,6 +3,7 @@
 -- luacheck: ignore 212
 local gc = require "warmbox.gc"
 local lock = require "warmbox.lock"
+local fake_e2b = require "spec.helpers.fake_e2b"
 
 local TAG = "warmboxSessionId"
 local NOW = gc.parse_time("2026-11-29T12:00:00Z")
@@ -14,49 +15,8 @@ end
 
 local function fake_client(items, o)
   o = o or {}
-  local c = { calls = {}, items = items, info_over = {}, batches = {} }
-  local by_id = {}
-  for _, it in ipairs(items) do by_id[it.sandbox_id] = it end
-  local function rec(...) c.calls[#c.calls + 1] = table.concat({ ... }, " ") end
-  function c:list(opts)
-    rec("list", table.concat(opts.state, ","), opts.metadata and next(opts.metadata) or "")
-    local i = 0
-    return function()
-      i = i + 1
-      if o.list_error and i == o.list_error then return false, "list sandboxes: boom", "HTTP" end
-      return items[i]
-    end
-  end
-  function c:info(id)
-    rec("info", id)
-    local over = c.info_over[id]
-    if over == "gone" then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
-    if over then return over end
-    return by_id[id]
-  end
-  function c:kill(id)
-    rec("kill", id)
-    return true
-  end
-  function c:pause(id, po)
-    rec("pause", id, tostring(po and po.memory))
-    return true
-  end
-  function c:connect(id)
-    rec("connect", id)
-    return { sandbox_id = id }
-  end
-  if o.kill_many then
-    function c:kill_many(ids, ko)
-      c.batches[#c.batches + 1] = { n = #ids, concurrency = ko.concurrency }
-      local out = {}
-      for i, id in ipairs(ids) do
-        rec("kill", id)
-        out[i] = { true }
-      end
-      return out
-    end
-  end
+  local c = fake_e2b.new{ clock = function() return NOW end, items = items, kill_many = o.kill_many }
+  c.fail.list_at = o.list_error
   return c
 end
 
@@ -66,13 +26,7 @@ local function sb(id, state, tv, started, ended, md)
            end_at = iso(ended or started + 300), template_id = "base" }
 end
 
-local function calls_of(c, what)
-  local t = {}
-  for _, s in ipairs(c.calls) do
-    if s:match("^" .. what .. " ") then t[#t + 1] = s end
-  end
-  return t
-end
+local function calls_of(c, what) return c:calls_of(what) end
 
 local max_age_policy = {
   gc = function(item, ctx)
@@ -224,7 +178,7 @@ describe("warmbox.gc", function()
       assert.equal(2, report.killed)
       assert.equal(1, report.kept)
       assert.equal(2, #report.actions)
-      assert.same({ "list running,paused " }, c.calls)
+      assert.same({ "list running,paused " }, c.log)
     end)
 
     it("counts a policy error as POLICY and goes on", function()
@@ -345,6 +299,7 @@ describe("warmbox.gc", function()
         -- what a loose server-side filter could return: a longer value
         sb("r3", "running", "conv-10", NOW - 60),
       }
+      c.loose = true -- the fake lists r3 for a filter on "conv-1"
       local lk = lock.new{ backend = "memory" }
       assert(lk:lock("conv-1"))
       lk:set_state('{"v":1,"sandbox_id":"r1"}')

@@ -38,18 +38,7 @@ local function fake_lock()
   return m
 end
 
-local function fake_client(items)
-  local c = { killed = {} }
-  function c:list_all(o)
-    self.listed = o
-    return items
-  end
-  function c:kill(id)
-    self.killed[#self.killed + 1] = id
-    return true
-  end
-  return c
-end
+local function fake_client(items) return require("spec.helpers.fake_e2b").new{ items = items } end
 
 insulate("warmbox", function()
   it("adds no globals", function()
