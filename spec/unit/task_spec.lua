@@ -21,8 +21,12 @@ describe("warmbox.task", function()
     assert.equal(105, s:now())
   end)
 
-  it("interleaves tasks by virtual time, equal times in the order they began to wait", function()
-    local s = new()
+  for _, fast in ipairs{ true, false } do
+  it("interleaves tasks by virtual time, equal times in the order they began to wait (fast path "
+    .. tostring(fast) .. ")", function()
+    local b = task.virtual(0)
+    b.virtual = fast
+    local s = task.scheduler{ backend = b }
     local log = {}
     local function worker(name, delays)
       for _, d in ipairs(delays) do
@@ -36,6 +40,7 @@ describe("warmbox.task", function()
     assert.is_true(s:loop())
     assert.same({ "b@1", "a@3", "c@3", "c@3", "b@6", "a@6" }, log)
   end)
+  end
 
   it("sleep_until a past time returns at the same time, after the other ready tasks", function()
     local s = new(10)
@@ -214,7 +219,9 @@ describe("warmbox.task", function()
   end)
 
   it("step(timeout) bounds the wait for a host that owns its loop", function()
-    local s = new()
+    local b = task.virtual(0)
+    b.virtual = false          -- as a real backend: every sleep yields
+    local s = task.scheduler{ backend = b }
     s:spawn(function() s:sleep(10) end)
     assert.is_true(s:step())            -- runs the task to its sleep
     assert.is_true(s:step(4))           -- waits 4, the timer is not due
