@@ -608,6 +608,7 @@ local function run(o)
   end
 
   local latencies, nlat = {}, 0
+  local log = o.details and {} or nil
   local last_end = t0
   local active, arrived_all = 0, false
   local horizon = nil
@@ -640,6 +641,12 @@ local function run(o)
       report.runs = report.runs + 1
       local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
       local mark = data.mark
+      if log then
+        log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
+          code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
+          code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
+          created = mark.created or false, resumed = mark.resumed or false }
+      end
       if not ok then
         fail("ERROR", tostring(r))
       elseif not r then
@@ -756,6 +763,7 @@ local function run(o)
   if o.details then
     report.sandboxes = model:sandboxes()
     report.latencies_ms = latencies
+    report.log = log
   end
   return report
 end
@@ -776,7 +784,9 @@ end
 --   `tail` (seconds simulated after the last run ends, default
 --   `max(exec_timeout, idle_timeout) + max_age + gc_every`: long enough for the
 --   default GC policy to reclaim every abandoned sandbox), `details` (add
---   `sandboxes` and `latencies_ms`)
+--   `sandboxes`, `latencies_ms` and `log`: one record per run in the order runs
+--   ended, `{ session, due, start, code_started, finish, ok, code, created, resumed }`,
+--   times in seconds from the start)
 -- @treturn[1] table report: `conversations, turns, runs, ok, failed, failures = { CODE = n },
 --   errors, cold_starts, resumes, warm_hits, conversations_lost_state, turns_lost_state,
 --   p50_ms, p95_ms, p99_ms, mean_ms, max_ms` (virtual ms warmbox added before the code
@@ -898,11 +908,48 @@ end
 
 local COLUMNS = {
   { "runs", "runs", "%d" }, { "cold", "cold_starts", "%d" }, { "resumes", "resumes", "%d" },
-  { "warm", "warm_hits", "%d" }, { "failed", "failed", "%d" },
+  { "warm", "warm_hits", "%d" }, { "failed", "failed", "%d" }, { "lost state", "conversations_lost_state", "%d" },
   { "p50 ms", "p50_ms", "%.0f" }, { "p95 ms", "p95_ms", "%.0f" }, { "p99 ms", "p99_ms", "%.0f" },
   { "compute s", "compute_seconds", "%.0f" }, { "compute $", "compute_cost", "%.4f" },
-  { "paused s", "paused_seconds", "%.0f" }, { "gc kills", "gc_kills", "%d" }, { "alive", "alive", "%d" },
+  { "paused h", "paused_hours", "%.1f" }, { "storage $", "storage_cost", "%.4f" },
+  { "gc kills", "gc_kills", "%d" }, { "alive", "alive", "%d" },
 }
+_M.COLUMNS = COLUMNS
+
+-- The fields of a CSV row, in order.
+local CSV_FIELDS = { "policy", "param", "value", "conversations", "runs", "ok", "failed", "cold_starts", "resumes",
+  "warm_hits", "conversations_lost_state", "turns_lost_state", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
+  "compute_seconds", "compute_cost", "paused_seconds", "paused_hours", "storage_cost", "cost", "created",
+  "model_resumes", "pauses", "auto_pauses", "kills", "timeout_kills", "gc_passes", "gc_kills", "gc_demoted",
+  "requests", "requests_per_run", "rejected_cap", "rejected_rate", "retries", "peak_running", "paused_during_run",
+  "alive", "exec_timeout", "idle_timeout", "max_age", "gc_every", "paused_price_hour", "simulated_seconds" }
+_M.CSV_FIELDS = CSV_FIELDS
+
+--- Rows as CSV text: a header line, then one line per row (fields in
+-- `CSV_FIELDS`; text fields never hold a comma or a quote here, so none is quoted).
+-- @tparam table rows a report or a list of them
+-- @treturn string
+function _M.csv(rows)
+  if type(rows) ~= "table" then error("bad argument #1 to 'csv' (table expected, got " .. type(rows) .. ")", 2) end
+  if rows.runs then rows = { rows } end
+  local out = { table_concat(CSV_FIELDS, ",") }
+  for _, r in ipairs(rows) do
+    local line = {}
+    for i, k in ipairs(CSV_FIELDS) do
+      local v = r[k]
+      if k == "paused_price_hour" then v = (r.prices and r.prices.paused_second or 0) * 3600 end
+      if type(v) == "number" then
+        line[i] = math_type(v) == "integer" and string_format("%d", v) or string_format("%.10g", v)
+      elseif v == nil then
+        line[i] = ""
+      else
+        line[i] = (tostring(v):gsub("[,\"\r\n]", " "))
+      end
+    end
+    out[#out + 1] = table_concat(line, ",")
+  end
+  return table_concat(out, "\n") .. "\n"
+end
 
 --- Format reports (or sweep rows) as a text table, one line per row.
 -- @tparam table rows a report or a list of them
@@ -943,7 +990,35 @@ function _M.format(rows)
         tostring(r.param and r.value or r.policy), table_concat(codes, ", "))
     end
   end
-  return table_concat(out, "\n") .. "\n" .. (#failures > 0 and table_concat(failures, "\n") .. "\n" or "")
+  local price = rows[1] and rows[1].prices and rows[1].prices.paused_second or 0
+  local note = string_format("storage price assumed: $%g per paused sandbox-hour (E2B publishes none)\n",
+    price * 3600)
+  return table_concat(out, "\n") .. "\n" .. (#failures > 0 and table_concat(failures, "\n") .. "\n" or "") .. note
+end
+
+--- Draw the chart with gnuplot when it is installed (`opts.gnuplot`, default
+-- "gnuplot" on the PATH), else write the built-in SVG.
+-- @tparam table rows
+-- @tparam string path the image to write (gnuplot: PNG when it ends in .png, else SVG)
+-- @tparam[opt] table opts `x`, `y`, `title` (as `chart`), `gnuplot` (a command, or false: built-in SVG only)
+-- @treturn[1] string "gnuplot" or "svg" (what drew it)
+-- @return[2] nil, message, "IO"
+function _M.plot(rows, path, opts)
+  if type(path) ~= "string" then error("bad argument #2 to 'plot' (string expected, got " .. type(path) .. ")", 2) end
+  opts = opts or {}
+  local copts = { x = opts.x, y = opts.y, title = opts.title }
+  local svg = chart_mod.chart(rows, copts, 2)  -- also checks the rows and options
+  local gp = opts.gnuplot
+  if gp == nil then gp = "gnuplot" end
+  if gp and os.execute("command -v " .. gp .. " >/dev/null 2>&1") then
+    local ok = chart_mod.gnuplot(rows, path, copts, gp)
+    if ok then return "gnuplot" end
+  end
+  local f, err = io_open(path, "wb")
+  if not f then return nil, "cannot write " .. path .. ": " .. tostring(err), "IO" end
+  f:write(svg)
+  f:close()
+  return "svg"
 end
 
 --- An SVG chart of sweep rows (see `warmbox.sim.chart`).
