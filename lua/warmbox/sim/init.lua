@@ -570,6 +570,7 @@ local function run(o)
   local start = (o.model and o.model.start) or model_mod.DEFAULTS.start
   local sched = task_mod.scheduler{ backend = task_mod.virtual(start) }
   local model = model_mod.new(o.model, sched)
+  model.keep_history = o.details and true or false
   local clock = model:clock()
   local t0 = model.now
   local new_lock = sim_lock.factory(sched)

@@ -109,7 +109,8 @@ function _M.new(opts, sched)
     now = backend:now(),       -- virtual unix seconds (the scheduler's clock, synced at each step)
     rtt = cfg.rtt_ms / 1000,
     max_length = cfg.max_length_hours * 3600,
-    boxes = {},                -- id -> record (killed ones too, until the end)
+    boxes = {},                -- id -> record (killed ones too while keep_history)
+    keep_history = true,       -- false: forget killed sandboxes (large simulations)
     live = {},                 -- id -> record (running or paused)
     by_md = {},                -- metadata key -> value -> { [record] = true } (live ones)
     leases = { n = 0 },        -- timer heap of running sandboxes' lease ends
@@ -206,6 +207,7 @@ local function remove(self, b, t)
   end
   b.state, b.killed_at = "killed", t
   self.live[b.id] = nil
+  if not self.keep_history then self.boxes[b.id] = nil end
   for k, v in pairs(b.metadata) do
     local vals = self.by_md[k]
     local set = vals and vals[v]
