@@ -175,7 +175,7 @@ function _M.scheduler(opts)
   end
   return setmetatable({
     backend = backend,
-    ready = {}, rhead = 1, rtail = 0,     -- FIFO of { task, gen }
+    ready = {}, ready_gen = {}, rhead = 1, rtail = 0,     -- FIFO of (task, gen)
     timers = { n = 0 }, seq = 0,
     live = 0, ids = 0,
     on_error = opts and opts.on_error,
@@ -195,7 +195,8 @@ end
 local function push_ready(self, t, gen)
   local n = self.rtail + 1
   self.rtail = n
-  self.ready[n] = { t, gen }
+  self.ready[n] = t
+  self.ready_gen[n] = gen
 end
 
 --- Start `fn(...)` as a task. It first runs at the next round of `loop`/`step`.
@@ -399,16 +400,15 @@ end
 -- Running
 -- ------------------------------------------------------------------
 
--- Wrap resume so that every return value of a finished task is kept.
-local function run_task(self, t)
-  t.state = "running"
-  local res = table_pack(co_resume(t.co))
+-- After a resume: a finished task keeps every return value (no table is
+-- made for a task that only yielded).
+local function after_resume(self, t, ok, ...)
   if co_status(t.co) == "dead" then
     if t.state ~= "done" then
-      if res[1] then
-        self:_finish(t, true, table_unpack(res, 2, res.n))
+      if ok then
+        self:_finish(t, true, ...)
       else
-        local e = res[2]
+        local e = ...
         if type(e) == "table" and e.code then self:_finish(t, false, e.message or tostring(e), e.code)
         else self:_finish(t, false, e, "TASK") end
       end
@@ -420,6 +420,11 @@ local function run_task(self, t)
     t.gen = t.gen + 1
     push_ready(self, t, t.gen)
   end
+end
+
+local function run_task(self, t)
+  t.state = "running"
+  return after_resume(self, t, co_resume(t.co))
 end
 
 -- Move due timers to the ready queue.
@@ -440,11 +445,12 @@ end
 -- when one ran.
 local function run_ready(self)
   local ran = false
+  local ready, ready_gen = self.ready, self.ready_gen
   while self.rhead <= self.rtail do
-    local e = self.ready[self.rhead]
-    self.ready[self.rhead] = nil
-    self.rhead = self.rhead + 1
-    local t, gen = e[1], e[2]
+    local i = self.rhead
+    local t, gen = ready[i], ready_gen[i]
+    ready[i], ready_gen[i] = nil, nil
+    self.rhead = i + 1
     if t.state ~= "done" and t.gen == gen then
       ran = true
       run_task(self, t)
