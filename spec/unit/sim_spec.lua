@@ -518,6 +518,58 @@ describe("warmbox.sim", function()
     end)
   end)
 
+  describe(".plot()", function()
+    local rows
+    lazy_setup(function()
+      rows = assert(sim.sweep({ trace = FIXTURE, exec_timeout = 60 }, { param = "idle_timeout", values = { 60, 900 } }))
+    end)
+
+    it("writes the built-in SVG when gnuplot is not installed", function()
+      local path = os.tmpname()
+      assert.equal("svg", sim.plot(rows, path, { gnuplot = "/nonexistent/gnuplot" }))
+      local f = assert(io.open(path))
+      local svg = f:read("a")
+      f:close()
+      os.remove(path)
+      assert.equal(sim.chart(rows), svg)
+      local ok, err, code = sim.plot(rows, "/nonexistent/dir/c.svg", { gnuplot = false })
+      assert.is_nil(ok)
+      assert.matches("cannot write", err)
+      assert.equal("IO", code)
+    end)
+
+    it("hands gnuplot a script that plots every row to the given file", function()
+      -- a stand-in gnuplot that keeps the script and data it was given and writes the output
+      local dir = os.tmpname()
+      os.remove(dir)
+      os.execute("mkdir -p " .. dir)
+      local fake = dir .. "/gnuplot"
+      local f = assert(io.open(fake, "w"))
+      f:write("#!/bin/sh\ncp \"$1\" " .. dir .. "/got.gp\n"
+        .. "data=$(sed -n 's/^plot \"\\([^\"]*\\)\".*/\\1/p' \"$1\")\ncp \"$data\" " .. dir .. "/got.data\n"
+        .. "out=$(sed -n 's/^set output \"\\(.*\\)\"$/\\1/p' \"$1\")\necho plotted > \"$out\"\n")
+      f:close()
+      os.execute("chmod +x " .. fake)
+      local out = dir .. "/chart.png"
+      assert.equal("gnuplot", sim.plot(rows, out, { gnuplot = fake }))
+      local function read(p)
+        local h = assert(io.open(p))
+        local t = h:read("a")
+        h:close()
+        return t
+      end
+      assert.equal("plotted\n", read(out))
+      local gp = read(dir .. "/got.gp")
+      assert.matches("set terminal pngcairo", gp, 1, true)
+      assert.matches("p95 added latency", gp, 1, true)
+      local data = read(dir .. "/got.data")
+      local _, n = data:gsub("\n", "")
+      assert.equal(2, n)
+      assert.matches('"900"', data, 1, true)
+      os.execute("rm -rf " .. dir)
+    end)
+  end)
+
   describe("the model", function()
     it("pauses at the lease end, resumes on connect with a new started_at, keeps paused ones", function()
       local m = model_mod.new{ rtt_ms = 0, create_ms = 0, resume_ms = 0 }

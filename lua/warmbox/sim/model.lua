@@ -394,7 +394,10 @@ local function detail_of(b)
   local md = {}
   for k, v in pairs(b.metadata) do md[k] = v end
   d.metadata, d.state = md, listed_state(b)
-  d.started_at, d.end_at = rfc3339(b.started_at), rfc3339(b.end_at)
+  -- The formatted times are kept until they change (GC lists every sandbox each pass).
+  if b.fmt_started ~= b.started_at then b.fmt_started, b.s_started = b.started_at, rfc3339(b.started_at) end
+  if b.fmt_end ~= b.end_at then b.fmt_end, b.s_end = b.end_at, rfc3339(b.end_at) end
+  d.started_at, d.end_at = b.s_started, b.s_end
   d.cpu_count, d.memory_mb, d.disk_size_mb = 2, 512, 1024
   d.lifecycle = { on_timeout = b.on_timeout, auto_resume = b.auto_resume }
   return d
