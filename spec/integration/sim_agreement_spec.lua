@@ -5,34 +5,38 @@
 -- --create-ms, --resume-ms). Both give the same counts of creates, resumes,
 -- pauses, kills and ok/failed runs.
 --
--- The trace keeps every gap far from the lease (0.3 s within a burst of
--- turns, 8.8 s between bursts; GC's max_age 16 s against idle ages of at
--- most ~10 s or at least ~22 s), so the real run's scheduling jitter and
--- cold-start times cannot flip an outcome.
+-- The trace keeps every gap far from the lease: a conversation's turns come
+-- in bursts of 4 turns 0.2 s apart (warm), its bursts 6.4 s apart or more
+-- (paused, then resumed), and no two bursts overlap. The real run follows the
+-- trace in order and, when a turn starts late (a cold start of a bash cell
+-- takes about 0.2 s, more under sanitizers), shifts everything after it by as much:
+-- gaps only grow, so a warm gap stays far below the lease (one cold start at
+-- most) and a long one stays above it. GC's max_age (15 s) is far from the
+-- idle ages at GC time (at most ~8 s or at least ~22 s).
 local wbd = require "spec.helpers.warmboxd"
 local sim = require "warmbox.sim"
 local core = require "warmbox.core"
 
 local LEASE = 4                        -- exec_timeout = idle_timeout
-local MAX_AGE, GC_AT = 16, 45          -- one GC pass GC_AT s after the start
+local MAX_AGE, GC_AT = 15, 40.5        -- one GC pass GC_AT s after the start
 local RTT, CREATE, RESUME = 5, 50, 50  -- ms, the same on both sides
+local WINDOW = 0.7                     -- seconds per burst
 
--- 10 "early" conversations (2 bursts of 4 turns, 10 s apart, all done by
--- ~18 s) and 10 "late" ones (3 bursts, from 10 s to ~39 s). Conversations
--- start 0.8 s apart: a real cold start (jail, interpreter) takes about half
--- a second, and must not delay the next conversation's turns by seconds.
+-- 10 "early" conversations (2 bursts, windows 0-9 then 10-19) and 10 "late"
+-- ones (3 bursts, windows 20-29, 30-39, 40-49): 200 turns in 35 s.
 local function trace()
   local turns = {}
-  local function conv(name, start, bursts)
-    for b = 0, bursts - 1 do
-      for k = 0, 3 do
-        turns[#turns + 1] = { t = start + b * 10 + k * 0.3, session = name, duration = 0 }
-      end
+  local function burst(name, window)
+    for k = 0, 3 do
+      turns[#turns + 1] = { t = window * WINDOW + k * 0.2, session = name, duration = 0, language = "bash" }
     end
   end
-  for i = 1, 10 do conv("early-" .. i, (i - 1) * 0.8, 2) end
-  for i = 1, 10 do conv("late-" .. i, 10.4 + (i - 1) * 0.8, 3) end
-  table.sort(turns, function(a, b) return a.t < b.t or (a.t == b.t and a.session < b.session) end)
+  for b = 0, 1 do
+    for i = 1, 10 do burst("early-" .. i, b * 10 + i - 1) end
+  end
+  for b = 0, 2 do
+    for i = 1, 10 do burst("late-" .. i, 20 + b * 10 + i - 1) end
+  end
   return turns
 end
 
@@ -56,14 +60,14 @@ describe("the simulator against a real warmboxd", function()
 
     -- 1. The model.
     local m = assert(sim.run{ trace = turns, exec_timeout = LEASE, idle_timeout = LEASE,
-      template = "code-interpreter-v1", max_age = MAX_AGE, gc_every = GC_AT, tail = 12,
+      template = "code-interpreter-v1", code = "true", max_age = MAX_AGE, gc_every = GC_AT, tail = 12,
       model = { rtt_ms = RTT, create_ms = CREATE, resume_ms = RESUME, kernel_ms = 100 } })
     assert.equal(1, m.gc_passes)
     local model_counts = { creates = m.created, resumes = m.model_resumes, pauses = m.auto_pauses + m.pauses,
       kills = m.kills + m.timeout_kills, ok = m.ok, failed = m.failed }
 
-    -- 2. The real server, in real time: turns run in time order (a turn due
-    -- while another one runs starts when it ends).
+    -- 2. The real server, in real time: turns run in time order; a late turn
+    -- shifts the rest of the trace.
     local wb = assert(require("warmbox").new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
       exec_timeout = LEASE, idle_timeout = LEASE, lock = { backend = "file", dir = lockdir } })
     local c = wb.client
@@ -84,18 +88,23 @@ describe("the simulator against a real warmboxd", function()
       if r then real.pauses = real.pauses + 1 end
       return r, e1, e2
     end
-    local sessions = {}
-    local t0 = core.now()
+    local sessions, errs = {}, {}
+    local t0, late = core.now(), 0
     for _, turn in ipairs(turns) do
-      local wait = t0 + turn.t - core.now()
-      if wait > 0 then core.sleep(wait) end
+      local wait = t0 + late + turn.t - core.now()
+      if wait > 0 then core.sleep(wait) else late = late - wait end
       sessions[turn.session] = sessions[turn.session] or wb:session(turn.session)
-      local r, err, code = sessions[turn.session]:run("x = 1")
-      if r then real.ok = real.ok + 1 else real.failed = real.failed + 1; print(err, code) end
+      local r, err, code = sessions[turn.session]:run("true", { language = turn.language })
+      if r then
+        real.ok = real.ok + 1
+      else
+        real.failed = real.failed + 1
+        errs[#errs + 1] = tostring(code) .. ": " .. tostring(err)
+      end
     end
-    local drift = core.now() - t0 - turns[#turns].t
+    local drift = late
     -- Every lease has run out by GC time: each sandbox paused once more than it resumed.
-    local wait = t0 + GC_AT - core.now()
+    local wait = t0 + late + GC_AT - core.now()
     if wait > 0 then core.sleep(wait) end
     local paused = 0
     for item, err in c:list{ state = { "paused" } } do
@@ -107,7 +116,7 @@ describe("the simulator against a real warmboxd", function()
     real.kills = g.killed
     wb:close()
 
-    assert.same(model_counts, real, "drift " .. drift .. " s")
+    assert.same(model_counts, real, string.format("shifted by %.2f s; failures: %s", drift, table.concat(errs, "; ")))
     -- and the counts are the ones the trace was built for
     assert.same({ creates = 20, resumes = 10 * 1 + 10 * 2, pauses = 20 + 30, kills = 10, ok = 200, failed = 0 },
       model_counts)
