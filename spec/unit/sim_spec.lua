@@ -267,6 +267,38 @@ describe("warmbox.sim", function()
     end)
   end)
 
+  describe("the sim lock", function()
+    it("waits for a held key in virtual time inside tasks, in arrival order; answers at once elsewhere", function()
+      local task = require "warmbox.task"
+      local sched = task.scheduler{ backend = task.virtual(0) }
+      local new_lock = require("warmbox.sim.lock").factory(sched)
+      local order = {}
+      sched:spawn(function()
+        local lk = new_lock()
+        assert.equal(0, lk:lock("k"))
+        sched:sleep(5)
+        lk:unlock()
+      end)
+      for i = 1, 2 do
+        sched:spawn(function()
+          sched:sleep(i)                              -- arrive at 1, then 2
+          local lk = new_lock()
+          assert.same({ nil, "busy" }, { lk:try_lock("k") })
+          local waited = assert(lk:lock("k"))
+          order[#order + 1] = { i, sched:now(), waited }
+          sched:sleep(1)
+          lk:unlock()
+        end)
+      end
+      assert.is_true(sched:loop())
+      assert.same({ { 1, 5, 4 }, { 2, 6, 4 } }, order)
+      -- outside a task a held key is not waited for
+      local a, b = new_lock(), new_lock()
+      assert(a:lock("x"))
+      assert.same({ nil, "timeout" }, { b:lock("x") })
+    end)
+  end)
+
   describe("the model's rules (hand-computed)", function()
     local function m0(opts)
       local o = { rtt_ms = 0, create_ms = 0, resume_ms = 0, pause_ms = 0, kernel_ms = 0 }
