@@ -29,6 +29,8 @@ _M.codes = {
   HTTP = "any other HTTP status, or an answer that is not what E2B sends",
   IO = "a local file or descriptor operation failed (the file lock, the engine's poll)",
   REDIS = "Redis answered a command with an error",
+  TASK = "a warmbox.task task raised (its result carries the error)",
+  CANCELLED = "a warmbox.task task was cancelled before it finished",
 }
 
 --- The code for an HTTP status.
