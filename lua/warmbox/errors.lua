@@ -31,6 +31,7 @@ _M.codes = {
   REDIS = "Redis answered a command with an error",
   TASK = "a warmbox.task task raised (its result carries the error)",
   CANCELLED = "a warmbox.task task was cancelled before it finished",
+  DEADLOCK = "warmbox.task: tasks remain that nothing can ever wake",
 }
 
 --- The code for an HTTP status.

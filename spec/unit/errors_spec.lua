@@ -29,7 +29,6 @@ local NOT_CODES = {
   SESSION = "CLI column header", SANDBOX = "CLI column header", STATE = "CLI column header",
   FILE_TYPE_DIRECTORY = "envd file type", FILE_TYPE_SYMLINK = "envd file type",
   WARMBOXD_BIN = "environment variable",
-  DEADLOCK = "simulator report: every task waits",
   FAILED = "smoke step status", ERROR = "simulator report: a run raised", GC = "simulator report: a GC pass raised",
 }
 
