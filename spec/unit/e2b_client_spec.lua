@@ -562,7 +562,7 @@ insulate("warmbox.e2b", function()
       -- the run's timeout travels in the body: the server interrupts the cell then
       assert.same({ code = "print('hi')", language = "python", env_vars = { A = "1" }, timeout = 300 },
         cjson.decode(req.body))
-      assert.equals(300 + e2b.EXEC_GRACE, req.timeout)
+      assert.equals(300 + require("warmbox.e2b.sandbox").EXEC_GRACE, req.timeout)
       -- only a refusal (429/503 before any byte) is retried; never a 502 or 500
       assert.same({ 429, 503 }, req.retry.refused)
       assert.same({}, req.retry.statuses)

@@ -484,9 +484,8 @@ function Client:sandbox(sb, opts)
   return sandbox_new(self, sb, opts)
 end
 
---- Re-exported from `warmbox.e2b.wire` and `warmbox.e2b.sandbox`.
+--- Re-exported from `warmbox.e2b.wire`.
 _M.encode_metadata = wire.encode_metadata
-_M.EXEC_GRACE = sandbox_mod.EXEC_GRACE
 _M.Client = Client
 _M.Sandbox = sandbox_mod.Sandbox
 return _M
