@@ -31,16 +31,18 @@
 --   model:advance_to(t)                -- idle time passes (leases expire lazily)
 -- @module warmbox.sim.model
 
-local type, pairs, ipairs, tostring, error, setmetatable, require =
-  type, pairs, ipairs, tostring, error, setmetatable, require
+local outputs = require "warmbox.outputs"
+
+local type, pairs, ipairs, tostring, error, setmetatable =
+  type, pairs, ipairs, tostring, error, setmetatable
 local string_format, table_sort, math_floor, math_max, math_min =
   string.format, table.sort, math.floor, math.max, math.min
 local os_date = os.date
 
 local _M = { _VERSION = "0.1.0" }
 
---- The private MIME type of the output report (as `warmbox.session` expects it).
-_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
+--- The private MIME type of the output report (`warmbox.outputs` defines it).
+_M.OUTPUTS_MIME = outputs.OUTPUTS_MIME
 
 --- Default model parameters (milliseconds unless said).
 _M.DEFAULTS = {
@@ -539,8 +541,8 @@ function Sandbox:run_code(code, opts)
   local language = opts.language or "python"
   local results = {}
   if language == "python" then
-    -- The kernel gets the hooks from warmbox's prelude line (the session's own source).
-    if not b.hooked and type(code) == "string" and code:find(require("warmbox.session").PRELUDE, 1, true) then
+    -- The kernel gets the hooks from warmbox's prelude line (warmbox.outputs' source).
+    if not b.hooked and type(code) == "string" and code:find(outputs.PRELUDE, 1, true) then
       b.hooked = true
     end
     if b.hooked then
