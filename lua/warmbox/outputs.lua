@@ -31,7 +31,11 @@ local HOOK_SRC = [[
 def _wb():
     import os, base64, mimetypes, shutil
     ip = __import__('IPython').get_ipython()
-    if ip is None or getattr(ip, '_warmbox_hooks', False):
+    if ip is None:
+        return
+    # this cell is warmbox's: the user's next cell keeps the number it would have had
+    ip.execution_count -= 1
+    if getattr(ip, '_warmbox_hooks', False):
         return
     out = '%s'
     limit = %d
