@@ -143,7 +143,7 @@ function _M.start(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("bad argument #1 to 'start' (table expected, got " .. type(opts) .. ")", 2) end
   local bin, err, code = _M.find_bin(opts.bin)
-  if not bin then return nil, with_check(err), code end
+  if not bin then return nil, err, code end
   local dir, p
   if opts.dir then
     dir = opts.dir
