@@ -8,7 +8,8 @@
 --   warmbox [options] sessions
 --   warmbox [options] gc [--dry-run] [--max-age S]
 --   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
---                              [--idle-timeout S,S,S] [--policy FILE] [--chart out.svg]
+--                              [--idle-timeout S,S,S] [--policy FILE | --policies all]
+--                              [--chart out.svg] [--csv rows.csv]
 --   warmbox demo
 --   warmbox [options] smoke
 --
@@ -44,13 +45,19 @@ commands:
   sessions                       list sessions and their sandboxes
   gc [--dry-run] [--max-age S]   garbage-collect tagged sandboxes under the GC policy
   simulate                       replay a trace or a generated workload against a virtual-time model of E2B
-      --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}
+      --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}, or CSV (FILE.csv)
       --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
-                                   --span S, --seed N)
+                                   --span S, --seed N, --arrival uniform|poisson, --abandon P); a value
+                                   may be a distribution: lognormal:MEDIAN:SIGMA, pareto:ALPHA:MIN, exp:MEAN
       --idle-timeout S[,S...]      one row per value (also --exec-timeout, --max-age, --gc-every)
+      --policies all|P,P...        one row per built-in policy: reference, no-reuse, keep-alive, default
       --tail S                     seconds simulated after the last run (default lease + max-age + gc-every)
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
-      --chart FILE                 write an SVG chart (cost vs p95 added latency; --chart-x/--chart-y METRIC)
+      --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)
+      --paused-price USD           storage price per paused sandbox-hour (default 0: E2B publishes none)
+      --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
+                                   gnuplot when installed, else the built-in SVG
+      --csv FILE                   write the rows as CSV
   demo                           a short conversation on an embedded warmboxd, with timings
   smoke                          a short self-cleaning live check of the selected backend (E2B or warmboxd)
 
@@ -454,9 +461,12 @@ end
 local SIM_LISTS = { ["--idle-timeout"] = "idle_timeout", ["--exec-timeout"] = "exec_timeout",
   ["--max-age"] = "max_age", ["--gc-every"] = "gc_every" }
 local SIM_MODEL = { ["--rtt-ms"] = "rtt_ms", ["--create-ms"] = "create_ms", ["--kernel-ms"] = "kernel_ms",
-  ["--resume-ms"] = "resume_ms", ["--max-length-hours"] = "max_length_hours" }
+  ["--resume-ms"] = "resume_ms", ["--max-length-hours"] = "max_length_hours", ["--max-running"] = "max_running",
+  ["--rate"] = "rate_per_s" }
 local SIM_WORKLOAD = { ["--sessions"] = "sessions", ["--turns"] = "turns", ["--gap"] = "gap",
-  ["--duration"] = "duration", ["--think"] = "think", ["--span"] = "span", ["--seed"] = "seed" }
+  ["--duration"] = "duration", ["--think"] = "think", ["--span"] = "span", ["--seed"] = "seed",
+  ["--abandon"] = "abandon" }
+local SIM_DISTS = { lognormal = { "median", "sigma" }, pareto = { "alpha", "min" }, exp = { "mean" } }
 local SIM_INTEGER = { sessions = true, turns = true, seed = true }
 local SIM_RANGE = { turns = true, duration = true, gap = true }
 
@@ -464,7 +474,7 @@ local function cmd_simulate(o, args, io_)
   local sim = require "warmbox.sim"
   local opts = { exec_timeout = o.exec_timeout, idle_timeout = o.idle_timeout, policy = o.policy,
     template = o.template, tag = o.tag }
-  local workload, model, chart, chart_x, chart_y
+  local workload, model, chart, chart_x, chart_y, csv, policies
   local sweep
   local i = 1
   while i <= #args do
@@ -487,6 +497,26 @@ local function cmd_simulate(o, args, io_)
     elseif a == "--chart-x" then chart_x = val()
     elseif a == "--chart-y" then chart_y = val()
     elseif a == "--tail" then opts.tail = number(val())
+    elseif a == "--csv" then csv = val()
+    elseif a == "--policies" then
+      local v = val()
+      policies = {}
+      if v ~= "all" then
+        for item in (v .. ","):gmatch("([^,]*),") do
+          if not sim.POLICIES[item] then
+            error("unknown policy '" .. item .. "' to --policies (known: " .. table.concat(sim.POLICY_ORDER, ", ")
+              .. ", all)", 0)
+          end
+          policies[#policies + 1] = item
+        end
+      else
+        policies = { table.unpack(sim.POLICY_ORDER) }
+      end
+    elseif a == "--paused-price" then
+      opts.prices = { paused_second = number(val()) / 3600 }
+    elseif a == "--arrival" then
+      workload = workload or {}
+      workload.arrival = val()
     elseif SIM_LISTS[a] then
       local k, values = SIM_LISTS[a], {}
       for item in (val() .. ","):gmatch("([^,]*),") do values[#values + 1] = number(item) end
@@ -503,7 +533,19 @@ local function cmd_simulate(o, args, io_)
       local k, v = SIM_WORKLOAD[a], val()
       workload = workload or {}
       local lo, hi = v:match("^([^-]+)%-([^-]+)$")
-      if lo and SIM_RANGE[k] then
+      local dname, dargs = v:match("^(%a+):(.*)$")
+      if dname then
+        local names = SIM_DISTS[dname]
+        if not names then error("option " .. a .. ": unknown distribution '" .. dname .. "'", 0) end
+        local d, n = { dist = dname }, 0
+        for item in (dargs .. ":"):gmatch("([^:]*):") do
+          n = n + 1
+          if not names[n] then error("option " .. a .. ": too many parameters for " .. dname, 0) end
+          d[names[n]] = number(item)
+        end
+        if n < #names then error("option " .. a .. ": " .. dname .. " needs " .. table.concat(names, ":"), 0) end
+        workload[k] = d
+      elseif lo and SIM_RANGE[k] then
         workload[k] = { number(lo, SIM_INTEGER[k]), number(hi, SIM_INTEGER[k]) }
       else
         workload[k] = number(v, SIM_INTEGER[k])
@@ -521,7 +563,11 @@ local function cmd_simulate(o, args, io_)
   end
   opts.model = model
   local rows, msg, code
-  if sweep then
+  if policies then
+    if sweep then error("give --policies or a list of values, not both", 0) end
+    if opts.policy then error("give --policies or --policy, not both", 0) end
+    rows, msg, code = sim.compare(opts, policies)
+  elseif sweep then
     rows, msg, code = sim.sweep(opts, sweep)
   else
     local r
@@ -534,17 +580,23 @@ local function cmd_simulate(o, args, io_)
     if sweep and sweep.param == k then return "(swept)" end
     return string_format("%gs", r1[k])
   end
-  io_.stdout:write(string_format("%s: %d turns, exec timeout %s, idle timeout %s, max age %s, GC every %s, "
-    .. "policy %s\n", opts.trace or "generated workload", r1.turns, shown("exec_timeout"), shown("idle_timeout"),
-    shown("max_age"), shown("gc_every"), r1.policy))
+  io_.stdout:write(string_format("%s: %d conversations, %d turns, exec timeout %s, idle timeout %s, max age %s, "
+    .. "GC every %s, policy %s\n", opts.trace or "generated workload", r1.conversations, r1.turns,
+    shown("exec_timeout"), shown("idle_timeout"), shown("max_age"), shown("gc_every"),
+    policies and "(compared)" or r1.policy))
   io_.stdout:write(sim.format(rows))
-  if chart then
-    local svg = sim.chart(rows, { x = chart_x, y = chart_y })
-    local f, ferr = io.open(chart, "wb")
-    if not f then return fail(io_.stderr, "cannot write " .. chart .. ": " .. tostring(ferr), "IO") end
-    f:write(svg)
+  if csv then
+    local f, ferr = io.open(csv, "wb")
+    if not f then return fail(io_.stderr, "cannot write " .. csv .. ": " .. tostring(ferr), "IO") end
+    f:write(sim.csv(rows))
     f:close()
-    io_.stderr:write(string_format("warmbox: chart written to %s\n", chart))
+    io_.stderr:write(string_format("warmbox: rows written to %s\n", csv))
+  end
+  if chart then
+    local how, perr, pcode = sim.plot(rows, chart, { x = chart_x, y = chart_y })
+    if not how then return fail(io_.stderr, perr, pcode) end
+    io_.stderr:write(string_format("warmbox: chart written to %s%s\n", chart,
+      how == "gnuplot" and " (gnuplot)" or ""))
   end
   return 0
 end

@@ -207,6 +207,265 @@ describe("warmbox.sim", function()
     end)
   end)
 
+  describe("overlapping conversations", function()
+    it("runs turns of different conversations at once, one conversation's turns one after another", function()
+      local trace = {
+        { t = 0, session = "a", duration = 10 },
+        { t = 2, session = "a", duration = 1 },   -- due while a's first turn runs
+        { t = 1, session = "b", duration = 1 },   -- overlaps a's first turn
+      }
+      local r = assert(sim.run{ trace = trace, details = true, gc_every = false, tail = 0 })
+      assert.equal(3, r.ok)
+      local by = {}
+      for _, e in ipairs(r.log) do
+        by[e.session] = by[e.session] or {}
+        table.insert(by[e.session], e)
+      end
+      local a1, a2, b1 = by.a[1], by.a[2], by.b[1]
+      -- b ran while a's first turn was still running (the old simulator made it wait)
+      assert.is_true(b1.start < a1.finish and b1.finish < a1.finish)
+      assert.equal(1, b1.start)
+      -- a's second turn, due at 2, started only when its first ended
+      assert.equal(2, a2.due)
+      assert.is_true(a2.start >= a1.finish)
+      -- both cold starts cost the same (list + create + kernel start): no waiting on each other
+      assert.near(a1.code_started - a1.start, b1.code_started - b1.start, 1e-6)
+      assert.equal(2, r.peak_running)
+    end)
+
+    it("hits E2B's concurrency cap: overlapping turns beyond it get 429 (create is not retried)", function()
+      local trace = {}
+      for i = 1, 5 do trace[i] = { t = i * 0.01, session = "c" .. i, duration = 5 } end
+      local r = assert(sim.run{ trace = trace, model = { max_running = 3 }, gc_every = false, tail = 0 })
+      -- the first three created and ran; the other two were refused at create
+      assert.same({ 5, 3, 2 }, { r.runs, r.ok, r.failed })
+      assert.same({ RATE_LIMITED = 2 }, r.failures)
+      assert.equal(3, r.created)
+      assert.equal(2, r.rejected_cap)
+      assert.equal(3, r.peak_running)
+      -- without the cap, all five run at once
+      local free = assert(sim.run{ trace = trace, gc_every = false, tail = 0 })
+      assert.same({ 5, 0, 5 }, { free.ok, free.failed, free.peak_running })
+    end)
+
+    it("retries a resume refused by the cap as the client does, and succeeds once a slot frees", function()
+      -- b's sandbox paused at 60 s; a takes the only slot at 600 s (lease until 660 s)
+      local trace = {
+        { t = 0, session = "b", duration = 0 },
+        { t = 600, session = "a", duration = 0 },
+        { t = 600.05, session = "b", duration = 0 },
+        { t = 700, session = "b", duration = 0 },
+      }
+      local r = assert(sim.run{ trace = trace, model = { max_running = 1 }, exec_timeout = 60, idle_timeout = 60,
+        gc_every = false, tail = 0 })
+      -- b at 600.05: the remembered sandbox's connect is refused 4 times (3 retries), the
+      -- listed one's connect 4 times more, then the create once (not retried)
+      assert.same({ 9, 6 }, { r.rejected_cap, r.retries })
+      assert.same({ RATE_LIMITED = 1 }, r.failures)
+      -- b at 700 s: a's sandbox paused at 660 s, so b's resumes
+      assert.same({ 3, 2, 1 }, { r.ok, r.created, r.resumes })
+    end)
+  end)
+
+  describe("the sim lock", function()
+    it("waits for a held key in virtual time inside tasks, in arrival order; answers at once elsewhere", function()
+      local task = require "warmbox.task"
+      local sched = task.scheduler{ backend = task.virtual(0) }
+      local new_lock = require("warmbox.sim.lock").factory(sched)
+      local order = {}
+      sched:spawn(function()
+        local lk = new_lock()
+        assert.equal(0, lk:lock("k"))
+        sched:sleep(5)
+        lk:unlock()
+      end)
+      for i = 1, 2 do
+        sched:spawn(function()
+          sched:sleep(i)                              -- arrive at 1, then 2
+          local lk = new_lock()
+          assert.same({ nil, "busy" }, { lk:try_lock("k") })
+          local waited = assert(lk:lock("k"))
+          order[#order + 1] = { i, sched:now(), waited }
+          sched:sleep(1)
+          lk:unlock()
+        end)
+      end
+      assert.is_true(sched:loop())
+      assert.same({ { 1, 5, 4 }, { 2, 6, 4 } }, order)
+      -- outside a task a held key is not waited for
+      local a, b = new_lock(), new_lock()
+      assert(a:lock("x"))
+      assert.same({ nil, "timeout" }, { b:lock("x") })
+    end)
+  end)
+
+  describe("the model's rules (hand-computed)", function()
+    local function m0(opts)
+      local o = { rtt_ms = 0, create_ms = 0, resume_ms = 0, pause_ms = 0, kernel_ms = 0 }
+      for k, v in pairs(opts or {}) do o[k] = v end
+      return model_mod.new(o)
+    end
+
+    it("expires leases from a timer heap at their exact times and books running and paused seconds", function()
+      local m = m0()
+      local t0 = m.now
+      local pause = { on_timeout = "pause", auto_resume = true }
+      local a = assert(m:create{ timeout = 10, lifecycle = pause })
+      local b = assert(m:create{ timeout = 5, lifecycle = pause })
+      assert(m:connect(a.sandbox_id, { timeout = 20 }))      -- extends a to t0 + 20
+      assert(m:connect(b.sandbox_id, { timeout = 1 }))       -- never shortens b (still t0 + 5)
+      m:advance_to(t0 + 6)
+      assert.equal("paused", assert(m:info(b.sandbox_id)).state)
+      assert.equal("running", assert(m:info(a.sandbox_id)).state)
+      m:advance_to(t0 + 21)
+      assert.equal("paused", assert(m:info(a.sandbox_id)).state)
+      m:close_books()
+      assert.equal(25, m.stats.running_seconds)               -- a 0..20, b 0..5
+      assert.equal(17, m.stats.paused_seconds)                -- a 20..21, b 5..21
+      assert.equal(2, m.stats.auto_pauses)
+      -- set_timeout may shorten a running lease: the earlier end is honoured
+      local c = assert(m:create{ timeout = 100, lifecycle = pause })
+      assert.is_true(m:set_timeout(c.sandbox_id, 3))
+      m:advance_to(t0 + 25)
+      assert.equal("paused", assert(m:info(c.sandbox_id)).state)
+    end)
+
+    it("refuses a create beyond max_running with 429 and no retry; a resume retries 3 times", function()
+      local m = m0{ max_running = 1 }
+      local pause = { on_timeout = "pause", auto_resume = true }
+      local a = assert(m:create{ timeout = 60, lifecycle = pause })
+      local sb, err, code = m:create{ timeout = 60 }
+      assert.is_nil(sb)
+      assert.equal("RATE_LIMITED", code)
+      assert.matches("429", err)
+      assert.same({ 1, 0 }, { m.stats.rejected_cap, m.stats.retries })
+      assert.is_true(m:pause(a.sandbox_id))
+      local b = assert(m:create{ timeout = 60, lifecycle = pause })     -- the slot is free again
+      local t = m.now
+      local _, _, ccode = m:connect(a.sandbox_id, { timeout = 60 })    -- would resume: over the cap
+      assert.equal("RATE_LIMITED", ccode)
+      assert.same({ 1 + 4, 3 }, { m.stats.rejected_cap, m.stats.retries })
+      -- backoff 0.1, 0.2, 0.4 s, each jittered into [half, full]
+      assert.is_true(m.now - t >= 0.35 and m.now - t <= 0.7, tostring(m.now - t))
+      assert.is_true(m:kill(b.sandbox_id))
+      local _, resumed = assert(m:connect(a.sandbox_id, { timeout = 60 }))
+      assert.is_true(resumed)
+      assert.equal(1, m.stats.peak_running)
+    end)
+
+    it("limits the control plane's request rate with a token bucket", function()
+      local m = m0{ rate_per_s = 2, rate_burst = 2 }
+      assert(m:create{ timeout = 60 })
+      assert(m:create{ timeout = 60 })
+      local sb, _, code = m:create{ timeout = 60 }     -- the bucket is empty; create is not retried
+      assert.is_nil(sb)
+      assert.equal("RATE_LIMITED", code)
+      assert.equal(1, m.stats.rejected_rate)
+      m:advance_to(m.now + 0.5)                         -- one token back
+      assert(m:create{ timeout = 60 })
+      assert.equal(3, m.stats.creates)
+    end)
+
+    it("lists by metadata from its index: only the matching live sandboxes, newest first", function()
+      local m = m0()
+      local ids = {}
+      for i = 1, 5 do
+        ids[i] = assert(m:create{ timeout = 60, metadata = { k = i % 2 == 0 and "even" or "odd" } }).sandbox_id
+        m:advance_to(m.now + 1)
+      end
+      assert.is_true(m:kill(ids[3]))
+      local odd = m:list_all{ metadata = { k = "odd" } }
+      assert.same({ ids[5], ids[1] }, { odd[1].sandbox_id, odd[2].sandbox_id })
+      assert.equal(2, #odd)
+      assert.same({}, m:list_all{ metadata = { k = "none" } })
+      assert.equal(4, #m:list_all{})
+    end)
+  end)
+
+  describe("workloads", function()
+    it("draws Poisson arrivals, heavy tails and abandonment, reproducibly from the seed", function()
+      local w = { sessions = 400, arrival = "poisson", span = 4000, turns = { dist = "pareto", alpha = 1.5, min = 2 },
+        gap = { dist = "lognormal", median = 60, sigma = 1 }, duration = { dist = "exp", mean = 2 }, abandon = 0.2,
+        seed = 11 }
+      local a, b = sim.workload(w), sim.workload(w)
+      assert.same(a, b)
+      local per, first = {}, {}
+      for _, e in ipairs(a) do
+        per[e.session] = (per[e.session] or 0) + 1
+        first[e.session] = first[e.session] or e.t
+      end
+      -- abandonment: the mean number of turns is far below the Pareto mean (3 * min = 6)
+      local n, total = 0, 0
+      for _, c in pairs(per) do n, total = n + 1, total + c end
+      assert.equal(400, n)
+      assert.is_true(total / n < 4.5 and total / n > 1.5, tostring(total / n))
+      -- Poisson arrivals: the last arrival is near the span, the mean gap near span / sessions
+      local starts = {}
+      for _, t in pairs(first) do starts[#starts + 1] = t end
+      table.sort(starts)
+      assert.is_true(starts[#starts] > 3000 and starts[#starts] < 5000, tostring(starts[#starts]))
+      -- another seed, another workload
+      w.seed = 12
+      assert.is_not.same(a, sim.workload(w))
+    end)
+
+    it("gives the same report for the same seed with overlap, caps and heavy tails", function()
+      local o = { workload = { sessions = 60, arrival = "poisson", span = 600,
+        turns = { dist = "lognormal", median = 4, sigma = 0.8 }, gap = { dist = "pareto", alpha = 1.2, min = 5 },
+        abandon = 0.1, seed = 5 }, model = { max_running = 20 }, details = true }
+      local a, b = assert(sim.run(o)), assert(sim.run(o))
+      assert.same(a, b)
+      assert.is_true(a.peak_running > 1)
+    end)
+
+    it("rejects bad distributions", function()
+      assert.has_error(function() sim.workload{ sessions = 1, gap = { dist = "zipf" } } end)
+      assert.has_error(function() sim.workload{ sessions = 1, gap = { dist = "pareto", alpha = 0, min = 1 } } end)
+      assert.has_error(function() sim.workload{ sessions = 1, turns = { dist = "lognormal", median = 2 } } end)
+      assert.has_error(function() sim.workload{ sessions = 1, abandon = 1 } end)
+      assert.has_error(function() sim.workload{ sessions = 1, arrival = "bursty" } end)
+    end)
+  end)
+
+  describe("built-in policies", function()
+    it("compares them on one trace: state lost, sandboxes made, paused hours", function()
+      -- one conversation: turns 0 s and 1000 s apart (past the 300 s idle window)
+      local rows = assert(sim.compare({ trace = turns("a", { 0, 10, 1000 }), gc_every = false, tail = 3600,
+        prices = { paused_second = 1 / 3600 } }))
+      local by = {}
+      for _, r in ipairs(rows) do by[r.value] = r end
+      assert.same({ "reference", "no-reuse", "keep-alive", "default" },
+        { rows[1].value, rows[2].value, rows[3].value, rows[4].value })
+      -- no reuse: a fresh sandbox per call, killed after it; every later turn lost its state
+      assert.same({ 3, 3, 3, 0 }, { by["no-reuse"].cold_starts, by["no-reuse"].created, by["no-reuse"].kills,
+        by["no-reuse"].resumes })
+      assert.same({ 1, 2 }, { by["no-reuse"].conversations_lost_state, by["no-reuse"].turns_lost_state })
+      -- keep-alive: killed at the end of the idle window, so the turn at 1000 s starts cold
+      assert.same({ 2, 1, 0 }, { by["keep-alive"].cold_starts, by["keep-alive"].conversations_lost_state,
+        by["keep-alive"].paused_hours })
+      -- reference and default: paused, then resumed with its state
+      for _, name in ipairs{ "reference", "default" } do
+        assert.same({ 1, 1, 0 }, { by[name].cold_starts, by[name].resumes, by[name].conversations_lost_state })
+        assert.is_true(by[name].paused_hours > 0.5)
+        assert.near(by[name].paused_hours, by[name].storage_cost, 1e-9)   -- $1 per paused hour
+      end
+    end)
+
+    it("reference GC kills by creation age even when the conversation is active; default does not", function()
+      local times = {}
+      for h = 0, 26, 2 do times[#times + 1] = h * 3600 end
+      local rows = assert(sim.compare({ trace = turns("a", times), tail = 0 }, { "reference", "default" }))
+      assert.same({ 2, 1 }, { rows[1].cold_starts, rows[1].conversations_lost_state })
+      assert.equal(1, rows[1].gc_kills)
+      assert.same({ 1, 0, 0 }, { rows[2].cold_starts, rows[2].conversations_lost_state, rows[2].gc_kills })
+    end)
+
+    it("rejects unknown names", function()
+      assert.has_error(function() sim.compare({ trace = {} }, { "nope" }) end)
+      assert.has_error(function() sim.compare({ trace = {}, policy = {} }) end)
+    end)
+  end)
+
   describe("traces", function()
     it("parses the fixture, sorted by time", function()
       local t = assert(sim.load_trace(FIXTURE))
@@ -218,6 +477,22 @@ describe("warmbox.sim", function()
       assert.equal(10, r.runs)
       assert.equal(0, r.failed)
       assert.equal(3, r.cold_starts)
+    end)
+
+    it("reads the same trace as CSV (a header naming the columns)", function()
+      local a = assert(sim.load_trace(FIXTURE))
+      local b = assert(sim.load_trace("spec/fixtures/sim_trace.csv"))
+      assert.same(a, b)
+      local t, err, code = sim.parse_csv_trace('t,session\n1,"a"\n')
+      assert.is_nil(t)
+      assert.matches("quoted", err)
+      assert.equal("BAD_REQUEST", code)
+      t, err = sim.parse_csv_trace("t,who\n1,a\n")
+      assert.is_nil(t)
+      assert.matches("unknown column 'who'", err)
+      t, err = sim.parse_csv_trace("t,session\n1,a,3\n")
+      assert.is_nil(t)
+      assert.matches("3 fields", err)
     end)
 
     it("reports a bad line or a missing file as nil, msg, code", function()
@@ -275,6 +550,58 @@ describe("warmbox.sim", function()
     end)
   end)
 
+  describe(".plot()", function()
+    local rows
+    lazy_setup(function()
+      rows = assert(sim.sweep({ trace = FIXTURE, exec_timeout = 60 }, { param = "idle_timeout", values = { 60, 900 } }))
+    end)
+
+    it("writes the built-in SVG when gnuplot is not installed", function()
+      local path = os.tmpname()
+      assert.equal("svg", sim.plot(rows, path, { gnuplot = "/nonexistent/gnuplot" }))
+      local f = assert(io.open(path))
+      local svg = f:read("a")
+      f:close()
+      os.remove(path)
+      assert.equal(sim.chart(rows), svg)
+      local ok, err, code = sim.plot(rows, "/nonexistent/dir/c.svg", { gnuplot = false })
+      assert.is_nil(ok)
+      assert.matches("cannot write", err)
+      assert.equal("IO", code)
+    end)
+
+    it("hands gnuplot a script that plots every row to the given file", function()
+      -- a stand-in gnuplot that keeps the script and data it was given and writes the output
+      local dir = os.tmpname()
+      os.remove(dir)
+      os.execute("mkdir -p " .. dir)
+      local fake = dir .. "/gnuplot"
+      local f = assert(io.open(fake, "w"))
+      f:write("#!/bin/sh\ncp \"$1\" " .. dir .. "/got.gp\n"
+        .. "data=$(sed -n 's/^plot \"\\([^\"]*\\)\".*/\\1/p' \"$1\")\ncp \"$data\" " .. dir .. "/got.data\n"
+        .. "out=$(sed -n 's/^set output \"\\(.*\\)\"$/\\1/p' \"$1\")\necho plotted > \"$out\"\n")
+      f:close()
+      os.execute("chmod +x " .. fake)
+      local out = dir .. "/chart.png"
+      assert.equal("gnuplot", sim.plot(rows, out, { gnuplot = fake }))
+      local function read(p)
+        local h = assert(io.open(p))
+        local t = h:read("a")
+        h:close()
+        return t
+      end
+      assert.equal("plotted\n", read(out))
+      local gp = read(dir .. "/got.gp")
+      assert.matches("set terminal pngcairo", gp, 1, true)
+      assert.matches("p95 added latency", gp, 1, true)
+      local data = read(dir .. "/got.data")
+      local _, n = data:gsub("\n", "")
+      assert.equal(2, n)
+      assert.matches('"900"', data, 1, true)
+      os.execute("rm -rf " .. dir)
+    end)
+  end)
+
   describe("the model", function()
     it("pauses at the lease end, resumes on connect with a new started_at, keeps paused ones", function()
       local m = model_mod.new{ rtt_ms = 0, create_ms = 0, resume_ms = 0 }
@@ -317,6 +644,46 @@ describe("warmbox.sim", function()
       os.remove(chart)
       local _, circles = svg:gsub("<circle ", "")
       assert.equal(3, circles)
+    end)
+
+    it("compares the built-in policies and writes the rows as CSV", function()
+      local out, err = sink(), sink()
+      local csv = os.tmpname()
+      local status = require("warmbox.cli").main({ "simulate", "--trace", FIXTURE, "--policies", "all",
+        "--paused-price", "0.02", "--csv", csv }, { stdout = out, stderr = err })
+      assert.equal(0, status, err:text())
+      local text = out:text()
+      for _, name in ipairs{ "reference", "no%-reuse", "keep%-alive", "default" } do
+        assert.matches("\n" .. name .. " ", text)
+      end
+      assert.matches("lost state", text)
+      assert.matches("storage price assumed: $0.02 per paused sandbox-hour", text, 1, true)
+      local f = assert(io.open(csv))
+      local lines = {}
+      for l in f:lines() do lines[#lines + 1] = l end
+      f:close()
+      os.remove(csv)
+      assert.equal(5, #lines)
+      assert.equal(table.concat(sim.CSV_FIELDS, ","), lines[1])
+      assert.matches("^no%-reuse,policy,no%-reuse,3,10,", lines[3])
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--trace", FIXTURE, "--policies", "fast" },
+        { stdout = out, stderr = err })
+      assert.equal(2, status)
+      assert.matches("unknown policy 'fast'", err:text())
+    end)
+
+    it("takes distributions, arrivals and the cap on the command line", function()
+      local out, err = sink(), sink()
+      local status = require("warmbox.cli").main({ "simulate", "--sessions", "30", "--arrival", "poisson",
+        "--turns", "pareto:1.5:2", "--gap", "lognormal:60:1", "--abandon", "0.1", "--max-running", "5",
+        "--seed", "3" }, { stdout = out, stderr = err })
+      assert.equal(0, status, err:text())
+      assert.matches("30 conversations", out:text())
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--gap", "lognormal:60" }, { stdout = out, stderr = err })
+      assert.equal(2, status)
+      assert.matches("lognormal needs median:sigma", err:text())
     end)
 
     it("runs a generated workload and rejects bad arguments", function()

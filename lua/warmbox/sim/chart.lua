@@ -138,4 +138,44 @@ function _M.chart(rows, opts, level)
   return table_concat(out, "\n") .. "\n"
 end
 
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+--- Draw the same chart with gnuplot (a data file and a script in a temporary
+-- directory, removed afterwards).
+-- @treturn[1] true
+-- @return[2] nil, message
+function _M.gnuplot(rows, path, opts, cmd)
+  if rows.runs then rows = { rows } end
+  opts = opts or {}
+  local xk, yk = opts.x or "compute_cost", opts.y or "p95_ms"
+  local dir = os.tmpname()
+  os.remove(dir)
+  if not os.execute("mkdir -p " .. sh_quote(dir)) then return nil, "cannot make a temporary directory" end
+  local data = {}
+  for i, r in ipairs(rows) do
+    local label = (r.param and tostring(r.value) or tostring(r.policy or i)):gsub("[%s\"]", "_")
+    data[#data + 1] = string_format("%.10g %.10g \"%s\"", r[xk], r[yk], label)
+  end
+  local df = io.open(dir .. "/data", "w")
+  df:write(table_concat(data, "\n"), "\n")
+  df:close()
+  local png = path:lower():match("%.png$")
+  local xl, yl = _M.LABELS[xk] or xk, _M.LABELS[yk] or yk
+  local function gq(s) return '"' .. tostring(s):gsub('[\\"]', "\\%0") .. '"' end
+  local script = table_concat({
+    png and "set terminal pngcairo size 640,420" or "set terminal svg size 640,420",
+    "set output " .. gq(path),
+    "set title " .. gq(opts.title or (yl .. " vs " .. xl)),
+    "set xlabel " .. gq(xl), "set ylabel " .. gq(yl), "set grid ytics", "unset key",
+    "plot " .. gq(dir .. "/data") .. " using 1:2 with linespoints pt 7, '' using 1:2:3 with labels offset 1,1",
+  }, "\n") .. "\n"
+  local sf = io.open(dir .. "/plot.gp", "w")
+  sf:write(script)
+  sf:close()
+  local ok = os.execute(cmd .. " " .. sh_quote(dir .. "/plot.gp") .. " >/dev/null 2>&1")
+  os.execute("rm -rf " .. sh_quote(dir))
+  if not ok then return nil, "gnuplot failed" end
+  return true
+end
+
 return _M

@@ -33,6 +33,8 @@ local type, pairs, ipairs, tostring, error, pcall =
 local string_format, table_sort, table_concat, math_floor, math_ceil, math_log, math_max, math_huge =
   string.format, table.sort, table.concat, math.floor, math.ceil, math.log, math.max, math.huge
 local io_open, math_type = io.open, math.type
+local math_exp, math_sqrt, math_cos = math.exp, math.sqrt, math.cos
+local task_mod = require "warmbox.task"
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -70,6 +72,11 @@ local function prng(seed)
   function r.uniform(a, b) return a + (b - a) * r.next() end
   function r.int(a, b) return a + math_floor((b - a + 1) * r.next()) end
   function r.exp(mean) return -mean * math_log(1 - r.next()) end
+  --- A standard normal deviate (Box-Muller).
+  function r.normal()
+    local u = 1 - r.next()
+    return math_sqrt(-2 * math_log(u)) * math_cos(2 * math.pi * r.next())
+  end
   return r
 end
 _M.prng = prng
@@ -132,7 +139,8 @@ function _M.parse_trace(text)
   return sort_turns(turns)
 end
 
---- Read and parse a trace file.
+--- Read and parse a trace file: JSON lines, or CSV when the name ends in `.csv`
+-- (a header naming the columns `t, session, duration, timeout, language`).
 -- @tparam string path
 -- @treturn[1] table turns
 -- @return[2] nil, message, "NOT_FOUND" | "BAD_REQUEST"
@@ -144,69 +152,271 @@ function _M.load_trace(path)
   if not f then return nil, "cannot read trace: " .. tostring(err), "NOT_FOUND" end
   local text = f:read("a")
   f:close()
+  if path:lower():match("%.csv$") then return _M.parse_csv_trace(text) end
   return _M.parse_trace(text)
 end
 
-local WORKLOAD_KEYS = { sessions = true, turns = true, gap = true, think = true, duration = true, span = true,
-  seed = true, prefix = true }
+-- ------------------------------------------------------------------
+-- Distributions (documented in the README: parameters and their meaning)
+-- ------------------------------------------------------------------
 
--- A number, or a {min, max} range, drawn with `draw(mean)` for a number.
-local function check_range(v, name, integer)
+local DISTS = { exp = { mean = true }, lognormal = { median = true, sigma = true, max = true },
+  pareto = { alpha = true, min = true, max = true } }
+
+-- A value spec: a number, a {min, max} uniform range, or a distribution
+-- table `{ dist = "exp" | "lognormal" | "pareto", ... }`. Raises on misuse.
+local function check_value(v, name, integer)
   if is_num(v) and v >= 0 then return end
-  if type(v) == "table" and is_num(v[1]) and is_num(v[2]) and v[1] >= 0 and v[2] >= v[1] then
-    if integer and (math_type(v[1]) ~= "integer" or math_type(v[2]) ~= "integer") then
-      bad("workload", "'" .. name .. "' must be integers", 4)
+  if type(v) == "table" and v.dist == nil then
+    if is_num(v[1]) and is_num(v[2]) and v[1] >= 0 and v[2] >= v[1] then
+      if integer and (math_type(v[1]) ~= "integer" or math_type(v[2]) ~= "integer") then
+        bad("workload", "'" .. name .. "' must be integers", 4)
+      end
+      return
     end
+  elseif type(v) == "table" then
+    local keys = DISTS[v.dist]
+    if not keys then bad("workload", "'" .. name .. ".dist' must be exp, lognormal or pareto", 4) end
+    for k, x in pairs(v) do
+      if k ~= "dist" then
+        if not keys[k] then bad("workload", "unknown parameter '" .. name .. "." .. tostring(k) .. "'", 4) end
+        if not is_num(x) or x < 0 then bad("workload", "'" .. name .. "." .. k .. "' must be a number >= 0", 4) end
+      end
+    end
+    local need = v.dist == "exp" and { "mean" } or v.dist == "lognormal" and { "median", "sigma" }
+      or { "alpha", "min" }
+    for _, k in ipairs(need) do
+      if v[k] == nil then bad("workload", "'" .. name .. "' needs '" .. k .. "'", 4) end
+    end
+    if v.dist == "pareto" and v.alpha <= 0 then bad("workload", "'" .. name .. ".alpha' must be > 0", 4) end
     return
   end
-  bad("workload", "'" .. name .. "' must be a number >= 0 or a {min, max} range", 4)
+  bad("workload", "'" .. name .. "' must be a number >= 0, a {min, max} range or a distribution", 4)
+end
+
+-- Draw a value: `plain` says what a bare number means ("fixed" or "exp").
+local function draw(r, v, plain)
+  if type(v) == "number" then
+    if plain == "exp" then return r.exp(v) end
+    return v
+  end
+  local d = v.dist
+  local x
+  if d == nil then return r.uniform(v[1], v[2])
+  elseif d == "exp" then x = r.exp(v.mean)
+  elseif d == "lognormal" then x = v.median * math_exp(v.sigma * r.normal())
+  else x = v.min / (1 - r.next()) ^ (1 / v.alpha) end
+  if v.max and x > v.max then x = v.max end
+  return x
+end
+
+local function draw_count(r, v)
+  if type(v) == "number" then return math_floor(v) end
+  if v.dist == nil then return r.int(v[1], v[2]) end
+  return math_max(1, math_floor(draw(r, v) + 0.5))
+end
+
+-- ------------------------------------------------------------------
+-- Generated workloads
+-- ------------------------------------------------------------------
+
+local WORKLOAD_KEYS = { sessions = true, turns = true, gap = true, think = true, duration = true, span = true,
+  seed = true, prefix = true, arrival = true, abandon = true }
+
+local function check_workload(w, level)
+  if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", level) end
+  for k in pairs(w) do
+    if not WORKLOAD_KEYS[k] then bad("workload", "unknown option '" .. tostring(k) .. "'", level) end
+  end
+  local n = w.sessions
+  if math_type(n) ~= "integer" or n < 0 then bad("workload", "'sessions' must be an integer >= 0", level) end
+  check_value(w.turns or { 1, 10 }, "turns", true)
+  check_value(w.gap or 300, "gap")
+  check_value(w.duration or 2, "duration")
+  check_value(w.think or 0, "think")
+  local span = w.span or 3600
+  if not is_num(span) or span < 0 then bad("workload", "'span' must be a number >= 0", level) end
+  if w.seed ~= nil and math_type(w.seed) ~= "integer" then bad("workload", "'seed' must be an integer", level) end
+  if w.prefix ~= nil and type(w.prefix) ~= "string" then bad("workload", "'prefix' must be a string", level) end
+  if w.arrival ~= nil and w.arrival ~= "uniform" and w.arrival ~= "poisson" then
+    bad("workload", "'arrival' must be \"uniform\" or \"poisson\"", level)
+  end
+  if w.abandon ~= nil and (not is_num(w.abandon) or w.abandon < 0 or w.abandon >= 1) then
+    bad("workload", "'abandon' must be a probability in [0, 1)", level)
+  end
+end
+
+-- The conversations of a workload in order of arrival: a list of
+-- `{ key, start, seed }` (each conversation's turns are drawn from its own
+-- PRNG, so they do not depend on the order tasks run in).
+local function arrivals(w)
+  local seed = w.seed or 1
+  local r = prng(seed)
+  local n, span, prefix = w.sessions, w.span or 3600, w.prefix or "conv-"
+  local convs = {}
+  if w.arrival == "poisson" then
+    local t, mean = 0, n > 0 and span / n or 0
+    for i = 1, n do
+      t = t + r.exp(mean)
+      convs[i] = { key = prefix .. i, start = t, seed = (seed << 24) ~ i }
+    end
+  else
+    for i = 1, n do convs[i] = { key = prefix .. i, start = r.uniform(0, span), seed = (seed << 24) ~ i } end
+    table_sort(convs, function(a, b) return a.start < b.start or (a.start == b.start and a.seed < b.seed) end)
+  end
+  return convs
+end
+
+-- Iterator over one generated conversation's turns: t (relative to the
+-- simulation's start), duration. A turn comes `think` plus `gap` after the
+-- previous one's planned end (its start plus its duration, so every policy
+-- sees the same times); after each turn the user leaves with probability
+-- `abandon`.
+local function conv_turns(w, conv)
+  local r = prng(conv.seed)
+  local count = draw_count(r, w.turns or { 1, 10 })
+  local dur, gap, think, abandon = w.duration or 2, w.gap or 300, w.think or 0, w.abandon or 0
+  local i, t, d = 0, conv.start, 0
+  return function()
+    if i >= count then return nil end
+    if i > 0 then
+      if abandon > 0 and r.next() < abandon then i = count; return nil end
+      t = t + d + draw(r, think, "fixed") + draw(r, gap, "exp")
+    end
+    i = i + 1
+    d = draw(r, dur, "fixed")
+    return t, d
+  end
 end
 
 --- Generate a workload's turns (deterministic for a seed).
--- `sessions` conversations start uniformly within `span` seconds (3600); each
--- has `turns` turns (`{1, 10}`: uniform integer range, or a number); a turn's
--- code runs `duration` seconds (2; `{min, max}` uniform); the next turn comes
--- `think` seconds (0) plus an exponential gap of mean `gap` seconds (300;
--- `{min, max}` uniform) after a turn's end. `seed` (1) seeds the PRNG;
--- session keys are `prefix .. i` (`"conv-"`).
+-- `sessions` conversations arrive within `span` seconds (3600): uniformly
+-- (`arrival = "uniform"`, the default) or as a Poisson process of rate
+-- `sessions / span` (`"poisson"`). Each has `turns` turns (`{1, 10}`); a
+-- turn's code runs `duration` seconds (2); the next turn comes `think`
+-- seconds (0) plus `gap` (300) after a turn's end; after each turn the user
+-- abandons the conversation with probability `abandon` (0). A value is a
+-- number (`gap`: the mean of an exponential; others: fixed), a `{min, max}`
+-- uniform range, or a distribution: `{ dist = "exp", mean }`,
+-- `{ dist = "lognormal", median, sigma [, max] }`, `{ dist = "pareto", alpha,
+-- min [, max] }` (turn counts are rounded, at least 1). `seed` (1) seeds
+-- the PRNG; session keys are `prefix .. i` (`"conv-"`).
 -- @tparam table w
 -- @treturn table turns, sorted by `t`
 function _M.workload(w)
-  if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", 2) end
-  for k in pairs(w) do
-    if not WORKLOAD_KEYS[k] then bad("workload", "unknown option '" .. tostring(k) .. "'", 2) end
-  end
-  local n = w.sessions
-  if math_type(n) ~= "integer" or n < 0 then bad("workload", "'sessions' must be an integer >= 0", 2) end
-  local turns_r = w.turns or { 1, 10 }
-  check_range(turns_r, "turns", true)
-  local gap, think, dur, span = w.gap or 300, w.think or 0, w.duration or 2, w.span or 3600
-  check_range(gap, "gap")
-  check_range(dur, "duration")
-  if not is_num(think) or think < 0 then bad("workload", "'think' must be a number >= 0", 2) end
-  if not is_num(span) or span < 0 then bad("workload", "'span' must be a number >= 0", 2) end
-  local seed = w.seed or 1
-  if math_type(seed) ~= "integer" then bad("workload", "'seed' must be an integer", 2) end
-  local prefix = w.prefix or "conv-"
-  if type(prefix) ~= "string" then bad("workload", "'prefix' must be a string", 2) end
-  local r = prng(seed)
-  local function draw(v, exp)
-    if type(v) == "table" then return r.uniform(v[1], v[2]) end
-    return exp and r.exp(v) or v
-  end
+  check_workload(w, 3)
   local turns = {}
-  for i = 1, n do
-    local key = prefix .. i
-    local t = r.uniform(0, span)
-    local count = type(turns_r) == "table" and r.int(turns_r[1], turns_r[2]) or math_floor(turns_r)
-    for _ = 1, count do
-      local d = draw(dur, false)
-      turns[#turns + 1] = { t = t, session = key, duration = d }
-      t = t + d + think + draw(gap, true)
+  for _, conv in ipairs(arrivals(w)) do
+    local nextt = conv_turns(w, conv)
+    local t, d = nextt()
+    while t do
+      turns[#turns + 1] = { t = t, session = conv.key, duration = d }
+      t, d = nextt()
     end
   end
   return sort_turns(turns)
 end
+
+-- ------------------------------------------------------------------
+-- Built-in policies
+-- ------------------------------------------------------------------
+
+local CREATED_KEY = "warmboxCreatedAt"
+
+--- The built-in policies `compare` runs side by side (`warmbox simulate --policies`).
+-- * `reference`: E2B's documented flow: a 5 minute lease paused on timeout,
+--   resumed on traffic; GC kills a sandbox `max_age` (24 h) after it was
+--   created, whatever its activity.
+-- * `no-reuse`: a fresh sandbox per call, killed after it (as before the
+--   reference change); nothing survives a turn.
+-- * `keep-alive`: one sandbox per conversation kept running
+--   `max(exec_timeout, idle_timeout)` after each run, then killed (no pause).
+-- * `default`: warmbox's default policy (pause after the idle window, GC by
+--   last activity).
+_M.POLICIES = {
+  reference = { policy = {
+    name = "reference",
+    lease = function() return 300 end,
+    create_params = function(ctx)
+      return { template = ctx.template, timeout = ctx.lease, env_vars = ctx.env,
+        metadata = { [ctx.tag] = ctx.tag_value, [CREATED_KEY] = string_format("%d", math_floor(ctx.now)) },
+        lifecycle = { on_timeout = "pause", auto_resume = true } }
+    end,
+    gc = function(item, ctx)
+      local created = item.metadata and tonumber(item.metadata[CREATED_KEY])
+      if created and ctx.now - created > (ctx.max_age or 86400) then return "kill" end
+      return "keep"
+    end,
+  } },
+  ["no-reuse"] = { per_call = true, policy = {
+    name = "no-reuse",
+    lease = function(ctx) return ctx.exec_timeout end,
+    create_params = function(ctx)
+      return { template = ctx.template, timeout = ctx.lease, env_vars = ctx.env,
+        metadata = { [ctx.tag] = ctx.tag_value }, lifecycle = { on_timeout = "kill" } }
+    end,
+  } },
+  ["keep-alive"] = { policy = {
+    name = "keep-alive",
+    create_params = function(ctx)
+      return { template = ctx.template, timeout = ctx.lease, env_vars = ctx.env,
+        metadata = { [ctx.tag] = ctx.tag_value }, lifecycle = { on_timeout = "kill" } }
+    end,
+  } },
+  default = { policy = { name = "default" } },
+}
+_M.POLICY_ORDER = { "reference", "no-reuse", "keep-alive", "default" }
+
+-- ------------------------------------------------------------------
+-- CSV traces and rows
+-- ------------------------------------------------------------------
+
+-- A CSV trace: a header line naming the columns (t, session, duration,
+-- timeout, language; t and session required), then one turn per line;
+-- fields are plain (no quotes, no commas inside a field).
+local function parse_csv_trace(text)
+  local turns, header, n = {}, nil, 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    line = line:gsub("\r$", "")
+    if line:find("%S") and not line:match("^%s*#") then
+      if line:find('"', 1, true) then
+        return nil, string_format("trace line %d: quoted CSV fields are not supported", n), "BAD_REQUEST"
+      end
+      local fields = {}
+      for f in (line .. ","):gmatch("([^,]*),") do fields[#fields + 1] = f:match("^%s*(.-)%s*$") end
+      if not header then
+        header = fields
+        local seen = {}
+        for _, h in ipairs(header) do
+          if not TURN_KEYS[h] then
+            return nil, string_format("trace line %d: unknown column '%s'", n, h), "BAD_REQUEST"
+          end
+          seen[h] = true
+        end
+        if not seen.t or not seen.session then
+          return nil, string_format("trace line %d: the header needs the columns t and session", n), "BAD_REQUEST"
+        end
+      else
+        if #fields ~= #header then
+          return nil, string_format("trace line %d: %d fields, the header has %d", n, #fields, #header), "BAD_REQUEST"
+        end
+        local e = {}
+        for i, h in ipairs(header) do
+          local f = fields[i]
+          if f ~= "" then
+            if h == "session" or h == "language" then e[h] = f else e[h] = tonumber(f) or f end
+          end
+        end
+        local turn, err = check_turn(e, "trace line " .. n)
+        if not turn then return nil, err, "BAD_REQUEST" end
+        turns[#turns + 1] = turn
+      end
+    end
+  end
+  return sort_turns(turns)
+end
+_M.parse_csv_trace = parse_csv_trace
 
 -- ------------------------------------------------------------------
 -- run
@@ -214,7 +424,7 @@ end
 
 local RUN_KEYS = { trace = true, workload = true, policy = true, exec_timeout = true, idle_timeout = true,
   template = true, tag = true, prices = true, model = true, gc_every = true, max_age = true, tail = true,
-  details = true, code = true }
+  details = true, code = true, builtin = true }
 
 local function copy(t)
   local o = {}
@@ -271,16 +481,21 @@ local function check_run_opts(o, fname, level)
     if not ok then bad(fname, (tostring(err):gsub("^[^:]*:%d+: ", "")), level) end
   end
   if o.workload ~= nil then
-    local ok, err = pcall(_M.workload, o.workload)
+    local ok, err = pcall(check_workload, o.workload, 1)
     if not ok then error((tostring(err):gsub("^[^:]*:%d+: ", "")), level) end
+  end
+  if o.builtin ~= nil then
+    if not _M.POLICIES[o.builtin] then
+      bad(fname, "'builtin' must be one of " .. table_concat(_M.POLICY_ORDER, ", "), level)
+    end
+    if o.policy ~= nil then bad(fname, "give 'builtin' or 'policy', not both", level) end
   end
   if o.policy ~= nil and type(o.policy) ~= "table" and type(o.policy) ~= "string" then
     bad(fname, "'policy' must be a table, a path or nil", level)
   end
 end
 
-local function turns_of(o)
-  if o.workload then return _M.workload(o.workload) end
+local function trace_turns(o)
   if type(o.trace) == "string" then return _M.load_trace(o.trace) end
   local turns = {}
   for i, e in ipairs(o.trace) do
@@ -291,25 +506,74 @@ local function turns_of(o)
   return sort_turns(turns)
 end
 
-local function run(o)
-  local turns, terr, tcode = turns_of(o)
-  if not turns then return nil, terr, tcode end
-  local policy, perr, pcode
+-- The conversations to simulate, in order of arrival: `{ key, start, next }`
+-- where `next(prev_end)` gives the next turn (t, duration, timeout, language).
+local function conversations_of(o)
+  if o.workload then
+    local w = o.workload
+    local convs = arrivals(w)
+    for _, c in ipairs(convs) do
+      -- one generator per conversation, made when it starts
+      c.make = function() return conv_turns(w, c) end
+    end
+    return convs
+  end
+  local turns, err, code = trace_turns(o)
+  if not turns then return nil, err, code end
+  local by_key, convs = {}, {}
+  for _, e in ipairs(turns) do
+    local c = by_key[e.session]
+    if not c then
+      c = { key = e.session, start = e.t, list = {} }
+      by_key[e.session] = c
+      convs[#convs + 1] = c
+    end
+    c.list[#c.list + 1] = e
+  end
+  for _, c in ipairs(convs) do
+    local list = c.list
+    c.make = function()
+      local i = 0
+      return function()
+        i = i + 1
+        local e = list[i]
+        if not e then return nil end
+        return e.t, e.duration, e.timeout, e.language
+      end
+    end
+  end
+  return convs
+end
+
+local function resolve_policy(o)
+  if o.builtin then
+    local b = _M.POLICIES[o.builtin]
+    local p, err, code = policy_mod.resolve(b.policy)
+    return p, err, code, b.per_call
+  end
   if type(o.policy) == "table" and o.policy.name and o.policy.order and o.policy.lease
     and o.policy.should_refresh and o.policy.create_params and o.policy.gc then
-    policy = o.policy
-  else
-    local ok, p, e, c = pcall(policy_mod.resolve, o.policy)
-    if not ok then bad("run", (tostring(p):gsub("^[^:]*:%d+: ", "")), 3) end
-    policy, perr, pcode = p, e, c
-    if not policy then return nil, perr, pcode end
+    return o.policy
   end
+  local ok, p, e, c = pcall(policy_mod.resolve, o.policy)
+  if not ok then bad("run", (tostring(p):gsub("^[^:]*:%d+: ", "")), 4) end
+  return p, e, c
+end
+
+local function run(o)
+  local convs, terr, tcode = conversations_of(o)
+  if not convs then return nil, terr, tcode end
+  local policy, perr, pcode, per_call = resolve_policy(o)
+  if not policy then return nil, perr, pcode end
   local prices = copy(_M.PRICES)
   for k, v in pairs(o.prices or {}) do prices[k] = v end
-  local model = model_mod.new(o.model)
+  local start = (o.model and o.model.start) or model_mod.DEFAULTS.start
+  local sched = task_mod.scheduler{ backend = task_mod.virtual(start) }
+  local model = model_mod.new(o.model, sched)
+  model.keep_history = o.details and true or false
   local clock = model:clock()
   local t0 = model.now
-  local new_lock = sim_lock.factory()
+  local new_lock = sim_lock.factory(sched)
   local exec_timeout, idle_timeout = o.exec_timeout or 300, o.idle_timeout or 300
   local template, tag = o.template or "code-interpreter-v1", o.tag or "warmboxSessionId"
   local max_age = o.max_age or 86400
@@ -319,7 +583,8 @@ local function run(o)
   local code = o.code or "x = 1"
 
   local report = {
-    turns = #turns, runs = 0, ok = 0, failed = 0, failures = {}, errors = {},
+    turns = 0, runs = 0, ok = 0, failed = 0, failures = {}, errors = {},
+    conversations = #convs, conversations_lost_state = 0, turns_lost_state = 0,
     cold_starts = 0, resumes = 0, warm_hits = 0,
     events = { create = 0, connect = 0, kill = 0, retry = 0 },
     gc_passes = 0, gc_kills = 0, gc_demoted = 0, gc_busy = 0, gc_errors = 0,
@@ -328,138 +593,253 @@ local function run(o)
   }
   local events = report.events
   local function on_event(name) events[name] = (events[name] or 0) + 1 end
-
-  local sessions = {}
-  local function session_for(key)
-    local s = sessions[key]
-    if not s then
-      s = session_mod.new(key, { client = model, lock = new_lock, clock = clock, policy = policy,
-        template = template, exec_timeout = exec_timeout, idle_timeout = idle_timeout, tag = tag,
-        origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length })
-      sessions[key] = s
-    end
-    return s
+  local function new_session(key)
+    return session_mod.new(key, { client = model, lock = new_lock, clock = clock, policy = policy,
+      template = template, exec_timeout = exec_timeout, idle_timeout = idle_timeout, tag = tag,
+      origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length })
   end
 
+  local function note_error(c, msg)
+    if #report.errors < 10 then report.errors[#report.errors + 1] = { code = c, message = msg } end
+  end
   local function fail(c, msg)
     report.failed = report.failed + 1
     report.failures[c] = (report.failures[c] or 0) + 1
-    if #report.errors < 10 then report.errors[#report.errors + 1] = { code = c, message = msg } end
+    note_error(c, msg)
   end
 
-  local next_gc = gc_every and t0 + gc_every or math_huge
-  local function gc_until(t)
-    while next_gc <= t do
-      model:advance_to(next_gc)
-      local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
-        clock = clock, max_age = max_age })
-      report.gc_passes = report.gc_passes + 1
-      if not ok then
-        report.gc_errors = report.gc_errors + 1
-        if #report.errors < 10 then report.errors[#report.errors + 1] = { code = "GC", message = tostring(rep) } end
-      elseif not rep then
-        report.gc_errors = report.gc_errors + 1
-        if #report.errors < 10 then report.errors[#report.errors + 1] = { code = gcode, message = gerr } end
-      else
-        report.gc_kills = report.gc_kills + rep.killed
-        report.gc_demoted = report.gc_demoted + rep.demoted
-        report.gc_busy = report.gc_busy + rep.busy
-        report.gc_errors = report.gc_errors + #rep.errors
-      end
-      next_gc = next_gc + gc_every
-    end
-  end
-
-  local latencies = {}
+  local latencies, nlat = {}, 0
+  local log = o.details and {} or nil
   local last_end = t0
-  for _, turn in ipairs(turns) do
-    gc_until(t0 + turn.t)
-    model:advance_to(t0 + turn.t)
-    local s = session_for(turn.session)
-    model.duration, model.mark = turn.duration, {}
-    local start = clock()
-    report.runs = report.runs + 1
-    local ok, r, err, ecode = pcall(s.run, s, code, { timeout = turn.timeout, language = turn.language })
-    if not ok then
-      fail("ERROR", tostring(r))
-    elseif not r then
-      fail(tostring(ecode), tostring(err))
-    else
-      report.ok = report.ok + 1
-      if model.mark.created then
-        report.cold_starts = report.cold_starts + 1
-      elseif model.mark.resumed then
-        report.resumes = report.resumes + 1
-      else
-        report.warm_hits = report.warm_hits + 1
-      end
-      -- Virtual times are unix seconds: round away the float noise (to the microsecond).
-      local ms = ((model.mark.code_started or clock()) - start) * 1000
-      latencies[#latencies + 1] = math_floor(ms * 1000 + 0.5) / 1000
-    end
-    last_end = math_max(last_end, clock())
-  end
-  -- The tail: leases run out, GC passes reclaim what was abandoned.
+  local active, arrived_all = 0, false
+  local horizon = nil
   local tail = o.tail
   if tail == nil then tail = math_max(exec_timeout, idle_timeout) + max_age + (gc_every or 0) end
-  local horizon = math_max(last_end + tail, clock())
-  gc_until(horizon)
-  model:advance_to(horizon)
+  local function finish_if_idle()
+    if arrived_all and active == 0 and not horizon then
+      horizon = math_max(last_end + tail, clock())
+    end
+  end
+
+  -- One conversation: its turns one after another (never two at once).
+  local function conversation(conv)
+    local me = task_mod.current()
+    local data = me.data
+    local next_turn = conv.make()
+    local s = (not per_call) and new_session(conv.key) or nil
+    local had_box, lost = false, false
+    local n = 0
+    while true do
+      local t, duration, timeout, language = next_turn()
+      if not t then break end
+      n = n + 1
+      local due = t0 + t
+      if due > clock() then sched:sleep_until(due) end
+      data.duration, data.mark = duration, {}
+      local run_s = s or new_session(conv.key .. "#" .. n)
+      local began = clock()
+      report.turns = report.turns + 1
+      report.runs = report.runs + 1
+      local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
+      local mark = data.mark
+      if log then
+        log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
+          code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
+          code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
+          created = mark.created or false, resumed = mark.resumed or false }
+      end
+      if not ok then
+        fail("ERROR", tostring(r))
+      elseif not r then
+        fail(tostring(ecode), tostring(err))
+      else
+        report.ok = report.ok + 1
+        if mark.created then
+          report.cold_starts = report.cold_starts + 1
+          if had_box then
+            report.turns_lost_state = report.turns_lost_state + 1
+            if not lost then
+              lost = true
+              report.conversations_lost_state = report.conversations_lost_state + 1
+            end
+          end
+        elseif mark.resumed then
+          report.resumes = report.resumes + 1
+        else
+          report.warm_hits = report.warm_hits + 1
+        end
+        had_box = true
+        -- Virtual times are unix seconds: round away the float noise (to the microsecond).
+        local ms = ((mark.code_started or clock()) - began) * 1000
+        nlat = nlat + 1
+        latencies[nlat] = math_floor(ms * 1000 + 0.5) / 1000
+      end
+      if per_call and mark.sandbox_id then
+        model:kill(mark.sandbox_id)            -- a fresh sandbox per call: killed after it
+      end
+      local now = clock()
+      if now > last_end then last_end = now end
+    end
+    active = active - 1
+    finish_if_idle()
+  end
+
+  -- Arrivals: each conversation starts as a task when its first turn is due.
+  sched:spawn(function()
+    for _, conv in ipairs(convs) do
+      local due = t0 + conv.start
+      if due > clock() then sched:sleep_until(due) end
+      active = active + 1
+      sched:spawn(conversation, conv)
+    end
+    arrived_all = true
+    finish_if_idle()
+  end)
+
+  -- GC passes every gc_every seconds until the horizon.
+  if gc_every then
+    sched:spawn(function()
+      local next_gc = t0 + gc_every
+      while true do
+        sched:sleep_until(next_gc)
+        if horizon and next_gc > horizon then break end
+        local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
+          clock = clock, max_age = max_age })
+        report.gc_passes = report.gc_passes + 1
+        if not ok then
+          report.gc_errors = report.gc_errors + 1
+          note_error("GC", tostring(rep))
+        elseif not rep then
+          report.gc_errors = report.gc_errors + 1
+          note_error(gcode, gerr)
+        else
+          report.gc_kills = report.gc_kills + rep.killed
+          report.gc_demoted = report.gc_demoted + rep.demoted
+          report.gc_busy = report.gc_busy + rep.busy
+          report.gc_errors = report.gc_errors + #rep.errors
+        end
+        next_gc = next_gc + gc_every
+      end
+    end)
+  end
+
+  local ok, lerr = sched:loop()
+  if not ok then
+    sched:cancel_all()
+    note_error("DEADLOCK", tostring(lerr))
+  end
+  horizon = horizon or math_max(last_end + tail, clock())
+  model:advance_to(math_max(horizon, clock()))
   local alive = model:close_books()
 
   table_sort(latencies)
   local sum = 0
-  for _, v in ipairs(latencies) do sum = sum + v end
+  for i = 1, nlat do sum = sum + latencies[i] end
   report.p50_ms = _M.percentile(latencies, 50) or 0
   report.p95_ms = _M.percentile(latencies, 95) or 0
   report.p99_ms = _M.percentile(latencies, 99) or 0
-  report.max_ms = latencies[#latencies] or 0
-  report.mean_ms = #latencies > 0 and sum / #latencies or 0
+  report.max_ms = latencies[nlat] or 0
+  report.mean_ms = nlat > 0 and sum / nlat or 0
   local st = model.stats
   report.compute_seconds = st.running_seconds
   report.compute_cost = st.running_seconds * (prices.vcpus * prices.vcpu_second + prices.memory_gib * prices.gib_second)
   report.paused_seconds = st.paused_seconds
+  report.paused_hours = st.paused_seconds / 3600
   report.storage_cost = st.paused_seconds * prices.paused_second
   report.cost = report.compute_cost + report.storage_cost
   report.created = st.creates
+  report.model_resumes = st.resumes
+  report.pauses = st.pauses
+  report.kills = st.kills
+  report.timeout_kills = st.timeout_kills
   report.requests = st.requests
   report.requests_per_run = report.runs > 0 and st.requests / report.runs or 0
   report.auto_pauses = st.auto_pauses
   report.paused_during_run = st.paused_during_run
+  report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
+  report.peak_running = st.peak_running
   report.alive_running, report.alive_paused = alive.running, alive.paused
   report.alive = alive.running + alive.paused
   report.simulated_seconds = model.now - t0
   if o.details then
     report.sandboxes = model:sandboxes()
     report.latencies_ms = latencies
+    report.log = log
   end
   return report
 end
 
 --- Simulate a trace or a workload.
+-- Each conversation is a `warmbox.task` on a virtual clock: turns of
+-- different conversations overlap, one conversation's turns run one after
+-- another (a turn due while the previous one runs starts when it ends).
 -- @tparam table opts `trace` (a path or a table of turns) or `workload` (see
---   `workload`); `policy` (nil | partial table | path, as `warmbox.new`);
+--   `workload`); `policy` (nil | partial table | path, as `warmbox.new`) or
+--   `builtin` (a name of `POLICIES`);
 --   `exec_timeout` (300), `idle_timeout` (300), `template`
 --   ("code-interpreter-v1"), `tag` ("warmboxSessionId"), `code` (the cell each
 --   turn runs, "x = 1"); `prices` (overrides of `PRICES`); `model` (overrides of
 --   `warmbox.sim.model.DEFAULTS`: `rtt_ms`, `create_ms`, `kernel_ms`, `resume_ms`,
---   `pause_ms`, `max_length_hours`, ...); `gc_every` (3600 s of virtual time; 0 or
---   false: no GC), `max_age` (86400, given to GC), `tail` (seconds simulated after the
---   last run ends, default `max(exec_timeout, idle_timeout) + max_age + gc_every`: long
---   enough for the default GC policy to reclaim every abandoned sandbox), `details` (add `sandboxes` and
---   `latencies_ms`)
--- @treturn[1] table report: `turns, runs, ok, failed, failures = { CODE = n }, errors,
---   cold_starts, resumes, warm_hits, p50_ms, p95_ms, p99_ms, mean_ms, max_ms` (virtual
---   ms warmbox added before the code ran), `compute_seconds, compute_cost, paused_seconds,
---   storage_cost, cost, created, requests, requests_per_run, auto_pauses,
---   paused_during_run, gc_passes, gc_kills, gc_demoted, gc_busy, gc_errors, alive,
---   alive_running, alive_paused, events = { create, connect, kill, retry },
---   simulated_seconds, policy, exec_timeout, idle_timeout, max_age, gc_every, prices`
+--   `pause_ms`, `max_length_hours`, `max_running`, `rate_per_s`, ...); `gc_every`
+--   (3600 s of virtual time; 0 or false: no GC), `max_age` (86400, given to GC),
+--   `tail` (seconds simulated after the last run ends, default
+--   `max(exec_timeout, idle_timeout) + max_age + gc_every`: long enough for the
+--   default GC policy to reclaim every abandoned sandbox), `details` (add
+--   `sandboxes`, `latencies_ms` and `log`: one record per run in the order runs
+--   ended, `{ session, due, start, code_started, finish, ok, code, created, resumed }`,
+--   times in seconds from the start)
+-- @treturn[1] table report: `conversations, turns, runs, ok, failed, failures = { CODE = n },
+--   errors, cold_starts, resumes, warm_hits, conversations_lost_state, turns_lost_state,
+--   p50_ms, p95_ms, p99_ms, mean_ms, max_ms` (virtual ms warmbox added before the code
+--   ran), `compute_seconds, compute_cost, paused_seconds, paused_hours, storage_cost, cost,
+--   created, model_resumes, pauses, kills, timeout_kills, requests, requests_per_run,
+--   auto_pauses, paused_during_run, rejected_cap, rejected_rate, retries, peak_running,
+--   gc_passes, gc_kills, gc_demoted, gc_busy, gc_errors, alive, alive_running,
+--   alive_paused, events = { create, connect, kill, retry }, simulated_seconds, policy,
+--   exec_timeout, idle_timeout, max_age, gc_every, prices`
 -- @return[2] nil, message, code ("NOT_FOUND" or "BAD_REQUEST" for a trace, "POLICY")
 function _M.run(opts)
   check_run_opts(opts, "run", 3)
   local report, err, code = run(opts)
   return report, err, code
+end
+
+--- Run the same workload once per built-in policy (`POLICIES`).
+-- @tparam table base run options (as `run`, without `policy`/`builtin`)
+-- @tparam[opt] table names policy names (default: all, in `POLICY_ORDER`)
+-- @treturn[1] table rows: one report per policy, each with `param = "policy"` and `value`
+-- @return[2] nil, message, code
+function _M.compare(base, names)
+  check_run_opts(base, "compare", 3)
+  if base.policy ~= nil or base.builtin ~= nil then
+    error("bad argument #1 to 'compare' (give no 'policy' or 'builtin': compare runs the built-in ones)", 2)
+  end
+  names = names or _M.POLICY_ORDER
+  if type(names) ~= "table" or #names == 0 then
+    error("bad argument #2 to 'compare' (a non-empty list of policy names expected)", 2)
+  end
+  for _, n in ipairs(names) do
+    if not _M.POLICIES[n] then
+      error("bad argument #2 to 'compare' (unknown policy '" .. tostring(n) .. "'; known: "
+        .. table_concat(_M.POLICY_ORDER, ", ") .. ")", 2)
+    end
+  end
+  local shared = copy(base)
+  if base.trace then
+    local turns, terr, tcode = trace_turns(base)
+    if not turns then return nil, terr, tcode end
+    shared.trace = turns
+  end
+  local rows = {}
+  for i, n in ipairs(names) do
+    local o = copy(shared)
+    o.builtin = n
+    local r, err, code = run(o)
+    if not r then return nil, err, code end
+    r.param, r.value = "policy", n
+    rows[i] = r
+  end
+  return rows
 end
 
 -- ------------------------------------------------------------------
@@ -498,11 +878,13 @@ function _M.sweep(base, spec)
   if type(values) ~= "table" or #values == 0 then
     error("bad argument #2 to 'sweep' ('values' must be a non-empty list)", 2)
   end
-  -- One workload for every row.
+  -- One workload for every row (a generated one is drawn again from its seed).
   local shared = copy(base)
-  local turns, terr, tcode = turns_of(base)
-  if not turns then return nil, terr, tcode end
-  shared.trace, shared.workload = turns, nil
+  if base.trace then
+    local turns, terr, tcode = trace_turns(base)
+    if not turns then return nil, terr, tcode end
+    shared.trace = turns
+  end
   local rows = {}
   for i, v in ipairs(values) do
     local o = copy(shared)
@@ -527,11 +909,48 @@ end
 
 local COLUMNS = {
   { "runs", "runs", "%d" }, { "cold", "cold_starts", "%d" }, { "resumes", "resumes", "%d" },
-  { "warm", "warm_hits", "%d" }, { "failed", "failed", "%d" },
+  { "warm", "warm_hits", "%d" }, { "failed", "failed", "%d" }, { "lost state", "conversations_lost_state", "%d" },
   { "p50 ms", "p50_ms", "%.0f" }, { "p95 ms", "p95_ms", "%.0f" }, { "p99 ms", "p99_ms", "%.0f" },
   { "compute s", "compute_seconds", "%.0f" }, { "compute $", "compute_cost", "%.4f" },
-  { "paused s", "paused_seconds", "%.0f" }, { "gc kills", "gc_kills", "%d" }, { "alive", "alive", "%d" },
+  { "paused h", "paused_hours", "%.1f" }, { "storage $", "storage_cost", "%.4f" },
+  { "gc kills", "gc_kills", "%d" }, { "alive", "alive", "%d" },
 }
+_M.COLUMNS = COLUMNS
+
+-- The fields of a CSV row, in order.
+local CSV_FIELDS = { "policy", "param", "value", "conversations", "runs", "ok", "failed", "cold_starts", "resumes",
+  "warm_hits", "conversations_lost_state", "turns_lost_state", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
+  "compute_seconds", "compute_cost", "paused_seconds", "paused_hours", "storage_cost", "cost", "created",
+  "model_resumes", "pauses", "auto_pauses", "kills", "timeout_kills", "gc_passes", "gc_kills", "gc_demoted",
+  "requests", "requests_per_run", "rejected_cap", "rejected_rate", "retries", "peak_running", "paused_during_run",
+  "alive", "exec_timeout", "idle_timeout", "max_age", "gc_every", "paused_price_hour", "simulated_seconds" }
+_M.CSV_FIELDS = CSV_FIELDS
+
+--- Rows as CSV text: a header line, then one line per row (fields in
+-- `CSV_FIELDS`; text fields never hold a comma or a quote here, so none is quoted).
+-- @tparam table rows a report or a list of them
+-- @treturn string
+function _M.csv(rows)
+  if type(rows) ~= "table" then error("bad argument #1 to 'csv' (table expected, got " .. type(rows) .. ")", 2) end
+  if rows.runs then rows = { rows } end
+  local out = { table_concat(CSV_FIELDS, ",") }
+  for _, r in ipairs(rows) do
+    local line = {}
+    for i, k in ipairs(CSV_FIELDS) do
+      local v = r[k]
+      if k == "paused_price_hour" then v = (r.prices and r.prices.paused_second or 0) * 3600 end
+      if type(v) == "number" then
+        line[i] = math_type(v) == "integer" and string_format("%d", v) or string_format("%.10g", v)
+      elseif v == nil then
+        line[i] = ""
+      else
+        line[i] = (tostring(v):gsub("[,\"\r\n]", " "))
+      end
+    end
+    out[#out + 1] = table_concat(line, ",")
+  end
+  return table_concat(out, "\n") .. "\n"
+end
 
 --- Format reports (or sweep rows) as a text table, one line per row.
 -- @tparam table rows a report or a list of them
@@ -572,7 +991,35 @@ function _M.format(rows)
         tostring(r.param and r.value or r.policy), table_concat(codes, ", "))
     end
   end
-  return table_concat(out, "\n") .. "\n" .. (#failures > 0 and table_concat(failures, "\n") .. "\n" or "")
+  local price = rows[1] and rows[1].prices and rows[1].prices.paused_second or 0
+  local note = string_format("storage price assumed: $%g per paused sandbox-hour (E2B publishes none)\n",
+    price * 3600)
+  return table_concat(out, "\n") .. "\n" .. (#failures > 0 and table_concat(failures, "\n") .. "\n" or "") .. note
+end
+
+--- Draw the chart with gnuplot when it is installed (`opts.gnuplot`, default
+-- "gnuplot" on the PATH), else write the built-in SVG.
+-- @tparam table rows
+-- @tparam string path the image to write (gnuplot: PNG when it ends in .png, else SVG)
+-- @tparam[opt] table opts `x`, `y`, `title` (as `chart`), `gnuplot` (a command, or false: built-in SVG only)
+-- @treturn[1] string "gnuplot" or "svg" (what drew it)
+-- @return[2] nil, message, "IO"
+function _M.plot(rows, path, opts)
+  if type(path) ~= "string" then error("bad argument #2 to 'plot' (string expected, got " .. type(path) .. ")", 2) end
+  opts = opts or {}
+  local copts = { x = opts.x, y = opts.y, title = opts.title }
+  local svg = chart_mod.chart(rows, copts, 2)  -- also checks the rows and options
+  local gp = opts.gnuplot
+  if gp == nil then gp = "gnuplot" end
+  if gp and os.execute("command -v " .. gp .. " >/dev/null 2>&1") then
+    local ok = chart_mod.gnuplot(rows, path, copts, gp)
+    if ok then return "gnuplot" end
+  end
+  local f, err = io_open(path, "wb")
+  if not f then return nil, "cannot write " .. path .. ": " .. tostring(err), "IO" end
+  f:write(svg)
+  f:close()
+  return "svg"
 end
 
 --- An SVG chart of sweep rows (see `warmbox.sim.chart`).

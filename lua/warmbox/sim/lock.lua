@@ -5,9 +5,10 @@
 -- simulation. `warmbox.lock`'s memory backend is not used because its
 -- per-key state is process-wide (two simulations in one process, or a host
 -- that also uses the memory backend, would share remembered sandboxes) and
--- its expiry and waits use the real clock. The simulator runs one turn at a
--- time, so a lock is never contended while a session holds it; a held key
--- answers `nil, "timeout"` (`lock`) or `nil, "busy"` (`try_lock`) at once.
+-- its expiry and waits use the real clock. Made with a `warmbox.task`
+-- scheduler, `lock` waits for a held key in virtual time (FIFO) inside its
+-- tasks; otherwise a held key answers `nil, "timeout"` (`lock`) at once.
+-- `try_lock` answers `nil, "busy"` at once.
 --
 --   local new_lock = require("warmbox.sim.lock").factory()
 --   local lk = new_lock()
@@ -31,11 +32,24 @@ local function take(self, key, err)
   return true
 end
 
---- Takes the lock on `key`: 0 (seconds waited) | nil, "timeout" | nil, "locked".
+--- Takes the lock on `key`: seconds waited | nil, "timeout" | nil, "locked".
+-- Inside a task of the factory's scheduler a held key is waited for (FIFO,
+-- in virtual time); elsewhere it answers `nil, "timeout"` at once.
 function Lock:lock(key)
   local ok, err = take(self, key, "timeout")
+  if ok then return 0 end
+  local sched = self.world.sched
+  if err ~= "timeout" or not sched or not sched:current() then return nil, err end
+  local t0 = sched:now()
+  local waits = self.world.waits
+  repeat
+    local ev = waits[key]
+    if not ev then ev = sched:event(); waits[key] = ev end
+    ev:wait()
+    ok, err = take(self, key, "timeout")
+  until ok or err ~= "timeout"
   if not ok then return nil, err end
-  return 0
+  return sched:now() - t0
 end
 
 --- Takes the lock on `key` if free: true | nil, "busy" | nil, "locked".
@@ -49,6 +63,10 @@ function Lock:unlock()
   if not key then return nil, "unlocked" end
   self._key = nil
   self.world.held[key] = nil
+  local ev = self.world.waits[key]
+  if ev then
+    if ev:waiting() > 0 then ev:signal() else self.world.waits[key] = nil end
+  end
   return true
 end
 
@@ -94,9 +112,10 @@ Lock.__close = function(self) self:close() end
 
 --- A lock constructor for one simulation: `function() return lock end`; every
 -- lock it makes shares one table of held keys and states.
+-- @tparam[opt] warmbox.task.Scheduler sched whose tasks wait for held keys
 -- @treturn function
-function _M.factory()
-  local world = { held = {}, state = {} }
+function _M.factory(sched)
+  local world = { held = {}, state = {}, waits = {}, sched = sched }
   return function() return setmetatable({ world = world }, Lock) end
 end
 

@@ -20,11 +20,26 @@
 --   auto-resumed;
 -- * paused sandboxes are kept until killed.
 --
--- Nothing sleeps and nothing touches the network: every call advances the
--- virtual clock by its cost (half a round trip each way, plus create,
--- resume, kernel start or run time), and lease expiry is evaluated lazily,
--- at each step, at the exact time it happened. The model also keeps the
--- books: running and paused sandbox-seconds, creates, resumes, requests.
+-- * with `max_running` > 0, a create, or a connect or data-plane request
+--   that would resume a paused sandbox, beyond that many running sandboxes
+--   answers 429 (E2B's concurrency cap); with `rate_per_s` > 0 the control
+--   plane is a token bucket (`rate_burst` tokens) and a request beyond it
+--   answers 429. Like `warmbox.e2b`'s client, idempotent calls (`connect`,
+--   `info`, `list`, `kill`, data-plane calls but `run_code`) retry a 429 up
+--   to `retries` times with capped exponential backoff (0.1 s doubling, at
+--   most 2 s, jittered by the seeded PRNG); `create`, `pause`, `set_timeout`
+--   and `run_code` do not retry.
+--
+-- Nothing sleeps and nothing touches the network: every call waits on the
+-- model's `warmbox.task` scheduler (virtual backend) for its cost (half a
+-- round trip each way, plus create, resume, kernel start or run time). Inside
+-- one of the scheduler's tasks the call yields, so calls of different tasks
+-- overlap in virtual time; outside, the virtual clock simply jumps. Leases
+-- sit in a timer heap and expire lazily, at each step, at the exact time
+-- they ran out. Sandboxes are indexed by metadata (key, value), so a
+-- filtered list costs the size of its answer; every other call is O(log n).
+-- The model also keeps the books: running and paused sandbox-seconds,
+-- creates, resumes, requests.
 --
 --   local model = require("warmbox.sim.model").new{ rtt_ms = 20, create_ms = 500 }
 --   local clock = model:clock()        -- function() return virtual seconds end
@@ -38,6 +53,8 @@ local type, pairs, ipairs, tostring, error, setmetatable =
 local string_format, table_sort, math_floor, math_max, math_min =
   string.format, table.sort, math.floor, math.max, math.min
 local os_date = os.date
+local task_mod = require "warmbox.task"
+local heap_push, heap_pop = task_mod.heap_push, task_mod.heap_pop
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -54,6 +71,11 @@ _M.DEFAULTS = {
   max_length_hours = 24,   -- maximum session length (Pro: 24, Hobby: 1)
   auto_resume_min = 300,   -- seconds: lease after a traffic-triggered resume, at least
   start = 1767225600,      -- unix seconds of virtual time 0 (2026-01-01T00:00:00Z)
+  max_running = 0,         -- E2B's concurrency cap: running sandboxes (0: none)
+  rate_per_s = 0,          -- control-plane requests per second (0: no limit)
+  rate_burst = 20,         -- token bucket size of the rate limit
+  retries = 3,             -- retries of an idempotent call after a 429 (the client's default)
+  seed = 1,                -- seeds the backoff jitter
 }
 
 local Model = {}
@@ -62,8 +84,11 @@ Model.__name = "warmbox.sim.Model"
 
 --- Make a model.
 -- @tparam[opt] table opts overrides of `DEFAULTS` (unknown keys raise)
+-- @tparam[opt] warmbox.task.Scheduler sched the scheduler whose tasks call the
+--   model (default: a new one on a virtual clock at `start`); its backend
+--   must be a `warmbox.task.virtual` one (the model moves its clock).
 -- @treturn warmbox.sim.Model
-function _M.new(opts)
+function _M.new(opts, sched)
   if opts ~= nil and type(opts) ~= "table" then
     error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
   end
@@ -76,28 +101,58 @@ function _M.new(opts)
     end
     cfg[k] = v
   end
+  sched = sched or task_mod.scheduler{ backend = task_mod.virtual(cfg.start) }
+  local backend = sched.backend
+  if backend:now() < cfg.start then backend.t = cfg.start end
+  local rs = math_floor(cfg.seed) ~ 0x2545F4914F6CDD1D
   local self = setmetatable({
     cfg = cfg,
-    now = cfg.start,           -- virtual unix seconds
+    sched = sched, backend = backend,
+    now = backend:now(),       -- virtual unix seconds (the scheduler's clock, synced at each step)
     rtt = cfg.rtt_ms / 1000,
     max_length = cfg.max_length_hours * 3600,
-    boxes = {},                -- id -> record (killed ones too, until the end)
+    boxes = {},                -- id -> record (killed ones too while keep_history)
+    keep_history = true,       -- false: forget killed sandboxes (large simulations)
     live = {},                 -- id -> record (running or paused)
+    by_md = {},                -- metadata key -> value -> { [record] = true } (live ones)
+    leases = { n = 0 },        -- timer heap of running sandboxes' lease ends
+    tseq = 0,
+    running = 0,               -- running sandboxes now
+    tokens = cfg.rate_burst, tokens_at = backend:now(),
+    rand = function()          -- xorshift64*, for the backoff jitter
+      rs = rs ~ (rs >> 12); rs = rs ~ (rs << 25); rs = rs ~ (rs >> 27)
+      return ((rs * 0x2545F4914F6CDD1D) >> 11) * (1.0 / 9007199254740992)
+    end,
     seq = 0,
     -- the books
     stats = { requests = 0, creates = 0, resumes = 0, auto_resumes = 0, cold_boot_resumes = 0, auto_pauses = 0,
               timeout_kills = 0, pauses = 0, kills = 0, paused_during_run = 0, running_seconds = 0,
-              paused_seconds = 0, runs = 0 },
-    -- per-run marks (reset by the simulator before each run)
+              paused_seconds = 0, runs = 0, rejected_cap = 0, rejected_rate = 0, retries = 0,
+              peak_running = 0 },
+    -- per-run marks outside tasks (inside a task: the task's `data`)
     mark = {},
   }, Model)
   return self
 end
 
---- The virtual clock: a function returning the model's current time (unix seconds).
+--- The virtual clock: a function returning the current virtual time (unix seconds).
 function Model:clock()
-  return function() return self.now end
+  local backend = self.backend
+  return function() return backend.t end
 end
+
+-- The per-run context: the running task's data table, or the model itself
+-- outside tasks (`duration`, the run's length, and `mark`, what happened).
+local function ctx(self)
+  local t = task_mod.current()
+  if t and t.sched == self.sched then
+    local d = t.data
+    if not d.mark then d.mark = {} end
+    return d
+  end
+  return self
+end
+_M.ctx = ctx
 
 --- RFC 3339 (UTC, milliseconds) of a virtual time.
 local function rfc3339(t)
@@ -114,8 +169,27 @@ _M.rfc3339 = rfc3339
 
 -- A running sandbox stops running at time t (paused or killed): book its run time.
 local function stop_running(self, b, t)
-  self.stats.running_seconds = self.stats.running_seconds + math_max(0, t - b.running_since)
+  if b.running_since then
+    self.stats.running_seconds = self.stats.running_seconds + math_max(0, t - b.running_since)
+  end
   b.running_since = nil
+  b.epoch, b.stopped_at = b.epoch + 1, t
+  self.running = self.running - 1
+end
+
+local function start_running(self)
+  self.running = self.running + 1
+  if self.running > self.stats.peak_running then self.stats.peak_running = self.running end
+end
+
+-- The lease of a running sandbox ends at b.end_at: keep one heap entry per
+-- sandbox at or before it (an extension is found when the entry pops).
+local function arm(self, b)
+  local at = b.timer_at
+  if at and at <= b.end_at then return end
+  self.tseq = self.tseq + 1
+  b.timer_at = b.end_at
+  heap_push(self.leases, { t = b.end_at, seq = self.tseq, b = b })
 end
 
 local function start_paused(b, t)
@@ -128,20 +202,36 @@ local function end_paused(self, b, t)
 end
 
 local function remove(self, b, t)
-  if b.state == "running" then stop_running(self, b, t) elseif b.state == "paused" then end_paused(self, b, t) end
+  if b.state == "running" or b.state == "resuming" then
+    stop_running(self, b, t)
+  elseif b.state == "paused" then
+    end_paused(self, b, t)
+  end
   b.state, b.killed_at = "killed", t
   self.live[b.id] = nil
+  if not self.keep_history then self.boxes[b.id] = nil end
+  for k, v in pairs(b.metadata) do
+    local vals = self.by_md[k]
+    local set = vals and vals[v]
+    if set then
+      set[b] = nil
+      if next(set) == nil then vals[v] = nil end
+    end
+  end
 end
 
 -- Leases that ran out by time `t`, applied at the time each one ran out.
 local function settle(self, t)
-  local due = {}
-  for _, b in pairs(self.live) do
-    if b.state == "running" and b.end_at <= t then due[#due + 1] = b end
-  end
-  if #due == 0 then return end
-  table_sort(due, function(a, b) return a.end_at < b.end_at or (a.end_at == b.end_at and a.n < b.n) end)
-  for _, b in ipairs(due) do
+  local h = self.leases
+  while h.n > 0 and h[1].t <= t do
+    local e = heap_pop(h)
+    local b = e.b
+    if b.timer_at == e.t then b.timer_at = nil end
+    if b.state ~= "running" then goto continue end
+    if b.end_at > e.t then
+      arm(self, b)                   -- extended since: wait for the new end
+      goto continue
+    end
     local at = b.end_at
     if b.on_timeout == "pause" then
       stop_running(self, b, at)
@@ -153,29 +243,99 @@ local function settle(self, t)
       remove(self, b, at)
       self.stats.timeout_kills = self.stats.timeout_kills + 1
     end
+    ::continue::
   end
 end
 
---- Let virtual time pass to `t` (never backwards); leases expire on the way.
-function Model:advance_to(t)
+-- Bring the model to the scheduler's clock: leases expire on the way.
+local function sync(self)
+  local t = self.backend.t
   if t > self.now then
     settle(self, t)
     self.now = t
   end
 end
+_M.sync = sync
 
--- Time passes by `d` seconds.
-local function pass(self, d)
-  if d > 0 then Model.advance_to(self, self.now + d) end
+--- Let virtual time pass to `t` (never backwards); leases expire on the way.
+-- Outside tasks only (a task waits with its scheduler instead).
+function Model:advance_to(t)
+  if t > self.backend.t then self.backend.t = t end
+  sync(self)
 end
 
--- A control-plane request: half a round trip out, server work, half back.
-local function request(self, work)
-  self.stats.requests = self.stats.requests + 1
-  pass(self, self.rtt / 2)
-  local a, b, c = work()
-  pass(self, self.rtt / 2)
-  return a, b, c
+-- Time passes by `d` seconds for the caller: a task sleeps (others run
+-- meanwhile), anyone else moves the clock.
+local function pass(self, d)
+  if d > 0 then
+    local t = task_mod.current()
+    if t and t.sched == self.sched then
+      self.sched:sleep_until(self.backend.t + d)
+    else
+      local at = self.backend.t + d
+      if at > self.backend.t then self.backend.t = at end
+    end
+  end
+  sync(self)
+end
+
+-- The answer a rejected request gets.
+local REJECT = setmetatable({}, { __name = "warmbox.sim.REJECT" })
+_M.REJECT = REJECT
+
+-- The control plane's token bucket: true when a request may pass now.
+local function admit(self)
+  local rate = self.cfg.rate_per_s
+  if rate <= 0 then return true end
+  local burst = self.cfg.rate_burst
+  local tok = math_min(burst, self.tokens + (self.now - self.tokens_at) * rate)
+  self.tokens_at = self.now
+  if tok < 1 then
+    self.tokens = tok
+    self.stats.rejected_rate = self.stats.rejected_rate + 1
+    return false
+  end
+  self.tokens = tok - 1
+  return true
+end
+
+-- A request: half a round trip out, server work, half back. `work` may return
+-- REJECT (429: over the concurrency cap); the rate limit applies to the
+-- control plane (`cp`). An idempotent request (`idem`) retries a 429 as the
+-- client does.
+local function request(self, work, idem, cp)
+  local attempts = idem and math_floor(self.cfg.retries) + 1 or 1
+  local delay = 0.1
+  for attempt = 1, attempts do
+    self.stats.requests = self.stats.requests + 1
+    pass(self, self.rtt / 2)
+    local a, b, c
+    if cp and not admit(self) then
+      a = REJECT
+    else
+      a, b, c = work()
+    end
+    pass(self, self.rtt / 2)
+    if a ~= REJECT then return a, b, c end
+    if attempt < attempts then
+      self.stats.retries = self.stats.retries + 1
+      local mark = ctx(self).mark
+      mark.retries = (mark.retries or 0) + 1
+      pass(self, delay * (0.5 + 0.5 * self.rand()))
+      delay = math_min(2, delay * 2)
+    end
+  end
+  return nil, "429: too many requests or running sandboxes", "RATE_LIMITED"
+end
+
+-- Over the concurrency cap: one more running sandbox is refused.
+local function capped(self)
+  local cap = self.cfg.max_running
+  if cap > 0 and self.running >= cap then
+    self.stats.rejected_cap = self.stats.rejected_cap + 1
+    return true
+  end
+  return false
 end
 
 local function cap(self, b, end_at)
@@ -183,8 +343,14 @@ local function cap(self, b, end_at)
 end
 
 -- Resume a paused sandbox now with a lease of `timeout` seconds (server side).
+-- It counts as running (for the cap) from the start of the resume; a request
+-- for it meanwhile finds it "resuming" and waits for the same resume.
 local function resume(self, b, timeout)
   end_paused(self, b, self.now)
+  b.state = "resuming"
+  start_running(self)
+  local ev = self.sched:event()
+  b.resuming = ev
   if b.memory then
     pass(self, self.cfg.resume_ms / 1000)
   else
@@ -192,11 +358,32 @@ local function resume(self, b, timeout)
     pass(self, self.cfg.create_ms / 1000)
     self.stats.cold_boot_resumes = self.stats.cold_boot_resumes + 1
   end
-  b.state, b.started_at, b.running_since = "running", self.now, self.now
-  b.end_at = cap(self, b, self.now + timeout)
+  b.resuming = nil
+  if b.state == "resuming" then
+    b.state, b.started_at, b.running_since = "running", self.now, self.now
+    b.end_at = cap(self, b, self.now + timeout)
+    arm(self, b)
+  end
   b.memory = true
   self.stats.resumes = self.stats.resumes + 1
-  self.mark.resumed = true
+  ctx(self).mark.resumed = true
+  ev:broadcast()
+end
+
+-- A request that finds its sandbox resuming waits for that resume to end.
+local function settled_state(self, b)
+  while b.state == "resuming" and b.resuming do
+    b.resuming:wait()
+    sync(self)
+    if task_mod.current() == nil then break end
+  end
+  return b.state
+end
+
+-- A resuming sandbox lists as paused (its resume has not answered yet).
+local function listed_state(b)
+  if b.state == "resuming" then return "paused" end
+  return b.state
 end
 
 local function sandbox_of(b)
@@ -208,8 +395,11 @@ local function detail_of(b)
   local d = sandbox_of(b)
   local md = {}
   for k, v in pairs(b.metadata) do md[k] = v end
-  d.metadata, d.state = md, b.state
-  d.started_at, d.end_at = rfc3339(b.started_at), rfc3339(b.end_at)
+  d.metadata, d.state = md, listed_state(b)
+  -- The formatted times are kept until they change (GC lists every sandbox each pass).
+  if b.fmt_started ~= b.started_at then b.fmt_started, b.s_started = b.started_at, rfc3339(b.started_at) end
+  if b.fmt_end ~= b.end_at then b.fmt_end, b.s_end = b.end_at, rfc3339(b.end_at) end
+  d.started_at, d.end_at = b.s_started, b.s_end
   d.cpu_count, d.memory_mb, d.disk_size_mb = 2, 512, 1024
   d.lifecycle = { on_timeout = b.on_timeout, auto_resume = b.auto_resume }
   return d
@@ -240,7 +430,10 @@ function Model:create(params)
     if timeout > self.max_length then
       return nil, string_format("timeout cannot be greater than %g hours", self.cfg.max_length_hours), "BAD_REQUEST"
     end
+    if capped(self) then return REJECT end
+    self.running = self.running + 1          -- booting counts against the cap
     pass(self, self.cfg.create_ms / 1000)
+    self.running = self.running - 1
     self.seq = self.seq + 1
     local lc = params.lifecycle or {}
     local md = {}
@@ -252,14 +445,23 @@ function Model:create(params)
       on_timeout = lc.on_timeout == "pause" and "pause" or "kill",
       auto_resume = lc.on_timeout == "pause" and lc.auto_resume == true,
       keep_memory = lc.keep_memory ~= false, memory = true,
-      timeout = timeout, kernel = false, hooked = false, executions = 0,
+      timeout = timeout, kernel = false, hooked = false, executions = 0, epoch = 0,
     }
     b.end_at = cap(self, b, self.now + timeout)
     self.boxes[b.id], self.live[b.id] = b, b
+    for k, v in pairs(md) do
+      local vals = self.by_md[k]
+      if not vals then vals = {}; self.by_md[k] = vals end
+      local set = vals[v]
+      if not set then set = {}; vals[v] = set end
+      set[b] = true
+    end
+    start_running(self)
+    arm(self, b)
     self.stats.creates = self.stats.creates + 1
-    self.mark.created = true
+    ctx(self).mark.created = true
     return sandbox_of(b), nil
-  end)
+  end, false, true)
 end
 
 local function state_set(opts)
@@ -274,14 +476,25 @@ end
 local function matching(self, opts)
   local states, md = state_set(opts), opts.metadata
   local out = {}
-  for _, b in pairs(self.live) do
-    if states[b.state] then
-      local ok = true
+  -- The smallest indexed (key, value) set, else every live sandbox.
+  local pool
+  local k1, v1 = next(md or {})
+  if k1 ~= nil then
+    pool = self.by_md[k1] and self.by_md[k1][v1]
+    if not pool then return out end
+  end
+  local function consider(b)
+    if states[listed_state(b)] then
       for k, v in pairs(md or {}) do
-        if b.metadata[k] ~= v then ok = false break end
+        if b.metadata[k] ~= v then return end
       end
-      if ok then out[#out + 1] = b end
+      out[#out + 1] = b
     end
+  end
+  if pool then
+    for b in pairs(pool) do consider(b) end
+  else
+    for _, b in pairs(self.live) do consider(b) end
   end
   -- E2B lists newest first.
   table_sort(out, function(a, b) return a.started_at > b.started_at or (a.started_at == b.started_at and a.n > b.n) end)
@@ -302,7 +515,7 @@ function Model:list_pages(opts)
       pos = pos + #page
       if pos >= #snapshot then done = true end
       return page, false, (not done) and tostring(pos) or nil
-    end)
+    end, true, true)
   end
 end
 
@@ -336,7 +549,7 @@ function Model:info(id)
     local b = self.live[id]
     if not b then return not_found(id) end
     return detail_of(b)
-  end)
+  end, true, true)
 end
 
 --- `c:connect(id, { timeout })` → sb, resumed | nil, msg, code.
@@ -349,15 +562,22 @@ function Model:connect(id, opts)
     if timeout > self.max_length then
       return nil, string_format("timeout cannot be greater than %g hours", self.cfg.max_length_hours), "BAD_REQUEST"
     end
-    if b.state == "running" then
+    local st = settled_state(self, b)
+    if st == "running" then
       -- Only extended, never shortened; capped by the maximum session length.
       b.end_at = math_max(b.end_at, cap(self, b, self.now + timeout))
       if b.end_at <= self.now then settle(self, self.now) end
-      if b.state == "running" then return sandbox_of(b), false end
+      if b.state == "running" then
+        arm(self, b)
+        return sandbox_of(b), false
+      end
     end
+    if b.state ~= "paused" then return nil, string_format("paused sandbox '%s' not found", id), "NOT_FOUND" end
+    if capped(self) then return REJECT end
     resume(self, b, timeout)
+    if b.state ~= "running" then return nil, string_format("paused sandbox '%s' not found", id), "NOT_FOUND" end
     return sandbox_of(b), true
-  end)
+  end, true, true)
 end
 
 --- `c:set_timeout(id, seconds)` → true | nil, msg, code.
@@ -365,16 +585,18 @@ function Model:set_timeout(id, seconds)
   id = check_id(id, "set_timeout")
   return request(self, function()
     local b = self.live[id]
-    if not b or b.state ~= "running" then
+    if not b or settled_state(self, b) ~= "running" then
       return nil, string_format("sandbox '%s' not found or not running", id), "NOT_FOUND"
     end
     if self.now - b.started_at >= self.max_length then
       return nil, "max instance length exceeded", "BAD_REQUEST"
     end
     b.end_at = cap(self, b, self.now + seconds)
+    if b.timer_at and b.timer_at > b.end_at then b.timer_at = nil end   -- shortened: a new, earlier entry
+    arm(self, b)
     if b.end_at <= self.now then settle(self, self.now) end
     return true
-  end)
+  end, false, true)
 end
 
 --- `c:pause(id, { memory })` → true | false (already paused) | nil, msg, code.
@@ -384,7 +606,9 @@ function Model:pause(id, opts)
   return request(self, function()
     local b = self.live[id]
     if not b then return not_found(id) end
-    if b.state == "paused" then return false end
+    local st = settled_state(self, b)
+    if st == "paused" then return false end
+    if st ~= "running" then return not_found(id) end
     pass(self, self.cfg.pause_ms / 1000)
     if b.state ~= "running" then return false end
     stop_running(self, b, self.now)
@@ -393,7 +617,7 @@ function Model:pause(id, opts)
     if not memory then b.kernel, b.hooked = false, false end
     self.stats.pauses = self.stats.pauses + 1
     return true
-  end)
+  end, false, true)
 end
 
 local function kill_now(self, id)
@@ -407,7 +631,7 @@ end
 --- `c:kill(id)` → true | false (already gone).
 function Model:kill(id)
   id = check_id(id, "kill")
-  return request(self, function() return kill_now(self, id) end)
+  return request(self, function() return kill_now(self, id) end, true, true)
 end
 
 --- `c:kill_many(ids, { concurrency })`: parallel kills (one round trip per
@@ -422,7 +646,7 @@ function Model:kill_many(ids, opts)
       for i = start, math_min(start + conc - 1, #ids) do
         out[i] = { kill_now(self, check_id(ids[i], "kill_many")) }
       end
-    end)
+    end, true, false)
   end
   return out
 end
@@ -445,7 +669,9 @@ end
 -- memory snapshot) is resumed, else the proxy answers 502.
 local function reach(self, id)
   local b = self.live[id]
+  if b then settled_state(self, b) end
   if b and b.state == "paused" and b.auto_resume and b.memory then
+    if capped(self) then return REJECT end
     resume(self, b, math_min(math_max(b.timeout, self.cfg.auto_resume_min), self.max_length))
     self.stats.auto_resumes = self.stats.auto_resumes + 1
   end
@@ -458,9 +684,10 @@ end
 local function dp(self, id, work)
   return request(self, function()
     local b, err, code = reach(self, id)
+    if b == REJECT then return REJECT end
     if not b then return nil, err, code end
     return work(b)
-  end)
+  end, true, false)
 end
 
 function Sandbox:write_files(files)
@@ -509,33 +736,48 @@ end
 function Sandbox:run_code(code, opts)
   opts = opts or {}
   local m = self.model
+  local c = ctx(m)
   -- warmbox's hooks cell (sent once per new kernel) takes no time of the run's own
-  local duration = code == outputs.PRELUDE and 0 or m.duration or 0
+  local duration = code == outputs.PRELUDE and 0 or c.duration or 0
   local timeout = opts.timeout
   m.stats.requests = m.stats.requests + 1
   pass(m, m.rtt / 2)
   local b, err, ecode = reach(m, self.sandbox_id)
+  if b == REJECT then
+    pass(m, m.rtt / 2)
+    return nil, "429: too many running sandboxes", "RATE_LIMITED"   -- a stream is not retried
+  end
   if not b then
     pass(m, m.rtt / 2)
     return nil, err, ecode
   end
+  local epoch = b.epoch
+  local function broken()
+    -- Paused (lease ran out) or killed under the run: the stream breaks.
+    if b.state == "paused" then m.stats.paused_during_run = m.stats.paused_during_run + 1 end
+    pass(m, m.rtt / 2)
+    return nil, "the stream broke: the sandbox was " .. (b.state == "paused" and "paused" or "killed")
+      .. " during the run", "STREAM_BROKEN"
+  end
   if not b.kernel then
     pass(m, m.cfg.kernel_ms / 1000)
+    if b.epoch ~= epoch then return broken() end
     b.kernel, b.hooked = true, false
   end
-  m.mark.code_started = m.now
+  c.mark.code_started = m.now
+  c.mark.sandbox_id = b.id
   m.stats.runs = m.stats.runs + 1
   local stop = duration
   local timed_out = timeout and duration > timeout
   if timed_out then stop = timeout end
-  if b.end_at < m.now + stop then
-    -- The lease runs out under the run: E2B pauses (or kills) the sandbox.
-    m:advance_to(b.end_at)
-    m.stats.paused_during_run = m.stats.paused_during_run + 1
-    pass(m, m.rtt / 2)
-    return nil, "the stream broke: the sandbox was paused during the run", "STREAM_BROKEN"
+  local finish = m.now + stop
+  -- Run until the end, or until the lease runs out under the run.
+  pass(m, math_min(finish, b.end_at) - m.now)
+  if b.epoch ~= epoch and b.stopped_at < finish then return broken() end
+  if m.now < finish then
+    pass(m, finish - m.now)
+    if b.epoch ~= epoch and b.stopped_at < finish then return broken() end
   end
-  pass(m, stop)
   pass(m, m.rtt / 2)
   if timed_out then return nil, "execution timed out", "TIMEOUT" end
   b.executions = b.executions + 1
@@ -565,9 +807,11 @@ end
 function Model:close_books()
   local running, paused = 0, 0
   for _, b in pairs(self.live) do
-    if b.state == "running" then
-      stop_running(self, b, self.now)
-      b.running_since = self.now
+    if b.state == "running" or b.state == "resuming" then
+      if b.running_since then
+        self.stats.running_seconds = self.stats.running_seconds + math_max(0, self.now - b.running_since)
+        b.running_since = self.now
+      end
       running = running + 1
     else
       end_paused(self, b, self.now)

@@ -1,0 +1,124 @@
+-- The simulator agrees with a real server: one small trace (20 conversations,
+-- 200 turns, warm hits, pauses and resumes, then one GC pass that kills the
+-- conversations idle for long) runs against the virtual-time model and
+-- against a real warmboxd in real time, scaled down (4 s leases, --rtt-ms,
+-- --create-ms, --resume-ms). Both give the same counts of creates, resumes,
+-- pauses, kills and ok/failed runs.
+--
+-- The trace keeps every gap far from the lease: a conversation's turns come
+-- in bursts of 4 turns 0.2 s apart (warm), its bursts 6.4 s apart or more
+-- (paused, then resumed), and no two bursts overlap. The real run follows the
+-- trace in order and, when a turn starts late (a cold start of a bash cell
+-- takes about 0.2 s, more under sanitizers), shifts everything after it by as much:
+-- gaps only grow, so a warm gap stays far below the lease (one cold start at
+-- most) and a long one stays above it. GC's max_age (15 s) is far from the
+-- idle ages at GC time (at most ~8 s or at least ~22 s).
+local wbd = require "spec.helpers.warmboxd"
+local sim = require "warmbox.sim"
+local core = require "warmbox.core"
+
+local LEASE = 4                        -- exec_timeout = idle_timeout
+local MAX_AGE, GC_AT = 15, 40.5        -- one GC pass GC_AT s after the start
+local RTT, CREATE, RESUME = 5, 50, 50  -- ms, the same on both sides
+local WINDOW = 0.7                     -- seconds per burst
+
+-- 10 "early" conversations (2 bursts, windows 0-9 then 10-19) and 10 "late"
+-- ones (3 bursts, windows 20-29, 30-39, 40-49): 200 turns in 35 s.
+local function trace()
+  local turns = {}
+  local function burst(name, window)
+    for k = 0, 3 do
+      turns[#turns + 1] = { t = window * WINDOW + k * 0.2, session = name, duration = 0, language = "bash" }
+    end
+  end
+  for b = 0, 1 do
+    for i = 1, 10 do burst("early-" .. i, b * 10 + i - 1) end
+  end
+  for b = 0, 2 do
+    for i = 1, 10 do burst("late-" .. i, 20 + b * 10 + i - 1) end
+  end
+  return turns
+end
+
+describe("the simulator against a real warmboxd", function()
+  local srv, lockdir
+
+  lazy_setup(function()
+    srv = wbd.start{ args = { "--rtt-ms", tostring(RTT), "--create-ms", tostring(CREATE),
+      "--resume-ms", tostring(RESUME) } }
+    lockdir = os.tmpname()
+    os.remove(lockdir)
+  end)
+  lazy_teardown(function()
+    if srv then srv:stop() end
+    if lockdir then os.execute("rm -rf '" .. lockdir .. "'") end
+  end)
+
+  it("gives the same counts of creates, resumes, pauses, kills and ok/failed runs", function()
+    local turns = trace()
+    assert.equal(200, #turns)
+
+    -- 1. The model.
+    local m = assert(sim.run{ trace = turns, exec_timeout = LEASE, idle_timeout = LEASE,
+      template = "code-interpreter-v1", code = "true", max_age = MAX_AGE, gc_every = GC_AT, tail = 12,
+      model = { rtt_ms = RTT, create_ms = CREATE, resume_ms = RESUME, kernel_ms = 100 } })
+    assert.equal(1, m.gc_passes)
+    local model_counts = { creates = m.created, resumes = m.model_resumes, pauses = m.auto_pauses + m.pauses,
+      kills = m.kills + m.timeout_kills, ok = m.ok, failed = m.failed }
+
+    -- 2. The real server, in real time: turns run in time order; a late turn
+    -- shifts the rest of the trace.
+    local wb = assert(require("warmbox").new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
+      exec_timeout = LEASE, idle_timeout = LEASE, lock = { backend = "file", dir = lockdir } })
+    local c = wb.client
+    local real = { creates = 0, resumes = 0, pauses = 0, kills = 0, ok = 0, failed = 0 }
+    local create, connect, pause = c.create, c.connect, c.pause
+    c.create = function(self, ...)
+      local sb, e1, e2 = create(self, ...)
+      if sb then real.creates = real.creates + 1 end
+      return sb, e1, e2
+    end
+    c.connect = function(self, ...)
+      local sb, resumed, e2 = connect(self, ...)
+      if sb and resumed then real.resumes = real.resumes + 1 end
+      return sb, resumed, e2
+    end
+    c.pause = function(self, ...)
+      local r, e1, e2 = pause(self, ...)
+      if r then real.pauses = real.pauses + 1 end
+      return r, e1, e2
+    end
+    local sessions, errs = {}, {}
+    local t0, late = core.now(), 0
+    for _, turn in ipairs(turns) do
+      local wait = t0 + late + turn.t - core.now()
+      if wait > 0 then core.sleep(wait) else late = late - wait end
+      sessions[turn.session] = sessions[turn.session] or wb:session(turn.session)
+      local r, err, code = sessions[turn.session]:run("true", { language = turn.language })
+      if r then
+        real.ok = real.ok + 1
+      else
+        real.failed = real.failed + 1
+        errs[#errs + 1] = tostring(code) .. ": " .. tostring(err)
+      end
+    end
+    local drift = late
+    -- Every lease has run out by GC time: each sandbox paused once more than it resumed.
+    local wait = t0 + late + GC_AT - core.now()
+    if wait > 0 then core.sleep(wait) end
+    local paused = 0
+    for item, err in c:list{ state = { "paused" } } do
+      assert(item, err)
+      paused = paused + 1
+    end
+    real.pauses = real.pauses + real.resumes + paused
+    local g = assert(wb:gc{ max_age = MAX_AGE })
+    real.kills = g.killed
+    wb:close()
+
+    assert.same(model_counts, real, string.format("shifted by %.2f s; failures: %s", drift, table.concat(errs, "; ")))
+    -- and the counts are the ones the trace was built for
+    assert.same({ creates = 20, resumes = 10 * 1 + 10 * 2, pauses = 20 + 30, kills = 10, ok = 200, failed = 0 },
+      model_counts)
+  end)
+end)
