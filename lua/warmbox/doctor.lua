@@ -98,7 +98,9 @@ function _M.embedded(opts)
     add(check("python3", "fail", "python3 is " .. python .. " but the kernel runs /usr/bin/python3",
       "apt-get install python3"))
   else
-    add(check("python3", "ok", python))
+    add(check("python3", "ok", "/usr/bin/python3 (the kernel's)"))
+    -- the packages of the python the kernel runs, whatever python3 PATH finds first
+    python = "/usr/bin/python3"
     local ok, why = run(sh_quote(python) .. " -c 'import IPython; print(IPython.__version__)'")
     add(ok and check("IPython", "ok", "IPython " .. why)
       or check("IPython", "fail", "the python kernel needs IPython: " .. why, "apt-get install python3-ipython"))
