@@ -1,6 +1,7 @@
 --- Small leaf helpers shared by warmbox's modules (no warmbox requires).
 -- @module warmbox.util
 local type, tonumber = type, tonumber
+local string_byte, string_char, table_concat = string.byte, string.char, table.concat
 
 local _M = {}
 
@@ -36,5 +37,51 @@ function _M.parse_time(s)
   if frac ~= "" and frac ~= "." then t = t + tonumber("0" .. frac) end
   return t
 end
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local B64_DEC = {}
+for i = 1, 64 do B64_DEC[B64:sub(i, i)] = i - 1 end
+
+--- Standard base64 (RFC 4648, with padding).
+-- @tparam string s
+-- @treturn string
+local function b64_encode(s)
+  local out, n = {}, 0
+  for i = 1, #s, 3 do
+    local a, b, c = string_byte(s, i, i + 2)
+    local v = a * 65536 + (b or 0) * 256 + (c or 0)
+    local c1, c2 = (v >> 18) & 63, (v >> 12) & 63
+    local c3, c4 = (v >> 6) & 63, v & 63
+    n = n + 1
+    out[n] = B64:sub(c1 + 1, c1 + 1) .. B64:sub(c2 + 1, c2 + 1)
+      .. (b and B64:sub(c3 + 1, c3 + 1) or "=") .. (c and B64:sub(c4 + 1, c4 + 1) or "=")
+  end
+  return table_concat(out)
+end
+_M.b64_encode = b64_encode
+
+--- Decodes base64, skipping characters outside the alphabet.
+-- @tparam string s
+-- @treturn string
+local function b64_decode(s)
+  s = s:gsub("[^%w%+/]", "")
+  local out, n = {}, 0
+  for i = 1, #s, 4 do
+    local a, b = B64_DEC[s:sub(i, i)], B64_DEC[s:sub(i + 1, i + 1)]
+    local c, d = B64_DEC[s:sub(i + 2, i + 2)], B64_DEC[s:sub(i + 3, i + 3)]
+    if not (a and b) then break end
+    local v = (a << 18) | (b << 12) | ((c or 0) << 6) | (d or 0)
+    n = n + 1
+    if d then
+      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255, v & 255)
+    elseif c then
+      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255)
+    else
+      out[n] = string_char((v >> 16) & 255)
+    end
+  end
+  return table_concat(out)
+end
+_M.b64_decode = b64_decode
 
 return _M

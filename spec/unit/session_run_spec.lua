@@ -22,6 +22,11 @@ local function new_client(clock)
     for _, call in ipairs(self.calls) do if call[1] == name then out[#out + 1] = call[2] end end
     return out
   end
+  function c:codes()
+    local out = {}
+    for _, call in ipairs(self.calls) do if call[1] == "run_code" then out[#out + 1] = call[3] end end
+    return out
+  end
   function c:add(id, tagvalue, state, extra_md)
     local md = { warmboxSessionId = tagvalue }
     for k, v in pairs(extra_md or {}) do md[k] = v end
@@ -142,15 +147,15 @@ local function new_client(clock)
         end
       end
       local python = (ro.language or "python") == "python"
-      if python and code:find(session.PRELUDE, 1, true) == 1 then
-        if not s.hooked then s.output = {} end -- the prelude's own reset
+      local hook_cell = python and code == session.PRELUDE
+      if hook_cell then
+        if not s.hooked then s.output = {} end -- the hooks' own reset
         s.hooked = true
-        code = code:sub(#session.PRELUDE + 2)
       elseif python and s.hooked then
         s.output = {} -- pre_run_cell
       end
       local out = { stdout = {}, stderr = {}, results = {} }
-      if client.exec then client.exec(s, code, out) end
+      if client.exec and not hook_cell then client.exec(s, code, out) end
       for _, t in ipairs(out.stdout) do if ro.on_stdout then ro.on_stdout(t) end end
       for _, r in ipairs(out.results) do if ro.on_result then ro.on_result(r) end end
       if python and s.hooked then
@@ -257,7 +262,8 @@ describe("warmbox.session", function()
       assert.same({ "b", "a" }, e.client:ids("kill"))
       local names = {}
       for _, call in ipairs(e.client.calls) do names[#names + 1] = call[1] end
-      assert.same({ "list", "connect", "set_timeout", "kill", "kill", "run_code" }, names)
+      -- the hooks' cell, then the user's
+      assert.same({ "list", "connect", "set_timeout", "kill", "kill", "run_code", "run_code" }, names)
     end)
 
     for _, code in ipairs({ "HTTP", "RATE_LIMITED", "TIMEOUT", "TRANSPORT" }) do
@@ -417,7 +423,8 @@ describe("warmbox.session", function()
       e.client.calls = {}
       local r = assert(s:run("2", { timeout = 30 }))
       assert.are_not.equal(r1.sandbox_id, r.sandbox_id)
-      assert.equal(2, e.client:count("run_code"))
+      -- the refused one, then the new kernel's hooks cell and the cell
+      assert.equal(3, e.client:count("run_code"))
       assert.equal(1, e.client:count("create"))
     end)
 
@@ -457,7 +464,8 @@ describe("warmbox.session", function()
       e.client.calls = {}
       e.client.fail.run = { { "refused", "TRANSPORT", { sent = false, started = false } } }
       assert(s:run("2", { timeout = 30 }))
-      assert.equal(2, e.client:count("run_code"))
+      -- the refused cell, then (the sandbox resolved again) the hooks' cell and the cell
+      assert.same({ "2", session.PRELUDE, "2" }, e.client:codes())
       e.client.calls = {}
       e.client.fail.run = { { "empty reply", "TRANSPORT", { sent = true, started = false } } }
       local r, _, code = s:run("3", { timeout = 30 })
@@ -522,8 +530,8 @@ describe("warmbox.session", function()
         return h
       end
       local r = assert(s:run("1"))
-      assert.equal(3, seen_lines)
-      assert.equal(3, keepalives)
+      assert.equal(6, seen_lines) -- 3 in the hooks' cell, 3 in the user's
+      assert.equal(6, keepalives)
       assert.same({ "redis down", "TRANSPORT" }, r.lock_error)
       assert.same({ "redis down", "TRANSPORT" }, r.unlock_error)
       local _, _, code, detail = s:run(1 and "x", { files = { ["a/b"] = "x" } })
@@ -617,15 +625,14 @@ describe("warmbox.session", function()
       assert.same({ "new1" }, e.client:ids("read_file"))
     end)
 
-    it("prepends the hook prelude only until the kernel reports it has the hooks", function()
+    it("sends the hooks in a cell of their own until the kernel reports it has them", function()
       local e = setup()
       local s = e.new("w:t")
       assert(s:run("1"))
       assert(s:run("2"))
       local codes = {}
       for _, c in ipairs(e.client.calls) do if c[1] == "run_code" then codes[#codes + 1] = c[3] end end
-      assert.equal(1, codes[1]:find(session.PRELUDE, 1, true))
-      assert.equal("2", codes[2])
+      assert.same({ session.PRELUDE, "1", "2" }, codes)
     end)
 
     it("returns only the files this run produced on a reused sandbox", function()

@@ -46,8 +46,10 @@
 --   model:advance_to(t)                -- idle time passes (leases expire lazily)
 -- @module warmbox.sim.model
 
-local type, pairs, ipairs, tostring, error, setmetatable, require =
-  type, pairs, ipairs, tostring, error, setmetatable, require
+local outputs = require "warmbox.outputs"
+
+local type, pairs, ipairs, tostring, error, setmetatable =
+  type, pairs, ipairs, tostring, error, setmetatable
 local string_format, table_sort, math_floor, math_max, math_min =
   string.format, table.sort, math.floor, math.max, math.min
 local os_date = os.date
@@ -56,8 +58,8 @@ local heap_push, heap_pop = task_mod.heap_push, task_mod.heap_pop
 
 local _M = { _VERSION = "0.1.0" }
 
---- The private MIME type of the output report (as `warmbox.session` expects it).
-_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
+--- The private MIME type of the output report (`warmbox.outputs` defines it).
+_M.OUTPUTS_MIME = outputs.OUTPUTS_MIME
 
 --- Default model parameters (milliseconds unless said).
 _M.DEFAULTS = {
@@ -727,7 +729,7 @@ end
 
 --- `s:run_code(code, opts)`: the run takes `model.duration` seconds (set by
 -- the simulator per run; 0 by default). The first cell on a fresh kernel
--- pays `kernel_ms`. A python cell that carries warmbox's prelude registers the
+-- pays `kernel_ms`. warmbox's python hooks cell (`outputs.PRELUDE`) registers the
 -- output hooks, so the kernel then reports its (empty) output directory the way
 -- `warmbox.session` expects. A lease that runs out during the run pauses (or
 -- kills) the sandbox under it: the stream breaks.
@@ -735,7 +737,8 @@ function Sandbox:run_code(code, opts)
   opts = opts or {}
   local m = self.model
   local c = ctx(m)
-  local duration = c.duration or 0
+  -- warmbox's hooks cell (sent once per new kernel) takes no time of the run's own
+  local duration = code == outputs.PRELUDE and 0 or c.duration or 0
   local timeout = opts.timeout
   m.stats.requests = m.stats.requests + 1
   pass(m, m.rtt / 2)
@@ -781,8 +784,8 @@ function Sandbox:run_code(code, opts)
   local language = opts.language or "python"
   local results = {}
   if language == "python" then
-    -- The kernel gets the hooks from warmbox's prelude line (the session's own source).
-    if not b.hooked and type(code) == "string" and code:find(require("warmbox.session").PRELUDE, 1, true) then
+    -- The kernel gets the hooks from warmbox's hooks cell (warmbox.outputs' source).
+    if not b.hooked and type(code) == "string" and code:find(outputs.PRELUDE, 1, true) then
       b.hooked = true
     end
     if b.hooked then
