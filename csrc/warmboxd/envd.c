@@ -51,7 +51,7 @@ static json_t *connect_error_json(const char *code, const char *fmt, va_list ap)
   vsnprintf(msg, sizeof msg, fmt, ap);
   json_t *e = json_object();
   json_object_set_new(e, "code", json_string(code));
-  json_object_set_new(e, "message", json_string(msg));
+  json_object_set_new(e, "message", wbd_json_str(msg));
   return e;
 }
 
@@ -313,6 +313,9 @@ struct upload {
   const char *qpath;         /* the `path` query parameter, or NULL */
   int fd;                    /* file being written, -1 */
   json_t *entries;           /* [EntryInfo] answered */
+  char **paths;              /* the jail paths written so far (raw bytes: the JSON
+                              * copies may have U+FFFD where a path is not UTF-8) */
+  size_t npaths;
   unsigned status;           /* error to answer, 0 while fine */
   char msg[PATH_MAX + 128];
 };
@@ -361,9 +364,8 @@ static int upload_begin(struct upload *u, const char *dest) {
     upload_path_fail(u, rc, dest);
     return -1;
   }
-  size_t n = json_array_size(u->entries);
-  for (size_t i = 0; i < n; i++) {
-    if (strcmp(jstr(json_array_get(u->entries, i), "path", NULL), p.jail) == 0) {
+  for (size_t i = 0; i < u->npaths; i++) {
+    if (strcmp(u->paths[i], p.jail) == 0) {
       wbd_fs_release(&p);
       upload_fail(u, 400, "you cannot upload multiple files to the same path '%s' in one upload request", p.jail);
       return -1;
@@ -388,10 +390,14 @@ static int upload_begin(struct upload *u, const char *dest) {
   }
   u->fd = rc;
   wbd_fs_chown(&p, u->fd);
+  char **np = realloc(u->paths, (u->npaths + 1) * sizeof *np);
+  if (!np || !(np[u->npaths] = strdup(p.jail))) abort();
+  u->paths = np;
+  u->npaths++;
   json_t *e = json_object();
   const char *base = strrchr(p.jail, '/');
-  json_object_set_new(e, "path", json_string(p.jail));
-  json_object_set_new(e, "name", json_string(base ? base + 1 : p.jail));
+  json_object_set_new(e, "path", wbd_json_str(p.jail));
+  json_object_set_new(e, "name", wbd_json_str(base ? base + 1 : p.jail));
   json_object_set_new(e, "type", json_string("file"));
   json_array_append_new(u->entries, e);
   wbd_fs_release(&p);
@@ -462,6 +468,8 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     upload_fail(&u, 400, "unsupported content type '%s': use multipart/form-data or application/octet-stream",
                 ct ? ct : "");
   }
+  for (size_t i = 0; i < u.npaths; i++) free(u.paths[i]);
+  free(u.paths);
   if (u.status) {
     json_decref(u.entries);
     return wbd_reply_error(req, u.status, "%s", u.msg);

@@ -4,6 +4,7 @@
  * data plane, request statistics and fault injection.
  */
 #include "wbd_int.h"
+#include "envd_util.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -238,7 +239,7 @@ static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const 
   vsnprintf(msg, sizeof msg, fmt, ap);
   json_t *o = json_object();
   json_object_set_new(o, "code", json_integer(status));
-  json_object_set_new(o, "message", json_string(msg));
+  json_object_set_new(o, "message", wbd_json_str(msg));
   return wbd_reply_json(req, status, o, headers);
 }
 
@@ -424,7 +425,7 @@ static void dataplane_route(struct wbd_req *req, int port, char *buf, size_t len
 
 static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
   json_t *o = json_object();
-  json_object_set_new(o, "sandboxId", json_string(id));
+  json_object_set_new(o, "sandboxId", wbd_json_str(id));
   json_object_set_new(o, "message", json_string("The sandbox was not found"));
   json_object_set_new(o, "code", json_integer(502));
   return wbd_reply_json(req, 502, o, NULL);

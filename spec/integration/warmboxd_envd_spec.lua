@@ -385,6 +385,20 @@ describe("warmboxd envd", function()
         assert.are.equal(400, res.status)
         assert.matches("same path", res.json.message)
       end)
+
+      -- Issue 9: a path that is not UTF-8 made the duplicate check compare a
+      -- NULL JSON string (json_string refuses the byte) and crashed warmboxd.
+      it("survives two parts to a path that is not UTF-8, and answers it as U+FFFD", function()
+        local res = post("?path=/home/user/%ff", { "file=@" .. dir .. "/a;filename=x", "file=@" .. dir .. "/b;filename=y" })
+        assert.are.equal(400, res.status, res.body)
+        assert.matches("same path", res.json.message)
+        assert.is_true(wbd.alive(srv.pid))
+        res = post("?path=/home/user/bad%ffname", { "file=@" .. dir .. "/a;filename=x" })
+        assert.are.equal(200, res.status, res.body)
+        assert.are.same({ { path = "/home/user/bad\u{FFFD}name", name = "bad\u{FFFD}name", type = "file" } }, res.json)
+        assert.are.equal("first file", download("/home/user/bad\xffname").body)
+        assert.are.equal(200, http.api(srv, "GET", "/health").status)
+      end)
     end)
   end)
 
