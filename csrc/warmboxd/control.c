@@ -5,6 +5,7 @@
  * lock; a record's `busy` flag keeps its transitions one at a time.
  */
 #include "wbd_int.h"
+#include "envd_util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -88,16 +89,15 @@ static int path_id(const char *path, char *id, size_t len) {
 
 #define AUTH_MSG "Invalid API key, please visit https://e2b.dev/docs/quickstart/api-key for more information."
 
-/* Fills `team` from X-API-Key; replies 401 and returns -1 when it is bad. */
-static int authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Result *r) {
-  const char *key = wbd_req_header(req, "X-API-Key");
+/* 0 and the team in `team`, or -1 and the reason after AUTH_MSG. */
+static int key_team(const char *key, char *team, size_t len, const char **why) {
   if (!key || !*key) {
-    *r = wbd_reply_error(req, 401, AUTH_MSG " authorization header is missing");
+    *why = " authorization header is missing";
     return -1;
   }
   if (wbd_opt.api_key) {
     if (strcmp(key, wbd_opt.api_key) != 0) {
-      *r = wbd_reply_error(req, 401, AUTH_MSG " invalid API key");
+      *why = " invalid API key";
       return -1;
     }
     snprintf(team, len, "%s", "team");
@@ -108,11 +108,26 @@ static int authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Re
   for (size_t i = 4; ok && i < n; i++)
     if (!isdigit((unsigned char)key[i]) && !(key[i] >= 'a' && key[i] <= 'f')) ok = 0;
   if (!ok) {
-    *r = wbd_reply_error(req, 401, strncmp(key, "e2b_", 4) == 0 ? AUTH_MSG " invalid API key"
-                                                                 : AUTH_MSG " authorization header is malformed");
+    *why = strncmp(key, "e2b_", 4) == 0 ? " invalid API key" : " authorization header is malformed";
     return -1;
   }
   snprintf(team, len, "%s", key);
+  return 0;
+}
+
+int wbd_control_key_ok(const char *key) {
+  char team[64];
+  const char *why;
+  return key_team(key, team, sizeof team, &why) == 0;
+}
+
+/* Fills `team` from X-API-Key; replies 401 and returns -1 when it is bad. */
+static int authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Result *r) {
+  const char *why = "";
+  if (key_team(wbd_req_header(req, "X-API-Key"), team, len, &why) != 0) {
+    *r = wbd_reply_error(req, 401, AUTH_MSG "%s", why);
+    return -1;
+  }
   return 0;
 }
 
@@ -168,7 +183,16 @@ static json_t *field(struct wbd_req *req, json_t *o, const char *name, enum jtyp
     else {
       const char *k;
       json_t *x;
-      json_object_foreach(v, k, x) if (!json_is_string(x)) want = "value must be a string";
+      size_t bytes = 0, max = strcmp(name, "envVars") == 0 ? WBD_ENV_MAX_BYTES : WBD_META_MAX_BYTES;
+      json_object_foreach(v, k, x) {
+        if (!json_is_string(x)) want = "value must be a string";
+        else if (strlen(k) > WBD_MAP_MAX_KEY) want = "a key is longer than 256 bytes";
+        else bytes += strlen(k) + json_string_length(x);
+      }
+      if (!want && json_object_size(v) > WBD_MAP_MAX_KEYS) want = "more than 1000 entries";
+      else if (!want && bytes > max)
+        want = max == WBD_ENV_MAX_BYTES ? "keys and values add up to more than 256 KiB"
+                                        : "keys and values add up to more than 64 KiB";
     }
     break;
   }
@@ -369,6 +393,45 @@ int wbd_sandbox_auto_resume(struct wbd_sandbox *sb) {
   if (timeout > maxs) timeout = (int)maxs;
   int rc = op_resume(sb, timeout, -1, R_AUTO, -1, NULL);
   return rc == 0 ? 0 : rc == 500 ? 409 : rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Data-plane requests: find the sandbox, auto-resume, hand over       */
+/* ------------------------------------------------------------------ */
+
+static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
+  json_t *o = json_object();
+  json_object_set_new(o, "sandboxId", wbd_json_str(id));
+  json_object_set_new(o, "message", json_string("The sandbox was not found"));
+  json_object_set_new(o, "code", json_integer(502));
+  return wbd_reply_json(req, 502, o, NULL);
+}
+
+enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port) {
+  struct wbd_sandbox *sb = wbd_sandbox_get(id);
+  if (!sb) return sandbox_gone(req, id);
+  wbd_store_lock();
+  enum wbd_state st = sb->state;
+  int can_resume = sb->auto_resume && sb->paused_with_memory;
+  wbd_store_unlock();
+  if (st == WBD_PAUSED) {
+    if (!can_resume) {
+      wbd_sandbox_unref(sb);
+      return sandbox_gone(req, id);
+    }
+    int rc = wbd_sandbox_auto_resume(sb);
+    if (rc == 429) {
+      wbd_sandbox_unref(sb);
+      return reply_429(req);
+    }
+    if (rc != 0) {
+      wbd_sandbox_unref(sb);
+      return sandbox_gone(req, id);
+    }
+  }
+  enum MHD_Result r = wbd_dataplane_handle(req, sb, port);
+  wbd_sandbox_unref(sb);
+  return r;
 }
 
 /* ------------------------------------------------------------------ */

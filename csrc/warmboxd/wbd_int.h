@@ -76,10 +76,49 @@ enum MHD_Result wbd_knob_config(struct wbd_req *req);
 enum MHD_Result wbd_knob_seed(struct wbd_req *req);
 /* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
 const char *wbd_control_route(const char *method, const char *path);
+/* Whether X-API-Key names a team (the same test the handlers make). */
+int wbd_control_key_ok(const char *key);
+/* A data-plane request for sandbox `id` on `port`: finds it, auto-resumes it
+ * when paused, hands it to wbd_dataplane_handle. */
+enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port);
 int wbd_lifecycle_start(void);
 void wbd_lifecycle_stop(void);
 
 /* ---- server.c ---- */
+
+/* What the server calls for each kind of request. main.c fills this in
+ * (server.c knows no handler by name: every layer only calls down). */
+struct wbd_routes {
+  const char *(*control_route)(const char *method, const char *path);
+  int (*control_key_ok)(const char *key);
+  enum MHD_Result (*control)(struct wbd_req *req, const char *route);
+  enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
+  enum MHD_Result (*admin_config)(struct wbd_req *req);
+  enum MHD_Result (*admin_seed)(struct wbd_req *req);
+};
+void wbd_server_routes(const struct wbd_routes *r);
+
+/* Server limits (main.c's flags). Body limits are per route class, checked
+ * against Content-Length when the headers are in and again while the body
+ * streams, once the route and the caller's credentials are known. */
+struct wbd_limits {
+  const char *admin_token;     /* required on the admin API (X-Warmboxd-Token) */
+  int conn_timeout_s;          /* idle connection / slow headers, default 30 */
+  int max_conns;               /* connections in total, default 1024 */
+  int max_conns_per_ip;        /* connections per client address, default 128 */
+  int max_upload_mb;           /* envd POST /files body, default 100 */
+};
+extern struct wbd_limits wbd_lim;
+#define WBD_ADMIN_HEADER "X-Warmboxd-Token"
+#define WBD_BODY_CONTROL ((size_t)1 << 20)     /* control plane and admin JSON */
+#define WBD_BODY_DATA ((size_t)16 << 20)       /* data-plane RPCs, /execute */
+#define WBD_BODY_UNAUTH ((size_t)64 << 10)     /* no or wrong credentials: enough for the 401 */
+/* E2B-style bounds on a sandbox's metadata and envVars (control.c). */
+#define WBD_MAP_MAX_KEYS 1000
+#define WBD_MAP_MAX_KEY 256
+#define WBD_META_MAX_BYTES (64 << 10)          /* keys + values */
+#define WBD_ENV_MAX_BYTES (256 << 10)
+
 int wbd_server_start(void);        /* binds, fills the port */
 int wbd_server_port(void);
 void wbd_server_quiesce(void);
