@@ -73,7 +73,8 @@ end
 
 local function bench_reference()
   local q = function(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-  local cmd = table.concat({ "cd", q(root), "&&", "E2B_API_URL=" .. q(srv.url), "WARMBOXD_ADMIN_TOKEN=" .. q(srv.admin_token), "E2B_SANDBOX_URL=" .. q(srv.url),
+  local cmd = table.concat({ "cd", q(root), "&&", "E2B_API_URL=" .. q(srv.url), "E2B_SANDBOX_URL=" .. q(srv.url),
+    "WARMBOXD_ADMIN_TOKEN=" .. q(srv.admin_token),
     "E2B_API_KEY=" .. q(srv.api_key), "E2B_DOMAIN=localhost", "BENCH_RUNS=" .. RUNS,
     "timeout 600 node bench/reference_flow.mjs 2>&1" }, " ")
   local p = assert(io.popen(cmd))

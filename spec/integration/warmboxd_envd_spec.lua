@@ -389,7 +389,8 @@ describe("warmboxd envd", function()
       -- Issue 9: a path that is not UTF-8 made the duplicate check compare a
       -- NULL JSON string (json_string refuses the byte) and crashed warmboxd.
       it("survives two parts to a path that is not UTF-8, and answers it as U+FFFD", function()
-        local res = post("?path=/home/user/%ff", { "file=@" .. dir .. "/a;filename=x", "file=@" .. dir .. "/b;filename=y" })
+        local res = post("?path=/home/user/%ff",
+          { "file=@" .. dir .. "/a;filename=x", "file=@" .. dir .. "/b;filename=y" })
         assert.are.equal(400, res.status, res.body)
         assert.matches("same path", res.json.message)
         assert.is_true(wbd.alive(srv.pid))
