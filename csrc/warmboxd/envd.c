@@ -12,6 +12,7 @@
 #include "envd_util.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -136,7 +137,8 @@ static const char *jstr(json_t *o, const char *camel, const char *snake) {
 static long long jint(json_t *o, const char *name, long long def) {
   json_t *v = json_object_get(o, name);
   if (json_is_integer(v)) return json_integer_value(v);
-  if (json_is_string(v)) return strtoll(json_string_value(v), NULL, 10);
+  long long n;
+  if (json_is_string(v) && wbd_parse_ll(json_string_value(v), LLONG_MIN / 2, LLONG_MAX / 2, def, &n) == 0) return n;
   return def;
 }
 
@@ -844,12 +846,13 @@ static void ps_done(void *cls) {
   free(ps);
 }
 
-static int64_t header_num(struct wbd_req *req, const char *name) {
+/* A non-negative numeric header, saturated to [0, hi]; -1 when absent or
+ * not a number. A huge value must not overflow into a negative interval. */
+static int64_t header_num(struct wbd_req *req, const char *name, int64_t hi) {
   const char *v = wbd_req_header(req, name);
-  if (!v || !isdigit((unsigned char)*v)) return -1;
-  char *end;
-  long long n = strtoll(v, &end, 10);
-  return *end == 0 ? n : -1;
+  long long n;
+  if (!v || !isdigit((unsigned char)*v) || wbd_parse_ll(v, 0, hi, -1, &n) != 0) return -1;
+  return n;
 }
 
 static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
@@ -932,9 +935,10 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   ps->err_fd = err_fd;
   ps->pid_fd = (int)syscall(SYS_pidfd_open, pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
   ps->phase = PS_START;
-  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms");
+  /* Saturated: ~31 years of milliseconds, a day of seconds between pings. */
+  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", (int64_t)1 << 40);
   if (timeout_ms > 0) ps->deadline_us = mono_us() + timeout_ms * 1000;
-  int64_t ka = header_num(req, "Keepalive-Ping-Interval");
+  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
   ps->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
   return wbd_reply_stream(req, 200, "application/connect+json", ps_read, ps, ps_done, NULL);
 }

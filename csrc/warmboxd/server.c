@@ -318,6 +318,8 @@ static enum MHD_Result knob_fault_add(struct wbd_req *req) {
   else if (body && !json_is_string(body)) bad = "body must be a string";
   else if (headers && !json_is_object(headers)) bad = "headers must be an object";
   else if (delay && !json_is_integer(delay)) bad = "delay_ms must be an integer";
+  else if (delay && (json_integer_value(delay) < 0 || json_integer_value(delay) > 600000))
+    bad = "delay_ms must be 0..600000";
   else if (drop && !json_is_boolean(drop)) bad = "drop must be a boolean";
   if (bad) {
     json_decref(o);

@@ -706,6 +706,27 @@ describe("warmboxd envd", function()
       assert.are.equal("deadline_exceeded", r.trailer.error.code)
     end)
 
+    -- Issue 9: Keepalive-Ping-Interval * 10^6 overflowed into a negative
+    -- interval (a keepalive on every loop, forever), and a huge
+    -- Connect-Timeout-Ms overflowed the deadline (UBSan aborts the server).
+    it("saturates huge Keepalive-Ping-Interval and Connect-Timeout-Ms", function()
+      local huge = "99999999999999999999999"
+      local r = start(nil, { cmd = "/bin/bash", args = { "-c", "sleep 0.5; echo done" } },
+        { ["Keepalive-Ping-Interval"] = huge, ["Connect-Timeout-Ms"] = huge })
+      assert.are.equal(200, r.status)
+      assert.are.equal("done\n", r.stdout)
+      assert.are.same({ exited = true, status = "exit status 0" }, r.end_)
+      local keepalives = 0
+      for _, ev in ipairs(r.events) do
+        if ev.keepalive then keepalives = keepalives + 1 end
+      end
+      assert.are.equal(0, keepalives)
+      r = start(nil, { cmd = "/bin/echo", args = { "ok" } },
+        { ["Keepalive-Ping-Interval"] = "9223372036854775807", ["Connect-Timeout-Ms"] = "9223372036854775807" })
+      assert.are.equal("ok\n", r.stdout)
+      assert.is_true(wbd.alive(srv.pid))
+    end)
+
     it("answers other streaming RPCs with an unimplemented trailer", function()
       local res = http.sandbox(srv, sb, 49983, "POST", "/process.Process/Connect", {
         body = envelope(0, { process = { pid = 1 } }),
