@@ -46,7 +46,8 @@ describe("warmboxd limits", function()
       local res = admin("/stats", { admin_token = false })
       assert.are.equal(401, res.status)
       assert.matches("X%-Warmboxd%-Token", res.json.message)
-      assert.are.equal(401, admin("/stats", { headers = { ["X-Warmboxd-Token"] = "wrong-token-of-some-length" } }).status)
+      local wrong = { ["X-Warmboxd-Token"] = "wrong-token-of-some-length" }
+      assert.are.equal(401, admin("/stats", { headers = wrong }).status)
       assert.are.equal(401, admin("/seed", { method = "POST", admin_token = false,
         headers = { ["X-API-Key"] = srv.api_key }, json = { count = 1 } }).status)
       assert.are.equal(401, admin("/config", { method = "POST", admin_token = false, json = { rtt_ms = 5000 } }).status)
@@ -111,7 +112,8 @@ describe("warmboxd limits", function()
         ["E2b-Sandbox-Port"] = "49983" } }
       http.request{ url = srv.url .. "/contexts/x/secret-path-four", headers = { ["E2b-Sandbox-Id"] = "isecretid",
         ["E2b-Sandbox-Port"] = "49999" } }
-      http.request{ url = srv.url .. "/x", headers = { ["E2b-Sandbox-Id"] = "isecretid", ["E2b-Sandbox-Port"] = "8080" } }
+      http.request{ url = srv.url .. "/x",
+        headers = { ["E2b-Sandbox-Id"] = "isecretid", ["E2b-Sandbox-Port"] = "8080" } }
       local st = admin("/stats").json
       local body = assert(cjson.encode(st))
       assert.is_nil(body:find("secret", 1, true), body)
@@ -142,11 +144,11 @@ describe("warmboxd limits", function()
         res = http.api(srv, "POST", "/sandboxes", nil, { curl_args = { "--data-binary", "@" .. small },
           headers = { ["Content-Type"] = "application/json" } })
         assert.are.equal(400, res.status)
-        res = http.request{ method = "POST", url = srv.url .. "/sandboxes", curl_args = { "--data-binary", "@" .. small },
-          headers = { ["Content-Type"] = "application/json" } }
+        res = http.request{ method = "POST", url = srv.url .. "/sandboxes",
+          curl_args = { "--data-binary", "@" .. small }, headers = { ["Content-Type"] = "application/json" } }
         assert.are.equal(413, res.status)
-        res = http.request{ method = "POST", url = srv.url .. "/sandboxes", curl_args = { "--data-binary", "@" .. small },
-          headers = { ["X-API-Key"] = "e2b_nothex!" } }
+        res = http.request{ method = "POST", url = srv.url .. "/sandboxes",
+          curl_args = { "--data-binary", "@" .. small }, headers = { ["X-API-Key"] = "e2b_nothex!" } }
         assert.are.equal(413, res.status)
       end)
       os.remove(big)
@@ -178,14 +180,16 @@ describe("warmboxd limits", function()
         assert.are.equal(413, res.status)
         local mid = tmpfile(200 << 10)
         local ok, err = pcall(function()
-          res = http.sandbox(srv, sb, 49983, "POST", "/files?path=mid.bin", { curl_args = { "--data-binary", "@" .. mid },
-            headers = { ["Content-Type"] = "application/octet-stream" } })
+          local octet = { ["Content-Type"] = "application/octet-stream" }
+          res = http.sandbox(srv, sb, 49983, "POST", "/files?path=mid.bin",
+            { curl_args = { "--data-binary", "@" .. mid }, headers = octet })
           assert.are.equal(200, res.status, res.body)
-          res = http.sandbox(srv, sb, 49983, "POST", "/files?path=mid.bin", { curl_args = { "--data-binary", "@" .. mid },
-            headers = { ["Content-Type"] = "application/octet-stream", ["X-Access-Token"] = "wrong" } })
+          res = http.sandbox(srv, sb, 49983, "POST", "/files?path=mid.bin",
+            { curl_args = { "--data-binary", "@" .. mid },
+              headers = { ["Content-Type"] = "application/octet-stream", ["X-Access-Token"] = "wrong" } })
           assert.are.equal(413, res.status)
           res = http.sandbox(srv, { sandboxID = "inosuchsandbox" }, 49983, "POST", "/files?path=mid.bin",
-            { curl_args = { "--data-binary", "@" .. mid }, headers = { ["Content-Type"] = "application/octet-stream" } })
+            { curl_args = { "--data-binary", "@" .. mid }, headers = octet })
           assert.are.equal(413, res.status)
         end)
         os.remove(mid)
