@@ -212,12 +212,17 @@ static enum MHD_Result files_path_error(struct wbd_req *req, int err, const char
 /* Large downloads are streamed from the open file rather than held in memory. */
 #define FILES_INLINE_MAX (4u << 20)
 
+/* A download sends at most the size the file had when it was opened: a
+ * sandbox growing the file meanwhile must not make one request endless. */
 struct fstream {
   int fd;
+  uint64_t size;
 };
 
 static ssize_t fstream_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct fstream *f = cls;
+  if (pos >= f->size) return MHD_CONTENT_READER_END_OF_STREAM;
+  if (max > f->size - pos) max = (size_t)(f->size - pos);
   for (;;) {
     ssize_t n = pread(f->fd, out, max, (off_t)pos);
     if (n > 0) return n;
@@ -281,6 +286,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
       return wbd_reply_error(req, 500, "out of memory");
     }
     f->fd = fd;
+    f->size = (uint64_t)st.st_size;
     wbd_fs_release(&p);
     return wbd_reply_stream(req, 200, "application/octet-stream", fstream_read, f, fstream_done, headers);
   }
@@ -288,7 +294,8 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   char chunk[65536];
   ssize_t n;
   int failed = 0;
-  while ((n = read(fd, chunk, sizeof chunk)) != 0) {
+  size_t left = (size_t)st.st_size;
+  while (left && (n = read(fd, chunk, left < sizeof chunk ? left : sizeof chunk)) != 0) {
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       failed = errno;
@@ -298,6 +305,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
       failed = ENOMEM;
       break;
     }
+    left -= (size_t)n;
   }
   close(fd);
   enum MHD_Result r;
