@@ -538,7 +538,9 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
 }
 
 /* Go's url.QueryUnescape: %XX (strict) and '+' as a space. */
-static char *query_unescape(const char *s, size_t n) {
+/* Decodes %XX and '+'; *outlen (when given) is the decoded length, which
+ * may hold NUL bytes. */
+static char *query_unescape(const char *s, size_t n, size_t *outlen) {
   char *out = malloc(n + 1), *w = out;
   if (!out) return NULL;
   for (size_t i = 0; i < n; i++) {
@@ -557,16 +559,28 @@ static char *query_unescape(const char *s, size_t n) {
     }
   }
   *w = 0;
+  if (outlen) *outlen = (size_t)(w - out);
   return out;
+}
+
+/* A filter no record matches: its key is not UTF-8, and metadata keys are. */
+static json_t *impossible_filter(void) {
+  json_t *f = json_object();
+  json_object_set_new_nocheck(f, "\xff", json_string(""));
+  return f;
 }
 
 /* E2B's utils.parseFilters on the once-decoded `metadata` value. */
 static json_t *parse_metadata(const char *q, const char **err) {
-  size_t qn = strlen(q);
-  char *whole = query_unescape(q, qn);
+  size_t qn = strlen(q), wn = 0;
+  char *whole = query_unescape(q, qn, &wn);
   if (!whole) {
     *err = "error when unescaping query: invalid URL escape";
     return NULL;
+  }
+  if (wn != strlen(whole)) {   /* a NUL would cut the filter short and widen it */
+    free(whole);
+    return impossible_filter();
   }
   json_t *f = json_object();
   char *p = whole;
@@ -580,8 +594,9 @@ static json_t *parse_metadata(const char *q, const char **err) {
       free(whole);
       return NULL;
     }
-    char *k = query_unescape(p, (size_t)(eq - p));
-    char *v = query_unescape(eq + 1, n - (size_t)(eq - p) - 1);
+    size_t kl = 0, vl = 0;
+    char *k = query_unescape(p, (size_t)(eq - p), &kl);
+    char *v = query_unescape(eq + 1, n - (size_t)(eq - p) - 1, &vl);
     if (!k || !v) {
       free(k);
       free(v);
@@ -590,7 +605,18 @@ static json_t *parse_metadata(const char *q, const char **err) {
       free(whole);
       return NULL;
     }
-    json_object_set_new(f, k, json_string_nocheck(v));
+    /* Raw bytes, unchecked and with their length: a key or value that is not
+     * UTF-8 or holds a NUL matches no record (metadata is UTF-8 without NUL)
+     * rather than being dropped from the filter (json_object_set refuses
+     * such a key) or cut at the NUL, which widened the filter. */
+    if (kl != strlen(k)) {
+      free(k);
+      free(v);
+      json_decref(f);
+      free(whole);
+      return impossible_filter();
+    }
+    json_object_set_new_nocheck(f, k, json_stringn_nocheck(v, vl));
     free(k);
     free(v);
     if (!amp) break;
@@ -753,6 +779,15 @@ static enum MHD_Result metadata_filter(struct wbd_req *req, const char *metadata
   *filter = NULL;
   if (!metadata) return MHD_YES;
   const char *err = NULL;
+  const char *raw = NULL;
+  size_t rawlen = 0;
+  if (MHD_lookup_connection_value_n(req->conn, MHD_GET_ARGUMENT_KIND, "metadata", 8, &raw, &rawlen) == MHD_YES &&
+      raw && rawlen != strlen(raw)) {
+    /* A NUL inside: C strings would cut the filter there and widen it.
+     * Metadata holds no NUL, so nothing matches. */
+    *filter = impossible_filter();
+    return MHD_YES;
+  }
   *filter = parse_metadata(metadata, &err);
   if (!*filter) return wbd_reply_error(req, 400, "Error parsing metadata: %s", err);
   return MHD_YES;
