@@ -1,6 +1,12 @@
 /*
  * wbd_int.h: what the control-plane files (main.c, server.c, store.c,
- * control.c) share beyond wbd.h. The data plane never includes this.
+ * control.c, list.c, knobs.c) share beyond wbd.h. The data plane never
+ * includes this.
+ *
+ * Layers, each calling only down: main.c wires the handlers (control.c,
+ * knobs.c, list.c) into server.c through struct wbd_routes; the handlers
+ * call server.c's reply functions and store.c; server.c calls store.c (and
+ * the handlers only through the table).
  */
 #ifndef WBD_INT_H
 #define WBD_INT_H
@@ -70,10 +76,10 @@ void wbd_store_counts_locked(long *running, long *paused);
 struct wbd_team *wbd_store_teams_locked(void);
 void wbd_store_free_all(void);
 
-/* ---- control.c ---- */
+/* ---- control.c, knobs.c ---- */
 enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
-enum MHD_Result wbd_knob_config(struct wbd_req *req);
-enum MHD_Result wbd_knob_seed(struct wbd_req *req);
+enum MHD_Result wbd_knob_config(struct wbd_req *req);   /* knobs.c */
+enum MHD_Result wbd_knob_seed(struct wbd_req *req);     /* knobs.c */
 /* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
 const char *wbd_control_route(const char *method, const char *path);
 /* Whether X-API-Key names a team (the same test the handlers make). */
