@@ -316,7 +316,7 @@ static int op_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
   if (rc == 0) {
     sb->paused_with_memory = memory;
-    sb->end_at_us = wbd_now_us();
+    wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -343,7 +343,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     }
     if (mode == R_CONNECT) {
       int64_t end = cap_end(sb, wbd_now_us() + (int64_t)timeout_s * US);
-      if (end > sb->end_at_us) sb->end_at_us = end;
+      if (end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
     }
     if (out) *out = sandbox_json(sb);
     wbd_store_unlock();
@@ -372,7 +372,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     if (mode == R_RESUME && auto_pause >= 0) sb->auto_pause = auto_pause;
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
-    sb->end_at_us = cap_end(sb, now + (int64_t)timeout_s * US);
+    wbd_store_set_end_locked(sb, cap_end(sb, now + (int64_t)timeout_s * US));
     if (out) *out = sandbox_json(sb);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -587,7 +587,7 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
       status = 400;
     } else {
       int64_t end = cap_end(sb, now + secs * US);
-      if (!refresh || end > sb->end_at_us) sb->end_at_us = end;
+      if (!refresh || end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
     }
   }
   wbd_store_unlock();
@@ -689,26 +689,13 @@ static pthread_cond_t lc_cv = PTHREAD_COND_INITIALIZER;
 static int lc_stop, lc_started;
 
 static void expire_once(void) {
-  size_t n = 0, cap = 0;
-  struct wbd_sandbox **v = NULL;
-  int *pause = NULL;  /* -1 kill, else pause with that memory flag */
+  size_t n = 0;
   int64_t now = wbd_now_us();
   wbd_store_lock();
-  for (struct wbd_team *t = wbd_store_teams_locked(); t; t = t->next)
-    for (struct wbd_rec *r = t->run_head; r; r = r->rnext) {
-      if (r->busy || r->sb.end_at_us > now) continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 64;
-        struct wbd_sandbox **nv = realloc(v, cap * sizeof *nv);
-        int *np = realloc(pause, cap * sizeof *np);
-        if (!nv || !np) abort();
-        v = nv;
-        pause = np;
-      }
-      wbd_store_ref_locked(&r->sb);
-      pause[n] = r->sb.auto_pause ? r->sb.auto_pause_memory : -1;
-      v[n++] = &r->sb;
-    }
+  struct wbd_sandbox **v = wbd_store_expired_locked(now, &n);
+  int *pause = n ? malloc(n * sizeof *pause) : NULL;  /* -1 kill, else pause with that memory flag */
+  if (n && !pause) abort();
+  for (size_t i = 0; i < n; i++) pause[i] = v[i]->auto_pause ? v[i]->auto_pause_memory : -1;
   wbd_store_unlock();
   for (size_t i = 0; i < n; i++) {
     struct wbd_sandbox *sb = v[i];

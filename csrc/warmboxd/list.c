@@ -242,11 +242,110 @@ out:
   return rc;
 }
 
-static char *make_token(const struct wbd_sandbox *sb, int asc) {
+static char *make_token(int64_t started_at_us, const char *id, int asc) {
   char t[48], raw[128];
-  format_nano(sb->started_at_us, t, sizeof t);
-  snprintf(raw, sizeof raw, "%s__%s%s", t, sb->id, asc ? "__asc" : "");
+  format_nano(started_at_us, t, sizeof t);
+  snprintf(raw, sizeof raw, "%s__%s%s", t, id, asc ? "__asc" : "");
   return b64_encode((const unsigned char *)raw, strlen(raw));
+}
+
+/* ------------------------------------------------------------------ */
+/* Walking a team's records without stalling everyone else             */
+/* ------------------------------------------------------------------ */
+
+/* Records visited per hold of the store lock: a listing of a million
+ * records lets other requests in between every WALK_CHUNK of them. */
+#define WALK_CHUNK 256
+
+/* Called under the store lock for each record in listing order; returns 0 to
+ * go on, 1 to stop. */
+typedef int (*walk_fn)(struct wbd_sandbox *sb, void *cls);
+
+/* Visits team's records in asc (or desc) listing order after the cursor
+ * (when has_cursor), WALK_CHUNK at a time: between two chunks the lock is
+ * released and the walk resumes after the last record it saw (by its
+ * startedAt and id, as a page token does), so records created or removed
+ * meanwhile are seen or not as in a paginated listing. */
+static void list_walk(const char *team, int asc, int has_cursor, int64_t cur_ts, const char *cur_id, walk_fn fn,
+                      void *cls) {
+  char id[sizeof ((struct wbd_sandbox *)0)->id] = "";
+  int64_t ts = cur_ts;
+  if (has_cursor) snprintf(id, sizeof id, "%s", cur_id);
+  for (;;) {
+    wbd_store_lock();
+    struct wbd_team *t = wbd_store_team_locked(team, 0);
+    if (!t) {
+      wbd_store_unlock();
+      return;
+    }
+    size_t n = t->n;
+    size_t i = asc ? (has_cursor ? wbd_store_upper_locked(t, ts, id) : 0)
+                   : (has_cursor ? wbd_store_lower_locked(t, ts, id) : n);
+    int stop = 0;
+    for (int k = 0; k < WALK_CHUNK; k++) {
+      if (asc ? i >= n : i == 0) {
+        stop = 1;
+        break;
+      }
+      struct wbd_sandbox *sb = asc ? &t->v[i++]->sb : &t->v[--i]->sb;
+      ts = sb->started_at_us;
+      memcpy(id, sb->id, sizeof id);
+      has_cursor = 1;
+      if (fn(sb, cls)) {
+        stop = 1;
+        break;
+      }
+    }
+    wbd_store_unlock();
+    if (stop) return;
+  }
+}
+
+struct list_q {
+  int want_running, want_paused, has_after, asc, loose;
+  int64_t after;
+  const char *tmpl;
+  json_t *filter;
+  long limit, got, total_running;
+  json_t *items;
+  char *next;
+  int64_t last_ts;
+  char last_id[32];
+};
+
+static int q_match(struct list_q *q, const struct wbd_sandbox *sb) {
+  if (q->has_after && sb->started_at_us < q->after) return 0;
+  if (q->tmpl && strcmp(sb->template_id, q->tmpl) != 0) return 0;
+  return meta_match(sb, q->filter, q->loose);
+}
+
+static int page_fn(struct wbd_sandbox *sb, void *cls) {
+  struct list_q *q = cls;
+  if (!q->asc && q->has_after && sb->started_at_us < q->after) return 1;  /* desc: all older from here */
+  if (sb->state == WBD_RUNNING ? !q->want_running : !q->want_paused) return 0;
+  if (!q_match(q, sb)) return 0;
+  if (q->got == q->limit) {
+    q->next = make_token(q->last_ts, q->last_id, q->asc);
+    return 1;
+  }
+  json_array_append_new(q->items, wbd_ctl_listed_json(sb, 0));
+  q->last_ts = sb->started_at_us;
+  memcpy(q->last_id, sb->id, sizeof q->last_id);
+  q->got++;
+  return 0;
+}
+
+static int count_running_fn(struct wbd_sandbox *sb, void *cls) {
+  struct list_q *q = cls;
+  if (sb->state == WBD_RUNNING && q_match(q, sb)) q->total_running++;
+  return 0;
+}
+
+static int running_fn(struct wbd_sandbox *sb, void *cls) {
+  struct list_q *q = cls;
+  if (sb->state == WBD_RUNNING && meta_match(sb, q->filter, q->loose))
+    json_array_append_new(q->items, wbd_ctl_listed_json(sb, 0));
+  return 0;
 }
 
 #define QERR "validation error: parameter \"%s\" in query has an error: "
@@ -328,58 +427,29 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
   json_t *filter;
   enum MHD_Result mr = metadata_filter(req, metadata, &filter);
   if (req->replied) return mr;
-  int loose = wbd_knob(&wbd_loose_metadata);
 
-  json_t *items = json_array();
-  char *next = NULL;
-  long total_running = -1;
-  wbd_store_lock();
-  struct wbd_team *t = wbd_store_team_locked(team, 0);
-  if (t) {
-    long got = 0;
-    struct wbd_sandbox *last = NULL;
-    size_t n = t->n;
-    size_t i = asc ? (has_cursor ? wbd_store_upper_locked(t, cur_ts, cur_id) : 0)
-                   : (has_cursor ? wbd_store_lower_locked(t, cur_ts, cur_id) : n);
-    for (;;) {
-      struct wbd_sandbox *sb;
-      if (asc) {
-        if (i >= n) break;
-        sb = &t->v[i++]->sb;
-      } else {
-        if (i == 0) break;
-        sb = &t->v[--i]->sb;
-        if (has_after && sb->started_at_us < after) break;
-      }
-      if (sb->state == WBD_RUNNING ? !want_running : !want_paused) continue;
-      if (has_after && sb->started_at_us < after) continue;
-      if (tmpl && strcmp(sb->template_id, tmpl) != 0) continue;
-      if (!meta_match(sb, filter, loose)) continue;
-      if (got == limit) {
-        next = make_token(last, asc);
-        break;
-      }
-      json_array_append_new(items, wbd_ctl_listed_json(sb, 0));
-      last = sb;
-      got++;
+  struct list_q q = { .want_running = want_running, .want_paused = want_paused, .has_after = has_after,
+                      .asc = asc, .loose = wbd_knob(&wbd_loose_metadata), .after = after, .tmpl = tmpl,
+                      .filter = filter, .limit = limit, .total_running = -1, .items = json_array() };
+  list_walk(team, asc, has_cursor, cur_ts, cur_id, page_fn, &q);
+  if (want_running) {
+    int counted = 0;
+    if (!filter && !tmpl && !has_after) {
+      wbd_store_lock();
+      struct wbd_team *t = wbd_store_team_locked(team, 0);
+      q.total_running = t ? t->running : 0;
+      wbd_store_unlock();
+      counted = 1;
     }
-    if (want_running) {
-      if (!filter && !tmpl && !has_after) {
-        total_running = t->running;
-      } else {
-        total_running = 0;
-        for (struct wbd_rec *r = t->run_head; r; r = r->rnext) {
-          if (has_after && r->sb.started_at_us < after) continue;
-          if (tmpl && strcmp(r->sb.template_id, tmpl) != 0) continue;
-          if (meta_match(&r->sb, filter, loose)) total_running++;
-        }
-      }
+    if (!counted) {
+      q.total_running = 0;
+      list_walk(team, 1, 0, 0, NULL, count_running_fn, &q);
     }
-  } else if (want_running) {
-    total_running = 0;
   }
-  wbd_store_unlock();
   json_decref(filter);
+  json_t *items = q.items;
+  char *next = q.next;
+  long total_running = q.total_running;
 
   const char *hv[5] = { NULL };
   char tr[32];
@@ -398,32 +468,14 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
   return r;
 }
 
-static int desc_cmp(const void *a, const void *b) {
-  const struct wbd_sandbox *x = *(struct wbd_sandbox *const *)a, *y = *(struct wbd_sandbox *const *)b;
-  if (x->started_at_us != y->started_at_us) return x->started_at_us > y->started_at_us ? -1 : 1;
-  return strcmp(x->id, y->id);
-}
-
 enum MHD_Result wbd_list_v1(struct wbd_req *req, const char *team) {
   const char *metadata = wbd_req_query(req, "metadata");
   json_t *filter;
   enum MHD_Result mr = metadata_filter(req, metadata, &filter);
   if (req->replied) return mr;
-  int loose = wbd_knob(&wbd_loose_metadata);
-  json_t *items = json_array();
-  wbd_store_lock();
-  struct wbd_team *t = wbd_store_team_locked(team, 0);
-  if (t && t->running > 0) {
-    struct wbd_sandbox **v = malloc((size_t)t->running * sizeof *v);
-    size_t n = 0;
-    for (struct wbd_rec *r = t->run_head; r && v; r = r->rnext)
-      if (meta_match(&r->sb, filter, loose)) v[n++] = &r->sb;
-    if (v) qsort(v, n, sizeof *v, desc_cmp);
-    for (size_t i = 0; i < n; i++) json_array_append_new(items, wbd_ctl_listed_json(v[i], 0));
-    free(v);
-  }
-  wbd_store_unlock();
+  /* newest first (startedAt desc, id asc): the desc listing order */
+  struct list_q q = { .loose = wbd_knob(&wbd_loose_metadata), .filter = filter, .items = json_array() };
+  list_walk(team, 0, 0, 0, NULL, running_fn, &q);
   json_decref(filter);
-  return wbd_reply_json(req, 200, items, NULL);
+  return wbd_reply_json(req, 200, q.items, NULL);
 }
-

@@ -39,6 +39,7 @@ struct wbd_rec {
   struct wbd_rec *hnext;       /* hash chain */
   struct wbd_rec *rprev, *rnext;  /* the team's running list */
   struct wbd_team *team;
+  size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
 
@@ -60,6 +61,14 @@ void wbd_store_insert_locked(struct wbd_sandbox *sb);
 /* Bulk insert (seed): one sort at the end. */
 void wbd_store_insert_many_locked(struct wbd_sandbox **v, size_t n);
 void wbd_store_remove_locked(struct wbd_sandbox *sb);
+/* Sets a record's lease end (end_at_us), keeping the lease heap right: use
+ * it for every record already inserted. */
+void wbd_store_set_end_locked(struct wbd_sandbox *sb, int64_t end_at_us);
+/* The running records whose lease ended by `now` and that no operation is
+ * busy with, each referenced (release with wbd_store_unref_locked); *n is
+ * their number. Costs what expired, not what is running (a min-heap on
+ * end_at_us holds every running record). NULL when none. */
+struct wbd_sandbox **wbd_store_expired_locked(int64_t now, size_t *n);
 /* Moves a record to a new startedAt and/or state, keeping indexes right. */
 void wbd_store_update_locked(struct wbd_sandbox *sb, int64_t started_at_us, enum wbd_state st);
 struct wbd_sandbox *wbd_store_lookup_locked(const char *id);
