@@ -47,6 +47,8 @@ static unsigned connect_status(const char *code) {
   return 500;
 }
 
+static json_t *connect_error_json(const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 static json_t *connect_error_json(const char *code, const char *fmt, va_list ap) {
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -869,13 +871,16 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   char bad[128];
   if (rpc_user(req, bad, sizeof bad) != 0)
     return stream_fail(req, trailer_error("unauthenticated", "invalid username: '%s'", bad));
-  const unsigned char *b = (const unsigned char *)req->body;
-  if (req->body_len < 5) return stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
-  size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 | (size_t)b[3] << 8 | b[4];
-  if (b[0] & 0x01) return stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
-  if (len != req->body_len - 5)
-    return stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
-                                          len));
+  size_t len = 0;
+  switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
+    case WBD_ENV_OK: break;
+    case WBD_ENV_SHORT: return stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
+    case WBD_ENV_COMPRESSED:
+      return stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
+    default:
+      return stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
+                                            len));
+  }
   json_error_t jerr;
   json_t *in = json_loadb(req->body + 5, len, 0, &jerr);
   json_t *proc = json_object_get(in, "process");

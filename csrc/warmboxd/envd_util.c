@@ -107,6 +107,16 @@ int wbd_parse_ll(const char *s, long long lo, long long hi, long long def, long 
   return 0;
 }
 
+int wbd_connect_envelope(const char *body, size_t body_len, size_t *len) {
+  const unsigned char *b = (const unsigned char *)body;
+  *len = 0;
+  if (body_len < 5) return WBD_ENV_SHORT;
+  *len = (size_t)b[1] << 24 | (size_t)b[2] << 16 | (size_t)b[3] << 8 | b[4];
+  if (b[0] & 0x01) return WBD_ENV_COMPRESSED;
+  if (*len != body_len - 5) return WBD_ENV_LENGTH;
+  return WBD_ENV_OK;
+}
+
 /* ------------------------------------------------------------------ */
 /* Base64                                                              */
 /* ------------------------------------------------------------------ */

@@ -41,6 +41,13 @@ long long wbd_clamp_ll(long long v, long long lo, long long hi);
  * (then *out = def). Digits beyond the range saturate rather than overflow. */
 int wbd_parse_ll(const char *s, long long lo, long long hi, long long def, long long *out);
 
+/* A Connect streaming request body: exactly one envelope (flag byte, 4-byte
+ * big-endian length, message). WBD_ENV_OK with *len = the message length
+ * (it starts at body + 5); otherwise why not (*len is the announced length
+ * for WBD_ENV_LENGTH). */
+enum { WBD_ENV_OK = 0, WBD_ENV_SHORT, WBD_ENV_COMPRESSED, WBD_ENV_LENGTH };
+int wbd_connect_envelope(const char *body, size_t body_len, size_t *len);
+
 /* Constant-time string comparison (tokens). */
 int wbd_str_eq_ct(const char *a, const char *b);
 

@@ -233,6 +233,8 @@ enum MHD_Result wbd_reply_json(struct wbd_req *req, unsigned status, json_t *bod
 }
 
 static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const char *const *headers,
+                                    const char *fmt, va_list ap) __attribute__((format(printf, 4, 0)));
+static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const char *const *headers,
                                     const char *fmt, va_list ap) {
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -718,6 +720,7 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
   return MHD_http_unescape(s);
 }
 
+static void log_mhd(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 static void log_mhd(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   if (!wbd_opt.verbose) return;
