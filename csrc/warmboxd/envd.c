@@ -198,6 +198,15 @@ static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *o
   return -1;
 }
 
+int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb) {
+  if (!sb->secure || !sb->access_token[0]) return 1;
+  const char *tok = wbd_req_header(req, "X-Access-Token");
+  if (tok) return wbd_str_eq_ct(tok, sb->access_token);
+  if (strcmp(req->path, "/files") != 0 || strcmp(req->method, "POST") != 0) return 0;
+  const char *path = wbd_req_query(req, "path"), *why = NULL;
+  return files_auth(req, sb, "write", path ? path : "", wbd_req_query(req, "username"), &why) == 0;
+}
+
 /* The HTTP error for a /files path error. */
 static enum MHD_Result files_path_error(struct wbd_req *req, int err, const char *shown) {
   switch (-err) {

@@ -48,6 +48,13 @@ int wbd_parse_ll(const char *s, long long lo, long long hi, long long def, long 
 enum { WBD_ENV_OK = 0, WBD_ENV_SHORT, WBD_ENV_COMPRESSED, WBD_ENV_LENGTH };
 int wbd_connect_envelope(const char *body, size_t body_len, size_t *len);
 
+/* Whether a data-plane request carries what lets its body in (envd.c): the
+ * sandbox's access token, or for an upload a valid URL signature; always
+ * for a sandbox without a token. The server asks before reading a body. */
+struct wbd_req;
+struct wbd_sandbox;
+int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
+
 /* Constant-time string comparison (tokens). */
 int wbd_str_eq_ct(const char *a, const char *b);
 

@@ -42,6 +42,7 @@ static const struct wbd_routes routes = {
   .control_key_ok = wbd_control_key_ok,
   .control = wbd_control_handle,
   .dataplane = wbd_control_dataplane,
+  .dataplane_body_ok = wbd_envd_body_authorized,
   .admin_config = wbd_knob_config,
   .admin_seed = wbd_knob_seed,
 };

@@ -543,18 +543,9 @@ struct req_ctx {
 static size_t dataplane_limit(struct req_ctx *ctx) {
   struct wbd_sandbox *sb = wbd_sandbox_get(ctx->id);
   if (!sb) return WBD_BODY_UNAUTH;
-  wbd_store_lock();
-  int secure = sb->secure && sb->access_token[0];
-  char token[sizeof sb->access_token];
-  memcpy(token, sb->access_token, sizeof token);
-  wbd_store_unlock();
+  int authed = ctx->port == 49983 || ctx->port == 49999
+                   ? !routes_.dataplane_body_ok || routes_.dataplane_body_ok(&ctx->req, sb) : 0;
   wbd_sandbox_unref(sb);
-  int authed = 1;
-  if (secure) {
-    const char *tok = wbd_req_header(&ctx->req, "X-Access-Token");
-    authed = (tok && wbd_str_eq_ct(tok, token)) ||
-             (!tok && ctx->port == 49983 && wbd_req_query(&ctx->req, "signature"));
-  }
   if (!authed) return WBD_BODY_UNAUTH;
   if (ctx->port == 49983 && strcmp(ctx->req.path, "/files") == 0)
     return (size_t)wbd_lim.max_upload_mb << 20;

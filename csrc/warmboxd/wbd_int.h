@@ -108,6 +108,8 @@ struct wbd_routes {
   int (*control_key_ok)(const char *key);
   enum MHD_Result (*control)(struct wbd_req *req, const char *route);
   enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
+  /* whether a data-plane request may send its body (token / signature) */
+  int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
   enum MHD_Result (*admin_config)(struct wbd_req *req);
   enum MHD_Result (*admin_seed)(struct wbd_req *req);
 };

@@ -188,6 +188,10 @@ describe("warmboxd limits", function()
             { curl_args = { "--data-binary", "@" .. mid },
               headers = { ["Content-Type"] = "application/octet-stream", ["X-Access-Token"] = "wrong" } })
           assert.are.equal(413, res.status)
+          -- a signature that does not check out is no credential either
+          res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49983, "POST",
+            "/files?path=mid.bin&signature=v1_forged", { curl_args = { "--data-binary", "@" .. mid }, headers = octet })
+          assert.are.equal(413, res.status)
           res = http.sandbox(srv, { sandboxID = "inosuchsandbox" }, 49983, "POST", "/files?path=mid.bin",
             { curl_args = { "--data-binary", "@" .. mid }, headers = octet })
           assert.are.equal(413, res.status)
