@@ -542,7 +542,8 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
   } else if (strcmp(method, "MakeDir") == 0) {
     rc = wbd_fs_mkdirs(&p, 1);
     json_t *e = (rc == 0 || rc == -EEXIST) ? wbd_fs_entry(&p) : NULL;
-    if (rc == -EEXIST && e && strcmp(jstr(e, "type", NULL), "FILE_TYPE_DIRECTORY") == 0)
+    const char *etype = e ? jstr(e, "type", NULL) : NULL;
+    if (rc == -EEXIST && etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0)
       r = rpc_error(req, "already_exists", "directory '%s' already exists", p.jail);
     else if (rc == -EEXIST)
       r = rpc_error(req, "invalid_argument", "path '%s' already exists and is not a directory", p.jail);

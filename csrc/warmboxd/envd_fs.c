@@ -479,7 +479,8 @@ static int list_level(int fd, const char *jailpath, int level, int depth, json_t
     if (w < 0 || (size_t)w >= sizeof child) continue;
     json_t *e = entry_at(fd, names[i], child);
     if (!e) continue;   /* vanished meanwhile */
-    int is_dir = strcmp(json_string_value(json_object_get(e, "type")), "FILE_TYPE_DIRECTORY") == 0;
+    const char *etype = json_string_value(json_object_get(e, "type"));
+    int is_dir = etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0;
     json_array_append_new(out, e);
     if (is_dir && level < depth) {
       int sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
