@@ -521,6 +521,114 @@ static void dataplane_route(struct wbd_req *req, int port, char *buf, size_t len
 }
 
 /* ------------------------------------------------------------------ */
+/* Request heads have a deadline                                       */
+/* ------------------------------------------------------------------ */
+
+/* libmicrohttpd's connection timeout counts idle time only, so a client
+ * that trickles a byte now and then keeps an unfinished request head open
+ * for ever. Every connection is watched from when it opens (or its last
+ * request ended) until its next request's head is complete; a reaper shuts
+ * down those that took longer than --conn-timeout. The watch entry goes
+ * away in the connection's CLOSED notice, which libmicrohttpd sends before
+ * it closes the socket, so the reaper never shuts a descriptor that was
+ * reused. */
+struct conn_watch {
+  MHD_socket fd;
+  int64_t since_us;           /* monotonic: connection open or last request done */
+  int in_request;             /* head complete, request being served */
+  int shut;
+  struct conn_watch *prev, *next;
+};
+
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t watch_cv = PTHREAD_COND_INITIALIZER;
+static struct conn_watch *watch_head;
+static pthread_t reaper;
+static int reaper_started, reaper_stop;
+
+static int64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+  (void)cls;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct conn_watch *w = calloc(1, sizeof *w);
+    if (!w || !ci) {
+      free(w);
+      return;
+    }
+    w->fd = ci->connect_fd;
+    w->since_us = mono_us();
+    pthread_mutex_lock(&watch_mu);
+    w->next = watch_head;
+    if (watch_head) watch_head->prev = w;
+    watch_head = w;
+    pthread_mutex_unlock(&watch_mu);
+    *socket_context = w;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    struct conn_watch *w = *socket_context;
+    if (!w) return;
+    pthread_mutex_lock(&watch_mu);
+    if (w->prev) w->prev->next = w->next;
+    else watch_head = w->next;
+    if (w->next) w->next->prev = w->prev;
+    pthread_mutex_unlock(&watch_mu);
+    free(w);
+    *socket_context = NULL;
+  }
+}
+
+/* A request's head is complete (1) or the request is over (0). */
+static void watch_mark(struct MHD_Connection *conn, int in_request) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct conn_watch *w = ci ? ci->socket_context : NULL;
+  if (!w) return;
+  pthread_mutex_lock(&watch_mu);
+  w->in_request = in_request;
+  if (!in_request) w->since_us = mono_us();
+  pthread_mutex_unlock(&watch_mu);
+}
+
+static void *reaper_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&watch_mu);
+  while (!reaper_stop) {
+    int64_t limit = (int64_t)wbd_lim.conn_timeout_s * 1000000, now = mono_us();
+    for (struct conn_watch *w = watch_head; w; w = w->next) {
+      if (w->in_request || w->shut || now - w->since_us < limit) continue;
+      shutdown(w->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
+      w->shut = 1;
+      wbd_stat_add("slow_request_head", 1);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 250 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&watch_cv, &watch_mu, &ts);
+  }
+  pthread_mutex_unlock(&watch_mu);
+  return NULL;
+}
+
+static void reaper_end(void) {
+  if (!reaper_started) return;
+  pthread_mutex_lock(&watch_mu);
+  reaper_stop = 1;
+  pthread_cond_signal(&watch_cv);
+  pthread_mutex_unlock(&watch_mu);
+  pthread_join(reaper, NULL);
+  reaper_started = 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* The access handler                                                  */
 /* ------------------------------------------------------------------ */
 
@@ -653,6 +761,7 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
     }
     ctx->req.body[0] = 0;
     *con_cls = ctx;
+    watch_mark(conn, 1);
     if (wbd_opt.verbose) fprintf(stderr, "warmboxd: %s %s\n", method, url);
     enum MHD_Result r = MHD_NO;
     if (classify(ctx, &r) != 0) return r;   /* answered before any body is read */
@@ -692,8 +801,8 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
   (void)cls;
-  (void)conn;
   (void)toe;
+  watch_mark(conn, 0);
   struct req_ctx *ctx = *con_cls;
   if (!ctx) return;
   free(ctx->req.body);
@@ -735,6 +844,7 @@ int wbd_server_start(void) {
                              0, NULL, NULL, access_handler, NULL,
                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                              MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                             MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
                              MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
                              MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
                              MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
@@ -747,6 +857,7 @@ int wbd_server_start(void) {
     fprintf(stderr, "warmboxd: cannot listen on %s:%d: %s\n", wbd_opt.host, wbd_opt.port, strerror(errno));
     return -1;
   }
+  if (pthread_create(&reaper, NULL, reaper_main, NULL) == 0) reaper_started = 1;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_LISTEN_FD);
   struct sockaddr_in got;
   socklen_t gl = sizeof got;
@@ -766,6 +877,7 @@ void wbd_server_quiesce(void) {
 }
 
 void wbd_server_stop(void) {
+  reaper_end();
   if (daemon_) MHD_stop_daemon(daemon_);
   daemon_ = NULL;
 }

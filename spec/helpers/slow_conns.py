@@ -4,9 +4,11 @@ unfinished request head, then asks GET /health from another loopback address
 (127.0.0.2) and prints one JSON line:
   {"opened": n, "held": n, "health_status": 200, "health_ms": 12.3, "closed_after_s": s}
 Bounded: every socket has a timeout, everything closes before it exits.
-  slow_conns.py PORT N [WAIT_CLOSE_S]
+  slow_conns.py PORT N [WAIT_CLOSE_S [TRICKLE_S]]
 WAIT_CLOSE_S > 0: afterwards, wait up to that long for the server to close
-one slow connection (the connection timeout) and report when it did."""
+every slow connection (the connection timeout) and report when it did;
+TRICKLE_S > 0: meanwhile send each one more byte of header every TRICKLE_S
+(a client that is never idle but never finishes its request head)."""
 import json
 import resource
 import socket
@@ -15,6 +17,7 @@ import time
 
 port, n = int(sys.argv[1]), int(sys.argv[2])
 wait_close = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+trickle = float(sys.argv[4]) if len(sys.argv) > 4 else 0
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 want = n + 64
 if soft < want:
@@ -66,9 +69,18 @@ closed_after = None
 if wait_close > 0:
     live = [s for s in socks if still_open(s)]
     t1 = time.monotonic()
+    last = time.monotonic()
     while live and time.monotonic() - t1 < wait_close:
         time.sleep(0.1)
         live = [s for s in live if still_open(s)]
+        if trickle > 0 and time.monotonic() - last >= trickle:
+            last = time.monotonic()
+            for s in live:
+                try:
+                    s.settimeout(1)
+                    s.sendall(b"x")
+                except OSError:
+                    pass
     if not live:
         closed_after = round(time.monotonic() - t1 + 0.5, 2)
 

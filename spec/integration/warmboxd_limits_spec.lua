@@ -7,9 +7,10 @@ local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cjson = http.cjson
 
-local function slow_conns(port, n, wait_close)
-  local cmd = string.format("timeout 60 python3 %s %d %d %s", wbd.sh_quote(wbd.root() .. "/spec/helpers/slow_conns.py"),
-    port, n, tostring(wait_close or 0))
+local function slow_conns(port, n, wait_close, trickle)
+  local cmd = string.format("timeout 60 python3 %s %d %d %s %s",
+    wbd.sh_quote(wbd.root() .. "/spec/helpers/slow_conns.py"), port, n, tostring(wait_close or 0),
+    tostring(trickle or 0))
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   p:close()
@@ -262,6 +263,15 @@ describe("warmboxd limits", function()
       s:stop()
       assert(ok, r)
       assert.are.equal(5, r.held)
+      assert.is_number(r.closed_after_s)
+    end)
+
+    it("closes a connection that trickles its request head but never ends it (--conn-timeout)", function()
+      local s = wbd.start{ args = { "--conn-timeout", "1" } }
+      local ok, r = pcall(slow_conns, s.port, 3, 8, 0.3)
+      s:stop()
+      assert(ok, r)
+      assert.are.equal(3, r.held)
       assert.is_number(r.closed_after_s)
     end)
 
