@@ -258,8 +258,8 @@ describe("warmboxd limits", function()
     end)
 
     it("closes a connection whose request head stalls (--conn-timeout)", function()
-      local s = wbd.start{ args = { "--conn-timeout", "1" } }
-      local ok, r = pcall(slow_conns, s.port, 5, 10)
+      local s = wbd.start{ args = { "--conn-timeout", "3" } }
+      local ok, r = pcall(slow_conns, s.port, 5, 12)
       s:stop()
       assert(ok, r)
       assert.are.equal(5, r.held)
@@ -267,8 +267,8 @@ describe("warmboxd limits", function()
     end)
 
     it("closes a connection that trickles its request head but never ends it (--conn-timeout)", function()
-      local s = wbd.start{ args = { "--conn-timeout", "1" } }
-      local ok, r = pcall(slow_conns, s.port, 3, 8, 0.3)
+      local s = wbd.start{ args = { "--conn-timeout", "3" } }
+      local ok, r = pcall(slow_conns, s.port, 3, 12, 0.3)
       s:stop()
       assert(ok, r)
       assert.are.equal(3, r.held)
