@@ -49,12 +49,11 @@ def still_open(s):
 # The server refuses what is over its caps as it accepts: wait until the
 # count of connections it keeps has settled (a slow server, e.g. under
 # valgrind, takes a while to go through its backlog).
-held, deadline = -1, time.monotonic() + 30
-while time.monotonic() < deadline:
+held, same, deadline = -1, 0, time.monotonic() + 30
+while time.monotonic() < deadline and same < 4:   # unchanged for 2 s
     time.sleep(0.5)
     now_held = sum(1 for s in socks if still_open(s))
-    if now_held == held:
-        break
+    same = same + 1 if now_held == held else 0
     held = now_held
 
 t0 = time.monotonic()
