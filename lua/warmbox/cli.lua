@@ -630,7 +630,8 @@ local function demo(o, io_)
   local http = wb.server and core.http{ timeout = 10 }
   local function requests()
     if not http then return nil end
-    local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats" }
+    local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats",
+      headers = { ["X-Warmboxd-Token"] = wb.server.admin_token } }
     local cjson = require("cjson.safe")
     local t = res and res.status == 200 and cjson.decode(res.body)
     return t and t.total_requests

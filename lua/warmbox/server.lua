@@ -3,7 +3,8 @@
 --
 --   local server = require "warmbox.server"
 --   local srv = assert(server.start{ args = { "--rtt-ms", "20" } })
---   -- srv.url, srv.api_key, srv.pid, srv:log()
+--   -- srv.url, srv.api_key, srv.admin_token, srv.pid, srv:log()
+--   -- the admin API (/_warmboxd/*) wants header X-Warmboxd-Token = srv.admin_token
 --   srv:stop()          -- also on __close and __gc
 --
 -- The binary: `opts.bin`, else `$WARMBOXD_BIN`, else next to warmbox.core
@@ -135,9 +136,13 @@ Server.__index = Server
 Server.__name = "warmbox.Server"
 
 --- Start warmboxd on a free loopback port.
+-- warmboxd writes a random admin token to `<data dir>/admin-token` (mode 0600)
+-- before it prints its address; it is read into `srv.admin_token` (the header
+-- `X-Warmboxd-Token` of the admin API `/_warmboxd/*`). An `--admin-token` in
+-- `opts.args` is used instead.
 -- @tparam[opt] table opts `bin`, `args` (extra arguments), `start_timeout` (seconds, 15),
 --   `api_key` (default a fresh `e2b_<40 hex>`: its own team)
--- @treturn[1] warmbox.Server `{ url, port, pid, api_key, dir }`
+-- @treturn[1] warmbox.Server `{ url, port, pid, api_key, admin_token, dir }`
 -- @return[2] nil, message, code ("NOT_FOUND" | "TRANSPORT")
 function _M.start(opts)
   opts = opts or {}
@@ -158,7 +163,11 @@ function _M.start(opts)
   end
   local logf = dir .. "/warmboxd.log"
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
-  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  local admin_token
+  for i, a in ipairs(opts.args or {}) do
+    args[#args + 1] = a
+    if a == "--admin-token" then admin_token = opts.args[i + 1] end
+  end
   local parts = {}
   for i, a in ipairs(args) do parts[i] = sh_quote(a) end
   -- detached: in a session of its own, so the terminal's hang-up or Ctrl-C does not reach it
@@ -180,6 +189,7 @@ function _M.start(opts)
     if url then
       self.url = url
       self.port = tonumber(url:match(":(%d+)$"))
+      self.admin_token = admin_token or read_all(dir .. "/data/admin-token")
       return self
     end
     if not alive(pid) then
