@@ -189,6 +189,10 @@ static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const c
   return c;
 }
 
+static void interp_on_pause(struct wbd_rt *rt, int memory);
+static void interp_free(void *slot);
+static const struct wbd_rt_hooks interp_hooks = { interp_on_pause, interp_free };
+
 /* Locks the sandbox's interpreter state, creating it (with the default
  * python context) when needed. */
 static struct istate *ist_lock(struct wbd_rt *rt) {
@@ -197,6 +201,7 @@ static struct istate *ist_lock(struct wbd_rt *rt) {
   if (!*slot) {
     *slot = calloc(1, sizeof(struct istate));
     if (!*slot) abort();
+    wbd_rt_set_hooks(rt, &interp_hooks);
   }
   struct istate *ist = *slot;
   if (!ist->init) {
@@ -453,10 +458,10 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
 }
 
 /* ------------------------------------------------------------------ */
-/* Hooks from runtime.c                                                */
+/* Hooks given to runtime.c (wbd_rt_set_hooks)                       */
 /* ------------------------------------------------------------------ */
 
-void wbd_interp_on_pause(struct wbd_rt *rt, int memory) {
+static void interp_on_pause(struct wbd_rt *rt, int memory) {
   pthread_mutex_lock(wbd_rt_interp_mu(rt));
   struct istate *ist = *wbd_rt_interp_slot(rt);
   if (!ist) {
@@ -481,7 +486,7 @@ void wbd_interp_on_pause(struct wbd_rt *rt, int memory) {
   pthread_mutex_unlock(wbd_rt_interp_mu(rt));
 }
 
-void wbd_interp_free(void *slot) {
+static void interp_free(void *slot) {
   struct istate *ist = slot;
   if (!ist) return;
   /* Called when nothing references the runtime any more: no kernel thread,

@@ -101,6 +101,7 @@ struct wbd_rt {
   struct rt_proc *procs;
   pthread_mutex_t interp_mu;
   void *interp;
+  const struct wbd_rt_hooks *hooks;   /* the interpreter's, with interp; NULL before */
   struct wbd_rt *prev, *next;
 };
 
@@ -1003,7 +1004,7 @@ void wbd_rt_put(struct wbd_rt *rt) {
   if (rt->next) rt->next->prev = rt->prev;
   pthread_cond_broadcast(&g_cond);
   pthread_mutex_unlock(&g_mu);
-  wbd_interp_free(rt->interp);
+  if (rt->hooks && rt->hooks->free_slot) rt->hooks->free_slot(rt->interp);
   net_end(rt);
   rt_close_fds(rt);
   slot_give(rt->slot);
@@ -1069,6 +1070,7 @@ struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb) {
 int wbd_rt_isolated(void) { return g_isolated; }
 
 void **wbd_rt_interp_slot(struct wbd_rt *rt) { return &rt->interp; }
+void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks) { rt->hooks = hooks; }
 pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) { return &rt->interp_mu; }
 
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
@@ -1455,8 +1457,15 @@ static void kill_all_procs(struct wbd_rt *rt) {
   }
 }
 
+static void interp_pause(struct wbd_rt *rt, int memory) {
+  pthread_mutex_lock(&rt->interp_mu);
+  const struct wbd_rt_hooks *h = rt->hooks;
+  pthread_mutex_unlock(&rt->interp_mu);
+  if (h && h->on_pause) h->on_pause(rt, memory);
+}
+
 static void teardown(struct wbd_rt *rt, int remove) {
-  wbd_interp_on_pause(rt, 0);
+  interp_pause(rt, 0);
   pthread_mutex_lock(&rt->mu);
   if (remove) rt->dead = 1;
   pthread_mutex_unlock(&rt->mu);
@@ -1509,7 +1518,7 @@ int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
   if (!memory) {
     teardown(rt, 0);
   } else {
-    wbd_interp_on_pause(rt, 1);
+    interp_pause(rt, 1);
     pthread_mutex_lock(&rt->mu);
     if (!rt->frozen) {
       if (rt->cg[0]) {
