@@ -328,7 +328,8 @@ describe("warmboxd containment", function()
       -- the first run holds the context for 3 s
       os.execute(string.format("curl -sS -N --max-time 60 -X POST -H %s -H %s -H %s --data-binary %s %s >%s 2>&1 &",
         q("E2b-Sandbox-Id: " .. sb.sandboxID), q("E2b-Sandbox-Port: 49999"),
-        q("X-Access-Token: " .. sb.envdAccessToken), q(cjson.encode({ code = "import time\ntime.sleep(3)\n'first'" })), q(srv.url .. "/execute"), q(bg)))
+        q("X-Access-Token: " .. sb.envdAccessToken),
+        q(cjson.encode({ code = "import time\ntime.sleep(3)\n'first'" })), q(srv.url .. "/execute"), q(bg)))
       wbd.sleep(0.5)
       -- the second gives up after 1 s, while it still waits
       local res = http.sandbox(srv, sb, 49999, "POST", "/execute",
