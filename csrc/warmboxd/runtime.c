@@ -56,6 +56,7 @@ static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
 /* Host paths (as bubblewrap sees them) of what a jail binds, NULL: none. */
 struct jail_src {
   const char *home, *tmp, *passwd, *group;
+  const char *resolv;     /* slirp4netns's DNS (10.0.2.3), or NULL: the host's resolv.conf */
 };
 
 /* As root, bubblewrap runs as the sandbox's uid, which must not traverse
@@ -63,7 +64,8 @@ struct jail_src {
  * own on /tmp (in a mount namespace of its own) and binds what the jail
  * needs there from descriptors, before it drops root. */
 #define STAGE "/tmp"
-static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g" };
+#define N_STAGED 5
+static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r" };
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
@@ -96,6 +98,7 @@ struct wbd_rt {
   pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
   int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
   int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
+  int net_checked;          /* slirp_ready_fd was read (under mu) */
   int frozen;
   int dead;                 /* torn down: no new processes */
   struct rt_proc *procs;
@@ -118,7 +121,7 @@ static int g_isolated;
 static char g_cg_root[PATH_MAX];
 static char g_cgx_root[CG_N][PATH_MAX];   /* memory, pids, cpu parents, "" without */
 static char g_etc[PATH_MAX + 32];
-static int g_passwd_fd = -1, g_group_fd = -1;
+static int g_passwd_fd = -1, g_group_fd = -1, g_resolv_fd = -1;
 static int g_root;                /* warmboxd is host root: jails get their own host uid */
 static uid_t g_uid_base = UID_BASE_DEFAULT;
 static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
@@ -440,8 +443,8 @@ struct spawn_job {
   int npass;
   int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
   int userns_fd, net_fd;    /* joined before exec, or -1 */
-  int stage;                /* bind stage_fd (home, tmp, passwd, group) under STAGE */
-  int stage_fd[4];
+  int stage;                /* bind stage_fd (home, tmp, passwd, group, resolv) under STAGE */
+  int stage_fd[N_STAGED];   /* resolv may be -1 */
   int setid;                /* become uid/gid (warmboxd is root) */
   uid_t uid;
   gid_t gid;
@@ -466,7 +469,7 @@ static void job_init(struct spawn_job *j) {
   for (int i = 0; i < 3; i++) j->fds[i] = -1;
   for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
   j->userns_fd = j->net_fd = j->out_net = j->out_userns = -1;
-  for (int i = 0; i < 4; i++) j->stage_fd[i] = -1;
+  for (int i = 0; i < N_STAGED; i++) j->stage_fd[i] = -1;
 }
 
 static void child_fail(int errpipe, int e) {
@@ -519,16 +522,21 @@ static void child_netns(pid_t parent, int errpipe) {
 static int stage_binds(const struct spawn_job *j) {
   /* Detached copies of the mounts first: a bind across mount namespaces is
    * refused, attaching a detached tree is not. */
-  int tree[4];
-  for (int i = 0; i < 4; i++) {
-    if (j->stage_fd[i] < 0) return errno = EBADF, -1;
+  int tree[N_STAGED];
+  for (int i = 0; i < N_STAGED; i++) {
+    tree[i] = -1;
+    if (j->stage_fd[i] < 0) {
+      if (i < 4) return errno = EBADF, -1;
+      continue;
+    }
     tree[i] = (int)syscall(SYS_open_tree, j->stage_fd[i], "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
     if (tree[i] < 0) return -1;
   }
   if (unshare(CLONE_NEWNS) != 0) return -1;
   if (mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0711") != 0) return -1;
-  const char *dst[4] = { g_staged.home, g_staged.tmp, g_staged.passwd, g_staged.group };
-  for (int i = 0; i < 4; i++) {
+  const char *dst[N_STAGED] = { g_staged.home, g_staged.tmp, g_staged.passwd, g_staged.group, g_staged.resolv };
+  for (int i = 0; i < N_STAGED; i++) {
+    if (tree[i] < 0) continue;
     int r = i < 2 ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
     if (r != 0 || syscall(SYS_move_mount, tree[i], "", AT_FDCWD, dst[i], MOVE_MOUNT_F_EMPTY_PATH) != 0) return -1;
     close(tree[i]);
@@ -684,7 +692,7 @@ static int spawn_via_thread(struct spawn_job *j) {
 static const char *const etc_ro[] = {
   /* /etc/ssl/private holds keys: only the public parts of /etc/ssl */
   "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl/certs",
-  "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "resolv.conf", "hosts", "nsswitch.conf", "host.conf",
+  "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "hosts", "nsswitch.conf", "host.conf",
   "gai.conf", "protocols", "services", "matplotlibrc", "mime.types", "python3", "python3.11",
   "bash.bashrc", "profile", "inputrc", "fonts", "magic", "magic.mime", "os-release",
   "debian_version", "login.defs", "terminfo", "mailcap", NULL,
@@ -737,6 +745,10 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
     sv_add(a, p);
     sv_add(a, p);
   }
+  /* The host's resolver may listen on its loopback (127.0.0.53), out of
+   * reach: internet jails ask slirp4netns's forwarder. */
+  if (f->resolv) sv_add3(a, "--ro-bind", f->resolv, "/etc/resolv.conf");
+  else sv_add3(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf");
   if (f->passwd) sv_add3(a, "--ro-bind", f->passwd, "/etc/passwd");
   if (f->group) sv_add3(a, "--ro-bind", f->group, "/etc/group");
   sv_add(a, "--proc");
@@ -849,6 +861,10 @@ static int net_make(struct wbd_rt *rt) {
   sv_add(&av, "--mtu=65520");
   /* 10.0.2.2 does not lead to the host's 127.0.0.1 */
   sv_add(&av, "--disable-host-loopback");
+  /* It parses the jail's packets as root: an empty root, no capabilities,
+   * a syscall filter. */
+  sv_add(&av, "--enable-sandbox");
+  sv_add(&av, "--enable-seccomp");
   sv_add(&av, "--exit-fd=4");
   sv_add(&av, "--ready-fd=5");
   if (rt->userns_fd >= 0) sv_add(&av, "--userns-path=/proc/self/fd/6");
@@ -1155,8 +1171,12 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   char pw[PATH_MAX + 64], gr[PATH_MAX + 64];
   snprintf(pw, sizeof pw, "%s/passwd", g_etc);
   snprintf(gr, sizeof gr, "%s/group", g_etc);
-  struct jail_src own = { home, tmp, pw, gr };
-  if (g_isolated) jail_args(&av, rt->id, g_root ? &g_staged : &own, 1, cwd);
+  char rs[PATH_MAX + 64];
+  snprintf(rs, sizeof rs, "%s/resolv.conf", g_etc);
+  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL };
+  struct jail_src staged = g_staged;
+  if (!rt->allow_net) staged.resolv = NULL;
+  if (g_isolated) jail_args(&av, rt->id, g_root ? &staged : &own, 1, cwd);
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
 
@@ -1196,16 +1216,22 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
       j.stage_fd[1] = rt->tmp_fd;
       j.stage_fd[2] = g_passwd_fd;
       j.stage_fd[3] = g_group_fd;
+      j.stage_fd[4] = rt->allow_net ? g_resolv_fd : -1;
     }
     j.net_fd = rt->net_fd;
     j.userns_fd = rt->userns_fd;
     j.setid = g_root;
     j.uid = rt->uid;
     j.gid = rt->gid;
-    if (rt->slirp_ready_fd >= 0) {
+    if (rt->slirp_ready_fd >= 0 && !rt->net_checked) {
       /* slirp4netns is usually ready long before the first process. */
       struct pollfd pf = { rt->slirp_ready_fd, POLLIN, 0 };
-      while (poll(&pf, 1, 2000) < 0 && errno == EINTR) {}
+      int pr;
+      while ((pr = poll(&pf, 1, 2000)) < 0 && errno == EINTR) {}
+      char b;
+      if (pr <= 0 || read(rt->slirp_ready_fd, &b, 1) != 1)
+        fprintf(stderr, "warmboxd: slirp4netns did not start for %s: it has no internet access\n", rt->id);
+      rt->net_checked = 1;
     }
   }
   struct rt_proc *pr = NULL;
@@ -1612,7 +1638,7 @@ static int check_bwrap(char *why, size_t len) {
     return -1;
   }
   struct sv a = { 0 };
-  struct jail_src none = { NULL, NULL, NULL, NULL };
+  struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
   jail_args(&a, "check", &none, 0, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
@@ -1706,6 +1732,9 @@ int wbd_rt_init(void) {
   g_group_fd = open(p, O_RDONLY | O_CLOEXEC);
   snprintf(p, sizeof p, "%s/passwd", g_etc);
   g_passwd_fd = open(p, O_RDONLY | O_CLOEXEC);
+  snprintf(p, sizeof p, "%s/resolv.conf", g_etc);
+  write_new_file(p, "nameserver 10.0.2.3\n");
+  g_resolv_fd = open(p, O_RDONLY | O_CLOEXEC);
 
   char why[512];
   int ok = check_bwrap(why, sizeof why) == 0;
@@ -1810,6 +1839,7 @@ void wbd_rt_shutdown(void) {
     if (g_cgx_root[i][0]) cg_rmdir(g_cgx_root[i]);
   if (g_passwd_fd >= 0) close(g_passwd_fd);
   if (g_group_fd >= 0) close(g_group_fd);
-  g_passwd_fd = g_group_fd = -1;
+  if (g_resolv_fd >= 0) close(g_resolv_fd);
+  g_passwd_fd = g_group_fd = g_resolv_fd = -1;
   if (g_etc[0]) rm_rf(g_etc);
 }
