@@ -801,7 +801,7 @@ static void cg_make(struct wbd_rt *rt) {
     rt->cgx[i][0] = 0;
     if (i == CG_FREEZER || !g_cgx_root[i][0]) continue;
     char *p = rt->cgx[i];
-    snprintf(p, sizeof rt->cgx[i], "%s/%s", g_cgx_root[i], rt->id);
+    snprintf(p, sizeof rt->cgx[i], "%.*s/%s", PATH_MAX, g_cgx_root[i], rt->id);
     if (mkdir(p, 0755) != 0 && errno != EEXIST) {
       p[0] = 0;
       continue;

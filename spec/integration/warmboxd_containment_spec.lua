@@ -86,7 +86,7 @@ describe("warmboxd containment", function()
   end
 
   lazy_setup(function()
-    srv = wbd.start{ wrapper = "env WARMBOXD_INTERRUPT_GRACE_MS=1500" }
+    srv = wbd.start{ wrapper = "env WARMBOXD_INTERRUPT_GRACE_MS=1500 " .. (os.getenv("WARMBOXD_WRAPPER") or "") }
   end)
 
   lazy_teardown(function()
