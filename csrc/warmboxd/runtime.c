@@ -62,7 +62,7 @@ struct jail_src {
 /* As root, bubblewrap runs as the sandbox's uid, which must not traverse
  * warmboxd's private data directory: the child mounts a small tmpfs of its
  * own on /tmp (in a mount namespace of its own) and binds what the jail
- * needs there from descriptors, before it drops root. */
+ * needs there, before it drops root. */
 #define STAGE "/tmp"
 #define N_STAGED 5
 static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r" };
@@ -93,7 +93,6 @@ struct wbd_rt {
   gid_t gid;
   int slot;                 /* uid slot (root only), -1 */
   int mounted;              /* dir is a size-limited tmpfs */
-  int home_fd, tmp_fd;      /* O_PATH of <dir>/home and <dir>/tmp, bound by bubblewrap */
   int net_fd, userns_fd;    /* the sandbox's network namespace (and its owner when not root), -1 */
   pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
   int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
@@ -121,7 +120,6 @@ static int g_isolated;
 static char g_cg_root[PATH_MAX];
 static char g_cgx_root[CG_N][PATH_MAX];   /* memory, pids, cpu parents, "" without */
 static char g_etc[PATH_MAX + 32];
-static int g_passwd_fd = -1, g_group_fd = -1, g_resolv_fd = -1;
 static int g_root;                /* warmboxd is host root: jails get their own host uid */
 static uid_t g_uid_base = UID_BASE_DEFAULT;
 static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
@@ -443,8 +441,8 @@ struct spawn_job {
   int npass;
   int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
   int userns_fd, net_fd;    /* joined before exec, or -1 */
-  int stage;                /* bind stage_fd (home, tmp, passwd, group, resolv) under STAGE */
-  int stage_fd[N_STAGED];   /* resolv may be -1 */
+  int stage;                /* bind stage_src (home, tmp, passwd, group, resolv) under STAGE */
+  const char *stage_src[N_STAGED];   /* host paths; resolv may be NULL */
   int setid;                /* become uid/gid (warmboxd is root) */
   uid_t uid;
   gid_t gid;
@@ -469,7 +467,6 @@ static void job_init(struct spawn_job *j) {
   for (int i = 0; i < 3; i++) j->fds[i] = -1;
   for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
   j->userns_fd = j->net_fd = j->out_net = j->out_userns = -1;
-  for (int i = 0; i < N_STAGED; i++) j->stage_fd[i] = -1;
 }
 
 static void child_fail(int errpipe, int e) {
@@ -520,26 +517,28 @@ static void child_netns(pid_t parent, int errpipe) {
 }
 
 static int stage_binds(const struct spawn_job *j) {
-  /* Detached copies of the mounts first: a bind across mount namespaces is
-   * refused, attaching a detached tree is not. */
-  int tree[N_STAGED];
+  /* A copy of warmboxd's mount namespace; the sources are opened in it
+   * before the tmpfs hides what was under STAGE, then bound from their fds. */
+  if (unshare(CLONE_NEWNS) != 0) return -1;
+  int src[N_STAGED];
   for (int i = 0; i < N_STAGED; i++) {
-    tree[i] = -1;
-    if (j->stage_fd[i] < 0) {
-      if (i < 4) return errno = EBADF, -1;
+    src[i] = -1;
+    if (!j->stage_src[i]) {
+      if (i < 4) return errno = EINVAL, -1;
       continue;
     }
-    tree[i] = (int)syscall(SYS_open_tree, j->stage_fd[i], "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-    if (tree[i] < 0) return -1;
+    src[i] = open(j->stage_src[i], O_PATH | O_CLOEXEC);
+    if (src[i] < 0) return -1;
   }
-  if (unshare(CLONE_NEWNS) != 0) return -1;
   if (mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0711") != 0) return -1;
   const char *dst[N_STAGED] = { g_staged.home, g_staged.tmp, g_staged.passwd, g_staged.group, g_staged.resolv };
   for (int i = 0; i < N_STAGED; i++) {
-    if (tree[i] < 0) continue;
+    if (src[i] < 0) continue;
+    char from[64];
+    snprintf(from, sizeof from, "/proc/self/fd/%d", src[i]);
     int r = i < 2 ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
-    if (r != 0 || syscall(SYS_move_mount, tree[i], "", AT_FDCWD, dst[i], MOVE_MOUNT_F_EMPTY_PATH) != 0) return -1;
-    close(tree[i]);
+    if (r != 0 || mount(from, dst[i], NULL, MS_BIND, NULL) != 0) return -1;
+    close(src[i]);
   }
   return 0;
 }
@@ -826,7 +825,7 @@ static void cg_make(struct wbd_rt *rt) {
 }
 
 static void rt_close_fds(struct wbd_rt *rt) {
-  int *fds[] = { &rt->home_fd, &rt->tmp_fd, &rt->net_fd, &rt->userns_fd, &rt->slirp_exit_fd, &rt->slirp_ready_fd };
+  int *fds[] = { &rt->net_fd, &rt->userns_fd, &rt->slirp_exit_fd, &rt->slirp_ready_fd };
   for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
     if (*fds[i] >= 0) {
       close(*fds[i]);
@@ -928,7 +927,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
   snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
   rt->allow_net = sb->allow_internet;
-  rt->home_fd = rt->tmp_fd = rt->net_fd = rt->userns_fd = rt->slirp_exit_fd = rt->slirp_ready_fd = -1;
+  rt->net_fd = rt->userns_fd = rt->slirp_exit_fd = rt->slirp_ready_fd = -1;
   rt->slot = -1;
   rt->uid = geteuid();
   rt->gid = getegid();
@@ -956,14 +955,9 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   }
   ok = ok && mkdir_p(home, 0700) == 0 && mkdir_p(tmp, 0700) == 0;
   if (ok && g_isolated) {
-    /* Only the jail's uid reaches in; warmboxd (root) passes them by fd. */
+    /* Only the jail's uid reaches in (the child stages them for bubblewrap). */
     ok = chmod(rt->dir, 0700) == 0 && chown(home, rt->uid, rt->gid) == 0 && chown(tmp, rt->uid, rt->gid) == 0 &&
          chmod(home, 0700) == 0 && chmod(tmp, 01777) == 0;
-    if (ok) {
-      rt->home_fd = open(home, O_PATH | O_DIRECTORY | O_CLOEXEC);
-      rt->tmp_fd = open(tmp, O_PATH | O_DIRECTORY | O_CLOEXEC);
-      ok = rt->home_fd >= 0 && rt->tmp_fd >= 0;
-    }
   } else if (ok) {
     chmod(tmp, 01777);
   }
@@ -1212,11 +1206,11 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   if (!rc && g_isolated) {
     if (g_root) {
       j.stage = 1;
-      j.stage_fd[0] = rt->home_fd;
-      j.stage_fd[1] = rt->tmp_fd;
-      j.stage_fd[2] = g_passwd_fd;
-      j.stage_fd[3] = g_group_fd;
-      j.stage_fd[4] = rt->allow_net ? g_resolv_fd : -1;
+      j.stage_src[0] = home;
+      j.stage_src[1] = tmp;
+      j.stage_src[2] = pw;
+      j.stage_src[3] = gr;
+      j.stage_src[4] = rt->allow_net ? rs : NULL;
     }
     j.net_fd = rt->net_fd;
     j.userns_fd = rt->userns_fd;
@@ -1499,8 +1493,6 @@ static void teardown(struct wbd_rt *rt, int remove) {
   if (remove) {
     net_end(rt);
     if (rt->mounted) {
-      /* Drop the tree's fds first: the mount is then freed at once. */
-      rt_close_fds(rt);
       umount2(rt->dir, MNT_DETACH);
       rt->mounted = 0;
     }
@@ -1729,12 +1721,8 @@ int wbd_rt_init(void) {
                     "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
   snprintf(p, sizeof p, "%s/group", g_etc);
   write_new_file(p, "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n");
-  g_group_fd = open(p, O_RDONLY | O_CLOEXEC);
-  snprintf(p, sizeof p, "%s/passwd", g_etc);
-  g_passwd_fd = open(p, O_RDONLY | O_CLOEXEC);
   snprintf(p, sizeof p, "%s/resolv.conf", g_etc);
   write_new_file(p, "nameserver 10.0.2.3\n");
-  g_resolv_fd = open(p, O_RDONLY | O_CLOEXEC);
 
   char why[512];
   int ok = check_bwrap(why, sizeof why) == 0;
@@ -1837,9 +1825,5 @@ void wbd_rt_shutdown(void) {
   if (g_cg_root[0]) rmdir(g_cg_root);
   for (int i = 0; i < CG_N; i++)
     if (g_cgx_root[i][0]) cg_rmdir(g_cgx_root[i]);
-  if (g_passwd_fd >= 0) close(g_passwd_fd);
-  if (g_group_fd >= 0) close(g_group_fd);
-  if (g_resolv_fd >= 0) close(g_resolv_fd);
-  g_passwd_fd = g_group_fd = g_resolv_fd = -1;
   if (g_etc[0]) rm_rf(g_etc);
 }
