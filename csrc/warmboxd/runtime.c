@@ -537,7 +537,7 @@ static int stage_binds(const struct spawn_job *j) {
     char from[64];
     snprintf(from, sizeof from, "/proc/self/fd/%d", src[i]);
     int r = i < 2 ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
-    if (r != 0 || mount(from, dst[i], NULL, MS_BIND, NULL) != 0) return -1;
+    if (r != 0 || mount(from, dst[i], "none", MS_BIND, NULL) != 0) return -1;
     close(src[i]);
   }
   return 0;
@@ -1702,7 +1702,7 @@ int wbd_rt_init(void) {
     /* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live
      * and die with it, and the host's mount table does not see them. First, so
      * that every descriptor warmboxd opens is on one of its own mounts. */
-    if (unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0) g_private_mnt = 1;
+    if (unshare(CLONE_NEWNS) == 0 && mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0) g_private_mnt = 1;
     else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
   }
   /* Absolute, for bubblewrap's binds and HOME in unisolated mode. */
