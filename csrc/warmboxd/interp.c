@@ -97,6 +97,7 @@ struct run {
   int active;               /* counted in istate.active_runs */
   int restarted;            /* the context was restarted under it */
   int timed_out;            /* restarted because the cell outlived its timeout */
+  long oom0;                /* the memory group's OOM kills when the run began, -1 */
   int64_t last_us, deadline_us;
   char *pend;
   size_t pend_len, pend_off;
@@ -587,7 +588,14 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
       run_finish_locked(r);
       pthread_mutex_unlock(r->mu);
       const char *err = "";
-      if (dead && !r->error_seen && r->timed_out)
+      char oom[320];
+      long kills = dead && !r->error_seen && !r->timed_out && r->oom0 >= 0 ? wbd_rt_oom_kills(r->rt) : -1;
+      if (kills > r->oom0) {
+        snprintf(oom, sizeof oom, "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
+                 "reached its memory limit (%ld MB): the context's kernel was killed and its state was lost\", "
+                 "\"traceback\": \"\"}\n", wbd_rt_memory_mb());
+        err = oom;
+      } else if (dead && !r->error_seen && r->timed_out)
         err = "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "
               "timeout was reached: the context's kernel was restarted and its state was lost\", \"traceback\": \"\"}\n";
       else if (dead && !r->error_seen)
@@ -801,6 +809,7 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   r->k->refs++;
   r->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   r->conn_fd = -1;
+  r->oom0 = wbd_rt_oom_kills(rt);
   r->sb = wbd_sandbox_get(sb->id);
   if (!r->sb) {
     r->finished = 1;

@@ -1079,6 +1079,21 @@ struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb) {
 
 int wbd_rt_isolated(void) { return g_isolated; }
 
+long wbd_rt_memory_mb(void) { return g_memory_mb; }
+
+long wbd_rt_oom_kills(struct wbd_rt *rt) {
+  if (!rt->cgx[CG_MEMORY][0]) return -1;
+  char path[PATH_MAX + 128], line[128];
+  snprintf(path, sizeof path, "%s/memory.oom_control", rt->cgx[CG_MEMORY]);
+  FILE *f = fopen(path, "re");
+  if (!f) return -1;
+  long n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "oom_kill %ld", &n) == 1) break;
+  fclose(f);
+  return n;
+}
+
 void **wbd_rt_interp_slot(struct wbd_rt *rt) { return &rt->interp; }
 void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks) { rt->hooks = hooks; }
 pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) { return &rt->interp_mu; }
