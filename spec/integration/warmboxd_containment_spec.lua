@@ -133,12 +133,12 @@ describe("warmboxd containment", function()
 
     it("with internet access: an interface of its own, and never the host's loopback or warmboxd", function()
       local sb = create{ allow_internet_access = true }
-      assert.are.equal("lo tap0", py(sb, IFACES))
-      -- DNS through slirp4netns's forwarder: the host's resolver may be on its loopback
-      assert.are.equal("nameserver 10.0.2.3", py(sb, "open('/etc/resolv.conf').read().strip()"))
       for i, r in ipairs(try(sb, targets())) do
         assert.are_not.equal("connected", r, "target " .. i)
       end
+      assert.are.equal("lo tap0", py(sb, IFACES))
+      -- DNS through slirp4netns's forwarder: the host's resolver may be on its loopback
+      assert.are.equal("nameserver 10.0.2.3", py(sb, "open('/etc/resolv.conf').read().strip()"))
       kill(sb)
     end)
 
@@ -149,6 +149,38 @@ describe("warmboxd containment", function()
         assert.are_not.equal("connected", r, "target " .. i)
       end
       kill(sb)
+    end)
+  end)
+
+  describe("one network per sandbox", function()
+    -- envd's Process.Start (its own jail), synchronously; returns the exit code.
+    local function proc(box, code)
+      local json = cjson.encode({ process = { cmd = "/usr/bin/python3", args = { "-c", code } } })
+      local res = http.sandbox(srv, box, 49983, "POST", "/process.Process/Start", {
+        body = string.pack(">I1I4", 0, #json) .. json,
+        headers = { ["Content-Type"] = "application/connect+json", ["Connect-Protocol-Version"] = "1" } })
+      assert.are.equal(200, res.status, res.body)
+      local pos = 1
+      while pos <= #res.body do
+        local _, len = string.unpack(">I1I4", res.body, pos)
+        local m = cjson.decode(res.body:sub(pos + 5, pos + 4 + len))
+        local e = m.event and m.event["end"]
+        if e then return e.exitCode or 0 end
+        pos = pos + 5 + len
+      end
+    end
+
+    it("a kernel's server answers the sandbox's other processes, not another sandbox", function()
+      local a, b = create{ allow_internet_access = false }, create{ allow_internet_access = false }
+      py(a, "import subprocess\nsrv = subprocess.Popen(['python3', '-c', 'import socket\\ns = socket.socket()\\n"
+        .. "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\ns.bind((\"127.0.0.1\", 8123))\\ns.listen()\\n"
+        .. "while True: s.accept()[0].close()'])\nimport time\ntime.sleep(1)\nNone")
+      local probe = "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', 8123), timeout=3).close()\n"
+        .. "except OSError:\n    sys.exit(3)"
+      assert.are.equal(0, proc(a, probe))
+      assert.are.equal(3, proc(b, probe))
+      kill(a)
+      kill(b)
     end)
   end)
 
