@@ -244,6 +244,32 @@ describe("warmboxd runtime", function()
     end)
   end)
 
+  describe("kill, without the tmpfs home (--unisolated)", function()
+    it("removes a tree deeper than PATH_MAX, unreadable directories included", function()
+      local s3 = wbd.start{ args = { "--unisolated" } }
+      local ok, err = pcall(function()
+        local sb = http.api(s3, "POST", "/sandboxes", { templateID = "base" }).json
+        local res = http.sandbox(s3, sb, 49999, "POST", "/execute", { timeout = 120, json = { code = table.concat({
+          "import os",
+          "os.chdir(os.environ['HOME'])",
+          "for i in range(2500):",
+          "    os.mkdir('dd')",
+          "    os.chdir('dd')",
+          "open('leaf', 'w').write('x')",
+          "os.chmod('.', 0)",
+          "len(os.getcwd())" }, "\n") } })
+        assert.are.equal(200, res.status)
+        assert.is_true(tonumber(main_text(res.body)) > 4096, res.body)
+        local dir = s3.dir .. "/data/" .. sb.sandboxID
+        assert.is_true(exists(dir .. "/home/dd/dd"))
+        assert.are.equal(204, http.api(s3, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
+        assert.is_false(exists(dir))
+      end)
+      s3:stop()
+      assert(ok, err)
+    end)
+  end)
+
   describe("exit", function()
     it("leaves no processes or directories behind", function()
       local dir = os.tmpname()
