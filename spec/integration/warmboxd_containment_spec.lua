@@ -273,56 +273,61 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("limits", function()
-    it("a bounded fork bomb fails inside its sandbox; warmboxd and another sandbox keep answering", function()
-      local sb, other = create(), create()
-      py(other, "1")
-      local out = py(sb, table.concat({
-        "import os, signal, time",
-        "kids, err = [], None",
-        "for _ in range(2000):",
-        "    try:",
-        "        pid = os.fork()",
-        "    except OSError as e:",
-        "        err = type(e).__name__",
-        "        break",
-        "    if pid == 0:",
-        "        time.sleep(30)",
-        "        os._exit(0)",
-        "    kids.append(pid)",
-        "n = len(kids)",
-        "for p in kids:",
-        "    os.kill(p, signal.SIGKILL)",
-        "for p in kids:",
-        "    os.waitpid(p, 0)",
-        "f'{err} {n}'",
-      }, "\n"))
-      local err, n = out:match("^(%S+) (%d+)$")
-      assert.are.equal("BlockingIOError", err, out)
-      assert.is_true(tonumber(n) < 2000)
-      assert.are.equal("2", py(other, "1 + 1"))
-      assert.are.equal(200, http.request{ url = srv.url .. "/health" }.status)
-      kill(sb)
-      kill(other)
-    end)
+  -- Shared by the cgroup and the rlimit cases below.
+  local function fork_bomb()
+    local sb, other = create(), create()
+    py(other, "1")
+    local out = py(sb, table.concat({
+      "import os, signal, time",
+      "kids, err = [], None",
+      "for _ in range(2000):",
+      "    try:",
+      "        pid = os.fork()",
+      "    except OSError as e:",
+      "        err = type(e).__name__",
+      "        break",
+      "    if pid == 0:",
+      "        time.sleep(30)",
+      "        os._exit(0)",
+      "    kids.append(pid)",
+      "n = len(kids)",
+      "for p in kids:",
+      "    os.kill(p, signal.SIGKILL)",
+      "for p in kids:",
+      "    os.waitpid(p, 0)",
+      "f'{err} {n}'",
+    }, "\n"))
+    local err, n = out:match("^(%S+) (%d+)$")
+    assert.are.equal("BlockingIOError", err, out)
+    assert.is_true(tonumber(n) < 2000)
+    assert.are.equal("2", py(other, "1 + 1"))
+    assert.are.equal(200, http.request{ url = srv.url .. "/health" }.status)
+    kill(sb)
+    kill(other)
+  end
 
-    it("a 1 GiB allocation fails inside a 512 MB sandbox; warmboxd and another sandbox keep answering", function()
-      local sb, other = create(), create()
-      py(other, "1")
-      local before = rss_kb(srv.pid)
-      local body = run(sb, "x = b'x' * (1 << 30)\nlen(x)")
-      local e = error_of(body)
-      assert.is_truthy(e, body)
-      -- the memory group's OOM kill (named), or MemoryError under the rlimit fallback
-      assert.is_truthy(e.name == "OutOfMemoryError" or e.name == "MemoryError", body)
-      if e.name == "OutOfMemoryError" then assert.is_truthy(e.value:find("state was lost", 1, true)) end
-      assert.is_nil(main_text(body))
-      assert.are.equal("2", py(other, "1 + 1"))
-      assert.are.equal("2", py(sb, "1 + 1"))
-      assert.is_true(rss_kb(srv.pid) - before < 64 * 1024)
-      kill(sb)
-      kill(other)
-    end)
+  local function memory_hog(expect)
+    local sb, other = create(), create()
+    py(other, "1")
+    local before = rss_kb(srv.pid)
+    local body = run(sb, "x = b'x' * (1 << 30)\nlen(x)")
+    local e = error_of(body)
+    assert.is_truthy(e, body)
+    assert.are.equal(expect, e.name, body)
+    if e.name == "OutOfMemoryError" then assert.is_truthy(e.value:find("state was lost", 1, true)) end
+    assert.is_nil(main_text(body))
+    assert.are.equal("2", py(other, "1 + 1"))
+    assert.are.equal("2", py(sb, "1 + 1"))
+    assert.is_true(rss_kb(srv.pid) - before < 64 * 1024)
+    kill(sb)
+    kill(other)
+  end
+
+  describe("limits", function()
+    it("a bounded fork bomb fails inside its sandbox; warmboxd and another sandbox keep answering", fork_bomb)
+
+    it("a 1 GiB allocation fails inside a 512 MB sandbox (OOM kill in its memory group); warmboxd and another "
+      .. "sandbox keep answering", function() memory_hog("OutOfMemoryError") end)
 
     it("the writable home is size-limited (1 GiB): a disk filler fails inside its sandbox", function()
       local sb = create()
@@ -341,6 +346,21 @@ describe("warmboxd containment", function()
       assert.are.equal(200, http.request{ url = srv.url .. "/health" }.status)
       kill(sb)
     end)
+  end)
+
+  describe("limits without cgroups (the rlimit fallback)", function()
+    local main
+    lazy_setup(function()
+      main = srv
+      srv = wbd.start{ wrapper = "env WARMBOXD_NO_LIMIT_CGROUPS=1 " .. (os.getenv("WARMBOXD_WRAPPER") or "") }
+    end)
+    lazy_teardown(function()
+      srv:stop()
+      srv = main
+    end)
+
+    it("RLIMIT_NPROC stops a fork bomb", fork_bomb)
+    it("RLIMIT_DATA turns a 1 GiB allocation into MemoryError", function() memory_hog("MemoryError") end)
   end)
 
   describe("timeouts", function()
