@@ -33,7 +33,7 @@ const unsigned char *wbd_embedded(const char *name, size_t *len);
 #define QUEUE_MAX (1u << 20)
 /* Longest kernel line kept (a result with a large image is one line); the
  * rest of a longer line is dropped. */
-#define LINE_MAX_BYTES (64u << 20)
+#define LINE_MAX_BYTES (16u << 20)
 /* After an execute timeout's interrupt, how long the cell has to stop before
  * the kernel is restarted (WARMBOXD_INTERRUPT_GRACE_MS). */
 #define GRACE_MS_DEFAULT 2000

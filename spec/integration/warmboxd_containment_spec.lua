@@ -35,9 +35,9 @@ local function error_of(body)
   end
 end
 
-local function rss_kb(pid)
+local function rss_kb(pid, field)
   local s = wbd.read_all("/proc/" .. pid .. "/status") or ""
-  return tonumber(s:match("VmRSS:%s*(%d+)")) or 0
+  return tonumber(s:match((field or "VmRSS") .. ":%s*(%d+)")) or 0
 end
 
 -- A TCP listener on the host that accepts forever; returns its port and pid.
@@ -430,6 +430,29 @@ describe("warmboxd containment", function()
   end)
 
   describe("output", function()
+    it("a 200 MB kernel line without a newline is dropped past 16 MiB, in linear time", function()
+      local sb = create()
+      py(sb, "1")
+      local before = rss_kb(srv.pid, "VmHWM")
+      -- fd 4 is the kernel's event pipe (kernel.py: CTL, EVT, DIAG = dup(0), dup(1), dup(2))
+      local body = run(sb, table.concat({
+        "import os",
+        "chunk = b'z' * (1 << 20)",
+        "for _ in range(200):",
+        "    os.write(4, chunk)",
+        "os.write(4, b'\\n')",
+        "print('after')",
+      }, "\n"), { max_time = 60 })
+      local out = ""
+      for _, l in ipairs(lines(body)) do
+        if l.type == "stdout" then out = out .. l.text end
+      end
+      assert.are.equal("after\n", out)
+      local grew = rss_kb(srv.pid, "VmHWM") - before
+      assert.is_true(grew < 48 * 1024, string.format("peak RSS grew by %d kB", grew))
+      kill(sb)
+    end)
+
     it("a cell printing forever to a slow reader keeps warmboxd's memory bounded", function()
       local sb = create()
       py(sb, "1")
