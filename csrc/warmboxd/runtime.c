@@ -231,6 +231,8 @@ static void rm_rf(const char *path) {
     closedir(d);
     if (stuck) break;
     if (sub) {
+      /* Not root: our own directory made unreadable is made readable first. */
+      if (fchmodat(fd, sub, 0700, 0) != 0) {}
       int nfd = openat(fd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       struct stat ns;
       free(sub);
