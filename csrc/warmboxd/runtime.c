@@ -26,6 +26,10 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -699,9 +703,73 @@ static const char *const etc_ro[] = {
   "debian_version", "login.defs", "terminfo", "mailcap", NULL,
 };
 
+/* ------------------------------------------------------------------ */
+/* Seccomp                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Syscalls a sandbox never needs that widen the kernel surface it can reach
+ * (keyrings, eBPF, perf, userfaultfd, io_uring, handles, modules, clocks):
+ * they fail with EPERM. x86-64 only; other ABIs on it (i386, x32) are
+ * refused whole. */
+#ifdef __x86_64__
+static const int seccomp_deny[] = {
+  SYS_keyctl, SYS_add_key, SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd,
+  SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register, SYS_open_by_handle_at, SYS_name_to_handle_at,
+  SYS_kexec_load, SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_acct,
+  SYS_swapon, SYS_swapoff, SYS_reboot, SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex,
+  SYS_quotactl, SYS_lookup_dcookie, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_setns, SYS_unshare,
+};
+#define N_DENY (sizeof seccomp_deny / sizeof *seccomp_deny)
+static struct sock_filter g_bpf[N_DENY + 8];
+static size_t g_bpf_len;
+
+static void seccomp_build(void) {
+  size_t n = 0;
+  struct sock_filter *f = g_bpf;
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+  /* x32 (bit 30): deny */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, (unsigned char)(N_DENY + 1), 0);
+  for (size_t i = 0; i < N_DENY; i++)
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)seccomp_deny[i],
+                                          (unsigned char)(N_DENY - i), 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  g_bpf_len = n;
+}
+#else
+static struct sock_filter g_bpf[1];
+static size_t g_bpf_len;
+static void seccomp_build(void) { g_bpf_len = 0; }
+#endif
+
+/* A pipe holding the program for bubblewrap's --seccomp, or -1. */
+static int seccomp_pipe(void) {
+  if (!g_bpf_len) return -1;
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return -1;
+  size_t len = g_bpf_len * sizeof *g_bpf;
+  ssize_t w = write(p[1], g_bpf, len);  /* < PIPE_BUF: never partial */
+  close(p[1]);
+  if (w != (ssize_t)len) {
+    close(p[0]);
+    return -1;
+  }
+  return p[0];
+}
+
 /* shared_net: the process already is in the sandbox's network namespace. */
-static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, const char *cwd) {
+static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
+                      const char *cwd) {
   sv_add(a, BWRAP);
+  if (seccomp_fd >= 0) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", seccomp_fd);
+    sv_add(a, "--seccomp");
+    sv_add(a, n);
+  }
   /* Names the sandbox in bubblewrap's own command line (ps, tests). */
   sv_add3(a, "--setenv", "E2B_SANDBOX_ID", id);
   sv_add(a, "--unshare-all");
@@ -1187,7 +1255,9 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL };
   struct jail_src staged = g_staged;
   if (!rt->allow_net) staged.resolv = NULL;
-  if (g_isolated) jail_args(&av, rt->id, g_root ? &staged : &own, 1, cwd);
+  /* The filter reaches bubblewrap as fd 3 (spawn_job.pass). */
+  int sfd = g_isolated ? seccomp_pipe() : -1;
+  if (g_isolated) jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd >= 0 ? 3 : -1, cwd);
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
 
@@ -1221,6 +1291,7 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     if (j.cg_fd[CG_MEMORY] < 0 && g_isolated) j.data_mb = g_memory_mb;
   }
   if (!rc && g_isolated) {
+    if (sfd >= 0) j.pass[j.npass++] = sfd;
     if (g_root) {
       j.stage = 1;
       j.stage_src[0] = home;
@@ -1259,6 +1330,7 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     if (j.cg_fd[i] >= 0) close(j.cg_fd[i]);
   sv_free(&av);
   sv_free(&ev);
+  if (sfd >= 0) close(sfd);
   if (pin[0] >= 0) close(pin[0]);
   if (pout[1] >= 0) close(pout[1]);
   if (perr[1] >= 0) close(perr[1]);
@@ -1648,7 +1720,7 @@ static int check_bwrap(char *why, size_t len) {
   }
   struct sv a = { 0 };
   struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
-  jail_args(&a, "check", &none, 0, "/");
+  jail_args(&a, "check", &none, 0, -1, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {
@@ -1715,6 +1787,7 @@ int wbd_rt_init(void) {
   if ((e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0) g_uid_base = (uid_t)atol(e);
   if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
   g_have_slirp = access(SLIRP, X_OK) == 0;
+  seccomp_build();
   if (!wbd_opt.unisolated && g_root) {
     /* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live
      * and die with it, and the host's mount table does not see them. First, so

@@ -236,6 +236,31 @@ describe("warmboxd containment", function()
     end)
   end)
 
+  describe("seccomp", function()
+    it("keyrings, eBPF, perf, userfaultfd, io_uring and namespaces are refused with EPERM", function()
+      local sb = create()
+      local out = py(sb, table.concat({
+        "import ctypes",
+        "libc = ctypes.CDLL(None, use_errno=True)",
+        "r = []",
+        -- keyctl(GET_KEYRING_ID, session), bpf(MAP_CREATE, NULL, 0), perf_event_open(NULL, ...),
+        -- userfaultfd(0), io_uring_setup(1, NULL), unshare(CLONE_NEWNET), setns(0, 0)
+        "for nr, args in [(250, (0, -3, 0)), (321, (0, 0, 0)), (298, (0, 0, -1, -1, 0)), (323, (0,)),",
+        "                 (425, (1, 0)), (272, (0x40000000,)), (308, (0, 0))]:",
+        "    ctypes.set_errno(0)",
+        "    rc = libc.syscall(nr, *args)",
+        "    e = ctypes.get_errno()",
+        "    r.append('%d:%s' % (nr, 'EPERM' if rc == -1 and e == 1 else 'rc=%d errno=%d' % (rc, e)))",
+        "' '.join(r)",
+      }, "\n"))
+      assert.are.equal("250:EPERM 321:EPERM 298:EPERM 323:EPERM 425:EPERM 272:EPERM 308:EPERM", out)
+      -- and ordinary work is not
+      assert.are.equal("6", py(sb, "import numpy, subprocess\nsubprocess.run(['true'], check=True)\n"
+        .. "int(numpy.arange(4).sum())"))
+      kill(sb)
+    end)
+  end)
+
   describe("identity", function()
     it("files a cell makes belong to an unprivileged host uid; writable mounts are nosuid,nodev", function()
       local sb = create()
