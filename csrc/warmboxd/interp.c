@@ -309,7 +309,8 @@ static void *kern_thread(void *arg) {
   if (!buf) abort();
   for (;;) {
     if (len == cap) {
-      cap *= 2;
+      /* Never beyond the longest line kept plus one read. */
+      cap = cap * 2 < LINE_MAX_BYTES + 65536 ? cap * 2 : LINE_MAX_BYTES + 65536;
       char *nb = realloc(buf, cap);
       if (!nb) abort();
       buf = nb;
@@ -353,6 +354,8 @@ static void *kern_thread(void *arg) {
       start += n;
     }
     pthread_mutex_unlock(mu);
+    /* Still inside an overlong line: what came is dropped as it comes. */
+    if (skipping) len = scanned = start;
     memmove(buf, buf + start, len - start);
     len -= start;
     scanned -= start;

@@ -473,8 +473,10 @@ describe("warmboxd containment", function()
         if l.type == "stdout" then out = out .. l.text end
       end
       assert.are.equal("after\n", out)
+      -- ~16 MiB of buffer (ASan's quarantine of the grown buffers adds ~40 MB);
+      -- a reader keeping the whole line grows by its 200 MB and more
       local grew = rss_kb(srv.pid, "VmHWM") - before
-      assert.is_true(grew < 48 * 1024, string.format("peak RSS grew by %d kB", grew))
+      assert.is_true(grew < 96 * 1024, string.format("peak RSS grew by %d kB", grew))
       kill(sb)
     end)
 
