@@ -1371,6 +1371,9 @@ int wbd_rt_signal_rt(struct wbd_rt *rt, pid_t pid, int sig) {
   pid_t *d;
   size_t n = descendants(&pid, 1, &d);
   int whole = sig == SIGKILL || sig == SIGSTOP || sig == SIGCONT;
+  /* SIGKILL: the process we started first, so that its status is always
+   * "killed" (bwrap's monitor would otherwise report its child's 137). */
+  if (sig == SIGKILL) kill(pid, sig);
   if (!g_isolated) kill(-pid, sig);
   /* In a jail, bwrap's own processes (the monitor, the namespace's init)
    * would die of most signals and take the jail with them: the signal is
