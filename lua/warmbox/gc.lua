@@ -55,6 +55,7 @@ local os_time = os.time
 local _M = { _VERSION = "0.1.0" }
 
 local DEMOTE_LEASE = 60
+_M.DEMOTE_MARK = 90
 
 -- ---------------------------------------------------------------------------
 -- time
@@ -164,6 +165,15 @@ local function make_item(d, tag, tenant_of)
     template_id = d.template_id, metadata = md, tag_value = tv, key = key, orphan = enc == nil,
   }
   item.last_activity = last_activity(d)
+  -- Demoted by GC: paused within DEMOTE_MARK seconds of its resume (a demote is
+  -- connect + pause). A session never does that: its lease is at least its
+  -- idle timeout, and a recycled sandbox runs again at once.
+  if d.state == "paused" then
+    local s, e = parse_time(d.started_at), parse_time(d.end_at)
+    item.demoted = s ~= nil and e ~= nil and e >= s and e - s <= _M.DEMOTE_MARK
+  else
+    item.demoted = false
+  end
   if enc then
     local ok, t = pcall(tenant_of, key or tv, item)
     item.tenant = ok and type(t) == "string" and t or _M.default_tenant(key or tv)
@@ -325,7 +335,11 @@ function _M.run(opts)
     local h = held[tv]
     h.refs = h.refs - 1
     if h.refs == 0 then
-      if h.forget then h.lk:set_state(nil) end
+      if h.forget then
+        h.lk:set_state(nil)
+      elseif h.rewrite then
+        h.lk:set_state(state_codec.encode(h.state))
+      end
       h.lk:unlock()
       close_lock(h.lk)
       held[tv] = nil
@@ -456,6 +470,12 @@ function _M.run(opts)
           else
             report.demoted = report.demoted + 1
             note(item, "demote", e.reason)
+            -- its kernel is gone: the session must install its output hooks again
+            local h = held[item.tag_value]
+            if h.state.sandbox_id == item.sandbox_id and h.state.hooked then
+              h.state.hooked = nil
+              h.rewrite = true
+            end
           end
           release_ref(item.tag_value)
         end

@@ -63,9 +63,11 @@ end
 
 --- Retention by last activity, in tiers: "demote" (filesystem-only snapshot)
 -- after `demote_after`, "kill" after `kill_after` (default: the pass's
--- `max_age`, i.e. `--retention`). A sandbox demoted once is not demoted again
--- on later passes when `demote_until` bounds the band (default: `kill_after`).
--- Items without a last activity get no opinion.
+-- `max_age`, i.e. `--retention`). E2B records a demote's pause as the
+-- sandbox's last activity, so a demoted sandbox (`item.demoted`: paused
+-- within 90 s of its resume) is never demoted again and is killed
+-- `kill_after - demote_after` after the demote. Items without a last
+-- activity get no opinion.
 -- @tparam table o `demote_after`, `kill_after` (durations)
 function _M.retention(o)
   o = o or {}
@@ -80,12 +82,17 @@ function _M.retention(o)
     if not last then return nil end
     local idle = ctx.now - last
     local kill = kill_after or ctx.max_age
+    if item.demoted and demote_after then
+      local rest = kill and kill - demote_after
+      if rest and idle > rest then
+        return "kill", fmt("demoted %s ago (kill after %s)", human(idle), human(kill))
+      end
+      return nil
+    end
     if kill and idle > kill then
       return "kill", fmt("inactive for %s (kill after %s)", human(idle), human(kill))
     end
-    if demote_after and idle > demote_after and item.state == "running" then
-      -- a paused sandbox's snapshot kind is not listed: demote only running
-      -- ones, so one pass never resumes a paused sandbox just to pause it again
+    if demote_after and idle > demote_after and not item.demoted then
       return "demote", fmt("inactive for %s (demote after %s)", human(idle), human(demote_after))
     end
     return nil
