@@ -55,7 +55,7 @@ local os_time = os.time
 local _M = { _VERSION = "0.1.0" }
 
 local DEMOTE_LEASE = 60
-_M.DEMOTE_MARK = 90
+_M.DEMOTE_MARK = 10
 
 -- ---------------------------------------------------------------------------
 -- time
@@ -165,7 +165,7 @@ local function make_item(d, tag, tenant_of)
     template_id = d.template_id, metadata = md, tag_value = tv, key = key, orphan = enc == nil,
   }
   item.last_activity = last_activity(d)
-  -- Demoted by GC: paused within DEMOTE_MARK seconds of its resume (a demote is
+  -- Demoted by GC: paused within DEMOTE_MARK (10) seconds of its resume (a demote is
   -- connect + pause). A session never does that: its lease is at least its
   -- idle timeout, and a recycled sandbox runs again at once.
   if d.state == "paused" then

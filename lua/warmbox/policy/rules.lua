@@ -65,7 +65,7 @@ end
 -- after `demote_after`, "kill" after `kill_after` (default: the pass's
 -- `max_age`, i.e. `--retention`). E2B records a demote's pause as the
 -- sandbox's last activity, so a demoted sandbox (`item.demoted`: paused
--- within 90 s of its resume) is never demoted again and is killed
+-- within 10 s of its resume) is never demoted again and is killed
 -- `kill_after - demote_after` after the demote. Items without a last
 -- activity get no opinion.
 -- @tparam table o `demote_after`, `kill_after` (durations)
