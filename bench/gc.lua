@@ -3,12 +3,12 @@
 -- sessions (200) of 20 tenants, half of them paused 30 days ago (past the 7-day
 -- retention), half an hour ago; then one GC pass runs in a child process and
 -- the table shows its total time, items classified per second, kills per
--- second and the child's peak RSS, at concurrency 1, 8 and 32; in the same
+-- second and the child's peak RSS: a dry run, then at concurrency 1, 8 and 32; in the same
 -- run, the baseline: the reference's sweep with the official e2b JS SDK
 -- (bench/gc_reference.mjs: drain the paginator, then kill with Promise.all,
 -- and sequentially). Every row gets a freshly seeded warmboxd.
 --   lua5.4 bench/gc.lua
---   BENCH_N=100000 BENCH_SLOW_N=10000 BENCH_RTT_MS=20 BENCH_ROWS=c1,c8,c32,all,seq lua5.4 bench/gc.lua
+--   BENCH_N=100000 BENCH_SLOW_N=10000 BENCH_RTT_MS=20 BENCH_ROWS=dry,c1,c8,c32,all,seq lua5.4 bench/gc.lua
 -- The slow rows (concurrency 1 and the sequential SDK sweep: one round trip per
 -- kill, ~1,000 s at full scale) run on BENCH_SLOW_N sandboxes unless it equals N.
 -- Seeding and the admin API go through spec/helpers/warmboxd.lua.
@@ -33,12 +33,12 @@ if arg[1] == "child" then
   local e2b = require "warmbox.e2b"
   local gc = require "warmbox.gc"
   local json = require "warmbox.json"
-  local url, key, conc, dir = arg[2], arg[3], tonumber(arg[4]), arg[5]
+  local url, key, conc, dir, dry = arg[2], arg[3], tonumber(arg[4]), arg[5], arg[6] == "dry"
   local client = e2b.new{ api_key = key, api_url = url, sandbox_url = url }
   local peak_lua = 0
   local t0 = core.now()
   local rep, err, code = gc.run{ client = client, tag = TAG, max_age = RETENTION, concurrency = conc,
-    lock = { backend = "file", dir = dir }, actions = false,
+    lock = { backend = "file", dir = dir }, actions = false, dry_run = dry,
     on_page = function()
       local kb = collectgarbage("count")
       if kb > peak_lua then peak_lua = kb end
@@ -54,14 +54,13 @@ end
 -- ---- the parent --------------------------------------------------------------
 local wbd = require "spec.helpers.warmboxd"
 local session = require "warmbox.session"
-local core = require "warmbox.core"
 local cjson = require "cjson.safe"
 
 local N = tonumber(os.getenv("BENCH_N")) or 100000
 local SLOW_N = tonumber(os.getenv("BENCH_SLOW_N")) or 10000
 local RTT = os.getenv("BENCH_RTT_MS") or "20"
 local SESSIONS = tonumber(os.getenv("BENCH_SESSIONS")) or 200
-local ROWS = os.getenv("BENCH_ROWS") or "c1,c8,c32,all,seq"
+local ROWS = os.getenv("BENCH_ROWS") or "dry,c1,c8,c32,all,seq"
 local q = wbd.sh_quote
 
 local function seeded(n)
@@ -101,13 +100,17 @@ for name in ROWS:gmatch("[^,]+") do
   local srv = seeded(n)
   local r, out
   local ok, err = pcall(function()
-    if name:match("^c%d+$") then
+    if name:match("^c%d+$") or name == "dry" then
       local dir = os.tmpname()
       os.remove(dir)
-      r, out = run(string.format("lua5.4 bench/gc.lua child %s %s %d %s 2>&1", q(srv.url), q(srv.api_key),
-        tonumber(name:sub(2)), q(dir)))
+      local conc = name == "dry" and 8 or tonumber(name:sub(2))
+      r, out = run(string.format("lua5.4 bench/gc.lua child %s %s %d %s %s 2>&1", q(srv.url), q(srv.api_key),
+        conc, q(dir), name == "dry" and "dry" or "real"))
       os.execute("rm -rf " .. q(dir))
-      if r then r.what = "warmbox gc, concurrency " .. name:sub(2) end
+      if r then
+        r.what = name == "dry" and "warmbox gc --dry-run" or "warmbox gc, concurrency " .. name:sub(2)
+        if name == "dry" then r.would_kill, r.killed = r.killed, 0 end
+      end
     else
       r, out = run(string.format("env E2B_API_URL=%s E2B_API_KEY=%s node bench/gc_reference.mjs %s %d %s 2>&1",
         q(srv.url), q(srv.api_key), name, RETENTION, TAG))
@@ -135,4 +138,3 @@ for _, r in ipairs(rows) do
   print(string.format("%-30s %9d %9.1f %8d %12.0f %9.0f %7d %6.1f MB", r.what, r.n, r.seconds, r.killed or 0,
     listed / r.seconds, (r.killed or 0) / r.seconds, r.failed or 0, (r.rss_kb or 0) / 1024))
 end
-local _ = core
