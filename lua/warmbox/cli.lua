@@ -346,8 +346,10 @@ local function cmd_gc(o, args, io_)
       rep.pages, rep.listed, decided, done, rep.killed, rate, eta, final and "\n" or ""))
     err:flush()
   end
-  if tty then
-    opts.on_page = function(p)
+  local resume -- where an interrupted pass resumes
+  opts.on_page = function(p)
+    resume = p.resume_token
+    if tty then
       p.report.queued = p.queued
       progress(p.report)
     end
@@ -357,8 +359,15 @@ local function cmd_gc(o, args, io_)
     if as_json then out:write("]}\n") end
     return 1
   end
-  local rep, msg, code, partial = wb:gc(opts)
+  local ok, rep, msg, code, partial = pcall(wb.gc, wb, opts)
   wb:close()
+  if not ok then -- interrupted (^C) or a raising policy file
+    if as_json then out:write("]}\n") end
+    if tty then err:write("\n") end
+    err:write(string_format("warmbox: %s%s\n", tostring(rep),
+      resume and ("; resume with --next-token " .. resume) or ""))
+    return 1
+  end
   local r = rep or partial
   if tty and r then
     r.queued = 0
@@ -371,7 +380,7 @@ local function cmd_gc(o, args, io_)
         "pages", "budget_kept", "dry_run" }) do
         summary[k] = r[k]
       end
-      summary.next_token = r.next_token or json.null
+      summary.next_token = r.resume_token or r.next_token or json.null
       summary.errors = #r.errors > 0 and r.errors or nil
     end
     if not rep then summary.error = { message = tostring(msg), code = code or json.null } end
@@ -380,7 +389,8 @@ local function cmd_gc(o, args, io_)
   elseif r then
     out:write(string_format("%slisted %d, tagged %d, kept %d, killed %d, demoted %d, busy %d, skipped %d, "
       .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, r.killed, r.demoted, r.busy,
-      r.skipped, r.failed, r.next_token and (", resume with --next-token " .. r.next_token) or ""))
+      r.skipped, r.failed, (r.resume_token or r.next_token)
+        and (", resume with --next-token " .. (r.resume_token or r.next_token)) or ""))
   end
   if not rep then return fail(err, msg, code) end
   if rep.failed > 0 then

@@ -353,6 +353,24 @@ function _M.run(opts)
     end
   end
 
+  -- Pages with entries not finished yet, oldest first: the earliest one's token
+  -- is where a pass interrupted now would have to resume (`report.resume_token`).
+  local open_pages, open_head, open_tail = {}, 1, 0
+  local function finish(e)
+    local pg = e.page
+    if not pg then return end
+    e.page = nil
+    pg.left = pg.left - 1
+    while open_pages[open_head] and open_pages[open_head].left == 0 do
+      open_pages[open_head] = nil
+      open_head = open_head + 1
+    end
+  end
+  local function done_with(e)
+    release_ref(e.item.tag_value)
+    finish(e)
+  end
+
   -- A listed page: decide each tagged item; returns the entries to act on.
   local function take_page(items)
     report.pages = report.pages + 1
@@ -396,6 +414,7 @@ function _M.run(opts)
         else
           fail(item, e.action, "cannot lock session: " .. tostring(lerr), lcode or "LOCK")
         end
+        finish(e)
       else
         local st = h.state
         local last_run = tonumber(st.last_run)
@@ -419,7 +438,7 @@ function _M.run(opts)
           end
         end
         if keep_it then
-          release_ref(item.tag_value)
+          done_with(e)
         else
           out[#out + 1] = e
         end
@@ -477,7 +496,7 @@ function _M.run(opts)
               h.rewrite = true
             end
           end
-          release_ref(item.tag_value)
+          done_with(e)
         end
       else
         count(item, e.action, -1)
@@ -487,7 +506,7 @@ function _M.run(opts)
         else
           note(item, "changed", "changed since it was listed (resumed, re-paused, retagged or gone)")
         end
-        release_ref(item.tag_value)
+        done_with(e)
       end
     end
   end
@@ -507,7 +526,7 @@ function _M.run(opts)
       local h = held[item.tag_value]
       if h and h.state.sandbox_id == item.sandbox_id then h.forget = true end
     end
-    release_ref(item.tag_value)
+    done_with(e)
   end
 
   -- ---- the pass --------------------------------------------------------
@@ -517,7 +536,16 @@ function _M.run(opts)
   local seq_pages -- the listing iterator of a client without batch
   local function page_done(token, nxt)
     report.next_token = nxt
-    if on_page then on_page({ token = token, next_token = nxt, report = report, queued = qtail - qhead + 1 }) end
+    local open = open_pages[open_head]
+    if open then
+      report.resume_token = open.token or nil
+    else
+      report.resume_token = nxt
+    end
+    if on_page then
+      on_page({ token = token, next_token = nxt, resume_token = report.resume_token, report = report,
+                queued = qtail - qhead + 1 })
+    end
   end
   local function stop_listing(nxt)
     if pages_left then
@@ -636,7 +664,7 @@ function _M.run(opts)
                 for _, e in ipairs(pending.entries) do
                   count(e.item, e.action, -1)
                   fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
-                  release_ref(e.item.tag_value)
+                  done_with(e)
                 end
                 pending.entries = {}
               else
@@ -661,7 +689,7 @@ function _M.run(opts)
             if cur and cur.failed then
               count(e.item, e.action, -1)
               fail(e.item, e.action, cur.failed[1], cur.failed[2])
-              release_ref(e.item.tag_value)
+              done_with(e)
             else
               kept[#kept + 1] = e
             end
@@ -682,7 +710,14 @@ function _M.run(opts)
           list_error = { r[2], r[3], r[5] }
         else
           local used, nxt = r[2], r[3]
-        local entries = lock_entries(take_page(r[1]))
+          local taken = take_page(r[1])
+          if #taken > 0 then
+            local pg = { token = used, left = #taken }
+            for _, e in ipairs(taken) do e.page = pg end
+            open_tail = open_tail + 1
+            open_pages[open_tail] = pg
+          end
+          local entries = lock_entries(taken)
           if #entries > 0 then pending = { token = used, entries = entries } end
           stop_listing(nxt)
           page_done(used, nxt)
@@ -695,6 +730,7 @@ function _M.run(opts)
     error(err, 0)
   end
   report.next_token = next_token
+  report.resume_token = next_token
   if list_error then return nil, list_error[1], list_error[2], report, list_error[3] end
   return report
 end

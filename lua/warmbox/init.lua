@@ -302,18 +302,20 @@ function Warmbox:gc_every(seconds, opts)
   o.next_token = resume
   local on_page = o.on_page
   o.on_page = function(p)
-    -- keep the GC lock alive through a long pass, and remember where it is
+    -- keep the GC lock alive through a long pass, and remember where to resume
+    -- should this process die: the next call of any process continues there
     if lk.expire then lk:expire() end
+    lk:set_state(json.encode({ last = last, next_token = p.resume_token }))
     if on_page then on_page(p) end
   end
   local ok, rep, err, code, partial = pcall(gc.run, o)
   if not ok then
-    done()
+    done() -- the state keeps the last page's resume token
     error(rep, 0)
   end
   if not rep then
     -- resume from the page that failed; the time of the last full pass stays
-    lk:set_state(json.encode({ last = last, next_token = partial and partial.next_token or resume }))
+    lk:set_state(json.encode({ last = last, next_token = partial and partial.resume_token or resume }))
     return done(nil, err, code)
   end
   -- a pass that stopped early (`pages`) leaves a token: the next call continues at once

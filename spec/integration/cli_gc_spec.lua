@@ -145,4 +145,49 @@ describe("warmbox gc / sessions", function()
     code = warmbox(g() .. "sessions --state sleeping")
     assert.equal(2, code)
   end)
+
+  it("an interrupted pass (SIGINT) prints where to resume; --next-token finishes it", function()
+    local srv2 = wbd.start{ args = { "--rtt-ms", "20" } }
+    local ok, e = pcall(function()
+      for i = 1, 10 do
+        wbd.seed(srv2, { count = 300, state = "paused", metadata = { [TAG] = session.tag_value("big:c" .. i, {}) },
+          started_ago_s = 31 * DAY, paused_ago_s = 30 * DAY })
+      end
+      local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")
+      local tmp = os.tmpname()
+      local p = io.popen(string.format("cd %s && WARMBOX_BUILD_DIR=%s exec lua5.4 bin/warmbox --api-url %s "
+        .. "--api-key %s gc --retention 7d >%s.out 2>%s.err </dev/null & echo $!", wbd.sh_quote(ROOT),
+        wbd.sh_quote(build), srv2.url, srv2.api_key, tmp, tmp))
+      local pid = tonumber(p:read("l"))
+      p:close()
+      assert(wbd.eventually(function()
+        return (wbd.stats(srv2).requests["DELETE /sandboxes/{id}"] or 0) >= 200
+      end, 30))
+      os.execute("kill -INT " .. pid)
+      assert(wbd.eventually(function() return not wbd.alive(pid) end, 30))
+      local err = wbd.read_all(tmp .. ".err")
+      local out = wbd.read_all(tmp .. ".out")
+      os.remove(tmp .. ".err")
+      os.remove(tmp .. ".out")
+      os.remove(tmp)
+      local token = err:match("resume with %-%-next%-token (%S+)")
+      assert(token, "no resume token in: " .. err .. out)
+      local first = wbd.stats(srv2).requests["DELETE /sandboxes/{id}"]
+      assert.is_true(first < 3000, "the pass was not interrupted")
+      local code, out2, err2 = warmbox("--api-url " .. srv2.url .. " --api-key " .. srv2.api_key
+        .. " gc --retention 7d --concurrency 32 --next-token " .. wbd.sh_quote(token))
+      assert.equal(0, code, err2)
+      local killed = tonumber(out2:match("killed (%d+),"))
+      -- every old sandbox is gone, none was sent twice
+      assert.equal(3000, wbd.stats(srv2).requests["DELETE /sandboxes/{id}"])
+      assert.equal(3000, first + killed)
+      local left = 0
+      for it in require("warmbox.e2b").new{ api_key = srv2.api_key, api_url = srv2.url }:list() do
+        if it then left = left + 1 end
+      end
+      assert.equal(0, left)
+    end)
+    srv2:stop()
+    assert(ok, e)
+  end)
 end)

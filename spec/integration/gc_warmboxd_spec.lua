@@ -289,4 +289,32 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
     b:close()
     os.remove(ready)
   end)
+
+  it("gc_every: a pass that died mid-way is resumed by the next call, from its last page", function()
+    local warmbox = require "warmbox"
+    seed_sessions(6, 100, 30 * DAY) -- 600 old: 6 pages
+    seed_sessions(3, 100, 3600)      -- 300 young, listed first (newest first)
+    local wb = assert(warmbox.new{ api_url = srv.url, api_key = srv.api_key, lock = { backend = "file", dir = dir } })
+    local kills = 0
+    local ok, err = pcall(wb.gc_every, wb, 3600, { max_age = DAY, on_action = function(a)
+      if a.action == "kill" then
+        kills = kills + 1
+        if kills == 350 then error("the host died") end
+      end
+    end })
+    assert.is_false(ok)
+    assert.matches("the host died", err)
+    local before = 900 - count_listed()
+    assert.is_true(before >= 350 and before < 600)
+    -- not due by time (no pass completed), but a pass is pending: it resumes at once
+    local rep = assert(wb:gc_every(3600, { max_age = DAY }))
+    assert.equal(300, count_listed())
+    assert.equal(600, wbd.stats(srv).requests["DELETE /sandboxes/{id}"]) -- none sent twice
+    assert.equal(0, rep.kept) -- it started at the page it stopped at, not at the (young) top
+    assert.equal(600 - before, rep.killed)
+    local again, why = wb:gc_every(3600, { max_age = DAY })
+    assert.is_false(again)
+    assert.equal("not due", why)
+    wb:close()
+  end)
 end)

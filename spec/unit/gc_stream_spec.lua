@@ -181,6 +181,34 @@ describe("warmbox.gc streaming", function()
     assert.equal(500, rep.listed)
   end)
 
+  it("an interrupted pass resumes from the last resume_token: nothing is missed or killed twice", function()
+    local c, lk = fake_client(seed(1000)), counting_lock()
+    local resume, kills = nil, 0
+    local ok, err = pcall(run, c, lk, { concurrency = 16, actions = false,
+      on_page = function(p) resume = p.resume_token end,
+      on_action = function(a)
+        if a.action == "kill" then
+          kills = kills + 1
+          if kills == 323 then error("interrupted!") end
+        end
+      end })
+    assert.is_false(ok)
+    assert.matches("interrupted!", err)
+    assert.equal(0, lk.n) -- its sessions were unlocked
+    assert.is_string(resume)
+    local before = #c.killed
+    local rep = assert(run(c, lk, { next_token = resume, concurrency = 16 }))
+    assert.equal(500, before + rep.killed)
+    local seen = {}
+    for _, id in ipairs(c.killed) do
+      assert.is_nil(seen[id], "killed twice: " .. id)
+      seen[id] = true
+    end
+    for _, it in ipairs(c.items) do
+      if it.end_at < "2026-11-20" then assert.is_nil(c.alive[it.sandbox_id], it.sandbox_id .. " missed") end
+    end
+  end)
+
   it("gives the policy key, tenant, orphan and the counts so far; honours the tenant hook", function()
     local items = seed(300, { tenants = 3 })
     items[#items + 1] = { sandbox_id = "orphan", state = "paused", metadata = { [TAG] = "x" },
