@@ -290,6 +290,13 @@ function _M.run(opts)
     totals[k] = totals[k] + d
   end
 
+  -- An action decided but not done: the sandbox counts as kept when it still exists
+  -- (busy, changed, failed), so caps later in the pass see it.
+  local function undo(item, action, exists)
+    count(item, action, -1)
+    if exists then count(item, "keep", 1) end
+  end
+
   local function decide(item)
     local t = item.tenant or (item.orphan and "(orphans)") or "(hashed)"
     local c = tenants[t] or { kept = 0, kill = 0, demote = 0 }
@@ -407,7 +414,7 @@ function _M.run(opts)
       local item = e.item
       local h, lerr, lcode = acquire(item.tag_value)
       if not h then
-        count(item, e.action, -1)
+        undo(item, e.action, true)
         if lerr == "busy" then
           report.busy = report.busy + 1
           note(item, "busy", "session is busy")
@@ -480,10 +487,10 @@ function _M.run(opts)
         else
           local r, derr, dcode = demote(item)
           if r == nil then
-            count(item, "demote", -1)
+            undo(item, "demote", true)
             fail(item, "demote", derr, dcode)
           elseif r == false then
-            count(item, "demote", -1)
+            undo(item, "demote", true)
             report.skipped = report.skipped + 1
             note(item, "changed", "already paused")
           else
@@ -499,7 +506,7 @@ function _M.run(opts)
           done_with(e)
         end
       else
-        count(item, e.action, -1)
+        undo(item, e.action, cur ~= false)
         report.skipped = report.skipped + 1
         if cur == false then
           note(item, "gone", "sandbox no longer exists")
@@ -514,10 +521,10 @@ function _M.run(opts)
   local function killed(e, r, kerr, kcode)
     local item = e.item
     if r == nil then
-      count(item, "kill", -1)
+      undo(item, "kill", true)
       fail(item, "kill", kerr, kcode)
     elseif r == false then
-      count(item, "kill", -1)
+      undo(item, "kill", false)
       report.skipped = report.skipped + 1
       note(item, "gone", "sandbox no longer exists")
     else
@@ -662,7 +669,7 @@ function _M.run(opts)
               if r[1] == false then
                 -- cannot re-check: act on nothing of that page
                 for _, e in ipairs(pending.entries) do
-                  count(e.item, e.action, -1)
+                  undo(e.item, e.action, true)
                   fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
                   done_with(e)
                 end
@@ -687,7 +694,7 @@ function _M.run(opts)
           for _, e in ipairs(pending.entries) do
             local cur = current[e.item.sandbox_id]
             if cur and cur.failed then
-              count(e.item, e.action, -1)
+              undo(e.item, e.action, true)
               fail(e.item, e.action, cur.failed[1], cur.failed[2])
               done_with(e)
             else

@@ -271,6 +271,26 @@ describe("warmbox.gc streaming", function()
     assert.truthy(c.alive.sb4)
   end)
 
+  it("a kill that did not happen (busy) counts as kept for the caps later in the pass", function()
+    local rules = require "warmbox.policy.rules"
+    local items = {
+      { sandbox_id = "A", state = "paused", metadata = { [TAG] = wtag("t:a") }, started_at = iso(NOW - 31 * DAY),
+        end_at = iso(NOW - 30 * DAY) },
+      { sandbox_id = "B", state = "paused", metadata = { [TAG] = wtag("t:b") }, started_at = iso(NOW - DAY),
+        end_at = iso(NOW - 3600) },
+      { sandbox_id = "C", state = "paused", metadata = { [TAG] = wtag("t:c") }, started_at = iso(NOW - DAY),
+        end_at = iso(NOW - 3600) },
+    }
+    local c, lk = fake_client(items), counting_lock()
+    lk.busy[items[1].metadata[TAG]] = true
+    local rep = assert(run(c, lk, { limit = 1, policy = { gc = rules.gc{ kill_after = "7d", tenant_cap = 2 } } }))
+    local by = {}
+    for _, a in ipairs(rep.actions) do by[a.sandbox_id] = a.action end
+    assert.equal("busy", by.A) -- still there: the tenant keeps A and B, its cap
+    assert.is_nil(by.B)
+    assert.equal("kill", by.C)
+  end)
+
   it("forgets the session's remembered sandbox when it kills it", function()
     local items = seed(2, { sessions = 1 })
     local c, lk = fake_client(items), counting_lock()
