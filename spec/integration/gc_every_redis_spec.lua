@@ -22,7 +22,8 @@ describe_redis("gc_every with the redis lock backend", function()
 
   it("never runs two passes at once", function()
     for i = 1, 4 do
-      wbd.seed(srv, { count = 100, state = "paused", metadata = { warmboxSessionId = session.tag_value("r:c" .. i, {}) },
+      local tv = session.tag_value("r:c" .. i, {})
+      wbd.seed(srv, { count = 100, state = "paused", metadata = { warmboxSessionId = tv },
         started_ago_s = 31 * 86400, paused_ago_s = 30 * 86400 })
     end
     local child = string.format([[
