@@ -364,8 +364,8 @@ local function cmd_gc(o, args, io_)
   if not ok then -- interrupted (^C) or a raising policy file
     if as_json then out:write("]}\n") end
     if tty then err:write("\n") end
-    err:write(string_format("warmbox: %s%s\n", tostring(rep),
-      resume and ("; resume with --next-token " .. resume) or ""))
+    err:write(string_format("warmbox: %s; %s\n", tostring(rep),
+      resume and ("resume with --next-token " .. resume) or "nothing to skip: run it again"))
     return 1
   end
   local r = rep or partial

@@ -161,7 +161,7 @@ describe("warmbox gc / sessions", function()
       local pid = tonumber(p:read("l"))
       p:close()
       assert(wbd.eventually(function()
-        return (wbd.stats(srv2).requests["DELETE /sandboxes/{id}"] or 0) >= 200
+        return (wbd.stats(srv2).requests["DELETE /sandboxes/{id}"] or 0) >= 700 -- a few pages in
       end, 30))
       os.execute("kill -INT " .. pid)
       assert(wbd.eventually(function() return not wbd.alive(pid) end, 30))

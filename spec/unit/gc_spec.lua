@@ -310,18 +310,18 @@ describe("warmbox.gc", function()
       assert.same({ "kill dead" }, calls_of(c, "kill"))
     end)
 
-    it("uses the client's kill_many in batches bounded by concurrency", function()
+    it("uses the client's kill_many, concurrency in flight, up to 4 x concurrency ids a call", function()
       local items = {}
-      for i = 1, 7 do items[i] = sb("b" .. i, "paused", "s" .. i, NOW - 9 * DAY, NOW - 8 * DAY) end
+      for i = 1, 15 do items[i] = sb("b" .. i, "paused", "s" .. i, NOW - 9 * DAY, NOW - 8 * DAY) end
       local c = fake_client(items, { kill_many = true })
       local report = assert(run(c, { concurrency = 3 }))
-      assert.equal(7, report.killed)
+      assert.equal(15, report.killed)
       local sizes = {}
       for i, b in ipairs(c.batches) do
         sizes[i] = b.n
         assert.equal(3, b.concurrency)
       end
-      assert.same({ 3, 3, 1 }, sizes)
+      assert.same({ 12, 3 }, sizes)
     end)
 
     it("returns nil, msg, code when listing fails", function()
