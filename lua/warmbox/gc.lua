@@ -435,6 +435,7 @@ function _M.run(opts)
           local action, reason = decide(item)
           if not action then
             fail(item, "policy", reason, "POLICY")
+            count(item, "keep", 1) -- it stays
             keep_it = true
           else
             count(item, action, 1)
