@@ -9,7 +9,7 @@
 --
 -- and the steps of consecutive pages overlap: one `client:batch` carries the
 -- next page's list request, this page's re-check and the kills already
--- re-checked (`concurrency` kills in flight, `4 * concurrency` per batch). Memory is O(page +
+-- re-checked (at most `concurrency` kills in flight). Memory is O(page +
 -- concurrency + tenants), whatever the total: nothing is kept of a page once
 -- it is done, except what `on_action` / `report.actions` keep.
 --
@@ -55,9 +55,6 @@ local os_time = os.time
 local _M = { _VERSION = "0.1.0" }
 
 local DEMOTE_LEASE = 60
--- Kills sent per step of the pipeline, in units of `concurrency`: h:batch refills a
--- freed slot at once, so a step waits for its slowest request once, not once per round.
-local KILLS_PER_STEP = 4
 _M.DEMOTE_MARK = 10
 
 -- ---------------------------------------------------------------------------
@@ -607,7 +604,7 @@ function _M.run(opts)
 
   local list_error
   local pending -- the page listed last: { token, entries (locked) } awaiting its re-check
-  local backlog = max(concurrency * KILLS_PER_STEP, limit)
+  local backlog = max(concurrency * 2, limit)
   local ok, err = pcall(function()
     while true do
       local ops, kinds = {}, {}
@@ -622,7 +619,7 @@ function _M.run(opts)
         kinds[#ops] = "recheck"
       end
       local nkills = 0
-      while qhead <= qtail and nkills < concurrency * KILLS_PER_STEP do
+      while qhead <= qtail and nkills < concurrency do
         local e = queue[qhead]
         queue[qhead] = nil
         qhead = qhead + 1
