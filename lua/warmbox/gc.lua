@@ -55,6 +55,9 @@ local os_time = os.time
 local _M = { _VERSION = "0.1.0" }
 
 local DEMOTE_LEASE = 60
+-- Rounds of `concurrency` kills a kills-only batch carries (and the backlog of
+-- re-checked kills, in the same unit, above which the listing waits).
+local DRAIN_ROUNDS = 4
 _M.DEMOTE_MARK = 10
 
 -- ---------------------------------------------------------------------------
@@ -604,7 +607,7 @@ function _M.run(opts)
 
   local list_error
   local pending -- the page listed last: { token, entries (locked) } awaiting its re-check
-  local backlog = max(concurrency * 2, limit)
+  local backlog = max(concurrency * DRAIN_ROUNDS, limit)
   local ok, err = pcall(function()
     while true do
       local ops, kinds = {}, {}
@@ -618,8 +621,14 @@ function _M.run(opts)
                                                  next_token = pending.token or nil } }
         kinds[#ops] = "recheck"
       end
+      -- With a list request in the batch, at most `concurrency` kills: the batch runs at
+      -- concurrency + (its lists), so kills never exceed `concurrency` in flight. A batch
+      -- of kills only runs at `concurrency` and carries several rounds of them: h:batch
+      -- refills a freed slot at once, so the rounds do not wait for each other.
+      local nlists = #ops
+      local max_kills_now = nlists > 0 and concurrency or concurrency * DRAIN_ROUNDS
       local nkills = 0
-      while qhead <= qtail and nkills < concurrency do
+      while qhead <= qtail and nkills < max_kills_now do
         local e = queue[qhead]
         queue[qhead] = nil
         qhead = qhead + 1
@@ -630,7 +639,7 @@ function _M.run(opts)
       if #ops == 0 and not (pending and not pipelined) then break end
       local results
       if pipelined then
-        results = client:batch(ops, { concurrency = concurrency + 2 })
+        results = client:batch(ops, { concurrency = concurrency + nlists })
       else
         results = {}
         local kill_ids, kill_at = {}, {}

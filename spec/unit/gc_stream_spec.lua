@@ -58,6 +58,8 @@ local function fake_client(items, o)
       end
     end
     if nk > c.max_kills_in_batch then c.max_kills_in_batch = nk end
+    -- kills that can be in flight at once in this batch
+    c.max_inflight = math.max(c.max_inflight or 0, math.min(nk, bo.concurrency))
     return res
   end
   return c
@@ -130,7 +132,8 @@ describe("warmbox.gc streaming", function()
     -- O(page + concurrency): a bounded number of sessions locked and kills queued; never
     -- more than `concurrency` kills in flight
     assert.is_true(lk.max <= 200, "sessions locked at once: " .. lk.max)
-    assert.equal(8, c.max_kills_in_batch)
+    assert.equal(8, c.max_inflight)
+    assert.equal(32, c.max_kills_in_batch) -- a kills-only batch: 4 rounds at concurrency 8
     assert.is_true(max_queue <= 200, "queued kills: " .. max_queue)
     assert.equal(0, lk.n) -- every session unlocked at the end
     -- and the Lua heap did not grow with the 5,000 items (a list of all would be MBs)
