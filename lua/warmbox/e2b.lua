@@ -710,6 +710,86 @@ function Client:kill_many(ids, opts)
   return out
 end
 
+--- Sends list pages and kills together, in parallel (one `h:batch`): what lets
+-- GC fetch the next page while it re-checks and kills the previous ones.
+-- Not in HACKING's contract: an extension `warmbox.gc` uses when present.
+-- @tparam table ops `{ op = "list", opts = list opts (with `next_token`) }` or
+--   `{ op = "kill", id = id }`, in any mix
+-- @tparam[opt] table opts `concurrency` (8)
+-- @treturn table one entry per op, in order: a list gives `{ items, token_used (false for
+--   the first page), next_token }` or `{ false, msg, code, token, detail }`; a kill gives
+--   `{ true }`, `{ false }` (already gone) or `{ nil, msg, code, detail }`
+function Client:batch(ops, opts)
+  check_client(self, "batch")
+  argcheck(type(ops) == "table", 1, "batch", "table expected, got " .. type(ops))
+  opts = opt_table(opts, 2, "batch")
+  check_fields(opts, { "concurrency" }, "batch")
+  check_type(opts.concurrency, "number", "concurrency", 2)
+  local reqs, what = {}, {}
+  for i, o in ipairs(ops) do
+    argcheck(type(o) == "table", 1, "batch", "op " .. i .. " must be a table")
+    if o.op == "kill" then
+      local id = check_id(o.id, 1, "batch")
+      what[i] = { "kill", ("kill sandbox '%s'"):format(id) }
+      reqs[i] = { method = "DELETE", url = self.api_url .. "/sandboxes/" .. path_segment(id),
+        headers = self.api_headers, retry = self.retry }
+    elseif o.op == "list" then
+      local lo = opt_table(o.opts, 1, "batch")
+      check_list_opts(lo)
+      local path = _M.list_path(lo)
+      if lo.next_token then
+        path = path .. (path:find("?", 1, true) and "&" or "?") .. "nextToken=" .. uri_component(lo.next_token)
+      end
+      what[i] = { "list", lo.next_token or false, lo.metadata and copy_map(lo.metadata) }
+      reqs[i] = { method = "GET", url = self.api_url .. path, headers = self.api_headers, retry = self.retry }
+    else
+      argcheck(false, 1, "batch", "op " .. i .. " must be \"list\" or \"kill\"")
+    end
+  end
+  local out = {}
+  if #reqs == 0 then return out end
+  local results = self.http:batch(reqs, { concurrency = opts.concurrency or 8 })
+  for i, r in ipairs(results) do
+    local w, res = what[i], r[1]
+    if w[1] == "kill" then
+      if not res then
+        out[i] = { transport_failure(w[2], r[2], r[3]) }
+      elseif res.status == 204 or res.status == 200 then
+        out[i] = { true }
+      elseif res.status == 404 then
+        out[i] = { false }
+      else
+        out[i] = { http_failure(res, w[2]) }
+      end
+    else
+      local token = w[2]
+      if not res then
+        local _, m, c, d = transport_failure("list sandboxes", r[2], r[3])
+        out[i] = { false, m, c, token, d }
+      elseif res.status ~= 200 then
+        local _, m, c, d = http_failure(res, "list sandboxes")
+        out[i] = { false, m, c, token, d }
+      else
+        local arr, err = json.decode(res.body)
+        if type(arr) ~= "table" then
+          out[i] = { false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", token,
+            errors.detail(res.status, res.body) }
+        else
+          local items = {}
+          for _, t in ipairs(arr) do
+            local d = to_detail(t)
+            if metadata_matches(d, w[3]) then items[#items + 1] = d end
+          end
+          local nxt = res.headers["x-next-token"]
+          if nxt == "" then nxt = nil end
+          out[i] = { items, token, nxt }
+        end
+      end
+    end
+  end
+  return out
+end
+
 --- Sets a running sandbox's lease: it ends `seconds` from now.
 -- @treturn[1] boolean true
 -- @return[2] nil, msg, code, detail ("NOT_FOUND" also when paused)

@@ -9,28 +9,29 @@
 -- @module warmbox.policy
 
 local default = require "warmbox.policy.default"
+local rules = require "warmbox.policy.rules"
 
 local type, pairs, ipairs, error, tostring, setmetatable =
   type, pairs, ipairs, error, tostring, setmetatable
 local xpcall, load, io_open, string_format, traceback =
   xpcall, load, io.open, string.format, debug.traceback
 
-local _M = { _VERSION = "0.1.0", default = default }
+local _M = { _VERSION = "0.1.0", default = default, rules = rules }
 
 -- Fields a policy may have, and whether each is a hook (function).
 local FIELDS = {
   name = "string", version = "string", description = "string", schema = "table",
   order = "function", lease = "function", should_refresh = "function",
-  create_params = "function", gc = "function",
+  create_params = "function", gc = "function", tenant = "function",
 }
-_M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc" }
+_M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc", "tenant" }
 
 local function check_fields(p, level)
   for k, v in pairs(p) do
     local want = FIELDS[k]
     if not want then
       error(string_format("unknown policy field '%s' (expected one of: name, version, description, "
-        .. "schema, order, lease, should_refresh, create_params, gc)", tostring(k)), level + 1)
+        .. "schema, order, lease, should_refresh, create_params, gc, tenant)", tostring(k)), level + 1)
     end
     if type(v) ~= want then
       error(string_format("policy field '%s' must be a %s, got %s", k, want, type(v)), level + 1)
@@ -91,6 +92,7 @@ local function sandbox_env()
     end
   end
   for lib, t in pairs(libs) do env[lib] = readonly(t, lib) end
+  env.rules = readonly(rules, "rules") -- the GC policy helpers (warmbox.policy.rules)
   env._G = env
   return env
 end
