@@ -19,7 +19,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <grp.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -488,15 +492,58 @@ static int write_at(const char *path, const char *data) {
   return n < 0 ? -1 : 0;
 }
 
+/* The host's own IPv4 addresses (outside 127/8), read in warmboxd's network
+ * namespace before the child leaves it. slirp4netns connects from the host,
+ * so without more a jail would reach a host service bound to 0.0.0.0
+ * through the host's LAN address; --disable-host-loopback covers only
+ * 10.0.2.2 -> 127.0.0.1. Returns the count (at most max). */
+static int host_ipv4_addrs(struct in_addr *out, int max) {
+  struct ifaddrs *ifa, *p;
+  int n = 0;
+  if (getifaddrs(&ifa) != 0) return -1;
+  for (p = ifa; p && n < max; p = p->ifa_next) {
+    if (!p->ifa_addr || p->ifa_addr->sa_family != AF_INET) continue;
+    struct in_addr a = ((const struct sockaddr_in *)(const void *)p->ifa_addr)->sin_addr;
+    if ((ntohl(a.s_addr) >> 24) == 127) continue;
+    int dup = 0;
+    for (int i = 0; i < n; i++) dup |= out[i].s_addr == a.s_addr;
+    if (!dup) out[n++] = a;
+  }
+  freeifaddrs(ifa);
+  return n;
+}
+
+/* An "unreachable" host route in the current network namespace: a jail's
+ * packet to `a` fails at once (EHOSTUNREACH) instead of going out through
+ * slirp4netns to the host. More specific than slirp's default route, and the
+ * jail (no CAP_NET_ADMIN in this namespace) cannot remove it. */
+static int reject_route(int s, struct in_addr a) {
+  struct rtentry rt;
+  struct sockaddr_in *dst = (struct sockaddr_in *)(void *)&rt.rt_dst;
+  struct sockaddr_in *mask = (struct sockaddr_in *)(void *)&rt.rt_genmask;
+  memset(&rt, 0, sizeof rt);
+  dst->sin_family = AF_INET;
+  dst->sin_addr = a;
+  mask->sin_family = AF_INET;
+  mask->sin_addr.s_addr = htonl(0xffffffffu);
+  rt.rt_flags = RTF_UP | RTF_HOST | RTF_REJECT;
+  rt.rt_dev = (char *)"lo";
+  if (ioctl(s, SIOCADDRT, &rt) != 0 && errno != EEXIST) return -1;
+  return 0;
+}
+
 /* JOB_NETNS child: a fresh network namespace (owned by a fresh user
- * namespace mapping only our own ids, when warmboxd is not root) with lo up,
- * reported ready through errpipe (a 0), then kept until the parent has
- * opened it. */
+ * namespace mapping only our own ids, when warmboxd is not root) with lo up
+ * and an unreachable route to each of the host's own addresses, reported
+ * ready through errpipe (a 0), then kept until the parent has opened it. */
 static void child_netns(pid_t parent, int errpipe) {
   uid_t uid = geteuid();
   gid_t gid = getegid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);
+  struct in_addr host[64];
+  int nhost = host_ipv4_addrs(host, (int)(sizeof host / sizeof host[0]));
+  if (nhost < 0) child_fail(errpipe, errno);
   int flags = CLONE_NEWNET | (g_root ? 0 : CLONE_NEWUSER);
   if (unshare(flags) != 0) child_fail(errpipe, errno);
   if (!g_root) {
@@ -514,6 +561,8 @@ static void child_netns(pid_t parent, int errpipe) {
   if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) child_fail(errpipe, errno);
   ifr.ifr_flags |= IFF_UP;
   if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) child_fail(errpipe, errno);
+  for (int i = 0; i < nhost; i++)
+    if (reject_route(s, host[i]) != 0) child_fail(errpipe, errno);
   close(s);
   /* The jail's "root" may listen on port 80 in its own namespace. */
   write_at("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
