@@ -1,7 +1,8 @@
 -- Benchmark of warmboxd's code interpreter, over warmbox.core's HTTP client
 -- (kept-alive connections, as the library talks to it):
 --   1. executions/s of a trivial python cell (`1 + 1`) on a warm sandbox;
---   2. latency of create -> first run (the kernel starts lazily on it);
+--   2. latency of create -> first run (the kernel starts lazily on it), with
+--      internet access on (slirp4netns) and off, and of the create alone;
 --   3. latency of pause -> connect (resume) -> run, the run seeing its state.
 -- Usage (from the repository root, after scripts/setup):
 --   lua5.4 bench/warmboxd_exec.lua [runs=500] [rounds=10]
@@ -44,8 +45,9 @@ local function execute(sb, code)
   return main
 end
 
-local function create()
-  local status, sb = api("POST", "/sandboxes", { templateID = "code-interpreter-v1", secure = true, timeout = 3600 })
+local function create(internet)
+  local status, sb = api("POST", "/sandboxes", { templateID = "code-interpreter-v1", secure = true, timeout = 3600,
+    allow_internet_access = internet ~= false })
   assert(status == 201, status)
   return sb
 end
@@ -70,16 +72,21 @@ local ok, err = pcall(function()
   print(string.format("warm python run (`1 + 1`):      %.0f executions/s  (%.2f ms each, %d runs)",
     RUNS / dt, dt / RUNS * 1000, RUNS))
 
-  -- 2. create -> first run
-  local lat = {}
-  for i = 1, ROUNDS do
-    local t = core.now()
-    local box = create()
-    assert(execute(box, "40 + " .. i) == tostring(40 + i))
-    lat[#lat + 1] = core.now() - t
-    api("DELETE", "/sandboxes/" .. box.sandboxID)
+  -- 2. create -> first run (the create alone: its network namespace, slirp4netns)
+  for _, internet in ipairs({ true, false }) do
+    local lat, cr = {}, {}
+    for i = 1, ROUNDS do
+      local t = core.now()
+      local box = create(internet)
+      cr[#cr + 1] = core.now() - t
+      assert(execute(box, "40 + " .. i) == tostring(40 + i))
+      lat[#lat + 1] = core.now() - t
+      api("DELETE", "/sandboxes/" .. box.sandboxID)
+    end
+    local tag = internet and "internet on " or "internet off"
+    print("create -> first run, " .. tag .. ": " .. stats(lat))
+    print("  of which the create:           " .. stats(cr))
   end
-  print("create -> first run:             " .. stats(lat))
 
   -- 3. pause -> resume -> run (state kept)
   execute(sb, "kept = 'state'")

@@ -961,6 +961,7 @@ static int warmbox_http_batch(lua_State *L) {
   warmbox_http *h = warmbox_check_http(L, 1);
   lua_Integer n, i;
   long conc = 8, active = 0, done = 0;
+  lua_Integer lo;
   warmbox_xfer *xs;
   luaL_checktype(L, 2, LUA_TTABLE);
   if (!lua_isnoneornil(L, 3)) {
@@ -996,13 +997,16 @@ static int warmbox_http_batch(lua_State *L) {
       done++;
     }
     lua_pop(L, 1);
-    x->t0 = warmbox_clock_now();
   }
+  /* lo: no transfer below it is waiting (state 0), so a pass that fills the
+   * free slots does not rescan the finished ones: O(n) over the batch. */
+  lo = 0;
   while (done < n) {
     double now = warmbox_clock_now(), wait = 1.0;
-    int running = 0, left = 0;
+    int running = 0, left = 0, finished = 0;
     CURLMsg *m;
-    for (i = 0; i < n && active < conc; i++) {
+    while (lo < n && xs[lo].state != 0) lo++;
+    for (i = lo; i < n && active < conc; i++) {
       warmbox_xfer *x = &xs[i];
       if (x->state != 0) continue;
       if (x->not_before > now) {
@@ -1010,6 +1014,9 @@ static int warmbox_http_batch(lua_State *L) {
         continue;
       }
       warmbox_xfer_reset_attempt(x);
+      /* The retry budget runs from the first attempt, not from the start of
+       * the batch: a transfer queued behind thousands of others keeps it. */
+      if (x->attempts == 0) x->t0 = now;
       x->attempts++;
       if (curl_multi_add_handle(h->multi, x->easy) != CURLM_OK) {
         x->oom = 1;
@@ -1029,17 +1036,23 @@ static int warmbox_http_batch(lua_State *L) {
       x->rc = m->data.result;
       curl_multi_remove_handle(h->multi, x->easy);
       active--;
+      finished++;
       warmbox_note_attempt(x);
       delay = warmbox_retry_delay(x);
       if (delay >= 0) {
         x->state = 0;
         x->not_before = warmbox_clock_now() + delay;
-        wait = 0;
+        if (x - xs < lo) lo = x - xs;
       } else {
         x->state = 2;
         done++;
       }
     }
+    /* A slot was freed: fill it at once. Polling first would wait for
+     * activity on the transfers still running, or for the whole timeout
+     * when none is (every transfer ended in the same perform): that wait
+     * was a full second per round, the cliff of a large batch. */
+    if (finished > 0) continue;
     if (done < n && (active > 0 || wait > 0)) {
       int ms = (int)(wait * 1000);
       if (active == 0 && ms == 0) ms = 1;

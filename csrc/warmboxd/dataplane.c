@@ -34,8 +34,17 @@ static int internal_route(const char *path) {
 }
 
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
-  /* The code interpreter does not check envd's token (as in E2B). */
-  if (port == INTERP_PORT) return wbd_interp_handle(req, sb);
+  if (port == INTERP_PORT) {
+    /* The code interpreter checks the sandbox's token as envd does (the
+     * official SDK and warmbox.e2b send it); /health needs none. */
+    int health = strcmp(req->method, "GET") == 0 && strcmp(req->path, "/health") == 0;
+    if (sb->secure && sb->access_token[0] && !health) {
+      const char *tok = wbd_req_header(req, "X-Access-Token");
+      if (!tok || !wbd_str_eq_ct(tok, sb->access_token))
+        return wbd_reply_error(req, 401, "unauthorized access, please provide a valid access token");
+    }
+    return wbd_interp_handle(req, sb);
+  }
   if (port != ENVD_PORT)
     return proxy_error(req, sb, 502, "The sandbox is running but port is not open", port);
   if (internal_route(req->path))

@@ -28,6 +28,15 @@
 const unsigned char *wbd_embedded(const char *name, size_t *len);
 
 #define KEEPALIVE_US (5 * 1000000LL)
+/* Lines queued for one stream before the kernel's reader stops reading (the
+ * kernel then blocks on its pipe: a slow client slows the cell down). */
+#define QUEUE_MAX (1u << 20)
+/* Longest kernel line kept (a result with a large image is one line); the
+ * rest of a longer line is dropped. */
+#define LINE_MAX_BYTES (16u << 20)
+/* After an execute timeout's interrupt, how long the cell has to stop before
+ * the kernel is restarted (WARMBOXD_INTERRUPT_GRACE_MS). */
+#define GRACE_MS_DEFAULT 2000
 #define END_LINE "{\"type\": \"end_of_execution\"}\n"
 #define DONE_MARK "{\"type\": \"__wb_done__\"}"
 
@@ -45,6 +54,7 @@ struct kern {
   int in_fd, out_fd;
   int dead;
   pthread_mutex_t wmu;      /* one writer at a time on in_fd */
+  pthread_cond_t space;     /* the stream took lines off its queue, or ended */
   struct ictx *ctx;         /* referenced */
 };
 
@@ -79,12 +89,15 @@ struct run {
   struct ictx *ctx;         /* referenced */
   struct kern *k;           /* referenced */
   struct line *head, *tail;
+  size_t queued;            /* bytes in head..tail */
   int efd;
   int conn_fd;
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
   int keep_cell;            /* dropped by a pause: the cell goes on after resume */
   int active;               /* counted in istate.active_runs */
   int restarted;            /* the context was restarted under it */
+  int timed_out;            /* restarted because the cell outlived its timeout */
+  long oom0;                /* the memory group's OOM kills when the run began, -1 */
   int64_t last_us, deadline_us;
   char *pend;
   size_t pend_len, pend_off;
@@ -158,6 +171,7 @@ static void kern_put_locked(struct kern *k) {
   if (--k->refs > 0) return;
   if (k->in_fd >= 0) close(k->in_fd);
   pthread_mutex_destroy(&k->wmu);
+  pthread_cond_destroy(&k->space);
   struct ictx *c = k->ctx;
   free(k);
   if (c) ctx_put_locked(c);
@@ -176,6 +190,10 @@ static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const c
   return c;
 }
 
+static void interp_on_pause(struct wbd_rt *rt, int memory);
+static void interp_free(void *slot);
+static const struct wbd_rt_hooks interp_hooks = { interp_on_pause, interp_free };
+
 /* Locks the sandbox's interpreter state, creating it (with the default
  * python context) when needed. */
 static struct istate *ist_lock(struct wbd_rt *rt) {
@@ -184,6 +202,7 @@ static struct istate *ist_lock(struct wbd_rt *rt) {
   if (!*slot) {
     *slot = calloc(1, sizeof(struct istate));
     if (!*slot) abort();
+    wbd_rt_set_hooks(rt, &interp_hooks);
   }
   struct istate *ist = *slot;
   if (!ist->init) {
@@ -284,12 +303,14 @@ static void *kern_thread(void *arg) {
   struct kern *k = kt->k;
   free(kt);
   pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
-  size_t cap = 65536, len = 0;
+  size_t cap = 65536, len = 0, scanned = 0;
+  int skipping = 0;  /* inside a line longer than LINE_MAX_BYTES */
   char *buf = malloc(cap);
   if (!buf) abort();
   for (;;) {
     if (len == cap) {
-      cap *= 2;
+      /* Never beyond the longest line kept plus one read. */
+      cap = cap * 2 < LINE_MAX_BYTES + 65536 ? cap * 2 : LINE_MAX_BYTES + 65536;
       char *nb = realloc(buf, cap);
       if (!nb) abort();
       buf = nb;
@@ -301,12 +322,19 @@ static void *kern_thread(void *arg) {
     size_t start = 0;
     pthread_mutex_lock(mu);
     for (;;) {
-      char *nl = memchr(buf + start, '\n', len - start);
-      if (!nl) break;
+      /* Only the new bytes are searched: a long line costs linear time. */
+      char *nl = memchr(buf + scanned, '\n', len - scanned);
+      if (!nl) {
+        scanned = len;
+        break;
+      }
       size_t n = (size_t)(nl - (buf + start)) + 1;
       const char *s = buf + start;
+      scanned = start + n;
       struct ictx *c = k->ctx;
-      if (n - 1 == strlen(DONE_MARK) && memcmp(s, DONE_MARK, n - 1) == 0) {
+      if (skipping) {
+        skipping = 0;
+      } else if (n - 1 == strlen(DONE_MARK) && memcmp(s, DONE_MARK, n - 1) == 0) {
         kern_cell_over_locked(c, k, 0);
       } else if (c->run && c->run->k == k && !c->run->finished && c->busy_k == k) {
         struct line *l = malloc(sizeof *l + n);
@@ -314,16 +342,38 @@ static void *kern_thread(void *arg) {
         l->next = NULL;
         l->len = n;
         memcpy(l->data, s, n);
-        if (c->run->tail) c->run->tail->next = l;
-        else c->run->head = l;
-        c->run->tail = l;
-        notify(c->run);
+        struct run *rn = c->run;
+        if (rn->tail) rn->tail->next = l;
+        else rn->head = l;
+        rn->tail = l;
+        rn->queued += n;
+        notify(rn);
+        /* Backpressure: wait for the client to take some. */
+        while (c->run == rn && !rn->finished && rn->queued > QUEUE_MAX) pthread_cond_wait(&k->space, mu);
       }
       start += n;
     }
     pthread_mutex_unlock(mu);
+    /* Still inside an overlong line: what came is dropped as it comes. */
+    if (skipping) len = scanned = start;
     memmove(buf, buf + start, len - start);
     len -= start;
+    scanned -= start;
+    if (len > LINE_MAX_BYTES) {
+      /* Drop the rest of an overlong line. */
+      if (!skipping) wbd_stat_add("kernel_line_dropped", 1);
+      skipping = 1;
+      len = scanned = 0;
+    }
+    if (cap > 65536 && len < cap / 4) {
+      /* Give back what a long line took. */
+      size_t ncap = len < 65536 ? 65536 : len * 2;
+      char *nb = realloc(buf, ncap);
+      if (nb) {
+        buf = nb;
+        cap = ncap;
+      }
+    }
   }
   free(buf);
   pthread_mutex_lock(mu);
@@ -363,7 +413,8 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
   }
   pid_t pid = 0;
   int in = -1, out = -1;
-  int rc = wbd_rt_spawn_rt(rt, argv, envs, c->cwd, 1, &pid, &in, &out, NULL);
+  /* stderr: /dev/null (kernel.py reports cell output on stdout). */
+  int rc = wbd_rt_spawn_rt(rt, argv, envs, c->cwd, 0, &pid, &in, &out, NULL);
   json_decref(envs);
   if (rc) {
     snprintf(err, errlen, "%s", strerror(-rc));
@@ -377,6 +428,7 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
   k->in_fd = in;
   k->out_fd = out;
   pthread_mutex_init(&k->wmu, NULL);
+  pthread_cond_init(&k->space, NULL);
   k->ctx = c;
   c->refs++;
   c->k = k;
@@ -410,10 +462,10 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
 }
 
 /* ------------------------------------------------------------------ */
-/* Hooks from runtime.c                                                */
+/* Hooks given to runtime.c (wbd_rt_set_hooks)                       */
 /* ------------------------------------------------------------------ */
 
-void wbd_interp_on_pause(struct wbd_rt *rt, int memory) {
+static void interp_on_pause(struct wbd_rt *rt, int memory) {
   pthread_mutex_lock(wbd_rt_interp_mu(rt));
   struct istate *ist = *wbd_rt_interp_slot(rt);
   if (!ist) {
@@ -438,7 +490,7 @@ void wbd_interp_on_pause(struct wbd_rt *rt, int memory) {
   pthread_mutex_unlock(wbd_rt_interp_mu(rt));
 }
 
-void wbd_interp_free(void *slot) {
+static void interp_free(void *slot) {
   struct istate *ist = slot;
   if (!ist) return;
   /* Called when nothing references the runtime any more: no kernel thread,
@@ -455,6 +507,18 @@ void wbd_interp_free(void *slot) {
 /* /execute                                                            */
 /* ------------------------------------------------------------------ */
 
+static void kern_end(struct wbd_rt *rt, struct kern *k);
+
+static int64_t grace_us(void) {
+  static int64_t g = -1;
+  if (g < 0) {
+    const char *e = getenv("WARMBOXD_INTERRUPT_GRACE_MS");
+    long ms = e ? atol(e) : GRACE_MS_DEFAULT;
+    g = (ms > 0 ? ms : GRACE_MS_DEFAULT) * 1000LL;
+  }
+  return g;
+}
+
 /* Under the lock: the stream is over (end produced, or the client gone).
  * Returns 1 when the kernel should be interrupted. */
 static int run_finish_locked(struct run *r) {
@@ -469,6 +533,7 @@ static int run_finish_locked(struct run *r) {
     if (ist && ist->active_runs > 0) ist->active_runs--;
   }
   int interrupt = c->busy_kernel && c->busy_k == r->k && !r->keep_cell;
+  pthread_cond_broadcast(&r->k->space);
   maybe_release_locked(c);
   if (r->counted) {
     r->counted = 0;
@@ -503,6 +568,8 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
       struct line *l = r->head;
       r->head = l->next;
       if (!r->head) r->tail = NULL;
+      r->queued -= l->len;
+      if (r->queued <= QUEUE_MAX / 2) pthread_cond_broadcast(&r->k->space);
       pthread_mutex_unlock(r->mu);
       if (!r->error_seen && strncmp(l->data, "{\"type\": \"error\"", 16) == 0) r->error_seen = 1;
       char *s = malloc(l->len);
@@ -524,7 +591,17 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
       run_finish_locked(r);
       pthread_mutex_unlock(r->mu);
       const char *err = "";
-      if (dead && !r->error_seen)
+      char oom[320];
+      long kills = dead && !r->error_seen && !r->timed_out && r->oom0 >= 0 ? wbd_rt_oom_kills(r->rt) : -1;
+      if (kills > r->oom0) {
+        snprintf(oom, sizeof oom, "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
+                 "reached its memory limit (%ld MB): the context's kernel was killed and its state was lost\", "
+                 "\"traceback\": \"\"}\n", wbd_rt_memory_mb());
+        err = oom;
+      } else if (dead && !r->error_seen && r->timed_out)
+        err = "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "
+              "timeout was reached: the context's kernel was restarted and its state was lost\", \"traceback\": \"\"}\n";
+      else if (dead && !r->error_seen)
         err = r->restarted
                   ? "{\"type\": \"error\", \"name\": \"ContextRestarting\", \"value\": \"Context was restarted\", "
                     "\"traceback\": \"\"}\n"
@@ -542,6 +619,8 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
     int64_t now = wbd_now_us();
     int64_t wake = r->last_us + KEEPALIVE_US;
     if (r->deadline_us && !r->interrupted && r->deadline_us < wake) wake = r->deadline_us;
+    int64_t hard = r->deadline_us + grace_us();
+    if (r->deadline_us && r->interrupted && !r->timed_out && hard < wake) wake = hard;
     int64_t ms = (wake - now) / 1000;
     if (ms < 0) ms = 0;
     struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
@@ -563,6 +642,21 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
     if (r->deadline_us && !r->interrupted && now >= r->deadline_us) {
       r->interrupted = 1;
       kern_interrupt(r->k);
+    }
+    if (r->deadline_us && r->interrupted && !r->timed_out && now >= r->deadline_us + grace_us()) {
+      /* The cell ignored the interrupt: restart the kernel (as
+       * /contexts/{id}/restart does); the stream ends with the error. */
+      r->timed_out = 1;
+      pthread_mutex_lock(r->mu);
+      struct kern *k = NULL;
+      if (r->ctx->k == r->k && !r->finished) {
+        k = r->k;
+        r->ctx->k = NULL;
+        r->restarted = 1;
+      }
+      pthread_mutex_unlock(r->mu);
+      if (k) kern_end(r->rt, k);
+      wbd_stat_add("exec_timeout_restart", 1);
     }
     if (now >= r->last_us + KEEPALIVE_US) {
       static const char ka[] = "{\"type\": \"keepalive\"}\n";
@@ -605,6 +699,14 @@ static enum MHD_Result sandbox_gone(struct wbd_req *req, struct wbd_sandbox *sb)
 static enum MHD_Result unprocessable(struct wbd_req *req, const char *type, const char *field, const char *msg) {
   json_t *d = json_pack("{s:[{s:s,s:[s,s],s:s}]}", "detail", "type", type, "loc", "body", field, "msg", msg);
   return wbd_reply_json(req, 422, d, NULL);
+}
+
+/* The client closed its side (or the connection broke). */
+static int client_gone(struct wbd_req *req) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (!ci) return 0;
+  struct pollfd p = { ci->connect_fd, POLLRDHUP, 0 };
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *sb) {
@@ -672,6 +774,16 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   }
   c->refs++;
   while ((c->busy_kernel || c->busy_stream) && !c->gone) pthread_cond_wait(&c->cond, mu);
+  if (!c->gone && client_gone(req)) {
+    /* It waited for the context and its client has left meanwhile: the cell
+     * is never started. */
+    ctx_put_locked(c);
+    ist_unlock(rt);
+    wbd_rt_put(rt);
+    json_decref(body);
+    wbd_stat_add("exec_client_gone", 1);
+    return MHD_NO;
+  }
   if (c->gone) {
     ctx_put_locked(c);
     ist_unlock(rt);
@@ -700,6 +812,7 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   r->k->refs++;
   r->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   r->conn_fd = -1;
+  r->oom0 = wbd_rt_oom_kills(rt);
   r->sb = wbd_sandbox_get(sb->id);
   if (!r->sb) {
     r->finished = 1;

@@ -18,10 +18,29 @@ struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb);
 void wbd_rt_ref(struct wbd_rt *rt);
 void wbd_rt_put(struct wbd_rt *rt);
 
-/* The code interpreter's per-sandbox state slot (interp.c owns what it holds;
- * runtime.c calls wbd_interp_free(slot) when the runtime is freed). */
+/* The code interpreter's per-sandbox state slot (its owner frees what it
+ * holds through the hooks below). */
 void **wbd_rt_interp_slot(struct wbd_rt *rt);
 pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt);
+
+/* What the runtime calls in the interpreter: given to it, with the state,
+ * by the interpreter (interp.c) so that runtime.c only calls down.
+ *  - on_pause(memory=1): streams in flight are dropped (as E2B drops outside
+ *    connections at a pause); the kernels stay, frozen.
+ *  - on_pause(memory=0) or kill: every context is forgotten (old ids 404),
+ *    streams dropped; runtime.c then ends the processes.
+ *  - free_slot(slot): the runtime is freed; slot = *wbd_rt_interp_slot(rt). */
+struct wbd_rt_hooks {
+  void (*on_pause)(struct wbd_rt *rt, int memory);
+  void (*free_slot)(void *slot);
+};
+/* Under wbd_rt_interp_mu(rt), when filling the slot. */
+void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks);
+
+/* Processes the sandbox's memory group has OOM-killed so far (-1: no memory
+ * group), and its limit in MB. */
+long wbd_rt_oom_kills(struct wbd_rt *rt);
+long wbd_rt_memory_mb(void);
 
 /* 1 when sandboxes run in bubblewrap jails (0: --unisolated). */
 int wbd_rt_isolated(void);
@@ -31,13 +50,5 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
                     pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
 int wbd_rt_signal_rt(struct wbd_rt *rt, pid_t pid, int sig);
 int wbd_rt_wait_rt(struct wbd_rt *rt, pid_t pid);
-
-/* Hooks from runtime.c into interp.c (slot = *wbd_rt_interp_slot(rt)):
- *  - on_pause(memory=1): streams in flight are dropped (as E2B drops outside
- *    connections at a pause); the kernels stay, frozen.
- *  - on_pause(memory=0) or kill: every context is forgotten (old ids 404),
- *    streams dropped; runtime.c then ends the processes. */
-void wbd_interp_on_pause(struct wbd_rt *rt, int memory);
-void wbd_interp_free(void *slot);
 
 #endif

@@ -18,8 +18,23 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <grp.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,7 +49,31 @@
 #include <unistd.h>
 
 #define BWRAP "/usr/bin/bwrap"
+#define SLIRP "/usr/bin/slirp4netns"
+/* One host uid per live sandbox when warmboxd is root: base + slot. */
+#define UID_SLOTS 4096
+#define UID_BASE_DEFAULT 1900000000u
+#define PIDS_MAX_DEFAULT 256
+#define MEMORY_MB_DEFAULT 512
+#define DISK_MB_DEFAULT 1024
+#define CPU_COUNT_DEFAULT 2
+enum { CG_FREEZER, CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
+static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
 #define JAIL_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+/* Host paths (as bubblewrap sees them) of what a jail binds, NULL: none. */
+struct jail_src {
+  const char *home, *tmp, *passwd, *group;
+  const char *resolv;     /* slirp4netns's DNS (10.0.2.3), or NULL: the host's resolv.conf */
+};
+
+/* As root, bubblewrap runs as the sandbox's uid, which must not traverse
+ * warmboxd's private data directory: the child mounts a small tmpfs of its
+ * own on /tmp (in a mount namespace of its own) and binds what the jail
+ * needs there, before it drops root. */
+#define STAGE "/tmp"
+#define N_STAGED 5
+static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r" };
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
@@ -56,12 +95,23 @@ struct wbd_rt {
   char id[32];
   char dir[PATH_MAX + 64];
   char cg[PATH_MAX + 64];   /* freezer group, "" without one */
+  char cgx[CG_N][PATH_MAX + 64];  /* memory, pids, cpu groups ([CG_FREEZER] unused), "" without */
   int allow_net;
+  uid_t uid;                /* host uid and gid of the jail's processes */
+  gid_t gid;
+  int slot;                 /* uid slot (root only), -1 */
+  int mounted;              /* dir is a size-limited tmpfs */
+  int net_fd, userns_fd;    /* the sandbox's network namespace (and its owner when not root), -1 */
+  pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
+  int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
+  int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
+  int net_checked;          /* slirp_ready_fd was read (under mu) */
   int frozen;
   int dead;                 /* torn down: no new processes */
   struct rt_proc *procs;
   pthread_mutex_t interp_mu;
   void *interp;
+  const struct wbd_rt_hooks *hooks;   /* the interpreter's, with interp; NULL before */
   struct wbd_rt *prev, *next;
 };
 
@@ -76,7 +126,14 @@ static struct wbd_rt *g_all;
 static int g_shut;
 static int g_isolated;
 static char g_cg_root[PATH_MAX];
+static char g_cgx_root[CG_N][PATH_MAX];   /* memory, pids, cpu parents, "" without */
 static char g_etc[PATH_MAX + 32];
+static int g_root;                /* warmboxd is host root: jails get their own host uid */
+static uid_t g_uid_base = UID_BASE_DEFAULT;
+static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
+static int g_private_mnt;         /* warmboxd has its own mount namespace: homes are tmpfs */
+static int g_have_slirp;
+static long g_pids_max = PIDS_MAX_DEFAULT, g_memory_mb = MEMORY_MB_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
 
 /* ------------------------------------------------------------------ */
@@ -102,6 +159,12 @@ static void sv_add(struct sv *s, const char *str) {
   s->v[s->n] = NULL;
 }
 
+static void sv_add3(struct sv *s, const char *a, const char *b, const char *c) {
+  sv_add(s, a);
+  sv_add(s, b);
+  sv_add(s, c);
+}
+
 static void sv_free(struct sv *s) {
   for (size_t i = 0; i < s->n; i++) free(s->v[i]);
   free(s->v);
@@ -122,20 +185,96 @@ static int mkdir_p(const char *path, mode_t mode) {
   return 0;
 }
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)ftw;
-  if (flag == FTW_DP || flag == FTW_D) rmdir(path);
-  else unlink(path);
-  return 0;
-}
+/* Removes the tree at path, however deep: one directory descriptor at a
+ * time, descending with openat and climbing back with "..", checked against
+ * the device and inode recorded on the way down (no path is ever longer
+ * than one name, so depth beyond PATH_MAX is fine). Stops at the first
+ * entry it cannot remove. Only called once the sandbox's processes are gone. */
+struct di {
+  dev_t dev;
+  ino_t ino;
+};
 
 static void rm_rf(const char *path) {
   struct stat st;
   if (lstat(path, &st) != 0) return;
-  /* A jailed process may have made a directory unreadable to itself; root
-   * can still walk it. */
-  nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS);
+  if (!S_ISDIR(st.st_mode)) {
+    unlink(path);
+    return;
+  }
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  size_t depth = 0, cap = 64;
+  struct di *up = malloc(cap * sizeof *up);
+  if (!up) abort();
+  up[0].dev = st.st_dev;
+  up[0].ino = st.st_ino;
+  for (;;) {
+    /* A jailed process may have made a directory unreadable to itself. */
+    if (fchmod(fd, 0700) != 0) {}
+    int dfd = dup(fd);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+      if (dfd >= 0) close(dfd);
+      break;
+    }
+    char *sub = NULL;
+    int stuck = 0;
+    struct dirent *e;
+    while (!sub && !stuck && (e = readdir(d))) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      if (unlinkat(fd, e->d_name, 0) == 0 || errno == ENOENT) continue;
+      if (errno != EISDIR && errno != EPERM) {
+        stuck = 1;
+        break;
+      }
+      if (unlinkat(fd, e->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
+      if (errno == ENOTEMPTY || errno == EEXIST || errno == EACCES) {
+        sub = strdup(e->d_name);
+        if (!sub) abort();
+      } else {
+        stuck = 1;
+      }
+    }
+    closedir(d);
+    if (stuck) break;
+    if (sub) {
+      /* Not root: our own directory made unreadable is made readable first. */
+      if (fchmodat(fd, sub, 0700, 0) != 0) {}
+      int nfd = openat(fd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      struct stat ns;
+      free(sub);
+      if (nfd < 0 || fstat(nfd, &ns) != 0) {
+        if (nfd >= 0) close(nfd);
+        break;
+      }
+      if (depth + 1 == cap) {
+        cap *= 2;
+        struct di *nu = realloc(up, cap * sizeof *nu);
+        if (!nu) abort();
+        up = nu;
+      }
+      up[++depth] = (struct di){ ns.st_dev, ns.st_ino };
+      close(fd);
+      fd = nfd;
+      continue;
+    }
+    /* This directory is empty. */
+    if (depth == 0) break;
+    int pfd = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat ps;
+    if (pfd < 0 || fstat(pfd, &ps) != 0 || ps.st_dev != up[depth - 1].dev || ps.st_ino != up[depth - 1].ino) {
+      if (pfd >= 0) close(pfd);
+      fprintf(stderr, "warmboxd: %s changed while it was removed; stopped\n", path);
+      break;
+    }
+    close(fd);
+    fd = pfd;
+    depth--;
+  }
+  close(fd);
+  free(up);
+  rmdir(path);
 }
 
 static int write_file(const char *path, const char *data) {
@@ -292,20 +431,40 @@ static int cg_set_state(const char *cg, const char *state) {
   return -ETIMEDOUT;
 }
 
+/* A group is removable once its last task is gone; that can lag a kill. */
+static void cg_rmdir(const char *cg) {
+  for (int i = 0; i < 50 && rmdir(cg) != 0 && errno == EBUSY; i++) sleep_ms(10);
+}
+
 /* ------------------------------------------------------------------ */
 /* The spawner thread                                                  */
 /* ------------------------------------------------------------------ */
 
+#define MAX_PASS 8
+
 struct spawn_job {
+  int kind;                 /* JOB_EXEC, or JOB_NETNS: make a network namespace */
   char **argv, **envp;
   const char *chdir_to;     /* host path, or NULL */
-  int fds[3];               /* child's 0/1/2: an fd, -1 /dev/null, -2 inherit */
-  int cg_fd;                /* cgroup.procs of the sandbox, or -1 */
+  int fds[3];               /* child's 0/1/2: an fd, -1 /dev/null */
+  int pass[MAX_PASS];       /* become the child's fds 3, 4, ... */
+  int npass;
+  int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
+  int userns_fd, net_fd;    /* joined before exec, or -1 */
+  int stage;                /* bind stage_src (home, tmp, passwd, group, resolv) under STAGE */
+  const char *stage_src[N_STAGED];   /* host paths; resolv may be NULL */
+  int setid;                /* become uid/gid (warmboxd is root) */
+  uid_t uid;
+  gid_t gid;
+  long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
   pid_t pid;
   int err;
   int done;
+  int out_net, out_userns;  /* JOB_NETNS: the namespaces made */
   struct spawn_job *next;
 };
+
+enum { JOB_EXEC, JOB_NETNS };
 
 static pthread_mutex_t sp_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t sp_cond = PTHREAD_COND_INITIALIZER;
@@ -313,26 +472,176 @@ static struct spawn_job *sp_head, *sp_tail;
 static int sp_running, sp_stop;
 static pthread_t sp_thread;
 
-static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
-  if (j->cg_fd >= 0 && write(j->cg_fd, "0", 1) < 0) {}
-  setsid();
+static void job_init(struct spawn_job *j) {
+  memset(j, 0, sizeof *j);
+  for (int i = 0; i < 3; i++) j->fds[i] = -1;
+  for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
+  j->userns_fd = j->net_fd = j->out_net = j->out_userns = -1;
+}
+
+static void child_fail(int errpipe, int e) {
+  if (write(errpipe, &e, sizeof e) < 0) {}
+  _exit(127);
+}
+
+static int write_at(const char *path, const char *data) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = write(fd, data, strlen(data));
+  close(fd);
+  return n < 0 ? -1 : 0;
+}
+
+/* The host's own IPv4 addresses (outside 127/8), read in warmboxd's network
+ * namespace before the child leaves it. slirp4netns connects from the host,
+ * so without more a jail would reach a host service bound to 0.0.0.0
+ * through the host's LAN address; --disable-host-loopback covers only
+ * 10.0.2.2 -> 127.0.0.1. Returns the count (at most max). */
+static int host_ipv4_addrs(struct in_addr *out, int max) {
+  struct ifaddrs *ifa, *p;
+  int n = 0;
+  if (getifaddrs(&ifa) != 0) return -1;
+  for (p = ifa; p && n < max; p = p->ifa_next) {
+    if (!p->ifa_addr || p->ifa_addr->sa_family != AF_INET) continue;
+    struct in_addr a = ((const struct sockaddr_in *)(const void *)p->ifa_addr)->sin_addr;
+    if ((ntohl(a.s_addr) >> 24) == 127) continue;
+    int dup = 0;
+    for (int i = 0; i < n; i++) dup |= out[i].s_addr == a.s_addr;
+    if (!dup) out[n++] = a;
+  }
+  freeifaddrs(ifa);
+  return n;
+}
+
+/* An "unreachable" host route in the current network namespace: a jail's
+ * packet to `a` fails at once (EHOSTUNREACH) instead of going out through
+ * slirp4netns to the host. More specific than slirp's default route, and the
+ * jail (no CAP_NET_ADMIN in this namespace) cannot remove it. */
+static int reject_route(int s, struct in_addr a) {
+  struct rtentry rt;
+  struct sockaddr_in *dst = (struct sockaddr_in *)(void *)&rt.rt_dst;
+  struct sockaddr_in *mask = (struct sockaddr_in *)(void *)&rt.rt_genmask;
+  memset(&rt, 0, sizeof rt);
+  dst->sin_family = AF_INET;
+  dst->sin_addr = a;
+  mask->sin_family = AF_INET;
+  mask->sin_addr.s_addr = htonl(0xffffffffu);
+  rt.rt_flags = RTF_UP | RTF_HOST | RTF_REJECT;
+  rt.rt_dev = (char *)"lo";
+  if (ioctl(s, SIOCADDRT, &rt) != 0 && errno != EEXIST) return -1;
+  return 0;
+}
+
+/* JOB_NETNS child: a fresh network namespace (owned by a fresh user
+ * namespace mapping only our own ids, when warmboxd is not root) with lo up
+ * and an unreachable route to each of the host's own addresses, reported
+ * ready through errpipe (a 0), then kept until the parent has opened it. */
+static void child_netns(pid_t parent, int errpipe) {
+  uid_t uid = geteuid();
+  gid_t gid = getegid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);
-  int devnull = open("/dev/null", O_RDWR);
-  for (int i = 0; i < 3; i++) {
-    int fd = j->fds[i] == -1 ? devnull : j->fds[i];
-    if (j->fds[i] == -2) continue;
-    if (fd >= 0) dup2(fd, i);
+  struct in_addr host[64];
+  int nhost = host_ipv4_addrs(host, (int)(sizeof host / sizeof host[0]));
+  if (nhost < 0) child_fail(errpipe, errno);
+  int flags = CLONE_NEWNET | (g_root ? 0 : CLONE_NEWUSER);
+  if (unshare(flags) != 0) child_fail(errpipe, errno);
+  if (!g_root) {
+    char m[64];
+    write_at("/proc/self/setgroups", "deny");
+    snprintf(m, sizeof m, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
+    if (write_at("/proc/self/uid_map", m) != 0) child_fail(errpipe, errno);
+    snprintf(m, sizeof m, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
+    if (write_at("/proc/self/gid_map", m) != 0) child_fail(errpipe, errno);
   }
-  if (j->chdir_to && chdir(j->chdir_to) != 0) {
-    int e = errno;
-    if (write(errpipe, &e, sizeof e) < 0) {}
-    _exit(127);
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+  if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) child_fail(errpipe, errno);
+  ifr.ifr_flags |= IFF_UP;
+  if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) child_fail(errpipe, errno);
+  for (int i = 0; i < nhost; i++)
+    if (reject_route(s, host[i]) != 0) child_fail(errpipe, errno);
+  close(s);
+  /* The jail's "root" may listen on port 80 in its own namespace. */
+  write_at("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
+  int zero = 0;
+  if (write(errpipe, &zero, sizeof zero) < 0) {}
+  for (;;) pause();
+}
+
+static int stage_binds(const struct spawn_job *j) {
+  /* A copy of warmboxd's mount namespace; the sources are opened in it
+   * before the tmpfs hides what was under STAGE, then bound from their fds. */
+  if (unshare(CLONE_NEWNS) != 0) return -1;
+  int src[N_STAGED];
+  for (int i = 0; i < N_STAGED; i++) {
+    src[i] = -1;
+    if (!j->stage_src[i]) {
+      if (i < 4) return errno = EINVAL, -1;
+      continue;
+    }
+    src[i] = open(j->stage_src[i], O_PATH | O_CLOEXEC);
+    if (src[i] < 0) return -1;
   }
-  /* Other threads' sockets and pipes must not leak into the jail. */
-  if (errpipe > 3) syscall(SYS_close_range, 3u, (unsigned)errpipe - 1, 0u);
-  if (syscall(SYS_close_range, (unsigned)errpipe + 1, ~0u, 0u) != 0)
-    for (int fd = errpipe + 1; fd < 65536; fd++) close(fd);
+  if (mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0711") != 0) return -1;
+  const char *dst[N_STAGED] = { g_staged.home, g_staged.tmp, g_staged.passwd, g_staged.group, g_staged.resolv };
+  for (int i = 0; i < N_STAGED; i++) {
+    if (src[i] < 0) continue;
+    char from[64];
+    snprintf(from, sizeof from, "/proc/self/fd/%d", src[i]);
+    int r = i < 2 ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    if (r != 0 || mount(from, dst[i], "none", MS_BIND, NULL) != 0) return -1;
+    close(src[i]);
+  }
+  return 0;
+}
+
+static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
+  for (int i = 0; i < CG_N; i++)
+    if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {}
+  setsid();
+  if (j->stage && stage_binds(j) != 0) child_fail(errpipe, errno);
+  if (j->userns_fd >= 0 && setns(j->userns_fd, CLONE_NEWUSER) != 0) child_fail(errpipe, errno);
+  if (j->net_fd >= 0 && setns(j->net_fd, CLONE_NEWNET) != 0) child_fail(errpipe, errno);
+  if (j->nproc > 0) {
+    struct rlimit rl = { (rlim_t)j->nproc, (rlim_t)j->nproc };
+    setrlimit(RLIMIT_NPROC, &rl);
+  }
+  if (j->data_mb > 0) {
+    struct rlimit rl = { (rlim_t)j->data_mb << 20, (rlim_t)j->data_mb << 20 };
+    setrlimit(RLIMIT_DATA, &rl);
+  }
+  if (j->setid) {
+    if (setgroups(0, NULL) != 0 || setresgid(j->gid, j->gid, j->gid) != 0 || setresuid(j->uid, j->uid, j->uid) != 0)
+      child_fail(errpipe, errno);
+  }
+  /* After the uid change, which clears it. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+  /* Move every descriptor the child keeps above the ones it is given, then
+   * lay them out: 0-2, the passed ones from 3, errpipe (close-on-exec) last. */
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  int hi_std[3], hi_pass[MAX_PASS];
+  int floor_fd = 3 + j->npass + 1;
+  if (floor_fd < 16) floor_fd = 16;
+  for (int i = 0; i < 3; i++) hi_std[i] = fcntl(j->fds[i] >= 0 ? j->fds[i] : devnull, F_DUPFD_CLOEXEC, floor_fd);
+  for (int i = 0; i < j->npass; i++) hi_pass[i] = fcntl(j->pass[i], F_DUPFD_CLOEXEC, floor_fd);
+  int hi_err = fcntl(errpipe, F_DUPFD_CLOEXEC, floor_fd);
+  if (hi_err < 0) _exit(127);
+  errpipe = hi_err;
+  for (int i = 0; i < 3; i++)
+    if (hi_std[i] < 0 || dup2(hi_std[i], i) < 0) child_fail(errpipe, EBADF);
+  for (int i = 0; i < j->npass; i++)
+    if (hi_pass[i] < 0 || dup2(hi_pass[i], 3 + i) < 0) child_fail(errpipe, EBADF);
+  int efd = 3 + j->npass;
+  if (dup3(errpipe, efd, O_CLOEXEC) < 0) _exit(127);
+  errpipe = efd;
+  /* Nothing else of warmboxd's reaches the jail: sockets, pipes, logs. */
+  if (syscall(SYS_close_range, (unsigned)efd + 1, ~0u, 0u) != 0)
+    for (int fd = efd + 1; fd < 65536; fd++) close(fd);
+  if (j->chdir_to && chdir(j->chdir_to) != 0) child_fail(errpipe, errno);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = SIG_DFL;
@@ -341,9 +650,7 @@ static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   execve(j->argv[0], j->argv, j->envp);
-  int e = errno;
-  if (write(errpipe, &e, sizeof e) < 0) {}
-  _exit(127);
+  child_fail(errpipe, errno);
 }
 
 static void run_job(struct spawn_job *j) {
@@ -360,13 +667,34 @@ static void run_job(struct spawn_job *j) {
     close(ep[1]);
     return;
   }
-  if (pid == 0) child_exec(j, parent, ep[1]);
+  if (pid == 0) {
+    close(ep[0]);
+    if (j->kind == JOB_NETNS) child_netns(parent, ep[1]);
+    child_exec(j, parent, ep[1]);
+  }
   close(ep[1]);
   int e = 0;
   ssize_t r;
   do r = read(ep[0], &e, sizeof e);
   while (r < 0 && errno == EINTR);
   close(ep[0]);
+  if (j->kind == JOB_NETNS) {
+    if (r == (ssize_t)sizeof e && e == 0) {
+      char p[64];
+      snprintf(p, sizeof p, "/proc/%d/ns/net", (int)pid);
+      j->out_net = open(p, O_RDONLY | O_CLOEXEC);
+      if (!g_root) {
+        snprintf(p, sizeof p, "/proc/%d/ns/user", (int)pid);
+        j->out_userns = open(p, O_RDONLY | O_CLOEXEC);
+      }
+      if (j->out_net < 0 || (!g_root && j->out_userns < 0)) j->err = -errno;
+    } else {
+      j->err = r == (ssize_t)sizeof e ? -e : -ECHILD;
+    }
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    return;
+  }
   if (r == (ssize_t)sizeof e) {
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
@@ -418,16 +746,86 @@ static int spawn_via_thread(struct spawn_job *j) {
 static const char *const etc_ro[] = {
   /* /etc/ssl/private holds keys: only the public parts of /etc/ssl */
   "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl/certs",
-  "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "resolv.conf", "hosts", "nsswitch.conf", "host.conf",
+  "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "hosts", "nsswitch.conf", "host.conf",
   "gai.conf", "protocols", "services", "matplotlibrc", "mime.types", "python3", "python3.11",
   "bash.bashrc", "profile", "inputrc", "fonts", "magic", "magic.mime", "os-release",
   "debian_version", "login.defs", "terminfo", "mailcap", NULL,
 };
 
-static void jail_args(struct sv *a, const char *home, const char *tmp, int net, const char *cwd) {
+/* ------------------------------------------------------------------ */
+/* Seccomp                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Syscalls a sandbox never needs that widen the kernel surface it can reach
+ * (keyrings, eBPF, perf, userfaultfd, io_uring, handles, modules, clocks):
+ * they fail with EPERM. x86-64 only; other ABIs on it (i386, x32) are
+ * refused whole. */
+#ifdef __x86_64__
+static const int seccomp_deny[] = {
+  SYS_keyctl, SYS_add_key, SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd,
+  SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register, SYS_open_by_handle_at, SYS_name_to_handle_at,
+  SYS_kexec_load, SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_acct,
+  SYS_swapon, SYS_swapoff, SYS_reboot, SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex,
+  SYS_quotactl, SYS_lookup_dcookie, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_setns, SYS_unshare,
+};
+#define N_DENY (sizeof seccomp_deny / sizeof *seccomp_deny)
+static struct sock_filter g_bpf[N_DENY + 8];
+static size_t g_bpf_len;
+
+static void seccomp_build(void) {
+  size_t n = 0;
+  struct sock_filter *f = g_bpf;
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+  /* x32 (bit 30): deny */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, (unsigned char)(N_DENY + 1), 0);
+  for (size_t i = 0; i < N_DENY; i++)
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)seccomp_deny[i],
+                                          (unsigned char)(N_DENY - i), 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  g_bpf_len = n;
+}
+#else
+static struct sock_filter g_bpf[1];
+static size_t g_bpf_len;
+static void seccomp_build(void) { g_bpf_len = 0; }
+#endif
+
+/* A pipe holding the program for bubblewrap's --seccomp, or -1. */
+static int seccomp_pipe(void) {
+  if (!g_bpf_len) return -1;
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return -1;
+  size_t len = g_bpf_len * sizeof *g_bpf;
+  ssize_t w = write(p[1], g_bpf, len);  /* < PIPE_BUF: never partial */
+  close(p[1]);
+  if (w != (ssize_t)len) {
+    close(p[0]);
+    return -1;
+  }
+  return p[0];
+}
+
+/* shared_net: the process already is in the sandbox's network namespace. */
+static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
+                      const char *cwd) {
   sv_add(a, BWRAP);
+  if (seccomp_fd >= 0) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", seccomp_fd);
+    sv_add(a, "--seccomp");
+    sv_add(a, n);
+  }
+  /* Names the sandbox in bubblewrap's own command line (ps, tests). */
+  sv_add3(a, "--setenv", "E2B_SANDBOX_ID", id);
   sv_add(a, "--unshare-all");
-  if (net) sv_add(a, "--share-net");
+  sv_add(a, "--unshare-user");
+  /* No nested user namespaces: they open kernel surface a sandbox needs not. */
+  sv_add(a, "--disable-userns");
+  if (shared_net) sv_add(a, "--share-net");
   sv_add(a, "--die-with-parent");
   sv_add(a, "--new-session");
   sv_add(a, "--uid");
@@ -465,35 +863,31 @@ static void jail_args(struct sv *a, const char *home, const char *tmp, int net, 
     sv_add(a, p);
     sv_add(a, p);
   }
-  static const char *const gen[] = { "passwd", "group", NULL };
-  for (int i = 0; gen[i]; i++) {
-    char src[PATH_MAX + 64], dst[64];
-    snprintf(src, sizeof src, "%s/%s", g_etc, gen[i]);
-    snprintf(dst, sizeof dst, "/etc/%s", gen[i]);
-    sv_add(a, "--ro-bind");
-    sv_add(a, src);
-    sv_add(a, dst);
-  }
+  /* The host's resolver may listen on its loopback (127.0.0.53), out of
+   * reach: internet jails ask slirp4netns's forwarder. */
+  if (f->resolv) sv_add3(a, "--ro-bind", f->resolv, "/etc/resolv.conf");
+  else sv_add3(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf");
+  if (f->passwd) sv_add3(a, "--ro-bind", f->passwd, "/etc/passwd");
+  if (f->group) sv_add3(a, "--ro-bind", f->group, "/etc/group");
   sv_add(a, "--proc");
   sv_add(a, "/proc");
   sv_add(a, "--dev");
   sv_add(a, "/dev");
+  sv_add(a, "--size");
+  sv_add(a, "16777216");
   sv_add(a, "--tmpfs");
   sv_add(a, "/run");
   sv_add(a, "--dir");
   sv_add(a, "/var/tmp");
-  if (home) {
-    sv_add(a, "--bind");
-    sv_add(a, home);
-    sv_add(a, "/home/user");
+  /* bubblewrap mounts binds nosuid (and nodev, without --dev-bind). */
+  if (f->home) {
+    sv_add3(a, "--bind", f->home, "/home/user");
   } else {
     sv_add(a, "--dir");
     sv_add(a, "/home/user");
   }
-  if (tmp) {
-    sv_add(a, "--bind");
-    sv_add(a, tmp);
-    sv_add(a, "/tmp");
+  if (f->tmp) {
+    sv_add3(a, "--bind", f->tmp, "/tmp");
   } else {
     sv_add(a, "--tmpfs");
     sv_add(a, "/tmp");
@@ -511,26 +905,203 @@ static void rt_sub(const struct wbd_rt *rt, const char *sub, char *buf, size_t l
   snprintf(buf, len, "%s/%s", rt->dir, sub);
 }
 
+static int cg_write(const char *cg, const char *file, long long v) {
+  char path[PATH_MAX + 128], val[32];
+  snprintf(path, sizeof path, "%s/%s", cg, file);
+  snprintf(val, sizeof val, "%lld", v);
+  return write_file(path, val);
+}
+
+/* The sandbox's memory, pids and cpu groups, with their limits. A group that
+ * cannot be made or limited is left out (rlimits stand in, see spawn). */
+static void cg_make(struct wbd_rt *rt) {
+  for (int i = 0; i < CG_N; i++) {
+    rt->cgx[i][0] = 0;
+    if (i == CG_FREEZER || !g_cgx_root[i][0]) continue;
+    char *p = rt->cgx[i];
+    snprintf(p, sizeof rt->cgx[i], "%.*s/%s", PATH_MAX, g_cgx_root[i], rt->id);
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+      p[0] = 0;
+      continue;
+    }
+    int rc = 0;
+    if (i == CG_MEMORY) {
+      rc = cg_write(p, "memory.limit_in_bytes", g_memory_mb << 20);
+      /* With swap accounting, swap counts too (else a hog just swaps). */
+      cg_write(p, "memory.memsw.limit_in_bytes", g_memory_mb << 20);
+    } else if (i == CG_PIDS) {
+      rc = cg_write(p, "pids.max", g_pids_max);
+    } else if (i == CG_CPU) {
+      /* cpuCount cores at most, and half the weight of warmboxd's own group. */
+      rc = cg_write(p, "cpu.cfs_quota_us", 100000LL * CPU_COUNT_DEFAULT);
+      if (!rc) rc = cg_write(p, "cpu.shares", 512);
+    }
+    if (rc) {
+      rmdir(p);
+      p[0] = 0;
+    }
+  }
+}
+
+static void rt_close_fds(struct wbd_rt *rt) {
+  int *fds[] = { &rt->net_fd, &rt->userns_fd, &rt->slirp_exit_fd, &rt->slirp_ready_fd };
+  for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
+    if (*fds[i] >= 0) {
+      close(*fds[i]);
+      *fds[i] = -1;
+    }
+}
+
+/* The sandbox's network namespace, and slirp4netns for internet access. */
+static int net_make(struct wbd_rt *rt) {
+  struct spawn_job j;
+  job_init(&j);
+  j.kind = JOB_NETNS;
+  int rc = spawn_via_thread(&j);
+  if (rc) return rc;
+  rt->net_fd = j.out_net;
+  rt->userns_fd = j.out_userns;
+  if (!rt->allow_net) return 0;
+  if (!g_have_slirp) return -ENOENT;
+  int ex[2], rd[2];
+  if (pipe2(ex, O_CLOEXEC) != 0) return -errno;
+  if (pipe2(rd, O_CLOEXEC) != 0) {
+    rc = -errno;
+    close(ex[0]);
+    close(ex[1]);
+    return rc;
+  }
+  /* fds in slirp4netns: 3 the netns, 4 exit, 5 ready, 6 the userns */
+  struct sv av = { 0 };
+  sv_add(&av, SLIRP);
+  sv_add(&av, "--netns-type=path");
+  sv_add(&av, "--configure");
+  sv_add(&av, "--mtu=65520");
+  /* 10.0.2.2 does not lead to the host's 127.0.0.1 */
+  sv_add(&av, "--disable-host-loopback");
+  /* It parses the jail's packets as root: an empty root, no capabilities,
+   * a syscall filter. */
+  sv_add(&av, "--enable-sandbox");
+  sv_add(&av, "--enable-seccomp");
+  sv_add(&av, "--exit-fd=4");
+  sv_add(&av, "--ready-fd=5");
+  if (rt->userns_fd >= 0) sv_add(&av, "--userns-path=/proc/self/fd/6");
+  sv_add(&av, "/proc/self/fd/3");
+  sv_add(&av, "tap0");
+  char *envp[] = { "PATH=" JAIL_PATH, NULL };
+  job_init(&j);
+  j.argv = av.v;
+  j.envp = envp;
+  j.pass[j.npass++] = rt->net_fd;
+  j.pass[j.npass++] = ex[0];
+  j.pass[j.npass++] = rd[1];
+  if (rt->userns_fd >= 0) j.pass[j.npass++] = rt->userns_fd;
+  rc = spawn_via_thread(&j);
+  sv_free(&av);
+  close(ex[0]);
+  close(rd[1]);
+  if (rc) {
+    close(ex[1]);
+    close(rd[0]);
+    return rc;
+  }
+  rt->slirp_pid = j.pid;
+  rt->slirp_exit_fd = ex[1];
+  rt->slirp_ready_fd = rd[0];
+  return 0;
+}
+
+static void net_end(struct wbd_rt *rt) {
+  if (rt->slirp_exit_fd >= 0) close(rt->slirp_exit_fd);
+  rt->slirp_exit_fd = -1;
+  if (rt->slirp_pid > 0) {
+    kill(rt->slirp_pid, SIGKILL);
+    while (waitpid(rt->slirp_pid, NULL, 0) < 0 && errno == EINTR) {}
+    rt->slirp_pid = 0;
+  }
+}
+
+static int slot_take(void) {
+  pthread_mutex_lock(&g_mu);
+  int s = -1;
+  for (int i = 0; i < UID_SLOTS && s < 0; i++)
+    if (!g_slots[i]) {
+      g_slots[i] = 1;
+      s = i;
+    }
+  pthread_mutex_unlock(&g_mu);
+  return s;
+}
+
+static void slot_give(int s) {
+  if (s < 0) return;
+  pthread_mutex_lock(&g_mu);
+  g_slots[s] = 0;
+  pthread_mutex_unlock(&g_mu);
+}
+
 static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   struct wbd_rt *rt = calloc(1, sizeof *rt);
   if (!rt) return NULL;
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
   snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
   rt->allow_net = sb->allow_internet;
+  rt->net_fd = rt->userns_fd = rt->slirp_exit_fd = rt->slirp_ready_fd = -1;
+  rt->slot = -1;
+  rt->uid = geteuid();
+  rt->gid = getegid();
+  if (g_isolated && g_root) {
+    rt->slot = slot_take();
+    if (rt->slot < 0) {
+      fprintf(stderr, "warmboxd: no free jail uid (%d sandboxes)\n", UID_SLOTS);
+      free(rt);
+      return NULL;
+    }
+    rt->uid = (uid_t)(g_uid_base + (unsigned)rt->slot);
+    rt->gid = (gid_t)rt->uid;
+  }
   char home[PATH_MAX + 128], tmp[PATH_MAX + 128];
   rt_sub(rt, "home", home, sizeof home);
   rt_sub(rt, "tmp", tmp, sizeof tmp);
-  if (mkdir_p(rt->dir, 0755) != 0 || mkdir_p(home, 0755) != 0 || mkdir_p(tmp, 01777) != 0) {
+  int ok = mkdir_p(rt->dir, 0700) == 0;
+  if (ok && g_private_mnt) {
+    /* home and /tmp share one tmpfs of diskSizeMB, in warmboxd's own mount
+     * namespace (gone with it); its pages count toward the memory group. */
+    char opts[96];
+    snprintf(opts, sizeof opts, "size=%ldm,mode=0700,nr_inodes=262144", g_disk_mb);
+    rt->mounted = mount("tmpfs", rt->dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0;
+    if (!rt->mounted) fprintf(stderr, "warmboxd: cannot mount a tmpfs on %s: %s\n", rt->dir, strerror(errno));
+  }
+  ok = ok && mkdir_p(home, 0700) == 0 && mkdir_p(tmp, 0700) == 0;
+  if (ok && g_isolated) {
+    /* Only the jail's uid reaches in (the child stages them for bubblewrap). */
+    ok = chmod(rt->dir, 0700) == 0 && chown(home, rt->uid, rt->gid) == 0 && chown(tmp, rt->uid, rt->gid) == 0 &&
+         chmod(home, 0700) == 0 && chmod(tmp, 01777) == 0;
+  } else if (ok) {
+    chmod(tmp, 01777);
+  }
+  if (ok && g_isolated) {
+    int rc = net_make(rt);
+    if (rc) {
+      fprintf(stderr, "warmboxd: cannot make the network of %s: %s\n", rt->id, strerror(-rc));
+      ok = 0;
+    }
+  }
+  if (!ok) {
     fprintf(stderr, "warmboxd: cannot create %s: %s\n", rt->dir, strerror(errno));
+    net_end(rt);
+    rt_close_fds(rt);
+    if (rt->mounted) umount2(rt->dir, MNT_DETACH);
     rm_rf(rt->dir);
+    slot_give(rt->slot);
     free(rt);
     return NULL;
   }
-  chmod(tmp, 01777);
   if (g_cg_root[0]) {
     snprintf(rt->cg, sizeof rt->cg, "%s/%s", g_cg_root, sb->id);
     if (mkdir(rt->cg, 0755) != 0 && errno != EEXIST) rt->cg[0] = 0;
   }
+  cg_make(rt);
   pthread_mutex_init(&rt->mu, NULL);
   pthread_cond_init(&rt->cond, NULL);
   pthread_mutex_init(&rt->interp_mu, NULL);
@@ -562,7 +1133,10 @@ void wbd_rt_put(struct wbd_rt *rt) {
   if (rt->next) rt->next->prev = rt->prev;
   pthread_cond_broadcast(&g_cond);
   pthread_mutex_unlock(&g_mu);
-  wbd_interp_free(rt->interp);
+  if (rt->hooks && rt->hooks->free_slot) rt->hooks->free_slot(rt->interp);
+  net_end(rt);
+  rt_close_fds(rt);
+  slot_give(rt->slot);
   while (rt->procs) {
     struct rt_proc *p = rt->procs;
     rt->procs = p->next;
@@ -574,25 +1148,73 @@ void wbd_rt_put(struct wbd_rt *rt) {
   free(rt);
 }
 
-struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb) {
-  wbd_store_lock();
+static void teardown(struct wbd_rt *rt, int remove);
+static void drop_owner(struct wbd_rt *rt);
+
+/* Serialises making runtimes, which happens outside the store lock (it
+ * starts processes). */
+static pthread_mutex_t g_new_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct wbd_rt *take_locked(struct wbd_sandbox *sb, int *dead) {
   struct wbd_rt *rt = sb->rt;
-  if (sb->state == WBD_KILLED || rt == RT_KILLED || g_shut) {
-    wbd_store_unlock();
-    return NULL;
-  }
-  if (!rt) {
-    rt = rt_new(sb);
-    sb->rt = rt;
-  }
+  *dead = sb->state == WBD_KILLED || rt == RT_KILLED || g_shut;
+  if (*dead) return NULL;
   if (rt) wbd_rt_ref(rt);
+  return rt;
+}
+
+struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb) {
+  int dead;
+  wbd_store_lock();
+  struct wbd_rt *rt = take_locked(sb, &dead);
   wbd_store_unlock();
+  if (rt || dead) return rt;
+  pthread_mutex_lock(&g_new_mu);
+  wbd_store_lock();
+  rt = take_locked(sb, &dead);
+  wbd_store_unlock();
+  if (!rt && !dead) {
+    struct wbd_rt *made = rt_new(sb);
+    if (made) {
+      wbd_store_lock();
+      rt = take_locked(sb, &dead);
+      if (!dead) {
+        sb->rt = made;
+        wbd_rt_ref(made);
+        rt = made;
+        made = NULL;
+      }
+      wbd_store_unlock();
+      if (made) {
+        /* Killed while it was being made. */
+        teardown(made, 1);
+        drop_owner(made);
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_new_mu);
   return rt;
 }
 
 int wbd_rt_isolated(void) { return g_isolated; }
 
+long wbd_rt_memory_mb(void) { return g_memory_mb; }
+
+long wbd_rt_oom_kills(struct wbd_rt *rt) {
+  if (!rt->cgx[CG_MEMORY][0]) return -1;
+  char path[PATH_MAX + 128], line[128];
+  snprintf(path, sizeof path, "%s/memory.oom_control", rt->cgx[CG_MEMORY]);
+  FILE *f = fopen(path, "re");
+  if (!f) return -1;
+  long n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "oom_kill %ld", &n) == 1) break;
+  fclose(f);
+  return n;
+}
+
 void **wbd_rt_interp_slot(struct wbd_rt *rt) { return &rt->interp; }
+void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks) { rt->hooks = hooks; }
 pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) { return &rt->interp_mu; }
 
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
@@ -672,8 +1294,19 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   }
   json_decref(env);
 
+  (void)inherit_stderr;
   struct sv av = { 0 };
-  if (g_isolated) jail_args(&av, home, tmp, rt->allow_net, cwd);
+  char pw[PATH_MAX + 64], gr[PATH_MAX + 64];
+  snprintf(pw, sizeof pw, "%s/passwd", g_etc);
+  snprintf(gr, sizeof gr, "%s/group", g_etc);
+  char rs[PATH_MAX + 64];
+  snprintf(rs, sizeof rs, "%s/resolv.conf", g_etc);
+  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL };
+  struct jail_src staged = g_staged;
+  if (!rt->allow_net) staged.resolv = NULL;
+  /* The filter reaches bubblewrap as fd 3 (spawn_job.pass). */
+  int sfd = g_isolated ? seccomp_pipe() : -1;
+  if (g_isolated) jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd >= 0 ? 3 : -1, cwd);
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
 
@@ -684,21 +1317,53 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     rc = -errno;
 
   struct spawn_job j;
-  memset(&j, 0, sizeof j);
+  job_init(&j);
   j.argv = av.v;
   j.envp = ev.v;
   j.chdir_to = g_isolated ? NULL : hcwd;
   j.fds[0] = stdin_fd ? pin[0] : -1;
   j.fds[1] = stdout_fd ? pout[1] : -1;
-  j.fds[2] = stderr_fd ? perr[1] : inherit_stderr ? -2 : -1;
-  j.cg_fd = -1;
+  j.fds[2] = stderr_fd ? perr[1] : -1;
 
   pthread_mutex_lock(&rt->mu);
   if (!rc && rt->dead) rc = -ESRCH;
-  if (!rc && rt->cg[0]) {
-    char p[PATH_MAX + 128];
-    snprintf(p, sizeof p, "%s/cgroup.procs", rt->cg);
-    j.cg_fd = open(p, O_WRONLY | O_CLOEXEC);
+  if (!rc) {
+    const char *groups[CG_N] = { rt->cg, rt->cgx[CG_MEMORY], rt->cgx[CG_PIDS], rt->cgx[CG_CPU] };
+    for (int i = 0; i < CG_N; i++)
+      if (groups[i][0]) {
+        char p[PATH_MAX + 128];
+        snprintf(p, sizeof p, "%s/cgroup.procs", groups[i]);
+        j.cg_fd[i] = open(p, O_WRONLY | O_CLOEXEC);
+      }
+    /* Without the groups, per-process rlimits stand in. */
+    if (j.cg_fd[CG_PIDS] < 0 && g_isolated) j.nproc = g_pids_max;
+    if (j.cg_fd[CG_MEMORY] < 0 && g_isolated) j.data_mb = g_memory_mb;
+  }
+  if (!rc && g_isolated) {
+    if (sfd >= 0) j.pass[j.npass++] = sfd;
+    if (g_root) {
+      j.stage = 1;
+      j.stage_src[0] = home;
+      j.stage_src[1] = tmp;
+      j.stage_src[2] = pw;
+      j.stage_src[3] = gr;
+      j.stage_src[4] = rt->allow_net ? rs : NULL;
+    }
+    j.net_fd = rt->net_fd;
+    j.userns_fd = rt->userns_fd;
+    j.setid = g_root;
+    j.uid = rt->uid;
+    j.gid = rt->gid;
+    if (rt->slirp_ready_fd >= 0 && !rt->net_checked) {
+      /* slirp4netns is usually ready long before the first process. */
+      struct pollfd pf = { rt->slirp_ready_fd, POLLIN, 0 };
+      int pr;
+      while ((pr = poll(&pf, 1, 2000)) < 0 && errno == EINTR) {}
+      char b;
+      if (pr <= 0 || read(rt->slirp_ready_fd, &b, 1) != 1)
+        fprintf(stderr, "warmboxd: slirp4netns did not start for %s: it has no internet access\n", rt->id);
+      rt->net_checked = 1;
+    }
   }
   struct rt_proc *pr = NULL;
   if (!rc) rc = spawn_via_thread(&j);
@@ -710,9 +1375,11 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     rt->procs = pr;
   }
   pthread_mutex_unlock(&rt->mu);
-  if (j.cg_fd >= 0) close(j.cg_fd);
+  for (int i = 0; i < CG_N; i++)
+    if (j.cg_fd[i] >= 0) close(j.cg_fd[i]);
   sv_free(&av);
   sv_free(&ev);
+  if (sfd >= 0) close(sfd);
   if (pin[0] >= 0) close(pin[0]);
   if (pout[1] >= 0) close(pout[1]);
   if (perr[1] >= 0) close(perr[1]);
@@ -753,6 +1420,9 @@ int wbd_rt_signal_rt(struct wbd_rt *rt, pid_t pid, int sig) {
   pid_t *d;
   size_t n = descendants(&pid, 1, &d);
   int whole = sig == SIGKILL || sig == SIGSTOP || sig == SIGCONT;
+  /* SIGKILL: the process we started first, so that its status is always
+   * "killed" (bwrap's monitor would otherwise report its child's 137). */
+  if (sig == SIGKILL) kill(pid, sig);
   if (!g_isolated) kill(-pid, sig);
   /* In a jail, bwrap's own processes (the monitor, the namespace's init)
    * would die of most signals and take the jail with them: the signal is
@@ -948,15 +1618,29 @@ static void kill_all_procs(struct wbd_rt *rt) {
   }
 }
 
+static void interp_pause(struct wbd_rt *rt, int memory) {
+  pthread_mutex_lock(&rt->interp_mu);
+  const struct wbd_rt_hooks *h = rt->hooks;
+  pthread_mutex_unlock(&rt->interp_mu);
+  if (h && h->on_pause) h->on_pause(rt, memory);
+}
+
 static void teardown(struct wbd_rt *rt, int remove) {
-  wbd_interp_on_pause(rt, 0);
+  interp_pause(rt, 0);
   pthread_mutex_lock(&rt->mu);
   if (remove) rt->dead = 1;
   pthread_mutex_unlock(&rt->mu);
   kill_all_procs(rt);
   if (remove) {
+    net_end(rt);
+    if (rt->mounted) {
+      umount2(rt->dir, MNT_DETACH);
+      rt->mounted = 0;
+    }
     rm_rf(rt->dir);
     if (rt->cg[0]) rmdir(rt->cg);
+    for (int i = 0; i < CG_N; i++)
+      if (rt->cgx[i][0]) cg_rmdir(rt->cgx[i]);
   }
 }
 
@@ -993,7 +1677,7 @@ int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
   if (!memory) {
     teardown(rt, 0);
   } else {
-    wbd_interp_on_pause(rt, 1);
+    interp_pause(rt, 1);
     pthread_mutex_lock(&rt->mu);
     if (!rt->frozen) {
       if (rt->cg[0]) {
@@ -1049,8 +1733,10 @@ void wbd_rt_on_kill(struct wbd_sandbox *sb) {
 
 /* Freezer groups left by a warmboxd that was killed (SIGKILL skips the
  * clean-up): removed when their owner is gone and they hold no process. */
-static void reap_stale_cgroups(void) {
-  const char *root = "/sys/fs/cgroup/freezer";
+static void reap_stale_cgroups(const char *ctrl) {
+  char root[64];
+  snprintf(root, sizeof root, "/sys/fs/cgroup/%s", ctrl);
+  int freezer = strcmp(ctrl, "freezer") == 0;
   DIR *d = opendir(root);
   if (!d) return;
   struct dirent *e;
@@ -1067,7 +1753,7 @@ static void reap_stale_cgroups(void) {
         if (se->d_type == DT_DIR && se->d_name[0] != '.') {
           char sub[PATH_MAX + 300];
           snprintf(sub, sizeof sub, "%s/%s", top, se->d_name);
-          cg_set_state(sub, "THAWED");
+          if (freezer) cg_set_state(sub, "THAWED");
           rmdir(sub);  /* fails, and stays, while it holds a process */
         }
       closedir(sd);
@@ -1085,7 +1771,8 @@ static int check_bwrap(char *why, size_t len) {
     return -1;
   }
   struct sv a = { 0 };
-  jail_args(&a, NULL, NULL, 0, "/");
+  struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
+  jail_args(&a, "check", &none, 0, -1, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {
@@ -1099,6 +1786,9 @@ static int check_bwrap(char *why, size_t len) {
     int nul = open("/dev/null", O_RDWR);
     dup2(nul, 0);
     dup2(nul, 1);
+    /* As a jail runs: unprivileged. */
+    uid_t u = (uid_t)(g_uid_base + UID_SLOTS - 1);
+    if (g_root && (setgroups(0, NULL) != 0 || setresgid(u, u, u) != 0 || setresuid(u, u, u) != 0)) _exit(126);
     execv(a.v[0], a.v);
     _exit(127);
   }
@@ -1134,10 +1824,28 @@ int wbd_rt_init(void) {
     fprintf(stderr, "warmboxd: no data directory\n");
     return -1;
   }
-  int rc = mkdir_p(wbd_opt.data_dir, 0755);
+  int rc = mkdir_p(wbd_opt.data_dir, 0700);
   if (rc) {
     fprintf(stderr, "warmboxd: cannot create %s: %s\n", wbd_opt.data_dir, strerror(-rc));
     return -1;
+  }
+  /* Sandboxes' files are nobody else's business, whatever the directory was. */
+  if (chmod(wbd_opt.data_dir, 0700) != 0) {
+    fprintf(stderr, "warmboxd: cannot make %s private: %s\n", wbd_opt.data_dir, strerror(errno));
+    return -1;
+  }
+  g_root = geteuid() == 0;
+  const char *e;
+  if ((e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0) g_uid_base = (uid_t)atol(e);
+  if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
+  g_have_slirp = access(SLIRP, X_OK) == 0;
+  seccomp_build();
+  if (!wbd_opt.unisolated && g_root) {
+    /* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live
+     * and die with it, and the host's mount table does not see them. First, so
+     * that every descriptor warmboxd opens is on one of its own mounts. */
+    if (unshare(CLONE_NEWNS) == 0 && mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0) g_private_mnt = 1;
+    else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
   }
   /* Absolute, for bubblewrap's binds and HOME in unisolated mode. */
   if (!realpath(wbd_opt.data_dir, g_data)) {
@@ -1146,7 +1854,7 @@ int wbd_rt_init(void) {
   }
   snprintf(g_etc, sizeof g_etc, "%s/.warmboxd-etc", g_data);
   char p[PATH_MAX + 64];
-  if (mkdir_p(g_etc, 0755) != 0) {
+  if (mkdir_p(g_etc, 0700) != 0) {
     fprintf(stderr, "warmboxd: cannot create %s\n", g_etc);
     return -1;
   }
@@ -1155,6 +1863,8 @@ int wbd_rt_init(void) {
                     "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
   snprintf(p, sizeof p, "%s/group", g_etc);
   write_new_file(p, "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n");
+  snprintf(p, sizeof p, "%s/resolv.conf", g_etc);
+  write_new_file(p, "nameserver 10.0.2.3\n");
 
   char why[512];
   int ok = check_bwrap(why, sizeof why) == 0;
@@ -1175,7 +1885,21 @@ int wbd_rt_init(void) {
     g_isolated = 1;
   }
 
-  reap_stale_cgroups();
+  if (g_isolated && !g_have_slirp)
+    fprintf(stderr, "warmboxd: %s not found (install Debian's slirp4netns): sandboxes that allow internet "
+                    "access cannot start\n", SLIRP);
+  for (int i = 0; i < CG_N; i++) reap_stale_cgroups(cg_ctrl[i]);
+  const char *nolim = getenv("WARMBOXD_NO_LIMIT_CGROUPS");
+  for (int i = 0; i < CG_N; i++) {
+    g_cgx_root[i][0] = 0;
+    if (i == CG_FREEZER || !g_isolated || (nolim && strcmp(nolim, "1") == 0)) continue;
+    snprintf(g_cgx_root[i], sizeof g_cgx_root[i], "/sys/fs/cgroup/%s/warmboxd-%d", cg_ctrl[i], (int)getpid());
+    if (mkdir(g_cgx_root[i], 0755) != 0 && errno != EEXIST) {
+      if (wbd_opt.verbose)
+        fprintf(stderr, "warmboxd: no %s cgroup (%s): rlimits instead\n", cg_ctrl[i], strerror(errno));
+      g_cgx_root[i][0] = 0;
+    }
+  }
   /* WARMBOXD_NO_FREEZER=1 (for tests) takes the SIGSTOP path even where the
    * freezer is available. */
   const char *nofreeze = getenv("WARMBOXD_NO_FREEZER");
@@ -1241,5 +1965,7 @@ void wbd_rt_shutdown(void) {
   pthread_mutex_unlock(&sp_mu);
   if (running) pthread_join(sp_thread, NULL);
   if (g_cg_root[0]) rmdir(g_cg_root);
+  for (int i = 0; i < CG_N; i++)
+    if (g_cgx_root[i][0]) cg_rmdir(g_cgx_root[i]);
   if (g_etc[0]) rm_rf(g_etc);
 }

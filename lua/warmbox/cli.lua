@@ -5,8 +5,9 @@
 --   warmbox [options] server start|stop|status
 --   warmbox [options] doctor [--embedded | --e2b]
 --   warmbox [options] release KEY
---   warmbox [options] sessions
---   warmbox [options] gc [--dry-run] [--max-age S]
+--   warmbox [options] sessions [--tenant T] [--state running|paused] [--json]
+--   warmbox [options] gc [--dry-run] [--json] [--policy FILE] [--retention 7d] [--max-kills N]
+--                        [--concurrency N] [--next-token T] [--pages N]
 --   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
 --                              [--idle-timeout S,S,S] [--policy FILE | --policies all]
 --                              [--chart out.svg] [--csv rows.csv]
@@ -42,8 +43,20 @@ commands:
                                  every command uses it, and sessions keep their kernels between commands
   doctor [--embedded | --e2b]    check what the embedded server and E2B need, with what to install or set
   release KEY                    kill every sandbox of the session KEY
-  sessions                       list sessions and their sandboxes
-  gc [--dry-run] [--max-age S]   garbage-collect tagged sandboxes under the GC policy
+  sessions                       list sessions, their sandboxes, last activity and age
+      --tenant T                   only this tenant's (the key before the first ':', or the policy's tenant hook)
+      --state S                    only running or paused ones
+      --json                       one JSON array
+  gc                             garbage-collect tagged sandboxes under the GC policy, page by page
+      --dry-run                    decide and report, act on nothing
+      --json                       one JSON report on stdout: {"actions": [...], "killed": n, ...}
+      --policy FILE                the GC policy for this pass (a Lua file; see README)
+      --retention D                kill after D of inactivity (units s, m, h, d: 7d; default 1d)
+      --max-kills N                at most N kills this pass
+      --concurrency N              sandboxes acted on at once (default 8)
+      --next-token T, --pages N    resume a pass at a page / stop after N pages
+                                   (a progress line goes to stderr when it is a terminal;
+                                   the exit status is 1 when any action failed)
   simulate                       replay a trace or a generated workload against a virtual-time model of E2B
       --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}, or CSV (FILE.csv)
       --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
@@ -329,57 +342,210 @@ local function cmd_release(o, args, io_)
   return 0
 end
 
+-- Whether the CLI's stderr is a terminal (io_.isatty overrides, for specs).
+local function stderr_tty(io_)
+  if io_.isatty ~= nil then
+    if type(io_.isatty) == "function" then return io_.isatty() end
+    return io_.isatty
+  end
+  if io_.stderr ~= io.stderr then return false end
+  return os.execute("[ -t 2 ]") == true
+end
+
+local function duration_arg(flag, v)
+  local rules = require "warmbox.policy.rules"
+  local s, err = rules.duration(v or "")
+  if not s then error(flag .. ": " .. tostring(err), 0) end
+  return s
+end
+
+local function int_arg(flag, v, min)
+  local n = tonumber(v)
+  if not n or math.type(n) ~= "integer" or n < (min or 1) then
+    error(string_format("%s needs an integer >= %d, got '%s'", flag, min or 1, tostring(v)), 0)
+  end
+  return n
+end
+
+local function human_age(s)
+  if not s then return "-" end
+  s = math.max(0, math.floor(s))
+  if s >= 86400 then return string_format("%dd%02dh", s // 86400, s % 86400 // 3600) end
+  if s >= 3600 then return string_format("%dh%02dm", s // 3600, s % 3600 // 60) end
+  if s >= 60 then return string_format("%dm%02ds", s // 60, s % 60) end
+  return string_format("%ds", s)
+end
+
 local function cmd_sessions(o, args, io_)
-  if #args ~= 0 then error("sessions takes no arguments", 0) end
-  local wb = new_warmbox(o, io_.stderr)
-  if not wb then return 1 end
-  local list, msg, code = wb:sessions()
-  wb:close()
-  if not list then return fail(io_.stderr, msg, code) end
-  if #list == 0 then
-    io_.stdout:write("no sessions\n")
-    return 0
-  end
-  io_.stdout:write(string_format("%-40s %-24s %-8s %s\n", "SESSION", "SANDBOX", "STATE", "ENDS/PAUSED AT"))
-  for _, s in ipairs(list) do
-    io_.stdout:write(string_format("%-40s %-24s %-8s %s\n", s.key or ("(hashed) " .. s.tag_value),
-      tostring(s.sandbox_id), tostring(s.state), tostring(s.end_at or "")))
-  end
-  return 0
-end
-
-local function print_gc(out, rep, dry)
-  out:write(string_format("%slisted %d, kept %d, killed %d, demoted %d, busy %d, errors %d\n",
-    dry and "dry run: " or "", rep.listed or 0, rep.kept or 0, rep.killed or 0, rep.demoted or 0, rep.busy or 0,
-    type(rep.errors) == "table" and #rep.errors or 0))
-  for _, a in ipairs(rep.actions or {}) do
-    local _, sess = pcall(function()
-      local session = require "warmbox.session"
-      return (session.parse_tag(a.session or "")) or a.session
-    end)
-    out:write(string_format("  %-6s %-24s %-30s %s\n", tostring(a.action), tostring(a.sandbox_id),
-      tostring(sess or ""), tostring(a.reason or "")))
-  end
-end
-
-local function cmd_gc(o, args, io_)
-  local dry, max_age = false, nil
+  local tenant, state, as_json
   local i = 1
   while i <= #args do
     local a = args[i]
-    if a == "--dry-run" or a == "-n" then dry = true
-    elseif a == "--max-age" then
+    local function val()
       i = i + 1
-      max_age = tonumber(args[i]) or error("--max-age needs a number of seconds", 0)
-    else error("unknown argument " .. a .. " to gc", 0) end
+      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
+      return args[i]
+    end
+    if a == "--tenant" then tenant = val()
+    elseif a == "--state" then
+      state = val()
+      if state ~= "running" and state ~= "paused" then error("--state must be running or paused", 0) end
+    elseif a == "--json" then as_json = true
+    else error("unknown argument " .. a .. " to sessions", 0) end
     i = i + 1
   end
   local wb = new_warmbox(o, io_.stderr)
   if not wb then return 1 end
-  local rep, msg, code = wb:gc{ dry_run = dry, max_age = max_age }
+  local list, msg, code = wb:sessions()
+  local gc = require "warmbox.gc"
+  local now = wb.clock()
+  local tenant_of = type(wb.policy.tenant) == "function" and wb.policy.tenant or gc.default_tenant
   wb:close()
-  if not rep then return fail(io_.stderr, msg, code) end
-  print_gc(io_.stdout, rep, dry)
+  if not list then return fail(io_.stderr, msg, code) end
+  local rows = {}
+  for _, s in ipairs(list) do
+    local ok, t = pcall(tenant_of, s.key or s.tag_value)
+    s.tenant = ok and type(t) == "string" and t or gc.default_tenant(s.key or s.tag_value)
+    s.last_activity = gc.last_activity(s)
+    s.age = s.last_activity and now - s.last_activity or nil
+    if (not tenant or s.tenant == tenant) and (not state or s.state == state) then rows[#rows + 1] = s end
+  end
+  if as_json then
+    local json = require "warmbox.json"
+    local out = {}
+    for k, s in ipairs(rows) do
+      out[k] = { key = s.key or json.null, tenant = s.tenant, tag_value = s.tag_value, sandbox_id = s.sandbox_id,
+        state = s.state, started_at = s.started_at or json.null, end_at = s.end_at or json.null,
+        last_activity = s.last_activity and os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(s.last_activity)) or json.null,
+        age_s = s.age and math.floor(s.age) or json.null }
+    end
+    io_.stdout:write(#out == 0 and "[]" or json.encode(out), "\n")
+    return 0
+  end
+  if #rows == 0 then
+    io_.stdout:write("no sessions\n")
+    return 0
+  end
+  io_.stdout:write(string_format("%-36s %-16s %-24s %-8s %-20s %s\n", "SESSION", "TENANT", "SANDBOX", "STATE",
+    "LAST ACTIVITY", "AGE"))
+  for _, s in ipairs(rows) do
+    io_.stdout:write(string_format("%-36s %-16s %-24s %-8s %-20s %s\n", s.key or ("(hashed) " .. s.tag_value),
+      tostring(s.tenant), tostring(s.sandbox_id), tostring(s.state),
+      s.last_activity and os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(s.last_activity)) or "-", human_age(s.age)))
+  end
+  return 0
+end
+
+local function cmd_gc(o, args, io_)
+  local opts = { actions = false }
+  local as_json, policy_file = false, nil
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local function val()
+      i = i + 1
+      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
+      return args[i]
+    end
+    if a == "--dry-run" or a == "-n" then opts.dry_run = true
+    elseif a == "--json" then as_json = true
+    elseif a == "--policy" then policy_file = val()
+    elseif a == "--retention" then opts.max_age = duration_arg(a, val())
+    elseif a == "--max-age" then opts.max_age = duration_arg(a, val())
+    elseif a == "--max-kills" then opts.max_kills = int_arg(a, val(), 1)
+    elseif a == "--concurrency" then opts.concurrency = int_arg(a, val(), 1)
+    elseif a == "--next-token" then opts.next_token = val()
+    elseif a == "--pages" then opts.pages = int_arg(a, val(), 1)
+    else error("unknown argument " .. a .. " to gc", 0) end
+    i = i + 1
+  end
+  if policy_file then opts.policy = policy_file end
+  local out, err = io_.stdout, io_.stderr
+  local json = require "warmbox.json"
+  local core = require "warmbox.core"
+  local tty = stderr_tty(io_)
+  local first = true
+  if as_json then out:write('{"actions":[') end
+  opts.on_action = function(a)
+    if a.action == "keep" then return end
+    if as_json then
+      out:write(first and "\n" or ",\n", json.encode({ action = a.action, sandbox_id = a.sandbox_id,
+        session = a.key or json.null, tenant = a.tenant or json.null, tag_value = a.session,
+        reason = a.reason or json.null, code = a.code or json.null, failed = a.failed or json.null }))
+    else
+      out:write(string_format("  %-7s %-24s %-30s %s\n", a.action, tostring(a.sandbox_id),
+        tostring(a.key or ("(tag) " .. tostring(a.session))), tostring(a.reason or "")))
+    end
+    first = false
+  end
+  local t0, last_draw = core.now(), 0
+  local function progress(rep, final)
+    local now = core.now()
+    if not final and now - last_draw < 0.2 then return end
+    last_draw = now
+    local done = rep.killed + rep.demoted + rep.skipped + rep.busy + rep.failed
+    local decided = rep.kept + done + (rep.queued or 0)
+    local rate = rep.listed / math.max(now - t0, 1e-3)
+    local act_rate = done / math.max(now - t0, 1e-3)
+    local eta = (rep.queued or 0) > 0 and act_rate > 0 and string_format("%.0fs", rep.queued / act_rate) or "-"
+    err:write(string_format("\r\27[Kgc: %d pages, %d listed, %d decided, %d done (%d killed), %.0f/s, eta %s%s",
+      rep.pages, rep.listed, decided, done, rep.killed, rate, eta, final and "\n" or ""))
+    err:flush()
+  end
+  local resume -- where an interrupted pass resumes
+  opts.on_page = function(p)
+    resume = p.resume_token
+    if tty then
+      p.report.queued = p.queued
+      progress(p.report)
+    end
+  end
+  local wb = new_warmbox(o, err)
+  if not wb then
+    if as_json then out:write("]}\n") end
+    return 1
+  end
+  local ok, rep, msg, code, partial = pcall(wb.gc, wb, opts)
+  wb:close()
+  if not ok then -- interrupted (^C) or a raising policy file
+    if as_json then out:write("]}\n") end
+    if tty then err:write("\n") end
+    err:write(string_format("warmbox: %s; %s\n", tostring(rep),
+      resume and ("resume with --next-token " .. resume) or "nothing to skip: run it again"))
+    return 1
+  end
+  local r = rep or partial
+  if tty and r then
+    r.queued = 0
+    progress(r, true)
+  end
+  if as_json then
+    local summary = {}
+    if r then
+      for _, k in ipairs({ "listed", "tagged", "orphans", "kept", "killed", "demoted", "busy", "skipped", "failed",
+        "pages", "budget_kept", "dry_run" }) do
+        summary[k] = r[k]
+      end
+      summary.next_token = r.resume_token or r.next_token or json.null
+      summary.errors = #r.errors > 0 and r.errors or nil
+    end
+    if not rep then summary.error = { message = tostring(msg), code = code or json.null } end
+    local s = json.encode(summary)
+    out:write(first and "" or "\n", "],", s:sub(2), "\n")
+  elseif r then
+    out:write(string_format("%slisted %d, tagged %d, kept %d, killed %d, demoted %d, busy %d, skipped %d, "
+      .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, r.killed, r.demoted, r.busy,
+      r.skipped, r.failed, (r.resume_token or r.next_token)
+        and (", resume with --next-token " .. (r.resume_token or r.next_token)) or ""))
+  end
+  if not rep then return fail(err, msg, code) end
+  if rep.failed > 0 then
+    for _, e in ipairs(rep.errors) do
+      err:write(string_format("warmbox: %s %s failed: %s (%s)\n", tostring(e.action), tostring(e.sandbox_id),
+        tostring(e.message), tostring(e.code)))
+    end
+    return 1
+  end
   return 0
 end
 

@@ -1,52 +1,65 @@
---- warmbox.gc: garbage collection of tagged sandboxes.
+--- warmbox.gc: garbage collection of tagged sandboxes, streamed page by page.
 --
--- E2B keeps paused sandboxes until they are killed. `run` lists every sandbox
--- that carries the tag (running and paused, every page), computes its last
--- activity, asks the GC policy what to do with it ("keep", "kill" or
--- "demote" to a filesystem-only snapshot) and acts, a bounded number of
--- sandboxes at a time. It never acts on a busy session: before acting it
--- try-locks the session (the lock key is the tag value) and re-checks the
--- sandbox (`info`): a sandbox that was resumed, re-paused or is gone since
--- it was listed is skipped. `release` kills one session's sandboxes.
+-- E2B keeps paused sandboxes until they are killed. `run` lists the sandboxes
+-- that carry the tag (running and paused), one page at a time, asks the GC
+-- policy what to do with each ("keep", "kill" or "demote" to a
+-- filesystem-only snapshot) and acts. A page goes through four steps:
 --
---   local report, err, code = require("warmbox.gc").run{
+--   list -> decide -> lock its sessions and re-check -> act (kill / demote)
+--
+-- and the steps of consecutive pages overlap: one `client:batch` carries the
+-- next page's list request, this page's re-check and the kills already
+-- re-checked (at most `concurrency` kills in flight). Memory is O(page +
+-- concurrency + tenants), whatever the total: nothing is kept of a page once
+-- it is done, except what `on_action` / `report.actions` keep.
+--
+--   local report, err, code, partial = require("warmbox.gc").run{
 --     client = e2b_client, tag = "warmboxSessionId", policy = policy, lock = lock_opts,
---     clock = os.time, concurrency = 8, dry_run = false, max_age = 86400 }
---   -- report = { listed, tagged, kept, killed, demoted, busy, skipped, errors = { ... },
---   --            actions = { { sandbox_id, session, action, reason }, ... }, dry_run }
+--     clock = os.time, concurrency = 8, dry_run = false, max_age = 86400,
+--     max_kills = nil, next_token = nil, pages = nil, limit = 100,
+--     on_action = nil, on_page = nil, actions = true }
+--
+-- It never acts on a busy session: before acting it try-locks the session
+-- (the lock key is the tag value) and re-checks the sandbox: the page is
+-- listed again from the same cursor (one request per page, cursors are
+-- stable under kills) and a sandbox that is missing from it, or whose state,
+-- `end_at`, `started_at` or tag changed since it was listed, is skipped. A
+-- client without `batch` (the simulator's model) re-checks with `info`.
 --
 -- Last activity (unix seconds, the clock's unit): a paused sandbox's
--- `end_at` (the time it was paused); a running one's `started_at` (reset by
--- E2B on resume) or, once its session is locked, the later remembered last
--- run from the session's lock state (`last_run`, when that state remembers
--- this sandbox); the policy is then asked again with the refined item.
+-- `end_at` (the time it was paused), a running one's `started_at` (reset by
+-- E2B on resume), or, once its session is locked, the later remembered last
+-- run from the session's lock state (when that state remembers this
+-- sandbox); the policy is then asked again with the refined item.
 --
 -- Demote: a running sandbox is paused with `{ memory = false }`. A paused one
 -- is resumed (`connect`, 60 s lease) and paused again with `{ memory = false }`:
 -- E2B cannot turn a memory snapshot into a filesystem-only one in place. The
 -- listing does not say which kind of snapshot a paused sandbox has, so a
 -- policy that demotes the same sandbox on every pass pays a cold boot each
--- time: demote within an age band (see `warmbox.policy.default`).
+-- time: demote within an age band (see `warmbox.policy.retention`).
 --
--- Parallelism: the client has no batch kill in its contract; when it offers
--- `client:kill_many(ids, { concurrency = n })` (results shaped like
--- `core.http:batch`: `{ { true|false } | { nil, msg, code }, ... }`) kills go
--- through it, otherwise they are sequential. `concurrency` also bounds how
--- many sandboxes (and so sessions) are locked at once.
+-- Resumption: `next_token` starts the pass at that page; `pages` stops it after
+-- that many pages. The report's `next_token` is where to continue (nil once the
+-- listing is exhausted), and so is the 4th value when the listing fails mid-pass.
 -- @module warmbox.gc
 local lock_mod = require "warmbox.lock"
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
 
-local type, pairs, ipairs, tostring, tonumber, error, xpcall =
-  type, pairs, ipairs, tostring, tonumber, error, xpcall
-local traceback, fmt, floor, max = debug.traceback, string.format, math.floor, math.max
+local type, pairs, ipairs, tostring, tonumber, error, xpcall, pcall =
+  type, pairs, ipairs, tostring, tonumber, error, xpcall, pcall
+local traceback, fmt, floor, max, min = debug.traceback, string.format, math.floor, math.max, math.min
 local os_time = os.time
 
 local _M = {}
 
 local DEMOTE_LEASE = 60
+-- Rounds of `concurrency` kills a kills-only batch carries (and the backlog of
+-- re-checked kills, in the same unit, above which the listing waits).
+local DRAIN_ROUNDS = 4
+_M.DEMOTE_MARK = 10
 
 -- ---------------------------------------------------------------------------
 -- time
@@ -63,48 +76,48 @@ local function last_activity(item)
 end
 _M.last_activity = last_activity
 
+--- The default tenant of a session key: the part before the first `:`
+-- (the whole key when it has none).
+function _M.default_tenant(key)
+  if type(key) ~= "string" then return nil end
+  return key:match("^([^:]*):") or key
+end
+
 -- ---------------------------------------------------------------------------
 -- options
 -- ---------------------------------------------------------------------------
 
-local RUN_OPTS = { client = "table|userdata", tag = "string", policy = "table", lock = "string|table|function",
-  clock = "function", concurrency = "number", dry_run = "boolean", max_age = "number" }
-local RELEASE_OPTS = { client = "table|userdata", tag = "string", tag_value = "string",
-  lock = "string|table|function" }
+local RUN_OPTS = { client = true, tag = true, policy = true, lock = true, clock = true, concurrency = true,
+  dry_run = true, max_age = true, max_kills = true, next_token = true, pages = true, limit = true,
+  on_action = true, on_page = true, actions = true }
+local RELEASE_OPTS = { client = true, tag = true, tag_value = true, key = true, lock = true }
 
--- Level 3: the caller of run or release.
 local function check_opts(opts, known, fname)
-  if type(opts) ~= "table" then errors.bad_argument(1, fname, "table expected, got " .. type(opts), 3) end
+  if type(opts) ~= "table" then
+    error(fmt("bad argument #1 to '%s' (table expected, got %s)", fname, type(opts)), 3)
+  end
   errors.check_options(opts, known, fname, 1, 3)
-  if opts.client == nil then errors.bad_option(1, fname, "client", "an e2b client expected", 3) end
-  if opts.tag == "" then errors.bad_option(1, fname, "tag", "a non-empty string expected", 3) end
+  local c = opts.client
+  if (type(c) ~= "table" and type(c) ~= "userdata") then
+    error(fmt("bad argument #1 to '%s' (option 'client': an e2b client expected)", fname), 3)
+  end
+  if opts.tag ~= nil and (type(opts.tag) ~= "string" or opts.tag == "") then
+    error(fmt("bad argument #1 to '%s' (option 'tag': a non-empty string expected)", fname), 3)
+  end
 end
 
--- The remembered state a session keeps under its lock (only `sandbox_id`
--- and `last_run` are read here).
+local function positive_int(v, name, fname, allow_nil)
+  if v == nil and allow_nil then return end
+  if math.type(v) ~= "integer" or v < 1 then
+    error(fmt("bad argument #1 to '%s' (option '%s': a positive integer expected)", fname, name), 4)
+  end
+end
+
+-- lock: what warmbox.lock.factory takes; options are checked now, not in the
+-- middle of a pass.
+local function lock_factory(l, fname) return lock_mod.factory(l, nil, nil, fname) end
+
 local decode_state = state_codec.decode
-
--- Iterates `client:list(opts)` by hand, so an error (nil/false, msg, code)
--- is seen rather than ending the loop. Calls fn(item) for each item.
-local function each_listed(client, opts, fn)
-  if type(client.list) ~= "function" then
-    local items, err, code = client:list_all(opts)
-    if not items then return nil, err, code end
-    for _, it in ipairs(items) do fn(it) end
-    return true
-  end
-  local iter, st, ctl = client:list(opts)
-  if type(iter) ~= "function" then return nil, tostring(st or "list failed"), ctl end
-  while true do
-    local item, err, code = iter(st, ctl)
-    if not item then
-      if err ~= nil then return nil, err, code end
-      return true
-    end
-    ctl = item
-    fn(item)
-  end
-end
 
 local function copy(t)
   local o = {}
@@ -112,19 +125,78 @@ local function copy(t)
   return o
 end
 
+local function close_lock(lk)
+  if type(lk.close) == "function" then pcall(lk.close, lk) end
+end
+-- (gc.run holds a batch of locks across steps, so it closes them by hand;
+-- release uses <close> through lock.closing.)
+
 local ACTIONS = { keep = true, kill = true, demote = true }
 
--- Asks the policy; returns action, reason | nil, msg
-local function ask(policy, item, ctx)
-  local ok, action, reason = xpcall(policy.gc, traceback, copy(item), copy(ctx))
-  if not ok then return nil, "gc policy failed: " .. tostring(action) end
-  if not ACTIONS[action] then
-    return nil, "gc policy returned " .. tostring(action) .. " (expected \"keep\", \"kill\" or \"demote\")"
+-- ---------------------------------------------------------------------------
+-- the item a policy sees
+-- ---------------------------------------------------------------------------
+
+-- A listed sandbox as the policy sees it, or nil when it does not carry the tag.
+-- `orphan`: the tag is there but is not a warmbox tag value (no key, no tenant).
+local function make_item(d, tag, tenant_of)
+  local md = d.metadata
+  local tv = type(md) == "table" and md[tag]
+  if type(tv) ~= "string" or tv == "" then return nil end
+  local tag_mod = require "warmbox.tag"
+  local key, enc = tag_mod.parse_tag(tv)
+  local item = {
+    sandbox_id = d.sandbox_id, state = d.state, started_at = d.started_at, end_at = d.end_at,
+    template_id = d.template_id, metadata = md, tag_value = tv, key = key, orphan = enc == nil,
+  }
+  item.last_activity = last_activity(d)
+  -- Demoted by GC: paused within DEMOTE_MARK (10) seconds of its resume (a demote is
+  -- connect + pause). A session never does that: its lease is at least its
+  -- idle timeout, and a recycled sandbox runs again at once.
+  if d.state == "paused" then
+    local s, e = parse_time(d.started_at), parse_time(d.end_at)
+    item.demoted = s ~= nil and e ~= nil and e >= s and e - s <= _M.DEMOTE_MARK
+  else
+    item.demoted = false
   end
-  if reason == nil and action ~= "keep" and item.last_activity then
-    reason = fmt("inactive for %ds (max_age %ds)", floor(ctx.now - item.last_activity), floor(ctx.max_age))
+  if enc then
+    local ok, t = pcall(tenant_of, key or tv, item)
+    item.tenant = ok and type(t) == "string" and t or _M.default_tenant(key or tv)
   end
-  return action, reason
+  return item
+end
+
+--- The session key of a tag value, and whether it is a warmbox tag (exposed for the CLI).
+function _M.describe_tag(tv)
+  local tag_mod = require "warmbox.tag"
+  local key, enc = tag_mod.parse_tag(tv)
+  return key, enc ~= nil
+end
+
+-- Pages of a client without `batch`: its `list_pages`, or pages cut from its
+-- `list` iterator (such a client's tokens are not resumable).
+local function pages_of(client, opts)
+  if type(client.list_pages) == "function" then return client:list_pages(opts) end
+  local it = client:list(opts)
+  local done, n = false, 0
+  local ahead, aerr, acode = it()
+  return function()
+    if done then return nil end
+    local page = {}
+    while #page < opts.limit do
+      if ahead == false or (ahead == nil and aerr ~= nil) then
+        done = true
+        return false, aerr, acode
+      end
+      if ahead == nil then break end
+      page[#page + 1] = ahead
+      ahead, aerr, acode = it()
+    end
+    n = n + 1
+    if ahead == nil and aerr == nil then done = true end
+    if #page == 0 then return nil end
+    return page, false, (not done) and ("list:" .. n) or nil
+  end
 end
 
 -- ---------------------------------------------------------------------------
@@ -132,8 +204,10 @@ end
 -- ---------------------------------------------------------------------------
 
 --- One GC pass. See the module comment.
--- @treturn[1] table report
--- @return[2] nil, message, code (listing failed)
+-- @treturn[1] table report `{ listed, tagged, orphans, kept, killed, demoted, busy, skipped,
+--   failed, pages, budget_kept, errors, actions (unless `actions = false`), next_token, dry_run }`
+-- @return[2] nil, message, code, partial report (the listing failed; its `next_token`
+--   is the page to resume from)
 function _M.run(opts)
   check_opts(opts, RUN_OPTS, "run")
   local client = opts.client
@@ -145,82 +219,232 @@ function _M.run(opts)
   local clock = opts.clock or os_time
   if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock': a function expected)", 2) end
   local concurrency = opts.concurrency or 8
-  if math.type(concurrency) ~= "integer" or concurrency < 1 then
-    error("bad argument #1 to 'run' (option 'concurrency': a positive integer expected)", 2)
-  end
+  positive_int(concurrency, "concurrency", "run")
+  positive_int(opts.max_kills, "max_kills", "run", true)
+  positive_int(opts.pages, "pages", "run", true)
+  positive_int(opts.limit, "limit", "run", true)
   local max_age = opts.max_age or 86400
   if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age': a number expected)", 2) end
+  if opts.next_token ~= nil and type(opts.next_token) ~= "string" then
+    error("bad argument #1 to 'run' (option 'next_token': a string expected)", 2)
+  end
+  for _, k in ipairs({ "on_action", "on_page" }) do
+    if opts[k] ~= nil and type(opts[k]) ~= "function" then
+      error(fmt("bad argument #1 to 'run' (option '%s': a function expected)", k), 2)
+    end
+  end
   local dry_run = opts.dry_run and true or false
-  local new_lock = lock_mod.factory(opts.lock, nil, nil, "run")
+  local new_lock = lock_factory(opts.lock, "run")
+  local limit = min(opts.limit or 100, 100)
+  local max_kills, max_pages = opts.max_kills, opts.pages
+  local on_action, on_page = opts.on_action, opts.on_page
+  local tenant_of = type(policy.tenant) == "function" and policy.tenant or _M.default_tenant
+  local pipelined = type(client.batch) == "function"
+  local list_opts = { state = { "running", "paused" }, limit = limit }
 
-  local report = { listed = 0, tagged = 0, kept = 0, killed = 0, demoted = 0, busy = 0, skipped = 0,
-                   errors = {}, actions = {}, dry_run = dry_run }
-  local function note(item, tv, action, reason)
-    report.actions[#report.actions + 1] = { sandbox_id = item.sandbox_id, session = tv, action = action,
-                                            reason = reason }
+  local report = { listed = 0, tagged = 0, orphans = 0, kept = 0, killed = 0, demoted = 0, busy = 0, skipped = 0,
+                   failed = 0, pages = 0, budget_kept = 0, errors = {}, actions = opts.actions ~= false and {} or nil,
+                   dry_run = dry_run }
+  local function note(item, action, reason)
+    local a = { sandbox_id = item.sandbox_id, session = item.tag_value, key = item.key, tenant = item.tenant,
+                action = action, reason = reason }
+    if report.actions then report.actions[#report.actions + 1] = a end
+    if on_action then on_action(a) end
   end
-  local function fail(item, tv, action, msg, code)
-    report.errors[#report.errors + 1] = { sandbox_id = item.sandbox_id, session = tv, action = action,
-                                          message = msg, code = code }
+  local function fail(item, action, msg, code)
+    report.failed = report.failed + 1
+    local e = { sandbox_id = item.sandbox_id, session = item.tag_value, action = action, message = msg, code = code }
+    report.errors[#report.errors + 1] = e
+    if on_action then
+      on_action({ sandbox_id = item.sandbox_id, session = item.tag_value, key = item.key, tenant = item.tenant,
+                  action = "error", reason = tostring(msg), code = code, failed = action })
+    end
   end
 
-  -- 1. list and decide
-  local pending, order = {}, {} -- tag value -> { {item, action, reason}, ... }
-  local ok, err, code = each_listed(client, { state = { "running", "paused" }, limit = 100 }, function(item)
-    report.listed = report.listed + 1
-    local md = item.metadata
-    local tv = type(md) == "table" and md[tag]
-    if type(tv) ~= "string" or tv == "" then return end -- not ours: never touched
-    report.tagged = report.tagged + 1
-    local it = copy(item)
-    it.last_activity = last_activity(item)
-    local action, reason = ask(policy, it, { now = clock(), max_age = max_age, tag = tag, tag_value = tv })
-    if not action then
-      fail(item, tv, "policy", reason, "POLICY")
-      return
+  -- Decisions so far (what the policy sees as counts): per tenant and in total.
+  local tenants, totals = {}, { seen = 0, kept = 0, kill = 0, demote = 0 }
+  local function count(item, action, d)
+    local t = item.tenant or (item.orphan and "(orphans)") or "(hashed)"
+    local c = tenants[t]
+    if not c then
+      c = { kept = 0, kill = 0, demote = 0 }
+      tenants[t] = c
     end
-    if action == "keep" then
-      report.kept = report.kept + 1
-      return
-    end
-    if not pending[tv] then
-      pending[tv] = {}
-      order[#order + 1] = tv
-    end
-    local p = pending[tv]
-    p[#p + 1] = { item = it, action = action, reason = reason }
-  end)
-  if not ok then return nil, err, code end
+    local k = action == "keep" and "kept" or action
+    c[k] = c[k] + d
+    totals[k] = totals[k] + d
+  end
 
-  if dry_run then
-    for _, tv in ipairs(order) do
-      for _, p in ipairs(pending[tv]) do
-        local k = p.action == "kill" and "killed" or "demoted"
-        report[k] = report[k] + 1
-        note(p.item, tv, p.action, p.reason)
+  -- An action decided but not done: the sandbox counts as kept when it still exists
+  -- (busy, changed, failed), so caps later in the pass see it.
+  local function undo(item, action, exists)
+    count(item, action, -1)
+    if exists then count(item, "keep", 1) end
+  end
+
+  local function decide(item)
+    local t = item.tenant or (item.orphan and "(orphans)") or "(hashed)"
+    local c = tenants[t] or { kept = 0, kill = 0, demote = 0 }
+    local ctx = { now = clock(), max_age = max_age, retention = max_age, tag = tag, tag_value = item.tag_value,
+                  tenant = item.tenant, counts = { kept = c.kept, kill = c.kill, demote = c.demote },
+                  totals = { seen = totals.seen, kept = totals.kept, kill = totals.kill, demote = totals.demote },
+                  max_kills = max_kills, dry_run = dry_run }
+    local ok, action, reason = xpcall(policy.gc, traceback, copy(item), ctx)
+    if not ok then return nil, "gc policy failed: " .. tostring(action) end
+    if not ACTIONS[action] then
+      return nil, "gc policy returned " .. tostring(action) .. " (expected \"keep\", \"kill\" or \"demote\")"
+    end
+    if reason ~= nil and type(reason) ~= "string" then reason = tostring(reason) end
+    if reason == nil and action ~= "keep" and item.last_activity then
+      reason = fmt("inactive for %ds (max_age %ds)", floor(ctx.now - item.last_activity), floor(max_age))
+    end
+    if action == "kill" and max_kills and totals.kill >= max_kills then
+      report.budget_kept = report.budget_kept + 1
+      return "keep", fmt("max-kills budget (%d) spent", max_kills)
+    end
+    return action, reason
+  end
+
+  -- Session locks held by this pass: tag value -> { lk, refs, state, forget }.
+  local held = {}
+  local function acquire(tv)
+    local h = held[tv]
+    if h then
+      h.refs = h.refs + 1
+      return h
+    end
+    local lk = new_lock()
+    local got, lerr, lcode = lk:try_lock(tv)
+    if not got then
+      close_lock(lk)
+      return nil, lerr, lcode
+    end
+    h = { lk = lk, refs = 1, state = decode_state(lk:get_state()) }
+    held[tv] = h
+    return h
+  end
+  local function release_ref(tv)
+    local h = held[tv]
+    h.refs = h.refs - 1
+    if h.refs == 0 then
+      if h.forget then
+        h.lk:set_state(nil)
+      elseif h.rewrite then
+        h.lk:set_state(state_codec.encode(h.state))
+      end
+      h.lk:unlock()
+      close_lock(h.lk)
+      held[tv] = nil
+    end
+  end
+  local function release_all()
+    for tv, h in pairs(held) do
+      h.lk:unlock()
+      close_lock(h.lk)
+      held[tv] = nil
+    end
+  end
+
+  -- Pages with entries not finished yet, oldest first: the earliest one's token
+  -- is where a pass interrupted now would have to resume (`report.resume_token`).
+  local open_pages, open_head, open_tail = {}, 1, 0
+  local function finish(e)
+    local pg = e.page
+    if not pg then return end
+    e.page = nil
+    pg.left = pg.left - 1
+    while open_pages[open_head] and open_pages[open_head].left == 0 do
+      open_pages[open_head] = nil
+      open_head = open_head + 1
+    end
+  end
+  local function done_with(e)
+    release_ref(e.item.tag_value)
+    finish(e)
+  end
+
+  -- A listed page: decide each tagged item; returns the entries to act on.
+  local function take_page(items)
+    report.pages = report.pages + 1
+    local entries = {}
+    for _, d in ipairs(items) do
+      report.listed = report.listed + 1
+      local item = make_item(d, tag, tenant_of)
+      if item then
+        report.tagged = report.tagged + 1
+        if item.orphan then report.orphans = report.orphans + 1 end
+        totals.seen = totals.seen + 1
+        local action, reason = decide(item)
+        if not action then
+          fail(item, "policy", reason, "POLICY")
+        else
+          count(item, action, 1)
+          if action == "keep" then
+            report.kept = report.kept + 1
+            if reason then note(item, "keep", reason) end
+          else
+            entries[#entries + 1] = { item = item, action = action, reason = reason }
+          end
+        end
       end
     end
-    return report
+    return entries
   end
 
-  -- 2. act, `concurrency` sandboxes at a time, each session locked meanwhile
-  local function recheck(p, tv)
-    local item = p.item
-    local info, ierr, icode = client:info(item.sandbox_id)
-    if not info then
-      if icode == "NOT_FOUND" then return "gone" end
-      return nil, ierr, icode
+  -- Lock the entries' sessions and refine running sandboxes' last activity
+  -- with the remembered last run; returns the entries still to act on.
+  local function lock_entries(entries)
+    local out = {}
+    for _, e in ipairs(entries) do
+      local item = e.item
+      local h, lerr, lcode = acquire(item.tag_value)
+      if not h then
+        undo(item, e.action, true)
+        if lerr == "busy" then
+          report.busy = report.busy + 1
+          note(item, "busy", "session is busy")
+        else
+          fail(item, e.action, "cannot lock session: " .. tostring(lerr), lcode or "LOCK")
+        end
+        finish(e)
+      else
+        local st = h.state
+        local last_run = tonumber(st.last_run)
+        local keep_it = false
+        if st.sandbox_id == item.sandbox_id and last_run and last_run > (item.last_activity or -math.huge) then
+          item.last_activity = last_run
+          count(item, e.action, -1)
+          local action, reason = decide(item)
+          if not action then
+            fail(item, "policy", reason, "POLICY")
+            count(item, "keep", 1) -- it stays
+            keep_it = true
+          else
+            count(item, action, 1)
+            if action == "keep" then
+              report.kept = report.kept + 1
+              note(item, "keep", reason or "used since it was listed")
+              keep_it = true
+            else
+              e.action, e.reason = action, reason
+            end
+          end
+        end
+        if keep_it then
+          done_with(e)
+        else
+          out[#out + 1] = e
+        end
+      end
     end
-    local md = info.metadata
-    if type(md) == "table" and md[tag] ~= nil and md[tag] ~= tv then return "changed" end
-    if info.state ~= item.state then return "changed" end
-    if item.state == "paused" and info.end_at ~= nil and item.end_at ~= nil and info.end_at ~= item.end_at then
-      return "changed"
-    end
-    if item.state == "running" and info.started_at ~= nil and item.started_at ~= nil
-      and info.started_at ~= item.started_at then
-      return "changed"
-    end
+    return out
+  end
+
+  local function same(item, cur, tv)
+    if cur.metadata == nil or cur.metadata[tag] ~= tv then return false end
+    if cur.state ~= item.state then return false end
+    if cur.end_at ~= item.end_at and item.state == "paused" then return false end
+    if cur.started_at ~= item.started_at then return false end
     return true
   end
 
@@ -235,155 +459,367 @@ function _M.run(opts)
     return r
   end
 
-  local function act_batch(batch)
-    -- batch: { { tv, lk, state, entries = { p, ... } }, ... } (sessions locked)
-    local kills, kill_ps = {}, {}
-    for _, s in ipairs(batch) do
-      for _, p in ipairs(s.entries) do
-        local okc, cerr, ccode = recheck(p, s.tv)
-        if okc == true then
-          if p.action == "kill" then
-            kills[#kills + 1] = p.item.sandbox_id
-            kill_ps[#kill_ps + 1] = { p = p, s = s }
+  local queue, qhead, qtail = {}, 1, 0 -- re-checked kills, FIFO
+  -- Re-check a locked page's entries against `current` (id -> detail | false when
+  -- gone | nil when not seen); demotes act here, kills are queued.
+  local function rechecked(entries, current)
+    for _, e in ipairs(entries) do
+      local item = e.item
+      local cur = current[item.sandbox_id]
+      if cur and same(item, cur, item.tag_value) then
+        if e.action == "kill" then
+          qtail = qtail + 1
+          queue[qtail] = e
+        else
+          local r, derr, dcode = demote(item)
+          if r == nil then
+            undo(item, "demote", true)
+            fail(item, "demote", derr, dcode)
+          elseif r == false then
+            undo(item, "demote", true)
+            report.skipped = report.skipped + 1
+            note(item, "changed", "already paused")
           else
-            local r, derr, dcode = demote(p.item)
-            if r == nil then
-              fail(p.item, s.tv, "demote", derr, dcode)
-            elseif r == false then
-              report.skipped = report.skipped + 1
-              note(p.item, s.tv, "changed", "already paused")
-            else
-              report.demoted = report.demoted + 1
-              note(p.item, s.tv, "demote", p.reason)
+            report.demoted = report.demoted + 1
+            note(item, "demote", e.reason)
+            -- its kernel is gone: the session must install its output hooks again
+            local h = held[item.tag_value]
+            if h.state.sandbox_id == item.sandbox_id and h.state.hooked then
+              h.state.hooked = nil
+              h.rewrite = true
             end
           end
-        elseif okc then
-          report.skipped = report.skipped + 1
-          note(p.item, s.tv, okc, okc == "gone" and "sandbox no longer exists" or "changed since it was listed")
-        else
-          fail(p.item, s.tv, p.action, cerr, ccode)
+          done_with(e)
         end
-      end
-    end
-    local results
-    if #kills > 0 and type(client.kill_many) == "function" then
-      results = client:kill_many(kills, { concurrency = concurrency })
-    end
-    for i, kp in ipairs(kill_ps) do
-      local res = results and results[i]
-      local r, kerr, kcode
-      if res then
-        r, kerr, kcode = res[1], res[2], res[3]
       else
-        r, kerr, kcode = client:kill(kills[i])
-      end
-      if r == nil then
-        fail(kp.p.item, kp.s.tv, "kill", kerr, kcode)
-      elseif r == false then
+        undo(item, e.action, cur ~= false)
         report.skipped = report.skipped + 1
-        note(kp.p.item, kp.s.tv, "gone", "sandbox no longer exists")
-      else
-        report.killed = report.killed + 1
-        note(kp.p.item, kp.s.tv, "kill", kp.p.reason)
-        if kp.s.state.sandbox_id == kp.p.item.sandbox_id then kp.s.forget = true end
+        if cur == false then
+          note(item, "gone", "sandbox no longer exists")
+        else
+          note(item, "changed", "changed since it was listed (resumed, re-paused, retagged or gone)")
+        end
+        done_with(e)
       end
-    end
-    for _, s in ipairs(batch) do
-      if s.forget then s.lk:set_state(nil) end
-      s.lk:unlock()
     end
   end
 
-  local batch, size = {}, 0
-  for _, tv in ipairs(order) do
-    local entries = pending[tv]
-    local lk = new_lock()
-    local got, lerr, lcode = lk:try_lock(tv)
-    if not got then
-      for _, p in ipairs(entries) do
-        if lerr == "busy" then
-          report.busy = report.busy + 1
-          note(p.item, tv, "busy", "session is busy")
-        else
-          fail(p.item, tv, p.action, "cannot lock session: " .. tostring(lerr), lcode or "LOCK")
+  local function killed(e, r, kerr, kcode)
+    local item = e.item
+    if r == nil then
+      undo(item, "kill", true)
+      fail(item, "kill", kerr, kcode)
+    elseif r == false then
+      undo(item, "kill", false)
+      report.skipped = report.skipped + 1
+      note(item, "gone", "sandbox no longer exists")
+    else
+      report.killed = report.killed + 1
+      note(item, "kill", e.reason)
+      local h = held[item.tag_value]
+      if h and h.state.sandbox_id == item.sandbox_id then h.forget = true end
+    end
+    done_with(e)
+  end
+
+  -- ---- the pass --------------------------------------------------------
+  local next_token = opts.next_token  -- the next page to list (nil: the first, unless done)
+  local list_done = false
+  local pages_left = max_pages
+  local seq_pages -- the listing iterator of a client without batch
+  local function page_done(token, nxt)
+    report.next_token = nxt
+    local open = open_pages[open_head]
+    if open then
+      report.resume_token = open.token or nil
+    else
+      report.resume_token = nxt
+    end
+    if on_page then
+      on_page({ token = token, next_token = nxt, resume_token = report.resume_token, report = report,
+                queued = qtail - qhead + 1 })
+    end
+  end
+  local function stop_listing(nxt)
+    if pages_left then
+      pages_left = pages_left - 1
+      if pages_left <= 0 then list_done = true end
+    end
+    if not nxt then list_done = true end
+    next_token = nxt
+  end
+
+  if dry_run then
+    while not list_done do
+      local items, used, nxt, detail
+      if pipelined then
+        local res = client:batch({ { op = "list", opts = { state = list_opts.state, limit = limit,
+                                                          next_token = next_token } } })
+        items, used, nxt, detail = res[1][1], res[1][2], res[1][3], res[1][5]
+        if items == false then
+          report.next_token = next_token
+          return nil, used, nxt, report, detail
+        end
+      else
+        if not seq_pages then
+          seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = next_token })
+        end
+        items, used, nxt = seq_pages()
+        if items == nil then
+          next_token = nil
+          break
+        end
+        if items == false then
+          report.next_token = next_token
+          return nil, used, nxt, report
         end
       end
-    else
-      local state = decode_state(lk:get_state())
-      -- Refine a running sandbox's last activity with the remembered last run.
-      local keep = {}
-      for _, p in ipairs(entries) do
-        local last_run = tonumber(state.last_run)
-        if p.item.state == "running" and state.sandbox_id == p.item.sandbox_id and last_run
-          and last_run > (p.item.last_activity or -math.huge) then
-          p.item.last_activity = last_run
-          local action, reason = ask(policy, p.item, { now = clock(), max_age = max_age, tag = tag, tag_value = tv })
-          if not action then
-            fail(p.item, tv, "policy", reason, "POLICY")
-          elseif action == "keep" then
-            report.kept = report.kept + 1
+      local entries = take_page(items)
+      for _, e in ipairs(entries) do
+        local k = e.action == "kill" and "killed" or "demoted"
+        report[k] = report[k] + 1
+        note(e.item, e.action, e.reason)
+      end
+      stop_listing(nxt)
+      page_done(used, nxt)
+    end
+    report.next_token = next_token
+    return report
+  end
+
+  local list_error
+  local pending -- the page listed last: { token, entries (locked) } awaiting its re-check
+  local backlog = max(concurrency * DRAIN_ROUNDS, limit)
+  local ok, err = pcall(function()
+    while true do
+      local ops, kinds = {}, {}
+      local want_list = not list_done and (qtail - qhead + 1) <= backlog
+      if want_list then
+        ops[#ops + 1] = { op = "list", opts = { state = list_opts.state, limit = limit, next_token = next_token } }
+        kinds[#ops] = "list"
+      end
+      if pending and pipelined then
+        ops[#ops + 1] = { op = "list", opts = { state = list_opts.state, limit = limit,
+                                                 next_token = pending.token or nil } }
+        kinds[#ops] = "recheck"
+      end
+      -- With a list request in the batch, at most `concurrency` kills: the batch runs at
+      -- concurrency + (its lists), so kills never exceed `concurrency` in flight. A batch
+      -- of kills only runs at `concurrency` and carries several rounds of them: h:batch
+      -- refills a freed slot at once, so the rounds do not wait for each other.
+      local nlists = #ops
+      local max_kills_now = nlists > 0 and concurrency or concurrency * DRAIN_ROUNDS
+      local nkills = 0
+      while qhead <= qtail and nkills < max_kills_now do
+        local e = queue[qhead]
+        queue[qhead] = nil
+        qhead = qhead + 1
+        nkills = nkills + 1
+        ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
+        kinds[#ops] = "kill"
+      end
+      if #ops == 0 and not (pending and not pipelined) then break end
+      local results
+      if pipelined then
+        results = client:batch(ops, { concurrency = concurrency + nlists })
+      else
+        results = {}
+        local kill_ids, kill_at = {}, {}
+        for i, o in ipairs(ops) do
+          if kinds[i] == "list" then
+            if not seq_pages then
+              seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = next_token })
+            end
+            local items, a, b, c, d = seq_pages()
+            results[i] = items == nil and { done = true } or { items, a, b, c, d }
           else
-            p.action, p.reason = action, reason
-            keep[#keep + 1] = p
+            kill_ids[#kill_ids + 1] = o.id
+            kill_at[#kill_at + 1] = i
+          end
+        end
+        if #kill_ids > 0 then
+          local kr = type(client.kill_many) == "function" and client:kill_many(kill_ids, { concurrency = concurrency })
+          for j, i in ipairs(kill_at) do
+            results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
+          end
+        end
+      end
+      -- 1. kills
+      for i, o in ipairs(ops) do
+        if kinds[i] == "kill" then
+          local r = results[i]
+          killed(o.entry, r[1], r[2], r[3])
+        end
+      end
+      -- 2. the pending page's re-check
+      if pending then
+        local current = {}
+        if pipelined then
+          for i = 1, #ops do
+            if kinds[i] == "recheck" then
+              local r = results[i]
+              if r[1] == false then
+                -- cannot re-check: act on nothing of that page
+                for _, e in ipairs(pending.entries) do
+                  undo(e.item, e.action, true)
+                  fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
+                  done_with(e)
+                end
+                pending.entries = {}
+              else
+                for _, d in ipairs(r[1]) do current[d.sandbox_id] = d end
+              end
+            end
           end
         else
-          keep[#keep + 1] = p
+          for _, e in ipairs(pending.entries) do
+            local info, ierr, icode = client:info(e.item.sandbox_id)
+            if info then
+              current[e.item.sandbox_id] = info
+            elseif icode == "NOT_FOUND" then
+              current[e.item.sandbox_id] = false
+            else
+              current[e.item.sandbox_id] = { metadata = {}, failed = { ierr, icode } }
+            end
+          end
+          local kept = {}
+          for _, e in ipairs(pending.entries) do
+            local cur = current[e.item.sandbox_id]
+            if cur and cur.failed then
+              undo(e.item, e.action, true)
+              fail(e.item, e.action, cur.failed[1], cur.failed[2])
+              done_with(e)
+            else
+              kept[#kept + 1] = e
+            end
+          end
+          pending.entries = kept
+        end
+        rechecked(pending.entries, current)
+        pending = nil
+      end
+      -- 3. the page just listed
+      if want_list then
+        local r = results[1]
+        if r.done then
+          list_done, next_token = true, nil
+        elseif r[1] == false then
+          -- stop listing, finish what was listed; resume from this page
+          list_done = true
+          list_error = { r[2], r[3], r[5] }
+        else
+          local used, nxt = r[2], r[3]
+          local taken = take_page(r[1])
+          if #taken > 0 then
+            local pg = { token = used, left = #taken }
+            for _, e in ipairs(taken) do e.page = pg end
+            open_tail = open_tail + 1
+            open_pages[open_tail] = pg
+          end
+          local entries = lock_entries(taken)
+          if #entries > 0 then pending = { token = used, entries = entries } end
+          stop_listing(nxt)
+          page_done(used, nxt)
         end
       end
-      batch[#batch + 1] = { tv = tv, lk = lk, state = state, entries = keep }
-      size = size + max(#keep, 1)
-      if size >= concurrency then
-        act_batch(batch)
-        batch, size = {}, 0
-      end
     end
+  end)
+  if not ok then
+    release_all() -- a callback or the lock backend raised: leave no session locked
+    error(err, 0)
   end
-  if #batch > 0 then act_batch(batch) end
+  report.next_token = next_token
+  report.resume_token = next_token
+  if list_error then return nil, list_error[1], list_error[2], report, list_error[3] end
   return report
 end
-
 -- ---------------------------------------------------------------------------
 -- release
 -- ---------------------------------------------------------------------------
 
---- Kills every sandbox whose tag equals `tag_value` exactly (a conversation
--- was deleted), waiting for the session's lock (the lock's `timeout`), and
--- clears the session's remembered state.
--- @tparam table opts client, tag ("warmboxSessionId"), tag_value, lock
+-- Calls fn(item) for each listed item, page by page (`list` when the client has
+-- it, else `list_all`); an error (nil/false, msg, code) is returned, not swallowed.
+local function each_listed(client, opts, fn)
+  if type(client.list) ~= "function" then
+    local items, err, code = client:list_all(opts)
+    if not items then return nil, err, code end
+    for _, it in ipairs(items) do fn(it) end
+    return true
+  end
+  for item, err, code in client:list(opts) do
+    if not item then return nil, err, code end
+    fn(item)
+  end
+  return true
+end
+_M.each_listed = each_listed
+
+--- Kills a conversation's sandboxes (the conversation was deleted): with
+-- `tag_value`, those whose tag equals it exactly; with `key`, those whose tag
+-- decodes to that session key, whatever the fingerprint (env, actor,
+-- template). Each session is locked first (waiting for a run in progress, up to
+-- the lock's `timeout`), and its remembered state is cleared.
+-- @tparam table opts client, tag ("warmboxSessionId"), tag_value | key, lock
 -- @treturn[1] number how many sandboxes were killed
--- @return[2] nil, message, code ("BUSY" when the session stayed locked)
+-- @return[2] nil, message, code ("BUSY" when a session stayed locked)
 function _M.release(opts)
   check_opts(opts, RELEASE_OPTS, "release")
-  local client, tag, tv = opts.client, opts.tag or "warmboxSessionId", opts.tag_value
-  if type(tv) ~= "string" or tv == "" then
+  local client, tag, tv, key = opts.client, opts.tag or "warmboxSessionId", opts.tag_value, opts.key
+  if key ~= nil then
+    if type(key) ~= "string" or key == "" then
+      error("bad argument #1 to 'release' (option 'key': a non-empty string expected)", 2)
+    end
+  elseif type(tv) ~= "string" or tv == "" then
     error("bad argument #1 to 'release' (option 'tag_value': a non-empty string expected)", 2)
   end
-  local lk = lock_mod.factory(opts.lock, nil, nil, "release")()
-  local guard <close> = lock_mod.closing(lk) -- luacheck: ignore 211 (closed at scope exit)
-  local _, lerr = lk:lock(tv)
-  if lerr then return lock_mod.failure(fmt("session '%s'", tv), lerr) end
-  local ids = {}
-  local ok, err, code = each_listed(client, { state = { "running", "paused" }, metadata = { [tag] = tv },
-                                              limit = 100 }, function(item)
-    -- Exact re-check: a loose server-side match never hands over another session.
-    if type(item.metadata) == "table" and item.metadata[tag] == tv then ids[#ids + 1] = item.sandbox_id end
-  end)
-  if not ok then
-    lk:unlock()
-    return nil, err, code
+  local new_lock = lock_factory(opts.lock, "release")
+  local tag_mod = require "warmbox.tag"
+  -- With a key: the tag values that decode to it (a conversation has few).
+  local order = { tv }
+  if key then
+    order = {}
+    local seen = {}
+    local ok, err, code = each_listed(client, { state = { "running", "paused" } }, function(item)
+      local v = type(item.metadata) == "table" and item.metadata[tag]
+      if type(v) == "string" and not seen[v] and tag_mod.tag_matches_key(v, key) then
+        seen[v] = true
+        order[#order + 1] = v
+      end
+    end)
+    if not ok then return nil, err, code end
   end
-  local killed, kerr, kcode = 0, nil, nil
-  for _, id in ipairs(ids) do
-    local r, e, c = client:kill(id)
-    if r then
-      killed = killed + 1
-    elseif r == nil then
-      kerr, kcode = e, c
+  -- Each session: lock (a run in progress finishes first), list its sandboxes
+  -- under the lock, kill them, forget the remembered state.
+  local killed = 0
+  for _, v in ipairs(order) do
+    local lk = new_lock()
+    local _, lerr = lk:lock(v)
+    if lerr then
+      close_lock(lk)
+      return lock_mod.failure(fmt("session '%s'", key or v), lerr)
     end
+    local ids = {}
+    local ok, err, code = each_listed(client, { state = { "running", "paused" }, metadata = { [tag] = v } },
+      function(item)
+        -- Exact re-check: a loose server-side match never hands over another session.
+        if type(item.metadata) == "table" and item.metadata[tag] == v then ids[#ids + 1] = item.sandbox_id end
+      end)
+    local kerr, kcode = err, code
+    if ok then
+      for _, id in ipairs(ids) do
+        local r, e, c = client:kill(id)
+        if r then
+          killed = killed + 1
+        elseif r == nil then
+          kerr, kcode = e, c
+        end
+      end
+      if not kerr then lk:set_state(nil) end
+    end
+    lk:unlock()
+    close_lock(lk)
+    if kerr then return nil, kerr, kcode end
   end
-  lk:set_state(nil)
-  lk:unlock()
-  if kerr then return nil, kerr, kcode end
   return killed
 end
 

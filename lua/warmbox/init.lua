@@ -170,35 +170,19 @@ function Warmbox:_tagged()
 end
 
 --- Kill every sandbox of a conversation (any env/actor fingerprint): the
--- conversation was deleted. Waits for a run in progress on that session.
+-- conversation was deleted. Waits for a run in progress on that session
+-- (delegates to `warmbox.gc.release`).
 -- @tparam string key
 -- @treturn[1] number how many sandboxes were killed
--- @return[2] nil, message, code
+-- @return[2] nil, message, code ("BUSY" when a run kept the session locked)
 function Warmbox:release(key)
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
   if type(key) ~= "string" or key == "" then
     error("bad argument #1 to 'release' (non-empty string expected, got " .. type(key) .. ")", 2)
   end
-  local tagged, err, code = self:_tagged()
-  if not tagged then return nil, err, code end
-  local seen, order = {}, {}
-  for _, t in ipairs(tagged) do
-    -- Exact check on the decoded key: another conversation's sandbox is never touched.
-    if session.tag_matches_key(t.tag_value, key) and not seen[t.tag_value] then
-      seen[t.tag_value] = true
-      order[#order + 1] = t.tag_value
-    end
-  end
-  -- gc.release per tag value, under a session's lock options (it waits for a run in progress).
   local gc = require "warmbox.gc"
-  local lock = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout))
-  local killed = 0
-  for _, tv in ipairs(order) do
-    local n, kerr, kcode = gc.release{ client = self.client, tag = self.tag, tag_value = tv, lock = lock }
-    if not n then return nil, kerr, kcode end
-    killed = killed + n
-  end
-  return killed
+  return gc.release{ client = self.client, tag = self.tag, key = key,
+    lock = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout)) }
 end
 
 --- The sessions that have sandboxes: `{ {key, tag_value, sandbox_id, state, started_at, end_at}, ... }`
@@ -221,20 +205,109 @@ function Warmbox:sessions()
   return out
 end
 
-local GC_OPTS = { dry_run = "boolean", max_age = "number", concurrency = "number" }
+local GC_OPTS = { dry_run = true, max_age = true, concurrency = true, max_kills = true, next_token = true,
+  pages = true, on_action = true, on_page = true, actions = true, policy = true }
 
---- Garbage-collect tagged sandboxes under the GC policy (delegates to `warmbox.gc.run`).
--- @tparam[opt] table opts `dry_run` (false), `max_age` (seconds, 86400), `concurrency` (8)
--- @treturn[1] table report `{ listed, kept, killed, demoted, busy, errors, actions }`
--- @return[2] nil, message, code
-function Warmbox:gc(opts)
-  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
-  opts = check_options(opts, GC_OPTS, "gc", 1)
-  local gc = require "warmbox.gc"
+local function gc_run_opts(self, opts, fname)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #" .. (fname == "gc" and 1 or 2) .. " to '" .. fname .. "' (table expected, got "
+      .. type(opts) .. ")", 3)
+  end
+  local o = { client = self.client, tag = self.tag, policy = self.policy, clock = self.clock }
+  for k, v in pairs(check_options(opts, GC_OPTS, fname, fname == "gc" and 1 or 2, 3)) do o[k] = v end
+  if type(o.policy) ~= "table" or o.policy ~= self.policy then
+    -- a policy for this pass only: a table (merged over the default) or a path / source
+    if type(o.policy) == "table" then
+      o.policy = policy_mod.merge(o.policy)
+    else
+      local p, perr, pcode = policy_mod.resolve(o.policy)
+      if not p then return nil, perr, pcode end
+      o.policy = p
+    end
+  end
   local lock = self.lock
   if type(lock) == "string" then lock = { backend = lock } end
-  return gc.run{ client = self.client, tag = self.tag, policy = self.policy, lock = lock, clock = self.clock,
-    dry_run = opts.dry_run or false, max_age = opts.max_age, concurrency = opts.concurrency }
+  o.lock = lock
+  return o
+end
+
+--- Garbage-collect tagged sandboxes under the GC policy (delegates to `warmbox.gc.run`).
+-- @tparam[opt] table opts `dry_run` (false), `max_age` (seconds, 86400), `concurrency` (8),
+--   `max_kills`, `next_token`, `pages`, `on_action`, `on_page`, `actions` (true), `policy`
+--   (this pass only: a table or a path)
+-- @treturn[1] table report (see `warmbox.gc.run`)
+-- @return[2] nil, message, code, partial report
+function Warmbox:gc(opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  local o, perr, pcode = gc_run_opts(self, opts, "gc")
+  if not o then return nil, perr, pcode end
+  local gc = require "warmbox.gc"
+  return gc.run(o)
+end
+
+--- Scheduled GC for a long-running host: call it from the host's loop or timer
+-- (as often as you like); it runs one pass when `seconds` have passed since the
+-- last pass **of any process or host sharing the lock backend**, and returns.
+-- Passes never overlap: the pass holds a GC lock (key `warmbox-gc:<tag>`) in the
+-- same backend as the session locks, and the time of the last pass (and the
+-- page to resume from when it stopped early) is kept in that lock's state.
+-- @tparam number seconds the interval (> 0)
+-- @tparam[opt] table opts as `gc` (`next_token` is managed here)
+-- @treturn[1] table report (a pass ran)
+-- @treturn[2] false
+-- @treturn[2] string "not due" (then the seconds until due) or "busy" (another pass is running)
+-- @return[3] nil, message, code (the pass failed; the next call resumes from its page)
+function Warmbox:gc_every(seconds, opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  if type(seconds) ~= "number" or seconds ~= seconds or seconds <= 0 then
+    error("bad argument #1 to 'gc_every' (positive number expected, got " .. tostring(seconds) .. ")", 2)
+  end
+  local o, perr, pcode = gc_run_opts(self, opts, "gc_every")
+  if not o then return nil, perr, pcode end
+  if o.next_token ~= nil then bad_option(2, "gc_every", "next_token", "not accepted (gc_every manages it)") end
+  local json = require "warmbox.json"
+  local gc = require "warmbox.gc"
+  local lk = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout))()
+  local key = "warmbox-gc:" .. self.tag
+  local got, lerr, lcode = lk:try_lock(key)
+  if not got then
+    if lk.close then pcall(lk.close, lk) end
+    if lerr == "busy" then return false, "busy" end
+    return nil, "cannot take the gc lock: " .. tostring(lerr), lcode or "LOCK"
+  end
+  local function done(...)
+    lk:unlock()
+    if lk.close then pcall(lk.close, lk) end
+    return ...
+  end
+  local st = json.decode(lk:get_state() or "") or {}
+  if type(st) ~= "table" then st = {} end
+  local now = self.clock()
+  local last = tonumber(st.last)
+  local resume = type(st.next_token) == "string" and st.next_token or nil
+  if last and not resume and now - last < seconds then return done(false, "not due", seconds - (now - last)) end
+  o.next_token = resume
+  local on_page = o.on_page
+  o.on_page = function(p)
+    -- keep the GC lock alive through a long pass, and remember where to resume
+    -- should this process die: the next call of any process continues there
+    if lk.expire then lk:expire() end
+    lk:set_state(json.encode({ last = last, next_token = p.resume_token }))
+    if on_page then on_page(p) end
+  end
+  local ok, rep, err, code, partial = pcall(gc.run, o)
+  if not ok then
+    done() -- the state keeps the last page's resume token
+    error(rep, 0)
+  end
+  if not rep then
+    -- resume from the page that failed; the time of the last full pass stays
+    lk:set_state(json.encode({ last = last, next_token = partial and partial.resume_token or resume }))
+    return done(nil, err, code)
+  end
+  -- a pass that stopped early (`pages`) leaves a token: the next call continues at once
+  lk:set_state(json.encode({ last = now, next_token = rep.next_token }))
+  return done(rep)
 end
 
 --- Close: stop the embedded warmboxd (if any) and the client's connections. Idempotent.

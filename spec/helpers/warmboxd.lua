@@ -207,4 +207,31 @@ function Server:stop()
   return true
 end
 
+--- A call to warmboxd's admin API (`/_warmboxd/<path>`), the one place that
+-- knows how to reach it (specs and benches go through here). `as_team` sends
+-- the server's API key (the seed knob creates records for that team).
+-- @return `{ status, headers, body, json }` (spec.helpers.http)
+function M.admin(srv, method, path, body, as_team)
+  local http = require "spec.helpers.http"
+  local headers = {}
+  if as_team then headers["X-API-Key"] = srv.api_key end
+  return http.request{ method = method, url = srv.url .. "/_warmboxd/" .. path:gsub("^/", ""), headers = headers,
+    json = body }
+end
+
+--- Bulk-creates cheap sandbox records for the server's team (the seed knob):
+-- `o = { count, state = "paused"|"running", metadata, started_ago_s, paused_ago_s, timeout }`.
+-- Raises unless warmboxd created them all; returns the count.
+function M.seed(srv, o)
+  local res = M.admin(srv, "POST", "seed", o, true)
+  assert(res.status == 200, "seed failed: " .. tostring(res.status) .. " " .. tostring(res.body))
+  assert(res.json and res.json.created == o.count, "seed created " .. tostring(res.json and res.json.created))
+  return o.count
+end
+
+--- warmboxd's counters (`GET /_warmboxd/stats`, decoded).
+function M.stats(srv)
+  return M.admin(srv, "GET", "stats").json
+end
+
 return M

@@ -8,6 +8,13 @@ local gc = require "warmbox.gc"
 local lock = require "warmbox.lock"
 
 local TAG = "warmboxSessionId"
+local session = require "warmbox.session"
+-- real warmbox tag values (orphan tags are kept by the default policy)
+local T = setmetatable({}, { __index = function(t, k)
+  local v = session.tag_value("ws:" .. k, {})
+  rawset(t, k, v)
+  return v
+end })
 
 describe("warmbox.gc against warmboxd", function()
   local srv, client, dir, e2b
@@ -48,22 +55,22 @@ describe("warmbox.gc against warmboxd", function()
 
   it("kills what is older than max_age since its last activity, nothing else", function()
     -- old: paused first
-    seed(3, "paused", { [TAG] = "old" })
-    seed(2, "paused", { [TAG] = "old-but-busy" })
+    seed(3, "paused", { [TAG] = T.old })
+    seed(2, "paused", { [TAG] = T["old-but-busy"] })
     seed(2, "paused", { otherTag = "old" })
     seed(2, "paused", {})
     local first = listed()
-    local old_end = assert(gc.parse_time(first.old[1].end_at))
+    local old_end = assert(gc.parse_time(first[T.old][1].end_at))
     os.execute("sleep 2.2")
     -- young: paused and running 2+ s later
-    seed(2, "paused", { [TAG] = "young" })
-    seed(1, "running", { [TAG] = "young-running" })
+    seed(2, "paused", { [TAG] = T.young })
+    seed(1, "running", { [TAG] = T["young-running"] })
     -- GC "now" is one max_age after the old ones' pause, plus a second.
     local max_age = 3600
     local clock = function() return old_end + 1 + max_age end
     local lock_opts = { backend = "file", dir = dir }
     local holder = lock.new(lock_opts)
-    assert(holder:lock("old-but-busy"))
+    assert(holder:lock(T["old-but-busy"]))
 
     local dry = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, clock = clock, max_age = max_age,
                                dry_run = true, concurrency = 2 })
@@ -84,22 +91,22 @@ describe("warmbox.gc against warmboxd", function()
     assert.equal(3, stats().requests["DELETE /sandboxes/{id}"])
 
     local after = listed()
-    assert.is_nil(after.old)
-    assert.equal(2, #after["old-but-busy"])
-    assert.equal(2, #after.young)
-    assert.equal(1, #after["young-running"])
+    assert.is_nil(after[T.old])
+    assert.equal(2, #after[T["old-but-busy"]])
+    assert.equal(2, #after[T.young])
+    assert.equal(1, #after[T["young-running"]])
     assert.equal(4, #after["-"])
   end)
 
   it("release kills exactly one session's sandboxes", function()
-    seed(2, "paused", { [TAG] = "conv-1" })
-    seed(1, "running", { [TAG] = "conv-10" })
-    local n = assert(gc.release{ client = client, tag = TAG, tag_value = "conv-1",
+    seed(2, "paused", { [TAG] = T["conv-1"] })
+    seed(1, "running", { [TAG] = T["conv-10"] })
+    local n = assert(gc.release{ client = client, tag = TAG, tag_value = T["conv-1"],
                                  lock = { backend = "file", dir = dir } })
     assert.equal(2, n)
     local after = listed()
-    assert.is_nil(after["conv-1"])
-    assert.equal(1, #after["conv-10"])
+    assert.is_nil(after[T["conv-1"]])
+    assert.equal(1, #after[T["conv-10"]])
   end)
 
   it("demotes a real running sandbox to a filesystem-only snapshot", function()
@@ -112,5 +119,202 @@ describe("warmbox.gc against warmboxd", function()
     local info = assert(client:info(sb.sandbox_id))
     assert.equal("paused", info.state)
     client:kill(sb.sandbox_id)
+  end)
+end)
+
+describe("warmbox.gc at scale, policies and scheduling, against warmboxd", function()
+  local srv, client, dir
+  local rules = require "warmbox.policy.rules"
+  local DAY = 86400
+
+  before_each(function()
+    srv = wbd.start{ args = { "--rtt-ms", "0" } }
+    client = require("warmbox.e2b").new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url }
+    dir = os.tmpname()
+    os.remove(dir)
+  end)
+  after_each(function()
+    client:close()
+    srv:stop()
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  local function seed_sessions(n_sessions, per, ago)
+    for i = 1, n_sessions do
+      wbd.seed(srv, { count = per, state = "paused", metadata = { [TAG] = T["s" .. i] },
+        started_ago_s = ago + 3600, paused_ago_s = ago })
+    end
+  end
+  local function count_listed()
+    local n = 0
+    for item, err in client:list{ state = { "running", "paused" } } do
+      assert(item, err)
+      n = n + 1
+    end
+    return n
+  end
+
+  it("streams 6,000 sandboxes at concurrency 1 with a bounded heap (the h:batch cliff is gone)", function()
+    seed_sessions(30, 100, 30 * DAY)
+    seed_sessions(30, 100, 3600) -- the same sessions, young ones
+    collectgarbage()
+    local base, peak = collectgarbage("count"), 0
+    local rep = assert(gc.run{ client = client, tag = TAG, lock = { backend = "file", dir = dir },
+      max_age = 7 * DAY, concurrency = 1, actions = false, on_page = function()
+        collectgarbage()
+        local kb = collectgarbage("count")
+        if kb > peak then peak = kb end
+      end })
+    assert.same({}, rep.errors)
+    assert.equal(6000, rep.listed)
+    assert.equal(3000, rep.killed)
+    assert.equal(3000, rep.kept)
+    assert.equal(60, rep.pages)
+    assert.equal(3000, count_listed())
+    assert.equal(3000, wbd.stats(srv).requests["DELETE /sandboxes/{id}"])
+    assert.is_true(peak - base < 1024, string.format("heap grew by %.0f KB", peak - base))
+  end)
+
+  it("resumes a pass from its next_token", function()
+    seed_sessions(10, 50, 30 * DAY) -- 500: 5 pages
+    local lock_opts = { backend = "file", dir = dir }
+    local rep = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, max_age = DAY, pages = 2 })
+    assert.equal(200, rep.killed)
+    assert.is_string(rep.next_token)
+    local rep2 = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, max_age = DAY,
+      next_token = rep.next_token })
+    assert.equal(300, rep2.killed)
+    assert.is_nil(rep2.next_token)
+    assert.same({}, rep2.errors)
+    assert.equal(0, count_listed())
+    assert.equal(500, wbd.stats(srv).requests["DELETE /sandboxes/{id}"]) -- each killed once
+  end)
+
+  it("keeps a conversation in steady use for longer than the retention (the reference sweep's flaw)", function()
+    local warmbox = require "warmbox"
+    local wb = assert(warmbox.new{ api_url = srv.url, api_key = srv.api_key, lock = { backend = "file", dir = dir },
+      idle_timeout = 120, exec_timeout = 20 })
+    local steady, idle = wb:session("acme:steady"), wb:session("acme:idle")
+    local r0 = assert(steady:run("x = 0", { language = "bash" }))
+    assert(idle:run("echo once", { language = "bash" }))
+    local t0 = os.time()
+    while os.time() - t0 < 4 do -- in steady use: a run every ~second, 4 s > the 2 s retention
+      assert(steady:run("x=$((x+1))", { language = "bash" }))
+      os.execute("sleep 0.5")
+    end
+    local info = assert(client:info(r0.sandbox_id))
+    assert.equal("running", info.state) -- never paused: its started_at is its creation
+    -- the reference sweep (age from startedAt) would kill it:
+    assert.is_true(os.time() - gc.parse_time(info.started_at) > 2)
+    local rep = assert(wb:gc{ max_age = 2 })
+    assert.same({}, rep.errors)
+    local by = {}
+    for _, a in ipairs(rep.actions) do by[a.key] = a end
+    assert.equal("kill", by["acme:idle"].action)
+    assert.equal("keep", by["acme:steady"].action)
+    assert.matches("used since", by["acme:steady"].reason)
+    assert.equal("running", assert(client:info(r0.sandbox_id)).state)
+    local r = assert(steady:run("echo $x", { language = "bash" }))
+    assert.equal(r0.sandbox_id, r.sandbox_id) -- the same sandbox, its shell state intact
+    assert.truthy(tonumber(r.stdout:match("%d+")) >= 3)
+    wb:close()
+  end)
+
+  it("tiers: demotes once, recognizes the demoted sandbox, kills it later", function()
+    -- a sandbox that ran for an hour and was paused ten minutes ago
+    wbd.seed(srv, { count = 1, state = "paused", metadata = { [TAG] = T.tiered }, started_ago_s = 4200,
+      paused_ago_s = 600 })
+    local now = os.time()
+    local pol = { gc = rules.gc{ demote_after = 300, kill_after = 1000 } }
+    local lock_opts = { backend = "file", dir = dir }
+    local rep = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, policy = pol,
+      clock = function() return now end })
+    assert.same({}, rep.errors)
+    assert.equal(1, rep.demoted)
+    assert.equal(1, wbd.stats(srv).requests["POST /sandboxes/{id}/pause"])
+    local seen
+    local spy = { gc = function(item, ctx) seen = item return pol.gc(item, ctx) end }
+    rep = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, policy = spy,
+      clock = function() return now + 600 end }) -- past demote_after again since the demote
+    assert.is_true(seen.demoted)
+    assert.equal(0, rep.demoted)
+    assert.equal(1, rep.kept)
+    rep = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, policy = pol,
+      clock = function() return now + 760 end }) -- 1000 - 300 after the demote (+ slack for slow runs)
+    assert.equal(1, rep.killed)
+  end)
+
+  it("gc_every: runs when due, never two passes at once across processes, resumes its page", function()
+    local warmbox = require "warmbox"
+    seed_sessions(3, 100, 30 * DAY) -- 300: 3 pages
+    local function wb_new()
+      return assert(warmbox.new{ api_url = srv.url, api_key = srv.api_key, lock = { backend = "file", dir = dir } })
+    end
+    local a, b = wb_new(), wb_new()
+    -- another process holds the GC lock: no pass here
+    local ready = os.tmpname()
+    local child = string.format([[
+      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+      package.cpath = %q
+      local lk = require("warmbox.lock").new{ backend = "file", dir = %q }
+      assert(lk:lock("warmbox-gc:%s"))
+      io.open(%q, "w"):write("held"):close()
+      os.execute("sleep 3")
+      lk:unlock()
+    ]], package.cpath, dir, TAG, ready)
+    os.remove(ready)
+    local p = io.popen("cd " .. wbd.sh_quote(wbd.root()) .. " && lua5.4 -e " .. wbd.sh_quote(child) .. " & ")
+    assert(wbd.eventually(function() return wbd.read_all(ready) == "held" end))
+    local ok, why = a:gc_every(60, { max_age = DAY })
+    assert.is_false(ok)
+    assert.equal("busy", why)
+    p:close()
+    assert(wbd.eventually(function() return a:gc_every(60, { max_age = DAY, pages = 1 }) end))
+    assert.equal(200, count_listed())
+    -- the pass stopped after a page: the next call (any process) continues at once
+    local rep = assert(b:gc_every(60, { max_age = DAY, pages = 1 }))
+    assert.equal(100, rep.killed)
+    rep = assert(a:gc_every(60, { max_age = DAY }))
+    assert.equal(100, rep.killed)
+    assert.is_nil(rep.next_token)
+    -- done: not due for another minute, whoever asks
+    local left
+    ok, why, left = b:gc_every(60, { max_age = DAY })
+    assert.is_false(ok)
+    assert.equal("not due", why)
+    assert.is_true(left > 50 and left <= 60)
+    assert.has_error(function() a:gc_every(0) end,
+      "bad argument #1 to 'gc_every' (positive number expected, got 0)")
+    a:close()
+    b:close()
+    os.remove(ready)
+  end)
+
+  it("gc_every: a pass that died mid-way is resumed by the next call, from its last page", function()
+    local warmbox = require "warmbox"
+    seed_sessions(6, 100, 30 * DAY) -- 600 old: 6 pages
+    seed_sessions(3, 100, 3600)      -- 300 young, listed first (newest first)
+    local wb = assert(warmbox.new{ api_url = srv.url, api_key = srv.api_key, lock = { backend = "file", dir = dir } })
+    local kills = 0
+    local ok, err = pcall(wb.gc_every, wb, 3600, { max_age = DAY, on_action = function(a)
+      if a.action == "kill" then
+        kills = kills + 1
+        if kills == 350 then error("the host died") end
+      end
+    end })
+    assert.is_false(ok)
+    assert.matches("the host died", err)
+    local before = 900 - count_listed()
+    assert.is_true(before >= 350 and before < 600)
+    -- not due by time (no pass completed), but a pass is pending: it resumes at once
+    local rep = assert(wb:gc_every(3600, { max_age = DAY }))
+    assert.equal(300, count_listed())
+    assert.equal(600, wbd.stats(srv).requests["DELETE /sandboxes/{id}"]) -- none sent twice
+    assert.equal(0, rep.kept) -- it started at the page it stopped at, not at the (young) top
+    assert.equal(600 - before, rep.killed)
+    local again, why = wb:gc_every(3600, { max_age = DAY })
+    assert.is_false(again)
+    assert.equal("not due", why)
+    wb:close()
   end)
 end)

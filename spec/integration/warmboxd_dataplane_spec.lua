@@ -122,9 +122,12 @@ describe("warmboxd data plane routing", function()
     assert.are.equal(401, res.status)
   end)
 
-  it("does not check envd's token on the code interpreter's port", function()
+  it("checks the token on the code interpreter's port too (but not on /health)", function()
     local sb = create{ templateID = "base", timeout = 300, secure = true }
     local res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49999, "GET", "/contexts")
+    assert.are.equal(401, res.status, res.body)
+    assert.are.equal(200, http.sandbox(srv, { sandboxID = sb.sandboxID }, 49999, "GET", "/health").status)
+    res = http.sandbox(srv, sb, 49999, "GET", "/contexts")
     assert.are.equal(200, res.status, res.body)
     assert.is_table(res.json)
   end)

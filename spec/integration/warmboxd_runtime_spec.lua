@@ -1,6 +1,6 @@
 -- warmboxd's sandboxes as processes, over real HTTP: each sandbox is a
--- directory seen as /home/user in a bubblewrap jail (no host files, no network
--- unless allowed), pause freezes its process tree, kill and exit leave nothing
+-- directory seen as /home/user in a bubblewrap jail (no host files, a network
+-- namespace of its own), pause freezes its process tree, kill and exit leave nothing
 -- behind.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
@@ -16,7 +16,7 @@ local function sh(cmd)
 end
 
 -- Host processes whose command line mentions `s` (bwrap's arguments name the
--- sandbox's directory, so this finds a sandbox's jails).
+-- sandbox's id, so this finds a sandbox's jails).
 local function procs_mentioning(s)
   local out = {}
   for line in sh("ps -eo pid=,args="):gmatch("[^\n]+") do
@@ -35,6 +35,12 @@ local function file_size(path)
   local n = f:seek("end")
   f:close()
   return n
+end
+
+-- A path of warmboxd's mount namespace (as root it has its own: the homes
+-- are tmpfs mounts the host does not see), seen from the host.
+local function in_ns(srv, path)
+  return "/proc/" .. srv.pid .. "/root" .. path
 end
 
 local function main_text(body)
@@ -80,7 +86,7 @@ describe("warmboxd runtime", function()
   describe("directories", function()
     it("makes <data-dir>/<id>/home and tmp at create, seen as /home/user and /tmp", function()
       local sb = create()
-      local dir = data .. "/" .. sb.sandboxID
+      local dir = in_ns(srv, data .. "/" .. sb.sandboxID)
       assert.is_true(exists(dir .. "/home"))
       assert.is_true(exists(dir .. "/tmp"))
       py(sb, "open('/home/user/h.txt', 'w').write('home')\nopen('/tmp/t.txt', 'w').write('tmp')")
@@ -153,9 +159,9 @@ describe("warmboxd runtime", function()
       kill(sb)
     end)
 
-    it("shares the network with allow_internet_access", function()
+    it("does not reach warmboxd with allow_internet_access either (more in warmboxd_containment_spec)", function()
       local sb = create{ allow_internet_access = true }
-      assert.are.equal("connected", py(sb, connect_code(srv.port)))
+      assert.are_not.equal("connected", py(sb, connect_code(srv.port)))
       kill(sb)
     end)
   end)
@@ -165,7 +171,7 @@ describe("warmboxd runtime", function()
       local sb = create()
       py(sb, "import subprocess\nsubprocess.Popen(['bash', '-c', 'while true; do echo x >> /home/user/tick; "
         .. "sleep 0.05; done'])\nNone")
-      local tick = data .. "/" .. sb.sandboxID .. "/home/tick"
+      local tick = in_ns(srv, data .. "/" .. sb.sandboxID .. "/home/tick")
       for _ = 1, 200 do
         if file_size(tick) > 0 then break end
         wbd.sleep(0.05)
@@ -176,7 +182,7 @@ describe("warmboxd runtime", function()
       wbd.sleep(0.5)
       assert.are.equal(frozen, file_size(tick))
       -- the processes are still there, only stopped
-      assert.is_true(#procs_mentioning(data .. "/" .. sb.sandboxID) > 0)
+      assert.is_true(#procs_mentioning(sb.sandboxID) > 0)
       assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/connect", { timeout = 60 }).status)
       for _ = 1, 200 do
         if file_size(tick) > frozen then break end
@@ -189,10 +195,10 @@ describe("warmboxd runtime", function()
     it("without memory ends the processes and keeps the files", function()
       local sb = create()
       py(sb, "import subprocess\nsubprocess.Popen(['sleep', '600'])\nopen('/home/user/f', 'w').write('kept')")
-      local dir = data .. "/" .. sb.sandboxID
-      assert.is_true(#procs_mentioning(dir) > 0)
+      local dir = in_ns(srv, data .. "/" .. sb.sandboxID)
+      assert.is_true(#procs_mentioning(sb.sandboxID) > 0)
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/pause", { memory = false }).status)
-      assert.are.same({}, procs_mentioning(dir))
+      assert.are.same({}, procs_mentioning(sb.sandboxID))
       assert.is_true(exists(dir .. "/home/f"))
       assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/connect", { timeout = 60 }).status)
       assert.are.equal("kept", py(sb, "open('/home/user/f').read()"))
@@ -207,10 +213,11 @@ describe("warmboxd runtime", function()
       local res = http.sandbox(srv, sb, 49999, "POST", "/execute", { json = { code = "B=1", language = "bash" } })
       assert.are.equal(200, res.status)
       local dir = data .. "/" .. sb.sandboxID
-      assert.is_true(#procs_mentioning(dir) >= 2)
+      assert.is_true(#procs_mentioning(sb.sandboxID) >= 2)
       assert.are.equal(204, kill(sb).status)
-      assert.are.same({}, procs_mentioning(dir))
+      assert.are.same({}, procs_mentioning(sb.sandboxID))
       assert.is_false(exists(dir))
+      assert.is_false(exists(in_ns(srv, dir)))
     end)
 
     it("ends a run in flight", function()
@@ -233,7 +240,33 @@ describe("warmboxd runtime", function()
       end
       os.remove(tmp)
       assert.is_truthy(out:find("done", 1, true))
-      assert.are.same({}, procs_mentioning(data .. "/" .. sb.sandboxID))
+      assert.are.same({}, procs_mentioning(sb.sandboxID))
+    end)
+  end)
+
+  describe("kill, without the tmpfs home (--unisolated)", function()
+    it("removes a tree deeper than PATH_MAX, unreadable directories included", function()
+      local s3 = wbd.start{ args = { "--unisolated" } }
+      local ok, err = pcall(function()
+        local sb = http.api(s3, "POST", "/sandboxes", { templateID = "base" }).json
+        local res = http.sandbox(s3, sb, 49999, "POST", "/execute", { timeout = 120, json = { code = table.concat({
+          "import os",
+          "os.chdir(os.environ['HOME'])",
+          "for i in range(2500):",
+          "    os.mkdir('dd')",
+          "    os.chdir('dd')",
+          "open('leaf', 'w').write('x')",
+          "os.chmod('.', 0)",
+          "len(os.getcwd())" }, "\n") } })
+        assert.are.equal(200, res.status)
+        assert.is_true(tonumber(main_text(res.body)) > 4096, res.body)
+        local dir = s3.dir .. "/data/" .. sb.sandboxID
+        assert.is_true(exists(dir .. "/home/dd/dd"))
+        assert.are.equal(204, http.api(s3, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
+        assert.is_false(exists(dir))
+      end)
+      s3:stop()
+      assert(ok, err)
     end)
   end)
 
@@ -252,9 +285,10 @@ describe("warmboxd runtime", function()
       local paused = http.api(s2, "POST", "/sandboxes", { templateID = "code-interpreter-v1", timeout = 600 }).json
       http.sandbox(s2, paused, 49999, "POST", "/execute", { json = { code = "1" } })
       assert.are.equal(204, http.api(s2, "POST", "/sandboxes/" .. paused.sandboxID .. "/pause", {}).status)
-      assert.is_true(#procs_mentioning(dir) >= 3)
+      local ids = { sb.sandboxID, paused.sandboxID }
+      assert.is_true(#procs_mentioning(ids[1]) + #procs_mentioning(ids[2]) >= 3)
       s2:stop()
-      assert.are.same({}, procs_mentioning(dir))
+      for _, id in ipairs(ids) do assert.are.same({}, procs_mentioning(id)) end
       assert.are.equal("", sh("ls -A " .. q(dir)))
       os.execute("rm -rf " .. q(dir))
     end)
@@ -272,7 +306,7 @@ describe("warmboxd runtime", function()
           "subprocess.Popen(['bash', '-c', 'while true; do echo x >> /home/user/tick; sleep 0.05; done'])",
           "state = 'kept'" }, "\n") } })
         assert.are.equal(200, res.status)
-        local tick = dir .. "/" .. sb.sandboxID .. "/home/tick"
+        local tick = in_ns(s4, dir .. "/" .. sb.sandboxID .. "/home/tick")
         for _ = 1, 200 do
           if file_size(tick) > 0 then break end
           wbd.sleep(0.05)
@@ -291,10 +325,9 @@ describe("warmboxd runtime", function()
         end
         assert.is_true(file_size(tick) > frozen)
         assert.are.equal(204, http.api(s4, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
-        assert.are.same({}, procs_mentioning(dir .. "/" .. sb.sandboxID))
+        assert.are.same({}, procs_mentioning(sb.sandboxID))
       end)
       s4:stop()
-      assert.are.same({}, procs_mentioning(dir))
       os.execute("rm -rf " .. q(dir))
       assert(ok, err)
     end)

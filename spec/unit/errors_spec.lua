@@ -26,7 +26,8 @@ end
 local NOT_CODES = {
   GET = "HTTP method", POST = "HTTP method", DELETE = "HTTP method", HEAD = "HTTP method",
   EVAL = "Redis command",
-  SESSION = "CLI column header", SANDBOX = "CLI column header", STATE = "CLI column header",
+  SESSION = "CLI column header", TENANT = "CLI column header", AGE = "CLI column header",
+  SANDBOX = "CLI column header", STATE = "CLI column header",
   FILE_TYPE_DIRECTORY = "envd file type", FILE_TYPE_SYMLINK = "envd file type",
   WARMBOXD_BIN = "environment variable", NO_COLOR = "environment variable", HOME = "environment variable",
   XDG_RUNTIME_DIR = "environment variable", XDG_STATE_HOME = "environment variable",

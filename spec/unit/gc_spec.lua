@@ -37,6 +37,13 @@ local max_age_policy = {
 
 local memlock = { backend = "memory", timeout = 0 }
 
+-- A real warmbox tag value for a session key (fake digests: no core needed).
+local function wtag(key)
+  local fakes = require "spec.helpers.fakes"
+  local session = require "warmbox.session"
+  return session.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash })
+end
+
 describe("warmbox.gc", function()
   describe(".parse_time()", function()
     it("parses RFC 3339 in UTC, with offsets and fractions", function()
@@ -87,16 +94,20 @@ describe("warmbox.gc", function()
       assert.same({ "list running,paused " }, calls_of(c, "list"))
     end)
 
-    it("uses the default policy and max_age when none is given", function()
+    it("uses the default policy and max_age when none is given; it keeps orphans", function()
       local c = fake_client{
-        sb("a", "paused", "s1", NOW - 3 * DAY, NOW - 2 * DAY),
-        sb("b", "paused", "s2", NOW - 3 * DAY, NOW - 2 * DAY),
+        sb("a", "paused", wtag("ws:1"), NOW - 3 * DAY, NOW - 2 * DAY),
+        sb("b", "paused", wtag("ws:2"), NOW - 3 * DAY, NOW - 2 * DAY),
+        sb("o", "paused", "not-a-warmbox-tag", NOW - 30 * DAY, NOW - 29 * DAY),
       }
       local report = assert(gc.run{ client = c, clock = function() return NOW end, lock = memlock,
                                     max_age = 3 * DAY })
       assert.equal(0, report.killed)
       report = assert(gc.run{ client = c, clock = function() return NOW end, lock = memlock })
       assert.equal(2, report.killed)
+      assert.equal(1, report.orphans)
+      assert.equal(1, report.kept)
+      assert.same({ "kill a", "kill b" }, calls_of(c, "kill"))
     end)
 
     it("refines a running sandbox's last activity with the session's remembered last run", function()
@@ -253,18 +264,18 @@ describe("warmbox.gc", function()
       assert.same({ "kill dead" }, calls_of(c, "kill"))
     end)
 
-    it("uses the client's kill_many in batches bounded by concurrency", function()
+    it("uses the client's kill_many at the pass's concurrency", function()
       local items = {}
-      for i = 1, 7 do items[i] = sb("b" .. i, "paused", "s" .. i, NOW - 9 * DAY, NOW - 8 * DAY) end
+      for i = 1, 15 do items[i] = sb("b" .. i, "paused", "s" .. i, NOW - 9 * DAY, NOW - 8 * DAY) end
       local c = fake_client(items, { kill_many = true })
       local report = assert(run(c, { concurrency = 3 }))
-      assert.equal(7, report.killed)
+      assert.equal(15, report.killed)
       local sizes = {}
       for i, b in ipairs(c.batches) do
         sizes[i] = b.n
         assert.equal(3, b.concurrency)
       end
-      assert.same({ 3, 3, 1 }, sizes)
+      assert.same({ 12, 3 }, sizes) -- kill_many keeps 3 in flight; 4 rounds a call once listed
     end)
 
     it("returns nil, msg, code when listing fails", function()

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 CTL = os.dup(0)
 EVT = os.dup(1)
-DIAG = os.dup(2)   # warmboxd's log (or /dev/null): for the kernel's own crashes
+DIAG = os.dup(2)   # /dev/null: warmboxd gives kernels no descriptor of its own (no log)
 _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)

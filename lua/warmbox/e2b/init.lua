@@ -257,6 +257,39 @@ local function metadata_matches(item, filter)
   return true
 end
 
+-- The URL path of one list page: E2B pages with a `nextToken` query parameter
+-- and the `x-next-token` response header (the transport knows neither).
+local function page_path(opts, token)
+  local path = _M.list_path(opts)
+  if token then path = path .. (path:find("?", 1, true) and "&" or "?") .. "nextToken=" .. uri_component(token) end
+  return path
+end
+
+-- One list page from h:request's answer: items, token_used, next_token |
+-- false, msg, code, token_used, detail.
+local function list_page(res, msg, code, sent, used, filter)
+  local _, m, c, d
+  if not res then
+    _, m, c, d = transport_failure("list sandboxes", msg, code, sent)
+  elseif res.status < 200 or res.status > 299 then
+    _, m, c, d = http_failure(res, "list sandboxes")
+  end
+  if m then return false, m, c, used, d end
+  local arr, err = json.decode(res.body)
+  if type(arr) ~= "table" then
+    return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", used,
+      errors.detail(res.status, res.body)
+  end
+  local items = {}
+  for _, t in ipairs(arr) do
+    local dt = to_detail(t)
+    if metadata_matches(dt, filter) then items[#items + 1] = dt end
+  end
+  local nxt = res.headers["x-next-token"]
+  if nxt == "" then nxt = nil end
+  return items, used, nxt
+end
+
 --- Iterates over pages of listed sandboxes.
 -- `for items, token_used, next_token in c:list_pages(opts) do ... end`; on an
 -- error the loop gets `false, msg, code, token, detail` and then stops.
@@ -264,44 +297,22 @@ function Client:list_pages(opts)
   check_client(self, "list_pages")
   opts = check_list_opts(opts, "list_pages")
   local filter = opts.metadata and util.copy(opts.metadata)
-  local base = self.api_url .. _M.list_path(opts)
   local token = opts.next_token
   if token == "" then token = nil end
   local finished = false
-  -- E2B pages with a `nextToken` query parameter and the `x-next-token`
-  -- response header; the transport knows nothing of either.
   return function()
     if finished then return nil end
-    local used, url = token, base
-    if used then url = url .. (url:find("?", 1, true) and "&" or "?") .. "nextToken=" .. uri_component(used) end
-    local res, msg, code, sent = self.http:request{ method = "GET", url = url, headers = self.api_headers,
-      retry = self.retry }
-    local _, m, c, d
-    if not res then
-      _, m, c, d = transport_failure("list sandboxes", msg, code, sent)
-    elseif res.status < 200 or res.status > 299 then
-      _, m, c, d = http_failure(res, "list sandboxes")
-    end
-    if m then
+    local used = token
+    local res, msg, code, sent = self.http:request{ method = "GET", url = self.api_url .. page_path(opts, used),
+      headers = self.api_headers, retry = self.retry }
+    local items, a, b, c, d = list_page(res, msg, code, sent, used, filter)
+    if items == false then
       finished = true
-      return false, m, c, used, d
+      return false, a, b, c, d
     end
-    local arr, err = json.decode(res.body)
-    if type(arr) ~= "table" then
-      finished = true
-      return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", used,
-        errors.detail(res.status, res.body)
-    end
-    local items = {}
-    for _, t in ipairs(arr) do
-      local dt = to_detail(t)
-      if metadata_matches(dt, filter) then items[#items + 1] = dt end
-    end
-    local nxt = res.headers["x-next-token"]
-    if nxt == "" then nxt = nil end
-    token = nxt
-    if not nxt then finished = true end
-    return items, used or false, nxt
+    token = b
+    if not b then finished = true end
+    return items, used or false, b
   end
 end
 
@@ -455,6 +466,57 @@ function Client:kill_many(ids, opts)
       out[i] = { false }
     else
       out[i] = { http_failure(res, what) }
+    end
+  end
+  return out
+end
+
+--- Sends list pages and kills together, in parallel (one `h:batch`): what lets
+-- GC fetch the next page while it re-checks and kills the previous ones.
+-- @tparam table ops `{ op = "list", opts = list opts (with `next_token`) }` or
+--   `{ op = "kill", id = id }`, in any mix
+-- @tparam[opt] table opts `concurrency` (8)
+-- @treturn table one entry per op, in order: a list gives `{ items, token_used (false for
+--   the first page), next_token }` or `{ false, msg, code, token, detail }`; a kill gives
+--   `{ true }`, `{ false }` (already gone) or `{ nil, msg, code, detail }`
+function Client:batch(ops, opts)
+  check_client(self, "batch")
+  argcheck(type(ops) == "table", 1, "batch", "table expected, got " .. type(ops))
+  opts = check_options(opts, { concurrency = "number" }, "batch", 2)
+  local reqs, what = {}, {}
+  for i, o in ipairs(ops) do
+    argcheck(type(o) == "table", 1, "batch", "op " .. i .. " must be a table")
+    if o.op == "kill" then
+      local id = check_id(o.id, 1, "batch")
+      what[i] = { "kill", ("kill sandbox '%s'"):format(id) }
+      reqs[i] = { method = "DELETE", url = self.api_url .. "/sandboxes/" .. uri_component(id),
+        headers = self.api_headers, retry = self.retry }
+    elseif o.op == "list" then
+      local lo = check_list_opts(o.opts, "batch")
+      what[i] = { "list", lo.next_token or false, lo.metadata and util.copy(lo.metadata) }
+      reqs[i] = { method = "GET", url = self.api_url .. page_path(lo, lo.next_token), headers = self.api_headers,
+        retry = self.retry }
+    else
+      argcheck(false, 1, "batch", "op " .. i .. " must be \"list\" or \"kill\"")
+    end
+  end
+  local out = {}
+  if #reqs == 0 then return out end
+  local results = self.http:batch(reqs, { concurrency = opts.concurrency or 8 })
+  for i, r in ipairs(results) do
+    local w, res = what[i], r[1]
+    if w[1] == "kill" then
+      if not res then
+        out[i] = { transport_failure(w[2], r[2], r[3]) }
+      elseif res.status == 204 or res.status == 200 then
+        out[i] = { true }
+      elseif res.status == 404 then
+        out[i] = { false }
+      else
+        out[i] = { http_failure(res, w[2]) }
+      end
+    else
+      out[i] = { list_page(res, r[2], r[3], r[4], w[2], w[3]) }
     end
   end
   return out

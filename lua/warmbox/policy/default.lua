@@ -60,15 +60,26 @@ function _M.create_params(ctx)
 end
 
 --- What GC does with a tagged sandbox: kill it when it has been inactive for
--- longer than `max_age` (age from last activity, never from creation alone).
--- @tparam table item listed sandbox plus `last_activity` (unix seconds)
--- @tparam table ctx `now`, `max_age` (default 86400)
--- @treturn string "keep" | "kill" | "demote"
+-- longer than `max_age` (age from last activity, never from creation alone);
+-- keep sandboxes whose tag is not a warmbox tag (orphans). Compose richer
+-- ones with `warmbox.policy.rules`.
+-- @tparam table item the listed sandbox as GC sees it (see `warmbox.policy.rules`)
+-- @tparam table ctx `now`, `max_age` (default 86400), `counts`, `totals`
+-- @treturn string "keep" | "kill" | "demote", and a reason
 function _M.gc(item, ctx)
+  if item.orphan then return "keep" end
   local last = item.last_activity
   if not last then return "keep" end
   if ctx.now - last > (ctx.max_age or 86400) then return "kill" end
   return "keep"
+end
+
+--- The tenant of a session key (for per-tenant caps): the part before the
+-- first `:` (the whole key when it has none).
+-- @tparam string key the session key (or the tag value when the key was hashed)
+-- @treturn string
+function _M.tenant(key)
+  return key:match("^([^:]*):") or key
 end
 
 return _M

@@ -10,21 +10,22 @@
 
 local default = require "warmbox.policy.default"
 local errors = require "warmbox.errors"
+local rules = require "warmbox.policy.rules"
 
 local type, pairs, ipairs, error, tostring, setmetatable =
   type, pairs, ipairs, error, tostring, setmetatable
 local xpcall, load, io_open, string_format, traceback =
   xpcall, load, io.open, string.format, debug.traceback
 
-local _M = { default = default }
+local _M = { default = default, rules = rules }
 
 -- Fields a policy may have, and whether each is a hook (function).
 local FIELDS = {
   name = "string", version = "string", description = "string",
   order = "function", lease = "function", should_refresh = "function",
-  create_params = "function", gc = "function",
+  create_params = "function", gc = "function", tenant = "function",
 }
-_M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc" }
+_M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc", "tenant" }
 
 --- Merge a partial policy over the default (a new table; `p` is not changed).
 -- @tparam table p partial policy
@@ -79,6 +80,7 @@ local function sandbox_env()
     end
   end
   for lib, t in pairs(libs) do env[lib] = readonly(t, lib) end
+  env.rules = readonly(rules, "rules") -- the GC policy helpers (warmbox.policy.rules)
   env._G = env
   return env
 end

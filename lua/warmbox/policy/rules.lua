@@ -1,0 +1,184 @@
+--- GC policy helpers: small pure rules over the item and context that compose
+-- into a policy's `gc` hook. Also available as the global `rules` inside a
+-- policy file loaded with `warmbox.policy.load`.
+--
+--   local rules = require "warmbox.policy.rules"
+--   policy.gc = rules.gc{ demote_after = "2d", kill_after = "14d", tenant_cap = 50,
+--                         global_cap = 20000, orphans = "keep", max_kills = 1000 }
+--   -- or compose by hand: the first rule with an opinion wins, else "keep"
+--   policy.gc = rules.chain(rules.orphans("keep"), rules.retention{ kill_after = "7d" },
+--                           rules.tenant_cap(50))
+--
+-- A rule is `function(item, ctx) -> action, reason` or nil (no opinion).
+-- The item: `sandbox_id, key (nil when hashed or orphan), tenant, state, started_at,
+-- end_at, last_activity (unix s), metadata, tag_value, orphan`. The context:
+-- `now, max_age (= retention), counts = { kept, kill, demote }` of the item's tenant
+-- so far in this pass, `totals = { seen, kept, kill, demote }` so far, `max_kills`.
+--
+-- Caps count in listing order: E2B lists the newest-started sandboxes first, so
+-- the sandboxes kept under a cap are the newest and the oldest go first.
+-- @module warmbox.policy.rules
+local type, tostring, tonumber, error, select, floor = type, tostring, tonumber, error, select, math.floor
+local fmt = string.format
+
+local _M = {}
+
+local UNITS = { s = 1, m = 60, h = 3600, d = 86400 }
+
+--- Seconds of a duration: a number, or a string "90", "30s", "15m", "12h", "7d".
+-- @treturn[1] number
+-- @return[2] nil, message
+function _M.duration(v)
+  if type(v) == "number" then
+    if v ~= v or v < 0 then return nil, "duration must be >= 0, got " .. tostring(v) end
+    return v
+  end
+  if type(v) ~= "string" then return nil, "duration expected, got " .. type(v) end
+  local n, u = v:match("^%s*(%d+%.?%d*)%s*([smhd]?)%s*$")
+  if not n then return nil, fmt("invalid duration '%s' (a number with a unit s, m, h or d, e.g. 7d)", v) end
+  return tonumber(n) * UNITS[u ~= "" and u or "s"]
+end
+
+local function dur(v, name, fname)
+  if v == nil then return nil end
+  local s, err = _M.duration(v)
+  if not s then error(fmt("bad option '%s' to '%s' (%s)", name, fname, err), 3) end
+  return s
+end
+
+local function count(v, name, fname)
+  if v == nil then return nil end
+  if math.type(v) ~= "integer" or v < 0 then
+    error(fmt("bad option '%s' to '%s' (integer >= 0 expected, got %s)", name, fname, tostring(v)), 3)
+  end
+  return v
+end
+
+local function human(s)
+  if s >= 86400 and s % 86400 == 0 then return fmt("%dd", s // 86400) end
+  if s >= 3600 and s % 3600 == 0 then return fmt("%dh", s // 3600) end
+  if s >= 60 and s % 60 == 0 then return fmt("%dm", s // 60) end
+  return fmt("%ds", floor(s))
+end
+
+--- Retention by last activity, in tiers: "demote" (filesystem-only snapshot)
+-- after `demote_after`, "kill" after `kill_after` (default: the pass's
+-- `max_age`, i.e. `--retention`). E2B records a demote's pause as the
+-- sandbox's last activity, so a demoted sandbox (`item.demoted`: paused
+-- within 10 s of its resume) is never demoted again and is killed
+-- `kill_after - demote_after` after the demote. Items without a last
+-- activity get no opinion.
+-- @tparam table o `demote_after`, `kill_after` (durations)
+function _M.retention(o)
+  o = o or {}
+  if type(o) ~= "table" then error("bad argument #1 to 'retention' (table expected)", 2) end
+  local demote_after, kill_after = dur(o.demote_after, "demote_after", "retention"),
+    dur(o.kill_after, "kill_after", "retention")
+  if demote_after and kill_after and demote_after >= kill_after then
+    error("bad option 'demote_after' to 'retention' (must be shorter than kill_after)", 2)
+  end
+  return function(item, ctx)
+    local last = item.last_activity
+    if not last then return nil end
+    local idle = ctx.now - last
+    local kill = kill_after or ctx.max_age
+    if item.demoted and demote_after then
+      local rest = kill and kill - demote_after
+      if rest and idle > rest then
+        return "kill", fmt("demoted %s ago (kill after %s)", human(idle), human(kill))
+      end
+      return nil
+    end
+    if kill and idle > kill then
+      return "kill", fmt("inactive for %s (kill after %s)", human(idle), human(kill))
+    end
+    if demote_after and idle > demote_after and not item.demoted then
+      return "demote", fmt("inactive for %s (demote after %s)", human(idle), human(demote_after))
+    end
+    return nil
+  end
+end
+
+--- Sandboxes whose tag is not a valid warmbox tag value (orphans): `action`
+-- ("keep" by default, or "kill"); no opinion on the others.
+function _M.orphans(action)
+  action = action or "keep"
+  if action ~= "keep" and action ~= "kill" then
+    error("bad argument #1 to 'orphans' (\"keep\" or \"kill\" expected, got " .. tostring(action) .. ")", 2)
+  end
+  return function(item)
+    if item.orphan then return action, "orphan tag (not a warmbox session)" end
+    return nil
+  end
+end
+
+--- At most `max` kept sandboxes per tenant: the ones over it are killed.
+function _M.tenant_cap(max)
+  max = count(max, "max", "tenant_cap")
+  return function(item, ctx)
+    if not item.tenant then return nil end
+    if ctx.counts and ctx.counts.kept >= max then
+      return "kill", fmt("tenant '%s' over its cap of %d kept sandboxes", tostring(item.tenant), max)
+    end
+    return nil
+  end
+end
+
+--- At most `max` kept sandboxes in all: the ones over it are killed.
+function _M.global_cap(max)
+  max = count(max, "max", "global_cap")
+  return function(_, ctx)
+    if ctx.totals and ctx.totals.kept >= max then
+      return "kill", fmt("over the global cap of %d kept sandboxes", max)
+    end
+    return nil
+  end
+end
+
+--- The first rule with an opinion wins; "keep" when none has one.
+function _M.chain(...)
+  local list = { ... }
+  for i = 1, select("#", ...) do
+    if type(list[i]) ~= "function" then
+      error(fmt("bad argument #%d to 'chain' (function expected, got %s)", i, type(list[i])), 2)
+    end
+  end
+  return function(item, ctx)
+    for i = 1, #list do
+      local action, reason = list[i](item, ctx)
+      if action ~= nil then return action, reason end
+    end
+    return "keep"
+  end
+end
+
+--- At most `n` kills per pass: once `n` kills were decided, a kill becomes "keep".
+function _M.budget(n, rule)
+  n = count(n, "n", "budget")
+  if type(rule) ~= "function" then error("bad argument #2 to 'budget' (function expected)", 2) end
+  return function(item, ctx)
+    local action, reason = rule(item, ctx)
+    if action == "kill" and ctx.totals and ctx.totals.kill >= n then
+      return "keep", fmt("max-kills budget (%d) spent", n)
+    end
+    return action, reason
+  end
+end
+
+--- The usual composition: orphans (keep), retention tiers, tenant cap, global
+-- cap, under a kill budget.
+-- @tparam table o `demote_after`, `kill_after`, `tenant_cap`, `global_cap`,
+--   `orphans` ("keep"), `max_kills`
+-- @treturn function a `gc` hook
+function _M.gc(o)
+  o = require("warmbox.errors").check_options(o, { "demote_after", "kill_after", "tenant_cap", "global_cap",
+    "orphans", "max_kills" }, "gc", 1)
+  local list = { _M.orphans(o.orphans), _M.retention{ demote_after = o.demote_after, kill_after = o.kill_after } }
+  if o.tenant_cap then list[#list + 1] = _M.tenant_cap(o.tenant_cap) end
+  if o.global_cap then list[#list + 1] = _M.global_cap(o.global_cap) end
+  local rule = _M.chain(table.unpack(list))
+  if o.max_kills then rule = _M.budget(o.max_kills, rule) end
+  return rule
+end
+
+return _M
