@@ -180,9 +180,11 @@ function Server:stats() return assert(self:admin("GET", "/stats").json, "stats")
 --- How many requests `route` got since the last reset.
 function Server:count(route) return (self:stats().requests or {})[route] or 0 end
 
---- The host directory that is /home/user inside sandbox `id`.
+--- The host path of the directory that is /home/user inside sandbox `id`.
+-- Sandbox homes live on a tmpfs in warmboxd's own mount namespace, so the
+-- path goes through /proc/<pid>/root (the host sees them only there).
 function Server:sandbox_home(id)
-  return self.dir .. "/data/" .. id .. "/home"
+  return "/proc/" .. self.pid .. "/root" .. self.dir .. "/data/" .. id .. "/home"
 end
 
 function Server:log()
