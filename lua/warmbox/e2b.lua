@@ -320,6 +320,8 @@ function _M.new(opts)
     dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },
     dp_retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true,
       statuses = { 429, 503, 504 } },
+    -- transport: nil (requests go to http) or an object with http's request,
+    -- batch and pages methods (warmbox.runner's: the engine inside a task).
     -- The key lives only in this header table, never in messages.
     api_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json" },
     json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
@@ -356,7 +358,7 @@ local function api(self, method, path, body, what, idempotent, retry)
     if not s then return nil, what .. ": cannot encode the request: " .. tostring(err), "BAD_REQUEST" end
     req.body = s
   end
-  local res, msg, code, sent = self.http:request(req)
+  local res, msg, code, sent = (self.transport or self.http):request(req)
   if not res then return transport_failure(what, msg, code, sent) end
   return res
 end
@@ -511,7 +513,7 @@ function Client:list_pages(opts)
   opts = opt_table(opts, 1, "list_pages")
   check_list_opts(opts)
   local filter = opts.metadata and copy_map(opts.metadata)
-  local pages = self.http:pages{
+  local pages = (self.transport or self.http):pages{
     url = self.api_url .. _M.list_path(opts), headers = self.api_headers,
     next_token = opts.next_token, retry = self.retry,
   }
@@ -693,7 +695,7 @@ function Client:kill_many(ids, opts)
   end
   local out = {}
   if #reqs == 0 then return out end
-  local results = self.http:batch(reqs, { concurrency = opts.concurrency or 8 })
+  local results = (self.transport or self.http):batch(reqs, { concurrency = opts.concurrency or 8 })
   for i, r in ipairs(results) do
     local what = ("kill sandbox '%s'"):format(list[i])
     local res = r[1]
@@ -786,7 +788,7 @@ local function check_path(p, n, fname)
 end
 
 local function dp_request(self, req, what)
-  local res, msg, code, sent = self.client.http:request(req)
+  local res, msg, code, sent = (self.client.transport or self.client.http):request(req)
   if not res then return transport_failure(what, msg, code, sent) end
   return res
 end
@@ -1037,7 +1039,7 @@ function Sandbox:run_command(cmd, opts)
   local result = { exit_code = nil }
   local trailer_error, ended, started = nil, false, false
   local on_stdout, on_stderr = opts.on_stdout, opts.on_stderr
-  local res, msg, code, sent = self.client.http:request{
+  local res, msg, code, sent = (self.client.transport or self.client.http):request{
     method = "POST", url = self.envd_url .. "/process.Process/Start", headers = headers,
     body = envelope(body), stream = "connect", retry = false,
     timeout = timeout > 0 and (timeout + self.client.request_timeout) or 0,
@@ -1195,7 +1197,7 @@ function Sandbox:run_code(code, opts)
   if max_output < math.huge then max_frame = math.min(64 * 1048576, math.max(1048576, 2 * max_output + 65536)) end
   local mono = core.now or os.time -- (specs may fake the core without a clock)
   local t0 = mono()
-  local res, msg, ecode, sent = self.client.http:request{
+  local res, msg, ecode, sent = (self.client.transport or self.client.http):request{
     method = "POST", url = self.interp_url .. "/execute", headers = self.interp_headers, body = s,
     stream = "lines", retry = self.client.exec_retry, max_frame = max_frame,
     timeout = timeout > 0 and (timeout + _M.EXEC_GRACE) or 0,

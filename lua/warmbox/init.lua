@@ -178,7 +178,7 @@ function Warmbox:session(key, opts)
     max_files_bytes = opts.max_files_bytes or self.max_files_bytes }
   session.check_settings(settings, "session", 2)
   return session.new(key, {
-    client = self.client, lock = self.lock, clock = self.clock, policy = self.policy,
+    client = self.client, lock = self:_lock_factory(settings.exec_timeout), clock = self.clock, policy = self.policy,
     template = opts.template or self.template, exec_timeout = settings.exec_timeout,
     idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
@@ -225,7 +225,7 @@ function Warmbox:release(key)
       g[#g + 1] = t.item.sandbox_id
     end
   end
-  local new_lock = session.lock_factory(self.lock, nil, self.exec_timeout)
+  local new_lock = self:_lock_factory(self.exec_timeout)
   local killed = 0
   for _, tv in ipairs(order) do
     local lk = new_lock()
@@ -290,14 +290,104 @@ function Warmbox:gc(opts)
   local gc = require "warmbox.gc"
   local lock = self.lock
   if type(lock) == "string" then lock = { backend = lock } end
+  if self.runner and type(lock) == "table" and type(lock.new) ~= "function" then
+    require("warmbox.lock").new(lock) -- validates now, as gc.run would
+    local lopts = lock
+    lock = self.runner:lock_factory(function() return require("warmbox.lock").new(lopts) end)
+  end
   return gc.run{ client = self.client, tag = self.tag, policy = self.policy, lock = lock, clock = self.clock,
     dry_run = opts.dry_run or false, max_age = opts.max_age, concurrency = opts.concurrency }
+end
+
+-- ------------------------------------------------------------------
+-- Tasks (issue 11): many runs at once from one Lua state
+-- ------------------------------------------------------------------
+
+-- The lock factory of sessions and release: inside a task, the locks are
+-- tracked so that a cancelled task frees its sessions.
+function Warmbox:_lock_factory(exec_timeout)
+  local base = session.lock_factory(self.lock, nil, exec_timeout)
+  if not self.runner then
+    -- A runner may come later (the first spawn): look it up at each call.
+    return function()
+      local lk = base()
+      if self.runner then self.runner:track_lock(lk) end
+      return lk
+    end
+  end
+  return self.runner:lock_factory(base)
+end
+
+-- The runner (an engine and a scheduler), made at the first spawn; from
+-- then on the client's requests go through its transport.
+function Warmbox:_runner()
+  local r = self.runner
+  if r then return r end
+  local msg, code
+  r, msg, code = require("warmbox.runner").new()
+  if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 3) end
+  self.runner = r
+  local c = self.client
+  if type(c) == "table" and c.http and c.transport == nil then
+    c.transport = r:transport(c.http)
+    self.set_transport = true
+  end
+  return r
+end
+
+--- Start `fn(...)` as a task: a coroutine this object owns. Inside it every
+-- warmbox call that waits (runs, lock waits, E2B requests, release, gc,
+-- sessions) yields to the event engine; outside tasks calls block as ever.
+-- The task first runs at the next `step`/`loop`.
+-- @treturn warmbox.Task (`result()`, `done()`, `cancel()`)
+function Warmbox:spawn(fn, ...)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  if type(fn) ~= "function" then
+    error("bad argument #1 to 'spawn' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  return self:_runner():spawn(fn, ...)
+end
+
+--- Run until every task finished.
+-- @treturn[1] true
+-- @return[2] nil, msg, "DEADLOCK"
+function Warmbox:loop()
+  if not self.runner then return true end
+  return self.runner:loop()
+end
+
+--- One round for a host that owns its loop: run the ready tasks, wait at
+-- most `timeout` seconds (nil: as needed; 0: never blocks) for the engine.
+-- @treturn boolean true while tasks remain
+function Warmbox:step(timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
+    error("bad argument #1 to 'step' (number >= 0 expected, got " .. tostring(timeout) .. ")", 2)
+  end
+  if not self.runner then return false end
+  return self.runner:step(timeout)
+end
+
+--- The engine's fd: watch it for readability and call `step(0)`.
+function Warmbox:pollfd()
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  return self:_runner():pollfd()
+end
+
+--- Seconds until `step(0)` is due without fd activity (0: now), nil when
+-- nothing is timed.
+function Warmbox:timeout()
+  if not self.runner then return nil end
+  return self.runner:timeout()
 end
 
 --- Close: stop the embedded warmboxd (if any) and the client's connections. Idempotent.
 function Warmbox:close()
   if self.closed then return true end
   self.closed = true
+  if self.runner then
+    pcall(self.runner.close, self.runner)
+    if self.set_transport then self.client.transport = nil end
+  end
   if self.owns_client and self.client and type(self.client.close) == "function" then
     pcall(self.client.close, self.client)
   end

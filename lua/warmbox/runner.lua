@@ -1,0 +1,342 @@
+--- warmbox.runner: tasks over the C event engine (issue 11).
+--
+-- A runner is a `warmbox.task` scheduler whose backend is `core.engine`: its
+-- `wait` polls the engine's fd until the next timer or transfer deadline,
+-- then `eng:step(0)` and wakes the tasks whose transfers have news. It also
+-- makes transports: objects with `request`, `batch` and `pages` methods (the
+-- shape of a `core.http` client) that block exactly as the client does
+-- outside the runner's tasks, and inside one start the request on the engine
+-- and yield until it has news (streamed frames are handed to `on_chunk`
+-- inside the task, as they arrive).
+--
+--   local runner = require "warmbox.runner"
+--   local r = runner.new()
+--   local tp = r:transport(http)          -- e2b client: client.transport = tp
+--   local t = r:spawn(function() return tp:request{ url = "..." } end)
+--   r:loop()
+--
+-- While loaded, `lock.wait` (the lock's wait hook) sleeps on the scheduler
+-- when called from a runner's task, so lock waits yield to the engine.
+-- @module warmbox.runner
+
+local core = require "warmbox.core"
+local task = require "warmbox.task"
+local lock = require "warmbox.lock"
+
+local type, error, setmetatable, pairs, pcall, tostring =
+  type, error, setmetatable, pairs, pcall, tostring
+local table_pack = table.pack
+local string_format, string_gsub, string_byte, string_find = string.format, string.gsub, string.byte, string.find
+local now, poll = core.now, core.poll
+
+local _M = { _VERSION = "0.1.0" }
+
+-- ------------------------------------------------------------------
+-- The backend: poll the engine's fd, step it, wake the waiters
+-- ------------------------------------------------------------------
+
+local Backend = {}
+Backend.__index = Backend
+
+--- A real backend for `task.scheduler` over `eng` (a `core.engine`).
+-- `backend.waiters[tr] = ev` makes the next news of `tr` signal `ev`.
+function _M.backend(eng)
+  return setmetatable({ eng = eng, engine = true, waiters = setmetatable({}, { __mode = "k" }) }, Backend)
+end
+
+function Backend.now()
+  return now()
+end
+
+-- Seconds until something is due: the scheduler's deadline or the engine's
+-- own timer (libcurl's timeouts, retry waits); nil when neither exists.
+local function due_in(eng, deadline)
+  local to
+  if deadline then
+    to = deadline - now()
+    if to < 0 then to = 0 end
+  end
+  local et = eng:timeout()
+  if et and (to == nil or et < to) then to = et end
+  return to
+end
+
+function Backend:wait(deadline)
+  local eng = self.eng
+  local to = due_in(eng, deadline)
+  if to == nil and eng:pending() == 0 then return false end
+  -- poll(2) on the one fd (an idle engine with transfers in flight still
+  -- wakes for their sockets), capped so a lost edge cannot hang us.
+  if to == nil or to > 0 then poll(eng:pollfd(), to or 1) end
+  local news = eng:step(0)
+  local waiters = self.waiters
+  for i = 1, #news do
+    local tr = news[i]
+    local ev = waiters[tr]
+    if ev then
+      waiters[tr] = nil
+      ev:signal(tr)
+    end
+  end
+  return true
+end
+
+-- ------------------------------------------------------------------
+-- The runner
+-- ------------------------------------------------------------------
+
+local Runner = {}
+Runner.__index = Runner
+Runner.__name = "warmbox.Runner"
+
+--- A runner: an engine and a scheduler over it.
+-- @tparam[opt] table opts `max_buffered` (the engine's), `on_error` (the scheduler's)
+-- @treturn[1] warmbox.Runner
+-- @return[2] nil, msg, code when the engine could not be made
+function _M.new(opts)
+  opts = opts or {}
+  local eng, msg, code = core.engine{ max_buffered = opts.max_buffered }
+  if not eng then return nil, msg, code end
+  local b = _M.backend(eng)
+  local sched = task.scheduler{ backend = b, on_error = opts.on_error }
+  -- Live tasks are held here (a spawned task nobody keeps still runs to its end).
+  return setmetatable({ eng = eng, backend = b, sched = sched, live = {} }, Runner)
+end
+
+-- Locks taken inside a task: closed when the task ends however it ends
+-- (returned, raised, cancelled), so a cancelled run frees its session.
+local function close_locks(t)
+  local list = t.data.locks
+  if not list then return end
+  t.data.locks = nil
+  for i = #list, 1, -1 do
+    local lk = list[i]
+    if type(lk) == "table" and type(lk.close) == "function" then pcall(lk.close, lk) end
+  end
+end
+
+--- Start `fn(...)` as a task (it first runs at the next step/loop round).
+-- @treturn warmbox.Task
+function Runner:spawn(fn, ...)
+  if type(fn) ~= "function" then
+    error("bad argument #1 to 'spawn' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  local live = self.live
+  local t
+  t = self.sched:spawn(function(...)
+    local _ <close> = setmetatable({}, { __close = function()
+      live[t] = nil
+      close_locks(t)
+    end })
+    return fn(...)
+  end, ...)
+  live[t] = true
+  t.data.locks = {}
+  return t
+end
+
+--- The running task when it is one of this runner's, else nil.
+function Runner:current()
+  return self.sched:current()
+end
+
+--- One round (see `task.Scheduler:step`).
+function Runner:step(timeout)
+  return self.sched:step(timeout)
+end
+
+--- Until every task finished --> true | nil, msg, "DEADLOCK".
+function Runner:loop()
+  return self.sched:loop()
+end
+
+--- The engine's fd: readable when a transfer has news.
+function Runner:pollfd()
+  return self.eng:pollfd()
+end
+
+--- Seconds until `step(0)` is due without fd activity: 0 when a task is
+-- ready, nil when nothing is timed (no task waits on a timer or transfer).
+function Runner:timeout()
+  local s = self.sched
+  if s.rhead <= s.rtail then return 0 end
+  if s.live == 0 then return nil end
+  local h = s.timers
+  local deadline = h.n > 0 and h[1].t or nil  -- a stale top only wakes us early
+  return due_in(self.eng, deadline)
+end
+
+--- Tasks not finished.
+function Runner:count()
+  return self.sched.live
+end
+
+--- Register a lock object with the running task (closed when it ends).
+function Runner:track_lock(lk)
+  local t = self.sched:current()
+  if t and t.data.locks then t.data.locks[#t.data.locks + 1] = lk end
+  return lk
+end
+
+--- Wrap a lock factory so that the locks made inside tasks are tracked.
+function Runner:lock_factory(new_lock)
+  return function(...)
+    return self:track_lock(new_lock(...))
+  end
+end
+
+--- Cancel every task and close the engine (aborts every transfer). Idempotent.
+function Runner:close()
+  if self.closed then return end
+  self.closed = true
+  self.sched:cancel_all()
+  self.eng:close()
+end
+
+-- Park the running task until one of `trs` has news.
+local function await(self, trs, n)
+  local ev = self.sched:event()
+  local waiters = self.backend.waiters
+  for i = 1, n do waiters[trs[i]] = ev end
+  ev:wait()
+  for i = 1, n do waiters[trs[i]] = nil end
+end
+
+-- ------------------------------------------------------------------
+-- Transports
+-- ------------------------------------------------------------------
+
+local Transport = {}
+Transport.__index = Transport
+Transport.__name = "warmbox.Transport"
+
+--- A transport over `http` (a `core.http` client) for this runner.
+function Runner:transport(http)
+  return setmetatable({ runner = self, http = http }, Transport)
+end
+
+local function without_on_chunk(req)
+  local r = {}
+  for k, v in pairs(req) do
+    if k ~= "on_chunk" then r[k] = v end
+  end
+  return r
+end
+
+--- As `h:request`; inside a task of the runner, on the engine.
+function Transport:request(req)
+  local r = self.runner
+  if r.closed or not r.sched:current() then return self.http:request(req) end
+  local on_chunk = req.on_chunk
+  local tr <close> = r.eng:start(self.http, on_chunk and without_on_chunk(req) or req)
+  local one = { tr }
+  while true do
+    local done = tr:done()
+    if on_chunk then
+      local frames, flags = tr:frames()
+      for i = 1, #frames do
+        local ok, v = pcall(on_chunk, frames[i], flags[i])
+        if not ok then
+          tr:cancel()
+          error(v, 0)
+        end
+        if v == false then
+          tr:cancel()
+          return nil, "aborted by the on_chunk callback", "ABORTED", true
+        end
+      end
+    end
+    if done then break end
+    await(r, one, 1)
+  end
+  return tr:result()
+end
+
+--- As `h:batch` (results `{ res }` or `{ nil, msg, code, sent }` in order);
+-- inside a task, at most `concurrency` transfers on the engine at once.
+function Transport:batch(reqs, opts)
+  local r = self.runner
+  if r.closed or not r.sched:current() then return self.http:batch(reqs, opts) end
+  local conc = opts and opts.concurrency or 8
+  local out, nreq, nexti = {}, #reqs, 1
+  local run, idx, n = {}, {}, 0
+  local trs = {}
+  -- A cancelled or failing task aborts what it still has in flight.
+  local _ <close> = setmetatable({}, { __close = function()
+    for i = 1, n do run[i]:cancel() end
+  end })
+  while true do
+    while nexti <= nreq and n < conc do
+      n = n + 1
+      run[n], idx[n] = r.eng:start(self.http, reqs[nexti]), nexti
+      nexti = nexti + 1
+    end
+    if n == 0 then break end
+    local m = 0
+    for i = 1, n do
+      local tr = run[i]
+      if tr:done() then
+        out[idx[i]] = table_pack(tr:result())
+      else
+        m = m + 1
+        run[m], idx[m] = tr, idx[i]
+      end
+    end
+    for i = m + 1, n do run[i], idx[i] = nil, nil end
+    n = m
+    if n > 0 and (nexti > nreq or n >= conc) then
+      for i = 1, n do trs[i] = run[i] end
+      for i = n + 1, #trs do trs[i] = nil end
+      await(r, trs, n)
+    end
+  end
+  return out
+end
+
+-- RFC 3986 percent-encoding of a query value (curl_easy_escape's set).
+local function escape(s)
+  return (string_gsub(s, "[^%w%-%._~]", function(c) return string_format("%%%02X", string_byte(c)) end))
+end
+
+--- As `h:pages` (the same values, the same error convention), each page
+-- fetched through `self:request`.
+function Transport:pages(spec)
+  local r = self.runner
+  if r.closed or not r.sched:current() then return self.http:pages(spec) end
+  local token, finished = spec.next_token, false
+  return function()
+    if finished then return nil end
+    local url = spec.url
+    if type(token) == "string" then
+      url = url .. (string_find(url, "?", 1, true) and "&" or "?") .. "nextToken=" .. escape(token)
+    end
+    local res, msg, code = self:request{ url = url, headers = spec.headers, timeout = spec.timeout,
+      connect_timeout = spec.connect_timeout, retry = spec.retry }
+    if not res then
+      finished = true
+      return false, msg, code, token
+    end
+    if res.status < 200 or res.status > 299 then
+      finished = true
+      return false, "http status " .. tostring(res.status), "HTTP", token, res
+    end
+    local used = token
+    local nxt = res.headers["x-next-token"]
+    if type(nxt) == "string" and nxt ~= "" then token = nxt else finished = true end
+    return res.body, used, res
+  end
+end
+
+-- ------------------------------------------------------------------
+-- The lock's wait hook: inside a runner's task, sleep on its scheduler
+-- ------------------------------------------------------------------
+
+local prev_wait = lock.wait
+lock.wait = function(s)
+  local t = task.current()
+  if t and t.sched.backend.engine and t.sched:current() == t then return t.sched:sleep(s) end
+  return prev_wait(s)
+end
+
+_M.Runner, _M.Transport = Runner, Transport
+return _M
