@@ -373,6 +373,17 @@ function Warmbox:pollfd()
   return self:_runner():pollfd()
 end
 
+--- "r": the events to watch on `pollfd()` (cqueues' polling protocol:
+-- `cqueues.poll(wb)` waits on pollfd/events/timeout).
+function Warmbox.events()
+  return "r"
+end
+
+--- Tasks not finished.
+function Warmbox:pending()
+  return self.runner and self.runner:count() or 0
+end
+
 --- Seconds until `step(0)` is due without fd activity (0: now), nil when
 -- nothing is timed.
 function Warmbox:timeout()
