@@ -143,6 +143,7 @@ function _M.new(opts)
     end
     self.owns_client = true
   end
+  self:_install_transport()
   return self
 end
 
@@ -183,6 +184,7 @@ function Warmbox:session(key, opts)
     idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
     max_output = settings.max_output, max_files_bytes = settings.max_files_bytes,
+    parallel = self.parallel,
   })
 end
 
@@ -318,8 +320,34 @@ function Warmbox:_lock_factory(exec_timeout)
   return self.runner:lock_factory(base)
 end
 
--- The runner (an engine and a scheduler), made at the first spawn; from
--- then on the client's requests go through its transport.
+-- The client's requests go through a transport: blocking outside tasks, on
+-- the engine of the task's runner inside one. With it, a session extends a
+-- lease alongside the execute (`parallel`): inside a task on wb's runner,
+-- outside on a private one (the call blocks as ever).
+function Warmbox:_install_transport()
+  local c = self.client
+  if type(c) ~= "table" or type(c.http) ~= "userdata" and type(c.http) ~= "table" or c.transport ~= nil then
+    return
+  end
+  local runner = require "warmbox.runner"
+  c.transport = runner.transport(c.http)
+  self.set_transport = true
+  self.parallel = function(main, side)
+    local r = runner.running()
+    if not r then
+      r = self.private_runner
+      if not r then
+        local msg, code
+        r, msg, code = runner.new()
+        if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code))) end
+        self.private_runner = r
+      end
+    end
+    return r:parallel(main, side)
+  end
+end
+
+-- The runner (an engine and a scheduler) of wb:spawn, made at the first spawn.
 function Warmbox:_runner()
   local r = self.runner
   if r then return r end
@@ -327,11 +355,6 @@ function Warmbox:_runner()
   r, msg, code = require("warmbox.runner").new()
   if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 3) end
   self.runner = r
-  local c = self.client
-  if type(c) == "table" and c.http and c.transport == nil then
-    c.transport = r:transport(c.http)
-    self.set_transport = true
-  end
   return r
 end
 
@@ -395,10 +418,9 @@ end
 function Warmbox:close()
   if self.closed then return true end
   self.closed = true
-  if self.runner then
-    pcall(self.runner.close, self.runner)
-    if self.set_transport then self.client.transport = nil end
-  end
+  if self.runner then pcall(self.runner.close, self.runner) end
+  if self.private_runner then pcall(self.private_runner.close, self.private_runner) end
+  if self.set_transport then self.client.transport = nil end
   if self.owns_client and self.client and type(self.client.close) == "function" then
     pcall(self.client.close, self.client)
   end

@@ -25,11 +25,25 @@ local lock = require "warmbox.lock"
 
 local type, error, setmetatable, pairs, pcall, tostring =
   type, error, setmetatable, pairs, pcall, tostring
-local table_pack = table.pack
+local table_pack, table_unpack = table.pack, table.unpack
 local string_format, string_gsub, string_byte, string_find = string.format, string.gsub, string.byte, string.find
 local now, poll = core.now, core.poll
 
 local _M = { _VERSION = "0.1.0" }
+
+-- scheduler -> runner, for every live runner: a transport finds the engine
+-- of the task that calls it.
+local by_sched = setmetatable({}, { __mode = "k" })
+
+-- The runner whose task is running, or nil (main thread, user coroutine).
+local function running_runner()
+  local t = task.current()
+  if not t then return nil end
+  local r = by_sched[t.sched]
+  if r and not r.closed and r.sched:current() == t then return r, t end
+  return nil
+end
+_M.running = running_runner
 
 -- ------------------------------------------------------------------
 -- The backend: poll the engine's fd, step it, wake the waiters
@@ -100,7 +114,9 @@ function _M.new(opts)
   local b = _M.backend(eng)
   local sched = task.scheduler{ backend = b, on_error = opts.on_error }
   -- Live tasks are held here (a spawned task nobody keeps still runs to its end).
-  return setmetatable({ eng = eng, backend = b, sched = sched, live = {} }, Runner)
+  local r = setmetatable({ eng = eng, backend = b, sched = sched, live = {} }, Runner)
+  by_sched[sched] = r
+  return r
 end
 
 -- Locks taken inside a task: closed when the task ends however it ends
@@ -127,6 +143,8 @@ function Runner:spawn(fn, ...)
     local _ <close> = setmetatable({}, { __close = function()
       live[t] = nil
       close_locks(t)
+      local ev = t.data.join
+      if ev then ev:broadcast(true) end
     end })
     return fn(...)
   end, ...)
@@ -193,13 +211,76 @@ function Runner:close()
   self.eng:close()
 end
 
--- Park the running task until one of `trs` has news.
-local function await(self, trs, n)
+-- Park the running task `t` until one of `trs` has news (or an interrupt).
+local function await(self, t, trs, n)
   local ev = self.sched:event()
   local waiters = self.backend.waiters
   for i = 1, n do waiters[trs[i]] = ev end
+  t.data.parked = ev
   ev:wait()
+  t.data.parked = nil
   for i = 1, n do waiters[trs[i]] = nil end
+end
+
+--- Wait (inside a task of this runner) until task `t` has finished.
+function Runner:join(t)
+  while not t:done() do
+    local ev = t.data.join or self.sched:event()
+    t.data.join = ev
+    ev:wait()
+  end
+end
+
+--- Interrupt task `t`: the request it waits for (or its next one) is
+-- aborted and returns `nil, msg, "ABORTED", true`, until `clear_interrupt`.
+function Runner.interrupt(_, t, msg)
+  t.data.interrupt = msg
+  local ev = t.data.parked
+  if ev then ev:signal(true) end
+end
+
+function Runner.clear_interrupt(_, t)
+  t.data.interrupt = nil
+end
+
+--- Run `main()` in the running task and `side(ctl)` as a task of its own, at
+-- once. `ctl.interrupt(msg)` aborts main's requests (see `interrupt`),
+-- `ctl.main_done()` tells whether main has returned, `ctl.sleep(s)` waits in
+-- the side task. Returns main's values after side has finished too (side
+-- should stop early once main is done); side's returns are in `side_task`.
+-- Outside this runner's tasks both run as tasks and this blocks until done.
+-- @return side_task, main's returns...
+function Runner:parallel(main, side)
+  local parent = self.sched:current()
+  if not parent then
+    local out
+    local t = self:spawn(function() out = table_pack(self:parallel(main, side)) end)
+    while not t:done() do
+      local more, err = self.sched:step()
+      if more == nil then error(err, 0) end
+    end
+    local ok, err = t:result()
+    if ok == nil and err ~= nil then error(err, 0) end
+    return table_unpack(out, 1, out.n)
+  end
+  local finished = false
+  local ctl = {
+    main_done = function() return finished end,
+    interrupt = function(msg) if not finished then self:interrupt(parent, msg) end end,
+    sleep = function(sec) return self.sched:sleep(sec) end,
+  }
+  local child = self:spawn(side, ctl)
+  -- A cancelled or failing parent takes its side task with it.
+  local _ <close> = setmetatable({}, { __close = function()
+    finished = true
+    self:clear_interrupt(parent)
+    if not child:done() and child.co ~= coroutine.running() then pcall(child.cancel, child) end
+  end })
+  local ret = table_pack(main())
+  finished = true
+  self:clear_interrupt(parent)
+  self:join(child)
+  return child, table_unpack(ret, 1, ret.n)
 end
 
 -- ------------------------------------------------------------------
@@ -210,9 +291,14 @@ local Transport = {}
 Transport.__index = Transport
 Transport.__name = "warmbox.Transport"
 
---- A transport over `http` (a `core.http` client) for this runner.
-function Runner:transport(http)
-  return setmetatable({ runner = self, http = http }, Transport)
+--- A transport over `http` (a `core.http` client): inside a task of any
+-- runner its requests go on that runner's engine, elsewhere they block.
+function _M.transport(http)
+  return setmetatable({ http = http }, Transport)
+end
+
+function Runner.transport(_, http)
+  return _M.transport(http)
 end
 
 local function without_on_chunk(req)
@@ -225,8 +311,9 @@ end
 
 --- As `h:request`; inside a task of the runner, on the engine.
 function Transport:request(req)
-  local r = self.runner
-  if r.closed or not r.sched:current() then return self.http:request(req) end
+  local r, t = running_runner()
+  if not r then return self.http:request(req) end
+  if t.data.interrupt then return nil, t.data.interrupt, "ABORTED", false end
   local on_chunk = req.on_chunk
   local tr <close> = r.eng:start(self.http, on_chunk and without_on_chunk(req) or req)
   local one = { tr }
@@ -247,7 +334,11 @@ function Transport:request(req)
       end
     end
     if done then break end
-    await(r, one, 1)
+    await(r, t, one, 1)
+    if t.data.interrupt and not tr:done() then
+      tr:cancel()
+      return nil, t.data.interrupt, "ABORTED", true
+    end
   end
   return tr:result()
 end
@@ -255,8 +346,8 @@ end
 --- As `h:batch` (results `{ res }` or `{ nil, msg, code, sent }` in order);
 -- inside a task, at most `concurrency` transfers on the engine at once.
 function Transport:batch(reqs, opts)
-  local r = self.runner
-  if r.closed or not r.sched:current() then return self.http:batch(reqs, opts) end
+  local r, t = running_runner()
+  if not r then return self.http:batch(reqs, opts) end
   local conc = opts and opts.concurrency or 8
   local out, nreq, nexti = {}, #reqs, 1
   local run, idx, n = {}, {}, 0
@@ -287,7 +378,7 @@ function Transport:batch(reqs, opts)
     if n > 0 and (nexti > nreq or n >= conc) then
       for i = 1, n do trs[i] = run[i] end
       for i = n + 1, #trs do trs[i] = nil end
-      await(r, trs, n)
+      await(r, t, trs, n)
     end
   end
   return out
@@ -301,8 +392,7 @@ end
 --- As `h:pages` (the same values, the same error convention), each page
 -- fetched through `self:request`.
 function Transport:pages(spec)
-  local r = self.runner
-  if r.closed or not r.sched:current() then return self.http:pages(spec) end
+  if not running_runner() then return self.http:pages(spec) end
   local token, finished = spec.next_token, false
   return function()
     if finished then return nil end

@@ -49,6 +49,9 @@ _M.MAX_FILES_BYTES = 64 * 1048576
 _M.MAX_RUN_LENGTH_LIMIT = 30 * 86400
 --- Seconds of slack between a lease end and the end of a run's timeout.
 _M.LEASE_MARGIN = 5
+--- Seconds a remembered lease must still have for its extension to go out
+-- alongside the execute (with `parallel`) rather than before it.
+_M.ALONGSIDE_MARGIN = 20
 
 -- ------------------------------------------------------------------
 -- base64 (the output report carries small files inline)
@@ -385,7 +388,8 @@ _M.Session = Session
 
 local NEW_OPTS = { client = true, lock = true, lock_opts = true, clock = true, policy = true, template = true,
   exec_timeout = true, idle_timeout = true, tag = true, env = true, actor = true, secret = true, hmac = true,
-  sha256 = true, on_event = true, origin = true, max_run_length = true, max_output = true, max_files_bytes = true }
+  sha256 = true, on_event = true, origin = true, max_run_length = true, max_output = true, max_files_bytes = true,
+  parallel = true }
 
 -- Lock options: waits long enough for a run of the same session to finish;
 -- a dead holder's lock expires (Redis) or is released by the kernel (file).
@@ -447,6 +451,9 @@ function _M.new(key, opts)
     max_run_length = opts.max_run_length or 24 * 3600,
     max_output = opts.max_output or _M.MAX_OUTPUT,
     max_files_bytes = opts.max_files_bytes or _M.MAX_FILES_BYTES,
+    -- parallel(main, side): runs both at once (warmbox.runner); nil: the
+    -- lease is always extended before the execute.
+    parallel = opts.parallel,
   }
   _M.check_settings(self, "new", 2)
   if type(self.tag) ~= "string" or self.tag == "" then error("bad option 'tag' to 'new' (non-empty string)", 2) end
@@ -689,6 +696,11 @@ function Session:_secure(st, ctx, lease)
     if not refresh then
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
     end
+    -- The remembered lease still has a safe margin: extend it alongside the
+    -- execute (one round trip), see _execute_alongside.
+    if self.parallel and st.lease_end and st.lease_end - self.clock() >= _M.ALONGSIDE_MARGIN then
+      return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
+    end
     local t0 = self.clock()
     local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
     self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
@@ -923,6 +935,51 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   }
 end
 
+-- Issue 11: the execute and the lease extension (connect) at once, on the
+-- engine. A failed extension is retried while the cell runs; when it cannot
+-- be secured before the remembered lease ends (minus LEASE_MARGIN), the
+-- execute is interrupted (its connection closed: the server stops the cell)
+-- and the run is reported, so the sandbox is never paused underneath it.
+function Session:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
+  local id, lease, lease_end = info.sandbox_id, info.lease, st.lease_end
+  local lease_err
+  local side, r, err, ecode, detail, retryable = self.parallel(function()
+    return self:_execute(info, st, code, opts, files, run_timeout, lk)
+  end, function(ctl)
+    local pause = 0.1
+    while true do
+      local t0 = self.clock()
+      local sb, res, ccode = self.client:connect(id, { timeout = lease })
+      self:_event("connect", { sandbox_id = id, ok = sb ~= nil, resumed = sb and res or nil,
+        code = not sb and ccode or nil, alongside = true })
+      if sb then return sb, t0, res == true end
+      lease_err = { tostring(res), ccode }
+      if ctl.main_done() then return nil end
+      if is_gone(ccode) or self.clock() + pause >= lease_end - _M.LEASE_MARGIN then
+        ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
+        return nil
+      end
+      ctl.sleep(pause)
+      pause = math.min(pause * 2, 2)
+    end
+  end)
+  local sb, t0, resumed = side:result()
+  if type(sb) == "table" then
+    if sb.sandbox_id == nil then sb.sandbox_id = id end
+    self:_remember(st, sb, t0 + lease, resumed and t0 or nil)
+  elseif not r and not retryable and lease_err then
+    -- Interrupted (or failed while the lease could not be secured): the cell
+    -- may have started, so it is reported, never sent again.
+    detail = type(detail) == "table" and detail or {}
+    detail.lease_error = lease_err
+    detail.interrupted = true
+    if is_gone(lease_err[2]) then forget(st) end
+    return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
+      lease_err[1]), lease_err[2] or ecode, detail, false
+  end
+  return r, err, ecode, detail, retryable
+end
+
 function Session:_run_locked(lk, code, opts, files)
   local st = _M.decode_state(lk:get_state())
   -- State written for another tag value or another E2B endpoint/account is not ours.
@@ -935,7 +992,11 @@ function Session:_run_locked(lk, code, opts, files)
     lk:set_state(_M.encode_state(st))
     if not info then return nil, err, ecode, detail end
     local r, retryable
-    r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
+    if info.how == "alongside" then
+      r, err, ecode, detail, retryable = self:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
+    else
+      r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
+    end
     if r then
       st.last_run = self.clock()
       lk:set_state(_M.encode_state(st))
