@@ -246,7 +246,8 @@ end
 --- Run `main()` in the running task and `side(ctl)` as a task of its own, at
 -- once. `ctl.interrupt(msg)` aborts main's requests (see `interrupt`),
 -- `ctl.main_done()` tells whether main has returned, `ctl.sleep(s)` waits in
--- the side task. Returns main's values after side has finished too (side
+-- the side task, `ctl.wait(s)` too but returns early on `ctl.poke()` (from
+-- main) or when main returns. Returns main's values after side has finished too (side
 -- should stop early once main is done); side's returns are in `side_task`.
 -- Outside this runner's tasks both run as tasks and this blocks until done.
 -- @return side_task, main's returns...
@@ -264,10 +265,17 @@ function Runner:parallel(main, side)
     return table_unpack(out, 1, out.n)
   end
   local finished = false
+  local wake = self.sched:event()
   local ctl = {
     main_done = function() return finished end,
     interrupt = function(msg) if not finished then self:interrupt(parent, msg) end end,
     sleep = function(sec) return self.sched:sleep(sec) end,
+    -- side: wait up to `sec` or until main pokes or finishes
+    wait = function(sec)
+      if finished then return true end
+      return wake:wait(self.sched:now() + sec)
+    end,
+    poke = function() wake:broadcast(true) end,
   }
   local child = self:spawn(side, ctl)
   -- A cancelled or failing parent takes its side task with it.
@@ -278,6 +286,7 @@ function Runner:parallel(main, side)
   end })
   local ret = table_pack(main())
   finished = true
+  wake:broadcast(true)
   self:clear_interrupt(parent)
   self:join(child)
   return child, table_unpack(ret, 1, ret.n)

@@ -52,6 +52,11 @@ _M.LEASE_MARGIN = 5
 --- Seconds a remembered lease must still have for its extension to go out
 -- alongside the execute (with `parallel`) rather than before it.
 _M.ALONGSIDE_MARGIN = 20
+--- The lease E2B gives a sandbox resumed by traffic (autoResume): at least
+-- 5 minutes from the resume. And how long after its remembered lease end a
+-- sandbox counts as paused (E2B's pause takes a moment).
+_M.AUTO_RESUME_LEASE = 300
+_M.PAUSE_GRACE = 10
 
 -- ------------------------------------------------------------------
 -- base64 (the output report carries small files inline)
@@ -523,7 +528,7 @@ end
 function Session:_remember(st, sb, lease_end, run_started)
   st.tag, st.origin = self.tag_value, self.origin
   if st.sandbox_id ~= sb.sandbox_id then
-    st.hooked, st.run_started = nil, nil
+    st.hooked, st.run_started, st.auto_resume = nil, nil, nil
   end
   st.sandbox_id = sb.sandbox_id
   if sb.envd_access_token then st.access_token = sb.envd_access_token end
@@ -602,6 +607,8 @@ function Session:_resolve(st, lease)
         if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
         kept, resumed = sb, res == true
         self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
+        local lc = it.lifecycle
+        st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
         break
       end
       if not is_gone(tcode) then
@@ -644,6 +651,8 @@ function Session:_resolve(st, lease)
     self:_event("create", { sandbox_id = sb.sandbox_id })
     kept, created = sb, true
     self:_remember(st, sb, t0 + params.timeout, t0)
+    local lc = params.lifecycle
+    st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
   end
   -- Reap duplicates only now that one sandbox is secured (the gone ones need nothing).
   for _, it in ipairs(cands) do
@@ -697,9 +706,20 @@ function Session:_secure(st, ctx, lease)
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
     end
     -- The remembered lease still has a safe margin: extend it alongside the
-    -- execute (one round trip), see _execute_alongside.
-    if self.parallel and st.lease_end and st.lease_end - self.clock() >= _M.ALONGSIDE_MARGIN then
+    -- execute (one round trip). Paused (its lease ended) with autoResume: the
+    -- execute resumes it, and when the lease that gives cannot cover the run
+    -- the extension follows alongside. See _execute_alongside.
+    local now = self.clock()
+    if self.parallel and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
+    end
+    if st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
+      if ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE then
+        return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = "auto_resume", lease = lease }
+      elseif self.parallel then
+        return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = "auto_resume_alongside",
+          lease = lease }
+      end
     end
     local t0 = self.clock()
     local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
@@ -935,17 +955,43 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   }
 end
 
+local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
+
 -- Issue 11: the execute and the lease extension (connect) at once, on the
 -- engine. A failed extension is retried while the cell runs; when it cannot
--- be secured before the remembered lease ends (minus LEASE_MARGIN), the
--- execute is interrupted (its connection closed: the server stops the cell)
--- and the run is reported, so the sandbox is never paused underneath it.
+-- be secured before the lease ends (minus LEASE_MARGIN), the execute is
+-- interrupted (its connection closed: the server stops the cell) and the run
+-- is reported, so the sandbox is never paused underneath it.
+-- info.how: "alongside" (the remembered lease still has ALONGSIDE_MARGIN),
+-- "auto_resume" (paused; the execute resumes it and the lease that gives
+-- covers the run: no extension), "auto_resume_alongside" (paused; the run
+-- may outlast that lease: a cell still running ALONGSIDE_MARGIN before its
+-- end gets the extension then, under the same rules).
 function Session:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
-  local id, lease, lease_end = info.sandbox_id, info.lease, st.lease_end
+  local id, lease, how = info.sandbox_id, info.lease, info.how
+  local t_exec = self.clock()
+  local main = function() return self:_execute(info, st, code, opts, files, run_timeout, lk) end
+  if how == "auto_resume" then
+    local r, err, ecode, detail, retryable = main()
+    if r then
+      st.run_started = t_exec
+      st.lease_end = math.min(t_exec + _M.AUTO_RESUME_LEASE, t_exec + self.max_run_length)
+    end
+    return r, err, ecode, detail, retryable
+  end
+  local lease_end = how == "alongside" and st.lease_end or t_exec + _M.AUTO_RESUME_LEASE
   local lease_err
   local side, r, err, ecode, detail, retryable = self.parallel(function()
-    return self:_execute(info, st, code, opts, files, run_timeout, lk)
+    return main()
   end, function(ctl)
+    if how ~= "alongside" then
+      -- The resume's lease covers the run until ALONGSIDE_MARGIN before its
+      -- end: extend it only for a cell still running then (no connect races
+      -- the execute's resume, and a short run costs one round trip).
+      local wait = lease_end - _M.ALONGSIDE_MARGIN - self.clock()
+      if wait > 0 then ctl.wait(wait) end
+      if ctl.main_done() then return nil end
+    end
     local pause = 0.1
     while true do
       local t0 = self.clock()
@@ -964,6 +1010,11 @@ function Session:_execute_alongside(info, st, code, opts, files, run_timeout, lk
     end
   end)
   local sb, t0, resumed = side:result()
+  if how ~= "alongside" and (r or not retryable) then
+    -- The execute reached the sandbox: traffic resumed it (a new E2B run).
+    st.run_started = t_exec
+    st.lease_end = math.min(t_exec + _M.AUTO_RESUME_LEASE, t_exec + self.max_run_length)
+  end
   if type(sb) == "table" then
     if sb.sandbox_id == nil then sb.sandbox_id = id end
     self:_remember(st, sb, t0 + lease, resumed and t0 or nil)
@@ -992,7 +1043,7 @@ function Session:_run_locked(lk, code, opts, files)
     lk:set_state(_M.encode_state(st))
     if not info then return nil, err, ecode, detail end
     local r, retryable
-    if info.how == "alongside" then
+    if ALONGSIDE[info.how] then
       r, err, ecode, detail, retryable = self:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
     else
       r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)

@@ -99,4 +99,50 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     assert.equal(first.sandbox_id, r2.sandbox_id)
     assert.equal("1", r2.results[1].text)
   end)
+
+  -- A paused sandbox (its lease ended; autoResume set at creation) is resumed
+  -- by the execute itself. The session's clock is advanced past the lease
+  -- while the sandbox is paused by hand, as E2B would at the lease end.
+  local function paused_session(key, timeout, log)
+    local now = os.time()
+    local clock = function() return now end
+    local s = session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
+      exec_timeout = timeout, idle_timeout = timeout, parallel = wb.parallel, origin = wb.origin, clock = clock,
+      on_event = function(name, info) log[#log + 1] = name .. (info.alongside and "+" or "") end })
+    local first = assert(s:run("x = 41"))
+    assert(wb.client:pause(first.sandbox_id))
+    now = now + timeout + 60
+    env:reset_stats()
+    return s, first.sandbox_id, function() return now end
+  end
+
+  it("auto-resume covers the run (exec_timeout 60): the execute alone, no connect", function()
+    local log = {}
+    local s, id, now = paused_session("lease:auto", 60, log)
+    local r = assert(s:run("x + 1"))
+    assert.equal("42", r.results[1].text)
+    assert.equal(id, r.sandbox_id)
+    local st = env:stats()
+    assert.equal(0, st.requests["POST /sandboxes/{id}/connect"] or 0)
+    assert.equal(0, st.requests["GET /v2/sandboxes"] or 0)
+    assert.equal(1, st.requests["interp POST /execute"])
+    assert.equal(now() + session.AUTO_RESUME_LEASE, s:state().lease_end)
+  end)
+
+  it("default config, paused: the execute resumes it, the extension follows alongside", function()
+    local log = {}
+    local s, id, now = paused_session("lease:auto-default", 300, log)
+    local t = wb:spawn(function() return s:run("x + 1") end)
+    assert(wb:loop())
+    local r = assert(t:result())
+    assert.equal("42", r.results[1].text)
+    assert.equal(id, r.sandbox_id)
+    local st = env:stats()
+    assert.equal(1, st.requests["interp POST /execute"])
+    assert.equal(0, st.requests["GET /v2/sandboxes"] or 0)
+    -- The resume's lease (300 s) covers the cell until 20 s before its end:
+    -- a short cell needs no extension at all.
+    assert.equal(0, st.requests["POST /sandboxes/{id}/connect"] or 0)
+    assert.equal(now() + session.AUTO_RESUME_LEASE, s:state().lease_end)
+  end)
 end)
