@@ -693,6 +693,7 @@ function Session:_acquire(st, run_timeout)
     end
     if sb.sandbox_id == nil then sb.sandbox_id = got.sandbox_id end
     self:_remember(st, sb, t0 + lease, t0)
+    got.how = "recycle" -- resumed and leased by that connect
   end
   return got
 end
@@ -708,18 +709,16 @@ function Session:_secure(st, ctx, lease)
     -- The remembered lease still has a safe margin: extend it alongside the
     -- execute (one round trip). Paused (its lease ended) with autoResume: the
     -- execute resumes it, and when the lease that gives cannot cover the run
-    -- the extension follows alongside. See _execute_alongside.
+    -- the extension follows alongside. See _execute_alongside. Both need
+    -- `parallel` (warmbox.new gives it; without it: connect first).
     local now = self.clock()
     if self.parallel and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
     end
-    if st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
-      if ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE then
-        return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = "auto_resume", lease = lease }
-      elseif self.parallel then
-        return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = "auto_resume_alongside",
-          lease = lease }
-      end
+    if self.parallel and st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
+      local how = ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE and "auto_resume"
+        or "auto_resume_alongside"
+      return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = how, lease = lease }
     end
     local t0 = self.clock()
     local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
