@@ -5,8 +5,9 @@
 --   one process each        CONV Lua processes, one conversation each
 --   reference flow (JS)     the official SDKs, one async flow per
 --                           conversation under Promise.all (spec/sdk)
--- Each conversation's sandbox is created and warmed first (untimed); wall
--- time spans the first timed run's start to the last one's end. Peak RSS:
+-- Each conversation's sandbox is created and warmed first (untimed; the 32
+-- processes wait for each other before their timed runs); wall time spans
+-- the first timed run's start to the last one's end. Peak RSS:
 -- VmHWM of the process (summed over the processes of "one process each").
 --
 --   lua5.4 bench/concurrency.lua [CONV] [RUNS]     (after scripts/setup)
@@ -28,7 +29,7 @@ local function vmhwm_kb()
   return tonumber(s:match("VmHWM:%s*(%d+)")) or 0
 end
 
--- Worker mode: `lua5.4 bench/concurrency.lua --worker MODE URL KEY LOCKDIR PREFIX FIRST COUNT RUNS`
+-- Worker mode: `lua5.4 bench/concurrency.lua --worker MODE URL KEY LOCKDIR PREFIX FIRST COUNT RUNS [BARRIER]`
 -- prints one JSON line { starts, ends, times, rss_kb }.
 if arg[1] == "--worker" then
   local warmbox = require "warmbox"
@@ -41,6 +42,12 @@ if arg[1] == "--worker" then
   for i = first, first + count - 1 do
     ss[#ss + 1] = wb:session(prefix .. i)
     assert(ss[#ss]:run("n = 0"))
+  end
+  -- Barrier: every process has warmed its sessions before any timed run.
+  local barrier = arg[10]
+  if barrier then
+    io.open(barrier .. ".ready." .. first, "w"):close()
+    while not io.open(barrier .. ".go") do core.sleep(0.01) end
   end
   local times, t_start, t_end = {}, math.huge, 0
   local function conv(s)
@@ -90,9 +97,9 @@ local function pct(sorted, p)
   return sorted[math.min(#sorted, math.max(1, math.ceil(p / 100 * #sorted)))]
 end
 
-local function worker_cmd(mode, prefix, first, count)
+local function worker_cmd(mode, prefix, first, count, barrier)
   return table.concat({ "lua5.4", q(arg[0]), "--worker", mode, q(srv.url), q(srv.api_key), q(lockdir), q(prefix),
-    first, count, RUNS }, " ")
+    first, count, RUNS, barrier and q(barrier) or "" }, " ")
 end
 
 local function summarize(label, results)
@@ -120,10 +127,22 @@ end
 
 local function processes()
   local outs, pipes = {}, {}
+  local barrier = os.tmpname()
   for i = 1, CONV do
     outs[i] = os.tmpname()
-    pipes[i] = assert(io.popen(worker_cmd("single", "bench-conc:proc:", i, 1) .. " >" .. outs[i] .. " 2>&1; echo $?"))
+    pipes[i] = assert(io.popen(worker_cmd("single", "bench-conc:proc:", i, 1, barrier) .. " >" .. outs[i]
+      .. " 2>&1; echo $?"))
   end
+  -- Start the timed runs together once every process is warm.
+  local core = require "warmbox.core"
+  local t0 = core.now()
+  for i = 1, CONV do
+    while not io.open(barrier .. ".ready." .. i) do
+      if core.now() - t0 > 300 then error("process " .. i .. " did not get ready", 0) end
+      core.sleep(0.02)
+    end
+  end
+  io.open(barrier .. ".go", "w"):close()
   local results = {}
   for i = 1, CONV do
     pipes[i]:read("a")
@@ -136,6 +155,9 @@ local function processes()
     if type(t) ~= "table" then error("process " .. i .. " failed:\n" .. out, 0) end
     results[#results + 1] = t
   end
+  for i = 1, CONV do os.remove(barrier .. ".ready." .. i) end
+  os.remove(barrier .. ".go")
+  os.remove(barrier)
   return summarize(CONV .. " processes, one each", results)
 end
 
