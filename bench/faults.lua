@@ -24,14 +24,14 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/
 package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
 
 local warmbox = require "warmbox"
-local e2b = require "warmbox.e2b"
+local sandbox_mod = require "warmbox.e2b.sandbox"
 local wbd = require "spec.helpers.warmboxd"
 
 local CELLS = tonumber(arg and arg[1]) or 20
 local ONLY = arg and arg[2]
 local REQUEST_TIMEOUT = 2
 local RUN_TIMEOUT = 2
-e2b.EXEC_GRACE = 1 -- the execute's client-side deadline: its own timeout + 1 s
+sandbox_mod.EXEC_GRACE = 1 -- the execute's client-side deadline: its own timeout + 1 s
 
 local ROUTES = {
   { "list", "GET /v2/sandboxes" },
@@ -92,7 +92,7 @@ local function row(route, rname, fault, fname)
     marks[i] = mark
     local f = { route = route, count = 1 }
     for k, v in pairs(fault) do f[k] = v end
-    if f.delay_ms and rname == "execute" then f.delay_ms = (RUN_TIMEOUT + e2b.EXEC_GRACE + 0.5) * 1000 end
+    if f.delay_ms and rname == "execute" then f.delay_ms = (RUN_TIMEOUT + sandbox_mod.EXEC_GRACE + 0.5) * 1000 end
     srv:fault(f)
     local r, _, ecode = sess:run(code, { timeout = RUN_TIMEOUT })
     srv:clear_faults()

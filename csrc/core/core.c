@@ -14,6 +14,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include "warmbox_core.h"
+#include "warmbox_clock.h"
 
 __attribute__((visibility("default"))) int luaopen_warmbox_core(lua_State *L);
 
@@ -75,21 +76,12 @@ static int warmbox_hmac_sha256(lua_State *L) {
 /* ---- time ---- */
 
 static int warmbox_now(lua_State *L) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec / 1e9);
+  lua_pushnumber(L, (lua_Number)warmbox_clock_now());
   return 1;
 }
 
 static int warmbox_sleep(lua_State *L) {
-  lua_Number s = luaL_checknumber(L, 1);
-  struct timespec req, rem;
-  if (!(s > 0)) return 0;  /* also NaN */
-  if (s > 1e9) s = 1e9;
-  req.tv_sec = (time_t)s;
-  req.tv_nsec = (long)((s - (lua_Number)req.tv_sec) * 1e9);
-  if (req.tv_nsec > 999999999L) req.tv_nsec = 999999999L;
-  while (nanosleep(&req, &rem) != 0 && errno == EINTR) req = rem;
+  warmbox_clock_sleep((double)luaL_checknumber(L, 1));
   return 0;
 }
 

@@ -35,6 +35,7 @@
 #include <unistd.h>
 #include <curl/curl.h>
 #include "warmbox_core.h"
+#include "warmbox_clock.h"
 #include "warmbox_buf.h"
 #include "warmbox_http.h"
 
@@ -75,12 +76,6 @@ struct engine {
   transfer *live;
   transfer *news, *news_tail;
 };
-
-static double engine_mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ======================================================================
  * Plain C: lists, timer, libcurl callbacks (no Lua below this line until
@@ -184,7 +179,7 @@ static int engine_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, 
 static int engine_timer_cb(CURLM *multi, long timeout_ms, void *userp) {
   engine *e = (engine *)userp;
   (void)multi;
-  e->curl_deadline = timeout_ms < 0 ? -1 : engine_mono() + (double)timeout_ms / 1000.0;
+  e->curl_deadline = timeout_ms < 0 ? -1 : warmbox_clock_now() + (double)timeout_ms / 1000.0;
   engine_rearm(e);
   return 0;
 }
@@ -245,7 +240,7 @@ static void engine_attempt_done(engine *e, transfer *t, CURLcode rc) {
   delay = t->why == TR_OK ? warmbox_xfer_retry_delay(t->x) : -1;
   if (delay >= 0) {
     set_state(t, TR_WAITING);
-    t->not_before = engine_mono() + delay;
+    t->not_before = warmbox_clock_now() + delay;
     return;
   }
   set_state(t, TR_DONE);
@@ -286,12 +281,12 @@ static void engine_run(engine *e, int ms) {
     if (evs[i].events & EPOLLERR) flags |= CURL_CSELECT_ERR;
     curl_multi_socket_action(e->multi, fd, flags, &running);
   }
-  now = engine_mono();
+  now = warmbox_clock_now();
   for (t = e->live; t; t = next) {
     next = t->next;
     if (t->state == TR_WAITING && t->not_before <= now) engine_launch(e, t);
   }
-  if (e->curl_deadline >= 0 && e->curl_deadline <= engine_mono()) {
+  if (e->curl_deadline >= 0 && e->curl_deadline <= warmbox_clock_now()) {
     e->curl_deadline = -1;  /* libcurl sets the next one from inside */
     curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
   }
@@ -363,14 +358,16 @@ static int engine_new(lua_State *L) {
       if (lua_type(L, -2) == LUA_TSTRING)
         for (f = engine_fields; *f; f++)
           if (strcmp(*f, lua_tostring(L, -2)) == 0) ok = 1;
-      if (!ok) return luaL_error(L, "unknown engine option '%s'", luaL_tolstring(L, -2, NULL));
+      if (!ok) return luaL_argerror(L, 1, lua_pushfstring(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL)));
       lua_pop(L, 1);
     }
     lua_getfield(L, 1, "max_buffered");
     if (!lua_isnil(L, -1)) {
-      if (!lua_isnumber(L, -1)) return luaL_error(L, "engine option 'max_buffered' must be a number");
+      if (!lua_isnumber(L, -1))
+        return luaL_argerror(L, 1, lua_pushfstring(L, "option 'max_buffered': number expected, got %s",
+                                                   luaL_typename(L, -1)));
       mb = (double)lua_tonumber(L, -1);
-      if (!(mb >= 1)) return luaL_error(L, "engine option 'max_buffered' must be >= 1");
+      if (!(mb >= 1)) return luaL_argerror(L, 1, "option 'max_buffered': a number >= 1 expected");
     }
     lua_pop(L, 1);
   }
@@ -500,7 +497,7 @@ static int engine_timeout(lua_State *L) {
   if (d < 0) {
     lua_pushnil(L);
   } else {
-    d -= engine_mono();
+    d -= warmbox_clock_now();
     lua_pushnumber(L, (lua_Number)(d > 0 ? d : 0));
   }
   return 1;

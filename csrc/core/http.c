@@ -17,6 +17,7 @@
 #include <time.h>
 #include <curl/curl.h>
 #include "warmbox_core.h"
+#include "warmbox_clock.h"
 #include "warmbox_buf.h"
 #include "warmbox_stream.h"
 #include "warmbox_retry.h"
@@ -45,21 +46,6 @@ typedef struct warmbox_http {
   int closed;
   long share_users; /* engine transfers using the share: it outlives h:close() */
 } warmbox_http;
-
-static double warmbox_mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void warmbox_sleep_s(double s) {
-  struct timespec req, rem;
-  if (!(s > 0)) return;
-  req.tv_sec = (time_t)s;
-  req.tv_nsec = (long)((s - (double)req.tv_sec) * 1e9);
-  if (req.tv_nsec > 999999999L) req.tv_nsec = 999999999L;
-  while (nanosleep(&req, &rem) != 0 && errno == EINTR) req = rem;
-}
 
 static double warmbox_random(warmbox_http *h) {
   /* xorshift64*: plenty for jitter. */
@@ -109,7 +95,10 @@ static warmbox_http *warmbox_check_http(lua_State *L, int idx) {
  * Option checking (misuse raises, before any allocation)
  * ====================================================================== */
 
-static void warmbox_check_fields(lua_State *L, int idx, const char *what, const char *const *allowed) {
+/* Option errors use lauxlib's words, as warmbox.errors.check_options does in
+ * Lua: "bad argument #arg to 'f' (unknown option 'k')" and "(option 'k': T
+ * expected, got U)". `prefix` names a nested table ("retry."), "" otherwise. */
+static void warmbox_check_fields(lua_State *L, int idx, int arg, const char *prefix, const char *const *allowed) {
   idx = lua_absindex(L, idx);
   lua_pushnil(L);
   while (lua_next(L, idx)) {
@@ -122,20 +111,22 @@ static void warmbox_check_fields(lua_State *L, int idx, const char *what, const 
     }
     if (!ok) {
       lua_pop(L, 1);
-      luaL_error(L, "unknown %s option '%s'", what, luaL_tolstring(L, -1, NULL));
+      luaL_argerror(L, arg, lua_pushfstring(L, "unknown option '%s%s'", prefix, luaL_tolstring(L, -1, NULL)));
     }
     lua_pop(L, 1);
   }
 }
 
 /* Reads an optional number field; returns dflt when absent. */
-static double warmbox_opt_number(lua_State *L, int idx, const char *key, double dflt, const char *what) {
+static double warmbox_opt_number(lua_State *L, int idx, int arg, const char *key, double dflt, const char *prefix) {
   double v = dflt;
   lua_getfield(L, idx, key);
   if (!lua_isnil(L, -1)) {
-    if (!lua_isnumber(L, -1)) luaL_error(L, "%s option '%s' must be a number", what, key);
+    if (!lua_isnumber(L, -1))
+      luaL_argerror(L, arg, lua_pushfstring(L, "option '%s%s': number expected, got %s", prefix, key,
+                                            luaL_typename(L, -1)));
     v = (double)lua_tonumber(L, -1);
-    if (!(v >= 0)) luaL_error(L, "%s option '%s' must be >= 0", what, key);
+    if (!(v >= 0)) luaL_argerror(L, arg, lua_pushfstring(L, "option '%s%s': a number >= 0 expected", prefix, key));
   }
   lua_pop(L, 1);
   return v;
@@ -143,11 +134,14 @@ static double warmbox_opt_number(lua_State *L, int idx, const char *key, double 
 
 /* Reads an optional string field (NULL when absent). The string stays
  * anchored in the table, which is on the stack for the whole call. */
-static const char *warmbox_opt_string(lua_State *L, int idx, const char *key, size_t *len, const char *what) {
+static const char *warmbox_opt_string(lua_State *L, int idx, int arg, const char *key, size_t *len,
+                                      const char *prefix) {
   const char *s = NULL;
   lua_getfield(L, idx, key);
   if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "%s option '%s' must be a string", what, key);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_argerror(L, arg, lua_pushfstring(L, "option '%s%s': string expected, got %s", prefix, key,
+                                            luaL_typename(L, -1)));
     s = lua_tolstring(L, -1, len);
   }
   lua_pop(L, 1);
@@ -350,17 +344,20 @@ static const char *const warmbox_req_fields[] = {"method", "url", "headers", "bo
 static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", "statuses",
   "refused", NULL};
 
-static void warmbox_check_status_list(lua_State *L, int t, const char *name) {
+static void warmbox_check_status_list(lua_State *L, int t, int arg, const char *name) {
   lua_getfield(L, t, name);
   if (!lua_isnil(L, -1)) {
     lua_Integer i, n;
-    if (!lua_istable(L, -1)) luaL_error(L, "retry option '%s' must be a list of status codes", name);
-    n = luaL_len(L, -1);
-    if (n > WARMBOX_MAX_STATUSES) luaL_error(L, "retry option '%s' lists too many codes", name);
-    for (i = 1; i <= n; i++) {
-      if (lua_geti(L, -1, i) != LUA_TNUMBER) luaL_error(L, "retry option '%s' must be a list of status codes", name);
+    int ok = lua_istable(L, -1);
+    n = ok ? luaL_len(L, -1) : 0;
+    for (i = 1; ok && i <= n; i++) {
+      ok = lua_geti(L, -1, i) == LUA_TNUMBER;
       lua_pop(L, 1);
     }
+    if (!ok) luaL_argerror(L, arg, lua_pushfstring(L, "option 'retry.%s': a list of status codes expected", name));
+    if (n > WARMBOX_MAX_STATUSES)
+      luaL_argerror(L, arg, lua_pushfstring(L, "option 'retry.%s': at most %d codes expected", name,
+                                            WARMBOX_MAX_STATUSES));
   }
   lua_pop(L, 1);
 }
@@ -384,25 +381,25 @@ static int warmbox_read_status_list(lua_State *L, int t, const char *name, long 
 
 /* mode: WARMBOX_REQ_BATCH (no stream), WARMBOX_REQ_CALLBACK (a stream needs
  * on_chunk), WARMBOX_REQ_FRAMES (the engine: a stream without on_chunk). */
-static void warmbox_check_request(lua_State *L, int idx, int mode) {
+static void warmbox_check_request(lua_State *L, int idx, int arg, int mode) {
   const char *s;
   size_t len;
   idx = lua_absindex(L, idx);
   luaL_checktype(L, idx, LUA_TTABLE);
-  warmbox_check_fields(L, idx, "request", warmbox_req_fields);
-  s = warmbox_opt_string(L, idx, "url", &len, "request");
-  if (!s) luaL_error(L, "request option 'url' is required");
-  if (strlen(s) != len) luaL_error(L, "request option 'url' contains a zero byte");
-  s = warmbox_opt_string(L, idx, "method", &len, "request");
-  if (s && (len == 0 || len >= 16)) luaL_error(L, "request option 'method' is not a valid method");
-  warmbox_opt_string(L, idx, "body", &len, "request");
-  warmbox_opt_number(L, idx, "timeout", 0, "request");
-  warmbox_opt_number(L, idx, "connect_timeout", 0, "request");
-  warmbox_opt_number(L, idx, "max_frame", 1, "request");
+  warmbox_check_fields(L, idx, arg, "", warmbox_req_fields);
+  s = warmbox_opt_string(L, idx, arg, "url", &len, "");
+  if (!s) luaL_argerror(L, arg, "option 'url' is required");
+  if (strlen(s) != len) luaL_argerror(L, arg, "option 'url' contains a zero byte");
+  s = warmbox_opt_string(L, idx, arg, "method", &len, "");
+  if (s && (len == 0 || len >= 16)) luaL_argerror(L, arg, "option 'method': not a valid method");
+  warmbox_opt_string(L, idx, arg, "body", &len, "");
+  warmbox_opt_number(L, idx, arg, "timeout", 0, "");
+  warmbox_opt_number(L, idx, arg, "connect_timeout", 0, "");
+  warmbox_opt_number(L, idx, arg, "max_frame", 1, "");
   lua_getfield(L, idx, "headers");
   if (!lua_isnil(L, -1)) {
     int t = lua_gettop(L);
-    if (!lua_istable(L, t)) luaL_error(L, "request option 'headers' must be a table");
+    if (!lua_istable(L, t)) luaL_argerror(L, arg, "option 'headers': table expected");
     lua_pushnil(L);
     while (lua_next(L, t)) {
       if (lua_type(L, -2) != LUA_TSTRING || (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
@@ -420,31 +417,31 @@ static void warmbox_check_request(lua_State *L, int idx, int mode) {
   lua_getfield(L, idx, "retry");
   if (lua_istable(L, -1)) {
     int t = lua_gettop(L);
-    warmbox_check_fields(L, t, "retry", warmbox_retry_fields);
-    warmbox_opt_number(L, t, "attempts", 1, "retry");
-    warmbox_opt_number(L, t, "budget", 0, "retry");
-    warmbox_opt_number(L, t, "base", 0, "retry");
-    warmbox_opt_number(L, t, "cap", 0, "retry");
-    warmbox_check_status_list(L, t, "statuses");
-    warmbox_check_status_list(L, t, "refused");
+    warmbox_check_fields(L, t, arg, "retry.", warmbox_retry_fields);
+    warmbox_opt_number(L, t, arg, "attempts", 1, "retry.");
+    warmbox_opt_number(L, t, arg, "budget", 0, "retry.");
+    warmbox_opt_number(L, t, arg, "base", 0, "retry.");
+    warmbox_opt_number(L, t, arg, "cap", 0, "retry.");
+    warmbox_check_status_list(L, t, arg, "statuses");
+    warmbox_check_status_list(L, t, arg, "refused");
   } else if (!lua_isnil(L, -1) && !(lua_isboolean(L, -1) && !lua_toboolean(L, -1))) {
-    luaL_error(L, "request option 'retry' must be a table or false");
+    luaL_argerror(L, arg, "option 'retry': table or false expected");
   }
   lua_pop(L, 1);
-  s = warmbox_opt_string(L, idx, "stream", &len, "request");
+  s = warmbox_opt_string(L, idx, arg, "stream", &len, "");
   if (s) {
     if (mode == WARMBOX_REQ_BATCH) luaL_error(L, "streaming is not supported in a batch");
     if (strcmp(s, "lines") != 0 && strcmp(s, "connect") != 0)
-      luaL_error(L, "request option 'stream' must be \"lines\" or \"connect\"");
+      luaL_argerror(L, arg, "option 'stream': \"lines\" or \"connect\" expected");
     lua_getfield(L, idx, "on_chunk");
     if (mode == WARMBOX_REQ_FRAMES && !lua_isnil(L, -1))
-      luaL_error(L, "request option 'on_chunk' is not used by the engine (read tr:frames())");
+      luaL_argerror(L, arg, "option 'on_chunk' is not used by the engine (read tr:frames())");
     if (mode == WARMBOX_REQ_CALLBACK && !lua_isfunction(L, -1))
       luaL_error(L, "a streamed request needs an 'on_chunk' function");
     lua_pop(L, 1);
   } else {
     lua_getfield(L, idx, "on_chunk");
-    if (!lua_isnil(L, -1)) luaL_error(L, "request option 'on_chunk' needs 'stream'");
+    if (!lua_isnil(L, -1)) luaL_argerror(L, arg, "option 'on_chunk' needs 'stream'");
     lua_pop(L, 1);
   }
 }
@@ -472,6 +469,7 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   const char *url, *method, *body;
   size_t body_len = 0, n;
   double t;
+  const int arg = 0; /* pass 1 (warmbox_check_request) validated: nothing below raises */
   idx = lua_absindex(L, idx);
   x->client = h;
   x->easy = easy;
@@ -484,9 +482,9 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   x->statuses[2] = 503;
   x->statuses[3] = 504;
   x->nstatuses = 4;
-  url = warmbox_opt_string(L, idx, "url", &n, "request");
-  method = warmbox_opt_string(L, idx, "method", &n, "request");
-  body = warmbox_opt_string(L, idx, "body", &body_len, "request");
+  url = warmbox_opt_string(L, idx, arg, "url", &n, "");
+  method = warmbox_opt_string(L, idx, arg, "method", &n, "");
+  body = warmbox_opt_string(L, idx, arg, "body", &body_len, "");
   if (!method) method = "GET";
   for (n = 0; method[n] && n < sizeof x->method - 1; n++) x->method[n] = (char)toupper((unsigned char)method[n]);
   x->method[n] = '\0';
@@ -498,10 +496,10 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   lua_getfield(L, idx, "retry");
   if (lua_istable(L, -1)) {
     int r = lua_gettop(L);
-    x->max_attempts = (int)warmbox_opt_number(L, r, "attempts", 3, "retry");
-    x->budget = warmbox_opt_number(L, r, "budget", 30, "retry");
-    x->base = warmbox_opt_number(L, r, "base", 0.1, "retry");
-    x->cap = warmbox_opt_number(L, r, "cap", 2, "retry");
+    x->max_attempts = (int)warmbox_opt_number(L, r, arg, "attempts", 3, "retry.");
+    x->budget = warmbox_opt_number(L, r, arg, "budget", 30, "retry.");
+    x->base = warmbox_opt_number(L, r, arg, "base", 0.1, "retry.");
+    x->cap = warmbox_opt_number(L, r, arg, "cap", 2, "retry.");
     lua_getfield(L, r, "idempotent");
     if (!lua_isnil(L, -1)) x->idempotent = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -572,10 +570,10 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   lua_pop(L, 1);
 
   {
-    const char *mode = warmbox_opt_string(L, idx, "stream", &n, "request");
+    const char *mode = warmbox_opt_string(L, idx, arg, "stream", &n, "");
     x->stream_mode = !mode ? WARMBOX_STREAM_NONE
                            : strcmp(mode, "lines") == 0 ? WARMBOX_STREAM_LINES : WARMBOX_STREAM_CONNECT;
-    double mf = warmbox_opt_number(L, idx, "max_frame", (double)WARMBOX_MAX_FRAME, "request");
+    double mf = warmbox_opt_number(L, idx, arg, "max_frame", (double)WARMBOX_MAX_FRAME, "");
     if (mf > (double)WARMBOX_MAX_FRAME) mf = (double)WARMBOX_MAX_FRAME;
     if (mf < 1) mf = 1;
     warmbox_stream_init(&x->parser, x->stream_mode, (size_t)mf);
@@ -597,9 +595,9 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   if (h->proxy) curl_easy_setopt(easy, CURLOPT_PROXY, h->proxy);
   if (h->user_agent) curl_easy_setopt(easy, CURLOPT_USERAGENT, h->user_agent);
   if (h->ca_file) curl_easy_setopt(easy, CURLOPT_CAINFO, h->ca_file);
-  t = warmbox_opt_number(L, idx, "timeout", -1, "request");
+  t = warmbox_opt_number(L, idx, arg, "timeout", -1, "");
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, t >= 0 ? warmbox_ms(t) : h->timeout_ms);
-  t = warmbox_opt_number(L, idx, "connect_timeout", -1, "request");
+  t = warmbox_opt_number(L, idx, arg, "connect_timeout", -1, "");
   curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, t >= 0 ? warmbox_ms(t) : h->connect_timeout_ms);
 
   if (strcmp(x->method, "GET") == 0 && !body) {
@@ -749,7 +747,7 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
   f.base = x->base;
   f.cap = x->cap;
   f.budget = x->budget;
-  f.elapsed = warmbox_mono() - x->t0;
+  f.elapsed = warmbox_clock_now() - x->t0;
   f.jitter = warmbox_random(x->client);
   return warmbox_retry_decide(&f);
 }
@@ -902,7 +900,7 @@ static int warmbox_http_request(lua_State *L) {
   warmbox_http *h = warmbox_check_http(L, 1);
   warmbox_xfer x;
   int nres;
-  warmbox_check_request(L, 2, WARMBOX_REQ_CALLBACK);
+  warmbox_check_request(L, 2, 2, WARMBOX_REQ_CALLBACK);
   lua_settop(L, 2);
   lua_pushnil(L);                  /* 3: a callback's error, stashed */
   lua_getfield(L, 2, "on_chunk");  /* 4: the callback */
@@ -928,7 +926,7 @@ static int warmbox_http_request(lua_State *L) {
   x.L = L;
   x.err_slot = 3;
   x.cb_index = 4;
-  x.t0 = warmbox_mono();
+  x.t0 = warmbox_clock_now();
   for (;;) {
     double delay;
     int was_busy = h->busy;
@@ -947,7 +945,7 @@ static int warmbox_http_request(lua_State *L) {
     }
     delay = warmbox_retry_delay(&x);
     if (delay < 0) break;
-    warmbox_sleep_s(delay);
+    warmbox_clock_sleep(delay);
   }
   nres = warmbox_push_outcome(L, &x);
   warmbox_xfer_free(&x);
@@ -967,15 +965,15 @@ static int warmbox_http_batch(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
-    warmbox_check_fields(L, 3, "batch", fields);
-    conc = (long)warmbox_opt_number(L, 3, "concurrency", 8, "batch");
+    warmbox_check_fields(L, 3, 3, "", fields);
+    conc = (long)warmbox_opt_number(L, 3, 3, "concurrency", 8, "");
     if (conc < 1) conc = 1;
   }
   lua_settop(L, 2);
   n = luaL_len(L, 2);
   for (i = 1; i <= n; i++) {
     lua_geti(L, 2, i);
-    warmbox_check_request(L, -1, WARMBOX_REQ_BATCH);
+    warmbox_check_request(L, -1, 2, WARMBOX_REQ_BATCH);
     lua_pop(L, 1);
   }
   lua_createtable(L, (int)(n > 1000000 ? 0 : n), 0); /* 3: the results */
@@ -998,10 +996,10 @@ static int warmbox_http_batch(lua_State *L) {
       done++;
     }
     lua_pop(L, 1);
-    x->t0 = warmbox_mono();
+    x->t0 = warmbox_clock_now();
   }
   while (done < n) {
-    double now = warmbox_mono(), wait = 1.0;
+    double now = warmbox_clock_now(), wait = 1.0;
     int running = 0, left = 0;
     CURLMsg *m;
     for (i = 0; i < n && active < conc; i++) {
@@ -1035,7 +1033,7 @@ static int warmbox_http_batch(lua_State *L) {
       delay = warmbox_retry_delay(x);
       if (delay >= 0) {
         x->state = 0;
-        x->not_before = warmbox_mono() + delay;
+        x->not_before = warmbox_clock_now() + delay;
         wait = 0;
       } else {
         x->state = 2;
@@ -1063,109 +1061,6 @@ static int warmbox_http_batch(lua_State *L) {
 }
 
 /* ======================================================================
- * h:pages{url, headers, next_token, timeout, retry}
- * ====================================================================== */
-
-static const char *const warmbox_pages_fields[] = {"url", "headers", "next_token", "timeout",
-  "connect_timeout", "retry", NULL};
-
-/* upvalues: 1 client, 2 options, 3 token (string|nil), 4 done (boolean) */
-static int warmbox_pages_next(lua_State *L) {
-  const char *url;
-  char *esc;
-  if (lua_toboolean(L, lua_upvalueindex(4))) return 0;
-  warmbox_check_http(L, lua_upvalueindex(1));
-  lua_settop(L, 0);
-  lua_pushcfunction(L, warmbox_http_request);  /* 1 */
-  lua_pushvalue(L, lua_upvalueindex(1));       /* 2 */
-  lua_createtable(L, 0, 6);                    /* 3: the request */
-  lua_getfield(L, lua_upvalueindex(2), "url");
-  url = lua_tostring(L, -1);
-  if (lua_isstring(L, lua_upvalueindex(3))) {
-    size_t tl;
-    const char *tok = lua_tolstring(L, lua_upvalueindex(3), &tl);
-    esc = curl_easy_escape(NULL, tok, (int)tl);
-    if (!esc) return luaL_error(L, "out of memory");
-    lua_pushfstring(L, "%s%snextToken=%s", url, strchr(url, '?') ? "&" : "?", esc);
-    curl_free(esc);
-    lua_replace(L, -2);
-  }
-  lua_setfield(L, 3, "url");
-  lua_getfield(L, lua_upvalueindex(2), "headers");
-  lua_setfield(L, 3, "headers");
-  lua_getfield(L, lua_upvalueindex(2), "timeout");
-  lua_setfield(L, 3, "timeout");
-  lua_getfield(L, lua_upvalueindex(2), "connect_timeout");
-  lua_setfield(L, 3, "connect_timeout");
-  lua_getfield(L, lua_upvalueindex(2), "retry");
-  lua_setfield(L, 3, "retry");
-  lua_call(L, 2, 3);                           /* 1..3: res | nil, msg, code */
-  if (lua_isnil(L, 1)) {
-    lua_pushboolean(L, 1);
-    lua_replace(L, lua_upvalueindex(4));
-    /* false, not nil: a generic for stops on nil and would lose the error. */
-    lua_pushboolean(L, 0);
-    lua_replace(L, 1);
-    lua_pushvalue(L, lua_upvalueindex(3));     /* 4: the token it failed at */
-    return 4;
-  }
-  lua_settop(L, 1);                            /* 1: res */
-  lua_getfield(L, 1, "status");
-  {
-    lua_Integer st = lua_tointeger(L, -1);
-    lua_pop(L, 1);
-    if (st < 200 || st > 299) {
-      lua_pushboolean(L, 1);
-      lua_replace(L, lua_upvalueindex(4));
-      lua_pushboolean(L, 0);                   /* 2 */
-      lua_pushfstring(L, "http status %d", (int)st);
-      lua_pushliteral(L, "HTTP");
-      lua_pushvalue(L, lua_upvalueindex(3));
-      lua_pushvalue(L, 1);                     /* the response, for the caller's mapping */
-      return 5;
-    }
-  }
-  lua_getfield(L, 1, "body");                  /* 2 */
-  lua_pushvalue(L, lua_upvalueindex(3));       /* 3: the token used */
-  lua_pushvalue(L, 1);                         /* 4: res */
-  lua_getfield(L, 1, "headers");
-  lua_getfield(L, -1, "x-next-token");
-  if (lua_isstring(L, -1) && lua_rawlen(L, -1) > 0) {
-    lua_replace(L, lua_upvalueindex(3));
-  } else {
-    lua_pushboolean(L, 1);
-    lua_replace(L, lua_upvalueindex(4));
-  }
-  lua_settop(L, 4);
-  return 3;
-}
-
-static int warmbox_http_pages(lua_State *L) {
-  size_t len;
-  const char *tok;
-  warmbox_check_http(L, 1);
-  luaL_checktype(L, 2, LUA_TTABLE);
-  warmbox_check_fields(L, 2, "pages", warmbox_pages_fields);
-  if (!warmbox_opt_string(L, 2, "url", &len, "pages")) luaL_error(L, "pages option 'url' is required");
-  tok = warmbox_opt_string(L, 2, "next_token", &len, "pages");
-  lua_settop(L, 2);
-  /* Copy the options: the caller's table is never kept or mutated. */
-  lua_createtable(L, 0, 6);
-  lua_pushnil(L);
-  while (lua_next(L, 2)) {
-    lua_pushvalue(L, -2);
-    lua_insert(L, -2);
-    lua_rawset(L, 3);
-  }
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 3);
-  if (tok && len > 0) lua_pushlstring(L, tok, len); else lua_pushnil(L);
-  lua_pushboolean(L, 0);
-  lua_pushcclosure(L, warmbox_pages_next, 4);
-  return 1;
-}
-
-/* ======================================================================
  * Lifecycle
  * ====================================================================== */
 
@@ -1180,17 +1075,17 @@ static int warmbox_http_new(lua_State *L) {
   int proxy_off = 0;
   if (!lua_isnoneornil(L, 1)) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    warmbox_check_fields(L, 1, "http", warmbox_http_fields);
-    ct = warmbox_opt_number(L, 1, "connect_timeout", ct, "http");
-    to = warmbox_opt_number(L, 1, "timeout", to, "http");
-    mc = warmbox_opt_number(L, 1, "max_connections", mc, "http");
-    ua = warmbox_opt_string(L, 1, "user_agent", &len, "http");
-    ca = warmbox_opt_string(L, 1, "ca_file", &len, "http");
+    warmbox_check_fields(L, 1, 1, "", warmbox_http_fields);
+    ct = warmbox_opt_number(L, 1, 1, "connect_timeout", ct, "");
+    to = warmbox_opt_number(L, 1, 1, "timeout", to, "");
+    mc = warmbox_opt_number(L, 1, 1, "max_connections", mc, "");
+    ua = warmbox_opt_string(L, 1, 1, "user_agent", &len, "");
+    ca = warmbox_opt_string(L, 1, 1, "ca_file", &len, "");
     lua_getfield(L, 1, "proxy");
     if (lua_isboolean(L, -1) && !lua_toboolean(L, -1)) {
       proxy_off = 1;
     } else if (!lua_isnil(L, -1)) {
-      if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "http option 'proxy' must be a string or false");
+      if (lua_type(L, -1) != LUA_TSTRING) luaL_argerror(L, 1, "option 'proxy': string or false expected");
       proxy = lua_tostring(L, -1);
     }
     lua_pop(L, 1);
@@ -1205,7 +1100,7 @@ static int warmbox_http_new(lua_State *L) {
   h->connect_timeout_ms = warmbox_ms(ct);
   h->timeout_ms = warmbox_ms(to);
   h->max_connections = (long)(mc < 1 ? 1 : mc);
-  h->rng = (uint64_t)(size_t)h ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)(warmbox_mono() * 1e9);
+  h->rng = (uint64_t)(size_t)h ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)(warmbox_clock_now() * 1e9);
   if (h->rng == 0) h->rng = 88172645463325252ULL;
   h->share = curl_share_init();
   h->easy = curl_easy_init();
@@ -1313,7 +1208,7 @@ static int warmbox_split(lua_State *L) {
 
 warmbox_http *warmbox_http_check(lua_State *L, int idx) { return warmbox_check_http(L, idx); }
 
-void warmbox_http_check_request(lua_State *L, int idx, int mode) { warmbox_check_request(L, idx, mode); }
+void warmbox_http_check_request(lua_State *L, int idx, int mode) { warmbox_check_request(L, idx, idx, mode); }
 
 warmbox_xfer *warmbox_xfer_new(warmbox_http *h) {
   warmbox_xfer *x = (warmbox_xfer *)calloc(1, sizeof *x);
@@ -1330,7 +1225,7 @@ int warmbox_xfer_setup(lua_State *L, int idx, warmbox_xfer *x, warmbox_frame_fn 
   if (failed) x->oom = 1;
   x->sink = sink;
   x->owner = owner;
-  x->t0 = warmbox_mono();
+  x->t0 = warmbox_clock_now();
   return failed;
 }
 
@@ -1378,7 +1273,6 @@ void warmbox_xfer_destroy(warmbox_xfer *x) {
 static const luaL_Reg warmbox_http_methods[] = {
   {"request", warmbox_http_request},
   {"batch", warmbox_http_batch},
-  {"pages", warmbox_http_pages},
   {"close", warmbox_http_close},
   {NULL, NULL}
 };

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "warmbox_core.h"
-#include "lock_internal.h"
+#include "warmbox_clock.h"
 
 #define WARMBOX_FLOCK_MT "warmbox.Flock"
 
@@ -28,24 +28,6 @@ typedef struct {
   int fd;      /* -1 when closed */
   int locked;  /* we hold flock on fd (as far as we know) */
 } warmbox_flock;
-
-/* ---------- small time helpers (shared with redis.c via lock_internal.h) ---------- */
-
-double warmbox_lock_monotonic(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-void warmbox_lock_sleep(double seconds) {
-  struct timespec ts, rem;
-  if (!(seconds > 0)) return;
-  if (seconds > 1e6) seconds = 1e6;
-  ts.tv_sec = (time_t)seconds;
-  ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-  while (nanosleep(&ts, &rem) == -1 && errno == EINTR) ts = rem;
-}
 
 /* ---------- warmbox.Flock ---------- */
 
@@ -110,7 +92,7 @@ static int warmbox_flock_lock(lua_State *L) {
   warmbox_flock *f = warmbox_flock_check(L);
   double timeout = luaL_checknumber(L, 2);
   int shared = lua_toboolean(L, 3);
-  double deadline = warmbox_lock_monotonic() + timeout;
+  double deadline = warmbox_clock_now() + timeout;
   double step = 0.001;
   for (;;) {
     int r = warmbox_flock_try(f->fd, shared);
@@ -121,13 +103,13 @@ static int warmbox_flock_lock(lua_State *L) {
       return 1;
     }
     if (r < 0) return warmbox_flock_fail(L, "flock", errno);
-    left = deadline - warmbox_lock_monotonic();
+    left = deadline - warmbox_clock_now();
     if (left <= 0) {
       luaL_pushfail(L);
       lua_pushliteral(L, "timeout");
       return 2;
     }
-    warmbox_lock_sleep(step < left ? step : left);
+    warmbox_clock_sleep(step < left ? step : left);
     step *= 2;
     if (step > 0.05) step = 0.05;
   }

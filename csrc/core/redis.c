@@ -27,7 +27,7 @@
 #include <hiredis/hiredis.h>
 
 #include "warmbox_core.h"
-#include "lock_internal.h"
+#include "warmbox_clock.h"
 
 #define WARMBOX_REDIS_MT "warmbox.Redis"
 #define WARMBOX_REDIS_MAX_ARGS 1024
@@ -120,29 +120,28 @@ static int warmbox_redis_new(lua_State *L) {
         if (strcmp(lua_tostring(L, -1), warmbox_redis_opt_keys[i]) == 0) known = 1;
     }
     if (!known) {
-      return luaL_error(L, "bad argument #1 to 'redis' (unknown option '%s')",
-                        luaL_tolstring(L, -1, NULL));
+      return luaL_argerror(L, 1, lua_pushfstring(L, "unknown option '%s'", luaL_tolstring(L, -1, NULL)));
     }
   }
   if (lua_getfield(L, 1, "host") != LUA_TNIL) {
     size_t len;
     if (lua_type(L, -1) != LUA_TSTRING)
-      return luaL_argerror(L, 1, "'host' must be a string");
+      return luaL_argerror(L, 1, "option 'host': string expected");
     host = lua_tolstring(L, -1, &len);
     if (strlen(host) != len || len == 0)
-      return luaL_argerror(L, 1, "'host' must be a non-empty string without NUL");
+      return luaL_argerror(L, 1, "option 'host': a non-empty string without NUL expected");
   }
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "port") != LUA_TNIL) {
     int ok;
     port = lua_tointegerx(L, -1, &ok);
     if (!ok || port < 0 || port > 65535)
-      return luaL_argerror(L, 1, "'port' must be an integer in 0..65535");
+      return luaL_argerror(L, 1, "option 'port': an integer in 0..65535 expected");
   }
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "timeout") != LUA_TNIL) {
     if (lua_type(L, -1) != LUA_TNUMBER || !(lua_tonumber(L, -1) > 0))
-      return luaL_argerror(L, 1, "'timeout' must be a positive number");
+      return luaL_argerror(L, 1, "option 'timeout': a positive number expected");
     timeout = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -363,7 +362,7 @@ static void *warmbox_keeper_main(void *arg) {
   pthread_mutex_lock(&k->mu);
   next = k->last_ok + k->ttl / 3;
   while (!k->stop) {
-    double now = warmbox_lock_monotonic();
+    double now = warmbox_clock_now();
     char err[256];
     int r;
     if (now < next) {
@@ -379,7 +378,7 @@ static void *warmbox_keeper_main(void *arg) {
     err[0] = '\0';
     r = warmbox_keeper_refresh(k, &ctx, err, sizeof err);
     pthread_mutex_lock(&k->mu);
-    now = warmbox_lock_monotonic();
+    now = warmbox_clock_now();
     if (r == 1) {
       k->last_ok = now;
       k->failing = 0;
@@ -460,7 +459,7 @@ static int warmbox_redis_keeper(lua_State *L) {
   k->timeout = r->timeout;
   k->ttl = ttl;
   snprintf(k->ttlms, sizeof k->ttlms, "%lld", (long long)(ttl * 1000 + 0.5));
-  k->last_ok = warmbox_lock_monotonic();
+  k->last_ok = warmbox_clock_now();
   k->cap_at = k->last_ok + cap;
   pthread_mutex_init(&k->mu, NULL);
   pthread_condattr_init(&ca);
@@ -493,7 +492,7 @@ static int warmbox_keeper_status(lua_State *L) {
   pthread_mutex_lock(&k->mu);
   state = k->lost ? "lost" : k->capped ? "capped" : k->done ? "stopped" : k->failing ? "failing" : "ok";
   lua_pushstring(L, state);
-  lua_pushnumber(L, warmbox_lock_monotonic() - k->last_ok);
+  lua_pushnumber(L, warmbox_clock_now() - k->last_ok);
   if (k->err[0] && k->failing)
     lua_pushstring(L, k->err);
   else
@@ -516,7 +515,7 @@ static int warmbox_keeper_extend(lua_State *L) {
   }
   pthread_mutex_lock(&k->mu);
   ok = !k->done;
-  if (ok) k->cap_at = warmbox_lock_monotonic() + cap;
+  if (ok) k->cap_at = warmbox_clock_now() + cap;
   pthread_mutex_unlock(&k->mu);
   lua_pushboolean(L, ok);
   return 1;

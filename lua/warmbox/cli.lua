@@ -20,7 +20,7 @@
 local tostring, tonumber, ipairs, type, pcall, next = tostring, tonumber, ipairs, type, pcall, next
 local string_format, table_concat = string.format, table.concat
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local USAGE = [[
 usage: warmbox [options] <command> [args]
@@ -423,8 +423,7 @@ local function demo(o, io_)
   local function requests()
     if not http then return nil end
     local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats" }
-    local cjson = require("cjson.safe")
-    local t = res and res.status == 200 and cjson.decode(res.body)
+    local t = res and res.status == 200 and require("warmbox.json").decode(res.body)
     return t and t.total_requests
   end
   out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n\n",

@@ -3,25 +3,36 @@
 -- useful); misuse raises. Codes are stable upper-case tokens.
 -- @module warmbox.errors
 local type, tostring, setmetatable, error = type, tostring, setmetatable, error
-local pairs, ipairs, table_concat, table_sort = pairs, ipairs, table.concat, table.sort
+local pairs, ipairs, string_format, math_type = pairs, ipairs, string.format, math.type
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
---- The codes returned across warmbox.
+--- The codes returned across warmbox (`nil, message, CODE`), each with what it
+-- means: the one list (README and HACKING point here; spec/unit/errors_spec.lua
+-- checks that every code lua/ and csrc/core return is in it).
 _M.codes = {
-  AUTH = "AUTH", NOT_FOUND = "NOT_FOUND", CONFLICT = "CONFLICT", RATE_LIMITED = "RATE_LIMITED",
-  BAD_REQUEST = "BAD_REQUEST", SANDBOX_GONE = "SANDBOX_GONE", TIMEOUT = "TIMEOUT",
-  TRANSPORT = "TRANSPORT", ABORTED = "ABORTED", HTTP = "HTTP", STREAM_BROKEN = "STREAM_BROKEN",
-  POLICY = "POLICY", BUSY = "BUSY",
+  BUSY = "the session's lock was not free within the lock timeout (another run holds it)",
+  LOCK = "the lock backend failed (e.g. Redis unreachable), or a held lock was lost",
+  POLICY = "a policy hook raised or returned a wrong value; a policy file did not load",
+  BAD_REQUEST = "bad input: an input file name that could escape /home/user; E2B's 400/422",
+  TIMEOUT = "a request or the run exceeded its timeout (for a run, detail.started says whether the cell "
+    .. "had started)",
+  SANDBOX_GONE = "the sandbox refused the run (the proxy's 502 before it was accepted), twice in a row",
+  STREAM_BROKEN = "a run's or a command's stream broke after output started (not re-run)",
+  NOT_FOUND = "E2B's 404; the warmboxd binary not found",
+  CONFLICT = "E2B's 409",
+  RATE_LIMITED = "E2B's 429 (after retries)",
+  AUTH = "E2B's 401/403",
+  TRANSPORT = "a connection failure (detail.sent says whether the request may have left); the embedded "
+    .. "warmboxd did not start",
+  ABORTED = "a transfer cancelled (by its on_chunk callback, tr:cancel() or the engine's close)",
+  HTTP = "any other HTTP status, or an answer that is not what E2B sends",
+  IO = "a local file or descriptor operation failed (the file lock, the engine's poll)",
+  REDIS = "Redis answered a command with an error",
+  TASK = "a warmbox.task task raised (its result carries the error)",
+  CANCELLED = "a warmbox.task task was cancelled before it finished",
+  DEADLOCK = "warmbox.task: tasks remain that nothing can ever wake",
 }
-
---- Builds a failure: returns `nil, msg, code, detail`.
--- @tparam string msg human-readable, lower case
--- @tparam string code a stable upper-case token
--- @tparam[opt] table detail e.g. `{ status = 404, message = "..." }`
-function _M.new(msg, code, detail)
-  return nil, msg, code, detail
-end
 
 --- The code for an HTTP status.
 -- @tparam integer status
@@ -37,31 +48,106 @@ function _M.code_for_status(status, data_plane)
   return "HTTP"
 end
 
---- Raises a misuse error at the caller's caller (`error(msg, level)`).
-function _M.raise(msg, level)
-  error(msg, (level or 1) + 1)
+-- ------------------------------------------------------------------
+-- Misuse: lauxlib's `bad argument #n to 'f' (...)`, the one vocabulary of
+-- every module's argument and option checks (csrc/core says the same words
+-- through luaL_argerror).
+-- ------------------------------------------------------------------
+
+--- Raises `bad argument #argn to 'fname' (msg)`.
+-- @tparam integer argn
+-- @tparam string fname
+-- @tparam string msg
+-- @tparam[opt=2] integer level as `error`'s, counted from the function that calls this one
+--   (2: that function's caller)
+function _M.bad_argument(argn, fname, msg, level)
+  error(string_format("bad argument #%d to '%s' (%s)", argn, fname, msg), (level or 2) + 1)
 end
 
---- Raises unless every key of `t` is in `allowed` (a set or a list).
--- @tparam table t the option table
--- @tparam table allowed
--- @tparam string what the name used in the message
--- @tparam[opt] integer level passed to error (default: the caller's caller)
-function _M.check_fields(t, allowed, what, level)
-  local set = allowed
-  if allowed[1] ~= nil then
-    set = {}
-    for _, k in ipairs(allowed) do set[k] = true end
-  end
-  for k in pairs(t) do
-    if not set[k] then
-      local names = {}
-      for n in pairs(set) do names[#names + 1] = n end
-      table_sort(names)
-      error(("unknown %s option '%s' (expected one of: %s)"):format(what, tostring(k),
-        table_concat(names, ", ")), (level or 2) + 1)
+--- Raises `bad argument #argn to 'fname' (option 'key': msg)`.
+function _M.bad_option(argn, fname, key, msg, level)
+  error(string_format("bad argument #%d to '%s' (option '%s': %s)", argn, fname, tostring(key), msg),
+    (level or 2) + 1)
+end
+
+--- Raises `bad argument #n to 'fname' (msg)` at the caller's caller unless `cond`.
+function _M.argcheck(cond, n, fname, msg)
+  if not cond then error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), 3) end
+end
+
+local function type_ok(v, want)
+  if type(want) ~= "string" then return true end
+  for w in want:gmatch("[^|]+") do
+    if w == "integer" then
+      if math_type(v) == "integer" then return true end
+    elseif w == "map" then
+      if type(v) == "table" then
+        local ok = true
+        for k, x in pairs(v) do
+          if type(k) ~= "string" or type(x) ~= "string" then ok = false break end
+        end
+        if ok then return true end
+      end
+    elseif w == "false" then
+      if v == false then return true end
+    elseif type(v) == w then
+      return true
     end
   end
+  return false
+end
+
+-- A list of names becomes a set of "any type" entries (memoised per list).
+local sets = setmetatable({}, { __mode = "k" })
+local function spec_of(spec)
+  if spec[1] == nil then return spec end
+  local set = sets[spec]
+  if not set then
+    set = {}
+    for _, k in ipairs(spec) do set[k] = true end
+    sets[spec] = set
+  end
+  return set
+end
+
+--- Checks the option table argument #argn of `fname`: raises lauxlib's
+-- `bad argument #argn to 'fname' (...)` for a non-table (`table expected, got
+-- T`), an unknown key (`unknown option 'k'`) or a value of the wrong type
+-- (`option 'k': T expected, got U`). Absent options are not checked.
+-- @tparam table|nil t the options
+-- @tparam table spec `{ name = "type" | "type|type" | any other value: any type }` (types:
+--   Lua's, plus "integer", "false" and "map", a table of strings to strings) or a list of names
+-- @tparam string fname the function named in the message
+-- @tparam integer argn the argument's position (as the caller writes it: `o:f(opts)` is #1)
+-- @tparam[opt=2] integer level as `error`'s, counted from the function that calls this one
+-- @tparam[opt] string prefix put before option names (a nested table: "lifecycle.")
+-- @treturn table `t`, or a new empty table for nil
+function _M.check_options(t, spec, fname, argn, level, prefix)
+  level = (level or 2) + 1
+  if t == nil then return {} end
+  if type(t) ~= "table" then
+    error(string_format("bad argument #%d to '%s' (table expected, got %s)", argn, fname, type(t)), level)
+  end
+  spec = spec_of(spec)
+  prefix = prefix or ""
+  for k, v in pairs(t) do
+    local want = spec[k]
+    if want == nil then
+      error(string_format("bad argument #%d to '%s' (unknown option '%s%s')", argn, fname, prefix, tostring(k)),
+        level)
+    end
+    if not type_ok(v, want) then
+      local msg
+      if want == "map" and type(v) == "table" then
+        msg = "a table of strings to strings expected"
+      else
+        msg = string_format("%s expected, got %s", want == "map" and "table" or want:gsub("|", " or "), type(v))
+      end
+      error(string_format("bad argument #%d to '%s' (option '%s%s': %s)", argn, fname, prefix, tostring(k), msg),
+        level)
+    end
+  end
+  return t
 end
 
 local Detail = { __name = "warmbox.ErrorDetail" }

@@ -35,6 +35,7 @@
 -- many sandboxes (and so sessions) are locked at once.
 -- @module warmbox.gc
 local lock_mod = require "warmbox.lock"
+local errors = require "warmbox.errors"
 local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
 
@@ -43,7 +44,7 @@ local type, pairs, ipairs, tostring, tonumber, error, xpcall =
 local traceback, fmt, floor, max = debug.traceback, string.format, math.floor, math.max
 local os_time = os.time
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local DEMOTE_LEASE = 60
 
@@ -66,46 +67,17 @@ _M.last_activity = last_activity
 -- options
 -- ---------------------------------------------------------------------------
 
-local RUN_OPTS = { client = true, tag = true, policy = true, lock = true, clock = true, concurrency = true,
-  dry_run = true, max_age = true }
-local RELEASE_OPTS = { client = true, tag = true, tag_value = true, lock = true }
+local RUN_OPTS = { client = "table|userdata", tag = "string", policy = "table", lock = "string|table|function",
+  clock = "function", concurrency = "number", dry_run = "boolean", max_age = "number" }
+local RELEASE_OPTS = { client = "table|userdata", tag = "string", tag_value = "string",
+  lock = "string|table|function" }
 
+-- Level 3: the caller of run or release.
 local function check_opts(opts, known, fname)
-  if type(opts) ~= "table" then
-    error(fmt("bad argument #1 to '%s' (table expected, got %s)", fname, type(opts)), 3)
-  end
-  for k in pairs(opts) do
-    if not known[k] then error(fmt("bad argument #1 to '%s' (unknown option '%s')", fname, tostring(k)), 3) end
-  end
-  local c = opts.client
-  if (type(c) ~= "table" and type(c) ~= "userdata") then
-    error(fmt("bad argument #1 to '%s' (option 'client' must be an e2b client)", fname), 3)
-  end
-  if opts.tag ~= nil and (type(opts.tag) ~= "string" or opts.tag == "") then
-    error(fmt("bad argument #1 to '%s' (option 'tag' must be a non-empty string)", fname), 3)
-  end
-end
-
--- lock: nil (file backend) | "file"/"redis"/"memory" | lock options |
--- a lock module (a table with `new`) | a function returning a lock object.
-local function lock_factory(l, fname)
-  if type(l) == "function" then return l end
-  if type(l) == "table" and type(l.new) == "function" then
-    return function() return l.new() end
-  end
-  local opts
-  if l == nil then
-    opts = {}
-  elseif type(l) == "string" then
-    opts = { backend = l }
-  elseif type(l) == "table" then
-    opts = {}
-    for k, v in pairs(l) do opts[k] = v end
-  else
-    error(fmt("bad argument #1 to '%s' (option 'lock' must be a string, table or function)", fname), 4)
-  end
-  lock_mod.new(opts) -- validates now: misuse raises here, not in the middle of a pass
-  return function() return lock_mod.new(opts) end
+  if type(opts) ~= "table" then errors.bad_argument(1, fname, "table expected, got " .. type(opts), 3) end
+  errors.check_options(opts, known, fname, 1, 3)
+  if opts.client == nil then errors.bad_option(1, fname, "client", "an e2b client expected", 3) end
+  if opts.tag == "" then errors.bad_option(1, fname, "tag", "a non-empty string expected", 3) end
 end
 
 -- The remembered state a session keeps under its lock (only `sandbox_id`
@@ -168,18 +140,18 @@ function _M.run(opts)
   local tag = opts.tag or "warmboxSessionId"
   local policy = opts.policy or require "warmbox.policy.default"
   if type(policy) ~= "table" or type(policy.gc) ~= "function" then
-    error("bad argument #1 to 'run' (option 'policy' must be a table with a 'gc' function)", 2)
+    error("bad argument #1 to 'run' (option 'policy': a table with a 'gc' function expected)", 2)
   end
   local clock = opts.clock or os_time
-  if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock' must be a function)", 2) end
+  if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock': a function expected)", 2) end
   local concurrency = opts.concurrency or 8
   if math.type(concurrency) ~= "integer" or concurrency < 1 then
-    error("bad argument #1 to 'run' (option 'concurrency' must be a positive integer)", 2)
+    error("bad argument #1 to 'run' (option 'concurrency': a positive integer expected)", 2)
   end
   local max_age = opts.max_age or 86400
-  if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age' must be a number)", 2) end
+  if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age': a number expected)", 2) end
   local dry_run = opts.dry_run and true or false
-  local new_lock = lock_factory(opts.lock, "run")
+  local new_lock = lock_mod.factory(opts.lock, nil, nil, "run")
 
   local report = { listed = 0, tagged = 0, kept = 0, killed = 0, demoted = 0, busy = 0, skipped = 0,
                    errors = {}, actions = {}, dry_run = dry_run }
@@ -384,15 +356,12 @@ function _M.release(opts)
   check_opts(opts, RELEASE_OPTS, "release")
   local client, tag, tv = opts.client, opts.tag or "warmboxSessionId", opts.tag_value
   if type(tv) ~= "string" or tv == "" then
-    error("bad argument #1 to 'release' (option 'tag_value' must be a non-empty string)", 2)
+    error("bad argument #1 to 'release' (option 'tag_value': a non-empty string expected)", 2)
   end
-  local new_lock = lock_factory(opts.lock, "release")
-  local lk = new_lock()
-  local _, lerr, lcode = lk:lock(tv)
-  if lerr then
-    if lerr == "timeout" then return nil, fmt("session '%s' is busy", tv), "BUSY" end
-    return nil, "cannot lock session: " .. tostring(lerr), lcode or "LOCK"
-  end
+  local lk = lock_mod.factory(opts.lock, nil, nil, "release")()
+  local guard <close> = lock_mod.closing(lk) -- luacheck: ignore 211 (closed at scope exit)
+  local _, lerr = lk:lock(tv)
+  if lerr then return lock_mod.failure(fmt("session '%s'", tv), lerr) end
   local ids = {}
   local ok, err, code = each_listed(client, { state = { "running", "paused" }, metadata = { [tag] = tv },
                                               limit = 100 }, function(item)

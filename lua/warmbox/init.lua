@@ -12,12 +12,18 @@
 local core = require "warmbox.core"
 local session = require "warmbox.session"
 local policy_mod = require "warmbox.policy"
+local errors = require "warmbox.errors"
+local util = require "warmbox.util"
 
-local type, pairs, ipairs, tostring, error, setmetatable, pcall =
-  type, pairs, ipairs, tostring, error, setmetatable, pcall
+local type, ipairs, tostring, error, setmetatable, pcall =
+  type, ipairs, tostring, error, setmetatable, pcall
 local os_getenv, string_format, table_sort = os.getenv, string.format, table.sort
 
+--- The version: the one literal in lua/ (CMakeLists.txt compiles the same one into
+-- warmbox.core; spec/unit/version_spec.lua checks both and the rockspec agree).
 local _M = { _VERSION = "0.1.0" }
+
+local check_options, bad_option = errors.check_options, errors.bad_option
 
 if core._VERSION ~= _M._VERSION then
   error(string_format("warmbox %s needs warmbox.core %s, got %s (rebuild core.so)", _M._VERSION,
@@ -28,18 +34,12 @@ _M.session = session
 _M.policy = policy_mod
 
 local OPTS = {
-  template = true, exec_timeout = true, idle_timeout = true, tag = true, lock = true, policy = true,
-  api_key = true, api_url = true, sandbox_url = true, domain = true, warmboxd = true, warmboxd_args = true,
-  clock = true, client = true, secret = true, request_timeout = true, max_run_length = true,
-  max_output = true, max_files_bytes = true,
+  template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
+  lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
+  sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
+  clock = "function", client = "table", secret = "string", request_timeout = "number",
+  max_run_length = "number", max_output = "number", max_files_bytes = "number",
 }
-
-local function check_type(opts, k, want, level)
-  local v = opts[k]
-  if v ~= nil and type(v) ~= want then
-    error(string_format("bad option '%s' to 'new' (%s expected, got %s)", k, want, type(v)), level + 1)
-  end
-end
 
 local Warmbox = {}
 Warmbox.__index = Warmbox
@@ -59,39 +59,18 @@ Warmbox.__name = "warmbox.Warmbox"
 -- @treturn[1] warmbox.Warmbox
 -- @return[2] nil, message, code (the embedded warmboxd did not start, the policy did not load)
 function _M.new(opts)
-  if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
-  end
-  local o = {}
-  for k, v in pairs(opts or {}) do
-    if not OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'new'", 2) end
-    o[k] = v
-  end
-  for k, want in pairs({ template = "string", tag = "string", api_key = "string", api_url = "string",
-    sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
-    clock = "function", client = "table", secret = "string", exec_timeout = "number",
-    idle_timeout = "number", request_timeout = "number", max_run_length = "number", max_output = "number",
-    max_files_bytes = "number" }) do
-    check_type(o, k, want, 2)
-  end
+  local o = util.copy(check_options(opts, OPTS, "new", 1))
   -- Non-finite or out-of-range settings are misuse, refused here rather than at the first session.
-  session.check_settings(o, "new", 2)
+  session.check_settings(o, "new", 1, 2)
   local rt = o.request_timeout
   if rt ~= nil and not (rt > 0 and rt <= 3600) then
-    error(string_format("bad option 'request_timeout' to 'new' (seconds in (0, 3600] expected, got %s)",
-      tostring(rt)), 2)
+    bad_option(1, "new", "request_timeout", "seconds in (0, 3600] expected, got " .. tostring(rt))
   end
   local lock = o.lock
-  if lock ~= nil and type(lock) ~= "string" and type(lock) ~= "table" and type(lock) ~= "function" then
-    error("bad option 'lock' to 'new' (string, table or function expected, got " .. type(lock) .. ")", 2)
-  end
   if type(lock) == "string" and lock ~= "file" and lock ~= "redis" and lock ~= "memory" then
-    error("bad option 'lock' to 'new' (\"file\", \"redis\" or \"memory\" expected, got \"" .. lock .. "\")", 2)
+    bad_option(1, "new", "lock", '"file", "redis" or "memory" expected, got "' .. lock .. '"')
   end
   local pol = o.policy
-  if pol ~= nil and type(pol) ~= "table" and type(pol) ~= "string" then
-    error("bad option 'policy' to 'new' (table or path expected, got " .. type(pol) .. ")", 2)
-  end
   local p, perr, pcode
   if type(pol) == "table" then
     p = policy_mod.merge(pol) -- a bad table is misuse: raises
@@ -147,8 +126,8 @@ function _M.new(opts)
   return self
 end
 
-local SESSION_OPTS = { env = true, actor = true, template = true, exec_timeout = true, idle_timeout = true,
-  max_output = true, max_files_bytes = true }
+local SESSION_OPTS = { env = "table", actor = "string", template = "string", exec_timeout = "number",
+  idle_timeout = "number", max_output = "number", max_files_bytes = "number" }
 
 --- A session: one warm sandbox per conversation key.
 -- @tparam string key the session key (any bytes, e.g. "workspace-1:thread-9")
@@ -162,24 +141,14 @@ function Warmbox:session(key, opts)
     error("bad argument #1 to 'session' (non-empty string expected, got "
       .. (key == "" and "empty string" or type(key)) .. ")", 2)
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #2 to 'session' (table expected, got " .. type(opts) .. ")", 2)
-  end
-  for k in pairs(opts or {}) do
-    if not SESSION_OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'session'", 2) end
-  end
-  opts = opts or {}
-  for _, k in ipairs({ "exec_timeout", "idle_timeout", "max_output", "max_files_bytes" }) do
-    if opts[k] ~= nil and type(opts[k]) ~= "number" then
-      error(string_format("bad option '%s' to 'session' (number expected, got %s)", k, type(opts[k])), 2)
-    end
-  end
+  opts = check_options(opts, SESSION_OPTS, "session", 2)
   local settings = { max_run_length = self.max_run_length, exec_timeout = opts.exec_timeout or self.exec_timeout,
     idle_timeout = opts.idle_timeout or self.idle_timeout, max_output = opts.max_output or self.max_output,
     max_files_bytes = opts.max_files_bytes or self.max_files_bytes }
-  session.check_settings(settings, "session", 2)
+  session.check_settings(settings, "session", 2, 2)
   return session.new(key, {
-    client = self.client, lock = self:_lock_factory(settings.exec_timeout), clock = self.clock, policy = self.policy,
+    client = self.client, lock = self:_lock_factory(settings.exec_timeout), clock = self.clock,
+    policy = self.policy,
     template = opts.template or self.template, exec_timeout = settings.exec_timeout,
     idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
@@ -215,41 +184,22 @@ function Warmbox:release(key)
   end
   local tagged, err, code = self:_tagged()
   if not tagged then return nil, err, code end
-  local groups, order = {}, {}
+  local seen, order = {}, {}
   for _, t in ipairs(tagged) do
     -- Exact check on the decoded key: another conversation's sandbox is never touched.
-    if session.tag_matches_key(t.tag_value, key) then
-      if not groups[t.tag_value] then
-        groups[t.tag_value] = {}
-        order[#order + 1] = t.tag_value
-      end
-      local g = groups[t.tag_value]
-      g[#g + 1] = t.item.sandbox_id
+    if session.tag_matches_key(t.tag_value, key) and not seen[t.tag_value] then
+      seen[t.tag_value] = true
+      order[#order + 1] = t.tag_value
     end
   end
-  local new_lock = self:_lock_factory(self.exec_timeout)
+  -- gc.release per tag value, under a session's lock options (it waits for a run in progress).
+  local gc = require "warmbox.gc"
+  local lock = self:_lock_factory(self.exec_timeout)
   local killed = 0
   for _, tv in ipairs(order) do
-    local lk = new_lock()
-    local _, lerr = lk:lock(tv)
-    if lerr then
-      if lk.close then pcall(lk.close, lk) end
-      return nil, string_format("session '%s' is busy: %s", key, tostring(lerr)), lerr == "timeout" and "BUSY"
-        or "LOCK"
-    end
-    local kerr, kcode
-    for _, id in ipairs(groups[tv]) do
-      local ok, e, c = self.client:kill(id)
-      if ok then
-        killed = killed + 1
-      elseif ok == nil then
-        kerr, kcode = e, c
-      end
-    end
-    lk:set_state(nil)
-    lk:unlock()
-    if lk.close then pcall(lk.close, lk) end
-    if kerr then return nil, kerr, kcode end
+    local n, kerr, kcode = gc.release{ client = self.client, tag = self.tag, tag_value = tv, lock = lock }
+    if not n then return nil, kerr, kcode end
+    killed = killed + n
   end
   return killed
 end
@@ -274,7 +224,7 @@ function Warmbox:sessions()
   return out
 end
 
-local GC_OPTS = { dry_run = true, max_age = true, concurrency = true }
+local GC_OPTS = { dry_run = "boolean", max_age = "number", concurrency = "number" }
 
 --- Garbage-collect tagged sandboxes under the GC policy (delegates to `warmbox.gc.run`).
 -- @tparam[opt] table opts `dry_run` (false), `max_age` (seconds, 86400), `concurrency` (8)
@@ -282,20 +232,13 @@ local GC_OPTS = { dry_run = true, max_age = true, concurrency = true }
 -- @return[2] nil, message, code
 function Warmbox:gc(opts)
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
-  if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #1 to 'gc' (table expected, got " .. type(opts) .. ")", 2)
-  end
-  for k in pairs(opts or {}) do
-    if not GC_OPTS[k] then error("unknown option '" .. tostring(k) .. "' to 'gc'", 2) end
-  end
-  opts = opts or {}
+  opts = check_options(opts, GC_OPTS, "gc", 1)
   local gc = require "warmbox.gc"
   local lock = self.lock
   if type(lock) == "string" then lock = { backend = lock } end
-  if self.runner and type(lock) == "table" and type(lock.new) ~= "function" then
-    require("warmbox.lock").new(lock) -- validates now, as gc.run would
-    local lopts = lock
-    lock = self.runner:lock_factory(function() return require("warmbox.lock").new(lopts) end)
+  if self.runner then
+    -- Locks taken inside a task are tracked (closed when it ends).
+    lock = self.runner:lock_factory(require("warmbox.lock").factory(lock, nil, nil, "gc"))
   end
   return gc.run{ client = self.client, tag = self.tag, policy = self.policy, lock = lock, clock = self.clock,
     dry_run = opts.dry_run or false, max_age = opts.max_age, concurrency = opts.concurrency }
@@ -308,7 +251,7 @@ end
 -- The lock factory of sessions and release: inside a task, the locks are
 -- tracked so that a cancelled task frees its sessions.
 function Warmbox:_lock_factory(exec_timeout)
-  local base = session.lock_factory(self.lock, nil, exec_timeout)
+  local base = require("warmbox.lock").factory(self.lock, session.lock_defaults(exec_timeout))
   if not self.runner then
     -- A runner may come later (the first spawn): look it up at each call.
     return function()

@@ -11,7 +11,7 @@ local codec = cjson.new()
 -- Sparse arrays are an error rather than a silent object.
 codec.encode_sparse_array(false)
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- The JSON `null` sentinel (what `decode` yields for `null`).
 _M.null = codec.null

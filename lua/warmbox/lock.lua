@@ -83,14 +83,15 @@
 -- the queue's head starts again from `step` and polls at least every 10 ms,
 -- so a released lock is handed over quickly.
 local core = require "warmbox.core"
+local errors = require "warmbox.errors"
 
-local error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber =
-  error, ipairs, pairs, pcall, setmetatable, type, tostring, tonumber
+local error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring, tonumber =
+  error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring, tonumber
 local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor, math.ceil
 local concat = table.concat
 local now, sleep = core.now, core.sleep
 
-local _M = { _VERSION = "0.2.0" }
+local _M = {}
 local mt = { __index = _M }
 
 --- The default wait between attempts (seconds): blocks. The hook a scheduler replaces.
@@ -133,18 +134,6 @@ local OPTS = {
 }
 local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
 local BACKENDS = { memory = true, file = true, redis = true }
-
-local function check_fields(t, spec, what, level)
-  for k, v in pairs(t) do
-    local want = spec[k]
-    if not want then
-      error(fmt("bad argument #1 to 'new' (unknown option '%s%s')", what, tostring(k)), level)
-    end
-    if type(v) ~= want then
-      error(fmt("bad argument #1 to 'new' (option '%s%s' must be a %s, got %s)", what, k, want, type(v)), level)
-    end
-  end
-end
 
 -- ---------------------------------------------------------------------------
 -- the ticket queue (memory and file backends; redis does the same in a script)
@@ -680,11 +669,7 @@ local impl = { memory = memory, file = file, redis = redis }
 --   wait (function(seconds); default lock.wait), state_ttl (604800, redis),
 --   ttl (10, redis: the key's PX), ticket_ttl (5), keeper (true, redis)
 function _M.new(opts)
-  if opts == nil then opts = {} end
-  if type(opts) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
-  end
-  check_fields(opts, OPTS, "", 3)
+  opts = errors.check_options(opts, OPTS, "new", 1)
   local self = {
     backend = opts.backend or "file",
     dir = opts.dir or "/tmp/warmbox-locks",
@@ -702,9 +687,9 @@ function _M.new(opts)
   if not BACKENDS[self.backend] then
     error("bad argument #1 to 'new' (unknown backend '" .. self.backend .. "')", 2)
   end
-  if self.dir == "" then error("bad argument #1 to 'new' (option 'dir' must not be empty)", 2) end
+  if self.dir == "" then error("bad argument #1 to 'new' (option 'dir': a non-empty string expected)", 2) end
   self.dir = (self.dir:gsub("(.)/+$", "%1"))
-  local function bad(k, what) error("bad argument #1 to 'new' (option '" .. k .. "' must be " .. what .. ")", 3) end
+  local function bad(k, what) errors.bad_option(1, "new", k, "a number " .. what .. " expected", 3) end
   if self.timeout ~= self.timeout or self.timeout < 0 or self.timeout == math.huge then
     bad("timeout", ">= 0 and finite")
   end
@@ -717,7 +702,7 @@ function _M.new(opts)
     bad("ticket_ttl", "in [2 x max_step, 86400]")
   end
   local r = opts.redis or {}
-  check_fields(r, REDIS_OPTS, "redis.", 3)
+  errors.check_options(r, REDIS_OPTS, "new", 1, 2, "redis.")
   self.redis = { host = r.host or "127.0.0.1", port = r.port or 6379, timeout = r.timeout or 5,
                  prefix = r.prefix or "warmbox:" }
   self.impl = impl[self.backend]
@@ -883,6 +868,63 @@ end
 --- The key this object holds, or nil.
 function _M:key()
   return (current(self)) and self._key or nil
+end
+
+-- ---------------------------------------------------------------------------
+-- locks as resources: one factory, one failure mapping, one closer
+-- ---------------------------------------------------------------------------
+
+--- The one factory of lock objects (sessions, GC, release). `spec` is nil
+-- (the file backend) | "file" | "redis" | "memory" | lock options | a lock
+-- module (a table with `new`, called with `module_opts`) | a function
+-- returning a lock object. `defaults` fill the options left out (`timeout`,
+-- `exptime`). Options are checked now: misuse raises here, not at the first lock.
+-- @param spec
+-- @tparam[opt] table defaults
+-- @tparam[opt] table module_opts
+-- @tparam[opt="new"] string fname named in a misuse error (option 'lock' of it)
+-- @tparam[opt=1] integer argn
+-- @treturn function returning a new lock object
+function _M.factory(spec, defaults, module_opts, fname, argn)
+  if type(spec) == "function" then return spec end
+  if type(spec) == "table" and type(spec.new) == "function" then
+    local mopts = module_opts or {}
+    return function() return spec.new(mopts) end
+  end
+  local opts
+  if spec == nil or type(spec) == "string" then
+    opts = { backend = spec or "file" }
+  elseif type(spec) == "table" then
+    opts = {}
+    for k, v in pairs(spec) do opts[k] = v end
+  else
+    errors.bad_option(argn or 1, fname or "new", "lock", "string, table or function expected, got " .. type(spec), 3)
+  end
+  for k, v in pairs(defaults or {}) do
+    if opts[k] == nil then opts[k] = v end
+  end
+  _M.new(opts)
+  return function() return _M.new(opts) end
+end
+
+--- The one mapping of a failed `lk:lock(key)` to warmbox's codes: "timeout"
+-- (another holder kept it past the lock's timeout) is BUSY, anything else LOCK.
+-- @tparam string what the thing locked, for the message ("session 'k'")
+-- @return nil, message, "BUSY" | "LOCK"
+function _M.failure(what, err)
+  if err == "timeout" then return nil, what .. " is busy (another run holds it)", "BUSY" end
+  return nil, "cannot lock " .. what .. ": " .. tostring(err), "LOCK"
+end
+
+--- For `local _ <close> = lock.closing(lk)`: `lk` itself when `<close>` can
+-- close it, else a guard that calls its `close` (a caller's own lock object
+-- may have neither).
+function _M.closing(lk)
+  local m = getmetatable(lk)
+  if type(m) == "table" and m.__close then return lk end
+  return setmetatable({}, { __close = function()
+    if type(lk.close) == "function" then pcall(lk.close, lk) end
+  end })
 end
 
 local function release_quietly(self)

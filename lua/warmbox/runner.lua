@@ -3,8 +3,8 @@
 -- A runner is a `warmbox.task` scheduler whose backend is `core.engine`: its
 -- `wait` polls the engine's fd until the next timer or transfer deadline,
 -- then `eng:step(0)` and wakes the tasks whose transfers have news. It also
--- makes transports: objects with `request`, `batch` and `pages` methods (the
--- shape of a `core.http` client) that block exactly as the client does
+-- makes transports: objects with `request` and `batch` methods (the shape
+-- of a `core.http` client) that block exactly as the client does
 -- outside the runner's tasks, and inside one start the request on the engine
 -- and yield until it has news (streamed frames are handed to `on_chunk`
 -- inside the task, as they arrive).
@@ -23,13 +23,12 @@ local core = require "warmbox.core"
 local task = require "warmbox.task"
 local lock = require "warmbox.lock"
 
-local type, error, setmetatable, pairs, pcall, tostring =
-  type, error, setmetatable, pairs, pcall, tostring
+local type, error, setmetatable, pairs, pcall =
+  type, error, setmetatable, pairs, pcall
 local table_pack, table_unpack = table.pack, table.unpack
-local string_format, string_gsub, string_byte, string_find = string.format, string.gsub, string.byte, string.find
 local now, poll = core.now, core.poll
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 -- scheduler -> runner, for every live runner: a transport finds the engine
 -- of the task that calls it.
@@ -391,39 +390,6 @@ function Transport:batch(reqs, opts)
     end
   end
   return out
-end
-
--- RFC 3986 percent-encoding of a query value (curl_easy_escape's set).
-local function escape(s)
-  return (string_gsub(s, "[^%w%-%._~]", function(c) return string_format("%%%02X", string_byte(c)) end))
-end
-
---- As `h:pages` (the same values, the same error convention), each page
--- fetched through `self:request`.
-function Transport:pages(spec)
-  if not running_runner() then return self.http:pages(spec) end
-  local token, finished = spec.next_token, false
-  return function()
-    if finished then return nil end
-    local url = spec.url
-    if type(token) == "string" then
-      url = url .. (string_find(url, "?", 1, true) and "&" or "?") .. "nextToken=" .. escape(token)
-    end
-    local res, msg, code = self:request{ url = url, headers = spec.headers, timeout = spec.timeout,
-      connect_timeout = spec.connect_timeout, retry = spec.retry }
-    if not res then
-      finished = true
-      return false, msg, code, token
-    end
-    if res.status < 200 or res.status > 299 then
-      finished = true
-      return false, "http status " .. tostring(res.status), "HTTP", token, res
-    end
-    local used = token
-    local nxt = res.headers["x-next-token"]
-    if type(nxt) == "string" and nxt ~= "" then token = nxt else finished = true end
-    return res.body, used, res
-  end
 end
 
 -- ------------------------------------------------------------------

@@ -15,7 +15,7 @@ local io_open, io_popen, os_getenv, os_execute, os_time, tostring, tonumber, typ
   io.open, io.popen, os.getenv, os.execute, os.time, tostring, tonumber, type, ipairs, error
 local setmetatable, pcall, string_format, table_concat = setmetatable, pcall, string.format, table.concat
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local function sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

@@ -18,30 +18,28 @@
 -- the lock shares that memory (see `decode_state`).
 -- @module warmbox.session
 
-local cjson = require("cjson.safe").new()
+local json = require "warmbox.json"
 local policy_mod = require "warmbox.policy"
 local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
+local tag_mod = require "warmbox.tag"
+local outputs = require "warmbox.outputs"
+local errors = require "warmbox.errors"
 
-local type, pairs, ipairs, tostring, tonumber, error, setmetatable, next =
-  type, pairs, ipairs, tostring, tonumber, error, setmetatable, next
-local xpcall, traceback, string_format, string_byte, string_char, table_concat, table_sort =
-  xpcall, debug.traceback, string.format, string.byte, string.char, table.concat, table.sort
-local getmetatable, pcall = getmetatable, pcall
+local type, pairs, ipairs, tostring, error, setmetatable, next =
+  type, pairs, ipairs, tostring, error, setmetatable, next
+local xpcall, traceback, string_format, table_concat, table_sort =
+  xpcall, debug.traceback, string.format, table.concat, table.sort
+local getmetatable = getmetatable
 local os_time = os.time
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
-local HOME = "/home/user"
-local OUTPUT_DIR = HOME .. "/output"
-_M.HOME = HOME
-_M.OUTPUT_DIR = OUTPUT_DIR
---- The private MIME type of the output report the python hook displays.
-_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
---- Files up to this size come back inline in the output report; bigger ones are read over envd.
-_M.INLINE_LIMIT = 524288
---- At most this many bytes of files come back inline in one report (the rest is read over envd).
-_M.INLINE_TOTAL = 8388608
+local check_options, bad_option = errors.check_options, errors.bad_option
+
+local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
+_M.HOME, _M.OUTPUT_DIR = HOME, OUTPUT_DIR
+_M.OUTPUTS_MIME, _M.INLINE_LIMIT, _M.INLINE_TOTAL = outputs.OUTPUTS_MIME, outputs.INLINE_LIMIT, outputs.INLINE_TOTAL
 --- Defaults of the per-run caps (bytes): stdout + stderr + results, and returned output files.
 _M.MAX_OUTPUT = 16 * 1048576
 _M.MAX_FILES_BYTES = 64 * 1048576
@@ -59,309 +57,66 @@ _M.AUTO_RESUME_LEASE = 300
 _M.PAUSE_GRACE = 10
 
 -- ------------------------------------------------------------------
--- base64 (the output report carries small files inline)
+-- Re-exported from the modules this one was cut from (warmbox.util,
+-- warmbox.tag, warmbox.state, warmbox.outputs), so `warmbox.session`'s
+-- documented names keep working.
 -- ------------------------------------------------------------------
 
-local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-local B64_DEC = {}
-for i = 1, 64 do B64_DEC[B64:sub(i, i)] = i - 1 end
-
-local function b64_encode(s)
-  local out, n = {}, 0
-  for i = 1, #s, 3 do
-    local a, b, c = string_byte(s, i, i + 2)
-    local v = a * 65536 + (b or 0) * 256 + (c or 0)
-    local c1, c2 = (v >> 18) & 63, (v >> 12) & 63
-    local c3, c4 = (v >> 6) & 63, v & 63
-    n = n + 1
-    out[n] = B64:sub(c1 + 1, c1 + 1) .. B64:sub(c2 + 1, c2 + 1)
-      .. (b and B64:sub(c3 + 1, c3 + 1) or "=") .. (c and B64:sub(c4 + 1, c4 + 1) or "=")
-  end
-  return table_concat(out)
-end
-_M.b64_encode = b64_encode
-
-local function b64_decode(s)
-  s = s:gsub("[^%w%+/]", "")
-  local out, n = {}, 0
-  for i = 1, #s, 4 do
-    local a, b = B64_DEC[s:sub(i, i)], B64_DEC[s:sub(i + 1, i + 1)]
-    local c, d = B64_DEC[s:sub(i + 2, i + 2)], B64_DEC[s:sub(i + 3, i + 3)]
-    if not (a and b) then break end
-    local v = (a << 18) | (b << 12) | ((c or 0) << 6) | (d or 0)
-    n = n + 1
-    if d then
-      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255, v & 255)
-    elseif c then
-      out[n] = string_char((v >> 16) & 255, (v >> 8) & 255)
-    else
-      out[n] = string_char((v >> 16) & 255)
-    end
-  end
-  return table_concat(out)
-end
-_M.b64_decode = b64_decode
-
--- ------------------------------------------------------------------
--- The tag value: injective key encoding + creation fingerprint
--- ------------------------------------------------------------------
-
--- Bytes kept as they are in the encoded key; every other byte (including "~")
--- becomes "~XX" (upper-case hex), so the encoding is injective and the value
--- needs no escaping anywhere (metadata filters, file names, Redis keys).
-local function encode_key(key)
-  return (key:gsub("[^%w%-_%.:@]", function(ch) return string_format("~%02X", string_byte(ch)) end))
-end
-_M.encode_key = encode_key
-
-local function decode_key(enc)
-  if enc:find("~[^0-9A-F]") or enc:find("~.?$") then return nil end
-  return (enc:gsub("~(%x%x)", function(h) return string_char(tonumber(h, 16)) end))
-end
-
---- Longest encoded key kept verbatim; longer keys are replaced by "~h" + SHA-256(key).
-_M.MAX_ENCODED_KEY = 256
-local TAG_PREFIX = "wb1."
-local FP_LEN = 16
-
-local function fp_field(s)
-  s = tostring(s or "")
-  return #s .. ":" .. s
-end
-
---- The session tag value for a key: `wb1.<fingerprint>.<encoded key>`.
--- The fingerprint is an HMAC-SHA-256 (first 16 hex digits) of what is baked
--- into a sandbox at creation (template, env vars and their values, actor), so
--- a changed secret or actor gets a different sandbox and secrets never appear
--- in metadata. Keys are encoded injectively (`~XX` escapes); an encoded key
--- longer than `MAX_ENCODED_KEY` bytes is replaced by `~h<sha256>`.
--- @tparam string key the session key, any bytes
--- @tparam[opt] table opts `template`, `env`, `actor`, `secret` (HMAC key,
---   default "warmbox"), `hmac` (function(key, s) -> hex), `sha256`
--- @treturn string
-function _M.tag_value(key, opts)
-  if type(key) ~= "string" or key == "" then
-    error("bad argument #1 to 'tag_value' (non-empty string expected, got "
-      .. (key == "" and "empty string" or type(key)) .. ")", 2)
-  end
-  opts = opts or {}
-  local core
-  local hmac, sha256 = opts.hmac, opts.sha256
-  if not hmac or not sha256 then
-    core = require "warmbox.core"
-    hmac, sha256 = hmac or core.hmac_sha256, sha256 or core.sha256
-  end
-  local env_names = {}
-  for k in pairs(opts.env or {}) do env_names[#env_names + 1] = k end
-  table_sort(env_names)
-  local parts = { "v1", fp_field(opts.template), fp_field(opts.actor), fp_field(#env_names) }
-  for _, k in ipairs(env_names) do
-    parts[#parts + 1] = fp_field(k)
-    parts[#parts + 1] = fp_field(opts.env[k])
-  end
-  local fp = hmac(opts.secret or "warmbox", table_concat(parts, "\n")):sub(1, FP_LEN)
-  local enc = encode_key(key)
-  if #enc > _M.MAX_ENCODED_KEY then enc = "~h" .. sha256(key) end
-  return TAG_PREFIX .. fp .. "." .. enc
-end
-
---- Split a tag value into its parts.
--- @tparam string v a tag value
--- @treturn[1] string the session key (nil when it was hashed)
--- @treturn[1] string the encoded key
--- @treturn[1] string the fingerprint
--- @return[2] nil when `v` is not a warmbox tag value
-function _M.parse_tag(v)
-  if type(v) ~= "string" then return nil end
-  local fp, enc = v:match("^wb1%.(%x+)%.(.+)$")
-  if not fp or #fp ~= FP_LEN then return nil end
-  if enc:match("^~h%x+$") then return nil, enc, fp end
-  local key = decode_key(enc)
-  if not key then return nil end
-  return key, enc, fp
-end
-
---- Whether tag value `v` belongs to session key `key` (any fingerprint).
-function _M.tag_matches_key(v, key)
-  local _, enc = _M.parse_tag(v)
-  if not enc then return false end
-  local want = encode_key(key)
-  if #want > _M.MAX_ENCODED_KEY then
-    local core = require "warmbox.core"
-    want = "~h" .. core.sha256(key)
-  end
-  return enc == want
-end
-
--- ------------------------------------------------------------------
--- Remembered state (kept in the lock's per-key state while held)
--- ------------------------------------------------------------------
-
+_M.b64_encode, _M.b64_decode = util.b64_encode, util.b64_decode
+_M.encode_key, _M.MAX_ENCODED_KEY = tag_mod.encode_key, tag_mod.MAX_ENCODED_KEY
+_M.tag_value, _M.parse_tag, _M.tag_matches_key = tag_mod.tag_value, tag_mod.parse_tag, tag_mod.tag_matches_key
 _M.decode_state = state_codec.decode
 _M.encode_state = state_codec.encode
+_M.prelude_for, _M.PRELUDE = outputs.prelude_for, outputs.PRELUDE
+_M.mime_of, _M.check_file_name = outputs.mime_of, outputs.check_file_name
+_M.outputs_of, _M.LIST_CMD = outputs.outputs_of, outputs.LIST_CMD
 
--- ------------------------------------------------------------------
--- The python output hooks (registered once per kernel)
--- ------------------------------------------------------------------
-
-local HOOK_SRC = [[
-def _wb():
-    import os, base64, mimetypes, shutil
-    ip = __import__('IPython').get_ipython()
-    if ip is None or getattr(ip, '_warmbox_hooks', False):
-        return
-    out = '%s'
-    limit = %d
-    budget = [%d]
-    def reset(*_a, **_k):
-        try:
-            if os.path.islink(out) or os.path.isfile(out):
-                os.unlink(out)
-            else:
-                shutil.rmtree(out, ignore_errors=True)
-            os.makedirs(out, exist_ok=True)
-        except Exception:
-            pass
-    def report(*_a, **_k):
-        files = []
-        budget[0] = %d
-        try:
-            for root, dirs, names in os.walk(out):
-                dirs.sort()
-                for n in sorted(names):
-                    p = os.path.join(root, n)
-                    if os.path.islink(p) or not os.path.isfile(p):
-                        continue
-                    size = os.path.getsize(p)
-                    rel = os.path.relpath(p, out)
-                    e = {'name': rel, 'size': size,
-                         'name_b64': base64.b64encode(os.fsencode(rel)).decode('ascii'),
-                         'mime': mimetypes.guess_type(n)[0] or 'application/octet-stream'}
-                    if size <= limit and size <= budget[0]:
-                        with open(p, 'rb') as f:
-                            data = f.read(limit + 1)
-                        if len(data) <= limit and len(data) <= budget[0]:
-                            budget[0] -= len(data)
-                            e['b64'] = base64.b64encode(data).decode('ascii')
-                    files.append(e)
-        except Exception:
-            pass
-        from IPython.display import display
-        display({'%s': {'v': 1, 'files': files}}, raw=True)
-    ip.events.register('pre_run_cell', reset)
-    ip.events.register('post_run_cell', report)
-    ip._warmbox_hooks = True
-    reset()
-try:
-    _wb()
-except Exception:
-    pass
-]]
-
---- The one line prepended to a python cell when the kernel may not have the
--- hooks yet (idempotent: guarded by an attribute on `get_ipython()`).
-function _M.prelude_for(dir)
-  return "exec(__import__('base64').b64decode('"
-    .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))
-    .. "').decode(), {})"
-end
-_M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
-
--- ------------------------------------------------------------------
--- Helpers
--- ------------------------------------------------------------------
-
-local MIME = {
-  png = "image/png", jpg = "image/jpeg", jpeg = "image/jpeg", gif = "image/gif", svg = "image/svg+xml",
-  webp = "image/webp", pdf = "application/pdf", csv = "text/csv", txt = "text/plain", json = "application/json",
-  html = "text/html", htm = "text/html", md = "text/markdown", xml = "application/xml", zip = "application/zip",
-  xlsx = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-  docx = "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-  pptx = "application/vnd.openxmlformats-officedocument.presentationml.presentation",
-}
-local function mime_of(name)
-  local ext = name:match("%.([%w]+)$")
-  return ext and MIME[ext:lower()] or "application/octet-stream"
-end
-_M.mime_of = mime_of
-
---- Check an input file name: a plain name that lands in /home/user.
--- Names with a directory part ("a/b", "../../etc/x"), "." and ".." are refused
--- (not flattened), so nothing is written outside /home/user and no two inputs
--- silently collide.
--- @treturn[1] string the name
--- @return[2] nil, message
-function _M.check_file_name(name)
-  if type(name) ~= "string" or name == "" then
-    return nil, "input file name must be a non-empty string"
-  end
-  if name == "." or name == ".." or name:find("[/\\%z]") or #name > 255 then
-    return nil, string_format("input file name %q is not a plain file name (no '/', '\\', NUL, '.' or '..')", name)
-  end
-  return name
-end
+local check_file_name = outputs.check_file_name
 
 local function normalize_files(files)
   local list = {}
   if files == nil then return list end
-  if type(files) ~= "table" then
-    error("bad option 'files' to 'run' (table expected, got " .. type(files) .. ")", 3)
-  end
   if files[1] ~= nil then
     for i, f in ipairs(files) do
-      if type(f) ~= "table" then error("bad option 'files' to 'run' (entry " .. i .. " is not a table)", 3) end
+      if type(f) ~= "table" then bad_option(2, "run", "files", "entry " .. i .. " is not a table", 3) end
       local content = f.content or f.data
       if type(content) ~= "string" then
-        error("bad option 'files' to 'run' (entry " .. i .. " has no string content)", 3)
+        bad_option(2, "run", "files", "entry " .. i .. " has no string content", 3)
       end
       list[#list + 1] = { name = f.name, content = content }
     end
   else
     for name, content in pairs(files) do
       if type(content) ~= "string" then
-        error("bad option 'files' to 'run' (content of '" .. tostring(name) .. "' is not a string)", 3)
+        bad_option(2, "run", "files", "content of '" .. tostring(name) .. "' is not a string", 3)
       end
       list[#list + 1] = { name = name, content = content }
     end
     table_sort(list, function(a, b) return tostring(a.name) < tostring(b.name) end)
   end
   for _, f in ipairs(list) do
-    local ok, err = _M.check_file_name(f.name)
+    local ok, err = check_file_name(f.name)
     if not ok then return nil, err end
   end
   return list
 end
 
-local RUN_OPTS = { files = true, language = true, timeout = true, on_stdout = true, on_stderr = true,
-  on_result = true }
-
-local function copy_opts(opts, allowed, fname, level)
-  local out = {}
-  if opts == nil then return out end
-  if type(opts) ~= "table" then
-    error(string_format("bad argument #2 to '%s' (table expected, got %s)", fname, type(opts)), level + 1)
-  end
-  for k, v in pairs(opts) do
-    if not allowed[k] then
-      error(string_format("unknown option '%s' to '%s'", tostring(k), fname), level + 1)
-    end
-    out[k] = v
-  end
-  return out
-end
+local RUN_OPTS = { files = "table", language = "string", timeout = "number", on_stdout = "function",
+  on_stderr = "function", on_result = "function" }
 
 local function is_positive_number(v) return type(v) == "number" and v > 0 and v == v and v < math.huge end
 
 --- Checks the settings shared by `new` here and in warmbox (`exec_timeout`,
 -- `idle_timeout`, `max_run_length`, `max_output`, `max_files_bytes`) and
--- raises `bad option` errors naming `fname`. Missing values are allowed.
+-- raises `bad argument #argn to 'fname' (option 'k': ...)`. Missing values are allowed.
 -- @tparam table o the settings
 -- @tparam string fname the function named in the error
--- @tparam integer level passed to `error`
-function _M.check_settings(o, fname, level)
-  level = (level or 1) + 1
+-- @tparam integer argn the position of the options argument
+-- @tparam[opt=2] integer level as `error`'s, counted from the caller
+function _M.check_settings(o, fname, argn, level)
+  level = (level or 2) + 2
   local function bad(k, want)
-    error(string_format("bad option '%s' to '%s' (%s expected, got %s)", k, fname, want, tostring(o[k])), level + 1)
+    bad_option(argn, fname, k, want .. " expected, got " .. tostring(o[k]), level)
   end
   local mrl = o.max_run_length
   if mrl ~= nil and not (is_positive_number(mrl) and mrl <= _M.MAX_RUN_LENGTH_LIMIT) then
@@ -391,34 +146,22 @@ Session.__index = Session
 Session.__name = "warmbox.Session"
 _M.Session = Session
 
-local NEW_OPTS = { client = true, lock = true, lock_opts = true, clock = true, policy = true, template = true,
-  exec_timeout = true, idle_timeout = true, tag = true, env = true, actor = true, secret = true, hmac = true,
-  sha256 = true, on_event = true, origin = true, max_run_length = true, max_output = true, max_files_bytes = true,
-  parallel = true }
+local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts = "table", clock = "function",
+  policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
+  env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
+  origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
+  parallel = "function" }
 
--- Lock options: waits long enough for a run of the same session to finish;
--- a dead holder's lock expires (Redis) or is released by the kernel (file).
-local function lock_factory(lock, lock_opts, exec_timeout)
-  if type(lock) == "function" then return lock end
-  local module, opts
-  if type(lock) == "table" and type(lock.new) == "function" then
-    module, opts = lock, lock_opts or {}
-  else
-    module = require "warmbox.lock"
-    if lock == nil or type(lock) == "string" then
-      opts = { backend = lock or "file" }
-    elseif type(lock) == "table" then
-      opts = {}
-      for k, v in pairs(lock) do opts[k] = v end
-    else
-      error("bad option 'lock' (string, table or function expected, got " .. type(lock) .. ")", 4)
-    end
-    if opts.timeout == nil then opts.timeout = exec_timeout + 60 end
-    if opts.exptime == nil then opts.exptime = exec_timeout + 120 end
-  end
-  return function() return module.new(opts) end
+-- The lock module, required when a session first needs it (a session given
+-- its own lock function never loads warmbox.lock).
+local function locks() return require "warmbox.lock" end
+
+--- The lock options a session's lock gets unless given: it waits long enough
+-- for a run of the same session to finish; a dead holder's lock expires
+-- (Redis) or is released by the kernel (file).
+function _M.lock_defaults(exec_timeout)
+  return { timeout = exec_timeout + 60, exptime = exec_timeout + 120 }
 end
-_M.lock_factory = lock_factory
 
 --- Make a session object.
 -- @tparam string key the session key (any bytes)
@@ -440,8 +183,8 @@ function _M.new(key, opts)
     error("bad argument #1 to 'new' (non-empty string expected, got "
       .. (key == "" and "empty string" or type(key)) .. ")", 2)
   end
-  opts = copy_opts(opts, NEW_OPTS, "new", 2)
-  if type(opts.client) ~= "table" then error("bad option 'client' to 'new' (E2B client expected)", 2) end
+  opts = util.copy(check_options(opts, NEW_OPTS, "new", 2))
+  if type(opts.client) ~= "table" then bad_option(2, "new", "client", "E2B client expected") end
   local self = {
     key = key,
     client = opts.client,
@@ -461,24 +204,8 @@ function _M.new(key, opts)
     parallel = opts.parallel,
   }
   _M.check_settings(self, "new", 2)
-  if type(self.tag) ~= "string" or self.tag == "" then error("bad option 'tag' to 'new' (non-empty string)", 2) end
-  if type(self.clock) ~= "function" then error("bad option 'clock' to 'new' (function expected)", 2) end
-  local env = {}
-  if opts.env ~= nil then
-    if type(opts.env) ~= "table" then
-      error("bad option 'env' to 'new' (table expected, got " .. type(opts.env) .. ")", 2)
-    end
-    for k, v in pairs(opts.env) do
-      if type(k) ~= "string" or type(v) ~= "string" then
-        error("bad option 'env' to 'new' (string keys and values expected)", 2)
-      end
-      env[k] = v
-    end
-  end
-  self.env = env
-  if opts.actor ~= nil and type(opts.actor) ~= "string" then
-    error("bad option 'actor' to 'new' (string expected, got " .. type(opts.actor) .. ")", 2)
-  end
+  if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
+  self.env = opts.env and util.copy(opts.env) or {}
   if type(opts.policy) == "table" and opts.policy.name and opts.policy.order and opts.policy.lease
     and opts.policy.should_refresh and opts.policy.create_params and opts.policy.gc then
     self.policy = opts.policy
@@ -487,9 +214,13 @@ function _M.new(key, opts)
     if not p then error(perr, 2) end
     self.policy = p
   end
-  self.tag_value = _M.tag_value(key, { template = self.template, env = env, actor = opts.actor,
+  self.tag_value = tag_mod.tag_value(key, { template = self.template, env = self.env, actor = opts.actor,
     secret = opts.secret, hmac = opts.hmac, sha256 = opts.sha256 })
-  self.new_lock = lock_factory(opts.lock, opts.lock_opts, self.exec_timeout)
+  if type(opts.lock) == "function" then
+    self.new_lock = opts.lock
+  else
+    self.new_lock = locks().factory(opts.lock, _M.lock_defaults(self.exec_timeout), opts.lock_opts, "new", 2)
+  end
   return setmetatable(self, Session)
 end
 
@@ -532,7 +263,7 @@ function Session:_remember(st, sb, lease_end, run_started)
   end
   st.sandbox_id = sb.sandbox_id
   if sb.envd_access_token then st.access_token = sb.envd_access_token end
-  if sb.domain and sb.domain ~= cjson.null then st.domain = sb.domain end
+  if sb.domain and sb.domain ~= json.null then st.domain = sb.domain end
   if run_started then st.run_started = run_started end
   if st.run_started then lease_end = math.min(lease_end, st.run_started + self.max_run_length) end
   st.lease_end = lease_end
@@ -745,111 +476,7 @@ local function concat_chunks(t)
   return table_concat(t)
 end
 
-local function outputs_of(res)
-  if type(res) ~= "table" then return nil end
-  local v = type(res.extra) == "table" and res.extra[_M.OUTPUTS_MIME] or res[_M.OUTPUTS_MIME]
-  if type(v) == "string" then v = cjson.decode(v) end
-  if type(v) == "table" and type(v.files) == "table" then return v end
-  return nil
-end
-_M.outputs_of = outputs_of
-
-local function is_dir_entry(e)
-  return e.type == "dir" or e.type == "directory" or e.type == "FILE_TYPE_DIRECTORY"
-end
-
--- Adds one output file within the run's byte budget `cap` (a table with
--- `left`); a file past it is dropped (listed in `cap.dropped`).
-local function take_file(files, cap, name, size, mime, read)
-  if size > cap.left then
-    cap.dropped[#cap.dropped + 1] = { name = name, size = size }
-    return true
-  end
-  local data, err, code = read()
-  if not data then return nil, err, code end
-  if #data > cap.left then
-    cap.dropped[#cap.dropped + 1] = { name = name, size = #data }
-    return true
-  end
-  cap.left = cap.left - #data
-  files[#files + 1] = { name = name, content = data, mime = mime }
-  return true
-end
-
--- Files left in /home/user/output, over envd (languages without the hooks).
--- envd's listing is JSON: a name that is not UTF-8 comes back without a name
--- (warmboxd) or with U+FFFD in it (E2B's envd). Then the directory is listed
--- again by a command that prints each regular file's size and name bytes
--- (NUL-separated, base64), so such files come back under their real names.
-local LIST_CMD = "find " .. OUTPUT_DIR .. " -mindepth 1 -maxdepth 1 -type f -printf '%s %f\\0' | base64 -w 0"
-_M.LIST_CMD = LIST_CMD
-
-local function listing_lost_names(entries)
-  for _, e in ipairs(entries) do
-    if type(e) == "table" and (type(e.name) ~= "string" or e.name:find("\xEF\xBF\xBD", 1, true)) then return true end
-  end
-  return false
-end
-
-local function list_by_command(sbx)
-  local res, err, code = sbx:run_command(LIST_CMD, { timeout = 60 })
-  if not res then return nil, err, code end
-  if res.exit_code ~= 0 then
-    return nil, "list " .. OUTPUT_DIR .. ": exit status " .. tostring(res.exit_code) .. ": " .. tostring(res.stderr),
-      "HTTP"
-  end
-  local entries = {}
-  for size, name in b64_decode(res.stdout or ""):gmatch("(%d+) ([^\0]+)\0") do
-    entries[#entries + 1] = { name = name, size = tonumber(size), type = "file" }
-  end
-  return entries
-end
-
-local function collect_envd(sbx, cap)
-  local entries, err, code = sbx:list_dir(OUTPUT_DIR, 1)
-  if not entries then
-    if code == "NOT_FOUND" then return {} end
-    return nil, err, code
-  end
-  if listing_lost_names(entries) then
-    entries, err, code = list_by_command(sbx)
-    if not entries then return nil, err, code end
-  end
-  local files = {}
-  table_sort(entries, function(a, b) return tostring(a.name) < tostring(b.name) end)
-  for _, e in ipairs(entries) do
-    if type(e) == "table" and type(e.name) == "string" and not is_dir_entry(e) and e.type ~= "symlink"
-      and e.type ~= "FILE_TYPE_SYMLINK" then
-      local ok, rerr, rcode = take_file(files, cap, e.name, tonumber(e.size) or 0, mime_of(e.name),
-        function() return sbx:read_file(OUTPUT_DIR .. "/" .. e.name) end)
-      if not ok then return nil, rerr, rcode, files end
-    end
-  end
-  return files
-end
-
-local function files_from_report(sbx, report, cap)
-  local files = {}
-  for _, f in ipairs(report.files) do
-    if type(f) == "table" and type(f.name) == "string" then
-      -- The name's bytes as they are (a name that is not UTF-8 included).
-      local name = f.name
-      if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) end
-      local mime = type(f.mime) == "string" and f.mime or mime_of(name)
-      local content = f.b64
-      local ok, err, code
-      if type(content) == "string" then
-        content = b64_decode(content)
-        ok, err, code = take_file(files, cap, name, #content, mime, function() return content end)
-      else
-        ok, err, code = take_file(files, cap, name, tonumber(f.size) or 0, mime,
-          function() return sbx:read_file(OUTPUT_DIR .. "/" .. name) end)
-      end
-      if not ok then return nil, err, code, files end
-    end
-  end
-  return files
-end
+local outputs_of, collect_envd, files_from_report = outputs.outputs_of, outputs.collect_envd, outputs.files_from_report
 
 -- Whether a failed execute was refused before it was accepted (nothing can
 -- have reached the kernel): a 404/502 answer (run_code gives these codes only
@@ -891,7 +518,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local cell, with_prelude = code, false
   if python and st.hooked ~= info.sandbox_id then
-    cell, with_prelude = _M.PRELUDE .. "\n" .. code, true
+    cell, with_prelude = outputs.PRELUDE .. "\n" .. code, true
   end
   local report
   local user_on_result = opts.on_result
@@ -940,7 +567,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
   end
   local e = out.error
-  if e == cjson.null then e = nil end
+  if e == json.null then e = nil end
   return {
     stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
     error = e, results = results, files = out_files, files_error = files_error,
@@ -1090,50 +717,47 @@ end
 function Session:run(code, opts)
   if getmetatable(self) ~= Session then error("bad self to 'run' (warmbox.Session expected)", 2) end
   if type(code) ~= "string" then error("bad argument #1 to 'run' (string expected, got " .. type(code) .. ")", 2) end
-  opts = copy_opts(opts, RUN_OPTS, "run", 2)
+  opts = util.copy(check_options(opts, RUN_OPTS, "run", 2))
   if opts.timeout ~= nil and not (is_positive_number(opts.timeout) and opts.timeout <= self.max_run_length) then
-    error("bad option 'timeout' to 'run' (positive number of seconds up to max_run_length expected, got "
-      .. tostring(opts.timeout) .. ")", 2)
-  end
-  if opts.language ~= nil and type(opts.language) ~= "string" then
-    error("bad option 'language' to 'run' (string expected, got " .. type(opts.language) .. ")", 2)
-  end
-  for _, cb in ipairs({ "on_stdout", "on_stderr", "on_result" }) do
-    if opts[cb] ~= nil and type(opts[cb]) ~= "function" then
-      error("bad option '" .. cb .. "' to 'run' (function expected, got " .. type(opts[cb]) .. ")", 2)
-    end
+    bad_option(2, "run", "timeout", "positive number of seconds up to max_run_length expected, got "
+      .. tostring(opts.timeout))
   end
   local files, ferr = normalize_files(opts.files)
   if not files then return nil, ferr, "BAD_REQUEST" end
-  local lk = self.new_lock()
-  local _, lerr = lk:lock(self.tag_value)
-  if lerr then
-    if lk.close then pcall(lk.close, lk) end
-    if lerr == "timeout" then
-      return nil, string_format("session '%s' is busy (another run holds it)", self.key), "BUSY"
-    end
-    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), "LOCK"
-  end
   -- A run allowed to take longer than exec_timeout keeps its lock long enough.
   local run_timeout = opts.timeout or self.exec_timeout
-  if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
-    lk:expire(math.ceil(run_timeout) + 120)
-  end
-  local ok, r, err, ecode, detail = xpcall(self._run_locked, traceback, self, lk, code, opts, files)
+  local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
+    if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
+      lk:expire(math.ceil(run_timeout) + 120)
+    end
+    return self:_run_locked(lk, code, opts, files)
+  end)
   -- A failed unlock is reported with the run (the lock retries it itself).
-  local uok, uerr, ucode = lk:unlock()
-  if lk.close then pcall(lk.close, lk) end
-  if not ok then error(r, 0) end
-  if uok == nil then
-    local ue = { tostring(uerr), ucode }
+  if unlock_error then
     if r then
-      r.unlock_error = ue
+      r.unlock_error = unlock_error
     else
       detail = type(detail) == "table" and detail or {}
-      detail.unlock_error = ue
+      detail.unlock_error = unlock_error
     end
   end
   return r, err, ecode, detail
+end
+
+--- Runs `fn(lk)` holding the session's lock: the one place a session takes,
+-- releases and closes its lock (also when `fn` raises) and maps a lock
+-- failure to BUSY / LOCK.
+-- @treturn what `fn` returns (up to four values), then `{ msg, code }` when
+-- the unlock failed | nil, msg, "BUSY" | "LOCK"
+function Session:_with_lock(fn)
+  local lk = self.new_lock()
+  local guard <close> = locks().closing(lk) -- luacheck: ignore 211 (closed at scope exit)
+  local _, lerr = lk:lock(self.tag_value)
+  if lerr then return locks().failure("session '" .. self.key .. "'", lerr) end
+  local ok, r, err, ecode, detail = xpcall(fn, traceback, lk)
+  local uok, uerr, ucode = lk:unlock()
+  if not ok then error(r, 0) end
+  return r, err, ecode, detail, uok == nil and { tostring(uerr), ucode } or nil
 end
 
 --- Forget what this process and every process sharing the lock remember
@@ -1141,32 +765,18 @@ end
 -- @treturn[1] true
 -- @return[2] nil, message, "BUSY" | "LOCK"
 function Session:forget()
-  local lk = self.new_lock()
-  local _, lerr = lk:lock(self.tag_value)
-  if lerr then
-    if lk.close then pcall(lk.close, lk) end
-    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr),
-      lerr == "timeout" and "BUSY" or "LOCK"
-  end
-  lk:set_state(nil)
-  lk:unlock()
-  if lk.close then pcall(lk.close, lk) end
-  return true
+  local ok, err, code = self:_with_lock(function(lk)
+    lk:set_state(nil)
+    return true
+  end)
+  return ok, err, code
 end
 
 --- What the session remembers (a copy without the access token); takes the lock.
 function Session:state()
-  local lk = self.new_lock()
-  local _, lerr = lk:lock(self.tag_value)
-  if lerr then
-    if lk.close then pcall(lk.close, lk) end
-    return nil, "cannot lock session '" .. self.key .. "': " .. tostring(lerr), lerr == "timeout" and "BUSY" or "LOCK"
-  end
-  local st = _M.decode_state(lk:get_state())
-  lk:unlock()
-  if lk.close then pcall(lk.close, lk) end
-  st.access_token = nil
-  return st
+  local st, err, code = self:_with_lock(function(lk) return _M.decode_state(lk:get_state()) end)
+  if st then st.access_token = nil end
+  return st, err, code
 end
 
 return _M

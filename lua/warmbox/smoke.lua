@@ -23,7 +23,7 @@ local tostring, pcall, pairs = tostring, pcall, pairs
 local fmt = string.format
 local now, sleep = core.now, core.sleep
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- The step names, in order.
 _M.STEPS = { "cold start", "reuse hit", "output isolation", "idle pause", "resume with state", "gc" }

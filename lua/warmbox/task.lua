@@ -39,7 +39,7 @@ local co_create, co_resume, co_running, co_status, co_yield, co_close =
   coroutine.create, coroutine.resume, coroutine.running, coroutine.status, coroutine.yield, coroutine.close
 local table_pack, table_unpack, table_sort, string_format = table.pack, table.unpack, table.sort, string.format
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 -- What a task yields to its scheduler (anything else it yields is a plain
 -- "run me again next round").

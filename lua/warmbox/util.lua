@@ -1,6 +1,7 @@
 --- Small leaf helpers shared by warmbox's modules (no warmbox requires).
 -- @module warmbox.util
-local type, tonumber = type, tonumber
+local type, tonumber, pairs = type, tonumber, pairs
+local string_byte, string_char, table_concat = string.byte, string.char, table.concat
 
 local _M = {}
 
@@ -35,6 +36,62 @@ function _M.parse_time(s)
   local t = days_from_civil(Y, M, D) * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec) - off
   if frac ~= "" and frac ~= "." then t = t + tonumber("0" .. frac) end
   return t
+end
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local B64_DEC = {}
+for i = 1, 64 do B64_DEC[string_byte(B64, i)] = i - 1 end
+B64_DEC[string_byte("-")] = 62
+B64_DEC[string_byte("_")] = 63
+
+--- Standard (or URL-safe) base64 decoding; padding optional. The one base64
+-- of warmbox (the output report, Process streams, Connect payloads).
+-- @tparam string s
+-- @treturn string|nil nil when `s` holds a byte outside the alphabet
+function _M.b64_decode(s)
+  s = s:gsub("[%s=]", "")
+  local out, n = {}, 0
+  local len = #s
+  local i = 1
+  while i <= len do
+    local a, b, c, d = string_byte(s, i, i + 3)
+    local va, vb = B64_DEC[a], B64_DEC[b]
+    if va == nil or vb == nil then return nil end
+    local vc, vd = c and B64_DEC[c], d and B64_DEC[d]
+    if (c and vc == nil) or (d and vd == nil) then return nil end
+    local v = va * 262144 + vb * 4096 + (vc or 0) * 64 + (vd or 0)
+    n = n + 1
+    if d then
+      out[n] = string_char(v >> 16, (v >> 8) & 255, v & 255)
+    elseif c then
+      out[n] = string_char(v >> 16, (v >> 8) & 255)
+    else
+      out[n] = string_char(v >> 16)
+    end
+    i = i + 4
+  end
+  return table_concat(out)
+end
+
+--- Standard base64 encoding with padding.
+-- @tparam string s
+-- @treturn string
+function _M.b64_encode(s)
+  return (s:gsub("..?.?", function(c)
+    local a, b, cc = string_byte(c, 1, 3)
+    local n = a * 65536 + (b or 0) * 256 + (cc or 0)
+    local function at(i) return B64:sub(i + 1, i + 1) end
+    return at(n >> 18) .. at((n >> 12) & 63) .. (b and at((n >> 6) & 63) or "=") .. (cc and at(n & 63) or "=")
+  end))
+end
+
+--- A shallow copy of a table.
+-- @tparam table t
+-- @treturn table
+function _M.copy(t)
+  local out = {}
+  for k, v in pairs(t) do out[k] = v end
+  return out
 end
 
 return _M

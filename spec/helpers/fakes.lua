@@ -14,6 +14,14 @@ function M.hash(s)
   return string.format("%08x%08x%08x%08x", h1, h2, (h1 ~ h2) % 4294967296, (h1 + h2) % 4294967296)
 end
 
+--- The version CMakeLists.txt declares (what the real core reports), for fake cores.
+M.VERSION = (function()
+  local f = assert(io.open("CMakeLists.txt", "rb"))
+  local v = f:read("a"):match("project%(warmbox%s+VERSION%s+([%d%.]+)")
+  f:close()
+  return assert(v, "no version in CMakeLists.txt")
+end)()
+
 --- A stand-in for core.hmac_sha256(key, s).
 function M.hmac(k, s)
   return M.hash(k .. "\0" .. s)

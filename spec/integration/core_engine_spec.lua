@@ -360,7 +360,7 @@ describe("warmbox.Engine against warmboxd", function()
         if i < #frames then
           assert.equals(0, flags[i])
           local so = f.event and f.event.data and f.event.data.stdout
-          if so then out[#out + 1] = require("warmbox.e2b").base64_decode(so) end
+          if so then out[#out + 1] = require("warmbox.util").b64_decode(so) end
         end
       end
       assert.equals(2, flags[#flags])         -- the end-of-stream envelope

@@ -90,15 +90,6 @@ local function handle(c, req, conn_id)
     send(c, 200, { ["Transfer-Encoding"] = "chunked" })
     for i = 1, 100 do chunk(c, '{"i":' .. i .. '}\n') end
     c:send("0\r\n\r\n")
-  elseif path == "/pages" then
-    local page = tonumber((q.nextToken or "t0"):match("^t(%d+)$") or -1)
-    if page < 0 then
-      send(c, 400, {}, '{"code":400,"message":"Invalid next token"}')
-      return true
-    end
-    local h = { ["Content-Type"] = "application/json" }
-    if page < 4 then h["X-Next-Token"] = "t" .. (page + 1) end
-    send(c, 200, h, cjson.encode({ page = page, limit = q.limit }))
   elseif path == "/big" then
     send(c, 200, {}, string.rep("0123456789", 100000))
   elseif path == "/status" then
@@ -479,39 +470,6 @@ describe("warmbox.Http against a raw server", function()
       local out = h:batch({ { url = srv.url .. "/hello", retry = { attempts = 3, base = 0.001 } } })
       assert.equals(200, out[1][1].status)
       assert.equals(2, out[1][1].attempts)
-    end)
-  end)
-
-  describe(":pages()", function()
-    it("follows X-Next-Token to the last page", function()
-      local seen, tokens = {}, {}
-      for body, token in h:pages{ url = srv.url .. "/pages?limit=2" } do
-        local t = cjson.decode(body)
-        seen[#seen + 1] = t.page
-        assert.equals("2", t.limit)
-        tokens[#tokens + 1] = token or "none"
-      end
-      assert.same({ 0, 1, 2, 3, 4 }, seen)
-      assert.same({ "none", "t1", "t2", "t3", "t4" }, tokens)
-    end)
-
-    it("starts from a given token", function()
-      local seen = {}
-      for body in h:pages{ url = srv.url .. "/pages", next_token = "t3" } do
-        seen[#seen + 1] = cjson.decode(body).page
-      end
-      assert.same({ 3, 4 }, seen)
-    end)
-
-    it("gives the failing token and the response on an HTTP error", function()
-      local it = h:pages{ url = srv.url .. "/pages", next_token = "bogus" }
-      local ok, msg, code, token, res = it()
-      assert.equals(false, ok)
-      assert.equals("HTTP", code)
-      assert.equals("bogus", token)
-      assert.equals(400, res.status)
-      assert.equals("http status 400", msg)
-      assert.is_nil(it())
     end)
   end)
 end)

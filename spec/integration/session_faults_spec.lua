@@ -5,7 +5,7 @@
 -- conversation's state, refusals are retried, timeouts say whether the cell
 -- started, and outputs are capped.
 local sessions = require "spec.helpers.sessions"
-local e2b = require "warmbox.e2b"
+local sandbox_mod = require "warmbox.e2b.sandbox"
 
 describe("sessions under faults (warmboxd)", function()
   local env = sessions.new()
@@ -282,12 +282,12 @@ describe("sessions under faults (warmboxd)", function()
 
     it("says started = false when the run timed out before the cell started", function()
       local s, id = warm("faults:timeout-before")
-      local grace = e2b.EXEC_GRACE
-      e2b.EXEC_GRACE = 0.5
+      local grace = sandbox_mod.EXEC_GRACE
+      sandbox_mod.EXEC_GRACE = 0.5
       srv:fault{ route = "interp POST /execute", count = 1, delay_ms = 2500 }
       local code, mark = cell()
       local r, _, ecode, detail = s:run(code, { timeout = 1 })
-      e2b.EXEC_GRACE = grace
+      sandbox_mod.EXEC_GRACE = grace
       assert.is_nil(r)
       assert.equal("TIMEOUT", ecode)
       assert.is_false(detail.started)

@@ -58,10 +58,12 @@ describe("warmbox.Engine", function()
 
   describe("options and arguments", function()
     it("checks the engine options", function()
-      assert.has_error(function() core.engine{ nope = 1 } end, "unknown engine option 'nope'")
+      assert.has_error(function() core.engine{ nope = 1 } end,
+        "bad argument #1 to 'engine' (unknown option 'nope')")
       assert.has_error(function() core.engine{ max_buffered = "x" } end,
-        "engine option 'max_buffered' must be a number")
-      assert.has_error(function() core.engine{ max_buffered = 0 } end, "engine option 'max_buffered' must be >= 1")
+        "bad argument #1 to 'engine' (option 'max_buffered': number expected, got string)")
+      assert.has_error(function() core.engine{ max_buffered = 0 } end,
+        "bad argument #1 to 'engine' (option 'max_buffered': a number >= 1 expected)")
       assert.has_error(function() core.engine(5) end)
       core.engine{ max_buffered = 10 }:close()
     end)
@@ -71,14 +73,15 @@ describe("warmbox.Engine", function()
       local h <close> = core.http{}
       assert.has_error(function() eng:start({}, { url = REFUSED }) end)
       assert.has_error(function() eng:start(h) end)
-      assert.has_error(function() eng:start(h, {}) end, "request option 'url' is required")
-      assert.has_error(function() eng:start(h, { url = REFUSED, bogus = 1 }) end, "unknown request option 'bogus'")
+      assert.has_error(function() eng:start(h, {}) end, "bad argument #2 to 'start' (option 'url' is required)")
+      assert.has_error(function() eng:start(h, { url = REFUSED, bogus = 1 }) end,
+        "bad argument #2 to 'start' (unknown option 'bogus')")
       assert.has_error(function() eng:start(h, { url = REFUSED, stream = "xml" }) end,
-        'request option \'stream\' must be "lines" or "connect"')
+        'bad argument #2 to \'start\' (option \'stream\': "lines" or "connect" expected)')
       assert.has_error(function() eng:start(h, { url = REFUSED, stream = "lines", on_chunk = print }) end,
-        "request option 'on_chunk' is not used by the engine (read tr:frames())")
+        "bad argument #2 to 'start' (option 'on_chunk' is not used by the engine (read tr:frames()))")
       assert.has_error(function() eng:start(h, { url = REFUSED, on_chunk = print }) end,
-        "request option 'on_chunk' needs 'stream'")
+        "bad argument #2 to 'start' (option 'on_chunk' needs 'stream')")
       h:close()
       assert.has_error(function() eng:start(h, { url = REFUSED }) end, "attempt to use a closed warmbox.Http")
       assert.equals(0, eng:pending())

@@ -23,29 +23,8 @@ local function fake_core()
     if r.fail then return nil, r.fail[1], r.fail[2], r.fail[3] end
     return { status = r.status or 200, headers = r.headers or {}, body = r.body or "", attempts = 1 }
   end
-  function Http:pages(o) -- luacheck: ignore self
-    local token, done = o.next_token, false
-    return function()
-      if done then return nil end
-      local url = o.url
-      if token then url = url .. (url:find("?", 1, true) and "&" or "?") .. "nextToken=" .. token end
-      local res, msg, code = self:request{ method = "GET", url = url, headers = o.headers }
-      local used = token
-      if not res then
-        done = true
-        return false, msg, code, used
-      end
-      if res.status < 200 or res.status > 299 then
-        done = true
-        return false, "http status " .. res.status, "HTTP", used, res
-      end
-      token = res.headers["x-next-token"]
-      if not token then done = true end
-      return res.body, used, res
-    end
-  end
   function Http:close() end -- luacheck: ignore self
-  fake.core = { _VERSION = "0.1.0", http = function(opts)
+  fake.core = { _VERSION = require("spec.helpers.fakes").VERSION, http = function(opts)
     fake.http_opts = opts
     return setmetatable({}, Http)
   end }
@@ -55,6 +34,7 @@ end
 local function load(fake)
   package.loaded["warmbox.core"] = fake.core
   package.loaded["warmbox.e2b"] = nil
+  package.loaded["warmbox.e2b.sandbox"] = nil
   return require "warmbox.e2b"
 end
 
@@ -74,10 +54,12 @@ insulate("warmbox.e2b", function()
 
   describe("new()", function()
     it("rejects unknown options and wrong types", function()
-      assert.has_error(function() e2b.new{ api_key = KEY, nope = 1 } end)
-      assert.has_error(function() e2b.new{ api_key = 1 } end, "option 'api_key' must be a string, got number")
+      assert.has_error(function() e2b.new{ api_key = KEY, nope = 1 } end,
+        "bad argument #1 to 'new' (unknown option 'nope')")
+      assert.has_error(function() e2b.new{ api_key = 1 } end,
+        "bad argument #1 to 'new' (option 'api_key': string expected, got number)")
       assert.has_error(function() e2b.new{ api_key = KEY, retries = "3" } end,
-        "option 'retries' must be a number, got string")
+        "bad argument #1 to 'new' (option 'retries': number expected, got string)")
       assert.has_error(function() e2b.new("x") end, "bad argument #1 to 'new' (table expected, got string)")
     end)
 
@@ -203,10 +185,13 @@ insulate("warmbox.e2b", function()
     end)
 
     it("raises on misuse", function()
-      assert.has_error(function() c:create{ tmpl = "x" } end)
-      assert.has_error(function() c:create{ metadata = { a = 1 } } end, "option 'metadata' must map strings to strings")
-      assert.has_error(function() c:create{ lifecycle = { on_timeout = "pause", resume = true } } end)
-      assert.has_error(function() c:create{ timeout = "5" } end, "option 'timeout' must be a number, got string")
+      assert.has_error(function() c:create{ tmpl = "x" } end, "bad argument #1 to 'create' (unknown option 'tmpl')")
+      assert.has_error(function() c:create{ metadata = { a = 1 } } end,
+        "bad argument #1 to 'create' (option 'metadata': a table of strings to strings expected)")
+      assert.has_error(function() c:create{ lifecycle = { on_timeout = "pause", resume = true } } end,
+        "bad argument #1 to 'create' (unknown option 'lifecycle.resume')")
+      assert.has_error(function() c:create{ timeout = "5" } end,
+        "bad argument #1 to 'create' (option 'timeout': number expected, got string)")
     end)
 
     it("maps errors with status and E2B's message", function()
@@ -294,11 +279,25 @@ insulate("warmbox.e2b", function()
       assert.equals(1, #items)
       assert.equals(false, used)
       assert.equals("n1", nxt)
+      -- a page resumed from a token: the token is escaped into the query, the retry policy kept
+      push{ body = cjson.encode({ item("b") }) }
+      it = c:list_pages{ limit = 1, next_token = "a/b+c=" }
+      items, used, nxt = it()
+      assert.equals("b", items[1].sandbox_id)
+      assert.equals("a/b+c=", used)
+      assert.is_nil(nxt)
+      assert.equals("http://api.test/v2/sandboxes?limit=1&nextToken=a%2Fb%2Bc%3D", last().url)
+      assert.equals("GET", last().method)
+      assert.is_nil(it())
     end)
 
     it("raises on misuse", function()
-      assert.has_error(function() c:list{ states = "running" } end)
-      assert.has_error(function() c:list{ limit = "10" } end, "option 'limit' must be a number, got string")
+      assert.has_error(function() c:list{ states = "running" } end,
+        "bad argument #1 to 'list' (unknown option 'states')")
+      assert.has_error(function() c:list{ limit = "10" } end,
+        "bad argument #1 to 'list' (option 'limit': number expected, got string)")
+      assert.has_error(function() c:list_all{ state = { 1 } } end,
+        "bad argument #1 to 'list_all' (option 'state': a list of strings expected)")
     end)
   end)
 
@@ -469,7 +468,7 @@ insulate("warmbox.e2b", function()
     local function env(flags, t)
       return { cjson.encode(t), flags }
     end
-    local function b64(x) return e2b.base64_encode(x) end
+    local function b64(x) return require("warmbox.util").b64_encode(x) end
 
     it("run_command collects and streams output from Process.Start", function()
       push{ frames = {
@@ -563,7 +562,7 @@ insulate("warmbox.e2b", function()
       -- the run's timeout travels in the body: the server interrupts the cell then
       assert.same({ code = "print('hi')", language = "python", env_vars = { A = "1" }, timeout = 300 },
         cjson.decode(req.body))
-      assert.equals(300 + e2b.EXEC_GRACE, req.timeout)
+      assert.equals(300 + require("warmbox.e2b.sandbox").EXEC_GRACE, req.timeout)
       -- only a refusal (429/503 before any byte) is retried; never a 502 or 500
       assert.same({ 429, 503 }, req.retry.refused)
       assert.same({}, req.retry.statuses)
@@ -668,7 +667,7 @@ insulate("warmbox.e2b", function()
       assert.equals("NOT_FOUND", code)
       assert.truthy(msg:find("context abc not found", 1, true))
       assert.has_error(function() s:run_code("1", { language = "python", context_id = "x" }) end,
-        "options 'language' and 'context_id' are mutually exclusive")
+        "bad argument #2 to 'run_code' (options 'language' and 'context_id' are mutually exclusive)")
       assert.has_error(function() s:run_code(1) end)
       assert.has_error(function() s:run_code("1", { on_stdout = 1 }) end)
     end)
@@ -696,8 +695,8 @@ end)
 describe("warmbox.e2b environment defaults", function()
   local function run(env, code)
     local cmd = ("env -u E2B_API_KEY -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_DOMAIN %s lua5.4 -e %q 2>&1"):format(
-      env, "package.path = 'lua/?.lua;' .. package.path; package.cpath = " .. ("%q"):format(package.cpath)
-        .. " .. ';' .. package.cpath; " .. code)
+      env, "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; package.cpath = "
+        .. ("%q"):format(package.cpath) .. " .. ';' .. package.cpath; " .. code)
     local p = assert(io.popen(cmd))
     local out = p:read("a")
     p:close()

@@ -3,6 +3,7 @@
 -- luacheck: ignore 212
 local gc = require "warmbox.gc"
 local lock = require "warmbox.lock"
+local fake_e2b = require "spec.helpers.fake_e2b"
 
 local TAG = "warmboxSessionId"
 local NOW = gc.parse_time("2026-11-29T12:00:00Z")
@@ -14,49 +15,8 @@ end
 
 local function fake_client(items, o)
   o = o or {}
-  local c = { calls = {}, items = items, info_over = {}, batches = {} }
-  local by_id = {}
-  for _, it in ipairs(items) do by_id[it.sandbox_id] = it end
-  local function rec(...) c.calls[#c.calls + 1] = table.concat({ ... }, " ") end
-  function c:list(opts)
-    rec("list", table.concat(opts.state, ","), opts.metadata and next(opts.metadata) or "")
-    local i = 0
-    return function()
-      i = i + 1
-      if o.list_error and i == o.list_error then return false, "list sandboxes: boom", "HTTP" end
-      return items[i]
-    end
-  end
-  function c:info(id)
-    rec("info", id)
-    local over = c.info_over[id]
-    if over == "gone" then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
-    if over then return over end
-    return by_id[id]
-  end
-  function c:kill(id)
-    rec("kill", id)
-    return true
-  end
-  function c:pause(id, po)
-    rec("pause", id, tostring(po and po.memory))
-    return true
-  end
-  function c:connect(id)
-    rec("connect", id)
-    return { sandbox_id = id }
-  end
-  if o.kill_many then
-    function c:kill_many(ids, ko)
-      c.batches[#c.batches + 1] = { n = #ids, concurrency = ko.concurrency }
-      local out = {}
-      for i, id in ipairs(ids) do
-        rec("kill", id)
-        out[i] = { true }
-      end
-      return out
-    end
-  end
+  local c = fake_e2b.new{ clock = function() return NOW end, items = items, kill_many = o.kill_many }
+  c.fail.list_at = o.list_error
   return c
 end
 
@@ -66,13 +26,7 @@ local function sb(id, state, tv, started, ended, md)
            end_at = iso(ended or started + 300), template_id = "base" }
 end
 
-local function calls_of(c, what)
-  local t = {}
-  for _, s in ipairs(c.calls) do
-    if s:match("^" .. what .. " ") then t[#t + 1] = s end
-  end
-  return t
-end
+local function calls_of(c, what) return c:calls_of(what) end
 
 local max_age_policy = {
   gc = function(item, ctx)
@@ -224,7 +178,7 @@ describe("warmbox.gc", function()
       assert.equal(2, report.killed)
       assert.equal(1, report.kept)
       assert.equal(2, #report.actions)
-      assert.same({ "list running,paused " }, c.calls)
+      assert.same({ "list running,paused " }, c.log)
     end)
 
     it("counts a policy error as POLICY and goes on", function()
@@ -327,11 +281,11 @@ describe("warmbox.gc", function()
       assert.has_error(function() gc.run() end, "bad argument #1 to 'run' (table expected, got nil)")
       assert.has_error(function() gc.run{ client = fake_client{}, bogus = 1 } end,
         "bad argument #1 to 'run' (unknown option 'bogus')")
-      assert.has_error(function() gc.run{} end, "bad argument #1 to 'run' (option 'client' must be an e2b client)")
+      assert.has_error(function() gc.run{} end, "bad argument #1 to 'run' (option 'client': an e2b client expected)")
       assert.has_error(function() gc.run{ client = fake_client{}, concurrency = 0 } end,
-        "bad argument #1 to 'run' (option 'concurrency' must be a positive integer)")
+        "bad argument #1 to 'run' (option 'concurrency': a positive integer expected)")
       assert.has_error(function() gc.run{ client = fake_client{}, policy = {} } end,
-        "bad argument #1 to 'run' (option 'policy' must be a table with a 'gc' function)")
+        "bad argument #1 to 'run' (option 'policy': a table with a 'gc' function expected)")
       assert.has_error(function() gc.run{ client = fake_client{}, lock = { backend = "nope" } } end,
         "bad argument #1 to 'new' (unknown backend 'nope')")
     end)
@@ -345,6 +299,7 @@ describe("warmbox.gc", function()
         -- what a loose server-side filter could return: a longer value
         sb("r3", "running", "conv-10", NOW - 60),
       }
+      c.loose = true -- the fake lists r3 for a filter on "conv-1"
       local lk = lock.new{ backend = "memory" }
       assert(lk:lock("conv-1"))
       lk:set_state('{"v":1,"sandbox_id":"r1"}')
@@ -365,14 +320,14 @@ describe("warmbox.gc", function()
       local ok, err, code = gc.release{ client = c, tag_value = "conv-2", lock = memlock }
       holder:unlock()
       assert.is_nil(ok)
-      assert.equal("session 'conv-2' is busy", err)
+      assert.equal("session 'conv-2' is busy (another run holds it)", err)
       assert.equal("BUSY", code)
       assert.same({}, calls_of(c, "kill"))
     end)
 
     it("raises on misuse", function()
       assert.has_error(function() gc.release{ client = fake_client{} } end,
-        "bad argument #1 to 'release' (option 'tag_value' must be a non-empty string)")
+        "bad argument #1 to 'release' (option 'tag_value': a non-empty string expected)")
     end)
   end)
 end)

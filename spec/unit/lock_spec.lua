@@ -27,24 +27,24 @@ describe("warmbox.lock", function()
       assert.has_error(function() lock.new("file") end, "bad argument #1 to 'new' (table expected, got string)")
       assert.has_error(function() lock.new{ bogus = 1 } end, "bad argument #1 to 'new' (unknown option 'bogus')")
       assert.has_error(function() lock.new{ timeout = "1" } end,
-        "bad argument #1 to 'new' (option 'timeout' must be a number, got string)")
+        "bad argument #1 to 'new' (option 'timeout': number expected, got string)")
       assert.has_error(function() lock.new{ backend = "etcd" } end, "bad argument #1 to 'new' (unknown backend 'etcd')")
       assert.has_error(function() lock.new{ redis = { hots = "x" } } end,
         "bad argument #1 to 'new' (unknown option 'redis.hots')")
       assert.has_error(function() lock.new{ exptime = 0 } end,
-        "bad argument #1 to 'new' (option 'exptime' must be > 0 and finite)")
+        "bad argument #1 to 'new' (option 'exptime': a number > 0 and finite expected)")
       assert.has_error(function() lock.new{ exptime = math.huge } end,
-        "bad argument #1 to 'new' (option 'exptime' must be > 0 and finite)")
+        "bad argument #1 to 'new' (option 'exptime': a number > 0 and finite expected)")
       assert.has_error(function() lock.new{ timeout = 0 / 0 } end,
-        "bad argument #1 to 'new' (option 'timeout' must be >= 0 and finite)")
+        "bad argument #1 to 'new' (option 'timeout': a number >= 0 and finite expected)")
       assert.has_error(function() lock.new{ ratio = 0.5 } end,
-        "bad argument #1 to 'new' (option 'ratio' must be >= 1 and finite)")
+        "bad argument #1 to 'new' (option 'ratio': a number >= 1 and finite expected)")
       assert.has_error(function() lock.new{ ttl = 0 } end,
-        "bad argument #1 to 'new' (option 'ttl' must be in [0.05, 86400])")
+        "bad argument #1 to 'new' (option 'ttl': a number in [0.05, 86400] expected)")
       assert.has_error(function() lock.new{ ticket_ttl = 0.5 } end,
-        "bad argument #1 to 'new' (option 'ticket_ttl' must be in [2 x max_step, 86400])")
+        "bad argument #1 to 'new' (option 'ticket_ttl': a number in [2 x max_step, 86400] expected)")
       assert.has_error(function() lock.new{ keeper = 1 } end,
-        "bad argument #1 to 'new' (option 'keeper' must be a boolean, got number)")
+        "bad argument #1 to 'new' (option 'keeper': boolean expected, got number)")
       assert.has_error(function() lock.new{ backend = "memory" }:lock(42) end,
         "bad argument #1 to 'lock' (string expected, got number)")
       assert.has_error(function() lock.new{ backend = "memory" }:set_state(1) end,
@@ -448,5 +448,52 @@ describe("warmbox.lock", function()
       assert.is_true(c:try_lock())
       c:close()
     end)
+  end)
+end)
+
+describe("warmbox.lock as a resource", function()
+  it("factory: one maker of lock objects from every spec a caller may give", function()
+    local made = lock.factory("memory", { timeout = 7, exptime = 9 })()
+    assert.equal("memory", made.backend)
+    assert.equal(7, made.timeout)
+    assert.equal(9, made.exptime)
+    assert.equal(1, lock.factory({ backend = "memory", timeout = 1 }, { timeout = 7 })().timeout)
+    local fn = function() return made end
+    assert.equal(fn, lock.factory(fn))
+    local got
+    local module = { new = function(o) got = o return made end }
+    assert.equal(made, lock.factory(module, nil, { x = 1 })())
+    assert.same({ x = 1 }, got)
+    assert.has_error(function() lock.factory(42, nil, nil, "run") end,
+      "bad argument #1 to 'run' (option 'lock': string, table or function expected, got number)")
+    -- options are checked when the factory is made, not at the first lock
+    assert.has_error(function() lock.factory({ backend = "nfs" }) end,
+      "bad argument #1 to 'new' (unknown backend 'nfs')")
+  end)
+
+  it("failure: timeout is BUSY, anything else LOCK", function()
+    assert.same({ nil, "session 'k' is busy (another run holds it)", "BUSY" },
+      { lock.failure("session 'k'", "timeout") })
+    assert.same({ nil, "cannot lock session 'k': connection refused", "LOCK" },
+      { lock.failure("session 'k'", "connection refused") })
+  end)
+
+  it("closing: <close> releases a warmbox lock, and a plain object through its close", function()
+    local lk = lock.new{ backend = "memory", timeout = 0 }
+    do
+      local guard <close> = lock.closing(lk) -- luacheck: ignore 211
+      assert.truthy(lk:lock("res-1"))
+    end
+    assert.is_nil(lk:key())
+    assert.truthy(lock.new{ backend = "memory", timeout = 0 }:lock("res-1"))
+    local closed = 0
+    local plain = { close = function() closed = closed + 1 end }
+    do
+      local guard <close> = lock.closing(plain) -- luacheck: ignore 211
+    end
+    assert.equal(1, closed)
+    do
+      local guard <close> = lock.closing({}) -- luacheck: ignore 211 (no close at all: nothing to call)
+    end
   end)
 end)

@@ -15,9 +15,12 @@ describe("warmbox.policy", function()
     end)
 
     it("raises on unknown fields and wrong types", function()
-      assert.has_error(function() policy.merge{ shoud_refresh = function() end } end)
+      assert.has_error(function() policy.merge{ shoud_refresh = function() end } end,
+        "bad argument #1 to 'merge' (unknown option 'shoud_refresh')")
       assert.has_error(function() policy.merge{ lease = 42 } end,
-        "policy field 'lease' must be a function, got number")
+        "bad argument #1 to 'merge' (option 'lease': function expected, got number)")
+      assert.has_error(function() policy.merge{ schema = {} } end,
+        "bad argument #1 to 'merge' (unknown option 'schema')")
       assert.has_error(function() policy.merge(nil) end, "bad argument #1 to 'merge' (table expected, got nil)")
     end)
   end)
@@ -76,7 +79,7 @@ describe("warmbox.policy", function()
       assert.equal("POLICY", code)
       p, err, code = policy.load("return { leese = function() end }")
       assert.is_nil(p)
-      assert.matches("unknown policy field 'leese'", err)
+      assert.equal("bad argument #1 to 'merge' (unknown option 'leese')", err)
       assert.equal("POLICY", code)
     end)
   end)

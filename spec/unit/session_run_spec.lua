@@ -2,175 +2,10 @@
 -- the reference's seven resolve cases, remembered state, retries, outputs.
 local session = require "warmbox.session"
 
-local MIME = session.OUTPUTS_MIME
-
 local fakes = require "spec.helpers.fakes"
+local fake_e2b = require "spec.helpers.fake_e2b"
 local fake_hash = fakes.hash
 local fake_hmac = fakes.hmac
-
--- A fake E2B client: sandboxes in a table, every call recorded.
-local function new_client(clock)
-  local c = { calls = {}, sb = {}, seq = 0, fail = {}, loose = false, exec = nil }
-  local function rec(name, ...) c.calls[#c.calls + 1] = { name, ... } end
-  function c:count(name)
-    local n = 0
-    for _, call in ipairs(self.calls) do if call[1] == name then n = n + 1 end end
-    return n
-  end
-  function c:ids(name)
-    local out = {}
-    for _, call in ipairs(self.calls) do if call[1] == name then out[#out + 1] = call[2] end end
-    return out
-  end
-  function c:add(id, tagvalue, state, extra_md)
-    local md = { warmboxSessionId = tagvalue }
-    for k, v in pairs(extra_md or {}) do md[k] = v end
-    self.sb[id] = { sandbox_id = id, metadata = md, state = state or "running", lease_end = clock() + 10,
-      output = {}, hooked = false }
-    self.order = self.order or {}
-    table.insert(self.order, 1, id)
-  end
-  function c:list_all(o)
-    rec("list", o)
-    if self.fail.list then return nil, "list failed", self.fail.list end
-    local out = {}
-    for _, id in ipairs(self.order or {}) do
-      local s = self.sb[id]
-      if s and not s.killed then
-        local ok = true
-        for k, v in pairs(o.metadata or {}) do
-          local have = s.metadata[k]
-          if self.loose then
-            ok = ok and have ~= nil and have:sub(1, #v) == v
-          else
-            ok = ok and have == v
-          end
-        end
-        if ok then out[#out + 1] = { sandbox_id = id, metadata = s.metadata, state = s.state } end
-      end
-    end
-    return out
-  end
-  function c:connect(id, o)
-    rec("connect", id, o.timeout)
-    local s = self.sb[id]
-    local cf = self.fail.connect and self.fail.connect[id]
-    if cf then return nil, "connect failed", cf == true and "HTTP" or cf end
-    if not s or s.killed then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
-    local resumed = s.state == "paused"
-    s.state = "running"
-    s.lease_end = math.max(s.lease_end, clock() + o.timeout)
-    return { sandbox_id = id, envd_access_token = "tok-" .. id }, resumed
-  end
-  function c:pause(id)
-    rec("pause", id)
-    local s = self.sb[id]
-    if not s or s.killed then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
-    if s.state == "paused" then return false end
-    s.state = "paused"
-    return true
-  end
-  function c:set_timeout(id, t)
-    rec("set_timeout", id, t)
-    local tf = self.fail.set_timeout and self.fail.set_timeout[id]
-    if tf then return nil, "timeout failed", tf == true and "HTTP" or tf end
-    self.sb[id].lease_end = clock() + t
-    return true
-  end
-  function c:kill(id)
-    rec("kill", id)
-    local s = self.sb[id]
-    if not s or s.killed then return false end
-    s.killed = true
-    return true
-  end
-  function c:create(p)
-    rec("create", p)
-    if self.fail.create then return nil, "create failed", self.fail.create end
-    self.seq = self.seq + 1
-    local id = "new" .. self.seq
-    self:add(id, p.metadata.warmboxSessionId, "running")
-    self.sb[id].metadata = p.metadata
-    self.sb[id].lease_end = clock() + p.timeout
-    self.sb[id].env = p.env_vars
-    return { sandbox_id = id, envd_access_token = "tok-" .. id }
-  end
-  function c:sandbox(sb, o)
-    local client = self
-    local h = { id = sb.sandbox_id, token = o.access_token }
-    function h.write_files(_, list)
-      rec("write_files", h.id, list)
-      local s = client.sb[h.id]
-      s.files = s.files or {}
-      for _, f in ipairs(list) do s.files[f.path] = f.data end
-      return list
-    end
-    function h.read_file(_, path)
-      rec("read_file", h.id, path)
-      local name = path:match("^/home/user/output/(.+)$")
-      local s = client.sb[h.id]
-      if client.fail.read then return nil, "read failed", client.fail.read end
-      if name and s.output[name] then return s.output[name] end
-      return nil, "not found", "NOT_FOUND"
-    end
-    function h.list_dir(_, path)
-      rec("list_dir", h.id, path)
-      local out = {}
-      for name in pairs(client.sb[h.id].output) do out[#out + 1] = { name = name, type = "file" } end
-      return out
-    end
-    function h.remove(_, path)
-      rec("remove", h.id, path)
-      client.sb[h.id].output = {}
-      return true
-    end
-    function h.make_dir(_, path)
-      rec("make_dir", h.id, path)
-      return true
-    end
-    function h.run_code(_, code, ro)
-      rec("run_code", h.id, code, ro)
-      local s = client.sb[h.id]
-      if not s or s.killed or s.state ~= "running" then
-        return nil, "the sandbox was not found", "SANDBOX_GONE", { status = 502, started = false, sent = true }
-      end
-      if client.fail.run then
-        local f = table.remove(client.fail.run, 1)
-        if f then
-          if f.before_run then f.before_run(s) end
-          return nil, f[1], f[2], f[3] or (f[2] == "SANDBOX_GONE" and { status = 502, started = false } or {})
-        end
-      end
-      local python = (ro.language or "python") == "python"
-      if python and code:find(session.PRELUDE, 1, true) == 1 then
-        if not s.hooked then s.output = {} end -- the prelude's own reset
-        s.hooked = true
-        code = code:sub(#session.PRELUDE + 2)
-      elseif python and s.hooked then
-        s.output = {} -- pre_run_cell
-      end
-      local out = { stdout = {}, stderr = {}, results = {} }
-      if client.exec then client.exec(s, code, out) end
-      for _, t in ipairs(out.stdout) do if ro.on_stdout then ro.on_stdout(t) end end
-      for _, r in ipairs(out.results) do if ro.on_result then ro.on_result(r) end end
-      if python and s.hooked then
-        local files = {}
-        for name, data in pairs(s.output) do
-          local e = { name = name, size = #data, mime = "image/png", name_b64 = session.b64_encode(name) }
-          if #data <= 8 then e.b64 = session.b64_encode(data) end
-          files[#files + 1] = e
-        end
-        table.sort(files, function(a, b) return a.name < b.name end)
-        local marker = { is_main_result = false, extra = { [MIME] = { v = 1, files = files } } }
-        out.results[#out.results + 1] = marker
-        if ro.on_result then ro.on_result(marker) end
-      end
-      return out
-    end
-    return h
-  end
-  return c
-end
 
 -- A fake lock module: one table of holders and states (like the memory backend).
 local function new_lock_module()
@@ -200,7 +35,7 @@ local function setup(o)
   o = o or {}
   local t = { now = 1000000 }
   local clock = function() return t.now end
-  local client = new_client(clock)
+  local client = fake_e2b.new{ clock = clock }
   local locks = new_lock_module()
   local function mk(key, extra)
     local opts = { client = client, lock = locks, clock = clock, hmac = fake_hmac, sha256 = fake_hash,
@@ -536,6 +371,33 @@ describe("warmbox.session", function()
       assert.same({ "redis down", "TRANSPORT" }, detail2.unlock_error)
     end)
 
+    it("unlocks and closes its lock when the run raises, and forget/state take the same lock", function()
+      local e = setup()
+      local s = e.new("w:t")
+      local closed = 0
+      local orig = e.locks.new
+      e.locks.new = function()
+        local lk = orig()
+        function lk.close() closed = closed + 1 end
+        return lk
+      end
+      e.client.exec = function(_, _, out) out.stdout[1] = "a" end
+      assert.has_error(function() s:run("1", { on_stdout = function() error("callback failed") end }) end)
+      assert.equal(1, closed)
+      assert.same({ "lock " .. s.tag_value, "unlock " .. s.tag_value }, { e.locks.log[#e.locks.log - 1],
+        e.locks.log[#e.locks.log] })
+      assert(s:run("2"))
+      assert.equal(2, closed)
+      assert.is_true(s:forget())
+      assert.same({}, assert(s:state()))
+      assert.equal(4, closed)
+      e.locks.held[s.tag_value] = {}
+      assert.same({ nil, "session 'w:t' is busy (another run holds it)", "BUSY" }, { s:forget() })
+      e.locks.busy_err = "connection refused"
+      assert.same({ nil, "cannot lock session 'w:t': connection refused", "LOCK" }, { s:state() })
+      assert.equal(6, closed)
+    end)
+
     it("retries only once", function()
       local e = setup({ exec_timeout = 300, idle_timeout = 300 })
       local s = e.new("w:t")
@@ -673,13 +535,13 @@ describe("warmbox.session", function()
       local e = setup()
       local s = e.new("w:t")
       assert.has_error(function() s:run(42) end, "bad argument #1 to 'run' (string expected, got number)")
-      assert.has_error(function() s:run("1", { nope = 1 }) end, "unknown option 'nope' to 'run'")
+      assert.has_error(function() s:run("1", { nope = 1 }) end, "bad argument #2 to 'run' (unknown option 'nope')")
       assert.has_error(function() s:run("1", { timeout = -1 }) end,
-        "bad option 'timeout' to 'run' (positive number of seconds up to max_run_length expected, got -1)")
+        "bad argument #2 to 'run' (option 'timeout': positive number of seconds up to max_run_length expected, got -1)")
       assert.has_error(function() s:run("1", { timeout = math.huge }) end)
       assert.has_error(function() s:run("1", { timeout = 0 / 0 }) end)
       assert.has_error(function() s:run("1", { files = "x" }) end,
-        "bad option 'files' to 'run' (table expected, got string)")
+        "bad argument #2 to 'run' (option 'files': table expected, got string)")
     end)
   end)
 

@@ -9,34 +9,22 @@
 -- @module warmbox.policy
 
 local default = require "warmbox.policy.default"
+local errors = require "warmbox.errors"
 
 local type, pairs, ipairs, error, tostring, setmetatable =
   type, pairs, ipairs, error, tostring, setmetatable
 local xpcall, load, io_open, string_format, traceback =
   xpcall, load, io.open, string.format, debug.traceback
 
-local _M = { _VERSION = "0.1.0", default = default }
+local _M = { default = default }
 
 -- Fields a policy may have, and whether each is a hook (function).
 local FIELDS = {
-  name = "string", version = "string", description = "string", schema = "table",
+  name = "string", version = "string", description = "string",
   order = "function", lease = "function", should_refresh = "function",
   create_params = "function", gc = "function",
 }
 _M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc" }
-
-local function check_fields(p, level)
-  for k, v in pairs(p) do
-    local want = FIELDS[k]
-    if not want then
-      error(string_format("unknown policy field '%s' (expected one of: name, version, description, "
-        .. "schema, order, lease, should_refresh, create_params, gc)", tostring(k)), level + 1)
-    end
-    if type(v) ~= want then
-      error(string_format("policy field '%s' must be a %s, got %s", k, want, type(v)), level + 1)
-    end
-  end
-end
 
 --- Merge a partial policy over the default (a new table; `p` is not changed).
 -- @tparam table p partial policy
@@ -45,7 +33,7 @@ function _M.merge(p)
   if type(p) ~= "table" then
     error("bad argument #1 to 'merge' (table expected, got " .. type(p) .. ")", 2)
   end
-  check_fields(p, 2)
+  errors.check_options(p, FIELDS, "merge", 1)
   local out = {}
   for k, v in pairs(default) do out[k] = v end
   for k, v in pairs(p) do out[k] = v end

@@ -1,4 +1,4 @@
---- warmbox.sim.chart: an SVG scatter chart of simulator rows (plain text, no dependencies).
+--- warmbox.sim.chart: an SVG scatter chart of simulator rows (plain text).
 --
 --   local svg = require("warmbox.sim.chart").chart(rows, { x = "compute_cost", y = "p95_ms" })
 --
@@ -6,12 +6,14 @@
 -- line in row order; axes with five ticks each.
 -- @module warmbox.sim.chart
 
-local type, ipairs, pairs, tostring, error, math_type =
-  type, ipairs, pairs, tostring, error, math.type
+local errors = require "warmbox.errors"
+
+local type, ipairs, tostring, error, math_type =
+  type, ipairs, tostring, error, math.type
 local string_format, table_concat, math_min, math_max, math_abs, math_floor, math_ceil, math_log =
   string.format, table.concat, math.min, math.max, math.abs, math.floor, math.ceil, math.log
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- Axis titles of the metrics a chart is usually drawn with.
 _M.LABELS = {
@@ -59,13 +61,7 @@ function _M.chart(rows, opts, level)
     error("bad argument #1 to 'chart' (table expected, got " .. type(rows) .. ")", level)
   end
   if rows.runs then rows = { rows } end
-  if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #2 to 'chart' (table expected, got " .. type(opts) .. ")", level)
-  end
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not KEYS[k] then error("bad argument #2 to 'chart' (unknown option '" .. tostring(k) .. "')", level) end
-  end
+  opts = errors.check_options(opts, KEYS, "chart", 2, level)
   local xk, yk = opts.x or "compute_cost", opts.y or "p95_ms"
   local W, H = opts.width or 640, opts.height or 420
   local ml, mr, mt, mb = 80, 30, 40, 56

@@ -24,6 +24,7 @@ local session_mod = require "warmbox.session"
 local policy_mod = require "warmbox.policy"
 local gc_mod = require "warmbox.gc"
 local json = require "warmbox.json"
+local errors = require "warmbox.errors"
 local model_mod = require "warmbox.sim.model"
 local sim_lock = require "warmbox.sim.lock"
 local chart_mod = require "warmbox.sim.chart"
@@ -36,7 +37,7 @@ local io_open, math_type = io.open, math.type
 local math_exp, math_sqrt, math_cos = math.exp, math.sqrt, math.cos
 local task_mod = require "warmbox.task"
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 --- E2B's published prices and the default sandbox size (2 vCPU, 512 MiB).
 _M.PRICES = {
@@ -225,9 +226,7 @@ local WORKLOAD_KEYS = { sessions = true, turns = true, gap = true, think = true,
 
 local function check_workload(w, level)
   if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", level) end
-  for k in pairs(w) do
-    if not WORKLOAD_KEYS[k] then bad("workload", "unknown option '" .. tostring(k) .. "'", level) end
-  end
+  errors.check_options(w, WORKLOAD_KEYS, "workload", 1, level)
   local n = w.sessions
   if math_type(n) ~= "integer" or n < 0 then bad("workload", "'sessions' must be an integer >= 0", level) end
   check_value(w.turns or { 1, 10 }, "turns", true)
@@ -443,9 +442,7 @@ end
 
 local function check_run_opts(o, fname, level)
   if type(o) ~= "table" then bad(fname, "table expected, got " .. type(o), level) end
-  for k in pairs(o) do
-    if not RUN_KEYS[k] then bad(fname, "unknown option '" .. tostring(k) .. "'", level) end
-  end
+  errors.check_options(o, RUN_KEYS, fname, 1, level)
   if (o.trace == nil) == (o.workload == nil) then
     bad(fname, "exactly one of 'trace' and 'workload' expected", level)
   end
@@ -860,11 +857,7 @@ function _M.sweep(base, spec)
   if type(spec) ~= "table" then
     error("bad argument #2 to 'sweep' (table expected, got " .. type(spec) .. ")", 2)
   end
-  for k in pairs(spec) do
-    if k ~= "param" and k ~= "values" then
-      error("bad argument #2 to 'sweep' (unknown option '" .. tostring(k) .. "')", 2)
-    end
-  end
+  errors.check_options(spec, { param = true, values = true }, "sweep", 2)
   local param, values = spec.param, spec.values
   if type(param) ~= "string" then error("bad argument #2 to 'sweep' ('param' must be a string)", 2) end
   local group, name = param:match("^(%a+)%.([%w_]+)$")

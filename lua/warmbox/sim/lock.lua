@@ -17,7 +17,7 @@
 
 local type, error, setmetatable = type, error, setmetatable
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
 local Lock = {}
 Lock.__index = Lock

@@ -46,18 +46,21 @@
 --   model:advance_to(t)                -- idle time passes (leases expire lazily)
 -- @module warmbox.sim.model
 
-local type, pairs, ipairs, tostring, error, setmetatable, require =
-  type, pairs, ipairs, tostring, error, setmetatable, require
+local outputs = require "warmbox.outputs"
+local errors = require "warmbox.errors"
+
+local type, pairs, ipairs, tostring, error, setmetatable =
+  type, pairs, ipairs, tostring, error, setmetatable
 local string_format, table_sort, math_floor, math_max, math_min =
   string.format, table.sort, math.floor, math.max, math.min
 local os_date = os.date
 local task_mod = require "warmbox.task"
 local heap_push, heap_pop = task_mod.heap_push, task_mod.heap_pop
 
-local _M = { _VERSION = "0.1.0" }
+local _M = {}
 
---- The private MIME type of the output report (as `warmbox.session` expects it).
-_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
+--- The private MIME type of the output report (`warmbox.outputs` defines it).
+_M.OUTPUTS_MIME = outputs.OUTPUTS_MIME
 
 --- Default model parameters (milliseconds unless said).
 _M.DEFAULTS = {
@@ -87,16 +90,11 @@ Model.__name = "warmbox.sim.Model"
 --   must be a `warmbox.task.virtual` one (the model moves its clock).
 -- @treturn warmbox.sim.Model
 function _M.new(opts, sched)
-  if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
-  end
+  opts = errors.check_options(opts, _M.DEFAULTS, "new", 1)
   local cfg = {}
   for k, v in pairs(_M.DEFAULTS) do cfg[k] = v end
-  for k, v in pairs(opts or {}) do
-    if _M.DEFAULTS[k] == nil then error("bad option 'model." .. tostring(k) .. "' (unknown)", 2) end
-    if type(v) ~= "number" or v ~= v or v < 0 then
-      error("bad option 'model." .. tostring(k) .. "' (non-negative number expected)", 2)
-    end
+  for k, v in pairs(opts) do
+    if type(v) ~= "number" or v ~= v or v < 0 then errors.bad_option(1, "new", k, "a non-negative number expected") end
     cfg[k] = v
   end
   sched = sched or task_mod.scheduler{ backend = task_mod.virtual(cfg.start) }
@@ -781,8 +779,8 @@ function Sandbox:run_code(code, opts)
   local language = opts.language or "python"
   local results = {}
   if language == "python" then
-    -- The kernel gets the hooks from warmbox's prelude line (the session's own source).
-    if not b.hooked and type(code) == "string" and code:find(require("warmbox.session").PRELUDE, 1, true) then
+    -- The kernel gets the hooks from warmbox's prelude line (warmbox.outputs' source).
+    if not b.hooked and type(code) == "string" and code:find(outputs.PRELUDE, 1, true) then
       b.hooked = true
     end
     if b.hooked then

@@ -1,0 +1,493 @@
+--- warmbox.e2b: an E2B client (control plane and data plane) over warmbox.core.
+--
+-- Runtime failures return `nil, message, CODE, detail` where `detail` is
+-- `{ status = <http status>, message = <E2B's message> }`; misuse (wrong
+-- argument types, unknown option keys) raises. Tables use snake_case.
+--
+-- Iterators (`list`, `list_pages`) yield `false, message, code, token, detail`
+-- on an error: `false` rather than `nil` so that a generic `for` loop sees the
+-- error instead of silently stopping.
+--
+-- The data plane lives in `warmbox.e2b.sandbox`, the wire encodings in
+-- `warmbox.e2b.wire`; this module is the client and the control plane.
+-- @module warmbox.e2b
+local core = require "warmbox.core"
+local json = require "warmbox.json"
+local errors = require "warmbox.errors"
+local util = require "warmbox.util"
+local wire = require "warmbox.e2b.wire"
+local sandbox_mod = require "warmbox.e2b.sandbox"
+
+local type, pairs, ipairs, tostring, setmetatable, getmetatable, error, next =
+  type, pairs, ipairs, tostring, setmetatable, getmetatable, error, next
+local table_concat = table.concat
+local math_ceil = math.ceil
+local os_getenv = os.getenv
+
+local _M = {}
+
+local DEFAULT_DOMAIN = "e2b.app"
+local DEFAULT_SANDBOX_TIMEOUT = 300
+
+local Client = { __name = "warmbox.e2b.Client" }
+Client.__index = Client
+local argcheck, check_options, bad_option = errors.argcheck, errors.check_options, errors.bad_option
+local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
+local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
+local sandbox_new = sandbox_mod.new
+
+-- ======================================================================
+-- The client
+-- ======================================================================
+
+local client_fields = { api_key = "string", api_url = "string", sandbox_url = "string", domain = "string",
+  request_timeout = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
+  ca_file = "string", user_agent = "string", max_connections = "number" }
+
+--- Creates a client.
+-- @tparam[opt] table opts `api_key` (default `E2B_API_KEY`), `api_url` (`E2B_API_URL`, else
+--   `https://api.<domain>`), `sandbox_url` (`E2B_SANDBOX_URL`, else the per-port host
+--   `https://<port>-<id>.<domain>`), `domain` (`E2B_DOMAIN`, default `e2b.app`),
+--   `request_timeout` (60 s), `retries` (3: attempts after the first for idempotent calls),
+--   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`.
+-- @treturn warmbox.e2b.Client
+function _M.new(opts)
+  opts = check_options(opts, client_fields, "new", 1)
+  local function env(name)
+    local s = os_getenv(name)
+    if s == "" then return nil end
+    return s
+  end
+  local api_key = opts.api_key or env("E2B_API_KEY")
+  if not api_key or api_key == "" then
+    bad_option(1, "new", "api_key", "an api_key is required (option 'api_key' or E2B_API_KEY)")
+  end
+  local domain = opts.domain or env("E2B_DOMAIN") or DEFAULT_DOMAIN
+  local api_url = opts.api_url or env("E2B_API_URL") or ("https://api." .. domain)
+  local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
+  local retries = opts.retries or 3
+  if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
+    bad_option(1, "new", "retries", "integer 0..100 expected, got " .. tostring(retries))
+  end
+  for _, k in ipairs({ "request_timeout", "connect_timeout" }) do
+    local t = opts[k]
+    if t ~= nil and not (t > 0 and t <= 86400) then
+      bad_option(1, "new", k, "seconds in (0, 86400] expected, got " .. tostring(t))
+    end
+  end
+  if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
+    bad_option(1, "new", "max_connections", "1..10000 expected, got " .. tostring(opts.max_connections))
+  end
+  local http, msg = core.http{
+    timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
+    proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
+    user_agent = opts.user_agent or ("warmbox/" .. tostring(core._VERSION)),
+  }
+  if not http then error("cannot create the http client: " .. tostring(msg), 2) end
+  local self = {
+    api_url = (api_url:gsub("/+$", "")),
+    sandbox_url = sandbox_url and (sandbox_url:gsub("/+$", "")) or nil,
+    domain = domain,
+    request_timeout = opts.request_timeout or 60,
+    http = http,
+    retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
+    retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
+    retry_create = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, refused = { 429, 503 } },
+    -- An execute answered 429/503 (before any stream byte) was not accepted.
+    exec_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = {},
+      refused = { 429, 503 } },
+    -- The data plane: a 502 from the sandbox proxy means the sandbox is gone
+    -- or paused, not a passing failure, so it is not retried.
+    dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },
+    dp_retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true,
+      statuses = { 429, 503, 504 } },
+    -- transport: nil (requests go to http) or an object with http's request
+    -- and batch methods (warmbox.runner's: the engine inside a task).
+    -- The key lives only in this header table, never in messages.
+    api_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json" },
+    json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
+      ["Content-Type"] = "application/json" },
+  }
+  return setmetatable(self, Client)
+end
+
+function Client:__tostring()
+  return ("warmbox.e2b.Client: %s"):format(self.api_url)
+end
+
+--- Closes the client's connections (idempotent).
+function Client:close()
+  self.http:close()
+end
+Client.__close = Client.close
+
+local function check_client(self, fname)
+  if getmetatable(self) ~= Client then
+    error(("bad argument #1 to '%s' (warmbox.e2b.Client expected, got %s)"):format(fname, type(self)), 3)
+  end
+end
+
+-- A control-plane call; returns res (any status) or nil, msg, code, detail.
+local function api(self, method, path, body, what, idempotent, retry)
+  local req = {
+    method = method, url = self.api_url .. path,
+    headers = body ~= nil and self.json_headers or self.api_headers,
+    retry = retry or (idempotent and self.retry_idem or self.retry),
+  }
+  if body ~= nil then
+    local s, err = json.encode(body)
+    if not s then return nil, what .. ": cannot encode the request: " .. tostring(err), "BAD_REQUEST" end
+    req.body = s
+  end
+  local res, msg, code, sent = (self.transport or self.http):request(req)
+  if not res then return transport_failure(what, msg, code, sent) end
+  return res
+end
+
+local function check_id(id, n, fname)
+  if type(id) == "table" then id = id.sandbox_id end
+  argcheck(type(id) == "string" and id ~= "", n, fname, "sandbox id expected, got " .. type(id))
+  return id
+end
+
+local create_fields = { template = "string", timeout = "number", metadata = "map", env_vars = "map",
+  lifecycle = "table", secure = "boolean", allow_internet_access = "boolean", network = "table" }
+local lifecycle_fields = { on_timeout = "string", auto_resume = "boolean", keep_memory = "boolean" }
+
+--- Builds the create body (exposed for specs).
+-- @return[1] table the body
+-- @return[2] nil, msg, "BAD_REQUEST"
+function _M.create_body(opts)
+  local body = { templateID = opts.template or "base" }
+  local timeout = opts.timeout or DEFAULT_SANDBOX_TIMEOUT
+  if timeout <= 0 then return nil, "create: timeout must be greater than 0", "BAD_REQUEST" end
+  body.timeout = math_ceil(timeout)
+  body.secure = opts.secure ~= false
+  body.allow_internet_access = opts.allow_internet_access ~= false
+  if opts.metadata ~= nil then body.metadata = util.copy(opts.metadata) end
+  if opts.env_vars ~= nil then body.envVars = util.copy(opts.env_vars) end
+  if opts.network ~= nil then body.network = opts.network end
+  local lc = opts.lifecycle
+  if lc ~= nil then
+    local on_timeout, auto_resume, keep_memory = lc.on_timeout, lc.auto_resume, lc.keep_memory
+    if on_timeout ~= nil and on_timeout ~= "pause" and on_timeout ~= "kill" then
+      return nil, "create: lifecycle.on_timeout must be 'pause' or 'kill'", "BAD_REQUEST"
+    end
+    if auto_resume and on_timeout ~= "pause" then
+      return nil, "create: lifecycle.auto_resume requires on_timeout 'pause'", "BAD_REQUEST"
+    end
+    if keep_memory ~= nil and on_timeout ~= "pause" then
+      return nil, "create: lifecycle.keep_memory requires on_timeout 'pause'", "BAD_REQUEST"
+    end
+    if keep_memory == false and auto_resume then
+      return nil, "create: lifecycle.keep_memory = false cannot be combined with auto_resume", "BAD_REQUEST"
+    end
+    if on_timeout ~= nil then body.autoPause = on_timeout == "pause" end
+    if keep_memory ~= nil then body.autoPauseMemory = keep_memory end
+    if auto_resume ~= nil then body.autoResume = { enabled = auto_resume } end
+  end
+  return body
+end
+
+--- Creates a sandbox.
+-- @tparam[opt] table opts `template` ("base"), `timeout` (300 s), `metadata`, `env_vars`,
+--   `lifecycle = { on_timeout = "pause"|"kill", auto_resume, keep_memory }`, `secure` (true),
+--   `allow_internet_access` (true), `network` (passed through).
+-- @treturn[1] table sandbox `{ sandbox_id, template_id, client_id, envd_version,
+--   envd_access_token, domain, alias }`
+-- @return[2] nil, msg, code, detail
+function Client:create(opts)
+  check_client(self, "create")
+  opts = check_options(opts, create_fields, "create", 1)
+  check_options(opts.lifecycle, lifecycle_fields, "create", 1, 2, "lifecycle.")
+  local body, msg, code = _M.create_body(opts)
+  if not body then return nil, msg, code, errors.detail(nil, msg) end
+  -- E2B's 429 (and a 503) on create means nothing was created: retried,
+  -- honouring Retry-After within the retry budget.
+  local res, m2, c2, d2 = api(self, "POST", "/sandboxes", body, "create sandbox", false, self.retry_create)
+  if not res then return nil, m2, c2, d2 end
+  if res.status ~= 201 and res.status ~= 200 then
+    return http_failure(res, "create sandbox")
+  end
+  local t, m3, c3, d3 = decode_body(res, "create sandbox")
+  if not t then return nil, m3, c3, d3 end
+  return to_sandbox(t), nil
+end
+
+local list_fields = { state = "string|table", metadata = "map", limit = "number", order = "string",
+  next_token = "string", template = "string", started_after = "string" }
+
+--- Builds the `/v2/sandboxes` URL path and query (exposed for specs).
+function _M.list_path(opts)
+  local q = {}
+  local state = opts.state
+  if type(state) == "table" then
+    if #state > 0 then q[#q + 1] = "state=" .. table_concat(state, ",") end
+  elseif type(state) == "string" then
+    q[#q + 1] = "state=" .. state
+  end
+  if opts.metadata and next(opts.metadata) ~= nil then
+    q[#q + 1] = "metadata=" .. _M.encode_metadata(opts.metadata)
+  end
+  if opts.limit then q[#q + 1] = "limit=" .. tostring(math.floor(opts.limit)) end
+  if opts.order then q[#q + 1] = "order=" .. uri_component(opts.order) end
+  if opts.template then q[#q + 1] = "template=" .. uri_component(opts.template) end
+  if opts.started_after then q[#q + 1] = "startedAfter=" .. uri_component(opts.started_after) end
+  if #q == 0 then return "/v2/sandboxes" end
+  return "/v2/sandboxes?" .. table_concat(q, "&")
+end
+
+-- Level 3: the caller of list_pages, list or list_all.
+local function check_list_opts(opts, fname)
+  opts = check_options(opts, list_fields, fname, 1, 3)
+  if type(opts.state) == "table" then
+    for _, s in ipairs(opts.state) do
+      if type(s) ~= "string" then bad_option(1, fname, "state", "a list of strings expected", 3) end
+    end
+  end
+  return opts
+end
+
+-- Exact client-side re-check of the metadata filter: a loose server must
+-- never hand one tenant's sandbox to another.
+local function metadata_matches(item, filter)
+  if not filter then return true end
+  local m = item.metadata or {}
+  for k, x in pairs(filter) do
+    if m[k] ~= x then return false end
+  end
+  return true
+end
+
+--- Iterates over pages of listed sandboxes.
+-- `for items, token_used, next_token in c:list_pages(opts) do ... end`; on an
+-- error the loop gets `false, msg, code, token, detail` and then stops.
+function Client:list_pages(opts)
+  check_client(self, "list_pages")
+  opts = check_list_opts(opts, "list_pages")
+  local filter = opts.metadata and util.copy(opts.metadata)
+  local base = self.api_url .. _M.list_path(opts)
+  local token = opts.next_token
+  if token == "" then token = nil end
+  local finished = false
+  -- E2B pages with a `nextToken` query parameter and the `x-next-token`
+  -- response header; the transport knows nothing of either.
+  return function()
+    if finished then return nil end
+    local used, url = token, base
+    if used then url = url .. (url:find("?", 1, true) and "&" or "?") .. "nextToken=" .. uri_component(used) end
+    local res, msg, code, sent = (self.transport or self.http):request{ method = "GET", url = url,
+      headers = self.api_headers, retry = self.retry }
+    local _, m, c, d
+    if not res then
+      _, m, c, d = transport_failure("list sandboxes", msg, code, sent)
+    elseif res.status < 200 or res.status > 299 then
+      _, m, c, d = http_failure(res, "list sandboxes")
+    end
+    if m then
+      finished = true
+      return false, m, c, used, d
+    end
+    local arr, err = json.decode(res.body)
+    if type(arr) ~= "table" then
+      finished = true
+      return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", used,
+        errors.detail(res.status, res.body)
+    end
+    local items = {}
+    for _, t in ipairs(arr) do
+      local dt = to_detail(t)
+      if metadata_matches(dt, filter) then items[#items + 1] = dt end
+    end
+    local nxt = res.headers["x-next-token"]
+    if nxt == "" then nxt = nil end
+    token = nxt
+    if not nxt then finished = true end
+    return items, used or false, nxt
+  end
+end
+
+--- Iterates over listed sandboxes, following every page.
+-- @tparam[opt] table opts `state` ("running", "paused" or a list; default both),
+--   `metadata` (exact AND filter, re-checked client-side), `limit` (page size, 1..100),
+--   `order` ("asc"|"desc"), `next_token` (resume from a page), `template`, `started_after`.
+-- @return an iterator: `for item in c:list(opts) do ... end`; on an error the loop
+--   gets `false, msg, code, token (the page it failed at), detail`, then stops.
+function Client:list(opts)
+  check_client(self, "list")
+  check_list_opts(opts, "list")
+  local pages = self:list_pages(opts)
+  local items, i = nil, 0
+  local finished = false
+  return function()
+    while not finished do
+      if items and i < #items then
+        i = i + 1
+        return items[i]
+      end
+      local page, a, b, c, d = pages()
+      if page == nil then
+        finished = true
+        return nil
+      end
+      if page == false then
+        finished = true
+        return false, a, b, c, d
+      end
+      items, i = page, 0
+    end
+    return nil
+  end
+end
+
+--- Lists every matching sandbox (all pages).
+-- @treturn[1] table items
+-- @return[2] nil, msg, code, detail
+function Client:list_all(opts)
+  check_client(self, "list_all")
+  check_list_opts(opts, "list_all")
+  local out = {}
+  for item, msg, code, _, detail in self:list(opts) do
+    if item == false then return nil, msg, code, detail end
+    out[#out + 1] = item
+  end
+  return out
+end
+
+--- Details of one sandbox (running or paused).
+-- @treturn[1] table detail (see the module doc for the fields)
+-- @return[2] nil, msg, code, detail ("NOT_FOUND" when unknown)
+function Client:info(id)
+  check_client(self, "info")
+  id = check_id(id, 1, "info")
+  local what = ("info of sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "GET", "/sandboxes/" .. uri_component(id), nil, what)
+  if not res then return nil, msg, code, d end
+  if res.status ~= 200 then
+    return http_failure(res, what, false, ("sandbox '%s' not found"):format(id))
+  end
+  local t, m2, c2, d2 = decode_body(res, what)
+  if not t then return nil, m2, c2, d2 end
+  return to_detail(t)
+end
+
+--- Connects to a sandbox, resuming it when paused.
+-- @tparam string id
+-- @tparam[opt] table opts `timeout` (300 s: the lease from now)
+-- @treturn[1] table sandbox
+-- @treturn[1] boolean resumed (true when it was paused: HTTP 201)
+-- @return[2] nil, msg, code, detail
+function Client:connect(id, opts)
+  check_client(self, "connect")
+  id = check_id(id, 1, "connect")
+  opts = check_options(opts, { timeout = "number" }, "connect", 2)
+  local timeout = opts.timeout or DEFAULT_SANDBOX_TIMEOUT
+  if timeout < 0 then bad_option(2, "connect", "timeout", "a number >= 0 expected") end
+  local what = ("connect to sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/connect",
+    { timeout = math_ceil(timeout) }, what, true)
+  if not res then return nil, msg, code, d end
+  if res.status ~= 200 and res.status ~= 201 then
+    return http_failure(res, what, false, ("sandbox '%s' not found"):format(id))
+  end
+  local t, m2, c2, d2 = decode_body(res, what)
+  if not t then return nil, m2, c2, d2 end
+  return to_sandbox(t), res.status == 201
+end
+
+--- Pauses a sandbox (synchronous).
+-- @tparam string id
+-- @tparam[opt] table opts `memory` (true: keep memory; false: filesystem only)
+-- @treturn[1] boolean true when paused, false when it was already paused
+-- @return[2] nil, msg, code, detail
+function Client:pause(id, opts)
+  check_client(self, "pause")
+  id = check_id(id, 1, "pause")
+  opts = check_options(opts, { memory = "boolean" }, "pause", 2)
+  local what = ("pause sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/pause",
+    { memory = opts.memory ~= false }, what)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  if res.status == 409 then return false end
+  return http_failure(res, what, false, ("sandbox '%s' not found"):format(id))
+end
+
+--- Kills a sandbox (running or paused).
+-- @treturn[1] boolean true when killed, false when it was already gone
+-- @return[2] nil, msg, code, detail
+function Client:kill(id)
+  check_client(self, "kill")
+  id = check_id(id, 1, "kill")
+  local what = ("kill sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "DELETE", "/sandboxes/" .. uri_component(id), nil, what)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  if res.status == 404 then return false end
+  return http_failure(res, what)
+end
+
+--- Kills many sandboxes in parallel (libcurl's multi interface, bounded).
+-- @tparam table ids sandbox ids (or sandbox tables)
+-- @tparam[opt] table opts `concurrency` (8)
+-- @treturn table one entry per id, in order: `{ true }` (killed), `{ false }` (already gone)
+--   or `{ nil, msg, code, detail }`
+function Client:kill_many(ids, opts)
+  check_client(self, "kill_many")
+  argcheck(type(ids) == "table", 1, "kill_many", "table expected, got " .. type(ids))
+  opts = check_options(opts, { concurrency = "number" }, "kill_many", 2)
+  local reqs, list = {}, {}
+  for i, id in ipairs(ids) do
+    id = check_id(id, 1, "kill_many")
+    list[i] = id
+    reqs[i] = { method = "DELETE", url = self.api_url .. "/sandboxes/" .. uri_component(id),
+      headers = self.api_headers, retry = self.retry }
+  end
+  local out = {}
+  if #reqs == 0 then return out end
+  local results = (self.transport or self.http):batch(reqs, { concurrency = opts.concurrency or 8 })
+  for i, r in ipairs(results) do
+    local what = ("kill sandbox '%s'"):format(list[i])
+    local res = r[1]
+    if not res then
+      out[i] = { transport_failure(what, r[2], r[3], r[4]) }
+    elseif res.status == 204 or res.status == 200 then
+      out[i] = { true }
+    elseif res.status == 404 then
+      out[i] = { false }
+    else
+      out[i] = { http_failure(res, what) }
+    end
+  end
+  return out
+end
+
+--- Sets a running sandbox's lease: it ends `seconds` from now.
+-- @treturn[1] boolean true
+-- @return[2] nil, msg, code, detail ("NOT_FOUND" also when paused)
+function Client:set_timeout(id, seconds)
+  check_client(self, "set_timeout")
+  id = check_id(id, 1, "set_timeout")
+  argcheck(type(seconds) == "number" and seconds >= 0, 2, "set_timeout", "number >= 0 expected")
+  local what = ("set the timeout of sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/timeout",
+    { timeout = math_ceil(seconds) }, what, true)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  return http_failure(res, what, false, ("sandbox '%s' not found or not running"):format(id))
+end
+
+--- A data-plane handle on a sandbox (see `warmbox.e2b.sandbox`).
+-- @tparam table|string sb a sandbox table (from create/connect/info) or an id
+-- @tparam[opt] table opts `access_token` (default `sb.envd_access_token`), `user`, `traffic_token`
+-- @treturn warmbox.e2b.Sandbox
+function Client:sandbox(sb, opts)
+  check_client(self, "sandbox")
+  return sandbox_new(self, sb, opts)
+end
+
+--- Re-exported from `warmbox.e2b.wire`.
+_M.encode_metadata = wire.encode_metadata
+_M.Client = Client
+_M.Sandbox = sandbox_mod.Sandbox
+return _M

@@ -1,0 +1,238 @@
+--- What a run leaves behind: the python output hooks (their source and the
+-- prelude line), the output report they display, output file collection over
+-- envd, input file name checks and the MIME table.
+-- @module warmbox.outputs
+local json = require "warmbox.json"
+local util = require "warmbox.util"
+
+local type, ipairs, tostring, tonumber =
+  type, ipairs, tostring, tonumber
+local string_format, table_sort = string.format, table.sort
+local b64_encode, b64_decode = util.b64_encode, util.b64_decode
+
+local _M = {}
+
+local HOME = "/home/user"
+local OUTPUT_DIR = HOME .. "/output"
+_M.HOME = HOME
+_M.OUTPUT_DIR = OUTPUT_DIR
+--- The private MIME type of the output report the python hook displays.
+_M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
+--- Files up to this size come back inline in the output report; bigger ones are read over envd.
+_M.INLINE_LIMIT = 524288
+--- At most this many bytes of files come back inline in one report (the rest is read over envd).
+_M.INLINE_TOTAL = 8388608
+
+-- ------------------------------------------------------------------
+-- The python output hooks (registered once per kernel)
+-- ------------------------------------------------------------------
+
+local HOOK_SRC = [[
+def _wb():
+    import os, base64, mimetypes, shutil
+    ip = __import__('IPython').get_ipython()
+    if ip is None or getattr(ip, '_warmbox_hooks', False):
+        return
+    out = '%s'
+    limit = %d
+    budget = [%d]
+    def reset(*_a, **_k):
+        try:
+            if os.path.islink(out) or os.path.isfile(out):
+                os.unlink(out)
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out, exist_ok=True)
+        except Exception:
+            pass
+    def report(*_a, **_k):
+        files = []
+        budget[0] = %d
+        try:
+            for root, dirs, names in os.walk(out):
+                dirs.sort()
+                for n in sorted(names):
+                    p = os.path.join(root, n)
+                    if os.path.islink(p) or not os.path.isfile(p):
+                        continue
+                    size = os.path.getsize(p)
+                    rel = os.path.relpath(p, out)
+                    e = {'name': rel, 'size': size,
+                         'name_b64': base64.b64encode(os.fsencode(rel)).decode('ascii'),
+                         'mime': mimetypes.guess_type(n)[0] or 'application/octet-stream'}
+                    if size <= limit and size <= budget[0]:
+                        with open(p, 'rb') as f:
+                            data = f.read(limit + 1)
+                        if len(data) <= limit and len(data) <= budget[0]:
+                            budget[0] -= len(data)
+                            e['b64'] = base64.b64encode(data).decode('ascii')
+                    files.append(e)
+        except Exception:
+            pass
+        from IPython.display import display
+        display({'%s': {'v': 1, 'files': files}}, raw=True)
+    ip.events.register('pre_run_cell', reset)
+    ip.events.register('post_run_cell', report)
+    ip._warmbox_hooks = True
+    reset()
+try:
+    _wb()
+except Exception:
+    pass
+]]
+
+--- The one line prepended to a python cell when the kernel may not have the
+-- hooks yet (idempotent: guarded by an attribute on `get_ipython()`).
+function _M.prelude_for(dir)
+  return "exec(__import__('base64').b64decode('"
+    .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))
+    .. "').decode(), {})"
+end
+_M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
+
+-- ------------------------------------------------------------------
+-- File names and types
+-- ------------------------------------------------------------------
+
+local MIME = {
+  png = "image/png", jpg = "image/jpeg", jpeg = "image/jpeg", gif = "image/gif", svg = "image/svg+xml",
+  webp = "image/webp", pdf = "application/pdf", csv = "text/csv", txt = "text/plain", json = "application/json",
+  html = "text/html", htm = "text/html", md = "text/markdown", xml = "application/xml", zip = "application/zip",
+  xlsx = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+  docx = "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+  pptx = "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+}
+local function mime_of(name)
+  local ext = name:match("%.([%w]+)$")
+  return ext and MIME[ext:lower()] or "application/octet-stream"
+end
+_M.mime_of = mime_of
+
+--- Check an input file name: a plain name that lands in /home/user.
+-- Names with a directory part ("a/b", "../../etc/x"), "." and ".." are refused
+-- (not flattened), so nothing is written outside /home/user and no two inputs
+-- silently collide.
+-- @treturn[1] string the name
+-- @return[2] nil, message
+function _M.check_file_name(name)
+  if type(name) ~= "string" or name == "" then
+    return nil, "input file name must be a non-empty string"
+  end
+  if name == "." or name == ".." or name:find("[/\\%z]") or #name > 255 then
+    return nil, string_format("input file name %q is not a plain file name (no '/', '\\', NUL, '.' or '..')", name)
+  end
+  return name
+end
+
+-- ------------------------------------------------------------------
+-- Collecting a run's output files
+-- ------------------------------------------------------------------
+
+local function outputs_of(res)
+  if type(res) ~= "table" then return nil end
+  local v = type(res.extra) == "table" and res.extra[_M.OUTPUTS_MIME] or res[_M.OUTPUTS_MIME]
+  if type(v) == "string" then v = json.decode(v) end
+  if type(v) == "table" and type(v.files) == "table" then return v end
+  return nil
+end
+_M.outputs_of = outputs_of
+
+local function is_dir_entry(e)
+  return e.type == "dir" or e.type == "directory" or e.type == "FILE_TYPE_DIRECTORY"
+end
+
+-- Adds one output file within the run's byte budget `cap` (a table with
+-- `left`); a file past it is dropped (listed in `cap.dropped`).
+local function take_file(files, cap, name, size, mime, read)
+  if size > cap.left then
+    cap.dropped[#cap.dropped + 1] = { name = name, size = size }
+    return true
+  end
+  local data, err, code = read()
+  if not data then return nil, err, code end
+  if #data > cap.left then
+    cap.dropped[#cap.dropped + 1] = { name = name, size = #data }
+    return true
+  end
+  cap.left = cap.left - #data
+  files[#files + 1] = { name = name, content = data, mime = mime }
+  return true
+end
+
+-- Files left in /home/user/output, over envd (languages without the hooks).
+-- envd's listing is JSON: a name that is not UTF-8 comes back without a name
+-- (warmboxd) or with U+FFFD in it (E2B's envd). Then the directory is listed
+-- again by a command that prints each regular file's size and name bytes
+-- (NUL-separated, base64), so such files come back under their real names.
+local LIST_CMD = "find " .. OUTPUT_DIR .. " -mindepth 1 -maxdepth 1 -type f -printf '%s %f\\0' | base64 -w 0"
+_M.LIST_CMD = LIST_CMD
+
+local function listing_lost_names(entries)
+  for _, e in ipairs(entries) do
+    if type(e) == "table" and (type(e.name) ~= "string" or e.name:find("\xEF\xBF\xBD", 1, true)) then return true end
+  end
+  return false
+end
+
+local function list_by_command(sbx)
+  local res, err, code = sbx:run_command(LIST_CMD, { timeout = 60 })
+  if not res then return nil, err, code end
+  if res.exit_code ~= 0 then
+    return nil, "list " .. OUTPUT_DIR .. ": exit status " .. tostring(res.exit_code) .. ": " .. tostring(res.stderr),
+      "HTTP"
+  end
+  local entries = {}
+  for size, name in (b64_decode(res.stdout or "") or ""):gmatch("(%d+) ([^\0]+)\0") do
+    entries[#entries + 1] = { name = name, size = tonumber(size), type = "file" }
+  end
+  return entries
+end
+
+local function collect_envd(sbx, cap)
+  local entries, err, code = sbx:list_dir(OUTPUT_DIR, 1)
+  if not entries then
+    if code == "NOT_FOUND" then return {} end
+    return nil, err, code
+  end
+  if listing_lost_names(entries) then
+    entries, err, code = list_by_command(sbx)
+    if not entries then return nil, err, code end
+  end
+  local files = {}
+  table_sort(entries, function(a, b) return tostring(a.name) < tostring(b.name) end)
+  for _, e in ipairs(entries) do
+    if type(e) == "table" and type(e.name) == "string" and not is_dir_entry(e) and e.type ~= "symlink"
+      and e.type ~= "FILE_TYPE_SYMLINK" then
+      local ok, rerr, rcode = take_file(files, cap, e.name, tonumber(e.size) or 0, mime_of(e.name),
+        function() return sbx:read_file(OUTPUT_DIR .. "/" .. e.name) end)
+      if not ok then return nil, rerr, rcode, files end
+    end
+  end
+  return files
+end
+
+local function files_from_report(sbx, report, cap)
+  local files = {}
+  for _, f in ipairs(report.files) do
+    if type(f) == "table" and type(f.name) == "string" then
+      -- The name's bytes as they are (a name that is not UTF-8 included).
+      local name = f.name
+      if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) or name end
+      local mime = type(f.mime) == "string" and f.mime or mime_of(name)
+      local content = type(f.b64) == "string" and b64_decode(f.b64) or nil
+      local ok, err, code
+      if content then
+        ok, err, code = take_file(files, cap, name, #content, mime, function() return content end)
+      else
+        ok, err, code = take_file(files, cap, name, tonumber(f.size) or 0, mime,
+          function() return sbx:read_file(OUTPUT_DIR .. "/" .. name) end)
+      end
+      if not ok then return nil, err, code, files end
+    end
+  end
+  return files
+end
+_M.collect_envd = collect_envd
+_M.files_from_report = files_from_report
+
+return _M

@@ -1,0 +1,92 @@
+-- The layout rules a reader relies on: the lua/warmbox module graph has no
+-- cycle, one JSON instance, one clock in csrc/core.
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function find(dir, pattern)
+  local out = {}
+  local p = assert(io.popen(("find %s -name '%s' -type f | sort"):format(dir, pattern)))
+  for line in p:lines() do out[#out + 1] = line end
+  p:close()
+  assert(#out > 0, "nothing under " .. dir)
+  return out
+end
+
+local function module_name(path)
+  return (path:gsub("^lua/", ""):gsub("/init%.lua$", ""):gsub("%.lua$", ""):gsub("/", "."))
+end
+
+-- Every warmbox module each module requires (at load or later, plain or under pcall).
+local function graph()
+  local g = {}
+  for _, path in ipairs(find("lua", "*.lua")) do
+    local deps = {}
+    local src = read(path):gsub("%-%-[^\n]*", "")
+    for name in src:gmatch('require%s*%(?%s*["\'](warmbox[%w_.]*)["\']') do deps[name] = true end
+    for name in src:gmatch('pcall%(%s*require%s*,%s*["\'](warmbox[%w_.]*)["\']') do deps[name] = true end
+    g[module_name(path)] = deps
+  end
+  return g
+end
+
+describe("the lua/warmbox module graph", function()
+  it("has no require cycle", function()
+    local g = graph()
+    assert.truthy(g["warmbox.session"]["warmbox.tag"], "the scan found no edges")
+    local state, stack = {}, {}
+    local function visit(m)
+      if state[m] == "done" then return end
+      if state[m] == "open" then
+        local from
+        for i, x in ipairs(stack) do if x == m then from = i end end
+        error("require cycle: " .. table.concat(stack, " -> ", from) .. " -> " .. m, 0)
+      end
+      state[m] = "open"
+      stack[#stack + 1] = m
+      for d in pairs(g[m] or {}) do
+        if d ~= "warmbox.core" then visit(d) end
+      end
+      stack[#stack] = nil
+      state[m] = "done"
+    end
+    for m in pairs(g) do visit(m) end
+  end)
+
+  it("keeps the leaves leaves: util, tag, state, errors and e2b.wire need no engine", function()
+    local g = graph()
+    local leaves = { ["warmbox.util"] = true, ["warmbox.errors"] = true, ["warmbox.json"] = true }
+    for _, m in ipairs({ "warmbox.util", "warmbox.tag", "warmbox.state", "warmbox.errors", "warmbox.e2b.wire",
+      "warmbox.outputs" }) do
+      for d in pairs(g[m]) do
+        assert.truthy(leaves[d] or d == "warmbox.core", m .. " requires " .. d)
+      end
+    end
+    for d in pairs(g["warmbox.sim.model"]) do
+      assert.is_not.equal("warmbox.session", d, "the model must not depend on the engine it models")
+    end
+  end)
+
+  it("uses one JSON instance: only warmbox.json requires cjson", function()
+    for _, path in ipairs(find("lua", "*.lua")) do
+      if path ~= "lua/warmbox/json.lua" then
+        assert.falsy(read(path):find("require%s*%(?%s*[\"']cjson"), path .. " requires cjson")
+      end
+    end
+  end)
+end)
+
+describe("csrc/core", function()
+  it("reads one monotonic clock and sleeps in one place: clock.c", function()
+    local users = {}
+    for _, path in ipairs(find("csrc/core", "*.c")) do
+      local src = read(path)
+      if src:find("clock_gettime%s*%(") or src:find("nanosleep%s*%(") then users[#users + 1] = path end
+    end
+    assert.same({ "csrc/core/clock.c" }, users)
+  end)
+end)
+
