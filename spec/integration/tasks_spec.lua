@@ -85,6 +85,38 @@ describe("tasks: concurrent runs from one Lua state (warmboxd)", function()
     assert.equal(0, (st.counters or {}).exec_overlap or 0)
   end)
 
+  it("tasks waiting for one session get it in arrival order", function()
+    local s = wb:session("tasks:fifo")
+    assert(s:run("seen = []"))
+    local ts = {}
+    for i = 1, 6 do
+      ts[i] = wb:spawn(function()
+        return (assert(s:run(string.format("import time\ntime.sleep(0.05)\nseen.append(%d)\nlen(seen)", i))))
+          .results[1].text
+      end)
+    end
+    assert(wb:loop())
+    for i = 1, 6 do assert.equal(tostring(i), ts[i]:result()) end
+    assert.equal("[1, 2, 3, 4, 5, 6]", (assert(s:run("seen"))).results[1].text)
+  end)
+
+  it("a warmbox object dropped with a task in flight aborts its transfer and frees the session", function()
+    local wb2 = env:warmbox{ exec_timeout = 60, idle_timeout = 60 }
+    table.remove(env.wbs) -- nothing keeps it: env:stop must not close it
+    local s2 = wb2:session("tasks:dropped")
+    assert(s2:run("y = 1"))
+    wb2:spawn(function() return s2:run("import time\ntime.sleep(30)\ny = 2") end)
+    local t0 = core.now()
+    while core.now() - t0 < 1 do wb2:step(0.05) end -- the cell is in flight
+    s2, wb2 = nil, nil -- luacheck: ignore 311 (dropped on purpose)
+    collectgarbage()
+    collectgarbage()
+    -- The engine was collected: the execute's connection closed, the server
+    -- interrupted the cell (y stays 1) and the lock went with its object.
+    local r = assert(wb:session("tasks:dropped"):run("y"))
+    assert.equal("1", r.results[1].text)
+  end)
+
   it("runs on_stdout inside the task that asked, as output arrives", function()
     local s = wb:session("tasks:stream")
     local inside, chunks, other_ticks = true, {}, 0
