@@ -9,7 +9,9 @@
 --   warmbox, lease covers the run   steady state: one request (the run itself)
 --   warmbox, default config         exec_timeout = idle_timeout = 300: every run extends
 --                                   the lease, the connect goes alongside the execute
---   warmbox, paused before each run the sandbox is paused (untimed) before every run
+--   warmbox, paused before each run the sandbox is paused by hand (untimed) before every
+--                                   run: the execute resumes it (autoResume), the lease
+--                                   extension goes alongside
 --   reference flow (JS SDKs)         list, connect, setTimeout, exists, remove, makeDir, runCode, list
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local root = here .. "/.."
