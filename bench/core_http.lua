@@ -23,7 +23,7 @@ local LIMIT = 100
 
 local function knob(srv, path, body, key)
   local h = core.http{}
-  local headers = { ["Content-Type"] = "application/json" }
+  local headers = { ["Content-Type"] = "application/json", ["X-Warmboxd-Token"] = srv.admin_token }
   if key then headers["X-API-Key"] = key end
   local res = assert(h:request{ method = "POST", url = srv.url .. "/_warmboxd" .. path, headers = headers,
     body = assert(json.encode(body)), timeout = 600 })

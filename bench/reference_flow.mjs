@@ -3,7 +3,7 @@
 //   list (all pages) -> exact re-check -> connect -> setTimeout -> reset output
 //   (exists, remove, makeDir) -> runCode -> list output (+ read each file)
 // Run by bench/session.lua against warmboxd (E2B_API_URL, E2B_SANDBOX_URL,
-// E2B_API_KEY set). Prints one JSON line: {"runs", "p50_ms", "p95_ms", "requests_per_run", ...}.
+// E2B_API_KEY and WARMBOXD_ADMIN_TOKEN set). Prints one JSON line: {"runs", "p50_ms", "p95_ms", "requests_per_run", ...}.
 import { createRequire } from 'node:module'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -22,7 +22,7 @@ const OUT = '/home/user/output'
 const apiUrl = process.env.E2B_API_URL
 
 async function stats () {
-  const r = await fetch(`${apiUrl}/_warmboxd/stats`)
+  const r = await fetch(`${apiUrl}/_warmboxd/stats`, { headers: { 'X-Warmboxd-Token': process.env.WARMBOXD_ADMIN_TOKEN } })
   return r.json()
 }
 

@@ -40,7 +40,8 @@ local srv = assert(server.start{ bin = bin, args = { "--rtt-ms", tostring(RTT) }
 local http = core.http{ timeout = 30 }
 
 local function stats()
-  local res = assert(http:request{ method = "GET", url = srv.url .. "/_warmboxd/stats" })
+  local res = assert(http:request{ method = "GET", url = srv.url .. "/_warmboxd/stats",
+    headers = { ["X-Warmboxd-Token"] = srv.admin_token } })
   return assert(cjson.decode(res.body))
 end
 
@@ -78,6 +79,7 @@ end
 local function bench_reference()
   local q = function(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
   local cmd = table.concat({ "cd", q(root), "&&", "E2B_API_URL=" .. q(srv.url), "E2B_SANDBOX_URL=" .. q(srv.url),
+    "WARMBOXD_ADMIN_TOKEN=" .. q(srv.admin_token),
     "E2B_API_KEY=" .. q(srv.api_key), "E2B_DOMAIN=localhost", "BENCH_RUNS=" .. RUNS,
     "timeout 600 node bench/reference_flow.mjs 2>&1" }, " ")
   local p = assert(io.popen(cmd))

@@ -22,10 +22,11 @@ const RECORDS = opt('records', 100_000)
 const CREATES = opt('creates', 2000)
 const CONC = opt('concurrency', 8)
 const bin = process.env.WARMBOXD_BIN || join(root, 'build', 'warmboxd')
+const ADMIN = randomBytes(24).toString('hex')   // the admin API's token (--admin-token)
 
 function start() {
   return new Promise((resolve, reject) => {
-    const child = spawn(bin, ['--port', '0'], { stdio: ['ignore', 'pipe', 'inherit'] })
+    const child = spawn(bin, ['--port', '0', '--admin-token', ADMIN], { stdio: ['ignore', 'pipe', 'inherit'] })
     let buf = ''
     child.stdout.on('data', (d) => {
       buf += d
@@ -46,7 +47,7 @@ const rss = (pid) => {
 async function api(url, k, method, path, body) {
   const res = await fetch(url + path, {
     method,
-    headers: { 'X-API-Key': k, 'Content-Type': 'application/json' },
+    headers: { 'X-API-Key': k, 'Content-Type': 'application/json', 'X-Warmboxd-Token': ADMIN },
     body: body === undefined ? undefined : JSON.stringify(body),
   })
   const text = await res.text()

@@ -1,10 +1,13 @@
 /*
- * control.c: E2B's control plane (sandboxes: create, list, info, kill,
- * timeout, pause, connect, resume, refreshes), the lease timer, and the
- * config and seed knobs. Runtime hooks are always called without the store
+ * control.c: E2B's control plane (sandboxes: create, info, kill, timeout,
+ * pause, connect, resume, refreshes) and the lease timer. Listing, its
+ * filters and page tokens are in list.c; the config and seed knobs in
+ * knobs.c. Runtime hooks are always called without the store
  * lock; a record's `busy` flag keeps its transitions one at a time.
  */
 #include "wbd_int.h"
+#include "envd_util.h"
+#include "control.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -15,7 +18,6 @@
 
 int wbd_loose_metadata;
 
-#define US 1000000LL
 #define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 static int64_t max_len_us(void) { return (int64_t)wbd_opt.max_length_hours * 3600 * US; }
@@ -88,16 +90,15 @@ static int path_id(const char *path, char *id, size_t len) {
 
 #define AUTH_MSG "Invalid API key, please visit https://e2b.dev/docs/quickstart/api-key for more information."
 
-/* Fills `team` from X-API-Key; replies 401 and returns -1 when it is bad. */
-static int authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Result *r) {
-  const char *key = wbd_req_header(req, "X-API-Key");
+/* 0 and the team in `team`, or -1 and the reason after AUTH_MSG. */
+static int key_team(const char *key, char *team, size_t len, const char **why) {
   if (!key || !*key) {
-    *r = wbd_reply_error(req, 401, AUTH_MSG " authorization header is missing");
+    *why = " authorization header is missing";
     return -1;
   }
   if (wbd_opt.api_key) {
     if (strcmp(key, wbd_opt.api_key) != 0) {
-      *r = wbd_reply_error(req, 401, AUTH_MSG " invalid API key");
+      *why = " invalid API key";
       return -1;
     }
     snprintf(team, len, "%s", "team");
@@ -108,11 +109,26 @@ static int authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Re
   for (size_t i = 4; ok && i < n; i++)
     if (!isdigit((unsigned char)key[i]) && !(key[i] >= 'a' && key[i] <= 'f')) ok = 0;
   if (!ok) {
-    *r = wbd_reply_error(req, 401, strncmp(key, "e2b_", 4) == 0 ? AUTH_MSG " invalid API key"
-                                                                 : AUTH_MSG " authorization header is malformed");
+    *why = strncmp(key, "e2b_", 4) == 0 ? " invalid API key" : " authorization header is malformed";
     return -1;
   }
   snprintf(team, len, "%s", key);
+  return 0;
+}
+
+int wbd_control_key_ok(const char *key) {
+  char team[64];
+  const char *why;
+  return key_team(key, team, sizeof team, &why) == 0;
+}
+
+/* Fills `team` from X-API-Key; replies 401 and returns -1 when it is bad. */
+int wbd_ctl_authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Result *r) {
+  const char *why = "";
+  if (key_team(wbd_req_header(req, "X-API-Key"), team, len, &why) != 0) {
+    *r = wbd_reply_error(req, 401, AUTH_MSG "%s", why);
+    return -1;
+  }
   return 0;
 }
 
@@ -120,11 +136,10 @@ static int authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Re
 /* JSON bodies                                                         */
 /* ------------------------------------------------------------------ */
 
-#define VERR "validation error: request body has an error: "
 
 /* Parses the body as a JSON object. An empty body gives an empty object
  * unless `required` (then 400, as the validator answers). */
-static json_t *body_object(struct wbd_req *req, int required, enum MHD_Result *r) {
+json_t *wbd_ctl_body_object(struct wbd_req *req, int required, enum MHD_Result *r) {
   if (req->body_len == 0) {
     if (required) {
       *r = wbd_reply_error(req, 400, VERR "value is required but missing");
@@ -146,11 +161,10 @@ static json_t *body_object(struct wbd_req *req, int required, enum MHD_Result *r
   return o;
 }
 
-enum jtype { J_BOOL, J_INT, J_STRING, J_OBJECT, J_STRMAP };
 
 /* Field `name` of `o`: NULL when absent or null. Sets *bad and replies 400
  * when it has the wrong type. */
-static json_t *field(struct wbd_req *req, json_t *o, const char *name, enum jtype t, int *bad, enum MHD_Result *r) {
+json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jtype t, int *bad, enum MHD_Result *r) {
   json_t *v = json_object_get(o, name);
   if (!v || json_is_null(v) || *bad) return NULL;
   const char *want = NULL;
@@ -168,7 +182,16 @@ static json_t *field(struct wbd_req *req, json_t *o, const char *name, enum jtyp
     else {
       const char *k;
       json_t *x;
-      json_object_foreach(v, k, x) if (!json_is_string(x)) want = "value must be a string";
+      size_t bytes = 0, max = strcmp(name, "envVars") == 0 ? WBD_ENV_MAX_BYTES : WBD_META_MAX_BYTES;
+      json_object_foreach(v, k, x) {
+        if (!json_is_string(x)) want = "value must be a string";
+        else if (strlen(k) > WBD_MAP_MAX_KEY) want = "a key is longer than 256 bytes";
+        else bytes += strlen(k) + json_string_length(x);
+      }
+      if (!want && json_object_size(v) > WBD_MAP_MAX_KEYS) want = "more than 1000 entries";
+      else if (!want && bytes > max)
+        want = max == WBD_ENV_MAX_BYTES ? "keys and values add up to more than 256 KiB"
+                                        : "keys and values add up to more than 64 KiB";
     }
     break;
   }
@@ -203,7 +226,7 @@ static json_t *sandbox_json(const struct wbd_sandbox *sb) {
 }
 
 /* `ListedSandbox`; with `detail`, `SandboxDetail`. Under the store lock. */
-static json_t *listed_json(const struct wbd_sandbox *sb, int detail) {
+json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail) {
   json_t *o = json_object();
   json_object_set_new(o, "alias", json_string(sb->template_id));
   if (detail) json_object_set_new(o, "allowInternetAccess", json_boolean(sb->allow_internet));
@@ -293,7 +316,7 @@ static int op_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
   if (rc == 0) {
     sb->paused_with_memory = memory;
-    sb->end_at_us = wbd_now_us();
+    wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -320,7 +343,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     }
     if (mode == R_CONNECT) {
       int64_t end = cap_end(sb, wbd_now_us() + (int64_t)timeout_s * US);
-      if (end > sb->end_at_us) sb->end_at_us = end;
+      if (end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
     }
     if (out) *out = sandbox_json(sb);
     wbd_store_unlock();
@@ -349,7 +372,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     if (mode == R_RESUME && auto_pause >= 0) sb->auto_pause = auto_pause;
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
-    sb->end_at_us = cap_end(sb, now + (int64_t)timeout_s * US);
+    wbd_store_set_end_locked(sb, cap_end(sb, now + (int64_t)timeout_s * US));
     if (out) *out = sandbox_json(sb);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -372,24 +395,63 @@ int wbd_sandbox_auto_resume(struct wbd_sandbox *sb) {
 }
 
 /* ------------------------------------------------------------------ */
+/* Data-plane requests: find the sandbox, auto-resume, hand over       */
+/* ------------------------------------------------------------------ */
+
+static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
+  json_t *o = json_object();
+  json_object_set_new(o, "sandboxId", wbd_json_str(id));
+  json_object_set_new(o, "message", json_string("The sandbox was not found"));
+  json_object_set_new(o, "code", json_integer(502));
+  return wbd_reply_json(req, 502, o, NULL);
+}
+
+enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port) {
+  struct wbd_sandbox *sb = wbd_sandbox_get(id);
+  if (!sb) return sandbox_gone(req, id);
+  wbd_store_lock();
+  enum wbd_state st = sb->state;
+  int can_resume = sb->auto_resume && sb->paused_with_memory;
+  wbd_store_unlock();
+  if (st == WBD_PAUSED) {
+    if (!can_resume) {
+      wbd_sandbox_unref(sb);
+      return sandbox_gone(req, id);
+    }
+    int rc = wbd_sandbox_auto_resume(sb);
+    if (rc == 429) {
+      wbd_sandbox_unref(sb);
+      return reply_429(req);
+    }
+    if (rc != 0) {
+      wbd_sandbox_unref(sb);
+      return sandbox_gone(req, id);
+    }
+  }
+  enum MHD_Result r = wbd_dataplane_handle(req, sb, port);
+  wbd_sandbox_unref(sb);
+  return r;
+}
+
+/* ------------------------------------------------------------------ */
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
 static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   enum MHD_Result r = MHD_NO;
-  json_t *o = body_object(req, 1, &r);
+  json_t *o = wbd_ctl_body_object(req, 1, &r);
   if (!o) return r;
   int bad = 0;
-  json_t *tmpl = field(req, o, "templateID", J_STRING, &bad, &r);
-  json_t *timeout = field(req, o, "timeout", J_INT, &bad, &r);
-  json_t *ap = field(req, o, "autoPause", J_BOOL, &bad, &r);
-  json_t *apm = field(req, o, "autoPauseMemory", J_BOOL, &bad, &r);
-  json_t *ar = field(req, o, "autoResume", J_OBJECT, &bad, &r);
-  json_t *are = ar ? field(req, ar, "enabled", J_BOOL, &bad, &r) : NULL;
-  json_t *secure = field(req, o, "secure", J_BOOL, &bad, &r);
-  json_t *inet = field(req, o, "allow_internet_access", J_BOOL, &bad, &r);
-  json_t *meta = field(req, o, "metadata", J_STRMAP, &bad, &r);
-  json_t *env = field(req, o, "envVars", J_STRMAP, &bad, &r);
+  json_t *tmpl = wbd_ctl_field(req, o, "templateID", J_STRING, &bad, &r);
+  json_t *timeout = wbd_ctl_field(req, o, "timeout", J_INT, &bad, &r);
+  json_t *ap = wbd_ctl_field(req, o, "autoPause", J_BOOL, &bad, &r);
+  json_t *apm = wbd_ctl_field(req, o, "autoPauseMemory", J_BOOL, &bad, &r);
+  json_t *ar = wbd_ctl_field(req, o, "autoResume", J_OBJECT, &bad, &r);
+  json_t *are = ar ? wbd_ctl_field(req, ar, "enabled", J_BOOL, &bad, &r) : NULL;
+  json_t *secure = wbd_ctl_field(req, o, "secure", J_BOOL, &bad, &r);
+  json_t *inet = wbd_ctl_field(req, o, "allow_internet_access", J_BOOL, &bad, &r);
+  json_t *meta = wbd_ctl_field(req, o, "metadata", J_STRMAP, &bad, &r);
+  json_t *env = wbd_ctl_field(req, o, "envVars", J_STRMAP, &bad, &r);
   if (bad) {
     json_decref(o);
     return r;
@@ -474,387 +536,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   return wbd_reply_json(req, 201, res, NULL);
 }
 
-/* Go's url.QueryUnescape: %XX (strict) and '+' as a space. */
-static char *query_unescape(const char *s, size_t n) {
-  char *out = malloc(n + 1), *w = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] == '%') {
-      if (i + 2 >= n || !isxdigit((unsigned char)s[i + 1]) || !isxdigit((unsigned char)s[i + 2])) {
-        free(out);
-        return NULL;
-      }
-      char hx[3] = { s[i + 1], s[i + 2], 0 };
-      *w++ = (char)strtol(hx, NULL, 16);
-      i += 2;
-    } else if (s[i] == '+') {
-      *w++ = ' ';
-    } else {
-      *w++ = s[i];
-    }
-  }
-  *w = 0;
-  return out;
-}
-
-/* E2B's utils.parseFilters on the once-decoded `metadata` value. */
-static json_t *parse_metadata(const char *q, const char **err) {
-  size_t qn = strlen(q);
-  char *whole = query_unescape(q, qn);
-  if (!whole) {
-    *err = "error when unescaping query: invalid URL escape";
-    return NULL;
-  }
-  json_t *f = json_object();
-  char *p = whole;
-  for (;;) {
-    char *amp = strchr(p, '&');
-    size_t n = amp ? (size_t)(amp - p) : strlen(p);
-    char *eq = memchr(p, '=', n);
-    if (!eq || memchr(eq + 1, '=', n - (size_t)(eq - p) - 1)) {
-      *err = "invalid key value pair in query";
-      json_decref(f);
-      free(whole);
-      return NULL;
-    }
-    char *k = query_unescape(p, (size_t)(eq - p));
-    char *v = query_unescape(eq + 1, n - (size_t)(eq - p) - 1);
-    if (!k || !v) {
-      free(k);
-      free(v);
-      *err = "error when unescaping key or value: invalid URL escape";
-      json_decref(f);
-      free(whole);
-      return NULL;
-    }
-    json_object_set_new(f, k, json_string_nocheck(v));
-    free(k);
-    free(v);
-    if (!amp) break;
-    p = amp + 1;
-  }
-  free(whole);
-  return f;
-}
-
-static int meta_match(const struct wbd_sandbox *sb, json_t *filter, int loose) {
-  if (!filter) return 1;
-  const char *k;
-  json_t *want;
-  json_object_foreach(filter, k, want) {
-    json_t *have = json_object_get(sb->metadata, k);
-    if (!have) return 0;
-    const char *hv = json_string_value(have), *wv = json_string_value(want);
-    size_t hl = json_string_length(have), wl = json_string_length(want);
-    if (loose) {
-      if (wl > hl || memcmp(hv, wv, wl) != 0) return 0;
-    } else if (hl != wl || memcmp(hv, wv, wl) != 0) {
-      return 0;
-    }
-  }
-  return 1;
-}
-
-/* RFC 3339 → unix microseconds (fraction truncated). */
-static int parse_time(const char *s, int64_t *us) {
-  struct tm tm;
-  memset(&tm, 0, sizeof tm);
-  const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
-  if (!p) return -1;
-  int64_t frac = 0;
-  int digits = 0;
-  if (*p == '.') {
-    p++;
-    while (isdigit((unsigned char)*p)) {
-      if (digits < 6) frac = frac * 10 + (*p - '0');
-      digits++;
-      p++;
-    }
-    if (!digits) return -1;
-    for (int d = digits; d < 6; d++) frac *= 10;
-  }
-  int64_t off = 0;
-  if (*p == 'Z' || *p == 'z') p++;
-  else if (*p == '+' || *p == '-') {
-    int sign = *p == '-' ? -1 : 1;
-    if (!isdigit((unsigned char)p[1]) || !isdigit((unsigned char)p[2]) || p[3] != ':' ||
-        !isdigit((unsigned char)p[4]) || !isdigit((unsigned char)p[5]))
-      return -1;
-    off = sign * (((p[1] - '0') * 10 + (p[2] - '0')) * 3600 + ((p[4] - '0') * 10 + (p[5] - '0')) * 60);
-    p += 6;
-  } else
-    return -1;
-  if (*p) return -1;
-  time_t t = timegm(&tm);
-  *us = ((int64_t)t - off) * US + frac;
-  return 0;
-}
-
-/* Go's RFC3339Nano (trailing zeros of the fraction dropped). */
-static void format_nano(int64_t us, char *buf, size_t len) {
-  char full[48];
-  wbd_format_time(us, full, sizeof full);
-  char *dot = strchr(full, '.'), *z = strchr(full, 'Z');
-  if (dot && z) {
-    char *e = z;
-    while (e > dot + 1 && e[-1] == '0') e--;
-    if (e == dot + 1) e = dot;
-    memmove(e, z, 2);
-  }
-  snprintf(buf, len, "%s", full);
-}
-
-static const char b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
-static char *b64_encode(const unsigned char *s, size_t n) {
-  char *out = malloc(4 * ((n + 2) / 3) + 1), *w = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    unsigned v = (unsigned)s[i] << 16 | (i + 1 < n ? (unsigned)s[i + 1] << 8 : 0) | (i + 2 < n ? s[i + 2] : 0);
-    *w++ = b64url[(v >> 18) & 63];
-    *w++ = b64url[(v >> 12) & 63];
-    *w++ = i + 1 < n ? b64url[(v >> 6) & 63] : '=';
-    *w++ = i + 2 < n ? b64url[v & 63] : '=';
-  }
-  *w = 0;
-  return out;
-}
-
-/* Strict base64url with padding (Go's base64.URLEncoding). */
-static char *b64_decode(const char *s) {
-  size_t n = strlen(s);
-  if (n == 0 || n % 4) return NULL;
-  char *out = malloc(n / 4 * 3 + 1), *w = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 4) {
-    int v[4], pad = 0;
-    for (int j = 0; j < 4; j++) {
-      char c = s[i + j];
-      const char *pos = c ? strchr(b64url, c) : NULL;
-      if (c == '=' && i + 4 == n && j >= 2) {
-        v[j] = 0;
-        pad++;
-      } else if (pos && !pad) {
-        v[j] = (int)(pos - b64url);
-      } else {
-        free(out);
-        return NULL;
-      }
-    }
-    unsigned x = (unsigned)v[0] << 18 | (unsigned)v[1] << 12 | (unsigned)v[2] << 6 | (unsigned)v[3];
-    *w++ = (char)(x >> 16);
-    if (pad < 2) *w++ = (char)(x >> 8 & 255);
-    if (pad < 1) *w++ = (char)(x & 255);
-  }
-  *w = 0;
-  return out;
-}
-
-static int parse_token(const char *tok, int asc, int64_t *ts, char *id, size_t idlen) {
-  char *s = b64_decode(tok);
-  if (!s) return -1;
-  size_t n = strlen(s);
-  int rc = -1;
-  if (asc) {
-    if (n < 5 || strcmp(s + n - 5, "__asc") != 0) goto out;
-    s[n - 5] = 0;
-  }
-  char *sep = strstr(s, "__");
-  if (!sep) goto out;
-  *sep = 0;
-  const char *sid = sep + 2;
-  size_t il = strlen(sid);
-  if (il == 0 || il >= idlen) goto out;
-  for (size_t i = 0; i < il; i++)
-    if (!islower((unsigned char)sid[i]) && !isdigit((unsigned char)sid[i])) goto out;
-  if (parse_time(s, ts) != 0) goto out;
-  memcpy(id, sid, il + 1);
-  rc = 0;
-out:
-  free(s);
-  return rc;
-}
-
-static char *make_token(const struct wbd_sandbox *sb, int asc) {
-  char t[48], raw[128];
-  format_nano(sb->started_at_us, t, sizeof t);
-  snprintf(raw, sizeof raw, "%s__%s%s", t, sb->id, asc ? "__asc" : "");
-  return b64_encode((const unsigned char *)raw, strlen(raw));
-}
-
-#define QERR "validation error: parameter \"%s\" in query has an error: "
-
-/* Decodes ?metadata= into *filter (NULL when absent). A bad one is answered
- * with E2B's 400 here: the caller returns the result when req->replied. */
-static enum MHD_Result metadata_filter(struct wbd_req *req, const char *metadata, json_t **filter) {
-  *filter = NULL;
-  if (!metadata) return MHD_YES;
-  const char *err = NULL;
-  *filter = parse_metadata(metadata, &err);
-  if (!*filter) return wbd_reply_error(req, 400, "Error parsing metadata: %s", err);
-  return MHD_YES;
-}
-
-static enum MHD_Result h_list_v2(struct wbd_req *req, const char *team) {
-  const char *state = wbd_req_query(req, "state"), *metadata = wbd_req_query(req, "metadata"),
-             *limit_s = wbd_req_query(req, "limit"), *token = wbd_req_query(req, "nextToken"),
-             *order = wbd_req_query(req, "order"), *after_s = wbd_req_query(req, "startedAfter"),
-             *tmpl = wbd_req_query(req, "template");
-  int want_running = 1, want_paused = 1;
-  if (state) {
-    want_running = want_paused = 0;
-    const char *p = state;
-    for (;;) {
-      size_t n = strcspn(p, ",");
-      if (n == 7 && strncmp(p, "running", 7) == 0) want_running = 1;
-      else if (n == 6 && strncmp(p, "paused", 6) == 0) want_paused = 1;
-      else
-        return wbd_reply_error(req, 400, QERR "value is not one of the allowed values [\"running\",\"paused\"]",
-                               "state");
-      if (!p[n]) break;
-      p += n + 1;
-    }
-  }
-  long limit = 100;
-  if (limit_s) {
-    char *end;
-    errno = 0;
-    limit = strtol(limit_s, &end, 10);
-    if (errno || end == limit_s || *end)
-      return wbd_reply_error(req, 400, QERR "value %s: an invalid integer: invalid syntax", "limit", limit_s);
-    if (limit < 1) return wbd_reply_error(req, 400, QERR "number must be at least 1", "limit");
-    if (limit > 100) return wbd_reply_error(req, 400, QERR "number must be at most 100", "limit");
-  }
-  int asc = 0;
-  if (order) {
-    if (strcmp(order, "asc") == 0) asc = 1;
-    else if (strcmp(order, "desc") != 0)
-      return wbd_reply_error(req, 400, QERR "value is not one of the allowed values [\"asc\",\"desc\"]", "order");
-  }
-  int64_t after = 0;
-  int has_after = 0;
-  if (after_s) {
-    if (parse_time(after_s, &after) != 0)
-      return wbd_reply_error(req, 400, QERR "value %s: an invalid date-time", "startedAfter", after_s);
-    has_after = 1;
-  }
-  if (tmpl && strchr(tmpl, ':'))
-    return wbd_reply_error(req, 400, "Template tags are not supported when filtering sandboxes");
-  if (tmpl && !*tmpl) tmpl = NULL;
-  int64_t cur_ts = 0;
-  char cur_id[64];
-  int has_cursor = 0;
-  if (token) {
-    if (parse_token(token, asc, &cur_ts, cur_id, sizeof cur_id) != 0)
-      return wbd_reply_error(req, 400, "Invalid next token");
-    has_cursor = 1;
-  }
-  json_t *filter;
-  enum MHD_Result mr = metadata_filter(req, metadata, &filter);
-  if (req->replied) return mr;
-  int loose = wbd_knob(&wbd_loose_metadata);
-
-  json_t *items = json_array();
-  char *next = NULL;
-  long total_running = -1;
-  wbd_store_lock();
-  struct wbd_team *t = wbd_store_team_locked(team, 0);
-  if (t) {
-    long got = 0;
-    struct wbd_sandbox *last = NULL;
-    size_t n = t->n;
-    size_t i = asc ? (has_cursor ? wbd_store_upper_locked(t, cur_ts, cur_id) : 0)
-                   : (has_cursor ? wbd_store_lower_locked(t, cur_ts, cur_id) : n);
-    for (;;) {
-      struct wbd_sandbox *sb;
-      if (asc) {
-        if (i >= n) break;
-        sb = &t->v[i++]->sb;
-      } else {
-        if (i == 0) break;
-        sb = &t->v[--i]->sb;
-        if (has_after && sb->started_at_us < after) break;
-      }
-      if (sb->state == WBD_RUNNING ? !want_running : !want_paused) continue;
-      if (has_after && sb->started_at_us < after) continue;
-      if (tmpl && strcmp(sb->template_id, tmpl) != 0) continue;
-      if (!meta_match(sb, filter, loose)) continue;
-      if (got == limit) {
-        next = make_token(last, asc);
-        break;
-      }
-      json_array_append_new(items, listed_json(sb, 0));
-      last = sb;
-      got++;
-    }
-    if (want_running) {
-      if (!filter && !tmpl && !has_after) {
-        total_running = t->running;
-      } else {
-        total_running = 0;
-        for (struct wbd_rec *r = t->run_head; r; r = r->rnext) {
-          if (has_after && r->sb.started_at_us < after) continue;
-          if (tmpl && strcmp(r->sb.template_id, tmpl) != 0) continue;
-          if (meta_match(&r->sb, filter, loose)) total_running++;
-        }
-      }
-    }
-  } else if (want_running) {
-    total_running = 0;
-  }
-  wbd_store_unlock();
-  json_decref(filter);
-
-  const char *hv[5] = { NULL };
-  char tr[32];
-  int k = 0;
-  if (next) {
-    hv[k++] = "X-Next-Token";
-    hv[k++] = next;
-  }
-  if (total_running >= 0) {
-    snprintf(tr, sizeof tr, "%ld", total_running);
-    hv[k++] = "X-Total-Running";
-    hv[k++] = tr;
-  }
-  enum MHD_Result r = wbd_reply_json(req, 200, items, hv);
-  free(next);
-  return r;
-}
-
-static int desc_cmp(const void *a, const void *b) {
-  const struct wbd_sandbox *x = *(struct wbd_sandbox *const *)a, *y = *(struct wbd_sandbox *const *)b;
-  if (x->started_at_us != y->started_at_us) return x->started_at_us > y->started_at_us ? -1 : 1;
-  return strcmp(x->id, y->id);
-}
-
-static enum MHD_Result h_list_v1(struct wbd_req *req, const char *team) {
-  const char *metadata = wbd_req_query(req, "metadata");
-  json_t *filter;
-  enum MHD_Result mr = metadata_filter(req, metadata, &filter);
-  if (req->replied) return mr;
-  int loose = wbd_knob(&wbd_loose_metadata);
-  json_t *items = json_array();
-  wbd_store_lock();
-  struct wbd_team *t = wbd_store_team_locked(team, 0);
-  if (t && t->running > 0) {
-    struct wbd_sandbox **v = malloc((size_t)t->running * sizeof *v);
-    size_t n = 0;
-    for (struct wbd_rec *r = t->run_head; r && v; r = r->rnext)
-      if (meta_match(&r->sb, filter, loose)) v[n++] = &r->sb;
-    if (v) qsort(v, n, sizeof *v, desc_cmp);
-    for (size_t i = 0; i < n; i++) json_array_append_new(items, listed_json(v[i], 0));
-    free(v);
-  }
-  wbd_store_unlock();
-  json_decref(filter);
-  return wbd_reply_json(req, 200, items, NULL);
-}
-
 static enum MHD_Result h_info(struct wbd_req *req, const char *team, const char *id) {
   wbd_store_lock();
   struct wbd_sandbox *sb = find_locked(team, id);
-  json_t *o = sb ? listed_json(sb, 1) : NULL;
+  json_t *o = sb ? wbd_ctl_listed_json(sb, 1) : NULL;
   wbd_store_unlock();
   if (!o) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   return wbd_reply_json(req, 200, o, NULL);
@@ -870,10 +555,10 @@ static enum MHD_Result h_kill(struct wbd_req *req, const char *team, const char 
 
 static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const char *id, int refresh) {
   enum MHD_Result r = MHD_NO;
-  json_t *o = body_object(req, !refresh, &r);
+  json_t *o = wbd_ctl_body_object(req, !refresh, &r);
   if (!o) return r;
   int bad = 0;
-  json_t *v = field(req, o, refresh ? "duration" : "timeout", J_INT, &bad, &r);
+  json_t *v = wbd_ctl_field(req, o, refresh ? "duration" : "timeout", J_INT, &bad, &r);
   if (bad) {
     json_decref(o);
     return r;
@@ -902,7 +587,7 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
       status = 400;
     } else {
       int64_t end = cap_end(sb, now + secs * US);
-      if (!refresh || end > sb->end_at_us) sb->end_at_us = end;
+      if (!refresh || end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
     }
   }
   wbd_store_unlock();
@@ -914,10 +599,10 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
 
 static enum MHD_Result h_pause(struct wbd_req *req, const char *team, const char *id) {
   enum MHD_Result r = MHD_NO;
-  json_t *o = body_object(req, 0, &r);
+  json_t *o = wbd_ctl_body_object(req, 0, &r);
   if (!o) return r;
   int bad = 0;
-  json_t *mem = field(req, o, "memory", J_BOOL, &bad, &r);
+  json_t *mem = wbd_ctl_field(req, o, "memory", J_BOOL, &bad, &r);
   int memory = mem ? json_is_true(mem) : 1;
   json_decref(o);
   if (bad) return r;
@@ -933,12 +618,12 @@ static enum MHD_Result h_pause(struct wbd_req *req, const char *team, const char
 static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const char *id, enum resume_mode mode,
                                  int v2) {
   enum MHD_Result r = MHD_NO;
-  json_t *o = body_object(req, mode == R_CONNECT && !v2, &r);
+  json_t *o = wbd_ctl_body_object(req, mode == R_CONNECT && !v2, &r);
   if (!o) return r;
   int bad = 0;
-  json_t *to = field(req, o, "timeout", J_INT, &bad, &r);
-  json_t *mem = v2 ? field(req, o, "memory", J_BOOL, &bad, &r) : NULL;
-  json_t *ap = mode == R_RESUME ? field(req, o, "autoPause", J_BOOL, &bad, &r) : NULL;
+  json_t *to = wbd_ctl_field(req, o, "timeout", J_INT, &bad, &r);
+  json_t *mem = v2 ? wbd_ctl_field(req, o, "memory", J_BOOL, &bad, &r) : NULL;
+  json_t *ap = mode == R_RESUME ? wbd_ctl_field(req, o, "autoPause", J_BOOL, &bad, &r) : NULL;
   if (bad) {
     json_decref(o);
     return r;
@@ -977,11 +662,11 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
   }
   char team[64], id[64];
   enum MHD_Result r = MHD_NO;
-  if (authenticate(req, team, sizeof team, &r) != 0) return r;
+  if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
   if (strcmp(route, "POST /sandboxes") == 0) return h_create(req, team, 0);
   if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
-  if (strcmp(route, "GET /v2/sandboxes") == 0) return h_list_v2(req, team);
-  if (strcmp(route, "GET /sandboxes") == 0) return h_list_v1(req, team);
+  if (strcmp(route, "GET /v2/sandboxes") == 0) return wbd_list_v2(req, team);
+  if (strcmp(route, "GET /sandboxes") == 0) return wbd_list_v1(req, team);
   if (path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
   if (strcmp(route, "GET /sandboxes/{id}") == 0) return h_info(req, team, id);
   if (strcmp(route, "DELETE /sandboxes/{id}") == 0) return h_kill(req, team, id);
@@ -995,114 +680,6 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Knobs: config and seed                                              */
-/* ------------------------------------------------------------------ */
-
-enum MHD_Result wbd_knob_config(struct wbd_req *req) {
-  enum MHD_Result r = MHD_NO;
-  json_t *o = body_object(req, 1, &r);
-  if (!o) return r;
-  const char *k;
-  json_t *v;
-  json_object_foreach(o, k, v) {
-    int is_bool = strcmp(k, "loose_metadata") == 0;
-    int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
-                 strcmp(k, "max_running") == 0;
-    if (!is_bool && !is_int) {
-      r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
-      json_decref(o);
-      return r;
-    }
-    if ((is_bool && !json_is_boolean(v)) ||
-        (is_int && (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 600000))) {
-      r = wbd_reply_error(req, 400, "config: bad value for '%s'", k);
-      json_decref(o);
-      return r;
-    }
-  }
-  json_object_foreach(o, k, v) {
-    int iv = json_is_integer(v) ? (int)json_integer_value(v) : json_is_true(v);
-    if (strcmp(k, "loose_metadata") == 0) wbd_knob_set(&wbd_loose_metadata, iv);
-    else if (strcmp(k, "rtt_ms") == 0) wbd_knob_set(&wbd_opt.rtt_ms, iv);
-    else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
-    else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
-    else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
-  }
-  json_decref(o);
-  return wbd_reply_json(req, 204, NULL, NULL);
-}
-
-enum MHD_Result wbd_knob_seed(struct wbd_req *req) {
-  char team[64];
-  enum MHD_Result r = MHD_NO;
-  if (authenticate(req, team, sizeof team, &r) != 0) return r;
-  json_t *o = body_object(req, 1, &r);
-  if (!o) return r;
-  int bad = 0;
-  json_t *count = field(req, o, "count", J_INT, &bad, &r);
-  json_t *state = field(req, o, "state", J_STRING, &bad, &r);
-  json_t *meta = field(req, o, "metadata", J_STRMAP, &bad, &r);
-  json_t *tmpl = field(req, o, "templateID", J_STRING, &bad, &r);
-  json_t *timeout = field(req, o, "timeout", J_INT, &bad, &r);
-  json_t *started_ago = field(req, o, "started_ago_s", J_INT, &bad, &r);
-  json_t *paused_ago = field(req, o, "paused_ago_s", J_INT, &bad, &r);
-  json_t *ap = field(req, o, "autoPause", J_BOOL, &bad, &r);
-  json_t *ar = field(req, o, "autoResume", J_BOOL, &bad, &r);
-  if (bad) {
-    json_decref(o);
-    return r;
-  }
-  int64_t sago = started_ago ? json_integer_value(started_ago) * US : 0;
-  int64_t pago = paused_ago ? json_integer_value(paused_ago) * US : 0;
-  int auto_pause = ap && json_is_true(ap), auto_resume = ar && json_is_true(ar);
-  long long n = count ? json_integer_value(count) : 0;
-  const char *st = state ? json_string_value(state) : "paused";
-  int running = strcmp(st, "running") == 0;
-  long long to = timeout ? json_integer_value(timeout) : wbd_opt.default_timeout_s;
-  if (n < 1 || n > 1000000 || (!running && strcmp(st, "paused") != 0) || to <= 0 || sago < 0 || pago < 0 ||
-      pago > sago) {
-    json_decref(o);
-    return wbd_reply_error(req, 400, "seed: count must be 1..1000000, state running or paused, timeout > 0, "
-                                     "0 <= paused_ago_s <= started_ago_s");
-  }
-  const char *tid = tmpl ? json_string_value(tmpl) : "base";
-  json_t *shared = json_object();
-  if (meta) json_object_update(shared, meta);
-  struct wbd_sandbox **v = malloc((size_t)n * sizeof *v);
-  if (!v) abort();
-  int64_t now = wbd_now_us();
-  for (long long i = 0; i < n; i++) {
-    struct wbd_sandbox *sb = wbd_store_alloc(team);
-    sb->template_id = strdup(tid);
-    json_decref(sb->metadata);
-    sb->metadata = json_incref(shared);  /* immutable after create: one copy for all */
-    sb->secure = 1;
-    sb->timeout_s = (int)to;
-    sb->auto_pause = auto_pause;
-    sb->auto_resume = auto_resume;
-    /* distinct start times, oldest first, all before the pause time */
-    sb->started_at_us = now - sago - (n - i);
-    if (running) {
-      sb->state = WBD_RUNNING;
-      sb->end_at_us = now + to * US;  /* not capped: a record may outlive the maximum length */
-    } else {
-      sb->state = WBD_PAUSED;
-      sb->end_at_us = now - pago;
-    }
-    v[i] = sb;
-  }
-  json_decref(shared);
-  json_decref(o);
-  wbd_store_lock();
-  wbd_store_insert_many_locked(v, (size_t)n);
-  wbd_store_unlock();
-  free(v);
-  json_t *res = json_object();
-  json_object_set_new(res, "created", json_integer(n));
-  return wbd_reply_json(req, 200, res, NULL);
-}
-
-/* ------------------------------------------------------------------ */
 /* The lease timer                                                     */
 /* ------------------------------------------------------------------ */
 
@@ -1112,26 +689,13 @@ static pthread_cond_t lc_cv = PTHREAD_COND_INITIALIZER;
 static int lc_stop, lc_started;
 
 static void expire_once(void) {
-  size_t n = 0, cap = 0;
-  struct wbd_sandbox **v = NULL;
-  int *pause = NULL;  /* -1 kill, else pause with that memory flag */
+  size_t n = 0;
   int64_t now = wbd_now_us();
   wbd_store_lock();
-  for (struct wbd_team *t = wbd_store_teams_locked(); t; t = t->next)
-    for (struct wbd_rec *r = t->run_head; r; r = r->rnext) {
-      if (r->busy || r->sb.end_at_us > now) continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 64;
-        struct wbd_sandbox **nv = realloc(v, cap * sizeof *nv);
-        int *np = realloc(pause, cap * sizeof *np);
-        if (!nv || !np) abort();
-        v = nv;
-        pause = np;
-      }
-      wbd_store_ref_locked(&r->sb);
-      pause[n] = r->sb.auto_pause ? r->sb.auto_pause_memory : -1;
-      v[n++] = &r->sb;
-    }
+  struct wbd_sandbox **v = wbd_store_expired_locked(now, &n);
+  int *pause = n ? malloc(n * sizeof *pause) : NULL;  /* -1 kill, else pause with that memory flag */
+  if (n && !pause) abort();
+  for (size_t i = 0; i < n; i++) pause[i] = v[i]->auto_pause ? v[i]->auto_pause_memory : -1;
   wbd_store_unlock();
   for (size_t i = 0; i < n; i++) {
     struct wbd_sandbox *sb = v[i];

@@ -12,6 +12,7 @@
 #include "envd_util.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -53,7 +54,7 @@ static json_t *connect_error_json(const char *code, const char *fmt, va_list ap)
   vsnprintf(msg, sizeof msg, fmt, ap);
   json_t *e = json_object();
   json_object_set_new(e, "code", json_string(code));
-  json_object_set_new(e, "message", json_string(msg));
+  json_object_set_new(e, "message", wbd_json_str(msg));
   return e;
 }
 
@@ -138,7 +139,8 @@ static const char *jstr(json_t *o, const char *camel, const char *snake) {
 static long long jint(json_t *o, const char *name, long long def) {
   json_t *v = json_object_get(o, name);
   if (json_is_integer(v)) return json_integer_value(v);
-  if (json_is_string(v)) return strtoll(json_string_value(v), NULL, 10);
+  long long n;
+  if (json_is_string(v) && wbd_parse_ll(json_string_value(v), LLONG_MIN / 2, LLONG_MAX / 2, def, &n) == 0) return n;
   return def;
 }
 
@@ -196,6 +198,15 @@ static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *o
   return -1;
 }
 
+int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb) {
+  if (!sb->secure || !sb->access_token[0]) return 1;
+  const char *tok = wbd_req_header(req, "X-Access-Token");
+  if (tok) return wbd_str_eq_ct(tok, sb->access_token);
+  if (strcmp(req->path, "/files") != 0 || strcmp(req->method, "POST") != 0) return 0;
+  const char *path = wbd_req_query(req, "path"), *why = NULL;
+  return files_auth(req, sb, "write", path ? path : "", wbd_req_query(req, "username"), &why) == 0;
+}
+
 /* The HTTP error for a /files path error. */
 static enum MHD_Result files_path_error(struct wbd_req *req, int err, const char *shown) {
   switch (-err) {
@@ -212,12 +223,17 @@ static enum MHD_Result files_path_error(struct wbd_req *req, int err, const char
 /* Large downloads are streamed from the open file rather than held in memory. */
 #define FILES_INLINE_MAX (4u << 20)
 
+/* A download sends at most the size the file had when it was opened: a
+ * sandbox growing the file meanwhile must not make one request endless. */
 struct fstream {
   int fd;
+  uint64_t size;
 };
 
 static ssize_t fstream_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct fstream *f = cls;
+  if (pos >= f->size) return MHD_CONTENT_READER_END_OF_STREAM;
+  if (max > f->size - pos) max = (size_t)(f->size - pos);
   for (;;) {
     ssize_t n = pread(f->fd, out, max, (off_t)pos);
     if (n > 0) return n;
@@ -281,6 +297,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
       return wbd_reply_error(req, 500, "out of memory");
     }
     f->fd = fd;
+    f->size = (uint64_t)st.st_size;
     wbd_fs_release(&p);
     return wbd_reply_stream(req, 200, "application/octet-stream", fstream_read, f, fstream_done, headers);
   }
@@ -288,7 +305,8 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   char chunk[65536];
   ssize_t n;
   int failed = 0;
-  while ((n = read(fd, chunk, sizeof chunk)) != 0) {
+  size_t left = (size_t)st.st_size;
+  while (left && (n = read(fd, chunk, left < sizeof chunk ? left : sizeof chunk)) != 0) {
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       failed = errno;
@@ -298,6 +316,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
       failed = ENOMEM;
       break;
     }
+    left -= (size_t)n;
   }
   close(fd);
   enum MHD_Result r;
@@ -315,6 +334,9 @@ struct upload {
   const char *qpath;         /* the `path` query parameter, or NULL */
   int fd;                    /* file being written, -1 */
   json_t *entries;           /* [EntryInfo] answered */
+  char **paths;              /* the jail paths written so far (raw bytes: the JSON
+                              * copies may have U+FFFD where a path is not UTF-8) */
+  size_t npaths;
   unsigned status;           /* error to answer, 0 while fine */
   char msg[PATH_MAX + 128];
 };
@@ -363,9 +385,8 @@ static int upload_begin(struct upload *u, const char *dest) {
     upload_path_fail(u, rc, dest);
     return -1;
   }
-  size_t n = json_array_size(u->entries);
-  for (size_t i = 0; i < n; i++) {
-    if (strcmp(jstr(json_array_get(u->entries, i), "path", NULL), p.jail) == 0) {
+  for (size_t i = 0; i < u->npaths; i++) {
+    if (strcmp(u->paths[i], p.jail) == 0) {
       wbd_fs_release(&p);
       upload_fail(u, 400, "you cannot upload multiple files to the same path '%s' in one upload request", p.jail);
       return -1;
@@ -390,10 +411,14 @@ static int upload_begin(struct upload *u, const char *dest) {
   }
   u->fd = rc;
   wbd_fs_chown(&p, u->fd);
+  char **np = realloc(u->paths, (u->npaths + 1) * sizeof *np);
+  if (!np || !(np[u->npaths] = strdup(p.jail))) abort();
+  u->paths = np;
+  u->npaths++;
   json_t *e = json_object();
   const char *base = strrchr(p.jail, '/');
-  json_object_set_new(e, "path", json_string(p.jail));
-  json_object_set_new(e, "name", json_string(base ? base + 1 : p.jail));
+  json_object_set_new(e, "path", wbd_json_str(p.jail));
+  json_object_set_new(e, "name", wbd_json_str(base ? base + 1 : p.jail));
   json_object_set_new(e, "type", json_string("file"));
   json_array_append_new(u->entries, e);
   wbd_fs_release(&p);
@@ -464,6 +489,8 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     upload_fail(&u, 400, "unsupported content type '%s': use multipart/form-data or application/octet-stream",
                 ct ? ct : "");
   }
+  for (size_t i = 0; i < u.npaths; i++) free(u.paths[i]);
+  free(u.paths);
   if (u.status) {
     json_decref(u.entries);
     return wbd_reply_error(req, u.status, "%s", u.msg);
@@ -515,7 +542,8 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
   } else if (strcmp(method, "MakeDir") == 0) {
     rc = wbd_fs_mkdirs(&p, 1);
     json_t *e = (rc == 0 || rc == -EEXIST) ? wbd_fs_entry(&p) : NULL;
-    if (rc == -EEXIST && e && strcmp(jstr(e, "type", NULL), "FILE_TYPE_DIRECTORY") == 0)
+    const char *etype = e ? jstr(e, "type", NULL) : NULL;
+    if (rc == -EEXIST && etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0)
       r = rpc_error(req, "already_exists", "directory '%s' already exists", p.jail);
     else if (rc == -EEXIST)
       r = rpc_error(req, "invalid_argument", "path '%s' already exists and is not a directory", p.jail);
@@ -838,12 +866,13 @@ static void ps_done(void *cls) {
   free(ps);
 }
 
-static int64_t header_num(struct wbd_req *req, const char *name) {
+/* A non-negative numeric header, saturated to [0, hi]; -1 when absent or
+ * not a number. A huge value must not overflow into a negative interval. */
+static int64_t header_num(struct wbd_req *req, const char *name, int64_t hi) {
   const char *v = wbd_req_header(req, name);
-  if (!v || !isdigit((unsigned char)*v)) return -1;
-  char *end;
-  long long n = strtoll(v, &end, 10);
-  return *end == 0 ? n : -1;
+  long long n;
+  if (!v || !isdigit((unsigned char)*v) || wbd_parse_ll(v, 0, hi, -1, &n) != 0) return -1;
+  return n;
 }
 
 static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
@@ -852,13 +881,16 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   char bad[128];
   if (rpc_user(req, bad, sizeof bad) != 0)
     return stream_fail(req, trailer_error("unauthenticated", "invalid username: '%s'", bad));
-  const unsigned char *b = (const unsigned char *)req->body;
-  if (req->body_len < 5) return stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
-  size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 | (size_t)b[3] << 8 | b[4];
-  if (b[0] & 0x01) return stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
-  if (len != req->body_len - 5)
-    return stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
-                                          len));
+  size_t len = 0;
+  switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
+    case WBD_ENV_OK: break;
+    case WBD_ENV_SHORT: return stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
+    case WBD_ENV_COMPRESSED:
+      return stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
+    default:
+      return stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
+                                            len));
+  }
   json_error_t jerr;
   json_t *in = json_loadb(req->body + 5, len, 0, &jerr);
   json_t *proc = json_object_get(in, "process");
@@ -926,9 +958,10 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   ps->err_fd = err_fd;
   ps->pid_fd = (int)syscall(SYS_pidfd_open, pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
   ps->phase = PS_START;
-  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms");
+  /* Saturated: ~31 years of milliseconds, a day of seconds between pings. */
+  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", (int64_t)1 << 40);
   if (timeout_ms > 0) ps->deadline_us = mono_us() + timeout_ms * 1000;
-  int64_t ka = header_num(req, "Keepalive-Ping-Interval");
+  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
   ps->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
   return wbd_reply_stream(req, 200, "application/connect+json", ps_read, ps, ps_done, NULL);
 }

@@ -7,6 +7,7 @@
  * RESOLVE_BENEATH makes the check and the use one step.
  */
 #include "envd_fs.h"
+#include "envd_util.h"
 #include "runtime.h"
 
 #include <dirent.h>
@@ -384,9 +385,9 @@ static json_t *entry_json(const struct stat *st, const char *jailpath, const cha
                    : S_ISLNK(st->st_mode) ? "FILE_TYPE_SYMLINK"
                    : S_ISREG(st->st_mode) ? "FILE_TYPE_FILE" : "FILE_TYPE_UNSPECIFIED";
   json_t *e = json_object();
-  json_object_set_new(e, "name", json_string(name));
+  json_object_set_new(e, "name", wbd_json_str(name));
   json_object_set_new(e, "type", json_string(type));
-  json_object_set_new(e, "path", json_string(jailpath));
+  json_object_set_new(e, "path", wbd_json_str(jailpath));
   if (st->st_size != 0) {
     char sz[32];
     snprintf(sz, sizeof sz, "%lld", (long long)st->st_size);
@@ -408,7 +409,7 @@ static json_t *entry_json(const struct stat *st, const char *jailpath, const cha
   else
     snprintf(full, sizeof full, "%sZ", ts);
   json_object_set_new(e, "modifiedTime", json_string(full));
-  if (target) json_object_set_new(e, "symlinkTarget", json_string(target));
+  if (target) json_object_set_new(e, "symlinkTarget", wbd_json_str(target));
   return e;
 }
 
@@ -478,7 +479,8 @@ static int list_level(int fd, const char *jailpath, int level, int depth, json_t
     if (w < 0 || (size_t)w >= sizeof child) continue;
     json_t *e = entry_at(fd, names[i], child);
     if (!e) continue;   /* vanished meanwhile */
-    int is_dir = strcmp(json_string_value(json_object_get(e, "type")), "FILE_TYPE_DIRECTORY") == 0;
+    const char *etype = json_string_value(json_object_get(e, "type"));
+    int is_dir = etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0;
     json_array_append_new(out, e);
     if (is_dir && level < depth) {
       int sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -1,6 +1,7 @@
 /* envd_util.c: byte buffer, base64 and SHA-256 for envd. */
 #include "envd_util.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,94 @@ int wbd_buf_add(struct wbd_buf *b, const void *data, size_t len) {
 void wbd_buf_free(struct wbd_buf *b) {
   free(b->data);
   memset(b, 0, sizeof *b);
+}
+
+/* ------------------------------------------------------------------ */
+/* JSON strings from raw bytes, numbers from raw text                  */
+/* ------------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 sequence at s (RFC 3629: no overlongs, no
+ * surrogates, <= U+10FFFF), or 0 when the byte at s does not start one. */
+static size_t utf8_seq(const unsigned char *s) {
+  unsigned c = s[0];
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else
+    return 0;
+  if (s[1] < lo || s[1] > hi) return 0;
+  for (size_t i = 2; i < n; i++)
+    if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+  return n;
+}
+
+json_t *wbd_json_str(const char *s) {
+  if (!s) return NULL;
+  json_t *j = json_string(s);
+  if (j) return j;
+  size_t len = strlen(s);
+  char *out = malloc(len * 3 + 1), *o = out;
+  if (!out) abort();
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    size_t n = utf8_seq(p);
+    if (n) {
+      memcpy(o, p, n);
+      o += n;
+      p += n;
+    } else {
+      memcpy(o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      p++;
+    }
+  }
+  *o = 0;
+  j = json_stringn_nocheck(out, (size_t)(o - out));
+  free(out);
+  if (!j) abort();
+  return j;
+}
+
+long long wbd_clamp_ll(long long v, long long lo, long long hi) {
+  return v < lo ? lo : v > hi ? hi : v;
+}
+
+int wbd_parse_ll(const char *s, long long lo, long long hi, long long def, long long *out) {
+  *out = def;
+  if (!s) return -1;
+  while (*s == ' ' || *s == '\t') s++;
+  int neg = 0;
+  if (*s == '+' || *s == '-') neg = *s++ == '-';
+  if (!isdigit((unsigned char)*s)) return -1;
+  /* Saturate at 10^18 (below LLONG_MAX): v * 10 + 9 never overflows. */
+  const unsigned long long cap = 1000000000000000000ULL;
+  unsigned long long v = 0;
+  for (; isdigit((unsigned char)*s); s++) v = v < cap ? v * 10 + (unsigned)(*s - '0') : cap;
+  if (v > cap) v = cap;
+  while (*s == ' ' || *s == '\t') s++;
+  if (*s) return -1;
+  long long r = neg ? -(long long)v : (long long)v;
+  *out = wbd_clamp_ll(r, lo, hi);
+  return 0;
+}
+
+int wbd_connect_envelope(const char *body, size_t body_len, size_t *len) {
+  const unsigned char *b = (const unsigned char *)body;
+  *len = 0;
+  if (body_len < 5) return WBD_ENV_SHORT;
+  *len = (size_t)b[1] << 24 | (size_t)b[2] << 16 | (size_t)b[3] << 8 | b[4];
+  if (b[0] & 0x01) return WBD_ENV_COMPRESSED;
+  if (*len != body_len - 5) return WBD_ENV_LENGTH;
+  return WBD_ENV_OK;
 }
 
 /* ------------------------------------------------------------------ */

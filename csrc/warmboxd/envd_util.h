@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 
 struct wbd_buf {
   char *data;
@@ -24,6 +25,35 @@ char *wbd_b64_encode(const void *data, size_t len);
 unsigned char *wbd_b64_decode(const char *s, size_t *out_len);
 
 void wbd_sha256(const void *data, size_t len, unsigned char out[32]);
+
+/* A JSON string for bytes that came from outside (paths, file names, header
+ * values, messages that quote them): json_string() returns NULL for bytes
+ * that are not UTF-8, so every invalid byte becomes U+FFFD (as Go's
+ * encoding/json writes it) and the result is never NULL for a non-NULL `s`
+ * (it aborts on out of memory, like the rest of warmboxd). */
+json_t *wbd_json_str(const char *s);
+
+/* Saturating arithmetic for numbers read from requests: the result is
+ * clamped to [lo, hi] instead of overflowing. */
+long long wbd_clamp_ll(long long v, long long lo, long long hi);
+/* Parses a decimal integer (optional sign, surrounding blanks) from a header
+ * or field, clamping to [lo, hi]; returns 0, or -1 when `s` is not a number
+ * (then *out = def). Digits beyond the range saturate rather than overflow. */
+int wbd_parse_ll(const char *s, long long lo, long long hi, long long def, long long *out);
+
+/* A Connect streaming request body: exactly one envelope (flag byte, 4-byte
+ * big-endian length, message). WBD_ENV_OK with *len = the message length
+ * (it starts at body + 5); otherwise why not (*len is the announced length
+ * for WBD_ENV_LENGTH). */
+enum { WBD_ENV_OK = 0, WBD_ENV_SHORT, WBD_ENV_COMPRESSED, WBD_ENV_LENGTH };
+int wbd_connect_envelope(const char *body, size_t body_len, size_t *len);
+
+/* Whether a data-plane request carries what lets its body in (envd.c): the
+ * sandbox's access token, or for an upload a valid URL signature; always
+ * for a sandbox without a token. The server asks before reading a body. */
+struct wbd_req;
+struct wbd_sandbox;
+int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
 
 /* Constant-time string comparison (tokens). */
 int wbd_str_eq_ct(const char *a, const char *b);

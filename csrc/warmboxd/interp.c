@@ -733,8 +733,8 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
                           json_is_object(jenv) ? json_incref(jenv) : json_object());
   char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
   json_decref(msg);
-  if (json_is_number(jto) && json_number_value(jto) > 0)
-    r->deadline_us = wbd_now_us() + (int64_t)(json_number_value(jto) * 1e6);
+  if (json_is_number(jto) && json_number_value(jto) > 0)   /* saturated: at most a year */
+    r->deadline_us = wbd_now_us() + (int64_t)(json_number_value(jto) < 31536000 ? json_number_value(jto) * 1e6 : 31536000e6);
   json_decref(body);
   int bad = !s;
   if (s) {

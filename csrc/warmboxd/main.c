@@ -3,13 +3,18 @@
  */
 #include "wbd_int.h"
 
+#include "envd_util.h"
+
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct wbd_options wbd_opt = {
@@ -20,6 +25,26 @@ struct wbd_options wbd_opt = {
   .max_running = 0,
   .default_timeout_s = 15,
   .data_dir = NULL,
+};
+
+struct wbd_limits wbd_lim = {
+  .admin_token = NULL,
+  .conn_timeout_s = 30,
+  .max_conns = 1024,
+  .max_conns_per_ip = 128,
+  .max_upload_mb = 100,
+};
+
+/* The one place handlers are wired to the server: server.c calls through
+ * this table, so it depends on no handler file (they depend on it). */
+static const struct wbd_routes routes = {
+  .control_route = wbd_control_route,
+  .control_key_ok = wbd_control_key_ok,
+  .control = wbd_control_handle,
+  .dataplane = wbd_control_dataplane,
+  .dataplane_body_ok = wbd_envd_body_authorized,
+  .admin_config = wbd_knob_config,
+  .admin_seed = wbd_knob_seed,
 };
 
 /* A signal handler may only write(2); the main thread waits on this pipe. */
@@ -47,6 +72,13 @@ static void usage(FILE *f) {
           "  --create-ms MS        delay added to create (default 0)\n"
           "  --resume-ms MS        delay added to resume (default 0)\n"
           "  --data-dir DIR        where sandbox directories live (default a fresh temp dir)\n"
+          "  --admin-token TOKEN   token for the admin API /_warmboxd/* (header X-Warmboxd-Token;\n"
+          "                        default a random one, written to DATA-DIR/admin-token, mode 0600)\n"
+          "  --conn-timeout S      close a connection idle this long, headers unfinished or\n"
+          "                        between requests (default 30)\n"
+          "  --max-conns N         connections in total (default 1024)\n"
+          "  --max-conns-per-ip N  connections from one client address (default 128)\n"
+          "  --max-upload-mb N     largest envd file upload body (default 100)\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --verbose             log requests to stderr\n"
           "  --version             print the version\n"
@@ -66,9 +98,51 @@ static int parse_int(const char *name, const char *s, int lo, int hi, int *out) 
   return 0;
 }
 
+/* Every connection is a descriptor (and a thread): lift the soft limit to
+ * the hard one, and keep the connection cap below what is left. */
+static void raise_fd_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  long spare = rl.rlim_cur == RLIM_INFINITY ? 1L << 20 : (long)rl.rlim_cur - 256;
+  if (spare < 16) spare = 16;
+  if (wbd_lim.max_conns > spare) {
+    fprintf(stderr, "warmboxd: --max-conns lowered to %ld (open file limit %ld)\n", spare, (long)rl.rlim_cur);
+    wbd_lim.max_conns = (int)spare;
+  }
+}
+
+/* A random admin token (32 bytes, hex) in DATA-DIR/admin-token, mode 0600. */
+static int make_admin_token(char out[65]) {
+  unsigned char raw[32];
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || read(fd, raw, sizeof raw) != (ssize_t)sizeof raw) {
+    fprintf(stderr, "warmboxd: cannot read /dev/urandom for the admin token\n");
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  for (size_t i = 0; i < sizeof raw; i++) snprintf(out + 2 * i, 3, "%02x", raw[i]);
+  size_t n = strlen(wbd_opt.data_dir) + 16;
+  char *path = malloc(n);
+  if (!path) return -1;
+  snprintf(path, n, "%s/admin-token", wbd_opt.data_dir);
+  unlink(path);   /* never write through a planted link or into someone's file */
+  fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int ok = fd >= 0 && fchmod(fd, 0600) == 0 && write(fd, out, 64) == 64;
+  if (fd >= 0 && close(fd) != 0) ok = 0;
+  if (!ok) fprintf(stderr, "warmboxd: cannot write the admin token to %s: %s\n", path, strerror(errno));
+  free(path);
+  return ok ? 0 : -1;
+}
+
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
-         O_UNISO, O_VERBOSE, O_VERSION, O_HELP };
+         O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -81,6 +155,11 @@ int main(int argc, char **argv) {
     { "resume-ms", required_argument, 0, O_RESUME },
     { "data-dir", required_argument, 0, O_DATA },
     { "unisolated", no_argument, 0, O_UNISO },
+    { "admin-token", required_argument, 0, O_ADMIN },
+    { "conn-timeout", required_argument, 0, O_CONNTO },
+    { "max-conns", required_argument, 0, O_MAXCONN },
+    { "max-conns-per-ip", required_argument, 0, O_MAXCONNIP },
+    { "max-upload-mb", required_argument, 0, O_MAXUP },
     { "verbose", no_argument, 0, O_VERBOSE },
     { "version", no_argument, 0, O_VERSION },
     { "help", no_argument, 0, O_HELP },
@@ -100,6 +179,17 @@ int main(int argc, char **argv) {
     case O_RESUME: rc = parse_int("--resume-ms", optarg, 0, 600000, &wbd_opt.resume_ms); break;
     case O_DATA: wbd_opt.data_dir = optarg; break;
     case O_UNISO: wbd_opt.unisolated = 1; break;
+    case O_ADMIN:
+      if (strlen(optarg) < 16) {
+        fprintf(stderr, "warmboxd: --admin-token must be at least 16 characters\n");
+        return 2;
+      }
+      wbd_lim.admin_token = optarg;
+      break;
+    case O_CONNTO: rc = parse_int("--conn-timeout", optarg, 1, 3600, &wbd_lim.conn_timeout_s); break;
+    case O_MAXCONN: rc = parse_int("--max-conns", optarg, 1, 1 << 20, &wbd_lim.max_conns); break;
+    case O_MAXCONNIP: rc = parse_int("--max-conns-per-ip", optarg, 1, 1 << 20, &wbd_lim.max_conns_per_ip); break;
+    case O_MAXUP: rc = parse_int("--max-upload-mb", optarg, 1, 1 << 20, &wbd_lim.max_upload_mb); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;
@@ -147,6 +237,17 @@ int main(int argc, char **argv) {
     free(made_dir);
     return 1;
   }
+  raise_fd_limit();
+  static char token_buf[65];
+  if (!wbd_lim.admin_token) {
+    if (make_admin_token(token_buf) != 0) {
+      wbd_rt_shutdown();
+      free(made_dir);
+      return 1;
+    }
+    wbd_lim.admin_token = token_buf;
+  }
+  wbd_server_routes(&routes);
   if (wbd_server_start() != 0) {
     wbd_rt_shutdown();
     free(made_dir);

@@ -1,26 +1,32 @@
 /*
  * server.c: the HTTP server (libmicrohttpd, one thread per connection so a
- * handler may block), routing between the control plane, the knobs and the
- * data plane, request statistics and fault injection.
+ * handler may block), routing between the control plane, the admin API and
+ * the data plane through the table main.c hands over (wbd_server_routes),
+ * request statistics, fault injection and the server's resource limits:
+ * connection timeout and caps, per-route body limits, the admin API's gate.
  */
 #include "wbd_int.h"
+#include "envd_util.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#define WBD_MAX_BODY ((size_t)1 << 30)
-
 static struct MHD_Daemon *daemon_;
 static int bound_port;
+static struct wbd_routes routes_;
+
+void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
 
 /* ------------------------------------------------------------------ */
 /* Time                                                                */
@@ -179,12 +185,6 @@ static struct fault *fault_take(const char *route) {
 /* Requests and responses                                              */
 /* ------------------------------------------------------------------ */
 
-struct req_ctx {
-  struct wbd_req req;
-  size_t cap;
-  int too_big;
-};
-
 const char *wbd_req_header(struct wbd_req *req, const char *name) {
   return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
 }
@@ -240,7 +240,7 @@ static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const 
   vsnprintf(msg, sizeof msg, fmt, ap);
   json_t *o = json_object();
   json_object_set_new(o, "code", json_integer(status));
-  json_object_set_new(o, "message", json_string(msg));
+  json_object_set_new(o, "message", wbd_json_str(msg));
   return wbd_reply_json(req, status, o, headers);
 }
 
@@ -320,6 +320,8 @@ static enum MHD_Result knob_fault_add(struct wbd_req *req) {
   else if (body && !json_is_string(body)) bad = "body must be a string";
   else if (headers && !json_is_object(headers)) bad = "headers must be an object";
   else if (delay && !json_is_integer(delay)) bad = "delay_ms must be an integer";
+  else if (delay && (json_integer_value(delay) < 0 || json_integer_value(delay) > 600000))
+    bad = "delay_ms must be 0..600000";
   else if (drop && !json_is_boolean(drop)) bad = "drop must be a boolean";
   if (bad) {
     json_decref(o);
@@ -366,9 +368,76 @@ static enum MHD_Result knob_handle(struct wbd_req *req) {
     faults_clear();
     return wbd_reply_json(req, 204, NULL, NULL);
   }
-  if (strcmp(p, "/config") == 0 && strcmp(m, "POST") == 0) return wbd_knob_config(req);
-  if (strcmp(p, "/seed") == 0 && strcmp(m, "POST") == 0) return wbd_knob_seed(req);
+  if (strcmp(p, "/config") == 0 && strcmp(m, "POST") == 0 && routes_.admin_config) return routes_.admin_config(req);
+  if (strcmp(p, "/seed") == 0 && strcmp(m, "POST") == 0 && routes_.admin_seed) return routes_.admin_seed(req);
   return wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", m, req->path);
+}
+
+/* ------------------------------------------------------------------ */
+/* The admin API's gate                                                */
+/* ------------------------------------------------------------------ */
+
+static int is_admin_path(const char *path) {
+  return strncmp(path, "/_warmboxd", 10) == 0 && (path[10] == 0 || path[10] == '/');
+}
+
+static int peer_is_loopback(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  if (!ci || !ci->client_addr) return 0;
+  if (ci->client_addr->sa_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)(const void *)ci->client_addr;
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  return 0;
+}
+
+/* Host: localhost, 127.x.y.z or [::1], with an optional :port. A browser
+ * tricked by DNS rebinding sends the attacker's name instead. */
+static int host_is_loopback(const char *host) {
+  if (!host) return 1;   /* HTTP/1.0 without Host: no browser sends that */
+  char h[128];
+  size_t n = strlen(host);
+  if (n == 0 || n >= sizeof h) return 0;
+  memcpy(h, host, n + 1);
+  if (h[0] == '[') {
+    char *end = strchr(h, ']');
+    if (!end) return 0;
+    *end = 0;
+    return strcmp(h + 1, "::1") == 0 && (end[1] == 0 || (end[1] == ':' && end[2]));
+  }
+  char *colon = strchr(h, ':');
+  if (colon) {
+    if (!colon[1]) return 0;
+    for (char *c = colon + 1; *c; c++)
+      if (!isdigit((unsigned char)*c)) return 0;
+    *colon = 0;
+  }
+  if (strcasecmp(h, "localhost") == 0) return 1;
+  struct in_addr a;
+  return inet_pton(AF_INET, h, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* Replies and returns -1 unless the admin request may go on. */
+static int admin_gate(struct wbd_req *req, enum MHD_Result *r) {
+  if (!peer_is_loopback(req->conn)) {
+    *r = wbd_reply_error(req, 403, "the warmboxd admin API answers loopback clients only");
+    return -1;
+  }
+  if (wbd_req_header(req, "Origin")) {
+    *r = wbd_reply_error(req, 403, "the warmboxd admin API refuses requests with an Origin header (browsers)");
+    return -1;
+  }
+  if (!host_is_loopback(wbd_req_header(req, MHD_HTTP_HEADER_HOST))) {
+    *r = wbd_reply_error(req, 403, "the warmboxd admin API answers only a loopback Host");
+    return -1;
+  }
+  const char *tok = wbd_req_header(req, WBD_ADMIN_HEADER);
+  if (!tok || !wbd_lim.admin_token || !wbd_str_eq_ct(tok, wbd_lim.admin_token)) {
+    *r = wbd_reply_error(req, 401, "the warmboxd admin API needs its token in " WBD_ADMIN_HEADER
+                         " (see --admin-token; by default it is in <data-dir>/admin-token)");
+    return -1;
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -384,7 +453,9 @@ static int dataplane_target(struct wbd_req *req, char *id, size_t idlen, int *po
     if (n >= idlen) n = idlen - 1;
     memcpy(id, hid, n);
     id[n] = 0;
-    *port = atoi(hport);
+    long long pv;
+    if (wbd_parse_ll(hport, 0, 65535, 0, &pv) != 0 || pv == 0) return 0;
+    *port = (int)pv;
     return 1;
   }
   const char *host = wbd_req_header(req, MHD_HTTP_HEADER_HOST);
@@ -408,81 +479,227 @@ static int dataplane_target(struct wbd_req *req, char *id, size_t idlen, int *po
   return 1;
 }
 
+/* Data-plane paths that stats name one by one; any other path counts as
+ * "<svc> <METHOD> unknown" so the table stays bounded (and holds no ids). */
+static const char *const envd_paths[] = {
+  "/health", "/files", "/envs", "/metrics", "/init",
+  "/filesystem.Filesystem/Stat", "/filesystem.Filesystem/MakeDir", "/filesystem.Filesystem/Move",
+  "/filesystem.Filesystem/ListDir", "/filesystem.Filesystem/Remove", "/filesystem.Filesystem/WatchDir",
+  "/filesystem.Filesystem/CreateWatcher", "/filesystem.Filesystem/GetWatcherEvents",
+  "/filesystem.Filesystem/RemoveWatcher",
+  "/process.Process/List", "/process.Process/Connect", "/process.Process/Start", "/process.Process/Update",
+  "/process.Process/StreamInput", "/process.Process/SendInput", "/process.Process/SendSignal",
+  "/process.Process/CloseStdin",
+};
+static const char *const interp_paths[] = { "/health", "/execute", "/contexts" };
+
+static int path_known(const char *path, const char *const *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(path, v[i]) == 0) return 1;
+  return 0;
+}
+
 static void dataplane_route(struct wbd_req *req, int port, char *buf, size_t len) {
-  const char *svc = port == 49983 ? "envd" : port == 49999 ? "interp" : NULL;
-  char pbuf[16];
-  if (!svc) {
-    snprintf(pbuf, sizeof pbuf, "port%d", port);
-    svc = pbuf;
-  }
+  const char *svc = port == 49983 ? "envd" : port == 49999 ? "interp" : "other-port";
   const char *path = req->path;
+  const char *method = strcmp(req->method, "GET") == 0 || strcmp(req->method, "POST") == 0 ||
+                               strcmp(req->method, "DELETE") == 0 || strcmp(req->method, "PUT") == 0 ||
+                               strcmp(req->method, "PATCH") == 0 || strcmp(req->method, "HEAD") == 0
+                           ? req->method : "OTHER";
   if (port == 49999 && strncmp(path, "/contexts/", 10) == 0) {
     const char *rest = strchr(path + 10, '/');
-    snprintf(buf, len, "%s %s /contexts/{id}%s", svc, req->method, rest ? rest : "");
+    if (!rest || strcmp(rest, "/restart") == 0) {
+      snprintf(buf, len, "%s %s /contexts/{id}%s", svc, method, rest ? rest : "");
+      return;
+    }
+  } else if ((port == 49983 && path_known(path, envd_paths, sizeof envd_paths / sizeof *envd_paths)) ||
+             (port == 49999 && path_known(path, interp_paths, sizeof interp_paths / sizeof *interp_paths))) {
+    snprintf(buf, len, "%s %s %s", svc, method, path);
     return;
   }
-  snprintf(buf, len, "%s %s %s", svc, req->method, path);
+  snprintf(buf, len, "%s %s unknown", svc, method);
 }
 
-static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
-  json_t *o = json_object();
-  json_object_set_new(o, "sandboxId", json_string(id));
-  json_object_set_new(o, "message", json_string("The sandbox was not found"));
-  json_object_set_new(o, "code", json_integer(502));
-  return wbd_reply_json(req, 502, o, NULL);
+/* ------------------------------------------------------------------ */
+/* Request heads have a deadline                                       */
+/* ------------------------------------------------------------------ */
+
+/* libmicrohttpd's connection timeout counts idle time only, so a client
+ * that trickles a byte now and then keeps an unfinished request head open
+ * for ever. Every connection is watched from when it opens (or its last
+ * request ended) until its next request's head is complete; a reaper shuts
+ * down those that took longer than --conn-timeout. The watch entry goes
+ * away in the connection's CLOSED notice, which libmicrohttpd sends before
+ * it closes the socket, so the reaper never shuts a descriptor that was
+ * reused. */
+struct conn_watch {
+  MHD_socket fd;
+  int64_t since_us;           /* monotonic: connection open or last request done */
+  int in_request;             /* head complete, request being served */
+  int shut;
+  struct conn_watch *prev, *next;
+};
+
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t watch_cv = PTHREAD_COND_INITIALIZER;
+static struct conn_watch *watch_head;
+static pthread_t reaper;
+static int reaper_started, reaper_stop;
+
+static int64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static enum MHD_Result dataplane(struct wbd_req *req, const char *id, int port) {
-  struct wbd_sandbox *sb = wbd_sandbox_get(id);
-  if (!sb) return sandbox_gone(req, id);
-  wbd_store_lock();
-  enum wbd_state st = sb->state;
-  int can_resume = sb->auto_resume && sb->paused_with_memory;
-  wbd_store_unlock();
-  if (st == WBD_PAUSED) {
-    if (!can_resume) {
-      wbd_sandbox_unref(sb);
-      return sandbox_gone(req, id);
+static void notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+  (void)cls;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct conn_watch *w = calloc(1, sizeof *w);
+    if (!w || !ci) {
+      free(w);
+      return;
     }
-    int rc = wbd_sandbox_auto_resume(sb);
-    if (rc == 429) {
-      wbd_sandbox_unref(sb);
-      return wbd_reply_error(req, 429, "you have reached the maximum number of concurrent E2B sandboxes (%d). "
-                             "If you need more, please visit 'https://e2b.dev/docs/billing'",
-                             wbd_knob(&wbd_opt.max_running));
-    }
-    if (rc != 0) {
-      wbd_sandbox_unref(sb);
-      return sandbox_gone(req, id);
-    }
+    w->fd = ci->connect_fd;
+    w->since_us = mono_us();
+    pthread_mutex_lock(&watch_mu);
+    w->next = watch_head;
+    if (watch_head) watch_head->prev = w;
+    watch_head = w;
+    pthread_mutex_unlock(&watch_mu);
+    *socket_context = w;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    struct conn_watch *w = *socket_context;
+    if (!w) return;
+    pthread_mutex_lock(&watch_mu);
+    if (w->prev) w->prev->next = w->next;
+    else watch_head = w->next;
+    if (w->next) w->next->prev = w->prev;
+    pthread_mutex_unlock(&watch_mu);
+    free(w);
+    *socket_context = NULL;
   }
-  enum MHD_Result r = wbd_dataplane_handle(req, sb, port);
-  wbd_sandbox_unref(sb);
-  return r;
+}
+
+/* A request's head is complete (1) or the request is over (0). */
+static void watch_mark(struct MHD_Connection *conn, int in_request) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct conn_watch *w = ci ? ci->socket_context : NULL;
+  if (!w) return;
+  pthread_mutex_lock(&watch_mu);
+  w->in_request = in_request;
+  if (!in_request) w->since_us = mono_us();
+  pthread_mutex_unlock(&watch_mu);
+}
+
+static void *reaper_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&watch_mu);
+  while (!reaper_stop) {
+    int64_t limit = (int64_t)wbd_lim.conn_timeout_s * 1000000, now = mono_us();
+    for (struct conn_watch *w = watch_head; w; w = w->next) {
+      if (w->in_request || w->shut || now - w->since_us < limit) continue;
+      shutdown(w->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
+      w->shut = 1;
+      wbd_stat_add("slow_request_head", 1);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 250 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&watch_cv, &watch_mu, &ts);
+  }
+  pthread_mutex_unlock(&watch_mu);
+  return NULL;
+}
+
+static void reaper_end(void) {
+  if (!reaper_started) return;
+  pthread_mutex_lock(&watch_mu);
+  reaper_stop = 1;
+  pthread_cond_signal(&watch_cv);
+  pthread_mutex_unlock(&watch_mu);
+  pthread_join(reaper, NULL);
+  reaper_started = 0;
 }
 
 /* ------------------------------------------------------------------ */
 /* The access handler                                                  */
 /* ------------------------------------------------------------------ */
 
-static enum MHD_Result dispatch(struct wbd_req *req) {
-  if (strncmp(req->path, "/_warmboxd/", 11) == 0) return knob_handle(req);
+enum req_kind { K_ADMIN, K_CONTROL, K_DATA, K_UNKNOWN };
 
-  char id[64], route[512];
-  int port = 0;
-  int dp = dataplane_target(req, id, sizeof id, &port);
-  const char *croute = NULL;
-  if (dp) {
-    dataplane_route(req, port, route, sizeof route);
+struct req_ctx {
+  struct wbd_req req;
+  size_t cap;
+  size_t limit;              /* body bytes this request may send */
+  enum req_kind kind;
+  const char *croute;        /* control route template */
+  char id[64];               /* data plane: sandbox id and port */
+  int port;
+  char route[160];           /* the stats / faults name */
+};
+
+/* The body limit of a data-plane route, once the caller's credentials are
+ * known: a secure sandbox's routes take only a small body (enough for the
+ * handler's own 401) without its token or a signature to check. */
+static size_t dataplane_limit(struct req_ctx *ctx) {
+  struct wbd_sandbox *sb = wbd_sandbox_get(ctx->id);
+  if (!sb) return WBD_BODY_UNAUTH;
+  int authed = ctx->port == 49983 || ctx->port == 49999
+                   ? !routes_.dataplane_body_ok || routes_.dataplane_body_ok(&ctx->req, sb) : 0;
+  wbd_sandbox_unref(sb);
+  if (!authed) return WBD_BODY_UNAUTH;
+  if (ctx->port == 49983 && strcmp(ctx->req.path, "/files") == 0)
+    return (size_t)wbd_lim.max_upload_mb << 20;
+  return WBD_BODY_DATA;
+}
+
+/* Classifies a request when its headers are in: route name, stats, and the
+ * body limit. Replies (and returns -1) when it must not go on: the admin
+ * gate, or a Content-Length over the limit. */
+static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
+  struct wbd_req *req = &ctx->req;
+  if (is_admin_path(req->path)) {
+    ctx->kind = K_ADMIN;
+    if (admin_gate(req, r) != 0) return -1;
+    ctx->limit = WBD_BODY_CONTROL;
+  } else if (dataplane_target(req, ctx->id, sizeof ctx->id, &ctx->port)) {
+    ctx->kind = K_DATA;
+    dataplane_route(req, ctx->port, ctx->route, sizeof ctx->route);
+    ctx->limit = dataplane_limit(ctx);
+  } else if ((ctx->croute = routes_.control_route ? routes_.control_route(req->method, req->path) : NULL)) {
+    ctx->kind = K_CONTROL;
+    snprintf(ctx->route, sizeof ctx->route, "%s", ctx->croute);
+    const char *key = wbd_req_header(req, "X-API-Key");
+    ctx->limit = key && routes_.control_key_ok && routes_.control_key_ok(key) ? WBD_BODY_CONTROL : WBD_BODY_UNAUTH;
   } else {
-    croute = wbd_control_route(req->method, req->path);
-    snprintf(route, sizeof route, "%s", croute ? croute : "");
-    if (!croute) snprintf(route, sizeof route, "%s %s", req->method, req->path);
+    ctx->kind = K_UNKNOWN;
+    snprintf(ctx->route, sizeof ctx->route, "unknown");
+    ctx->limit = WBD_BODY_UNAUTH;
   }
-  stat_request(route);
+  if (ctx->kind != K_ADMIN) stat_request(ctx->route);
+  const char *cl = wbd_req_header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  long long n;
+  if (cl && wbd_parse_ll(cl, 0, LLONG_MAX, 0, &n) == 0 && (unsigned long long)n > ctx->limit) {
+    wbd_stat_add("body_too_large", 1);
+    *r = wbd_reply_error(req, 413, "request body too large: %lld bytes, this route takes at most %zu", n, ctx->limit);
+    return -1;
+  }
+  return 0;
+}
+
+static enum MHD_Result dispatch(struct req_ctx *ctx) {
+  struct wbd_req *req = &ctx->req;
+  if (ctx->kind == K_ADMIN) return knob_handle(req);
   wbd_sleep_ms(wbd_knob(&wbd_opt.rtt_ms));
 
-  struct fault *f = fault_take(route);
+  struct fault *f = fault_take(ctx->route);
   if (f) {
     wbd_sleep_ms(f->delay_ms);
     if (f->drop) {
@@ -494,6 +711,7 @@ static enum MHD_Result dispatch(struct wbd_req *req) {
       size_t nh = f->headers ? json_object_size(f->headers) : 0;
       if (nh) {
         hv = calloc(2 * nh + 1, sizeof *hv);
+        if (!hv) abort();
         size_t i = 0;
         const char *k;
         json_t *v;
@@ -518,9 +736,9 @@ static enum MHD_Result dispatch(struct wbd_req *req) {
     fault_free(f);
   }
 
-  if (dp) return dataplane(req, id, port);
-  if (!croute) return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
-  return wbd_control_handle(req, croute);
+  if (ctx->kind == K_DATA && routes_.dataplane) return routes_.dataplane(req, ctx->id, ctx->port);
+  if (ctx->kind == K_CONTROL && routes_.control) return routes_.control(req, ctx->croute);
+  return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
 }
 
 static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, const char *url,
@@ -543,32 +761,39 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
     }
     ctx->req.body[0] = 0;
     *con_cls = ctx;
+    watch_mark(conn, 1);
+    if (wbd_opt.verbose) fprintf(stderr, "warmboxd: %s %s\n", method, url);
+    enum MHD_Result r = MHD_NO;
+    if (classify(ctx, &r) != 0) return r;   /* answered before any body is read */
+    return MHD_YES;
+  }
+  if (ctx->req.replied) {
+    *upload_data_size = 0;   /* answered early: drop what still comes */
     return MHD_YES;
   }
   if (*upload_data_size) {
     size_t n = *upload_data_size;
-    if (ctx->too_big || ctx->req.body_len + n > WBD_MAX_BODY) {
-      ctx->too_big = 1;
-    } else {
-      if (ctx->req.body_len + n + 1 > ctx->cap) {
-        size_t nc = ctx->cap;
-        while (nc < ctx->req.body_len + n + 1) nc *= 2;
-        char *nb = realloc(ctx->req.body, nc);
-        if (!nb) return MHD_NO;
-        ctx->req.body = nb;
-        ctx->cap = nc;
-      }
-      memcpy(ctx->req.body + ctx->req.body_len, upload_data, n);
-      ctx->req.body_len += n;
-      ctx->req.body[ctx->req.body_len] = 0;
+    if (n > ctx->limit - ctx->req.body_len) {
+      /* A body without Content-Length (chunked) ran over: close the
+       * connection rather than read on (an answer cannot be queued now). */
+      wbd_stat_add("body_too_large", 1);
+      return MHD_NO;
     }
+    if (ctx->req.body_len + n + 1 > ctx->cap) {
+      size_t nc = ctx->cap;
+      while (nc < ctx->req.body_len + n + 1) nc *= 2;
+      char *nb = realloc(ctx->req.body, nc);
+      if (!nb) return MHD_NO;
+      ctx->req.body = nb;
+      ctx->cap = nc;
+    }
+    memcpy(ctx->req.body + ctx->req.body_len, upload_data, n);
+    ctx->req.body_len += n;
+    ctx->req.body[ctx->req.body_len] = 0;
     *upload_data_size = 0;
     return MHD_YES;
   }
-  if (ctx->req.replied) return MHD_YES;
-  if (ctx->too_big) return wbd_reply_error(&ctx->req, 413, "request body too large");
-  if (wbd_opt.verbose) fprintf(stderr, "warmboxd: %s %s\n", method, url);
-  enum MHD_Result r = dispatch(&ctx->req);
+  enum MHD_Result r = dispatch(ctx);
   if (r == MHD_YES && !ctx->req.replied) r = wbd_reply_error(&ctx->req, 500, "no reply");
   return r;
 }
@@ -576,8 +801,8 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
   (void)cls;
-  (void)conn;
   (void)toe;
+  watch_mark(conn, 0);
   struct req_ctx *ctx = *con_cls;
   if (!ctx) return;
   free(ctx->req.body);
@@ -619,15 +844,20 @@ int wbd_server_start(void) {
                              0, NULL, NULL, access_handler, NULL,
                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                              MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                             MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
                              MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
                              MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
                              MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s,
+                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns_per_ip,
                              MHD_OPTION_END);
   if (!daemon_) {
     fprintf(stderr, "warmboxd: cannot listen on %s:%d: %s\n", wbd_opt.host, wbd_opt.port, strerror(errno));
     return -1;
   }
+  if (pthread_create(&reaper, NULL, reaper_main, NULL) == 0) reaper_started = 1;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_LISTEN_FD);
   struct sockaddr_in got;
   socklen_t gl = sizeof got;
@@ -647,6 +877,7 @@ void wbd_server_quiesce(void) {
 }
 
 void wbd_server_stop(void) {
+  reaper_end();
   if (daemon_) MHD_stop_daemon(daemon_);
   daemon_ = NULL;
 }

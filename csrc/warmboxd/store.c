@@ -2,7 +2,8 @@
  * store.c: sandbox records. One mutex guards everything here; records are
  * found by id through a hash table and listed through a per-team array kept
  * in listing order, so a page is a binary search plus a short walk whatever
- * the total.
+ * the total. Running records are also in a min-heap on their lease end, so
+ * the lease timer finds the expired ones without scanning the others.
  */
 #include "wbd_int.h"
 
@@ -179,6 +180,113 @@ static void index_del(struct wbd_team *t, struct wbd_rec *r) {
   }
 }
 
+/* ------------------------------------------------------------------ */
+/* The lease heap: every running record, by end_at_us                  */
+/* ------------------------------------------------------------------ */
+
+static struct wbd_rec **heap;
+static size_t heap_n, heap_cap;
+
+static int heap_less(size_t a, size_t b) { return heap[a]->sb.end_at_us < heap[b]->sb.end_at_us; }
+
+static void heap_swap(size_t a, size_t b) {
+  struct wbd_rec *x = heap[a];
+  heap[a] = heap[b];
+  heap[b] = x;
+  heap[a]->hidx = a + 1;
+  heap[b]->hidx = b + 1;
+}
+
+static void heap_up(size_t i) {
+  while (i && heap_less(i, (i - 1) / 2)) {
+    heap_swap(i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+}
+
+static void heap_down(size_t i) {
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < heap_n && heap_less(l, m)) m = l;
+    if (r < heap_n && heap_less(r, m)) m = r;
+    if (m == i) return;
+    heap_swap(i, m);
+    i = m;
+  }
+}
+
+static void heap_push(struct wbd_rec *r) {
+  if (r->hidx) return;
+  if (heap_n == heap_cap) {
+    size_t nc = heap_cap ? heap_cap * 2 : 256;
+    struct wbd_rec **nh = realloc(heap, nc * sizeof *nh);
+    if (!nh) abort();
+    heap = nh;
+    heap_cap = nc;
+  }
+  heap[heap_n] = r;
+  r->hidx = ++heap_n;
+  heap_up(heap_n - 1);
+}
+
+static void heap_remove(struct wbd_rec *r) {
+  if (!r->hidx) return;
+  size_t i = r->hidx - 1;
+  r->hidx = 0;
+  if (i != --heap_n) {
+    heap[i] = heap[heap_n];
+    heap[i]->hidx = i + 1;
+    heap_up(i);
+    heap_down(heap[i]->hidx - 1);
+  }
+}
+
+void wbd_store_set_end_locked(struct wbd_sandbox *sb, int64_t end_at_us) {
+  struct wbd_rec *r = WBD_REC(sb);
+  sb->end_at_us = end_at_us;
+  if (!r->hidx) return;
+  heap_up(r->hidx - 1);
+  heap_down(r->hidx - 1);
+}
+
+struct wbd_sandbox **wbd_store_expired_locked(int64_t now, size_t *n) {
+  *n = 0;
+  if (!heap_n || heap[0]->sb.end_at_us > now) return NULL;
+  /* Depth-first over the part of the heap that ended: a node's children
+   * end no earlier than it does, so the walk stops at the first live ones. */
+  size_t sn = 0, scap = 64, cap = 0;
+  size_t *stack = malloc(scap * sizeof *stack);
+  struct wbd_sandbox **out = NULL;
+  if (!stack) abort();
+  stack[sn++] = 0;
+  while (sn) {
+    size_t i = stack[--sn];
+    struct wbd_rec *r = heap[i];
+    if (r->sb.end_at_us > now) continue;
+    if (!r->busy) {
+      if (*n == cap) {
+        cap = cap ? cap * 2 : 64;
+        struct wbd_sandbox **no = realloc(out, cap * sizeof *no);
+        if (!no) abort();
+        out = no;
+      }
+      r->sb.refcount++;
+      out[(*n)++] = &r->sb;
+    }
+    for (size_t c = 2 * i + 1; c <= 2 * i + 2 && c < heap_n; c++) {
+      if (sn == scap) {
+        scap *= 2;
+        size_t *ns = realloc(stack, scap * sizeof *ns);
+        if (!ns) abort();
+        stack = ns;
+      }
+      stack[sn++] = c;
+    }
+  }
+  free(stack);
+  return out;
+}
+
 static void run_link(struct wbd_team *t, struct wbd_rec *r) {
   r->rprev = NULL;
   r->rnext = t->run_head;
@@ -186,6 +294,7 @@ static void run_link(struct wbd_team *t, struct wbd_rec *r) {
   t->run_head = r;
   t->running++;
   total_running++;
+  heap_push(r);
 }
 
 static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
@@ -195,6 +304,7 @@ static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
   r->rprev = r->rnext = NULL;
   t->running--;
   total_running--;
+  heap_remove(r);
 }
 
 static void count_state(struct wbd_team *t, struct wbd_rec *r, int add) {
@@ -361,6 +471,9 @@ void wbd_store_free_all(void) {
   free(buckets);
   buckets = NULL;
   nbuckets = nrecs = 0;
+  free(heap);
+  heap = NULL;
+  heap_n = heap_cap = 0;
   total_running = total_paused = 0;
   wbd_store_unlock();
 }

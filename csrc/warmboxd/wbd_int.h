@@ -1,6 +1,12 @@
 /*
  * wbd_int.h: what the control-plane files (main.c, server.c, store.c,
- * control.c) share beyond wbd.h. The data plane never includes this.
+ * control.c, list.c, knobs.c) share beyond wbd.h. The data plane never
+ * includes this.
+ *
+ * Layers, each calling only down: main.c wires the handlers (control.c,
+ * knobs.c, list.c) into server.c through struct wbd_routes; the handlers
+ * call server.c's reply functions and store.c; server.c calls store.c (and
+ * the handlers only through the table).
  */
 #ifndef WBD_INT_H
 #define WBD_INT_H
@@ -33,6 +39,7 @@ struct wbd_rec {
   struct wbd_rec *hnext;       /* hash chain */
   struct wbd_rec *rprev, *rnext;  /* the team's running list */
   struct wbd_team *team;
+  size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
 
@@ -54,6 +61,14 @@ void wbd_store_insert_locked(struct wbd_sandbox *sb);
 /* Bulk insert (seed): one sort at the end. */
 void wbd_store_insert_many_locked(struct wbd_sandbox **v, size_t n);
 void wbd_store_remove_locked(struct wbd_sandbox *sb);
+/* Sets a record's lease end (end_at_us), keeping the lease heap right: use
+ * it for every record already inserted. */
+void wbd_store_set_end_locked(struct wbd_sandbox *sb, int64_t end_at_us);
+/* The running records whose lease ended by `now` and that no operation is
+ * busy with, each referenced (release with wbd_store_unref_locked); *n is
+ * their number. Costs what expired, not what is running (a min-heap on
+ * end_at_us holds every running record). NULL when none. */
+struct wbd_sandbox **wbd_store_expired_locked(int64_t now, size_t *n);
 /* Moves a record to a new startedAt and/or state, keeping indexes right. */
 void wbd_store_update_locked(struct wbd_sandbox *sb, int64_t started_at_us, enum wbd_state st);
 struct wbd_sandbox *wbd_store_lookup_locked(const char *id);
@@ -70,16 +85,57 @@ void wbd_store_counts_locked(long *running, long *paused);
 struct wbd_team *wbd_store_teams_locked(void);
 void wbd_store_free_all(void);
 
-/* ---- control.c ---- */
+/* ---- control.c, knobs.c ---- */
 enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
-enum MHD_Result wbd_knob_config(struct wbd_req *req);
-enum MHD_Result wbd_knob_seed(struct wbd_req *req);
+enum MHD_Result wbd_knob_config(struct wbd_req *req);   /* knobs.c */
+enum MHD_Result wbd_knob_seed(struct wbd_req *req);     /* knobs.c */
 /* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
 const char *wbd_control_route(const char *method, const char *path);
+/* Whether X-API-Key names a team (the same test the handlers make). */
+int wbd_control_key_ok(const char *key);
+/* A data-plane request for sandbox `id` on `port`: finds it, auto-resumes it
+ * when paused, hands it to wbd_dataplane_handle. */
+enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port);
 int wbd_lifecycle_start(void);
 void wbd_lifecycle_stop(void);
 
 /* ---- server.c ---- */
+
+/* What the server calls for each kind of request. main.c fills this in
+ * (server.c knows no handler by name: every layer only calls down). */
+struct wbd_routes {
+  const char *(*control_route)(const char *method, const char *path);
+  int (*control_key_ok)(const char *key);
+  enum MHD_Result (*control)(struct wbd_req *req, const char *route);
+  enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
+  /* whether a data-plane request may send its body (token / signature) */
+  int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
+  enum MHD_Result (*admin_config)(struct wbd_req *req);
+  enum MHD_Result (*admin_seed)(struct wbd_req *req);
+};
+void wbd_server_routes(const struct wbd_routes *r);
+
+/* Server limits (main.c's flags). Body limits are per route class, checked
+ * against Content-Length when the headers are in and again while the body
+ * streams, once the route and the caller's credentials are known. */
+struct wbd_limits {
+  const char *admin_token;     /* required on the admin API (X-Warmboxd-Token) */
+  int conn_timeout_s;          /* idle connection / slow headers, default 30 */
+  int max_conns;               /* connections in total, default 1024 */
+  int max_conns_per_ip;        /* connections per client address, default 128 */
+  int max_upload_mb;           /* envd POST /files body, default 100 */
+};
+extern struct wbd_limits wbd_lim;
+#define WBD_ADMIN_HEADER "X-Warmboxd-Token"
+#define WBD_BODY_CONTROL ((size_t)1 << 20)     /* control plane and admin JSON */
+#define WBD_BODY_DATA ((size_t)16 << 20)       /* data-plane RPCs, /execute */
+#define WBD_BODY_UNAUTH ((size_t)64 << 10)     /* no or wrong credentials: enough for the 401 */
+/* E2B-style bounds on a sandbox's metadata and envVars (control.c). */
+#define WBD_MAP_MAX_KEYS 1000
+#define WBD_MAP_MAX_KEY 256
+#define WBD_META_MAX_BYTES (64 << 10)          /* keys + values */
+#define WBD_ENV_MAX_BYTES (256 << 10)
+
 int wbd_server_start(void);        /* binds, fills the port */
 int wbd_server_port(void);
 void wbd_server_quiesce(void);

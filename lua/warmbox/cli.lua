@@ -1,7 +1,9 @@
 --- The `warmbox` command.
 --
 --   warmbox [options] run --session KEY [--language L] [--timeout S] [--file NAME=PATH]...
---                         [--env K=V]... [--actor A] [--out DIR] [CODE | -]
+--                         [--env K=V]... [--actor A] [--out DIR] [--json] [--start] [CODE | -]
+--   warmbox [options] server start|stop|status
+--   warmbox [options] doctor [--embedded | --e2b]
 --   warmbox [options] release KEY
 --   warmbox [options] sessions
 --   warmbox [options] gc [--dry-run] [--max-age S]
@@ -13,11 +15,12 @@
 --
 -- Options: --api-url URL, --api-key KEY (default $E2B_API_KEY), --template T,
 -- --exec-timeout S, --idle-timeout S, --tag NAME, --lock file|redis|memory,
--- --policy PATH, --warmboxd PATH. Without an API key an embedded warmboxd is
--- started for the command (its sandboxes end with it).
+-- --policy PATH, --warmboxd PATH. Without an API key and without --api-url, the
+-- per-user server of `warmbox server start` is used when it runs (said on stderr);
+-- else an embedded warmboxd is started for the command (its sandboxes end with it).
 -- @module warmbox.cli
 
-local tostring, tonumber, ipairs, type, pcall, next = tostring, tonumber, ipairs, type, pcall, next
+local tostring, tonumber, ipairs, pairs, type, pcall, next = tostring, tonumber, ipairs, pairs, type, pcall, next
 local string_format, table_concat = string.format, table.concat
 
 local _M = {}
@@ -33,6 +36,11 @@ commands:
       --env K=V                    env var baked into the sandbox (repeatable; part of the session fingerprint)
       --actor A                    who acts (part of the session fingerprint)
       --out DIR                    save the files the run left in /home/user/output to DIR
+      --json                       print one JSON object (stdout, stderr, error, results, files, timings)
+      --start                      start the local server first when none runs (asked on a terminal)
+  server start|stop|status       a warmboxd in the background for this user: without an E2B key
+                                 every command uses it, and sessions keep their kernels between commands
+  doctor [--embedded | --e2b]    check what the embedded server and E2B need, with what to install or set
   release KEY                    kill every sandbox of the session KEY
   sessions                       list sessions and their sandboxes
   gc [--dry-run] [--max-age S]   garbage-collect tagged sandboxes under the GC policy
@@ -56,7 +64,8 @@ commands:
 options:
   --api-url URL      E2B API URL (default $E2B_API_URL); with --api-key
   --sandbox-url URL  data-plane URL (default $E2B_SANDBOX_URL; a loopback --api-url is a warmboxd: the same URL)
-  --api-key KEY      E2B API key (default $E2B_API_KEY); none: an embedded warmboxd for this command
+  --api-key KEY      E2B API key (default $E2B_API_KEY); none: the local server (warmbox server start)
+                     when it runs, else an embedded warmboxd for this command
   --template T       sandbox template (default code-interpreter-v1)
   --exec-timeout S   seconds a run may take (default 300)
   --idle-timeout S   seconds of quiet before a sandbox pauses (default 300)
@@ -82,7 +91,22 @@ local function read_file(path)
   return s
 end
 
+-- Without an E2B key and without --api-url, a running per-user server (`warmbox
+-- server start`) is used; the command says so on stderr. Returns whether it was.
+local function use_local_server(o, err)
+  if o.api_url or o.client then return false end
+  local key = o.api_key or os.getenv("E2B_API_KEY")
+  if key and key ~= "" then return false end
+  local st = require("warmbox.server").local_server()
+  if not st then return false end
+  o.api_url, o.api_key, o.sandbox_url = st.url, st.api_key, st.url
+  err:write(string_format("warmbox: using the local server at %s (pid %d; `warmbox server stop` ends it)\n",
+    st.url, st.pid))
+  return true
+end
+
 local function new_warmbox(o, err)
+  use_local_server(o, err)
   local warmbox = require "warmbox"
   local ok, wb, msg, code = pcall(warmbox.new, o)
   if not ok then
@@ -105,9 +129,83 @@ end
 -- run
 -- ------------------------------------------------------------------
 
+-- Escape sequences (IPython colours its tracebacks): kept only for a terminal without NO_COLOR.
+local function strip_ansi(s)
+  return (s:gsub("\27%[[%d;?]*[ -/]*[@-~]", ""):gsub("\27%][^\7\27]*\7", ""))
+end
+_M.strip_ansi = strip_ansi
+
+-- The code interpreter joins IPython's traceback parts without separators; IPython
+-- prints them one a line: the rule, the header, the frames (each ends in a newline).
+local function traceback_lines(tb)
+  tb = tb:gsub("^([\27%[%d;m]*%-%-%-%-%-%-%-%-%-%-+[\27%[%d;m]*)([^\n])", "%1\n%2", 1)
+  tb = tb:gsub("(%(most recent call last%)[\27%[%d;m]*)([^\n])", "%1\n%2", 1)
+  return tb
+end
+_M.traceback_lines = traceback_lines
+
+local function is_tty(io_, fd)
+  if io_.is_tty then return io_.is_tty(fd) end
+  return os.execute("test -t " .. fd) == true
+end
+
+local function colour_ok(io_, fd)
+  local nc = os.getenv("NO_COLOR")
+  if nc and nc ~= "" then return false end
+  return is_tty(io_, fd)
+end
+
+-- Results as JSON: every text format, binary ones (png, jpeg, pdf) only named in `formats`.
+local BINARY = { png = true, jpeg = true, pdf = true }
+local function json_result(res)
+  local t, formats = {}, {}
+  for k, v in pairs(res) do
+    if type(k) == "string" then
+      if BINARY[k] then
+        formats[#formats + 1] = k
+      else
+        t[k] = v
+        if k ~= "is_main_result" and k ~= "extra" then formats[#formats + 1] = k end
+      end
+    end
+  end
+  table.sort(formats)
+  t.formats = formats
+  return t
+end
+
+-- No local server: start one (--start), offer to on a terminal, else run on an embedded one.
+local function ensure_local_server(o, io_, start)
+  if o.api_url then return true end
+  local key = o.api_key or os.getenv("E2B_API_KEY")
+  if key and key ~= "" then return true end
+  local server = require "warmbox.server"
+  if server.local_server() then return true end
+  local err = io_.stderr
+  if not start and is_tty(io_, 0) and is_tty(io_, 2) then
+    err:write("warmbox: no local server is running; start one, so that the session keeps its kernel "
+      .. "between commands? [Y/n] ")
+    err:flush()
+    local answer = io_.stdin:read("l")
+    start = answer ~= nil and (answer == "" or answer:match("^%s*[yY]") ~= nil)
+  end
+  if not start then
+    err:write("warmbox: no local server (`warmbox server start`, or run --start): this command's sandbox "
+      .. "ends with it\n")
+    return true
+  end
+  local st, msg, code = server.start_local{ bin = o.warmboxd }
+  if not st then
+    fail(err, "cannot start the local server: " .. tostring(msg), code)
+    return false
+  end
+  err:write(string_format("warmbox: started the local server at %s (pid %d)\n", st.url, st.pid))
+  return true
+end
+
 local function cmd_run(o, args, io_)
   local out, err = io_.stdout, io_.stderr
-  local key, language, timeout, outdir, actor, code
+  local key, language, timeout, outdir, actor, code, as_json, start
   local files, env = {}, nil
   local i = 1
   while i <= #args do
@@ -122,6 +220,8 @@ local function cmd_run(o, args, io_)
     elseif a == "--timeout" then timeout = tonumber(val()) or error("--timeout needs a number", 0)
     elseif a == "--out" then outdir = val()
     elseif a == "--actor" then actor = val()
+    elseif a == "--json" then as_json = true
+    elseif a == "--start" then start = true
     elseif a == "--env" then
       local k, v = val():match("^([^=]+)=(.*)$")
       if not k then error("--env needs K=V", 0) end
@@ -143,38 +243,75 @@ local function cmd_run(o, args, io_)
   end
   if not key then error("run needs --session KEY", 0) end
   if not code then code = io_.stdin:read("a") end
+  local now = require("warmbox.core").now
+  local t0 = now()
+  if not ensure_local_server(o, io_, start) then return 1 end
   local wb = new_warmbox(o, err)
   if not wb then return 1 end
+  local t1 = now()
   local s = wb:session(key, { env = env, actor = actor })
   local r, msg, ecode = s:run(code, {
     files = next(files) and files or nil, language = language, timeout = timeout,
-    on_stdout = function(t) out:write(t) out:flush() end,
-    on_stderr = function(t) err:write(t) err:flush() end,
+    on_stdout = not as_json and function(t) out:write(t) out:flush() end or nil,
+    on_stderr = not as_json and function(t) err:write(t) err:flush() end or nil,
   })
+  local t2 = now()
   if not r then
     wb:close()
+    if as_json then
+      out:write(require("warmbox.json").encode({ ok = false, message = tostring(msg), code = ecode }), "\n")
+    end
     return fail(err, msg, ecode)
   end
-  for _, res in ipairs(r.results) do
-    if res.text then out:write(res.text, "\n") end
-  end
+  local saved = {}
   for _, f in ipairs(r.files) do
+    local entry = { name = f.name, bytes = #f.content, mime = f.mime }
     if outdir then
       os.execute("mkdir -p '" .. outdir:gsub("'", "'\\''") .. "'")
       local name = f.name:gsub("/", "_")
       local fh = assert(io.open(outdir .. "/" .. name, "wb"))
       fh:write(f.content)
       fh:close()
-      err:write(string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content))
-    else
+      entry.saved = outdir .. "/" .. name
+      if not as_json then
+        err:write(string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content))
+      end
+    elseif not as_json then
       err:write(string_format("warmbox: output file %s (%d bytes, %s)\n", f.name, #f.content, f.mime))
     end
+    saved[#saved + 1] = entry
   end
-  if r.error then
-    err:write(tostring(r.error.traceback or (tostring(r.error.name) .. ": " .. tostring(r.error.value))), "\n")
+  local e = r.error
+  local tb
+  if e then
+    tb = e.traceback
+    if type(tb) ~= "string" or tb == "" then tb = tostring(e.name) .. ": " .. tostring(e.value) end
+    if as_json or not colour_ok(io_, 2) then tb = strip_ansi(tb) end
+    tb = traceback_lines(tb)
+  end
+  if as_json then
+    local json = require "warmbox.json"
+    local results = {}
+    for _, res in ipairs(r.results) do results[#results + 1] = json_result(res) end
+    local doc = {
+      ok = true, stdout = r.stdout, stderr = r.stderr,
+      error = e and { name = e.name, value = type(e.value) == "string" and strip_ansi(e.value) or e.value,
+        traceback = tb } or json.null,
+      results = json.array(results), files = json.array(saved),
+      reused = r.reused, resumed = r.resumed, sandbox_id = r.sandbox_id, execution_count = r.execution_count,
+      truncated = r.truncated,
+      timings = { total_ms = math.floor((t2 - t0) * 1000 + 0.5), setup_ms = math.floor((t1 - t0) * 1000 + 0.5),
+        run_ms = math.floor((t2 - t1) * 1000 + 0.5) },
+    }
+    out:write(assert(json.encode(doc)), "\n")
+  else
+    for _, res in ipairs(r.results) do
+      if res.text then out:write(res.text, "\n") end
+    end
+    if tb then err:write(tb, tb:sub(-1) == "\n" and "" or "\n") end
   end
   wb:close()
-  return r.error and 1 or 0
+  return e and 1 or 0
 end
 
 -- ------------------------------------------------------------------
@@ -244,6 +381,78 @@ local function cmd_gc(o, args, io_)
   if not rep then return fail(io_.stderr, msg, code) end
   print_gc(io_.stdout, rep, dry)
   return 0
+end
+
+-- ------------------------------------------------------------------
+-- server, doctor
+-- ------------------------------------------------------------------
+
+local function cmd_server(o, args, io_)
+  local server = require "warmbox.server"
+  local sub = args[1]
+  if #args ~= 1 or not (sub == "start" or sub == "stop" or sub == "status") then
+    error("usage: warmbox server start|stop|status", 0)
+  end
+  local out = io_.stdout
+  if sub == "start" then
+    local st, already, code = server.start_local{ bin = o.warmboxd }
+    if not st then return fail(io_.stderr, "cannot start the local server: " .. tostring(already), code) end
+    out:write(string_format("%s at %s (pid %d; state in %s)\n", already and "already running" or "started",
+      st.url, st.pid, server.state_path()))
+    return 0
+  elseif sub == "stop" then
+    local st = server.stop_local()
+    if st then
+      out:write(string_format("stopped the local server at %s (pid %d)\n", st.url, st.pid))
+    else
+      out:write("no local server was running\n")
+    end
+    return 0
+  end
+  local st, why = server.local_server()
+  if not st then
+    out:write("not running (" .. tostring(why) .. ")\n")
+    return 3
+  end
+  out:write(string_format("running at %s (pid %d; state in %s)\n", st.url, st.pid, server.state_path()))
+  local ok, wb = pcall(require("warmbox").new, { api_url = st.url, api_key = st.api_key, sandbox_url = st.url,
+    lock = "memory" })
+  if ok and wb then
+    local list = wb:sessions()
+    if list then out:write(string_format("%d session%s\n", #list, #list == 1 and "" or "s")) end
+    wb:close()
+  end
+  return 0
+end
+
+local function cmd_doctor(o, args, io_)
+  local which
+  for _, a in ipairs(args) do
+    if a == "--embedded" then which = "embedded"
+    elseif a == "--e2b" then which = "e2b"
+    else error("unknown argument " .. a .. " to doctor", 0) end
+  end
+  local doctor = require "warmbox.doctor"
+  local out = io_.stdout
+  local failed = 0
+  local key = o.api_key or os.getenv("E2B_API_KEY")
+  if key == "" then key = nil end
+  -- By default: the backend the other commands would use, and the other one for information.
+  local e2b_selected = key ~= nil
+  if which ~= "e2b" then
+    local n = doctor.print(out, "embedded server (warmboxd on this machine):", doctor.embedded{ warmboxd = o.warmboxd,
+      find_bin = require("warmbox.server").find_bin })
+    if which == "embedded" or not e2b_selected then failed = failed + n end
+  end
+  if which ~= "embedded" then
+    if which ~= "e2b" then out:write("\n") end
+    local n = doctor.print(out, "E2B:", doctor.e2b{ api_key = o.api_key, api_url = o.api_url, template = o.template })
+    if which == "e2b" or e2b_selected then failed = failed + n end
+  end
+  out:write(string_format("\n%s\n", failed == 0 and "ready: " .. (e2b_selected and "E2B" or "the embedded server")
+    or string_format("%d check%s failed for %s", failed, failed == 1 and "" or "s",
+      which or (e2b_selected and "E2B" or "the embedded server"))))
+  return failed == 0 and 0 or 1
 end
 
 -- ------------------------------------------------------------------
@@ -422,7 +631,8 @@ local function demo(o, io_)
   local http = wb.server and core.http{ timeout = 10 }
   local function requests()
     if not http then return nil end
-    local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats" }
+    local res = http:request{ method = "GET", url = wb.server.url .. "/_warmboxd/stats",
+      headers = { ["X-Warmboxd-Token"] = wb.server.admin_token } }
     local t = res and res.status == 200 and require("warmbox.json").decode(res.body)
     return t and t.total_requests
   end
@@ -589,7 +799,7 @@ function _M.main(argv, io_)
   local rest = {}
   for j = i, #args do rest[#rest + 1] = args[j] end
   local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
-    simulate = cmd_simulate }
+    simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor }
   if cmd == "smoke" then
     if rest[1] == "-h" or rest[1] == "--help" then
       io_.stdout:write("usage: warmbox [options] smoke\n")

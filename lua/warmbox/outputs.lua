@@ -31,7 +31,11 @@ local HOOK_SRC = [[
 def _wb():
     import os, base64, mimetypes, shutil
     ip = __import__('IPython').get_ipython()
-    if ip is None or getattr(ip, '_warmbox_hooks', False):
+    if ip is None:
+        return
+    # this cell is warmbox's: the user's next cell keeps the number it would have had
+    ip.execution_count -= 1
+    if getattr(ip, '_warmbox_hooks', False):
         return
     out = '%s'
     limit = %d
@@ -81,8 +85,8 @@ except Exception:
     pass
 ]]
 
---- The one line prepended to a python cell when the kernel may not have the
--- hooks yet (idempotent: guarded by an attribute on `get_ipython()`).
+--- The cell that installs the hooks, sent on its own before the user's cell when the
+-- kernel may not have them yet (idempotent: guarded by an attribute on `get_ipython()`).
 function _M.prelude_for(dir)
   return "exec(__import__('base64').b64decode('"
     .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))

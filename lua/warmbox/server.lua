@@ -3,7 +3,8 @@
 --
 --   local server = require "warmbox.server"
 --   local srv = assert(server.start{ args = { "--rtt-ms", "20" } })
---   -- srv.url, srv.api_key, srv.pid, srv:log()
+--   -- srv.url, srv.api_key, srv.admin_token, srv.pid, srv:log()
+--   -- the admin API (/_warmboxd/*) wants header X-Warmboxd-Token = srv.admin_token
 --   srv:stop()          -- also on __close and __gc
 --
 -- The binary: `opts.bin`, else `$WARMBOXD_BIN`, else next to warmbox.core
@@ -100,31 +101,78 @@ function _M.alive(pid)
 end
 local alive = _M.alive
 
+-- A start-up failure names the first failing check of `warmbox doctor`.
+local function with_check(msg)
+  local ok, doctor = pcall(require, "warmbox.doctor")
+  if not ok then return msg end
+  local okc, failed = pcall(doctor.first_failure, "embedded", { find_bin = _M.find_bin })
+  if not okc or not failed then return msg end
+  return string_format("%s (failed check: %s: %s; fix: %s; see `warmbox doctor`)", msg, failed.name,
+    failed.detail or "failed", failed.fix or "?")
+end
+
+--- Stop a process: SIGTERM, then SIGKILL after `grace` seconds (5). Idempotent.
+-- @tparam integer pid
+-- @tparam[opt] number grace
+function _M.kill(pid, grace)
+  pid = math.tointeger(pid)
+  if not pid or pid <= 1 then error("bad argument #1 to 'kill' (pid expected)", 2) end
+  os_execute("kill -TERM " .. pid .. " 2>/dev/null")
+  local waited = 0
+  grace = grace or 5
+  while waited < grace and alive(pid) do
+    sleep(0.02)
+    waited = waited + 0.02
+  end
+  if alive(pid) then
+    os_execute("kill -KILL " .. pid .. " 2>/dev/null")
+    sleep(0.05)
+  end
+  return true
+end
+
 local Server = {}
 Server.__index = Server
 Server.__name = "warmbox.Server"
 
 --- Start warmboxd on a free loopback port.
+-- warmboxd writes a random admin token to `<data dir>/admin-token` (mode 0600)
+-- before it prints its address; it is read into `srv.admin_token` (the header
+-- `X-Warmboxd-Token` of the admin API `/_warmboxd/*`). An `--admin-token` in
+-- `opts.args` is used instead.
 -- @tparam[opt] table opts `bin`, `args` (extra arguments), `start_timeout` (seconds, 15),
 --   `api_key` (default a fresh `e2b_<40 hex>`: its own team)
--- @treturn[1] warmbox.Server `{ url, port, pid, api_key, dir }`
+-- @treturn[1] warmbox.Server `{ url, port, pid, api_key, admin_token, dir }`
 -- @return[2] nil, message, code ("NOT_FOUND" | "TRANSPORT")
 function _M.start(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("bad argument #1 to 'start' (table expected, got " .. type(opts) .. ")", 2) end
   local bin, err, code = _M.find_bin(opts.bin)
   if not bin then return nil, err, code end
-  local p = io_popen("mktemp -d /tmp/warmboxd.XXXXXX")
-  local dir = p and p:read("l")
-  if p then p:close() end
-  if not dir or dir == "" then return nil, "cannot make a temporary directory", "TRANSPORT" end
+  local dir, p
+  if opts.dir then
+    dir = opts.dir
+    if os_execute("mkdir -p -m 0700 " .. sh_quote(dir)) ~= true then
+      return nil, "cannot make the directory " .. dir, "TRANSPORT"
+    end
+  else
+    p = io_popen("mktemp -d /tmp/warmboxd.XXXXXX")
+    dir = p and p:read("l")
+    if p then p:close() end
+    if not dir or dir == "" then return nil, "cannot make a temporary directory", "TRANSPORT" end
+  end
   local logf = dir .. "/warmboxd.log"
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
-  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  local admin_token
+  for i, a in ipairs(opts.args or {}) do
+    args[#args + 1] = a
+    if a == "--admin-token" then admin_token = opts.args[i + 1] end
+  end
   local parts = {}
   for i, a in ipairs(args) do parts[i] = sh_quote(a) end
-  local cmd = string_format("%s %s >%s 2>&1 </dev/null & echo $!", sh_quote(bin), table_concat(parts, " "),
-    sh_quote(logf))
+  -- detached: in a session of its own, so the terminal's hang-up or Ctrl-C does not reach it
+  local cmd = string_format("%s%s %s >%s 2>&1 </dev/null & echo $!",
+    opts.detach and "exec setsid " or "", sh_quote(bin), table_concat(parts, " "), sh_quote(logf))
   p = io_popen(cmd)
   local pid = p and tonumber(p:read("l"))
   if p then p:close() end
@@ -141,12 +189,13 @@ function _M.start(opts)
     if url then
       self.url = url
       self.port = tonumber(url:match(":(%d+)$"))
+      self.admin_token = admin_token or read_all(dir .. "/data/admin-token")
       return self
     end
     if not alive(pid) then
       self.stopped = true
       os_execute("rm -rf " .. sh_quote(dir))
-      return nil, "warmboxd exited at start: " .. log:gsub("%s+$", ""), "TRANSPORT"
+      return nil, with_check("warmboxd exited at start: " .. log:gsub("%s+$", "")), "TRANSPORT"
     end
     if os_time() > deadline then
       self:stop()
@@ -165,17 +214,120 @@ end
 function Server:stop()
   if self.stopped then return true end
   self.stopped = true
-  os_execute("kill -TERM " .. self.pid .. " 2>/dev/null")
-  local waited = 0
-  while waited < 5 and alive(self.pid) do
-    sleep(0.02)
-    waited = waited + 0.02
-  end
-  if alive(self.pid) then
-    os_execute("kill -KILL " .. self.pid .. " 2>/dev/null")
-  end
+  _M.kill(self.pid)
   os_execute("rm -rf " .. sh_quote(self.dir))
   return true
+end
+
+--- Let the server outlive this object: `stop`, `__gc` and `__close` then do nothing.
+function Server:detach()
+  self.stopped = true
+  return self
+end
+
+-- ------------------------------------------------------------------
+-- The per-user server of the command line (`warmbox server start|stop|status`)
+-- ------------------------------------------------------------------
+
+local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
+
+--- The directory of the per-user server's state: `$XDG_RUNTIME_DIR/warmbox`, else
+-- `$XDG_STATE_HOME/warmbox`, else `~/.local/state/warmbox`.
+-- @treturn string
+function _M.state_dir()
+  local run = nonempty(os_getenv("XDG_RUNTIME_DIR"))
+  if run then return run .. "/warmbox" end
+  local st = nonempty(os_getenv("XDG_STATE_HOME"))
+  if st then return st .. "/warmbox" end
+  return (nonempty(os_getenv("HOME")) or "/tmp") .. "/.local/state/warmbox"
+end
+
+--- The state file (JSON, mode 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at }`.
+function _M.state_path() return _M.state_dir() .. "/server.json" end
+
+-- Whether pid runs warmboxd (a pid reused by another program is not our server).
+local function is_warmboxd(pid)
+  if not alive(pid) then return false end
+  local cmd = read_all("/proc/" .. tostring(pid) .. "/cmdline")
+  if not cmd then return true end -- no /proc: trust kill -0
+  local argv0 = cmd:match("^[^%z]*") or ""
+  return argv0:match("warmboxd[^/]*$") ~= nil
+end
+
+--- The running per-user server.
+-- @treturn[1] table its state `{ url, pid, api_key, admin_token, dir }`
+-- @return[2] nil, why ("not running" or "stale state file (pid N is gone)")
+function _M.local_server()
+  local text = read_all(_M.state_path())
+  if not text then return nil, "not running" end
+  local st = require("warmbox.json").decode(text)
+  if type(st) ~= "table" or type(st.url) ~= "string" or math.tointeger(st.pid) == nil
+    or type(st.api_key) ~= "string" then
+    return nil, "unreadable state file " .. _M.state_path()
+  end
+  st.pid = math.tointeger(st.pid)
+  if not is_warmboxd(st.pid) then
+    return nil, string_format("stale state file (pid %d is gone)", st.pid), st
+  end
+  return st
+end
+
+local function write_private(path, text)
+  local p = io_popen("umask 077 && mktemp " .. sh_quote(path .. ".XXXXXX"))
+  local tmp = p and p:read("l")
+  if p then p:close() end
+  if not tmp or tmp == "" then return nil, "cannot write " .. path end
+  local f, err = io_open(tmp, "wb")
+  if not f then return nil, err end
+  f:write(text)
+  f:close()
+  if not os.rename(tmp, path) then
+    os.remove(tmp)
+    return nil, "cannot write " .. path
+  end
+  return true
+end
+
+--- Start the per-user server in the background (it outlives this process).
+-- @tparam[opt] table opts `bin`, `args`, `start_timeout`
+-- @treturn[1] table its state (as `local_server`), and true when it was already running
+-- @return[2] nil, message, code
+function _M.start_local(opts)
+  opts = opts or {}
+  local st = _M.local_server()
+  if st then return st, true end
+  local sdir = _M.state_dir()
+  if os_execute("mkdir -p -m 0700 " .. sh_quote(sdir)) ~= true then
+    return nil, "cannot make the directory " .. sdir, "TRANSPORT"
+  end
+  local dir = sdir .. "/warmboxd"
+  os_execute("rm -rf " .. sh_quote(dir))
+  local srv, err, code = _M.start{ bin = opts.bin, args = opts.args, start_timeout = opts.start_timeout,
+    dir = dir, detach = true }
+  if not srv then return nil, err, code end
+  st = { url = srv.url, pid = srv.pid, api_key = srv.api_key, admin_token = srv.admin_token, dir = dir,
+    bin = srv.bin, log = srv.log_path, started_at = os_time() }
+  local ok, werr = write_private(_M.state_path(), require("warmbox.json").encode(st))
+  if not ok then
+    srv:stop()
+    return nil, werr, "TRANSPORT"
+  end
+  srv:detach()
+  return st, false
+end
+
+--- Stop the per-user server and remove its state and data.
+-- @treturn[1] table the state it had, or false when none was running
+function _M.stop_local()
+  local st, _, stale = _M.local_server()
+  local running = st ~= nil
+  if running then _M.kill(st.pid) end
+  st = st or stale
+  if st and type(st.dir) == "string" and st.dir:sub(1, #_M.state_dir() + 1) == _M.state_dir() .. "/" then
+    os_execute("rm -rf " .. sh_quote(st.dir))
+  end
+  os.remove(_M.state_path())
+  return running and st or false
 end
 
 function Server:__gc() pcall(self.stop, self) end

@@ -516,15 +516,29 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     local ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
     if ok == nil and ecode ~= "CONFLICT" then return before(err, ecode, detail) end
   end
-  local cell, with_prelude = code, false
-  if python and st.hooked ~= info.sandbox_id then
-    cell, with_prelude = outputs.PRELUDE .. "\n" .. code, true
-  end
   local report
   local user_on_result = opts.on_result
   local lock_error
   local keepalive = lk and lk.keepalive
-  local out, err, ecode, detail = sbx:run_code(cell, {
+  local function on_line()
+    local ok, kerr, kcode = keepalive(lk)
+    if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
+  end
+  if python and st.hooked ~= info.sandbox_id then
+    -- A kernel that may not have the output hooks gets them in a cell of their
+    -- own, so the user's cell is sent as it is (its tracebacks and line numbers
+    -- are the user's). Idempotent (guarded in the kernel), and the user's cell
+    -- is not sent yet: a failure here is one before the run.
+    local hout, herr, hcode, hdetail = sbx:run_code(outputs.PRELUDE, {
+      language = "python", timeout = run_timeout,
+      on_line = keepalive and on_line or nil,
+    })
+    if not hout then return before(herr, hcode, hdetail) end
+    for _, res in ipairs(hout.results or {}) do
+      if outputs_of(res) then st.hooked = info.sandbox_id end
+    end
+  end
+  local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
     is_private = function(res) return outputs_of(res) ~= nil end,
@@ -534,10 +548,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
       if user_on_result then return user_on_result(res) end
     end,
     -- Every stream event (keepalives included) keeps the session's lock alive.
-    on_line = keepalive and function()
-      local ok, kerr, kcode = keepalive(lk)
-      if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
-    end or nil,
+    on_line = keepalive and on_line or nil,
   })
   if not out then
     if detail and lock_error then detail.lock_error = lock_error end
@@ -556,9 +567,6 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     local ferr, fcode, partial
     out_files, ferr, fcode, partial = files_from_report(sbx, report, cap)
     if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
-  elseif python and with_prelude then
-    -- The cell did not run at all (it did not compile): it produced nothing.
-    out_files = {}
   else
     -- No report: another language, or the kernel lost its hooks (restarted).
     if python then st.hooked = nil end

@@ -24,6 +24,12 @@ function M.new(o)
     exec = nil, info_over = {}, batches = {} }
   local function rec(name, ...) c.calls[#c.calls + 1] = { name, ... } end
   local function log(...) c.log[#c.log + 1] = table.concat({ ... }, " ") end
+  --- The code of every run_code call, in order.
+  function c:codes()
+    local out = {}
+    for _, call in ipairs(self.calls) do if call[1] == "run_code" then out[#out + 1] = call[3] end end
+    return out
+  end
   --- The log lines of one call name ("kill sb1", ...).
   function c:calls_of(name)
     local out = {}
@@ -211,15 +217,15 @@ function M.new(o)
         end
       end
       local python = (ro.language or "python") == "python"
-      if python and code:find(PRELUDE, 1, true) == 1 then
-        if not s.hooked then s.output = {} end -- the prelude's own reset
+      local hook_cell = python and code == PRELUDE
+      if hook_cell then
+        if not s.hooked then s.output = {} end -- the hooks' own reset
         s.hooked = true
-        code = code:sub(#PRELUDE + 2)
       elseif python and s.hooked then
         s.output = {} -- pre_run_cell
       end
       local out = { stdout = {}, stderr = {}, results = {} }
-      if client.exec then client.exec(s, code, out) end
+      if client.exec and not hook_cell then client.exec(s, code, out) end
       for _, t in ipairs(out.stdout) do if ro.on_stdout then ro.on_stdout(t) end end
       for _, r in ipairs(out.results) do if ro.on_result then ro.on_result(r) end end
       if python and s.hooked then

@@ -7,6 +7,10 @@
 --   local res = http.request{ method = "POST", url = srv.url .. "/sandboxes",
 --     headers = { ["X-API-Key"] = key }, json = { templateID = "base" } }
 --   res.status, res.headers["x-next-token"], res.body, res.json
+--
+-- A request to the admin API (/_warmboxd/*) of a server started by
+-- spec.helpers.warmboxd carries that server's admin token (X-Warmboxd-Token)
+-- unless the request sets that header itself or passes `admin_token = false`.
 local cjson = require("cjson.safe").new()
 local wbd = require "spec.helpers.warmboxd"
 
@@ -34,7 +38,15 @@ function M.request(o)
   local args = { "env", "-u", "LD_PRELOAD", "curl", "-sS", "-o", q(out), "-D", q(hdr), "-w", q("%{http_code}"),
     "-X", q(o.method or "GET"), "--max-time", tostring(o.timeout or 30) }
   local headers = {}
-  for k, v in pairs(o.headers or {}) do headers[#headers + 1] = { k, v } end
+  local has_token = false
+  for k, v in pairs(o.headers or {}) do
+    headers[#headers + 1] = { k, v }
+    if k:lower() == "x-warmboxd-token" then has_token = true end
+  end
+  if not has_token and o.admin_token ~= false then
+    local tok = o.admin_token or wbd.admin_token_for(o.url)
+    if tok then headers[#headers + 1] = { "X-Warmboxd-Token", tok } end
+  end
   local body = o.body
   if o.json ~= nil then
     body = assert(cjson.encode(o.json))

@@ -5,7 +5,11 @@
 --   local srv
 --   lazy_setup(function() srv = wbd.start{ args = { "--rtt-ms", "0" } } end)
 --   lazy_teardown(function() srv:stop() end)
---   -- srv.url, srv.port, srv.pid, srv.api_key, srv:log()
+--   -- srv.url, srv.port, srv.pid, srv.api_key, srv.admin_token, srv:log()
+--
+-- Every server gets an admin token (--admin-token, unless opts.args gives
+-- one); spec.helpers.http adds it to each request to that server's admin API
+-- (/_warmboxd/*), so specs call the admin API as before.
 --
 -- WARMBOXD_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full")
 -- runs the server under a wrapper; WARMBOXD_BIN overrides the binary.
@@ -83,6 +87,28 @@ function M.new_key()
   return "e2b_" .. table.concat(t)
 end
 
+-- Admin tokens of the servers started here (and any registered), by base URL.
+M.admin_tokens = {}
+
+--- The admin token to send with a request to `url`, or nil.
+function M.admin_token_for(url)
+  local base = tostring(url):match("^(https?://[^/]+)/_warmboxd")
+  return base and M.admin_tokens[base] or nil
+end
+
+--- Makes spec.helpers.http send `token` on admin calls to the server at `url`
+-- (for a server started another way, e.g. warmbox.server's srv.admin_token).
+function M.register_admin(url, token)
+  M.admin_tokens[url] = token
+end
+
+local function random_token()
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local raw = f:read(24)
+  f:close()
+  return (raw:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
 local Server = {}
 Server.__index = Server
 
@@ -93,7 +119,16 @@ function M.start(opts)
   assert(os.execute("mkdir -p " .. sh_quote(dir)))
   local logf = dir .. "/warmboxd.log"
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
-  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  local admin_token
+  for i, a in ipairs(opts.args or {}) do
+    args[#args + 1] = a
+    if a == "--admin-token" then admin_token = opts.args[i + 1] end
+  end
+  if not admin_token then
+    admin_token = random_token()
+    args[#args + 1] = "--admin-token"
+    args[#args + 1] = admin_token
+  end
   local parts = {}
   for i, a in ipairs(args) do parts[i] = sh_quote(a) end
   local wrapper = opts.wrapper or os.getenv("WARMBOXD_WRAPPER") or ""
@@ -119,8 +154,9 @@ function M.start(opts)
   assert(url, "warmboxd did not print its address in time:\n" .. (read_all(logf) or ""))
   local self = setmetatable({
     url = url, port = tonumber(url:match(":(%d+)$")), pid = pid, dir = dir,
-    log_path = logf, api_key = opts.api_key or M.new_key(),
+    log_path = logf, api_key = opts.api_key or M.new_key(), admin_token = admin_token,
   }, Server)
+  M.admin_tokens[url] = admin_token
   return self
 end
 

@@ -2,14 +2,18 @@
 local wbd = require "spec.helpers.warmboxd"
 
 local ROOT = wbd.root()
+-- A private XDG dir with no per-user server in it: the commands below run as they would
+-- for someone who never ran `warmbox server start` (cli_server_spec covers that server).
+local XDG = os.tmpname()
+os.remove(XDG)
 
 -- Runs bin/warmbox with the spec's build; returns exit status, stdout, stderr.
 local function warmbox(args, stdin, env)
   local tmp = os.tmpname()
   local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")
   local cmd = string.format(
-    "cd %s && WARMBOX_BUILD_DIR=%s WARMBOXD_BIN=%s %s lua5.4 bin/warmbox %s <%s >%s.out 2>%s.err",
-    wbd.sh_quote(ROOT), wbd.sh_quote(build), wbd.sh_quote(wbd.bin()), env or "", args,
+    "cd %s && XDG_RUNTIME_DIR=%s WARMBOX_BUILD_DIR=%s WARMBOXD_BIN=%s %s lua5.4 bin/warmbox %s <%s >%s.out 2>%s.err",
+    wbd.sh_quote(ROOT), wbd.sh_quote(XDG), wbd.sh_quote(build), wbd.sh_quote(wbd.bin()), env or "", args,
     wbd.sh_quote(stdin or "/dev/null"), tmp, tmp)
   local ok, _, code = os.execute(cmd)
   local function slurp(p)

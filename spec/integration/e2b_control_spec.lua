@@ -11,7 +11,7 @@ local e2b = require "warmbox.e2b"
 local knob_http
 local function knob(srv, method, path, body, key)
   knob_http = knob_http or core.http{ timeout = 120 }
-  local headers = { ["Content-Type"] = "application/json" }
+  local headers = { ["Content-Type"] = "application/json", ["X-Warmboxd-Token"] = srv.admin_token }
   if key then headers["X-API-Key"] = key end
   local res = assert(knob_http:request{ method = method, url = srv.url .. "/_warmboxd" .. path, headers = headers,
     body = body ~= nil and assert(json.encode(body)) or nil, retry = false })

@@ -65,7 +65,8 @@ describe("sessions: policies (warmboxd)", function()
     for _ = 1, 3 do assert(s:run("echo")) end
     local st = stats()
     assert.is_nil(st.requests["POST /sandboxes/{id}/connect"])
-    assert.equal(3, st.requests["interp POST /execute"])
+    -- the first python cell on the kernel is preceded by the output hooks' cell
+    assert.equal(4, st.requests["interp POST /execute"])
     wb:close()
   end)
 

@@ -150,6 +150,22 @@ describe("warmboxd GET /v2/sandboxes", function()
       assert.are.same({}, res.json)
     end)
 
+    -- Issue 9 (parser audit): a pair that is not UTF-8 was dropped from the
+    -- filter (json_object_set refuses the key) and a NUL cut it short, both
+    -- widening it to every sandbox; such pairs can match nothing.
+    it("matches nothing for a key or value that is not UTF-8 or holds a NUL", function()
+      for _, q in ipairs({ sdk_metadata({ { "tag\255", "alice" } }), sdk_metadata({ { "tag", "alice\255" } }),
+        sdk_metadata({ { "tag", "alice\0x" } }), sdk_metadata({ { "tag\0x", "alice" } }),
+        uri_component("tag=alice") .. "%00", "tag%3Dalice%26app%3Dprod%00%26x%3Dy" }) do
+        local res = list(srv, "metadata=" .. q)
+        assert.are.equal(200, res.status, q)
+        assert.are.same({}, res.json, q)
+        local v1 = http.api(srv, "GET", "/sandboxes?metadata=" .. q)
+        assert.are.equal(200, v1.status, q)
+        assert.are.same({}, v1.json, q)
+      end
+    end)
+
     it("counts matching running sandboxes in X-Total-Running", function()
       local res = list(srv, "state=running&metadata=" .. sdk_metadata({ { "tag", "alice" } }))
       assert.are.equal("2", res.headers["x-total-running"])

@@ -272,6 +272,44 @@ describe("warmboxd envd", function()
       assert.are.equal("6291456", rpc(sb, "filesystem.Filesystem/Stat", { path = "big.bin" }).json.entry.size)
     end)
 
+    -- Issue 9: a download read until EOF while the sandbox grew the file, so
+    -- one request never ended (941 MB). It now sends the size seen at open.
+    do
+      -- More than the loopback socket buffers take, so that the old server
+      -- could not reach the end before the writer starts.
+      local size = 16 << 20
+      it("sends at most the size a file had when opened, while the sandbox grows it", function()
+        local name = "grow-" .. size .. ".bin"
+        assert.are.equal(200, upload(name, ("g"):rep(size)).status)
+        -- A bounded writer, running while the download does (a process ends
+        -- with its Process.Start stream, so that stream runs in the
+        -- background): the file grows faster than the client reads (sparse: no
+        -- disk), for 6 s at most.
+        local body = os.tmpname()
+        local f = assert(io.open(body, "wb"))
+        f:write(envelope(0, { process = { cmd = "/bin/bash", args = { "-c",
+          "timeout 6 sh -c 'while :; do truncate -s +1M " .. name .. "; sleep 0.01; done'" } } }))
+        f:close()
+        local q = wbd.sh_quote
+        os.execute(table.concat({ "env -u LD_PRELOAD curl -s -o /dev/null --max-time 10",
+          "-H", q("E2b-Sandbox-Id: " .. sb.sandboxID), "-H", q("E2b-Sandbox-Port: 49983"),
+          "-H", q("X-Access-Token: " .. sb.envdAccessToken), "-H", q("Content-Type: application/connect+json"),
+          "--data-binary", q("@" .. body), q(srv.url .. "/process.Process/Start"), "&" }, " "))
+        assert.is_true(wbd.eventually(function()
+          local st = rpc(sb, "filesystem.Filesystem/Stat", { path = name }).json
+          return st and st.entry and tonumber(st.entry.size) > size
+        end, 5))
+        local res = http.sandbox(srv, sb, 49983, "GET", "/files?path=" .. name,
+          { curl_args = { "--limit-rate", "16M" }, timeout = 10 })
+        os.remove(body)
+        assert.are.equal(200, res.status)
+        assert.are.equal("", res.error)
+        assert.is_true(#res.body >= size, #res.body)
+        assert.is_true(#res.body < size + (64 << 20), #res.body)
+        assert.are.equal(("g"):rep(size), res.body:sub(1, size))
+      end)
+    end
+
     it("resolves relative and ~ paths against /home/user", function()
       assert.are.equal(200, upload("rel/a.txt", "relative").status)
       assert.are.equal("relative", download("~/rel/a.txt").body)
@@ -384,6 +422,21 @@ describe("warmboxd envd", function()
         local res = post("", { "file=@" .. dir .. "/a;filename=dup.txt", "file=@" .. dir .. "/b;filename=./dup.txt" })
         assert.are.equal(400, res.status)
         assert.matches("same path", res.json.message)
+      end)
+
+      -- Issue 9: a path that is not UTF-8 made the duplicate check compare a
+      -- NULL JSON string (json_string refuses the byte) and crashed warmboxd.
+      it("survives two parts to a path that is not UTF-8, and answers it as U+FFFD", function()
+        local res = post("?path=/home/user/%ff",
+          { "file=@" .. dir .. "/a;filename=x", "file=@" .. dir .. "/b;filename=y" })
+        assert.are.equal(400, res.status, res.body)
+        assert.matches("same path", res.json.message)
+        assert.is_true(wbd.alive(srv.pid))
+        res = post("?path=/home/user/bad%ffname", { "file=@" .. dir .. "/a;filename=x" })
+        assert.are.equal(200, res.status, res.body)
+        assert.are.same({ { path = "/home/user/bad\u{FFFD}name", name = "bad\u{FFFD}name", type = "file" } }, res.json)
+        assert.are.equal("first file", download("/home/user/bad\xffname").body)
+        assert.are.equal(200, http.api(srv, "GET", "/health").status)
       end)
     end)
   end)
@@ -689,6 +742,27 @@ describe("warmboxd envd", function()
         { ["Connect-Timeout-Ms"] = "1000" })
       assert.are.equal("bye\n", r.stdout)
       assert.are.equal("deadline_exceeded", r.trailer.error.code)
+    end)
+
+    -- Issue 9: Keepalive-Ping-Interval * 10^6 overflowed into a negative
+    -- interval (a keepalive on every loop, forever), and a huge
+    -- Connect-Timeout-Ms overflowed the deadline (UBSan aborts the server).
+    it("saturates huge Keepalive-Ping-Interval and Connect-Timeout-Ms", function()
+      local huge = "99999999999999999999999"
+      local r = start(nil, { cmd = "/bin/bash", args = { "-c", "sleep 0.5; echo done" } },
+        { ["Keepalive-Ping-Interval"] = huge, ["Connect-Timeout-Ms"] = huge })
+      assert.are.equal(200, r.status)
+      assert.are.equal("done\n", r.stdout)
+      assert.are.same({ exited = true, status = "exit status 0" }, r.end_)
+      local keepalives = 0
+      for _, ev in ipairs(r.events) do
+        if ev.keepalive then keepalives = keepalives + 1 end
+      end
+      assert.are.equal(0, keepalives)
+      r = start(nil, { cmd = "/bin/echo", args = { "ok" } },
+        { ["Keepalive-Ping-Interval"] = "9223372036854775807", ["Connect-Timeout-Ms"] = "9223372036854775807" })
+      assert.are.equal("ok\n", r.stdout)
+      assert.is_true(wbd.alive(srv.pid))
     end)
 
     it("answers other streaming RPCs with an unimplemented trailer", function()

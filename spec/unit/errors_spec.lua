@@ -28,7 +28,9 @@ local NOT_CODES = {
   EVAL = "Redis command",
   SESSION = "CLI column header", SANDBOX = "CLI column header", STATE = "CLI column header",
   FILE_TYPE_DIRECTORY = "envd file type", FILE_TYPE_SYMLINK = "envd file type",
-  WARMBOXD_BIN = "environment variable",
+  WARMBOXD_BIN = "environment variable", NO_COLOR = "environment variable", HOME = "environment variable",
+  XDG_RUNTIME_DIR = "environment variable", XDG_STATE_HOME = "environment variable",
+  FAIL = "doctor check status",
   FAILED = "smoke step status", ERROR = "simulator report: a run raised", GC = "simulator report: a GC pass raised",
 }
 

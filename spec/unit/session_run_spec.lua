@@ -92,7 +92,8 @@ describe("warmbox.session", function()
       assert.same({ "b", "a" }, e.client:ids("kill"))
       local names = {}
       for _, call in ipairs(e.client.calls) do names[#names + 1] = call[1] end
-      assert.same({ "list", "connect", "set_timeout", "kill", "kill", "run_code" }, names)
+      -- the hooks' cell, then the user's
+      assert.same({ "list", "connect", "set_timeout", "kill", "kill", "run_code", "run_code" }, names)
     end)
 
     for _, code in ipairs({ "HTTP", "RATE_LIMITED", "TIMEOUT", "TRANSPORT" }) do
@@ -252,7 +253,8 @@ describe("warmbox.session", function()
       e.client.calls = {}
       local r = assert(s:run("2", { timeout = 30 }))
       assert.are_not.equal(r1.sandbox_id, r.sandbox_id)
-      assert.equal(2, e.client:count("run_code"))
+      -- the refused one, then the new kernel's hooks cell and the cell
+      assert.equal(3, e.client:count("run_code"))
       assert.equal(1, e.client:count("create"))
     end)
 
@@ -292,7 +294,8 @@ describe("warmbox.session", function()
       e.client.calls = {}
       e.client.fail.run = { { "refused", "TRANSPORT", { sent = false, started = false } } }
       assert(s:run("2", { timeout = 30 }))
-      assert.equal(2, e.client:count("run_code"))
+      -- the refused cell, then (the sandbox resolved again) the hooks' cell and the cell
+      assert.same({ "2", session.PRELUDE, "2" }, e.client:codes())
       e.client.calls = {}
       e.client.fail.run = { { "empty reply", "TRANSPORT", { sent = true, started = false } } }
       local r, _, code = s:run("3", { timeout = 30 })
@@ -357,8 +360,8 @@ describe("warmbox.session", function()
         return h
       end
       local r = assert(s:run("1"))
-      assert.equal(3, seen_lines)
-      assert.equal(3, keepalives)
+      assert.equal(6, seen_lines) -- 3 in the hooks' cell, 3 in the user's
+      assert.equal(6, keepalives)
       assert.same({ "redis down", "TRANSPORT" }, r.lock_error)
       assert.same({ "redis down", "TRANSPORT" }, r.unlock_error)
       local _, _, code, detail = s:run(1 and "x", { files = { ["a/b"] = "x" } })
@@ -479,15 +482,14 @@ describe("warmbox.session", function()
       assert.same({ "new1" }, e.client:ids("read_file"))
     end)
 
-    it("prepends the hook prelude only until the kernel reports it has the hooks", function()
+    it("sends the hooks in a cell of their own until the kernel reports it has them", function()
       local e = setup()
       local s = e.new("w:t")
       assert(s:run("1"))
       assert(s:run("2"))
       local codes = {}
       for _, c in ipairs(e.client.calls) do if c[1] == "run_code" then codes[#codes + 1] = c[3] end end
-      assert.equal(1, codes[1]:find(session.PRELUDE, 1, true))
-      assert.equal("2", codes[2])
+      assert.same({ session.PRELUDE, "1", "2" }, codes)
     end)
 
     it("returns only the files this run produced on a reused sandbox", function()

@@ -725,7 +725,7 @@ end
 
 --- `s:run_code(code, opts)`: the run takes `model.duration` seconds (set by
 -- the simulator per run; 0 by default). The first cell on a fresh kernel
--- pays `kernel_ms`. A python cell that carries warmbox's prelude registers the
+-- pays `kernel_ms`. warmbox's python hooks cell (`outputs.PRELUDE`) registers the
 -- output hooks, so the kernel then reports its (empty) output directory the way
 -- `warmbox.session` expects. A lease that runs out during the run pauses (or
 -- kills) the sandbox under it: the stream breaks.
@@ -733,7 +733,8 @@ function Sandbox:run_code(code, opts)
   opts = opts or {}
   local m = self.model
   local c = ctx(m)
-  local duration = c.duration or 0
+  -- warmbox's hooks cell (sent once per new kernel) takes no time of the run's own
+  local duration = code == outputs.PRELUDE and 0 or c.duration or 0
   local timeout = opts.timeout
   m.stats.requests = m.stats.requests + 1
   pass(m, m.rtt / 2)
@@ -779,7 +780,7 @@ function Sandbox:run_code(code, opts)
   local language = opts.language or "python"
   local results = {}
   if language == "python" then
-    -- The kernel gets the hooks from warmbox's prelude line (warmbox.outputs' source).
+    -- The kernel gets the hooks from warmbox's hooks cell (warmbox.outputs' source).
     if not b.hooked and type(code) == "string" and code:find(outputs.PRELUDE, 1, true) then
       b.hooked = true
     end

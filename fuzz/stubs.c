@@ -1,0 +1,63 @@
+/*
+ * stubs.c: the parts of warmboxd the fuzz targets leave out. Options that
+ * main.c would define; the runtime hooks succeed without doing anything
+ * (records need no directory, no process is ever spawned); the data plane
+ * reaches only envd's POST /files (uploads land in a scratch directory),
+ * every other data-plane request gets a plain 204.
+ */
+#include "wbd_int.h"
+#include "runtime.h"
+#include "harness.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+struct wbd_options wbd_opt = {
+  .host = "127.0.0.1",
+  .max_length_hours = 24,
+  .default_timeout_s = 15,
+  .unisolated = 1,
+};
+struct wbd_limits wbd_lim = {
+  .admin_token = FUZZ_ADMIN_TOKEN,
+  .conn_timeout_s = 5,
+  .max_conns = 256,
+  .max_conns_per_ip = 256,
+  .max_upload_mb = 1,
+};
+
+char fuzz_scratch[512];
+
+int wbd_rt_init(void) { return 0; }
+int wbd_rt_on_create(struct wbd_sandbox *sb) { (void)sb; return 0; }
+int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) { (void)sb; (void)memory; return 0; }
+int wbd_rt_on_resume(struct wbd_sandbox *sb) { (void)sb; return 0; }
+void wbd_rt_on_kill(struct wbd_sandbox *sb) { (void)sb; }
+void wbd_rt_shutdown(void) {}
+
+const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
+  (void)sb;
+  snprintf(buf, len, "%s/home", fuzz_scratch);
+  return buf;
+}
+
+const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len) {
+  (void)sb;
+  snprintf(buf, len, "%s/tmp", fuzz_scratch);
+  return buf;
+}
+
+int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,
+                 int *stdin_fd, int *stdout_fd, int *stderr_fd) {
+  (void)sb; (void)argv; (void)envs; (void)cwd; (void)pid; (void)stdin_fd; (void)stdout_fd; (void)stderr_fd;
+  return -EPERM;   /* never run anything a fuzzer wrote */
+}
+int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig) { (void)sb; (void)pid; (void)sig; return -ESRCH; }
+int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) { (void)sb; (void)pid; return 0; }
+
+enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
+  if (port == 49983 && strcmp(req->path, "/files") == 0 && strcmp(req->method, "POST") == 0)
+    return wbd_envd_handle(req, sb);
+  return wbd_reply_raw(req, 204, NULL, "", 0, NULL);
+}

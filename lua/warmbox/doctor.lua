@@ -1,0 +1,225 @@
+--- `warmbox doctor`: what this machine lacks for the embedded warmboxd, and what an
+-- E2B setup lacks.
+--
+--   local doctor = require "warmbox.doctor"
+--   local checks = doctor.embedded{ find_bin = require("warmbox.server").find_bin }
+--   for _, c in ipairs(checks) do print(c.status, c.name, c.detail, c.fix) end
+--   local failed = doctor.first_failure("embedded", { find_bin = ... })   -- nil when every required check passes
+--
+-- A check is `{ name, status = "ok" | "fail" | "warn", detail, fix }`: "fail" when the
+-- setup cannot work without it, "warn" when a feature is missing (e.g. JavaScript).
+-- Programs are looked up on PATH, as a user would; warmboxd itself runs
+-- /usr/bin/bwrap and /usr/bin/python3, so those are checked there too.
+-- @module warmbox.doctor
+
+local io_open, io_popen, os_execute, os_getenv, tostring, type, ipairs, pcall =
+  io.open, io.popen, os.execute, os.getenv, tostring, type, ipairs, pcall
+local string_format = string.format
+
+local _M = {}
+
+local function sh_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+-- Runs a shell command; returns ok and its first line of output (stdout and stderr).
+local function run(cmd)
+  local p = io_popen("(" .. cmd .. ") 2>&1")
+  if not p then return false, "cannot run a shell" end
+  local out = p:read("a") or ""
+  local ok = p:close()
+  return ok == true, (out:gsub("%s+$", ""):match("[^\n]*$") or "")
+end
+
+local function which(prog)
+  local p = io_popen("command -v " .. sh_quote(prog) .. " 2>/dev/null")
+  if not p then return nil end
+  local path = p:read("l")
+  p:close()
+  return path ~= "" and path or nil
+end
+
+local function read_line(path)
+  local f = io_open(path, "rb")
+  if not f then return nil end
+  local s = f:read("l")
+  f:close()
+  return s
+end
+
+local function check(name, status, detail, fix)
+  return { name = name, status = status, detail = detail, fix = fix }
+end
+
+--- The checks of the embedded server (warmboxd on this machine).
+-- @tparam table opts `find_bin` (`warmbox.server.find_bin`: given by the caller, so
+--   doctor and server do not require each other), `warmboxd` (the binary)
+-- @treturn table a list of checks
+function _M.embedded(opts)
+  opts = opts or {}
+  local list = {}
+  local function add(c) list[#list + 1] = c end
+
+  if type(opts.find_bin) ~= "function" then
+    require("warmbox.errors").bad_option(1, "embedded", "find_bin", "a function expected (warmbox.server.find_bin)")
+  end
+  local bin, berr = opts.find_bin(opts.warmboxd)
+  add(bin and check("warmboxd", "ok", bin)
+    or check("warmboxd", "fail", berr, "build it (scripts/setup), or set WARMBOXD_BIN to its path"))
+
+  local bwrap = which("bwrap")
+  if not bwrap then
+    add(check("bubblewrap", "fail", "bwrap not found on PATH", "apt-get install bubblewrap"))
+  elseif not os_execute("test -x /usr/bin/bwrap") then
+    add(check("bubblewrap", "fail", "bwrap is " .. bwrap .. " but warmboxd runs /usr/bin/bwrap",
+      "apt-get install bubblewrap (Debian's package installs /usr/bin/bwrap)"))
+  else
+    add(check("bubblewrap", "ok", bwrap))
+    local ok, why = run(sh_quote(bwrap) .. " --unshare-all --die-with-parent --ro-bind / / --dev /dev "
+      .. "--proc /proc /bin/true")
+    if ok then
+      add(check("user namespaces", "ok", "bwrap --unshare-all runs"))
+    else
+      local fix = "let unprivileged users make user namespaces"
+      if read_line("/proc/sys/kernel/unprivileged_userns_clone") == "0" then
+        fix = "sysctl -w kernel.unprivileged_userns_clone=1"
+      elseif read_line("/proc/sys/user/max_user_namespaces") == "0" then
+        fix = "sysctl -w user.max_user_namespaces=15000"
+      elseif read_line("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1" then
+        fix = "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile for bwrap)"
+      elseif os_execute("test -f /.dockerenv") then
+        fix = "run the container with --security-opt seccomp=unconfined (or --privileged)"
+      end
+      add(check("user namespaces", "fail", "bwrap cannot make a jail: " .. why, fix
+        .. "; or start warmboxd with --unisolated (unsafe)"))
+    end
+  end
+
+  local python = which("python3")
+  if not python then
+    add(check("python3", "fail", "python3 not found on PATH", "apt-get install python3"))
+  elseif not os_execute("test -x /usr/bin/python3") then
+    add(check("python3", "fail", "python3 is " .. python .. " but the kernel runs /usr/bin/python3",
+      "apt-get install python3"))
+  else
+    add(check("python3", "ok", "/usr/bin/python3 (the kernel's)"))
+    -- the packages of the python the kernel runs, whatever python3 PATH finds first
+    python = "/usr/bin/python3"
+    local ok, why = run(sh_quote(python) .. " -c 'import IPython; print(IPython.__version__)'")
+    add(ok and check("IPython", "ok", "IPython " .. why)
+      or check("IPython", "fail", "the python kernel needs IPython: " .. why, "apt-get install python3-ipython"))
+    ok, why = run(sh_quote(python) .. " -c 'import matplotlib; print(matplotlib.__version__)'")
+    add(ok and check("matplotlib", "ok", "matplotlib " .. why)
+      or check("matplotlib", "warn", "charts (plt.show, savefig) need matplotlib: " .. why,
+        "apt-get install python3-matplotlib"))
+  end
+
+  local node = which("node")
+  add(node and check("node", "ok", node .. " (warmboxd itself runs python and bash cells only)")
+    or check("node", "warn", "node not found on PATH: no JavaScript (warmboxd runs python and bash cells only)",
+      "apt-get install nodejs"))
+
+  local slirp = which("slirp4netns")
+  add(slirp and check("slirp4netns", "ok", slirp)
+    or check("slirp4netns", "warn", "slirp4netns not found on PATH: sandboxes have no network "
+      .. "(warmboxd jails have none today either)", "apt-get install slirp4netns"))
+
+  if os_execute("test -d /sys/fs/cgroup/freezer -a -w /sys/fs/cgroup/freezer") then
+    add(check("cgroup freezer", "ok", "/sys/fs/cgroup/freezer is writable: a pause freezes the sandbox"))
+  else
+    add(check("cgroup freezer", "warn", "no writable cgroup-v1 freezer: a pause stops the sandbox with SIGSTOP "
+      .. "(memory kept, no cgroup limits)", "run warmboxd as root with /sys/fs/cgroup/freezer mounted"))
+  end
+  return list
+end
+
+--- The checks of an E2B setup.
+-- @tparam[opt] table opts `api_key` (default $E2B_API_KEY), `api_url`, `template`
+--   (default code-interpreter-v1)
+-- @treturn table a list of checks
+function _M.e2b(opts)
+  opts = opts or {}
+  local list = {}
+  local function add(c) list[#list + 1] = c end
+  local key = opts.api_key or os_getenv("E2B_API_KEY")
+  if key == "" then key = nil end
+  if not key then
+    add(check("E2B key", "fail", "no API key: E2B_API_KEY is not set (without one warmbox runs a local warmboxd)",
+      "export E2B_API_KEY=e2b_... (from the E2B dashboard), or pass --api-key"))
+    return list
+  end
+  add(check("E2B key", "ok", key:sub(1, 8) .. "..."))
+  local e2b = require "warmbox.e2b"
+  local ok, client = pcall(e2b.new, { api_key = key, api_url = opts.api_url, request_timeout = 10 })
+  if not ok then
+    add(check("E2B API", "fail", tostring(client), "check --api-url / E2B_API_URL"))
+    return list
+  end
+  local first, err, code = client:list{ limit = 1 }()
+  if first == false then
+    local fix = code == "AUTH"
+      and "the key was refused: check E2B_API_KEY" or "check the network and --api-url / E2B_API_URL"
+    add(check("E2B API", "fail", string_format("%s answered: %s (%s)", tostring(client.api_url), tostring(err),
+      tostring(code)), fix))
+    client:close()
+    return list
+  end
+  add(check("E2B API", "ok", tostring(client.api_url) .. " answers and accepts the key"))
+  local template = opts.template or "code-interpreter-v1"
+  local http = client.http
+  local res = http and http:request{ method = "GET", url = client.api_url .. "/templates",
+    headers = { ["X-API-Key"] = key }, timeout = 10 }
+  local found, listed = false, false
+  if res and res.status == 200 then
+    local t = require("warmbox.json").decode(res.body)
+    if type(t) == "table" then
+      listed = true
+      for _, tp in ipairs(t) do
+        if type(tp) == "table" then
+          if tp.templateID == template then found = true end
+          for _, a in ipairs(type(tp.aliases) == "table" and tp.aliases or {}) do
+            if a == template then found = true end
+          end
+        end
+      end
+    end
+  end
+  local public = { ["code-interpreter-v1"] = true, base = true, desktop = true }
+  if found then
+    add(check("template", "ok", template .. " is one of the team's templates"))
+  elseif public[template] then
+    add(check("template", "ok", template .. " is a public E2B template"))
+  elseif listed then
+    add(check("template", "fail", template .. " is not among the team's templates",
+      "build it (e2b template build) or pass --template NAME"))
+  else
+    add(check("template", "warn", string_format("cannot list templates (%s): %s not checked",
+      res and ("HTTP " .. tostring(res.status)) or "no answer", template), "pass --template NAME if it is wrong"))
+  end
+  client:close()
+  return list
+end
+
+--- The first failing check of a set ("embedded" or "e2b"), or nil.
+function _M.first_failure(which_set, opts)
+  local list = (which_set == "e2b" and _M.e2b or _M.embedded)(opts)
+  for _, c in ipairs(list) do
+    if c.status == "fail" then return c end
+  end
+  return nil
+end
+
+--- Print the checks; returns the number that failed.
+function _M.print(out, title, list)
+  local failed = 0
+  out:write(title, "\n")
+  for _, c in ipairs(list) do
+    local mark = c.status == "ok" and "ok  " or c.status == "warn" and "warn" or "FAIL"
+    if c.status == "fail" then failed = failed + 1 end
+    out:write(string_format("  %s  %-16s %s\n", mark, c.name, tostring(c.detail or "")))
+    if c.status ~= "ok" and c.fix then out:write(string_format("        %-16s fix: %s\n", "", c.fix)) end
+  end
+  return failed
+end
+
+return _M
