@@ -122,6 +122,7 @@ function _M.new(opts)
     end
     self.owns_client = true
   end
+  self:_install_transport()
   return self
 end
 
@@ -146,11 +147,13 @@ function Warmbox:session(key, opts)
     max_files_bytes = opts.max_files_bytes or self.max_files_bytes }
   session.check_settings(settings, "session", 2, 2)
   return session.new(key, {
-    client = self.client, lock = self.lock, clock = self.clock, policy = self.policy,
+    client = self.client, lock = self:_lock_factory(settings.exec_timeout), clock = self.clock,
+    policy = self.policy,
     template = opts.template or self.template, exec_timeout = settings.exec_timeout,
     idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
     max_output = settings.max_output, max_files_bytes = settings.max_files_bytes,
+    parallel = self.parallel,
   })
 end
 
@@ -181,8 +184,7 @@ function Warmbox:release(key)
     error("bad argument #1 to 'release' (non-empty string expected, got " .. type(key) .. ")", 2)
   end
   local gc = require "warmbox.gc"
-  return gc.release{ client = self.client, tag = self.tag, key = key,
-    lock = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout)) }
+  return gc.release{ client = self.client, tag = self.tag, key = key, lock = self:_lock_factory(self.exec_timeout) }
 end
 
 --- The sessions that have sandboxes: `{ {key, tag_value, sandbox_id, state, started_at, end_at}, ... }`
@@ -227,6 +229,10 @@ local function gc_run_opts(self, opts, fname)
   end
   local lock = self.lock
   if type(lock) == "string" then lock = { backend = lock } end
+  if self.runner then
+    -- Locks taken inside a task are tracked (closed when it ends).
+    lock = self.runner:lock_factory(require("warmbox.lock").factory(lock, nil, nil, "gc"))
+  end
   o.lock = lock
   return o
 end
@@ -310,10 +316,126 @@ function Warmbox:gc_every(seconds, opts)
   return done(rep)
 end
 
+-- ------------------------------------------------------------------
+-- Tasks (issue 11): many runs at once from one Lua state
+-- ------------------------------------------------------------------
+
+-- The lock factory of sessions and release: inside a task, the locks are
+-- tracked so that a cancelled task frees its sessions.
+function Warmbox:_lock_factory(exec_timeout)
+  local base = require("warmbox.lock").factory(self.lock, session.lock_defaults(exec_timeout))
+  if not self.runner then
+    -- A runner may come later (the first spawn): look it up at each call.
+    return function()
+      local lk = base()
+      if self.runner then self.runner:track_lock(lk) end
+      return lk
+    end
+  end
+  return self.runner:lock_factory(base)
+end
+
+-- The client's requests go through a transport: blocking outside tasks, on
+-- the engine of the task's runner inside one. With it, a session extends a
+-- lease alongside the execute (`parallel`): inside a task on wb's runner,
+-- outside on a private one (the call blocks as ever).
+function Warmbox:_install_transport()
+  local c = self.client
+  if type(c) ~= "table" or type(c.http) ~= "userdata" and type(c.http) ~= "table" or c.transport ~= nil then
+    return
+  end
+  local runner = require "warmbox.runner"
+  c.transport = runner.transport(c.http)
+  self.set_transport = true
+  self.parallel = function(main, side)
+    local r = runner.running()
+    if not r then
+      r = self.private_runner
+      if not r then
+        local msg, code
+        r, msg, code = runner.new()
+        if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code))) end
+        self.private_runner = r
+      end
+    end
+    return r:parallel(main, side)
+  end
+end
+
+-- The runner (an engine and a scheduler) of wb:spawn, made at the first spawn.
+function Warmbox:_runner()
+  local r = self.runner
+  if r then return r end
+  local msg, code
+  r, msg, code = require("warmbox.runner").new()
+  if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 3) end
+  self.runner = r
+  return r
+end
+
+--- Start `fn(...)` as a task: a coroutine this object owns. Inside it every
+-- warmbox call that waits (runs, lock waits, E2B requests, release, gc,
+-- sessions) yields to the event engine; outside tasks calls block as ever.
+-- The task first runs at the next `step`/`loop`.
+-- @treturn warmbox.Task (`result()`, `done()`, `cancel()`)
+function Warmbox:spawn(fn, ...)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  if type(fn) ~= "function" then
+    error("bad argument #1 to 'spawn' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  return self:_runner():spawn(fn, ...)
+end
+
+--- Run until every task finished.
+-- @treturn[1] true
+-- @return[2] nil, msg, "DEADLOCK"
+function Warmbox:loop()
+  if not self.runner then return true end
+  return self.runner:loop()
+end
+
+--- One round for a host that owns its loop: run the ready tasks, wait at
+-- most `timeout` seconds (nil: as needed; 0: never blocks) for the engine.
+-- @treturn boolean true while tasks remain
+function Warmbox:step(timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
+    error("bad argument #1 to 'step' (number >= 0 expected, got " .. tostring(timeout) .. ")", 2)
+  end
+  if not self.runner then return false end
+  return self.runner:step(timeout)
+end
+
+--- The engine's fd: watch it for readability and call `step(0)`.
+function Warmbox:pollfd()
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  return self:_runner():pollfd()
+end
+
+--- "r": the events to watch on `pollfd()` (cqueues' polling protocol:
+-- `cqueues.poll(wb)` waits on pollfd/events/timeout).
+function Warmbox.events()
+  return "r"
+end
+
+--- Tasks not finished.
+function Warmbox:pending()
+  return self.runner and self.runner:count() or 0
+end
+
+--- Seconds until `step(0)` is due without fd activity (0: now), nil when
+-- nothing is timed.
+function Warmbox:timeout()
+  if not self.runner then return nil end
+  return self.runner:timeout()
+end
+
 --- Close: stop the embedded warmboxd (if any) and the client's connections. Idempotent.
 function Warmbox:close()
   if self.closed then return true end
   self.closed = true
+  if self.runner then pcall(self.runner.close, self.runner) end
+  if self.private_runner then pcall(self.private_runner.close, self.private_runner) end
+  if self.set_transport then self.client.transport = nil end
   if self.owns_client and self.client and type(self.client.close) == "function" then
     pcall(self.client.close, self.client)
   end

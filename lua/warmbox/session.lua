@@ -47,6 +47,14 @@ _M.MAX_FILES_BYTES = 64 * 1048576
 _M.MAX_RUN_LENGTH_LIMIT = 30 * 86400
 --- Seconds of slack between a lease end and the end of a run's timeout.
 _M.LEASE_MARGIN = 5
+--- Seconds a remembered lease must still have for its extension to go out
+-- alongside the execute (with `parallel`) rather than before it.
+_M.ALONGSIDE_MARGIN = 20
+--- The lease E2B gives a sandbox resumed by traffic (autoResume): at least
+-- 5 minutes from the resume. And how long after its remembered lease end a
+-- sandbox counts as paused (E2B's pause takes a moment).
+_M.AUTO_RESUME_LEASE = 300
+_M.PAUSE_GRACE = 10
 
 -- ------------------------------------------------------------------
 -- Re-exported from the modules this one was cut from (warmbox.util,
@@ -141,7 +149,8 @@ _M.Session = Session
 local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts = "table", clock = "function",
   policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
-  origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number" }
+  origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
+  parallel = "function" }
 
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
@@ -190,6 +199,9 @@ function _M.new(key, opts)
     max_run_length = opts.max_run_length or 24 * 3600,
     max_output = opts.max_output or _M.MAX_OUTPUT,
     max_files_bytes = opts.max_files_bytes or _M.MAX_FILES_BYTES,
+    -- parallel(main, side): runs both at once (warmbox.runner); nil: the
+    -- lease is always extended before the execute.
+    parallel = opts.parallel,
   }
   _M.check_settings(self, "new", 2)
   if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
@@ -247,7 +259,7 @@ end
 function Session:_remember(st, sb, lease_end, run_started)
   st.tag, st.origin = self.tag_value, self.origin
   if st.sandbox_id ~= sb.sandbox_id then
-    st.hooked, st.run_started = nil, nil
+    st.hooked, st.run_started, st.auto_resume = nil, nil, nil
   end
   st.sandbox_id = sb.sandbox_id
   if sb.envd_access_token then st.access_token = sb.envd_access_token end
@@ -326,6 +338,8 @@ function Session:_resolve(st, lease)
         if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
         kept, resumed = sb, res == true
         self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
+        local lc = it.lifecycle
+        st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
         break
       end
       if not is_gone(tcode) then
@@ -368,6 +382,8 @@ function Session:_resolve(st, lease)
     self:_event("create", { sandbox_id = sb.sandbox_id })
     kept, created = sb, true
     self:_remember(st, sb, t0 + params.timeout, t0)
+    local lc = params.lifecycle
+    st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
   end
   -- Reap duplicates only now that one sandbox is secured (the gone ones need nothing).
   for _, it in ipairs(cands) do
@@ -408,6 +424,7 @@ function Session:_acquire(st, run_timeout)
     end
     if sb.sandbox_id == nil then sb.sandbox_id = got.sandbox_id end
     self:_remember(st, sb, t0 + lease, t0)
+    got.how = "recycle" -- resumed and leased by that connect
   end
   return got
 end
@@ -419,6 +436,20 @@ function Session:_secure(st, ctx, lease)
     if pcode then return nil, perr, pcode end
     if not refresh then
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
+    end
+    -- The remembered lease still has a safe margin: extend it alongside the
+    -- execute (one round trip). Paused (its lease ended) with autoResume: the
+    -- execute resumes it, and when the lease that gives cannot cover the run
+    -- the extension follows alongside. See _execute_alongside. Both need
+    -- `parallel` (warmbox.new gives it; without it: connect first).
+    local now = self.clock()
+    if self.parallel and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
+      return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
+    end
+    if self.parallel and st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
+      local how = ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE and "auto_resume"
+        or "auto_resume_alongside"
+      return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = how, lease = lease }
     end
     local t0 = self.clock()
     local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
@@ -558,6 +589,82 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   }
 end
 
+local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
+
+-- Issue 11: the execute and the lease extension (connect) at once, on the
+-- engine. A failed extension is retried while the cell runs; when it cannot
+-- be secured before the lease ends (minus LEASE_MARGIN), the execute is
+-- interrupted (its connection closed: the server stops the cell) and the run
+-- is reported, so the sandbox is never paused underneath it.
+-- info.how: "alongside" (the remembered lease still has ALONGSIDE_MARGIN),
+-- "auto_resume" (paused; the execute resumes it and the lease that gives
+-- covers the run: no extension), "auto_resume_alongside" (paused; the run
+-- may outlast that lease: a cell still running ALONGSIDE_MARGIN before its
+-- end gets the extension then, under the same rules).
+function Session:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
+  local id, lease, how = info.sandbox_id, info.lease, info.how
+  local t_exec = self.clock()
+  local main = function() return self:_execute(info, st, code, opts, files, run_timeout, lk) end
+  if how == "auto_resume" then
+    local r, err, ecode, detail, retryable = main()
+    if r then
+      st.run_started = t_exec
+      st.lease_end = math.min(t_exec + _M.AUTO_RESUME_LEASE, t_exec + self.max_run_length)
+    end
+    return r, err, ecode, detail, retryable
+  end
+  local lease_end = how == "alongside" and st.lease_end or t_exec + _M.AUTO_RESUME_LEASE
+  local lease_err
+  local side, r, err, ecode, detail, retryable = self.parallel(function()
+    return main()
+  end, function(ctl)
+    if how ~= "alongside" then
+      -- The resume's lease covers the run until ALONGSIDE_MARGIN before its
+      -- end: extend it only for a cell still running then (no connect races
+      -- the execute's resume, and a short run costs one round trip).
+      local wait = lease_end - _M.ALONGSIDE_MARGIN - self.clock()
+      if wait > 0 then ctl.wait(wait) end
+      if ctl.main_done() then return nil end
+    end
+    local pause = 0.1
+    while true do
+      local t0 = self.clock()
+      local sb, res, ccode = self.client:connect(id, { timeout = lease })
+      self:_event("connect", { sandbox_id = id, ok = sb ~= nil, resumed = sb and res or nil,
+        code = not sb and ccode or nil, alongside = true })
+      if sb then return sb, t0, res == true end
+      lease_err = { tostring(res), ccode }
+      if ctl.main_done() then return nil end
+      if is_gone(ccode) or self.clock() + pause >= lease_end - _M.LEASE_MARGIN then
+        ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
+        return nil
+      end
+      ctl.sleep(pause)
+      pause = math.min(pause * 2, 2)
+    end
+  end)
+  local sb, t0, resumed = side:result()
+  if how ~= "alongside" and (r or not retryable) then
+    -- The execute reached the sandbox: traffic resumed it (a new E2B run).
+    st.run_started = t_exec
+    st.lease_end = math.min(t_exec + _M.AUTO_RESUME_LEASE, t_exec + self.max_run_length)
+  end
+  if type(sb) == "table" then
+    if sb.sandbox_id == nil then sb.sandbox_id = id end
+    self:_remember(st, sb, t0 + lease, resumed and t0 or nil)
+  elseif not r and not retryable and lease_err then
+    -- Interrupted (or failed while the lease could not be secured): the cell
+    -- may have started, so it is reported, never sent again.
+    detail = type(detail) == "table" and detail or {}
+    detail.lease_error = lease_err
+    detail.interrupted = true
+    if is_gone(lease_err[2]) then forget(st) end
+    return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
+      lease_err[1]), lease_err[2] or ecode, detail, false
+  end
+  return r, err, ecode, detail, retryable
+end
+
 function Session:_run_locked(lk, code, opts, files)
   local st = _M.decode_state(lk:get_state())
   -- State written for another tag value or another E2B endpoint/account is not ours.
@@ -570,7 +677,11 @@ function Session:_run_locked(lk, code, opts, files)
     lk:set_state(_M.encode_state(st))
     if not info then return nil, err, ecode, detail end
     local r, retryable
-    r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
+    if ALONGSIDE[info.how] then
+      r, err, ecode, detail, retryable = self:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
+    else
+      r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
+    end
     if r then
       st.last_run = self.clock()
       lk:set_state(_M.encode_state(st))

@@ -8,10 +8,12 @@ local type, pairs = type, pairs
 local _M = {}
 
 --- Decode the state string a session keeps under its lock key:
--- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, run_started, last_run, hooked }`
+-- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, run_started, last_run, hooked,
+-- auto_resume }`
 -- (times in the session clock's unit, unix seconds by default; `run_started` is
 -- when the sandbox's current run began, since E2B caps a run's length; `hooked`
--- is the sandbox id whose python kernel has warmbox's output hooks).
+-- is the sandbox id whose python kernel has warmbox's output hooks;
+-- `auto_resume`: the sandbox pauses at its lease end and traffic resumes it).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
 function _M.decode(s)
@@ -29,7 +31,7 @@ function _M.encode(st)
   return json.encode({
     v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
     domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
-    hooked = st.hooked,
+    hooked = st.hooked, auto_resume = st.auto_resume,
   })
 end
 

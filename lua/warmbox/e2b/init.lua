@@ -101,6 +101,8 @@ function _M.new(opts)
     dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },
     dp_retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true,
       statuses = { 429, 503, 504 } },
+    -- transport: nil (requests go to http) or an object with http's request
+    -- and batch methods (warmbox.runner's: the engine inside a task).
     -- The key lives only in this header table, never in messages.
     api_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json" },
     json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
@@ -137,7 +139,7 @@ local function api(self, method, path, body, what, idempotent, retry)
     if not s then return nil, what .. ": cannot encode the request: " .. tostring(err), "BAD_REQUEST" end
     req.body = s
   end
-  local res, msg, code, sent = self.http:request(req)
+  local res, msg, code, sent = (self.transport or self.http):request(req)
   if not res then return transport_failure(what, msg, code, sent) end
   return res
 end
@@ -303,8 +305,8 @@ function Client:list_pages(opts)
   return function()
     if finished then return nil end
     local used = token
-    local res, msg, code, sent = self.http:request{ method = "GET", url = self.api_url .. page_path(opts, used),
-      headers = self.api_headers, retry = self.retry }
+    local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
+      url = self.api_url .. page_path(opts, used), headers = self.api_headers, retry = self.retry }
     local items, a, b, c, d = list_page(res, msg, code, sent, used, filter)
     if items == false then
       finished = true
@@ -454,7 +456,7 @@ function Client:kill_many(ids, opts)
   end
   local out = {}
   if #reqs == 0 then return out end
-  local results = self.http:batch(reqs, { concurrency = opts.concurrency or 8 })
+  local results = (self.transport or self.http):batch(reqs, { concurrency = opts.concurrency or 8 })
   for i, r in ipairs(results) do
     local what = ("kill sandbox '%s'"):format(list[i])
     local res = r[1]
@@ -502,7 +504,7 @@ function Client:batch(ops, opts)
   end
   local out = {}
   if #reqs == 0 then return out end
-  local results = self.http:batch(reqs, { concurrency = opts.concurrency or 8 })
+  local results = (self.transport or self.http):batch(reqs, { concurrency = opts.concurrency or 8 })
   for i, r in ipairs(results) do
     local w, res = what[i], r[1]
     if w[1] == "kill" then

@@ -83,7 +83,7 @@ local function check_path(p, n, fname)
 end
 
 local function dp_request(self, req, what)
-  local res, msg, code, sent = self.client.http:request(req)
+  local res, msg, code, sent = (self.client.transport or self.client.http):request(req)
   if not res then return transport_failure(what, msg, code, sent) end
   return res
 end
@@ -294,7 +294,7 @@ function Sandbox:run_command(cmd, opts)
   local result = { exit_code = nil }
   local trailer_error, ended, started = nil, false, false
   local on_stdout, on_stderr = opts.on_stdout, opts.on_stderr
-  local res, msg, code, sent = self.client.http:request{
+  local res, msg, code, sent = (self.client.transport or self.client.http):request{
     method = "POST", url = self.envd_url .. "/process.Process/Start", headers = headers,
     body = envelope(body), stream = "connect", retry = false,
     timeout = timeout > 0 and (timeout + self.client.request_timeout) or 0,
@@ -424,7 +424,7 @@ function Sandbox:run_code(code, opts)
   if max_output < math.huge then max_frame = math.min(64 * 1048576, math.max(1048576, 2 * max_output + 65536)) end
   local mono = core.now or os.time -- (specs may fake the core without a clock)
   local t0 = mono()
-  local res, msg, ecode, sent = self.client.http:request{
+  local res, msg, ecode, sent = (self.client.transport or self.client.http):request{
     method = "POST", url = self.interp_url .. "/execute", headers = self.interp_headers, body = s,
     stream = "lines", retry = self.client.exec_retry, max_frame = max_frame,
     timeout = timeout > 0 and (timeout + _M.EXEC_GRACE) or 0,

@@ -1,0 +1,102 @@
+-- warmbox.runner without a server: the scheduler over the C engine's fd
+-- (timers only here), the lock's wait hook inside tasks, locks tracked per
+-- task, timeout()/count(). Transfers are covered by spec/integration/tasks_*.
+local runner = require "warmbox.runner"
+local lock = require "warmbox.lock"
+
+describe("warmbox.runner", function()
+  it("sleeps on the engine's clock and reports what is due", function()
+    local r = assert(runner.new())
+    assert.is_nil(r:timeout())
+    local t = r:spawn(function() r.sched:sleep(0.05) return "slept" end)
+    assert.equal(0, r:timeout()) -- ready to run
+    assert.is_true(r:step(0))    -- runs it up to its sleep
+    local due = r:timeout()
+    assert.is_true(due > 0 and due <= 0.05)
+    assert(r:loop())
+    assert.equal("slept", t:result())
+    assert.equal(0, r:count())
+    r:close()
+  end)
+
+  it("a lock wait inside a task yields: the holder and others go on meanwhile", function()
+    local r = assert(runner.new())
+    local ticks_while_waiting, waiting = 0, false
+    local a = r:spawn(function()
+      local lk = lock.new{ backend = "memory", timeout = 5 }
+      assert(lk:lock("runner:k"))
+      r.sched:sleep(0.3)
+      assert(lk:unlock())
+      return "a"
+    end)
+    local b = r:spawn(function()
+      local lk = lock.new{ backend = "memory", timeout = 5 }
+      waiting = true
+      local elapsed, err = lk:lock("runner:k")
+      waiting = false
+      assert(elapsed, err)
+      lk:unlock()
+      return "b"
+    end)
+    r:spawn(function()
+      while not b:done() do
+        if waiting then ticks_while_waiting = ticks_while_waiting + 1 end
+        r.sched:sleep(0.02)
+      end
+    end)
+    assert(r:loop())
+    assert.equal("a", a:result())
+    assert.equal("b", b:result())
+    -- A blocking wait (core.sleep) would have stopped every task: no tick,
+    -- and the holder could never have released (b would time out).
+    assert.is_true(ticks_while_waiting >= 3, "ticks: " .. ticks_while_waiting)
+    r:close()
+  end)
+
+  it("closes the locks a task made when it is cancelled", function()
+    local r = assert(runner.new())
+    local new_lock = r:lock_factory(function() return lock.new{ backend = "memory", timeout = 1 } end)
+    local t = r:spawn(function()
+      local lk = new_lock()
+      assert(lk:lock("runner:cancel"))
+      r.sched:sleep(3600)
+    end)
+    r:step(0)
+    local other = lock.new{ backend = "memory", timeout = 1 }
+    assert.same({ nil, "busy" }, { other:try_lock("runner:cancel") })
+    assert.is_true(t:cancel())
+    assert(other:try_lock("runner:cancel"))
+    other:unlock()
+    assert.equal(0, r:count())
+    r:close()
+  end)
+
+  it("outside tasks a transport calls the client itself", function()
+    local calls = 0
+    local fake = { request = function(_, req) calls = calls + 1 return { status = 200, body = req.url } end,
+                   batch = function(_, reqs) return { { { status = 200, body = #reqs } } } end }
+    local tp = runner.transport(fake)
+    assert.equal("u", tp:request{ url = "u" }.body)
+    assert.equal(1, calls)
+    assert.equal(2, tp:batch({ {}, {} })[1][1].body)
+  end)
+
+  it("parallel outside a task runs both and returns main's values after side", function()
+    local r = assert(runner.new())
+    local order = {}
+    local side, a, b = r:parallel(function()
+      r.sched:sleep(0.02)
+      order[#order + 1] = "main"
+      return 1, 2
+    end, function(ctl)
+      ctl.wait(10) -- until main returns
+      order[#order + 1] = "side"
+      return ctl.main_done()
+    end)
+    assert.equal(1, a)
+    assert.equal(2, b)
+    assert.is_true(side:result())
+    assert.same({ "main", "side" }, order)
+    r:close()
+  end)
+end)
