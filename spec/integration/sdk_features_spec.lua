@@ -9,6 +9,7 @@ local CHECKS = {
   "js: default contexts list javascript", "js: console.log to stdout", "js: esm imports",
   "js: top-level await result", "js: cwd and env vars", "js: state and errors",
   "ts: types are stripped", "js: a created context",
+  "files: gzip write and read",
 }
 
 local function have_node()

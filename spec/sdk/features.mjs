@@ -102,6 +102,15 @@ if (sbx) {
     eq((await sbx.runCode('process.cwd()', { context: ctx })).text, '/tmp', 'cwd')
   })
 
+  // ---------------------------------------------------------- gzip
+  await check('files: gzip write and read', async () => {
+    const text = 'gzip through the sdk\n'.repeat(300)
+    const info = await sbx.files.write('/home/user/gz.txt', text, { gzip: true })
+    eq(info.path, '/home/user/gz.txt', 'path')
+    eq(await sbx.files.read('/home/user/gz.txt'), text, 'plain read')
+    eq(await sbx.files.read('/home/user/gz.txt', { gzip: true }), text, 'gzip read')
+  })
+
   try {
     await sbx.kill()
   } catch (e) {
