@@ -10,6 +10,7 @@ local CHECKS = {
   "js: top-level await result", "js: cwd and env vars", "js: state and errors",
   "ts: types are stripped", "js: a created context",
   "files: gzip write and read",
+  "files: symlinkTarget is the resolved path",
 }
 
 local function have_node()

@@ -111,6 +111,13 @@ if (sbx) {
     eq(await sbx.files.read('/home/user/gz.txt', { gzip: true }), text, 'gzip read')
   })
 
+  // ---------------------------------------------------------- symlinkTarget
+  await check('files: symlinkTarget is the resolved path', async () => {
+    await sbx.commands.run('mkdir -p /home/user/ln && echo hi > /home/user/ln/t.txt && ln -sf t.txt /home/user/ln/rel')
+    const info = await sbx.files.getInfo('/home/user/ln/rel')
+    eq(info.symlinkTarget, '/home/user/ln/t.txt', 'symlinkTarget')
+  })
+
   try {
     await sbx.kill()
   } catch (e) {
