@@ -844,6 +844,16 @@ static void ps_reap(struct pstream *ps, int *status) {
 static void ps_end(struct pstream *ps) {
   int st;
   ps_reap(ps, &st);
+  /* The sandbox was killed (or paused) under the process: as E2B's VM going
+   * away, the stream is dropped, not ended, so that the SDK finds the sandbox
+   * gone ("The sandbox was killed ...") instead of a "signal: killed" end. */
+  wbd_store_lock();
+  int gone = ps->sb->state != WBD_RUNNING;
+  wbd_store_unlock();
+  if (gone) {
+    ps->phase = PS_ABORT;
+    return;
+  }
   json_t *end = json_object();
   char status[96];
   int code;

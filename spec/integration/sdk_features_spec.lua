@@ -11,6 +11,7 @@ local CHECKS = {
   "ts: types are stripped", "js: a created context",
   "files: gzip write and read",
   "files: symlinkTarget is the resolved path",
+  "commands: killing the sandbox reports it killed",
 }
 
 local function have_node()

@@ -118,6 +118,17 @@ if (sbx) {
     eq(info.symlinkTarget, '/home/user/ln/t.txt', 'symlinkTarget')
   })
 
+  // ---------------------------------------------------------- kill under a command
+  await check('commands: killing the sandbox reports it killed', async () => {
+    const other = await Sandbox.create('base', opts)
+    const running = other.commands.run('sleep 600').then(() => null, (e) => e)
+    await new Promise((r) => setTimeout(r, 500))
+    await other.kill()
+    const err = await running
+    expect(err, 'the command ended normally')
+    expect(/killed/.test(err.message) && err.name === 'TimeoutError', `${err.name}: ${err.message}`)
+  })
+
   try {
     await sbx.kill()
   } catch (e) {
