@@ -655,10 +655,10 @@ describe("warmboxd envd", function()
         assert.are.equal("FILE_TYPE_SYMLINK", e.type)
         assert.are.equal("/etc/passwd", e.symlinkTarget)
         -- the resolved absolute path, as envd sends, not the link's text
-        assert.are.equal("/etc/passwd", rpc(sb, "filesystem.Filesystem/Stat", { path = "links/rel" }).json.entry.symlinkTarget)
-        assert.are.equal("/home/user/links/in/f.txt",
-          rpc(sb, "filesystem.Filesystem/Stat", { path = "links/ok" }).json.entry.symlinkTarget)
-        assert.are.equal("/etc", rpc(sb, "filesystem.Filesystem/Stat", { path = "links/sneaky" }).json.entry.symlinkTarget)
+        local function target(p) return rpc(sb, "filesystem.Filesystem/Stat", { path = p }).json.entry.symlinkTarget end
+        assert.are.equal("/etc/passwd", target("links/rel"))
+        assert.are.equal("/home/user/links/in/f.txt", target("links/ok"))
+        assert.are.equal("/etc", target("links/sneaky"))
         local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links", depth = 3 })
         for _, entry in ipairs(res.json.entries) do
           assert.not_matches("passwd$", entry.path:gsub("^/home/user/links/", ""))
