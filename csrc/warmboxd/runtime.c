@@ -796,6 +796,8 @@ static void seccomp_build(void) { g_bpf_len = 0; }
 #endif
 
 /* A pipe holding the program for bubblewrap's --seccomp, or -1. */
+const unsigned char *wbd_embedded(const char *name, size_t *len);
+
 /* A pipe holding len bytes (len < PIPE_BUF: never a partial write) for
  * bubblewrap to read: its read end, or -1. */
 static int data_pipe(const void *data, size_t len) {
@@ -816,9 +818,10 @@ static int seccomp_pipe(void) {
 }
 
 /* shared_net: the process already is in the sandbox's network namespace. */
-/* boot_fd: bubblewrap's fd holding the boot id, or -1. */
+/* boot_fd: bubblewrap's fd holding the boot id, or -1; sudo_fd: holding
+ * embed/sudo, or -1. */
 static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
-                      int boot_fd, const char *cwd) {
+                      int boot_fd, int sudo_fd, const char *cwd) {
   sv_add(a, BWRAP);
   if (seccomp_fd >= 0) {
     char n[16];
@@ -884,6 +887,21 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
     char n[16];
     snprintf(n, sizeof n, "%d", boot_fd);
     sv_add3(a, "--ro-bind-data", n, "/proc/sys/kernel/random/boot_id");
+  }
+  if (sudo_fd >= 0) {
+    /* E2B's user has sudo: a stub that runs the command as the same user
+     * (the jail has no privilege to give). /usr/local/bin (on PATH, login
+     * shells' too) becomes a read-only tmpfs holding only it: the host's own
+     * /usr/local/bin is not the sandbox's business either. */
+    char n[16];
+    snprintf(n, sizeof n, "%d", sudo_fd);
+    sv_add(a, "--tmpfs");
+    sv_add(a, "/usr/local/bin");
+    sv_add(a, "--perms");
+    sv_add(a, "0755");
+    sv_add3(a, "--ro-bind-data", n, "/usr/local/bin/sudo");
+    sv_add(a, "--remount-ro");
+    sv_add(a, "/usr/local/bin");
   }
   sv_add(a, "--dev");
   sv_add(a, "/dev");
@@ -1340,9 +1358,18 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   memcpy(boot, rt->boot_id, sizeof boot);
   pthread_mutex_unlock(&rt->mu);
   int bfd = g_isolated ? data_pipe(boot, strlen(boot)) : -1;
-  int rc = g_isolated && bfd < 0 ? -EMFILE : 0;
-  if (g_isolated)
-    jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd >= 0 ? 3 : -1, bfd >= 0 ? (sfd >= 0 ? 4 : 3) : -1, cwd);
+  size_t sudo_len = 0;
+  const unsigned char *sudo_src = wbd_embedded("sudo", &sudo_len);
+  int ufd = g_isolated && sudo_src ? data_pipe(sudo_src, sudo_len) : -1;
+  int rc = g_isolated && (bfd < 0 || (sudo_src && ufd < 0)) ? -EMFILE : 0;
+  if (g_isolated) {
+    /* bubblewrap gets them as fds 3, 4, ... in this order (j.pass below). */
+    int next = 3;
+    int sfd_n = sfd >= 0 ? next++ : -1;
+    int bfd_n = bfd >= 0 ? next++ : -1;
+    int ufd_n = ufd >= 0 ? next++ : -1;
+    jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd_n, bfd_n, ufd_n, cwd);
+  }
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
 
@@ -1377,6 +1404,7 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   if (!rc && g_isolated) {
     if (sfd >= 0) j.pass[j.npass++] = sfd;
     if (bfd >= 0) j.pass[j.npass++] = bfd;
+    if (ufd >= 0) j.pass[j.npass++] = ufd;
     if (g_root) {
       j.stage = 1;
       j.stage_src[0] = home;
@@ -1417,6 +1445,7 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   sv_free(&ev);
   if (sfd >= 0) close(sfd);
   if (bfd >= 0) close(bfd);
+  if (ufd >= 0) close(ufd);
   if (pin[0] >= 0) close(pin[0]);
   if (pout[1] >= 0) close(pout[1]);
   if (perr[1] >= 0) close(perr[1]);
@@ -1813,7 +1842,7 @@ static int check_bwrap(char *why, size_t len) {
   }
   struct sv a = { 0 };
   struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
-  jail_args(&a, "check", &none, 0, -1, -1, "/");
+  jail_args(&a, "check", &none, 0, -1, -1, -1, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {

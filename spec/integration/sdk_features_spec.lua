@@ -12,6 +12,7 @@ local CHECKS = {
   "files: gzip write and read",
   "files: symlinkTarget is the resolved path",
   "commands: killing the sandbox reports it killed",
+  "commands: sudo runs in the sandbox",
 }
 
 local function have_node()

@@ -129,6 +129,15 @@ if (sbx) {
     expect(/killed/.test(err.message) && err.name === 'TimeoutError', `${err.name}: ${err.message}`)
   })
 
+  // ---------------------------------------------------------- sudo
+  await check('commands: sudo runs in the sandbox', async () => {
+    const scoped = await sbx.commands.run('echo $FOO', { envs: { FOO: 'bar' } })
+    eq(scoped.stdout.trim(), 'bar', 'scoped env')
+    const cmd = await sbx.commands.run('sudo echo "$FOO"')
+    eq(cmd.exitCode, 0, 'exit code')
+    eq(cmd.stdout.trim(), '', 'the scoped env did not leak')
+  })
+
   try {
     await sbx.kill()
   } catch (e) {
