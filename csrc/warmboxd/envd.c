@@ -10,6 +10,7 @@
 #include "runtime.h"
 #include "envd_fs.h"
 #include "envd_util.h"
+#include "wbd_int.h"   /* wbd_lim.max_upload_mb: the cap of an inflated upload */
 
 #include <ctype.h>
 #include <limits.h>
@@ -27,6 +28,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define ENVD_HOME "/home/user"
 
@@ -248,6 +250,92 @@ static void fstream_done(void *cls) {
   free(f);
 }
 
+/* ---- gzip (Content-Encoding on POST /files, Accept-Encoding on GET) ---- */
+
+/* Whether Accept-Encoding lists gzip (or *) with a q-value above 0. */
+static int accepts_gzip(const char *ae) {
+  if (!ae) return 0;
+  const char *p = ae;
+  while (*p) {
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    const char *tok = p;
+    while (*p && *p != ',' && *p != ';' && *p != ' ' && *p != '\t') p++;
+    size_t n = (size_t)(p - tok);
+    double q = 1.0;
+    const char *end = strchr(p, ',');
+    if (!end) end = p + strlen(p);
+    const char *qs = p;
+    while (qs < end && (qs = strchr(qs, ';')) && qs < end) {
+      qs++;
+      while (*qs == ' ' || *qs == '\t') qs++;
+      if ((qs[0] == 'q' || qs[0] == 'Q') && qs[1] == '=') q = strtod(qs + 2, NULL);
+    }
+    if (((n == 4 && strncasecmp(tok, "gzip", 4) == 0) || (n == 1 && *tok == '*')) && q > 0) return 1;
+    p = end;
+  }
+  return 0;
+}
+
+/* gzip of len bytes into out; 0 or -1. */
+static int gzip_buf(const char *data, size_t len, struct wbd_buf *out) {
+  z_stream z = { 0 };
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) return -1;
+  uLong bound = deflateBound(&z, (uLong)len);
+  char *buf = malloc(bound ? bound : 1);
+  if (!buf) {
+    deflateEnd(&z);
+    return -1;
+  }
+  z.next_in = (Bytef *)(uintptr_t)data;
+  z.avail_in = (uInt)len;
+  z.next_out = (Bytef *)buf;
+  z.avail_out = (uInt)bound;
+  int rc = deflate(&z, Z_FINISH);
+  size_t n = z.total_out;
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END || wbd_buf_add(out, buf, n) != 0) {
+    free(buf);
+    return -1;
+  }
+  free(buf);
+  return 0;
+}
+
+/* Inflates a gzip (or zlib) body into out, refusing more than cap bytes of
+ * output (a decompression bomb): 0, -1 corrupt, -2 over the cap, -3 no memory. */
+static int gunzip_buf(const char *data, size_t len, size_t cap, struct wbd_buf *out) {
+  z_stream z = { 0 };
+  if (inflateInit2(&z, 32 + MAX_WBITS) != Z_OK) return -3;   /* 32: gzip or zlib header */
+  z.next_in = (Bytef *)(uintptr_t)data;
+  z.avail_in = (uInt)len;
+  char chunk[65536];
+  int rc = Z_OK, res = 0;
+  while (rc != Z_STREAM_END) {
+    z.next_out = (Bytef *)chunk;
+    z.avail_out = sizeof chunk;
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      res = rc == Z_MEM_ERROR ? -3 : -1;
+      break;
+    }
+    size_t n = sizeof chunk - z.avail_out;
+    if (out->len + n > cap) {
+      res = -2;
+      break;
+    }
+    if (n && wbd_buf_add(out, chunk, n) != 0) {
+      res = -3;
+      break;
+    }
+    if (rc == Z_OK && n == 0 && z.avail_in == 0) {   /* truncated stream */
+      res = -1;
+      break;
+    }
+  }
+  inflateEnd(&z);
+  return res;
+}
+
 static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   const char *path = wbd_req_query(req, "path");
   const char *user = wbd_req_query(req, "username");
@@ -320,10 +408,19 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   }
   close(fd);
   enum MHD_Result r;
-  if (failed)
+  struct wbd_buf gz = { 0 };
+  if (failed) {
     r = wbd_reply_error(req, 500, "reading '%s': %s", p.jail, strerror(failed));
-  else
+  } else if (accepts_gzip(wbd_req_header(req, "Accept-Encoding")) &&
+             gzip_buf(data.data ? data.data : "", data.len, &gz) == 0) {
+    /* As envd: gzip when asked (files up to FILES_INLINE_MAX; larger ones
+     * stream uncompressed, which Accept-Encoding allows). */
+    const char *gzh[] = { "Content-Disposition", disp, "Vary", "Accept-Encoding", "Content-Encoding", "gzip", NULL };
+    r = wbd_reply_raw(req, 200, "application/octet-stream", gz.data ? gz.data : "", gz.len, gzh);
+  } else {
     r = wbd_reply_raw(req, 200, "application/octet-stream", data.data ? data.data : "", data.len, headers);
+  }
+  wbd_buf_free(&gz);
   wbd_buf_free(&data);
   wbd_fs_release(&p);
   return r;
@@ -462,26 +559,44 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (files_auth(req, sb, "write", path ? path : "", user, &why) != 0) return wbd_reply_error(req, 401, "%s", why);
   if (!known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
 
+  /* Content-Encoding: gzip: the body is inflated first (at most the upload
+   * limit's bytes, as for a plain body); the stored bytes are the inflated ones. */
+  const char *enc = wbd_req_header(req, "Content-Encoding");
+  const char *body = req->body ? req->body : "";
+  size_t body_len = req->body_len;
+  struct wbd_buf plain = { 0 };
+  if (enc && *enc && strcasecmp(enc, "identity") != 0) {
+    if (strcasecmp(enc, "gzip") != 0 && strcasecmp(enc, "x-gzip") != 0)
+      return wbd_reply_error(req, 400, "unsupported Content-Encoding '%s'", enc);
+    size_t cap = (size_t)wbd_lim.max_upload_mb << 20;
+    int zrc = gunzip_buf(body, body_len, cap, &plain);
+    if (zrc != 0) {
+      wbd_buf_free(&plain);
+      if (zrc == -2) return wbd_reply_error(req, 413, "the decompressed body exceeds the upload limit (%zu bytes)", cap);
+      if (zrc == -3) return wbd_reply_error(req, 500, "out of memory");
+      return wbd_reply_error(req, 400, "invalid gzip body");
+    }
+    body = plain.data ? plain.data : "";
+    body_len = plain.len;
+  }
   struct upload u = { .sb = sb, .qpath = path, .fd = -1, .entries = json_array() };
   if (content_type_is(req, "multipart/form-data")) {
     struct MHD_PostProcessor *pp = MHD_create_post_processor(req->conn, 64 * 1024, upload_part, &u);
     if (!pp) {
       json_decref(u.entries);
+      wbd_buf_free(&plain);
       return wbd_reply_error(req, 400, "invalid multipart/form-data request (no boundary?)");
     }
-    enum MHD_Result ok = MHD_post_process(pp, req->body, req->body_len);
+    enum MHD_Result ok = MHD_post_process(pp, body, body_len);
     if (MHD_destroy_post_processor(pp) != MHD_YES) ok = MHD_NO;
     upload_close(&u);
     if (!u.status && ok != MHD_YES) upload_fail(&u, 400, "malformed multipart/form-data body");
     if (!u.status && json_array_size(u.entries) == 0) upload_fail(&u, 400, "no file part named 'file' in the request");
   } else if (content_type_is(req, "application/octet-stream")) {
-    const char *enc = wbd_req_header(req, "Content-Encoding");
-    if (enc && *enc && strcasecmp(enc, "identity") != 0) {
-      upload_fail(&u, 400, "unsupported Content-Encoding '%s'", enc);
-    } else if (!path || !*path) {
+    if (!path || !*path) {
       upload_fail(&u, 400, "path query parameter is required for raw body upload");
     } else if (upload_begin(&u, path) == 0) {
-      upload_write(&u, req->body, req->body_len);
+      upload_write(&u, body, body_len);
       upload_close(&u);
     }
   } else {
@@ -489,6 +604,7 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     upload_fail(&u, 400, "unsupported content type '%s': use multipart/form-data or application/octet-stream",
                 ct ? ct : "");
   }
+  wbd_buf_free(&plain);
   for (size_t i = 0; i < u.npaths; i++) free(u.paths[i]);
   free(u.paths);
   if (u.status) {
@@ -728,6 +844,16 @@ static void ps_reap(struct pstream *ps, int *status) {
 static void ps_end(struct pstream *ps) {
   int st;
   ps_reap(ps, &st);
+  /* The sandbox was killed (or paused) under the process: as E2B's VM going
+   * away, the stream is dropped, not ended, so that the SDK finds the sandbox
+   * gone ("The sandbox was killed ...") instead of a "signal: killed" end. */
+  wbd_store_lock();
+  int gone = ps->sb->state != WBD_RUNNING;
+  wbd_store_unlock();
+  if (gone) {
+    ps->phase = PS_ABORT;
+    return;
+  }
   json_t *end = json_object();
   char status[96];
   int code;

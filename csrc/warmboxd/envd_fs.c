@@ -413,16 +413,49 @@ static json_t *entry_json(const struct stat *st, const char *jailpath, const cha
   return e;
 }
 
+/* A link's target as an absolute, clean path in the sandbox's view (envd
+ * sends the resolved path, not the link's text): a relative target is taken
+ * from the link's directory; ".", ".." and repeated slashes are folded. */
+static void link_abs(const char *jailpath, const char *target, char *out, size_t len) {
+  char joined[2 * PATH_MAX + 2];
+  if (target[0] == '/') {
+    snprintf(joined, sizeof joined, "%s", target);
+  } else {
+    const char *slash = strrchr(jailpath, '/');
+    int dlen = slash ? (int)(slash - jailpath) : 0;
+    snprintf(joined, sizeof joined, "%.*s/%s", dlen, jailpath, target);
+  }
+  size_t o = 0;
+  out[0] = 0;
+  for (char *save = NULL, *seg = strtok_r(joined, "/", &save); seg; seg = strtok_r(NULL, "/", &save)) {
+    if (strcmp(seg, ".") == 0) continue;
+    if (strcmp(seg, "..") == 0) {
+      while (o > 0 && out[o - 1] != '/') o--;
+      if (o > 0) o--;
+      out[o] = 0;
+      continue;
+    }
+    size_t n = strlen(seg);
+    if (o + 1 + n + 1 > len) break;
+    out[o++] = '/';
+    memcpy(out + o, seg, n);
+    o += n;
+    out[o] = 0;
+  }
+  if (o == 0) snprintf(out, len, "/");
+}
+
 static json_t *entry_at(int dirfd, const char *name, const char *jailpath) {
   struct stat st;
   if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW | (*name ? 0 : AT_EMPTY_PATH)) != 0) return NULL;
-  char target[PATH_MAX];
+  char target[PATH_MAX], abs[PATH_MAX];
   const char *tp = NULL;
   if (S_ISLNK(st.st_mode)) {
     ssize_t n = readlinkat(dirfd, name, target, sizeof target - 1);
     if (n >= 0) {
       target[n] = 0;
-      tp = target;
+      link_abs(jailpath, target, abs, sizeof abs);
+      tp = abs;
     }
   }
   return entry_json(&st, jailpath, tp);

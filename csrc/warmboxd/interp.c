@@ -2,7 +2,8 @@
  * interp.c: the code interpreter on port 49999 (e2b-api.md section 4).
  *
  * A context is a language, a cwd and, once used, a kernel: embed/kernel.py
- * run as `/usr/bin/python3 -c <kernel.py> python|bash` inside the sandbox's
+ * run as `/usr/bin/python3 -c <kernel.py> python|bash`, or embed/kernel.js
+ * run by /usr/bin/node for javascript|typescript, inside the sandbox's
  * jail. The kernel reads one JSON request a line on its stdin and writes the
  * /execute NDJSON lines on its stdout, then {"type": "__wb_done__"}; a thread
  * per kernel reads them and hands them to the stream of the run in progress.
@@ -79,7 +80,7 @@ struct istate {
   int init;
   int active_runs;          /* /execute streams not over, all contexts */
   struct ictx *ctxs;        /* each referenced by the list */
-  struct ictx *def_python, *def_bash;
+  struct ictx *def_python, *def_bash, *def_js, *def_ts;
 };
 
 struct run {
@@ -142,15 +143,16 @@ static enum MHD_Result reply_detail(struct wbd_req *req, unsigned status, const 
   return wbd_reply_json(req, status, json_pack("{s:s}", "detail", detail), NULL);
 }
 
-/* "python" / "bash", or NULL when warmboxd has no such kernel. */
+/* "python" / "bash" / "javascript" / "typescript", or NULL when warmboxd has
+ * no such kernel. */
 static const char *norm_lang(const char *in, char *buf, size_t len) {
   size_t i = 0;
   for (; in[i] && i + 1 < len; i++) buf[i] = (char)tolower((unsigned char)in[i]);
   buf[i] = 0;
   if (strcmp(buf, "python") == 0 || strcmp(buf, "python3") == 0) return "python";
   if (strcmp(buf, "bash") == 0) return "bash";
-  if (strcmp(buf, "js") == 0) snprintf(buf, len, "javascript");
-  else if (strcmp(buf, "ts") == 0) snprintf(buf, len, "typescript");
+  if (strcmp(buf, "javascript") == 0 || strcmp(buf, "js") == 0) return "javascript";
+  if (strcmp(buf, "typescript") == 0 || strcmp(buf, "ts") == 0) return "typescript";
   return NULL;
 }
 
@@ -207,7 +209,9 @@ static struct istate *ist_lock(struct wbd_rt *rt) {
   struct istate *ist = *slot;
   if (!ist->init) {
     ist->init = 1;
+    /* E2B's default contexts: python and javascript. */
     ist->def_python = ctx_new_locked(ist, "python", "/home/user");
+    ist->def_js = ctx_new_locked(ist, "javascript", "/home/user");
   }
   return ist;
 }
@@ -229,6 +233,8 @@ static struct kern *ctx_remove_locked(struct istate *ist, struct ictx *c) {
     }
   if (ist->def_python == c) ist->def_python = NULL;
   if (ist->def_bash == c) ist->def_bash = NULL;
+  if (ist->def_js == c) ist->def_js = NULL;
+  if (ist->def_ts == c) ist->def_ts = NULL;
   c->gone = 1;
   if (c->run) {
     c->run->aborted = 1;
@@ -398,12 +404,19 @@ static void *kern_thread(void *arg) {
 /* Under the lock: give the context a running kernel. */
 static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_t errlen) {
   size_t len = 0;
-  const unsigned char *src = wbd_embedded("kernel.py", &len);
+  int js = strcmp(c->lang, "javascript") == 0 || strcmp(c->lang, "typescript") == 0;
+  const char *file = js ? "kernel.js" : "kernel.py";
+  const unsigned char *src = wbd_embedded(file, &len);
   if (!src) {
-    snprintf(err, errlen, "kernel.py is not embedded");
+    snprintf(err, errlen, "%s is not embedded", file);
     return -1;
   }
-  char *argv[] = { "/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang, NULL };
+  char *py_argv[] = { "/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang, NULL };
+  /* node cannot move its own fds aside: the shell gives it the control pipe
+   * as fd 3, the event pipe as fd 4 and /dev/null as fds 0-2 (kernel.js). */
+  char *js_argv[] = { "/bin/sh", "-c", "exec /usr/bin/node -e \"$0\" \"$1\" 3<&0 4>&1 </dev/null >&2",
+                      (char *)(uintptr_t)src, c->lang, NULL };
+  char **argv = js ? js_argv : py_argv;
   json_t *envs = json_object();
   json_object_set_new(envs, "PYTHONDONTWRITEBYTECODE", json_string("1"));
   if (wbd_rt_isolated()) {
@@ -764,11 +777,14 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
     if (!lang) {
       ist_unlock(rt);
       wbd_rt_put(rt);
-      enum MHD_Result m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash)", lbuf);
+      enum MHD_Result m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
       json_decref(body);
       return m;
     }
-    struct ictx **def = strcmp(lang, "bash") == 0 ? &ist->def_bash : &ist->def_python;
+    struct ictx **def = strcmp(lang, "bash") == 0         ? &ist->def_bash
+                        : strcmp(lang, "javascript") == 0 ? &ist->def_js
+                        : strcmp(lang, "typescript") == 0 ? &ist->def_ts
+                                                          : &ist->def_python;
     if (!*def) *def = ctx_new_locked(ist, lang, "/home/user");
     c = *def;
   }
@@ -911,7 +927,7 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
       char lbuf[32];
       const char *lang = norm_lang(lang_in ? lang_in : "python", lbuf, sizeof lbuf);
       if (!lang) {
-        m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash)", lbuf);
+        m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
       } else {
         struct istate *ist = ist_lock(rt);
         struct ictx *c = ctx_new_locked(ist, lang, cwd ? cwd : "/home/user");

@@ -112,6 +112,7 @@ struct wbd_rt {
   pthread_mutex_t interp_mu;
   void *interp;
   const struct wbd_rt_hooks *hooks;   /* the interpreter's, with interp; NULL before */
+  char boot_id[40];         /* this boot's /proc/sys/kernel/random/boot_id, with "\n" */
   struct wbd_rt *prev, *next;
 };
 
@@ -795,12 +796,14 @@ static void seccomp_build(void) { g_bpf_len = 0; }
 #endif
 
 /* A pipe holding the program for bubblewrap's --seccomp, or -1. */
-static int seccomp_pipe(void) {
-  if (!g_bpf_len) return -1;
+const unsigned char *wbd_embedded(const char *name, size_t *len);
+
+/* A pipe holding len bytes (len < PIPE_BUF: never a partial write) for
+ * bubblewrap to read: its read end, or -1. */
+static int data_pipe(const void *data, size_t len) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return -1;
-  size_t len = g_bpf_len * sizeof *g_bpf;
-  ssize_t w = write(p[1], g_bpf, len);  /* < PIPE_BUF: never partial */
+  ssize_t w = write(p[1], data, len);
   close(p[1]);
   if (w != (ssize_t)len) {
     close(p[0]);
@@ -809,9 +812,16 @@ static int seccomp_pipe(void) {
   return p[0];
 }
 
+static int seccomp_pipe(void) {
+  if (!g_bpf_len) return -1;
+  return data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf);
+}
+
 /* shared_net: the process already is in the sandbox's network namespace. */
+/* boot_fd: bubblewrap's fd holding the boot id, or -1; sudo_fd: holding
+ * embed/sudo, or -1. */
 static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
-                      const char *cwd) {
+                      int boot_fd, int sudo_fd, const char *cwd) {
   sv_add(a, BWRAP);
   if (seccomp_fd >= 0) {
     char n[16];
@@ -871,6 +881,28 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
   if (f->group) sv_add3(a, "--ro-bind", f->group, "/etc/group");
   sv_add(a, "--proc");
   sv_add(a, "/proc");
+  if (boot_fd >= 0) {
+    /* Each boot of the sandbox (a start, a resume from its files) has its
+     * own boot id, as a VM has; a resume with memory keeps it. */
+    char n[16];
+    snprintf(n, sizeof n, "%d", boot_fd);
+    sv_add3(a, "--ro-bind-data", n, "/proc/sys/kernel/random/boot_id");
+  }
+  if (sudo_fd >= 0) {
+    /* E2B's user has sudo: a stub that runs the command as the same user
+     * (the jail has no privilege to give). /usr/local/bin (on PATH, login
+     * shells' too) becomes a read-only tmpfs holding only it: the host's own
+     * /usr/local/bin is not the sandbox's business either. */
+    char n[16];
+    snprintf(n, sizeof n, "%d", sudo_fd);
+    sv_add(a, "--tmpfs");
+    sv_add(a, "/usr/local/bin");
+    sv_add(a, "--perms");
+    sv_add(a, "0755");
+    sv_add3(a, "--ro-bind-data", n, "/usr/local/bin/sudo");
+    sv_add(a, "--remount-ro");
+    sv_add(a, "/usr/local/bin");
+  }
   sv_add(a, "--dev");
   sv_add(a, "/dev");
   sv_add(a, "--size");
@@ -1040,6 +1072,20 @@ static void slot_give(int s) {
   pthread_mutex_unlock(&g_mu);
 }
 
+/* A random (version 4) UUID and a newline, as the kernel's boot_id. */
+static void new_boot_id(char *buf, size_t len) {
+  unsigned char b[16];
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  ssize_t r = fd >= 0 ? read(fd, b, sizeof b) : -1;
+  if (fd >= 0) close(fd);
+  if (r != (ssize_t)sizeof b)
+    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)(rand() & 0xff);
+  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1], b[2],
+           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
 static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   struct wbd_rt *rt = calloc(1, sizeof *rt);
   if (!rt) return NULL;
@@ -1048,6 +1094,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   rt->allow_net = sb->allow_internet;
   rt->net_fd = rt->userns_fd = rt->slirp_exit_fd = rt->slirp_ready_fd = -1;
   rt->slot = -1;
+  new_boot_id(rt->boot_id, sizeof rt->boot_id);
   rt->uid = geteuid();
   rt->gid = getegid();
   if (g_isolated && g_root) {
@@ -1306,14 +1353,29 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   if (!rt->allow_net) staged.resolv = NULL;
   /* The filter reaches bubblewrap as fd 3 (spawn_job.pass). */
   int sfd = g_isolated ? seccomp_pipe() : -1;
-  if (g_isolated) jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd >= 0 ? 3 : -1, cwd);
+  char boot[sizeof rt->boot_id];
+  pthread_mutex_lock(&rt->mu);
+  memcpy(boot, rt->boot_id, sizeof boot);
+  pthread_mutex_unlock(&rt->mu);
+  int bfd = g_isolated ? data_pipe(boot, strlen(boot)) : -1;
+  size_t sudo_len = 0;
+  const unsigned char *sudo_src = wbd_embedded("sudo", &sudo_len);
+  int ufd = g_isolated && sudo_src ? data_pipe(sudo_src, sudo_len) : -1;
+  int rc = g_isolated && (bfd < 0 || (sudo_src && ufd < 0)) ? -EMFILE : 0;
+  if (g_isolated) {
+    /* bubblewrap gets them as fds 3, 4, ... in this order (j.pass below). */
+    int next = 3;
+    int sfd_n = sfd >= 0 ? next++ : -1;
+    int bfd_n = bfd >= 0 ? next++ : -1;
+    int ufd_n = ufd >= 0 ? next++ : -1;
+    jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd_n, bfd_n, ufd_n, cwd);
+  }
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
 
   int pin[2] = { -1, -1 }, pout[2] = { -1, -1 }, perr[2] = { -1, -1 };
-  int rc = 0;
-  if ((stdin_fd && pipe2(pin, O_CLOEXEC) != 0) || (stdout_fd && pipe2(pout, O_CLOEXEC) != 0) ||
-      (stderr_fd && pipe2(perr, O_CLOEXEC) != 0))
+  if (!rc && ((stdin_fd && pipe2(pin, O_CLOEXEC) != 0) || (stdout_fd && pipe2(pout, O_CLOEXEC) != 0) ||
+      (stderr_fd && pipe2(perr, O_CLOEXEC) != 0)))
     rc = -errno;
 
   struct spawn_job j;
@@ -1341,6 +1403,8 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   }
   if (!rc && g_isolated) {
     if (sfd >= 0) j.pass[j.npass++] = sfd;
+    if (bfd >= 0) j.pass[j.npass++] = bfd;
+    if (ufd >= 0) j.pass[j.npass++] = ufd;
     if (g_root) {
       j.stage = 1;
       j.stage_src[0] = home;
@@ -1380,6 +1444,8 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   sv_free(&av);
   sv_free(&ev);
   if (sfd >= 0) close(sfd);
+  if (bfd >= 0) close(bfd);
+  if (ufd >= 0) close(ufd);
   if (pin[0] >= 0) close(pin[0]);
   if (pout[1] >= 0) close(pout[1]);
   if (perr[1] >= 0) close(perr[1]);
@@ -1676,6 +1742,10 @@ int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
   int rc = 0;
   if (!memory) {
     teardown(rt, 0);
+    /* The next process starts a new boot (a resume from the files only). */
+    pthread_mutex_lock(&rt->mu);
+    new_boot_id(rt->boot_id, sizeof rt->boot_id);
+    pthread_mutex_unlock(&rt->mu);
   } else {
     interp_pause(rt, 1);
     pthread_mutex_lock(&rt->mu);
@@ -1772,7 +1842,7 @@ static int check_bwrap(char *why, size_t len) {
   }
   struct sv a = { 0 };
   struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
-  jail_args(&a, "check", &none, 0, -1, "/");
+  jail_args(&a, "check", &none, 0, -1, -1, -1, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {

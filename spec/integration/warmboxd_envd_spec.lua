@@ -654,6 +654,11 @@ describe("warmboxd envd", function()
         local e = rpc(sb, "filesystem.Filesystem/Stat", { path = "links/abs" }).json.entry
         assert.are.equal("FILE_TYPE_SYMLINK", e.type)
         assert.are.equal("/etc/passwd", e.symlinkTarget)
+        -- the resolved absolute path, as envd sends, not the link's text
+        local function target(p) return rpc(sb, "filesystem.Filesystem/Stat", { path = p }).json.entry.symlinkTarget end
+        assert.are.equal("/etc/passwd", target("links/rel"))
+        assert.are.equal("/home/user/links/in/f.txt", target("links/ok"))
+        assert.are.equal("/etc", target("links/sneaky"))
         local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links", depth = 3 })
         for _, entry in ipairs(res.json.entries) do
           assert.not_matches("passwd$", entry.path:gsub("^/home/user/links/", ""))

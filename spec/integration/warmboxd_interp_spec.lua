@@ -306,9 +306,9 @@ describe("warmboxd code interpreter", function()
 
     it("lowercases the language and refuses languages it has no kernel for", function()
       assert.are.equal("5", main_result(run(sb, { code = "5", language = "PYTHON" })).text)
-      local res = exec(sb, { code = "1", language = "javascript" })
+      local res = exec(sb, { code = "1", language = "R" })
       assert.are.equal(500, res.status)
-      assert.is_truthy(res.body:find("javascript", 1, true))
+      assert.is_truthy(res.body:find("no r kernel", 1, true), res.body)
     end)
 
     it("sends a keepalive line after 5 s without output", function()
