@@ -38,6 +38,7 @@ int fuzz_server(void) {
   mkdir(d, 0700);
   snprintf(d, sizeof d, "%s/tmp", fuzz_scratch);
   mkdir(d, 0700);
+  fuzz_options();
   wbd_opt.data_dir = fuzz_scratch;
   wbd_server_routes(&routes);
   if (wbd_server_start() != 0) abort();

@@ -13,6 +13,8 @@
 #define FUZZ_ADMIN_TOKEN "fuzz-admin-token-0123456789abcdef"
 #define FUZZ_API_KEY "e2b_0123456789abcdef0123456789abcdef01234567"
 
+/* Sets warmboxd's options as the targets want them (stubs.c). */
+void fuzz_options(void);
 /* Starts the server once (idempotent); returns its port. */
 int fuzz_server(void);
 /* The id of a sandbox record that exists (created at start, not secure). */

@@ -1,6 +1,6 @@
 /*
- * stubs.c: the parts of warmboxd the fuzz targets leave out. Options that
- * main.c would define; the runtime hooks succeed without doing anything
+ * stubs.c: the parts of warmboxd the fuzz targets leave out. Options as
+ * main.c would set them (fuzz_options); the runtime hooks succeed without doing anything
  * (records need no directory, no process is ever spawned); the data plane
  * reaches only envd's POST /files (uploads land in a scratch directory),
  * every other data-plane request gets a plain 204.
@@ -13,19 +13,15 @@
 #include <stdio.h>
 #include <string.h>
 
-struct wbd_options wbd_opt = {
-  .host = "127.0.0.1",
-  .max_length_hours = 24,
-  .default_timeout_s = 15,
-  .unisolated = 1,
-};
-struct wbd_limits wbd_lim = {
-  .admin_token = FUZZ_ADMIN_TOKEN,
-  .conn_timeout_s = 5,
-  .max_conns = 256,
-  .max_conns_per_ip = 256,
-  .max_upload_mb = 1,
-};
+/* config.c holds the defaults; the targets run unisolated, with small limits. */
+void fuzz_options(void) {
+  wbd_opt.unisolated = 1;
+  wbd_lim.admin_token = FUZZ_ADMIN_TOKEN;
+  wbd_lim.conn_timeout_s = 5;
+  wbd_lim.max_conns = 256;
+  wbd_lim.max_conns_per_ip = 256;
+  wbd_lim.max_upload_mb = 1;
+}
 
 char fuzz_scratch[512];
 

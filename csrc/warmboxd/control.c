@@ -16,8 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-int wbd_loose_metadata;
-
 #define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 static int64_t max_len_us(void) { return (int64_t)wbd_opt.max_length_hours * 3600 * US; }
@@ -207,12 +205,6 @@ json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jty
 /* Views                                                               */
 /* ------------------------------------------------------------------ */
 
-static void set_time(json_t *o, const char *name, int64_t us) {
-  char buf[48];
-  wbd_format_time(us, buf, sizeof buf);
-  json_object_set_new(o, name, json_string(buf));
-}
-
 /* `Sandbox`, as create/connect/resume answer. Under the store lock. */
 static json_t *sandbox_json(const struct wbd_sandbox *sb) {
   json_t *o = json_object();
@@ -221,32 +213,6 @@ static json_t *sandbox_json(const struct wbd_sandbox *sb) {
   if (sb->secure) json_object_set_new(o, "envdAccessToken", json_string(sb->access_token));
   json_object_set_new(o, "envdVersion", json_string(WBD_ENVD_VERSION));
   json_object_set_new(o, "sandboxID", json_string(sb->id));
-  json_object_set_new(o, "templateID", json_string(sb->template_id));
-  return o;
-}
-
-/* `ListedSandbox`; with `detail`, `SandboxDetail`. Under the store lock. */
-json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail) {
-  json_t *o = json_object();
-  json_object_set_new(o, "alias", json_string(sb->template_id));
-  if (detail) json_object_set_new(o, "allowInternetAccess", json_boolean(sb->allow_internet));
-  json_object_set_new(o, "clientID", json_string(WBD_CLIENT_ID));
-  json_object_set_new(o, "cpuCount", json_integer(WBD_CPU_COUNT));
-  json_object_set_new(o, "diskSizeMB", json_integer(WBD_DISK_MB));
-  set_time(o, "endAt", sb->end_at_us);
-  if (detail && sb->secure) json_object_set_new(o, "envdAccessToken", json_string(sb->access_token));
-  json_object_set_new(o, "envdVersion", json_string(WBD_ENVD_VERSION));
-  if (detail) {
-    json_t *lc = json_object();
-    json_object_set_new(lc, "autoResume", json_boolean(sb->auto_resume));
-    json_object_set_new(lc, "onTimeout", json_string(sb->auto_pause ? "pause" : "kill"));
-    json_object_set_new(o, "lifecycle", lc);
-  }
-  json_object_set_new(o, "memoryMB", json_integer(WBD_MEMORY_MB));
-  json_object_set_new(o, "metadata", json_deep_copy(sb->metadata));
-  json_object_set_new(o, "sandboxID", json_string(sb->id));
-  set_time(o, "startedAt", sb->started_at_us);
-  json_object_set_new(o, "state", json_string(sb->state == WBD_PAUSED ? "paused" : "running"));
   json_object_set_new(o, "templateID", json_string(sb->template_id));
   return o;
 }

@@ -15,6 +15,46 @@
 #include <string.h>
 #include <time.h>
 
+/* ------------------------------------------------------------------ */
+/* Listed sandboxes as JSON (also control.c's GET /sandboxes/{id})     */
+/* ------------------------------------------------------------------ */
+
+static void set_time(json_t *o, const char *name, int64_t us) {
+  char buf[48];
+  wbd_format_time(us, buf, sizeof buf);
+  json_object_set_new(o, name, json_string(buf));
+}
+
+/* `ListedSandbox`; with `detail`, `SandboxDetail`. Under the store lock. */
+json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail) {
+  json_t *o = json_object();
+  json_object_set_new(o, "alias", json_string(sb->template_id));
+  if (detail) json_object_set_new(o, "allowInternetAccess", json_boolean(sb->allow_internet));
+  json_object_set_new(o, "clientID", json_string(WBD_CLIENT_ID));
+  json_object_set_new(o, "cpuCount", json_integer(WBD_CPU_COUNT));
+  json_object_set_new(o, "diskSizeMB", json_integer(WBD_DISK_MB));
+  set_time(o, "endAt", sb->end_at_us);
+  if (detail && sb->secure) json_object_set_new(o, "envdAccessToken", json_string(sb->access_token));
+  json_object_set_new(o, "envdVersion", json_string(WBD_ENVD_VERSION));
+  if (detail) {
+    json_t *lc = json_object();
+    json_object_set_new(lc, "autoResume", json_boolean(sb->auto_resume));
+    json_object_set_new(lc, "onTimeout", json_string(sb->auto_pause ? "pause" : "kill"));
+    json_object_set_new(o, "lifecycle", lc);
+  }
+  json_object_set_new(o, "memoryMB", json_integer(WBD_MEMORY_MB));
+  json_object_set_new(o, "metadata", json_deep_copy(sb->metadata));
+  json_object_set_new(o, "sandboxID", json_string(sb->id));
+  set_time(o, "startedAt", sb->started_at_us);
+  json_object_set_new(o, "state", json_string(sb->state == WBD_PAUSED ? "paused" : "running"));
+  json_object_set_new(o, "templateID", json_string(sb->template_id));
+  return o;
+}
+
+/* ------------------------------------------------------------------ */
+/* Query strings and filters                                           */
+/* ------------------------------------------------------------------ */
+
 /* Go's url.QueryUnescape: %XX (strict) and '+' as a space. */
 /* Decodes %XX and '+'; *outlen (when given) is the decoded length, which
  * may hold NUL bytes. */

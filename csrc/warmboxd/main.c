@@ -17,24 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-struct wbd_options wbd_opt = {
-  .host = "127.0.0.1",
-  .port = 0,
-  .api_key = NULL,
-  .max_length_hours = 24,
-  .max_running = 0,
-  .default_timeout_s = 15,
-  .data_dir = NULL,
-};
-
-struct wbd_limits wbd_lim = {
-  .admin_token = NULL,
-  .conn_timeout_s = 30,
-  .max_conns = 1024,
-  .max_conns_per_ip = 128,
-  .max_upload_mb = 100,
-};
-
 /* The one place handlers are wired to the server: server.c calls through
  * this table, so it depends on no handler file (they depend on it). */
 static const struct wbd_routes routes = {

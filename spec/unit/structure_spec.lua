@@ -90,3 +90,62 @@ describe("csrc/core", function()
   end)
 end)
 
+
+describe("csrc/warmboxd", function()
+  -- Which file calls (or reads a global of) which, from the build's object
+  -- files: an undefined symbol of one object that another defines.
+  local function calls()
+    local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
+    local objs = find(build .. "/CMakeFiles/warmboxd.dir/csrc/warmboxd", "*.c.o")
+    local defs, undefs = {}, {}
+    for _, o in ipairs(objs) do
+      local file = o:match("([^/]+)%.c%.o$")
+      defs[file], undefs[file] = {}, {}
+      local p = assert(io.popen("nm " .. o))
+      for line in p:lines() do
+        local kind, sym = line:match("^%x+ (%a) (%S+)$")
+        if kind and kind:match("[TDBRC]") then defs[file][sym] = true end
+        local u = line:match("^%s+U (%S+)$")
+        if u then undefs[file][u] = true end
+      end
+      p:close()
+    end
+    local owner = {}
+    for file, syms in pairs(defs) do
+      for sym in pairs(syms) do owner[sym] = file end
+    end
+    local g = {}
+    for file, syms in pairs(undefs) do
+      g[file] = {}
+      for sym in pairs(syms) do
+        local o = owner[sym]
+        if o and o ~= file then g[file][o] = sym end
+      end
+    end
+    return g
+  end
+
+  it("has no call cycle between its files: each layer calls only down", function()
+    local g = calls()
+    assert.truthy(g.main and g.main.server, "the scan found no edges")
+    local state, stack = {}, {}
+    local function visit(f)
+      if state[f] == "done" then return end
+      if state[f] == "open" then
+        local from
+        for i, x in ipairs(stack) do if x == f then from = i end end
+        local path = {}
+        for i = from, #stack do
+          path[#path + 1] = stack[i] .. " (" .. g[stack[i]][stack[i + 1] or f] .. ")"
+        end
+        error("call cycle: " .. table.concat(path, " -> ") .. " -> " .. f, 0)
+      end
+      state[f] = "open"
+      stack[#stack + 1] = f
+      for d in pairs(g[f] or {}) do visit(d) end
+      stack[#stack] = nil
+      state[f] = "done"
+    end
+    for f in pairs(g) do visit(f) end
+  end)
+end)
