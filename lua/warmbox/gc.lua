@@ -90,7 +90,7 @@ end
 local RUN_OPTS = { client = true, tag = true, policy = true, lock = true, clock = true, concurrency = true,
   dry_run = true, max_age = true, max_kills = true, next_token = true, pages = true, limit = true,
   on_action = true, on_page = true, actions = true }
-local RELEASE_OPTS = { client = true, tag = true, tag_value = true, key = true, lock = true }
+local RELEASE_OPTS = { client = true, tag = true, tag_value = true, key = true, lock = true, concurrency = true }
 
 local function check_opts(opts, known, fname)
   if type(opts) ~= "table" then
@@ -806,12 +806,19 @@ function _M.release(opts)
       end)
     local kerr, kcode = err, code
     if ok then
-      for _, id in ipairs(ids) do
-        local r, e, c = client:kill(id)
-        if r then
+      -- In parallel where the client can (bounded; on the engine inside a task).
+      local results = {}
+      if client.kill_many and #ids > 1 then
+        results = client:kill_many(ids, { concurrency = opts.concurrency or 8 })
+      else
+        for i, id in ipairs(ids) do results[i] = { client:kill(id) } end
+      end
+      for i = 1, #ids do
+        local r = results[i] or {}
+        if r[1] then
           killed = killed + 1
-        elseif r == nil then
-          kerr, kcode = e, c
+        elseif r[1] == nil then
+          kerr, kcode = r[2], r[3]
         end
       end
       if not kerr then lk:set_state(nil) end

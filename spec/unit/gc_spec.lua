@@ -324,6 +324,20 @@ describe("warmbox.gc", function()
       lk:unlock()
     end)
 
+    it("kills a session's sandboxes in one bounded parallel batch when the client can", function()
+      local c = fake_client({
+        sb("p1", "paused", "conv-3", NOW - 60), sb("p2", "paused", "conv-3", NOW - 50),
+        sb("p3", "running", "conv-3", NOW - 40), sb("q1", "paused", "conv-4", NOW - 60),
+      }, { kill_many = true })
+      local n = assert(gc.release{ client = c, tag_value = "conv-3", lock = memlock, concurrency = 2 })
+      assert.equal(3, n)
+      -- one batch of the three, at the concurrency asked for; conv-4's sandbox untouched
+      assert.same({ { n = 3, concurrency = 2 } }, c.batches)
+      local killed = calls_of(c, "kill")
+      table.sort(killed)
+      assert.same({ "kill p1", "kill p2", "kill p3" }, killed)
+    end)
+
     it("returns nil, msg, 'BUSY' when the session stays locked", function()
       local c = fake_client{ sb("r1", "paused", "conv-2", NOW - 60) }
       local holder = lock.new{ backend = "memory" }
