@@ -483,9 +483,11 @@ function _M.run(opts)
             report.demoted = report.demoted + 1
             note(item, "demote", e.reason)
             -- its kernel is gone: the session must install its output hooks again
+            -- and its memory: a session with require_memory replaces it
             local h = held[item.tag_value]
-            if h.state.sandbox_id == item.sandbox_id and h.state.hooked then
+            if h.state.sandbox_id == item.sandbox_id then
               h.state.hooked = nil
+              h.state.memory_lost = item.sandbox_id
               h.rewrite = true
             end
           end

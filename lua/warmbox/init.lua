@@ -38,7 +38,7 @@ local OPTS = {
   lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
   sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
   clock = "function", client = "table", secret = "string", request_timeout = "number",
-  max_run_length = "number", max_output = "number", max_files_bytes = "number",
+  max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
 }
 
 local Warmbox = {}
@@ -85,6 +85,7 @@ function _M.new(opts)
     max_run_length = o.max_run_length or 24 * 3600,
     max_output = o.max_output or session.MAX_OUTPUT,
     max_files_bytes = o.max_files_bytes or session.MAX_FILES_BYTES,
+    require_memory = o.require_memory == true,
     tag = o.tag or "warmboxSessionId",
     lock = lock or "file",
     policy = p,
@@ -127,7 +128,7 @@ function _M.new(opts)
 end
 
 local SESSION_OPTS = { env = "table", actor = "string", template = "string", exec_timeout = "number",
-  idle_timeout = "number", max_output = "number", max_files_bytes = "number" }
+  idle_timeout = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean" }
 
 --- A session: one warm sandbox per conversation key.
 -- @tparam string key the session key (any bytes, e.g. "workspace-1:thread-9")
@@ -154,6 +155,7 @@ function Warmbox:session(key, opts)
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,
     max_output = settings.max_output, max_files_bytes = settings.max_files_bytes,
     parallel = self.parallel,
+    require_memory = (opts.require_memory == nil) and self.require_memory or opts.require_memory,
   })
 end
 

@@ -150,7 +150,7 @@ local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts =
   policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
-  parallel = "function" }
+  parallel = "function", require_memory = "boolean" }
 
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
@@ -176,7 +176,10 @@ end
 --   called on "connect", "create", "kill", "retry", "recycle"), `origin` (a string naming the
 --   E2B endpoint and account: remembered state written under another origin is ignored),
 --   `max_run_length` (seconds E2B lets one run of a sandbox last from its start:
---   86400 on Pro, 3600 on Hobby; default 86400).
+--   86400 on Pro, 3600 on Hobby; default 86400), `require_memory` (false: a sandbox
+--   paused without its memory, e.g. demoted by GC, is resumed and used with a fresh
+--   kernel, its files kept; true: it is replaced by a new sandbox, killed once the
+--   new one is secured).
 -- @treturn warmbox.Session
 function _M.new(key, opts)
   if type(key) ~= "string" or key == "" then
@@ -202,6 +205,7 @@ function _M.new(key, opts)
     -- parallel(main, side): runs both at once (warmbox.runner); nil: the
     -- lease is always extended before the execute.
     parallel = opts.parallel,
+    require_memory = opts.require_memory == true,
   }
   _M.check_settings(self, "new", 2)
   if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
@@ -289,7 +293,19 @@ _M.is_gone = is_gone
 -- order, reap the others only after one is secured, else create). Only a
 -- candidate that is gone (404) is passed over; any other failure fails the
 -- run and touches nothing, so a transient fault never destroys state.
-function Session:_resolve(st, lease)
+-- Whether a listed sandbox is known to have lost its memory: the remembered
+-- state says so (GC demoted it: `memory_lost`), or it was paused within
+-- seconds of its resume, as only a demote (connect + pause without memory) does.
+local function memory_lost(it, avoid)
+  if avoid[it.sandbox_id] then return true end
+  if it.state ~= "paused" then return false end
+  local s, e = parse_utc(it.started_at), parse_utc(it.end_at)
+  return s ~= nil and e ~= nil and e >= s and e - s <= _M.DEMOTE_MARK
+end
+_M.DEMOTE_MARK = 10
+
+function Session:_resolve(st, lease, avoid)
+  avoid = avoid or {}
   local client, tv, tag = self.client, self.tag_value, self.tag
   local items, err, code = client:list_all{ state = { "running", "paused" }, metadata = { [tag] = tv } }
   if not items then return nil, err, code end
@@ -325,31 +341,40 @@ function Session:_resolve(st, lease)
   end
   local kept, resumed, gone = nil, false, {}
   for _, it in ipairs(ordered) do
-    local t0 = self.clock()
-    local sb, res, ccode, cdetail = client:connect(it.sandbox_id, { timeout = lease })
-    self:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
-      code = not sb and ccode or nil })
-    if not sb then
-      if not is_gone(ccode) then return nil, res, ccode, cdetail end
-      gone[it.sandbox_id] = true
-    else
-      local ok, terr, tcode, tdetail = client:set_timeout(it.sandbox_id, lease)
-      if ok then
-        if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
-        kept, resumed = sb, res == true
-        self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
-        local lc = it.lifecycle
-        st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
-        break
-      end
-      if not is_gone(tcode) then
-        -- Its lease could not be set: it is not used for this run (it might
-        -- pause underneath it), and it is left alone: the next run tries again.
-        self:_event("lease_failed", { sandbox_id = it.sandbox_id, code = tcode })
-        return nil, terr, tcode, tdetail
-      end
-      gone[it.sandbox_id] = true
+    if self.require_memory and memory_lost(it, avoid) then
+      -- Not usable for a session that needs its kernel's memory; killed below
+      -- once another sandbox is secured.
+      self:_event("memory_lost", { sandbox_id = it.sandbox_id })
+      goto continue
     end
+    do
+      local t0 = self.clock()
+      local sb, res, ccode, cdetail = client:connect(it.sandbox_id, { timeout = lease })
+      self:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
+        code = not sb and ccode or nil })
+      if not sb then
+        if not is_gone(ccode) then return nil, res, ccode, cdetail end
+        gone[it.sandbox_id] = true
+      else
+        local ok, terr, tcode, tdetail = client:set_timeout(it.sandbox_id, lease)
+        if ok then
+          if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
+          kept, resumed = sb, res == true
+          self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
+          local lc = it.lifecycle
+          st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
+          break
+        end
+        if not is_gone(tcode) then
+          -- Its lease could not be set: it is not used for this run (it might
+          -- pause underneath it), and it is left alone: the next run tries again.
+          self:_event("lease_failed", { sandbox_id = it.sandbox_id, code = tcode })
+          return nil, terr, tcode, tdetail
+        end
+        gone[it.sandbox_id] = true
+      end
+    end
+    ::continue::
   end
   local created = false
   if not kept then
@@ -431,6 +456,12 @@ end
 
 -- The three ways to a sandbox for one run (see _acquire).
 function Session:_secure(st, ctx, lease)
+  if self.require_memory and st.sandbox_id and st.memory_lost == st.sandbox_id then
+    -- GC demoted it (paused without memory): replace it (see _resolve).
+    local stale = st.sandbox_id
+    forget(st)
+    return self:_resolve(st, lease, { [stale] = true })
+  end
   if st.sandbox_id and st.tag == self.tag_value then
     local refresh, perr, pcode = policy_mod.call(self.policy, "should_refresh", ctx)
     if pcode then return nil, perr, pcode end
@@ -684,6 +715,8 @@ function Session:_run_locked(lk, code, opts, files)
     end
     if r then
       st.last_run = self.clock()
+      -- It has run since it lost its memory: what its kernel holds now is kept.
+      st.memory_lost = nil
       lk:set_state(_M.encode_state(st))
       return r
     end

@@ -31,7 +31,7 @@ function _M.encode(st)
   return json.encode({
     v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
     domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
-    hooked = st.hooked, auto_resume = st.auto_resume,
+    hooked = st.hooked, memory_lost = st.memory_lost, auto_resume = st.auto_resume,
   })
 end
 
