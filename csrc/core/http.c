@@ -31,7 +31,7 @@
  * The client
  * ====================================================================== */
 
-typedef struct warmbox_http {
+struct warmbox_http {
   CURL *easy;      /* reused for every h:request */
   CURLM *multi;    /* created on the first h:batch */
   CURLSH *share;   /* DNS + connections, shared by every handle of this client */
@@ -45,7 +45,7 @@ typedef struct warmbox_http {
   int busy;        /* h->easy is in a transfer (a callback may call us again) */
   int closed;
   long share_users; /* engine transfers using the share: it outlives h:close() */
-} warmbox_http;
+};
 
 static double warmbox_random(warmbox_http *h) {
   /* xorshift64*: plenty for jitter. */
@@ -152,7 +152,7 @@ static const char *warmbox_opt_string(lua_State *L, int idx, int arg, const char
  * One transfer
  * ====================================================================== */
 
-typedef struct warmbox_xfer {
+struct warmbox_xfer {
   warmbox_http *client;
   CURL *easy;
   int own_easy;                 /* batch handles are ours to clean up */
@@ -197,7 +197,7 @@ typedef struct warmbox_xfer {
   CURLcode rc;
   long status;
   int state;                    /* batch: 0 waiting, 1 running, 2 done */
-} warmbox_xfer;
+};
 
 typedef struct warmbox_frame_call {
   const char *data;
