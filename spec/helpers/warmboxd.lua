@@ -160,11 +160,18 @@ function M.start(opts)
   return self
 end
 
--- The admin API (`/_warmboxd/...`). Specs reach it only through these, so a
--- change of how it is reached (e.g. an admin token) lands here alone.
-function Server:admin(method, path, json)
+--- A call to warmboxd's admin API (`/_warmboxd/<path>`), the one place that
+-- knows how to reach it (specs and benches go through here, so a change of how
+-- it is reached, e.g. the admin token spec.helpers.http adds, lands here alone).
+-- `as_team` also sends the server's API key (the seed knob creates records for
+-- that team).
+-- @return `{ status, headers, body, json }` (spec.helpers.http)
+function Server:admin(method, path, json, as_team)
   local http = require "spec.helpers.http"
-  return http.request{ method = method, url = self.url .. "/_warmboxd" .. path, json = json }
+  local headers = {}
+  if as_team then headers["X-API-Key"] = self.api_key end
+  return http.request{ method = method, url = self.url .. "/_warmboxd/" .. path:gsub("^/", ""),
+    headers = headers, json = json }
 end
 
 local function expect_204(res, what)
@@ -180,11 +187,16 @@ function Server:stats() return assert(self:admin("GET", "/stats").json, "stats")
 --- How many requests `route` got since the last reset.
 function Server:count(route) return (self:stats().requests or {})[route] or 0 end
 
+--- The host path of `path` as warmboxd sees it. Sandbox data (homes are a
+-- tmpfs) lives in warmboxd's own mount namespace, so the host reaches it only
+-- through /proc/<pid>/root.
+function Server:ns_path(path)
+  return "/proc/" .. self.pid .. "/root" .. path
+end
+
 --- The host path of the directory that is /home/user inside sandbox `id`.
--- Sandbox homes live on a tmpfs in warmboxd's own mount namespace, so the
--- path goes through /proc/<pid>/root (the host sees them only there).
 function Server:sandbox_home(id)
-  return "/proc/" .. self.pid .. "/root" .. self.dir .. "/data/" .. id .. "/home"
+  return self:ns_path(self.dir .. "/data/" .. id .. "/home")
 end
 
 function Server:log()
@@ -209,31 +221,19 @@ function Server:stop()
   return true
 end
 
---- A call to warmboxd's admin API (`/_warmboxd/<path>`), the one place that
--- knows how to reach it (specs and benches go through here). `as_team` sends
--- the server's API key (the seed knob creates records for that team).
--- @return `{ status, headers, body, json }` (spec.helpers.http)
-function M.admin(srv, method, path, body, as_team)
-  local http = require "spec.helpers.http"
-  local headers = {}
-  if as_team then headers["X-API-Key"] = srv.api_key end
-  return http.request{ method = method, url = srv.url .. "/_warmboxd/" .. path:gsub("^/", ""), headers = headers,
-    json = body }
-end
-
 --- Bulk-creates cheap sandbox records for the server's team (the seed knob):
 -- `o = { count, state = "paused"|"running", metadata, started_ago_s, paused_ago_s, timeout }`.
 -- Raises unless warmboxd created them all; returns the count.
-function M.seed(srv, o)
-  local res = M.admin(srv, "POST", "seed", o, true)
+function Server:seed(o)
+  local res = self:admin("POST", "seed", o, true)
   assert(res.status == 200, "seed failed: " .. tostring(res.status) .. " " .. tostring(res.body))
   assert(res.json and res.json.created == o.count, "seed created " .. tostring(res.json and res.json.created))
   return o.count
 end
 
---- warmboxd's counters (`GET /_warmboxd/stats`, decoded).
-function M.stats(srv)
-  return M.admin(srv, "GET", "stats").json
-end
+-- Module-level spellings of the methods, for callers that hold a server table.
+function M.admin(srv, ...) return Server.admin(srv, ...) end
+function M.seed(srv, o) return Server.seed(srv, o) end
+function M.stats(srv) return Server.stats(srv) end
 
 return M

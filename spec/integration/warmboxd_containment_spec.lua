@@ -266,7 +266,7 @@ describe("warmboxd containment", function()
       local sb = create()
       py(sb, "import os\nopen('/home/user/mine', 'w').write('x')\nos.chmod('/home/user/mine', 0o4755)\n"
         .. "open('/tmp/t', 'w').write('x')\nNone")
-      local dir = "/proc/" .. srv.pid .. "/root" .. srv.dir .. "/data/" .. sb.sandboxID
+      local dir = srv:ns_path(srv.dir .. "/data/" .. sb.sandboxID)
       local st = sh("stat -c '%u %a' " .. q(dir .. "/home/mine")):gsub("%s+$", "")
       local uid, mode = st:match("^(%d+) (%d+)$")
       assert.is_truthy(uid, st)
@@ -394,8 +394,7 @@ describe("warmboxd containment", function()
       }, "\n"))
       assert.is_truthy(error_of(body), body)
       assert.is_nil(main_text(body))
-      local size = tonumber(sh("stat -c %s " .. q("/proc/" .. srv.pid .. "/root" .. srv.dir .. "/data/"
-        .. sb.sandboxID .. "/home/fill"))) or 0
+      local size = tonumber(sh("stat -c %s " .. q(srv:sandbox_home(sb.sandboxID) .. "/fill"))) or 0
       assert.is_true(size <= 1024 * 1024 * 1024)
       assert.are.equal(200, http.request{ url = srv.url .. "/health" }.status)
       kill(sb)

@@ -39,9 +39,7 @@ end
 
 -- A path of warmboxd's mount namespace (as root it has its own: the homes
 -- are tmpfs mounts the host does not see), seen from the host.
-local function in_ns(srv, path)
-  return "/proc/" .. srv.pid .. "/root" .. path
-end
+local function in_ns(srv, path) return srv:ns_path(path) end
 
 local function main_text(body)
   for line in body:gmatch("[^\n]+") do
