@@ -89,6 +89,9 @@ options:
   -h, --help         this help
 ]]
 
+-- Commands whose --help is one line rather than the whole usage.
+local USAGE_OF = { smoke = "usage: warmbox [options] smoke\n", demo = "usage: warmbox demo\n" }
+
 local GLOBAL = {
   ["--api-url"] = "api_url", ["--api-key"] = "api_key", ["--sandbox-url"] = "sandbox_url", ["--template"] = "template",
   ["--exec-timeout"] = "exec_timeout", ["--idle-timeout"] = "idle_timeout", ["--tag"] = "tag",
@@ -136,6 +139,40 @@ end
 local function fail(err, msg, code)
   err:write(string_format("warmbox: %s%s\n", tostring(msg), code and (" (" .. tostring(code) .. ")") or ""))
   return 1
+end
+
+-- Reads a command's arguments against `flags`: flag -> function(value, flag)
+-- for an option with a value, or `{ function(flag) }` for a switch. Other
+-- arguments go to `positional(arg)` (anything not starting with "--"), or are
+-- refused. Misuse raises a message without position (the CLI prints it).
+local function parse_args(args, cmd, flags, positional)
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local f = flags[a]
+    if type(f) == "table" then
+      f[1](a)
+    elseif f then
+      i = i + 1
+      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
+      f(args[i], a)
+    elseif positional and a:sub(1, 2) ~= "--" then
+      positional(a)
+    else
+      error("unknown argument " .. a .. " to " .. cmd, 0)
+    end
+    i = i + 1
+  end
+end
+_M.parse_args = parse_args
+
+-- A number (an integer when `integer`) for option `flag`, or an error naming it.
+local function number_arg(flag, v, integer)
+  local n = tonumber(v)
+  if not n or (integer and math.type(n) ~= "integer") then
+    error(string_format("option %s needs %s, got '%s'", flag, integer and "an integer" or "a number", v), 0)
+  end
+  return n
 end
 
 -- ------------------------------------------------------------------
@@ -216,44 +253,67 @@ local function ensure_local_server(o, io_, start)
   return true
 end
 
+-- Saves a run's output files into `outdir` (when given) and returns one entry
+-- per file for the JSON report; `say` (a stream, or nil) is told about each.
+local function save_files(files, outdir, say)
+  local saved = {}
+  for _, f in ipairs(files) do
+    local entry = { name = f.name, bytes = #f.content, mime = f.mime }
+    if outdir then
+      os.execute("mkdir -p '" .. outdir:gsub("'", "'\\''") .. "'")
+      local name = f.name:gsub("/", "_")
+      local fh = assert(io.open(outdir .. "/" .. name, "wb"))
+      fh:write(f.content)
+      fh:close()
+      entry.saved = outdir .. "/" .. name
+      if say then say:write(string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content)) end
+    elseif say then
+      say:write(string_format("warmbox: output file %s (%d bytes, %s)\n", f.name, #f.content, f.mime))
+    end
+    saved[#saved + 1] = entry
+  end
+  return saved
+end
+
+-- The traceback to show for a run's error, one frame a line (`plain`: no colours).
+local function traceback_of(e, plain)
+  local tb = e.traceback
+  if type(tb) ~= "string" or tb == "" then tb = tostring(e.name) .. ": " .. tostring(e.value) end
+  if plain then tb = strip_ansi(tb) end
+  return traceback_lines(tb)
+end
+
 local function cmd_run(o, args, io_)
   local out, err = io_.stdout, io_.stderr
   local key, language, timeout, outdir, actor, code, as_json, start
   local files, env = {}, nil
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local function val()
-      i = i + 1
-      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
-      return args[i]
-    end
-    if a == "--session" or a == "-s" then key = val()
-    elseif a == "--language" then language = val()
-    elseif a == "--timeout" then timeout = tonumber(val()) or error("--timeout needs a number", 0)
-    elseif a == "--out" then outdir = val()
-    elseif a == "--actor" then actor = val()
-    elseif a == "--json" then as_json = true
-    elseif a == "--start" then start = true
-    elseif a == "--env" then
-      local k, v = val():match("^([^=]+)=(.*)$")
+  local function set_code(a)
+    if code then error("more than one CODE argument", 0) end
+    code = a == "-" and io_.stdin:read("a") or a
+  end
+  local function session(v) key = v end
+  parse_args(args, "run", {
+    ["--session"] = session, ["-s"] = session,
+    ["--language"] = function(v) language = v end,
+    ["--timeout"] = function(v, a) timeout = number_arg(a, v) end,
+    ["--out"] = function(v) outdir = v end,
+    ["--actor"] = function(v) actor = v end,
+    ["--json"] = { function() as_json = true end },
+    ["--start"] = { function() start = true end },
+    ["--env"] = function(v)
+      local k, val = v:match("^([^=]+)=(.*)$")
       if not k then error("--env needs K=V", 0) end
       env = env or {}
-      env[k] = v
-    elseif a == "--file" then
-      local name, path = val():match("^([^=]+)=(.+)$")
+      env[k] = val
+    end,
+    ["--file"] = function(v)
+      local name, path = v:match("^([^=]+)=(.+)$")
       if not name then error("--file needs NAME=PATH", 0) end
       local data, rerr = read_file(path)
       if not data then error("cannot read " .. path .. ": " .. tostring(rerr), 0) end
       files[name] = data
-    elseif a == "-" then code = io_.stdin:read("a")
-    elseif a:sub(1, 2) == "--" then error("unknown option " .. a .. " to run", 0)
-    else
-      if code then error("more than one CODE argument", 0) end
-      code = a
-    end
-    i = i + 1
-  end
+    end,
+  }, set_code)
   if not key then error("run needs --session KEY", 0) end
   if not code then code = io_.stdin:read("a") end
   local now = require("warmbox.core").now
@@ -276,32 +336,9 @@ local function cmd_run(o, args, io_)
     end
     return fail(err, msg, ecode)
   end
-  local saved = {}
-  for _, f in ipairs(r.files) do
-    local entry = { name = f.name, bytes = #f.content, mime = f.mime }
-    if outdir then
-      os.execute("mkdir -p '" .. outdir:gsub("'", "'\\''") .. "'")
-      local name = f.name:gsub("/", "_")
-      local fh = assert(io.open(outdir .. "/" .. name, "wb"))
-      fh:write(f.content)
-      fh:close()
-      entry.saved = outdir .. "/" .. name
-      if not as_json then
-        err:write(string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content))
-      end
-    elseif not as_json then
-      err:write(string_format("warmbox: output file %s (%d bytes, %s)\n", f.name, #f.content, f.mime))
-    end
-    saved[#saved + 1] = entry
-  end
+  local saved = save_files(r.files, outdir, not as_json and err or nil)
   local e = r.error
-  local tb
-  if e then
-    tb = e.traceback
-    if type(tb) ~= "string" or tb == "" then tb = tostring(e.name) .. ": " .. tostring(e.value) end
-    if as_json or not colour_ok(io_, 2) then tb = strip_ansi(tb) end
-    tb = traceback_lines(tb)
-  end
+  local tb = e and traceback_of(e, as_json or not colour_ok(io_, 2))
   if as_json then
     local json = require "warmbox.json"
     local results = {}
@@ -378,22 +415,14 @@ end
 
 local function cmd_sessions(o, args, io_)
   local tenant, state, as_json
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local function val()
-      i = i + 1
-      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
-      return args[i]
-    end
-    if a == "--tenant" then tenant = val()
-    elseif a == "--state" then
-      state = val()
-      if state ~= "running" and state ~= "paused" then error("--state must be running or paused", 0) end
-    elseif a == "--json" then as_json = true
-    else error("unknown argument " .. a .. " to sessions", 0) end
-    i = i + 1
-  end
+  parse_args(args, "sessions", {
+    ["--tenant"] = function(v) tenant = v end,
+    ["--state"] = function(v)
+      if v ~= "running" and v ~= "paused" then error("--state must be running or paused", 0) end
+      state = v
+    end,
+    ["--json"] = { function() as_json = true end },
+  })
   local wb = new_warmbox(o, io_.stderr)
   if not wb then return 1 end
   local list, msg, code = wb:sessions()
@@ -439,26 +468,18 @@ end
 local function cmd_gc(o, args, io_)
   local opts = { actions = false }
   local as_json, policy_file = false, nil
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local function val()
-      i = i + 1
-      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
-      return args[i]
-    end
-    if a == "--dry-run" or a == "-n" then opts.dry_run = true
-    elseif a == "--json" then as_json = true
-    elseif a == "--policy" then policy_file = val()
-    elseif a == "--retention" then opts.max_age = duration_arg(a, val())
-    elseif a == "--max-age" then opts.max_age = duration_arg(a, val())
-    elseif a == "--max-kills" then opts.max_kills = int_arg(a, val(), 1)
-    elseif a == "--concurrency" then opts.concurrency = int_arg(a, val(), 1)
-    elseif a == "--next-token" then opts.next_token = val()
-    elseif a == "--pages" then opts.pages = int_arg(a, val(), 1)
-    else error("unknown argument " .. a .. " to gc", 0) end
-    i = i + 1
-  end
+  local function max_age(v, a) opts.max_age = duration_arg(a, v) end
+  local function dry_run() opts.dry_run = true end
+  parse_args(args, "gc", {
+    ["--dry-run"] = { dry_run }, ["-n"] = { dry_run },
+    ["--json"] = { function() as_json = true end },
+    ["--policy"] = function(v) policy_file = v end,
+    ["--retention"] = max_age, ["--max-age"] = max_age,
+    ["--max-kills"] = function(v, a) opts.max_kills = int_arg(a, v, 1) end,
+    ["--concurrency"] = function(v, a) opts.concurrency = int_arg(a, v, 1) end,
+    ["--next-token"] = function(v) opts.next_token = v end,
+    ["--pages"] = function(v, a) opts.pages = int_arg(a, v, 1) end,
+  })
   if policy_file then opts.policy = policy_file end
   local out, err = io_.stdout, io_.stderr
   local json = require "warmbox.json"
@@ -917,6 +938,16 @@ local function demo(o, io_)
   return ok and 0 or 1
 end
 
+local function cmd_smoke(o, args, io_)
+  if args[1] then error("smoke takes no arguments", 0) end
+  return require("warmbox.smoke").run(o, io_)
+end
+
+local function cmd_demo(o, args, io_)
+  if args[1] then error("demo takes no arguments", 0) end
+  return demo(o, io_)
+end
+
 -- ------------------------------------------------------------------
 -- main
 -- ------------------------------------------------------------------
@@ -965,27 +996,7 @@ function _M.main(argv, io_)
   local rest = {}
   for j = i, #args do rest[#rest + 1] = args[j] end
   local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
-    simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor }
-  if cmd == "smoke" then
-    if rest[1] == "-h" or rest[1] == "--help" then
-      io_.stdout:write("usage: warmbox [options] smoke\n")
-      return 0
-    end
-    if rest[1] then
-      io_.stderr:write("warmbox: smoke takes no arguments\n")
-      return 2
-    end
-    return require("warmbox.smoke").run(o, io_)
-  end
-  if cmd == "demo" then
-    for _, a in ipairs(rest) do
-      if a == "-h" or a == "--help" then
-        io_.stdout:write("usage: warmbox demo\n")
-        return 0
-      end
-    end
-    return demo(o, io_)
-  end
+    simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor, smoke = cmd_smoke, demo = cmd_demo }
   local h = handlers[cmd]
   if not h then
     io_.stderr:write((cmd and ("warmbox: unknown command " .. cmd .. "\n") or "") .. USAGE)
@@ -993,7 +1004,7 @@ function _M.main(argv, io_)
   end
   for _, a in ipairs(rest) do
     if a == "-h" or a == "--help" then
-      io_.stdout:write(USAGE)
+      io_.stdout:write(USAGE_OF[cmd] or USAGE)
       return 0
     end
   end
