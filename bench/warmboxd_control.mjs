@@ -6,52 +6,17 @@
 //
 // Uses $WARMBOXD_BIN or build/warmboxd; HTTP with keep-alive (Node's fetch),
 // so the figures are the server's, not a client's process start-up.
-import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
-import { randomBytes } from 'node:crypto'
+import { api, key, opt, start } from './warmboxd.mjs'
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const args = process.argv.slice(2)
-function opt(name, dflt) {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 ? Number(args[i + 1]) : dflt
-}
 const RECORDS = opt('records', 100_000)
 const CREATES = opt('creates', 2000)
 const CONC = opt('concurrency', 8)
-const bin = process.env.WARMBOXD_BIN || join(root, 'build', 'warmboxd')
-const ADMIN = randomBytes(24).toString('hex')   // the admin API's token (--admin-token)
 
-function start() {
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, ['--port', '0', '--admin-token', ADMIN], { stdio: ['ignore', 'pipe', 'inherit'] })
-    let buf = ''
-    child.stdout.on('data', (d) => {
-      buf += d
-      const m = buf.match(/warmboxd listening on (http:\/\/[\d.]+:\d+)/)
-      if (m) resolve({ child, url: m[1] })
-    })
-    child.on('exit', (code) => reject(new Error(`warmboxd exited with ${code}`)))
-  })
-}
-
-const key = () => 'e2b_' + randomBytes(20).toString('hex')
 const now = () => Number(process.hrtime.bigint()) / 1e9
 const rss = (pid) => {
   const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+) kB/)
   return m ? Number(m[1]) / 1024 : NaN
-}
-
-async function api(url, k, method, path, body) {
-  const res = await fetch(url + path, {
-    method,
-    headers: { 'X-API-Key': k, 'Content-Type': 'application/json', 'X-Warmboxd-Token': ADMIN },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  })
-  const text = await res.text()
-  return { status: res.status, headers: res.headers, text }
 }
 
 async function main() {

@@ -11,48 +11,13 @@
 //
 // Uses $WARMBOXD_BIN or build/warmboxd. Prints one line per case and the
 // time of A's listing calls.
-import { spawn } from 'node:child_process'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
-import { randomBytes } from 'node:crypto'
+import { api, key, opt, start } from './warmboxd.mjs'
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const args = process.argv.slice(2)
-function opt (name, dflt) {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 ? Number(args[i + 1]) : dflt
-}
 const RECORDS = opt('records', 1_000_000)
 const SECONDS = opt('seconds', 3)
 const V1_ALL = opt('v1-all-records', 200_000)
-const bin = process.env.WARMBOXD_BIN || join(root, 'build', 'warmboxd')
-const ADMIN = randomBytes(24).toString('hex')
 
-function start (extra = []) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, ['--port', '0', '--admin-token', ADMIN, ...extra], { stdio: ['ignore', 'pipe', 'inherit'] })
-    let buf = ''
-    child.stdout.on('data', (d) => {
-      buf += d
-      const m = buf.match(/warmboxd listening on (http:\/\/[\d.]+:\d+)/)
-      if (m) resolve({ child, url: m[1] })
-    })
-    child.on('exit', (code) => reject(new Error(`warmboxd exited with ${code}`)))
-  })
-}
-
-const key = () => 'e2b_' + randomBytes(20).toString('hex')
 const now = () => Number(process.hrtime.bigint()) / 1e6
-
-async function api (url, k, method, path, body) {
-  const res = await fetch(url + path, {
-    method,
-    headers: { 'X-API-Key': k, 'Content-Type': 'application/json', 'X-Warmboxd-Token': ADMIN },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  })
-  const text = await res.text()
-  return { status: res.status, text }
-}
 
 function pct (v, p) {
   const s = [...v].sort((a, b) => a - b)

@@ -95,6 +95,22 @@ function M.api(srv, method, path, json, extra)
   return M.request(o)
 end
 
+--- Creates a sandbox (`POST path`, default /sandboxes, body default a base
+-- template); raises unless warmboxd answered 201. Returns the decoded answer.
+function M.create(srv, body, path)
+  local res = M.api(srv, "POST", path or "/sandboxes", body or { templateID = "base" })
+  if res.status ~= 201 then error("create: http " .. tostring(res.status) .. ": " .. tostring(res.body), 2) end
+  return res.json
+end
+
+--- Creates a secure code-interpreter sandbox with a 600 s lease, the fields of
+-- `extra` added or replacing those.
+function M.create_interp(srv, extra)
+  local body = { templateID = "code-interpreter-v1", secure = true, timeout = 600 }
+  for k, v in pairs(extra or {}) do body[k] = v end
+  return M.create(srv, body)
+end
+
 -- A request to a sandbox's data plane, routed by the E2B headers.
 function M.sandbox(srv, sb, port, method, path, o)
   o = o or {}

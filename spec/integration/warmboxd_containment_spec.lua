@@ -6,33 +6,18 @@
 -- Traffic goes only to loopback addresses or into namespaces warmboxd made.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local nd = require "spec.helpers.ndjson"
 
 local cjson = http.cjson
 local q = wbd.sh_quote
+
+local main_text, error_of = nd.main_text, nd.error_in
 
 local function sh(cmd)
   local p = assert(io.popen(cmd .. " 2>/dev/null"))
   local s = p:read("a")
   p:close()
   return s
-end
-
-local function lines(body)
-  local out = {}
-  for line in body:gmatch("[^\n]+") do out[#out + 1] = cjson.decode(line) end
-  return out
-end
-
-local function main_text(body)
-  for _, l in ipairs(lines(body)) do
-    if l.type == "result" and l.is_main_result then return l.text end
-  end
-end
-
-local function error_of(body)
-  for _, l in ipairs(lines(body)) do
-    if l.type == "error" then return l end
-  end
 end
 
 local function rss_kb(pid, field)
@@ -59,13 +44,7 @@ local IFACES = "' '.join(sorted(l.split(':')[0].strip() for l in open('/proc/net
 describe("warmboxd containment", function()
   local srv
 
-  local function create(extra)
-    local body = { templateID = "code-interpreter-v1", secure = true, timeout = 600 }
-    for k, v in pairs(extra or {}) do body[k] = v end
-    local res = http.api(srv, "POST", "/sandboxes", body)
-    assert.are.equal(201, res.status, res.body)
-    return res.json
-  end
+  local function create(extra) return http.create_interp(srv, extra) end
 
   local function run(box, code, o)
     o = o or {}
@@ -468,7 +447,7 @@ describe("warmboxd containment", function()
         "print('after')",
       }, "\n"), { max_time = 60 })
       local out = ""
-      for _, l in ipairs(lines(body)) do
+      for _, l in ipairs((nd.lines(body, true))) do
         if l.type == "stdout" then out = out .. l.text end
       end
       assert.are.equal("after\n", out)

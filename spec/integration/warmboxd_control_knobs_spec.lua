@@ -3,11 +3,7 @@
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 
-local function create(srv, body)
-  local res = http.api(srv, "POST", "/sandboxes", body or { templateID = "base" })
-  assert.are.equal(201, res.status, res.body)
-  return res.json
-end
+local create = http.create
 
 local function info(srv, id)
   return http.api(srv, "GET", "/sandboxes/" .. id)

@@ -22,11 +22,7 @@ local function sdk_metadata(pairs_list)
   return uri_component(table.concat(parts, "&"))
 end
 
-local function create(srv, body)
-  local res = http.api(srv, "POST", "/sandboxes", body or { templateID = "base" })
-  assert.are.equal(201, res.status, res.body)
-  return res.json.sandboxID
-end
+local function create(srv, body) return http.create(srv, body).sandboxID end
 
 local function list(srv, query)
   return http.api(srv, "GET", "/v2/sandboxes" .. (query and ("?" .. query) or ""))

@@ -39,11 +39,7 @@ describe("warmboxd control plane with code running", function()
     return out
   end
 
-  local function create()
-    local res = http.api(srv, "POST", "/sandboxes", { templateID = "code-interpreter-v1", timeout = 600 })
-    assert.are.equal(201, res.status, res.body)
-    return res.json
-  end
+  local function create() return http.create(srv, { templateID = "code-interpreter-v1", timeout = 600 }) end
 
   it("keeps kernel memory across pause/connect, and reboots on v2 connect with memory:false", function()
     local sb = create()

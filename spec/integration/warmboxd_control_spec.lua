@@ -8,11 +8,7 @@ local function new_srv(args)
   return wbd.start{ args = args }
 end
 
-local function create(srv, body, path)
-  local res = http.api(srv, "POST", path or "/sandboxes", body or { templateID = "base" })
-  assert.are.equal(201, res.status, res.body)
-  return res.json
-end
+local create = http.create
 
 local function info(srv, id)
   return http.api(srv, "GET", "/sandboxes/" .. id)

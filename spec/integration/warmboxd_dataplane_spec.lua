@@ -23,11 +23,7 @@ end
 describe("warmboxd data plane routing", function()
   local srv
 
-  local function create(body)
-    local res = http.api(srv, "POST", "/sandboxes", body)
-    assert.are.equal(201, res.status, res.body)
-    return res.json
-  end
+  local function create(body) return http.create(srv, body) end
 
   local function by_host(sb, port, method, path, headers)
     local host_url = string.format("http://%d-%s.localhost:%d%s", port, sb.sandboxID, srv.port, path)

@@ -64,10 +64,7 @@ describe("warmboxd in a host with a LAN address", function()
   end)
 
   local function create(internet)
-    local res = http.api(srv, "POST", "/sandboxes",
-      { templateID = "code-interpreter-v1", secure = true, timeout = 300, allow_internet_access = internet })
-    assert.are.equal(201, res.status, res.body)
-    return res.json
+    return http.create_interp(srv, { timeout = 300, allow_internet_access = internet })
   end
 
   -- Connects from a cell to each target; "connected" or the error's name.

@@ -5,37 +5,8 @@
 -- run, the context's cwd, TypeScript by type stripping, and interrupts.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
-
-local cjson = http.cjson
-
-local function lines_of(body)
-  local out, raw = {}, {}
-  for line in body:gmatch("[^\n]+") do
-    raw[#raw + 1] = line
-    out[#out + 1] = assert(cjson.decode(line), "not JSON: " .. line)
-  end
-  return out, raw
-end
-
-local function of_type(lines, t)
-  local r = {}
-  for _, l in ipairs(lines) do
-    if l.type == t then r[#r + 1] = l end
-  end
-  return r
-end
-
-local function texts(lines, t)
-  local r = {}
-  for _, l in ipairs(of_type(lines, t)) do r[#r + 1] = l.text end
-  return r
-end
-
-local function main_result(lines)
-  for _, l in ipairs(lines) do
-    if l.type == "result" and l.is_main_result then return l end
-  end
-end
+local nd = require "spec.helpers.ndjson"
+local lines_of, of_type, texts, main_result = nd.lines, nd.of_type, nd.texts, nd.main_result
 
 describe("warmboxd javascript/typescript kernel", function()
   local srv, sb

@@ -4,50 +4,20 @@
 -- counter, and kernel state across pause/resume.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local nd = require "spec.helpers.ndjson"
 
 local cjson = http.cjson
 local q = wbd.sh_quote
 
 -- The NDJSON body as decoded lines (and the raw lines, for exact-text checks).
-local function lines_of(body)
-  local out, raw = {}, {}
-  for line in body:gmatch("[^\n]+") do
-    raw[#raw + 1] = line
-    out[#out + 1] = assert(cjson.decode(line), "not JSON: " .. line)
-  end
-  return out, raw
-end
+local lines_of, of_type, main_result = nd.lines, nd.of_type, nd.main_result
 
-local function of_type(lines, t)
-  local r = {}
-  for _, l in ipairs(lines) do
-    if l.type == t then r[#r + 1] = l end
-  end
-  return r
-end
-
-local function stdout_text(lines)
-  local t = {}
-  for _, l in ipairs(of_type(lines, "stdout")) do t[#t + 1] = l.text end
-  return table.concat(t)
-end
-
-local function main_result(lines)
-  for _, l in ipairs(lines) do
-    if l.type == "result" and l.is_main_result then return l end
-  end
-end
+local function stdout_text(lines) return table.concat(nd.texts(lines, "stdout")) end
 
 describe("warmboxd code interpreter", function()
   local srv, sb
 
-  local function create(extra)
-    local body = { templateID = "code-interpreter-v1", secure = true, timeout = 600 }
-    for k, v in pairs(extra or {}) do body[k] = v end
-    local res = http.api(srv, "POST", "/sandboxes", body)
-    assert.are.equal(201, res.status, res.body)
-    return res.json
-  end
+  local function create(extra) return http.create_interp(srv, extra) end
 
   local function exec(box, body, timeout)
     local res = http.sandbox(srv, box, 49999, "POST", "/execute", { json = body, timeout = timeout or 60 })

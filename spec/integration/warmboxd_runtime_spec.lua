@@ -4,9 +4,12 @@
 -- behind.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local nd = require "spec.helpers.ndjson"
 
 local cjson = http.cjson
 local q = wbd.sh_quote
+
+local main_text = nd.main_text
 
 local function sh(cmd)
   local p = assert(io.popen(cmd .. " 2>/dev/null"))
@@ -41,23 +44,10 @@ end
 -- are tmpfs mounts the host does not see), seen from the host.
 local function in_ns(srv, path) return srv:ns_path(path) end
 
-local function main_text(body)
-  for line in body:gmatch("[^\n]+") do
-    local l = cjson.decode(line)
-    if l and l.type == "result" and l.is_main_result then return l.text end
-  end
-end
-
 describe("warmboxd runtime", function()
   local srv, data
 
-  local function create(extra)
-    local body = { templateID = "code-interpreter-v1", secure = true, timeout = 600 }
-    for k, v in pairs(extra or {}) do body[k] = v end
-    local res = http.api(srv, "POST", "/sandboxes", body)
-    assert.are.equal(201, res.status, res.body)
-    return res.json
-  end
+  local function create(extra) return http.create_interp(srv, extra) end
 
   local function py(box, code)
     local res = http.sandbox(srv, box, 49999, "POST", "/execute", { json = { code = code }, timeout = 60 })
