@@ -10,30 +10,7 @@ local DAY = 86400
 
 -- Runs bin/warmbox with the spec's build; returns exit status, stdout, stderr.
 -- With `pty`, under script(1): stdout and stderr are one terminal (returned as stdout).
-local function warmbox(args, pty)
-  local tmp = os.tmpname()
-  local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")
-  local inner = string.format("WARMBOX_BUILD_DIR=%s WARMBOXD_BIN=%s lua5.4 bin/warmbox %s",
-    wbd.sh_quote(build), wbd.sh_quote(wbd.bin()), args)
-  local cmd
-  if pty then
-    cmd = string.format("cd %s && script -qefc %s /dev/null </dev/null >%s.out 2>%s.err", wbd.sh_quote(ROOT),
-      wbd.sh_quote(inner), tmp, tmp)
-  else
-    cmd = string.format("cd %s && %s </dev/null >%s.out 2>%s.err", wbd.sh_quote(ROOT), inner, tmp, tmp)
-  end
-  local ok, _, code = os.execute(cmd)
-  local function slurp(p)
-    local f = io.open(p)
-    local s = f and f:read("a") or ""
-    if f then f:close() end
-    os.remove(p)
-    return s
-  end
-  local out, err = slurp(tmp .. ".out"), slurp(tmp .. ".err")
-  os.remove(tmp)
-  return ok and 0 or code, out, err
-end
+local function warmbox(args, pty) return require("spec.helpers.cli").run(args, { pty = pty }) end
 
 describe("warmbox gc / sessions", function()
   local srv, lockdir

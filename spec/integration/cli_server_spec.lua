@@ -23,18 +23,7 @@ end
 
 -- Runs bin/warmbox with the spec's build in the XDG dir `xdg`; returns exit status, stdout, stderr.
 local function warmbox(xdg, args, env)
-  local tmp = os.tmpname()
-  local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")
-  local cmd = string.format(
-    "cd %s && env -u E2B_API_KEY -u E2B_API_URL -u NO_COLOR XDG_RUNTIME_DIR=%s WARMBOX_BUILD_DIR=%s WARMBOXD_BIN=%s "
-      .. "%s /usr/bin/lua5.4 bin/warmbox %s </dev/null >%s.out 2>%s.err",
-    q(ROOT), q(xdg), q(build), q(wbd.bin()), env or "", args, tmp, tmp)
-  local ok, _, code = os.execute(cmd)
-  local out, err = slurp(tmp .. ".out"), slurp(tmp .. ".err")
-  os.remove(tmp .. ".out")
-  os.remove(tmp .. ".err")
-  os.remove(tmp)
-  return ok and 0 or code, out, err
+  return require("spec.helpers.cli").run(args, { xdg = xdg, env = env, clean = true })
 end
 
 local function state_of(xdg)

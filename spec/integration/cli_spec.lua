@@ -1,7 +1,6 @@
 -- The warmbox command against real warmboxd servers.
 local wbd = require "spec.helpers.warmboxd"
 
-local ROOT = wbd.root()
 -- A private XDG dir with no per-user server in it: the commands below run as they would
 -- for someone who never ran `warmbox server start` (cli_server_spec covers that server).
 local XDG = os.tmpname()
@@ -9,23 +8,7 @@ os.remove(XDG)
 
 -- Runs bin/warmbox with the spec's build; returns exit status, stdout, stderr.
 local function warmbox(args, stdin, env)
-  local tmp = os.tmpname()
-  local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")
-  local cmd = string.format(
-    "cd %s && XDG_RUNTIME_DIR=%s WARMBOX_BUILD_DIR=%s WARMBOXD_BIN=%s %s lua5.4 bin/warmbox %s <%s >%s.out 2>%s.err",
-    wbd.sh_quote(ROOT), wbd.sh_quote(XDG), wbd.sh_quote(build), wbd.sh_quote(wbd.bin()), env or "", args,
-    wbd.sh_quote(stdin or "/dev/null"), tmp, tmp)
-  local ok, _, code = os.execute(cmd)
-  local function slurp(p)
-    local f = io.open(p)
-    local s = f and f:read("a") or ""
-    if f then f:close() end
-    os.remove(p)
-    return s
-  end
-  local out, err = slurp(tmp .. ".out"), slurp(tmp .. ".err")
-  os.remove(tmp)
-  return ok and 0 or code, out, err
+  return require("spec.helpers.cli").run(args, { stdin = stdin, env = env, xdg = XDG })
 end
 
 describe("bin/warmbox", function()
