@@ -447,30 +447,9 @@ function Client:kill_many(ids, opts)
   check_client(self, "kill_many")
   argcheck(type(ids) == "table", 1, "kill_many", "table expected, got " .. type(ids))
   opts = check_options(opts, { concurrency = "number" }, "kill_many", 2)
-  local reqs, list = {}, {}
-  for i, id in ipairs(ids) do
-    id = check_id(id, 1, "kill_many")
-    list[i] = id
-    reqs[i] = { method = "DELETE", url = self.api_url .. "/sandboxes/" .. uri_component(id),
-      headers = self.api_headers, retry = self.retry }
-  end
-  local out = {}
-  if #reqs == 0 then return out end
-  local results = (self.transport or self.http):batch(reqs, { concurrency = opts.concurrency or 8 })
-  for i, r in ipairs(results) do
-    local what = ("kill sandbox '%s'"):format(list[i])
-    local res = r[1]
-    if not res then
-      out[i] = { transport_failure(what, r[2], r[3], r[4]) }
-    elseif res.status == 204 or res.status == 200 then
-      out[i] = { true }
-    elseif res.status == 404 then
-      out[i] = { false }
-    else
-      out[i] = { http_failure(res, what) }
-    end
-  end
-  return out
+  local ops = {}
+  for i, id in ipairs(ids) do ops[i] = { op = "kill", id = check_id(id, 1, "kill_many") } end
+  return self:batch(ops, opts)
 end
 
 --- Sends list pages and kills together, in parallel (one `h:batch`): what lets
@@ -509,7 +488,7 @@ function Client:batch(ops, opts)
     local w, res = what[i], r[1]
     if w[1] == "kill" then
       if not res then
-        out[i] = { transport_failure(w[2], r[2], r[3]) }
+        out[i] = { transport_failure(w[2], r[2], r[3], r[4]) }
       elseif res.status == 204 or res.status == 200 then
         out[i] = { true }
       elseif res.status == 404 then
