@@ -367,6 +367,142 @@ local code_fields = { language = "string", context_id = "string", env_vars = "ma
 -- interrupt to end the stream (a bash command gets 3 s to stop).
 _M.EXEC_GRACE = 10
 
+-- ------------------------------------------------------------------
+-- /execute's stream: one handler per line type, over the run's state `st`
+-- (`exec`, the result being built; `used` bytes of `max_output`; `started`,
+-- `finished`; the caller's callbacks).
+-- ------------------------------------------------------------------
+
+local function text_line(st, kind, t)
+  local text = v(t.text)
+  if type(text) ~= "string" then text = "" end
+  text = clean(text)
+  if st.used + #text > st.max_output then
+    text = cut_utf8(text, st.max_output - st.used)
+    st.exec.truncated = true
+    if text == "" then return end
+  end
+  st.used = st.used + #text
+  local list = st.exec[kind]
+  list[#list + 1] = text
+  local cb = kind == "stdout" and st.on_stdout or st.on_stderr
+  if cb then cb(text, { text = text, timestamp = v(t.timestamp) }) end
+end
+
+local function result_line(st, _, t, line)
+  local r = {}
+  for _, k in ipairs(RESULT_KEYS) do r[k] = clean_tree(v(t[k]), 0) end
+  r.is_main_result = r.is_main_result == true
+  if type(r.extra) ~= "table" then r.extra = {} end
+  if st.is_private and st.is_private(r) then
+    if st.on_result then st.on_result(r) end
+    return
+  end
+  if st.used + #line > st.max_output then
+    st.exec.truncated = true
+    return
+  end
+  st.used = st.used + #line
+  st.exec.results[#st.exec.results + 1] = r
+  if st.on_result then st.on_result(r) end
+end
+
+local function error_line(st, _, t)
+  local e = { name = v(t.name), value = v(t.value), traceback = v(t.traceback) }
+  if type(e.traceback) == "table" then
+    local parts = {}
+    for i, x in ipairs(e.traceback) do parts[i] = tostring(v(x)) end
+    e.traceback = table_concat(parts, "\n")
+  end
+  for _, k in ipairs({ "name", "value", "traceback" }) do
+    if e[k] ~= nil and type(e[k]) ~= "string" then e[k] = tostring(e[k]) end
+    e[k] = clean(e[k])
+  end
+  st.exec.error = e
+  if st.on_error then st.on_error(e) end
+end
+
+-- Unknown types are ignored, as the SDKs do.
+local LINE_KINDS = {
+  stdout = text_line, stderr = text_line, result = result_line, error = error_line,
+  number_of_executions = function(st, _, t) st.exec.execution_count = v(t.execution_count) end,
+  end_of_execution = function(st) st.finished = true end,
+}
+
+local function execute_line(st, line, flags)
+  if flags & 1 ~= 0 then
+    -- A line longer than the stream's limit, cut: past max_output anyway.
+    st.started = true
+    st.exec.truncated = true
+    if st.on_line then st.on_line("cut") end
+    return
+  end
+  local t, nfixed = json.decode_lossless(line)
+  if type(t) ~= "table" then
+    st.started = true
+    if st.used + #line <= st.max_output then
+      st.used = st.used + #line
+      st.exec.undecoded[#st.exec.undecoded + 1] = line
+    else
+      st.exec.truncated = true
+    end
+    if st.on_line then st.on_line("undecoded") end
+    return
+  end
+  local kind = t.type
+  if st.on_line then st.on_line(kind) end
+  if kind == "keepalive" then return end
+  st.started = true
+  st.exec.replaced = st.exec.replaced + (nfixed or 0)
+  local handler = type(kind) == "string" and LINE_KINDS[kind]
+  if handler then handler(st, kind, t, line) end
+end
+
+-- What run_code returns once the request is over: the result, or the failure
+-- with what it says about the cell (`started`, `sent`, the partial output).
+local function execute_outcome(st, what, timeout, elapsed, res, msg, ecode, sent)
+  local exec, started = st.exec, st.started
+  if not res then
+    if ecode == "TIMEOUT" then
+      return nil, what .. ": the run timed out" .. (started and " (the cell had started)" or
+        " before the cell started") .. ": " .. tostring(msg), "TIMEOUT",
+        errors.detail(nil, msg, { started = started, sent = true, output_started = started, partial = exec })
+    end
+    if started then
+      return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
+        errors.detail(nil, msg, { output_started = true, started = true, sent = true, partial = exec })
+    end
+    local n, m2, c2, d2 = transport_failure(what, msg, ecode, sent)
+    d2.started = false
+    return n, m2, c2, d2
+  end
+  if res.status ~= 200 then
+    local n, m2, c2, d2 = http_failure(res, what, true)
+    d2.started = false
+    d2.sent = true
+    d2.attempts = res.attempts
+    return n, m2, c2, d2
+  end
+  if not st.finished then
+    if started then
+      return nil, what .. ": the stream ended before end_of_execution", "STREAM_BROKEN",
+        errors.detail(200, "no end_of_execution", { output_started = true, started = true, sent = true,
+          partial = exec })
+    end
+    return nil, what .. ": the stream ended without any output", "STREAM_BROKEN",
+      errors.detail(200, "empty stream", { started = false, sent = true })
+  end
+  local e = exec.error
+  if timeout > 0 and e and elapsed >= timeout and (e.name == "KeyboardInterrupt"
+    or (e.name == "BashError" and e.value == "exit status 130")) then
+    -- The server interrupted the cell at its timeout.
+    return nil, ("%s: the run timed out after %gs (the cell was interrupted)"):format(what, timeout), "TIMEOUT",
+      errors.detail(200, "interrupted at the timeout", { started = true, sent = true, output_started = true,
+        partial = exec })
+  end
+  return exec
+end
+
 --- Runs code in the code interpreter (port 49999, NDJSON stream).
 --
 -- At most once: the execute is never sent twice once it may have reached the
@@ -413,12 +549,13 @@ function Sandbox:run_code(code, opts)
   if timeout > 0 then body.timeout = timeout end
   local s = assert(json.encode(body))
   local what = ("run code in sandbox '%s'"):format(self.sandbox_id)
-  local exec = { stdout = {}, stderr = {}, results = {}, error = nil, execution_count = nil, truncated = false,
-    undecoded = {}, replaced = 0 }
-  local used = 0
-  local started, finished = false, false
-  local on_stdout, on_stderr, on_result, on_error = opts.on_stdout, opts.on_stderr, opts.on_result, opts.on_error
-  local on_line, is_private = opts.on_line, opts.is_private
+  local st = {
+    exec = { stdout = {}, stderr = {}, results = {}, error = nil, execution_count = nil, truncated = false,
+      undecoded = {}, replaced = 0 },
+    used = 0, max_output = max_output, started = false, finished = false,
+    on_stdout = opts.on_stdout, on_stderr = opts.on_stderr, on_result = opts.on_result, on_error = opts.on_error,
+    on_line = opts.on_line, is_private = opts.is_private,
+  }
   -- Room for max_output bytes of text in one line, JSON-escaped; never above the core's limit.
   local max_frame = nil
   if max_output < math.huge then max_frame = math.min(64 * 1048576, math.max(1048576, 2 * max_output + 65536)) end
@@ -428,122 +565,9 @@ function Sandbox:run_code(code, opts)
     method = "POST", url = self.interp_url .. "/execute", headers = self.interp_headers, body = s,
     stream = "lines", retry = self.client.exec_retry, max_frame = max_frame,
     timeout = timeout > 0 and (timeout + _M.EXEC_GRACE) or 0,
-    on_chunk = function(line, flags)
-      if flags & 1 ~= 0 then
-        -- A line longer than the stream's limit, cut: past max_output anyway.
-        started = true
-        exec.truncated = true
-        if on_line then on_line("cut") end
-        return
-      end
-      local t, nfixed = json.decode_lossless(line)
-      if type(t) ~= "table" then
-        started = true
-        if used + #line <= max_output then
-          used = used + #line
-          exec.undecoded[#exec.undecoded + 1] = line
-        else
-          exec.truncated = true
-        end
-        if on_line then on_line("undecoded") end
-        return
-      end
-      local kind = t.type
-      if on_line then on_line(kind) end
-      if kind == "keepalive" then return end
-      started = true
-      exec.replaced = exec.replaced + (nfixed or 0)
-      if kind == "stdout" or kind == "stderr" then
-        local text = v(t.text)
-        if type(text) ~= "string" then text = "" end
-        text = clean(text)
-        if used + #text > max_output then
-          text = cut_utf8(text, max_output - used)
-          exec.truncated = true
-          if text == "" then return end
-        end
-        used = used + #text
-        local list = exec[kind]
-        list[#list + 1] = text
-        local cb = kind == "stdout" and on_stdout or on_stderr
-        if cb then cb(text, { text = text, timestamp = v(t.timestamp) }) end
-      elseif kind == "result" then
-        local r = {}
-        for _, k in ipairs(RESULT_KEYS) do r[k] = clean_tree(v(t[k]), 0) end
-        r.is_main_result = r.is_main_result == true
-        if type(r.extra) ~= "table" then r.extra = {} end
-        if is_private and is_private(r) then
-          if on_result then on_result(r) end
-          return
-        end
-        if used + #line > max_output then
-          exec.truncated = true
-          return
-        end
-        used = used + #line
-        exec.results[#exec.results + 1] = r
-        if on_result then on_result(r) end
-      elseif kind == "error" then
-        local e = { name = v(t.name), value = v(t.value), traceback = v(t.traceback) }
-        if type(e.traceback) == "table" then
-          local parts = {}
-          for i, x in ipairs(e.traceback) do parts[i] = tostring(v(x)) end
-          e.traceback = table_concat(parts, "\n")
-        end
-        for _, k in ipairs({ "name", "value", "traceback" }) do
-          if e[k] ~= nil and type(e[k]) ~= "string" then e[k] = tostring(e[k]) end
-          e[k] = clean(e[k])
-        end
-        exec.error = e
-        if on_error then on_error(e) end
-      elseif kind == "number_of_executions" then
-        exec.execution_count = v(t.execution_count)
-      elseif kind == "end_of_execution" then
-        finished = true
-      end
-      -- unknown types are ignored, as the SDKs do.
-    end,
+    on_chunk = function(line, flags) execute_line(st, line, flags) end,
   }
-  local elapsed = mono() - t0
-  if not res then
-    if ecode == "TIMEOUT" then
-      return nil, what .. ": the run timed out" .. (started and " (the cell had started)" or
-        " before the cell started") .. ": " .. tostring(msg), "TIMEOUT",
-        errors.detail(nil, msg, { started = started, sent = true, output_started = started, partial = exec })
-    end
-    if started then
-      return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
-        errors.detail(nil, msg, { output_started = true, started = true, sent = true, partial = exec })
-    end
-    local n, m2, c2, d2 = transport_failure(what, msg, ecode, sent)
-    d2.started = false
-    return n, m2, c2, d2
-  end
-  if res.status ~= 200 then
-    local n, m2, c2, d2 = http_failure(res, what, true)
-    d2.started = false
-    d2.sent = true
-    d2.attempts = res.attempts
-    return n, m2, c2, d2
-  end
-  if not finished then
-    if started then
-      return nil, what .. ": the stream ended before end_of_execution", "STREAM_BROKEN",
-        errors.detail(200, "no end_of_execution", { output_started = true, started = true, sent = true,
-          partial = exec })
-    end
-    return nil, what .. ": the stream ended without any output", "STREAM_BROKEN",
-      errors.detail(200, "empty stream", { started = false, sent = true })
-  end
-  local e = exec.error
-  if timeout > 0 and e and elapsed >= timeout and (e.name == "KeyboardInterrupt"
-    or (e.name == "BashError" and e.value == "exit status 130")) then
-    -- The server interrupted the cell at its timeout.
-    return nil, ("%s: the run timed out after %gs (the cell was interrupted)"):format(what, timeout), "TIMEOUT",
-      errors.detail(200, "interrupted at the timeout", { started = true, sent = true, output_started = true,
-        partial = exec })
-  end
-  return exec
+  return execute_outcome(st, what, timeout, mono() - t0, res, msg, ecode, sent)
 end
 
 local function interp_call(self, method, path, body, what, not_found_msg, idempotent)
