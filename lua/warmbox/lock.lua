@@ -662,6 +662,16 @@ local impl = { memory = memory, file = file, redis = redis }
 -- the lock object
 -- ---------------------------------------------------------------------------
 
+-- The number options' ranges: name, test, what the error says is expected.
+local function positive_finite(x) return x > 0 and x < math.huge end
+local RANGES = {
+  { "timeout", function(x) return x >= 0 and x < math.huge end, ">= 0 and finite" },
+  { "exptime", positive_finite, "> 0 and finite" }, { "step", positive_finite, "> 0 and finite" },
+  { "max_step", positive_finite, "> 0 and finite" }, { "state_ttl", positive_finite, "> 0 and finite" },
+  { "ratio", function(x) return x >= 1 and x < math.huge end, ">= 1 and finite" },
+  { "ttl", function(x) return x >= 0.05 and x <= 86400 end, "in [0.05, 86400]" },
+}
+
 --- Creates a lock object (holds at most one key at a time).
 -- @tparam[opt] table opts backend ("file"), dir ("/tmp/warmbox-locks"),
 --   redis {host="127.0.0.1", port=6379, timeout=5, prefix="warmbox:"},
@@ -690,15 +700,10 @@ function _M.new(opts)
   if self.dir == "" then error("bad argument #1 to 'new' (option 'dir': a non-empty string expected)", 2) end
   self.dir = (self.dir:gsub("(.)/+$", "%1"))
   local function bad(k, what) errors.bad_option(1, "new", k, "a number " .. what .. " expected", 3) end
-  if self.timeout ~= self.timeout or self.timeout < 0 or self.timeout == math.huge then
-    bad("timeout", ">= 0 and finite")
+  for _, r in ipairs(RANGES) do
+    if not r[2](self[r[1]]) then bad(r[1], r[3]) end -- (NaN fails every test)
   end
-  for _, k in ipairs{ "exptime", "step", "max_step", "state_ttl" } do
-    if self[k] ~= self[k] or self[k] <= 0 or self[k] == math.huge then bad(k, "> 0 and finite") end
-  end
-  if self.ratio ~= self.ratio or self.ratio < 1 or self.ratio == math.huge then bad("ratio", ">= 1 and finite") end
-  if self.ttl ~= self.ttl or self.ttl < 0.05 or self.ttl > 86400 then bad("ttl", "in [0.05, 86400]") end
-  if self.ticket_ttl ~= self.ticket_ttl or self.ticket_ttl > 86400 or self.ticket_ttl < 2 * min(self.max_step, 1) then
+  if not (self.ticket_ttl <= 86400 and self.ticket_ttl >= 2 * min(self.max_step, 1)) then
     bad("ticket_ttl", "in [2 x max_step, 86400]")
   end
   local r = opts.redis or {}
