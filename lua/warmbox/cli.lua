@@ -413,6 +413,35 @@ local function human_age(s)
   return string_format("%ds", s)
 end
 
+local function utc(t) return t and os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(t)) end
+
+-- `warmbox sessions --json`: one array, one object per session.
+local function write_sessions_json(out, rows)
+  local json = require "warmbox.json"
+  local null = json.null
+  local doc = {}
+  for k, s in ipairs(rows) do
+    doc[k] = { key = s.key or null, tenant = s.tenant, tag_value = s.tag_value, sandbox_id = s.sandbox_id,
+      state = s.state, started_at = s.started_at or null, end_at = s.end_at or null,
+      last_activity = utc(s.last_activity) or null, age_s = s.age and math.floor(s.age) or null }
+  end
+  out:write(#doc == 0 and "[]" or json.encode(doc), "\n")
+end
+
+-- `warmbox sessions`: a table, one line per session.
+local function write_sessions_table(out, rows)
+  if #rows == 0 then
+    out:write("no sessions\n")
+    return
+  end
+  local line = "%-36s %-16s %-24s %-8s %-20s %s\n"
+  out:write(string_format(line, "SESSION", "TENANT", "SANDBOX", "STATE", "LAST ACTIVITY", "AGE"))
+  for _, s in ipairs(rows) do
+    out:write(string_format(line, s.key or ("(hashed) " .. s.tag_value), tostring(s.tenant), tostring(s.sandbox_id),
+      tostring(s.state), utc(s.last_activity) or "-", human_age(s.age)))
+  end
+end
+
 local function cmd_sessions(o, args, io_)
   local tenant, state, as_json
   parse_args(args, "sessions", {
@@ -440,29 +469,37 @@ local function cmd_sessions(o, args, io_)
     if (not tenant or s.tenant == tenant) and (not state or s.state == state) then rows[#rows + 1] = s end
   end
   if as_json then
-    local json = require "warmbox.json"
-    local out = {}
-    for k, s in ipairs(rows) do
-      out[k] = { key = s.key or json.null, tenant = s.tenant, tag_value = s.tag_value, sandbox_id = s.sandbox_id,
-        state = s.state, started_at = s.started_at or json.null, end_at = s.end_at or json.null,
-        last_activity = s.last_activity and os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(s.last_activity)) or json.null,
-        age_s = s.age and math.floor(s.age) or json.null }
-    end
-    io_.stdout:write(#out == 0 and "[]" or json.encode(out), "\n")
-    return 0
-  end
-  if #rows == 0 then
-    io_.stdout:write("no sessions\n")
-    return 0
-  end
-  io_.stdout:write(string_format("%-36s %-16s %-24s %-8s %-20s %s\n", "SESSION", "TENANT", "SANDBOX", "STATE",
-    "LAST ACTIVITY", "AGE"))
-  for _, s in ipairs(rows) do
-    io_.stdout:write(string_format("%-36s %-16s %-24s %-8s %-20s %s\n", s.key or ("(hashed) " .. s.tag_value),
-      tostring(s.tenant), tostring(s.sandbox_id), tostring(s.state),
-      s.last_activity and os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(s.last_activity)) or "-", human_age(s.age)))
+    write_sessions_json(io_.stdout, rows)
+  else
+    write_sessions_table(io_.stdout, rows)
   end
   return 0
+end
+
+-- The end of `warmbox gc`'s output: the JSON report's summary (closing the
+-- actions array `first` says is empty or not) or the one-line summary.
+-- `failure` is the pass's own error, when it did not finish.
+local function write_gc_report(out, r, as_json, failure, first)
+  if as_json then
+    local json = require "warmbox.json"
+    local summary = {}
+    if r then
+      for _, k in ipairs({ "listed", "tagged", "orphans", "kept", "killed", "demoted", "busy", "skipped", "failed",
+        "pages", "budget_kept", "dry_run" }) do
+        summary[k] = r[k]
+      end
+      summary.next_token = r.resume_token or r.next_token or json.null
+      summary.errors = #r.errors > 0 and r.errors or nil
+    end
+    if failure then summary.error = { message = failure.message, code = failure.code or json.null } end
+    local s = json.encode(summary)
+    out:write(first and "" or "\n", "],", s:sub(2), "\n")
+  elseif r then
+    local resume = r.resume_token or r.next_token
+    out:write(string_format("%slisted %d, tagged %d, kept %d, killed %d, demoted %d, busy %d, skipped %d, "
+      .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, r.killed, r.demoted, r.busy,
+      r.skipped, r.failed, resume and (", resume with --next-token " .. resume) or ""))
+  end
 end
 
 local function cmd_gc(o, args, io_)
@@ -540,25 +577,7 @@ local function cmd_gc(o, args, io_)
     r.queued = 0
     progress(r, true)
   end
-  if as_json then
-    local summary = {}
-    if r then
-      for _, k in ipairs({ "listed", "tagged", "orphans", "kept", "killed", "demoted", "busy", "skipped", "failed",
-        "pages", "budget_kept", "dry_run" }) do
-        summary[k] = r[k]
-      end
-      summary.next_token = r.resume_token or r.next_token or json.null
-      summary.errors = #r.errors > 0 and r.errors or nil
-    end
-    if not rep then summary.error = { message = tostring(msg), code = code or json.null } end
-    local s = json.encode(summary)
-    out:write(first and "" or "\n", "],", s:sub(2), "\n")
-  elseif r then
-    out:write(string_format("%slisted %d, tagged %d, kept %d, killed %d, demoted %d, busy %d, skipped %d, "
-      .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, r.killed, r.demoted, r.busy,
-      r.skipped, r.failed, (r.resume_token or r.next_token)
-        and (", resume with --next-token " .. (r.resume_token or r.next_token)) or ""))
-  end
+  write_gc_report(out, r, as_json, not rep and { message = tostring(msg), code = code } or nil, first)
   if not rep then return fail(err, msg, code) end
   if rep.failed > 0 then
     for _, e in ipairs(rep.errors) do
