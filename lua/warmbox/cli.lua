@@ -24,6 +24,9 @@
 local tostring, tonumber, ipairs, pairs, type, pcall, next = tostring, tonumber, ipairs, pairs, type, pcall, next
 local string_format, table_concat = string.format, table.concat
 
+local util = require "warmbox.util"
+local read_file, sh_quote = util.read_file, util.sh_quote
+
 local _M = {}
 
 local USAGE = [[
@@ -98,14 +101,6 @@ local GLOBAL = {
   ["--lock"] = "lock", ["--policy"] = "policy", ["--warmboxd"] = "warmboxd",
 }
 local NUMERIC = { exec_timeout = true, idle_timeout = true }
-
-local function read_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("a")
-  f:close()
-  return s
-end
 
 -- Without an E2B key and without --api-url, a running per-user server (`warmbox
 -- server start`) is used; the command says so on stderr. Returns whether it was.
@@ -260,7 +255,7 @@ local function save_files(files, outdir, say)
   for _, f in ipairs(files) do
     local entry = { name = f.name, bytes = #f.content, mime = f.mime }
     if outdir then
-      os.execute("mkdir -p '" .. outdir:gsub("'", "'\\''") .. "'")
+      os.execute("mkdir -p " .. sh_quote(outdir))
       local name = f.name:gsub("/", "_")
       local fh = assert(io.open(outdir .. "/" .. name, "wb"))
       fh:write(f.content)

@@ -16,11 +16,9 @@ local io_open, io_popen, os_execute, os_getenv, tostring, type, ipairs, pcall =
   io.open, io.popen, os.execute, os.getenv, tostring, type, ipairs, pcall
 local string_format = string.format
 
-local _M = {}
+local sh_quote = require("warmbox.util").sh_quote
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local _M = {}
 
 -- Runs a shell command; returns ok and its first line of output (stdout and stderr).
 local function run(cmd)

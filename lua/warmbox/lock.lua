@@ -91,6 +91,8 @@ local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor
 local concat = table.concat
 local now, sleep = core.now, core.sleep
 
+local sh_quote = require("warmbox.util").sh_quote
+
 local _M = {}
 local mt = { __index = _M }
 
@@ -115,10 +117,6 @@ local function new_token()
   counter = counter + 1
   return core.sha256(fmt("%d:%.9f:%d:%s:%.17g", core.getpid(), now(), counter,
     tostring({}), math.random())):sub(1, 32)
-end
-
-local function sh_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
 end
 
 local function now_ms() return floor(now() * 1000) end

@@ -16,11 +16,10 @@ local io_open, io_popen, os_getenv, os_execute, os_time, tostring, tonumber, typ
   io.open, io.popen, os.getenv, os.execute, os.time, tostring, tonumber, type, ipairs, error
 local setmetatable, pcall, string_format, table_concat = setmetatable, pcall, string.format, table.concat
 
-local _M = {}
+local util = require "warmbox.util"
+local sh_quote, read_file = util.sh_quote, util.read_file
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local _M = {}
 
 local function is_executable(path)
   if type(path) ~= "string" or path == "" then return false end
@@ -28,14 +27,6 @@ local function is_executable(path)
   if not f then return false end
   f:close()
   return os_execute("test -x " .. sh_quote(path) .. " -a ! -d " .. sh_quote(path)) == true
-end
-
-local function read_all(path)
-  local f = io_open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
 end
 
 local function sleep(s)
@@ -184,12 +175,12 @@ function _M.start(opts)
     api_key = opts.api_key or ("e2b_" .. random_hex(20)) }, Server)
   local deadline = os_time() + (opts.start_timeout or 15)
   while true do
-    local log = read_all(logf) or ""
+    local log = read_file(logf) or ""
     local url = log:match("warmboxd listening on (http://[%w%.%-%[%]:]+:%d+)")
     if url then
       self.url = url
       self.port = tonumber(url:match(":(%d+)$"))
-      self.admin_token = admin_token or read_all(dir .. "/data/admin-token")
+      self.admin_token = admin_token or read_file(dir .. "/data/admin-token")
       return self
     end
     if not alive(pid) then
@@ -207,7 +198,7 @@ end
 
 --- The server's log so far.
 function Server:log()
-  return read_all(self.log_path) or ""
+  return read_file(self.log_path) or ""
 end
 
 --- Stop the server (SIGTERM, SIGKILL after 5 s) and remove its data. Idempotent.
@@ -248,7 +239,7 @@ function _M.state_path() return _M.state_dir() .. "/server.json" end
 -- Whether pid runs warmboxd (a pid reused by another program is not our server).
 local function is_warmboxd(pid)
   if not alive(pid) then return false end
-  local cmd = read_all("/proc/" .. tostring(pid) .. "/cmdline")
+  local cmd = read_file("/proc/" .. tostring(pid) .. "/cmdline")
   if not cmd then return true end -- no /proc: trust kill -0
   local argv0 = cmd:match("^[^%z]*") or ""
   return argv0:match("warmboxd[^/]*$") ~= nil
@@ -258,7 +249,7 @@ end
 -- @treturn[1] table its state `{ url, pid, api_key, admin_token, dir }`
 -- @return[2] nil, why ("not running" or "stale state file (pid N is gone)")
 function _M.local_server()
-  local text = read_all(_M.state_path())
+  local text = read_file(_M.state_path())
   if not text then return nil, "not running" end
   local st = require("warmbox.json").decode(text)
   if type(st) ~= "table" or type(st.url) ~= "string" or math.tointeger(st.pid) == nil

@@ -94,4 +94,18 @@ function _M.copy(t)
   return out
 end
 
+--- A string quoted for the POSIX shell (one word, whatever it holds).
+function _M.sh_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+--- The whole of a file, or nil and the error.
+function _M.read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 return _M
