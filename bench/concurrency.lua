@@ -11,12 +11,8 @@
 -- VmHWM of the process (summed over the processes of "one process each").
 --
 --   lua5.4 bench/concurrency.lua [CONV] [RUNS]     (after scripts/setup)
-local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-local root = here .. "/.."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-if build:sub(1, 1) ~= "/" then build = root .. "/" .. build end
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
+local root = env.root
 
 local cjson = require("cjson.safe").new()
 local CELL = "import time\ntime.sleep(0.5)\nn = globals().get('n', 0) + 1\nn"
@@ -80,14 +76,7 @@ local CONV = tonumber(arg[1]) or 32
 local RUNS = tonumber(arg[2]) or 5
 local RTT = 20
 
-local bin = os.getenv("WARMBOXD_BIN")
-if not bin then
-  local f = io.open(build .. "/warmboxd")
-  if f then
-    f:close()
-    bin = build .. "/warmboxd"
-  end
-end
+local bin = env.warmboxd
 local srv = assert(server.start{ bin = bin, args = { "--rtt-ms", tostring(RTT) } })
 local lockdir = os.tmpname()
 os.remove(lockdir)

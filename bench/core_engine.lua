@@ -8,10 +8,7 @@
 -- Usage (from the repository root, after scripts/setup):
 --   lua5.4 bench/core_engine.lua [requests=200] [rtt_ms=20] [executes=8]
 -- WARMBOX_BUILD_DIR selects the build (default build/).
-local root = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$")) or "."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
-package.cpath = root .. "/" .. build .. "/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local core = require "warmbox.core"
 local wbd = require "spec.helpers.warmboxd"
@@ -21,7 +18,7 @@ local RTT = tonumber(arg[2]) or 20
 local K = tonumber(arg[3]) or 8
 local cjson = require("cjson.safe").new()
 
-local srv = wbd.start{ bin = os.getenv("WARMBOXD_BIN") or (root .. "/" .. build .. "/warmboxd"),
+local srv = wbd.start{ bin = env.warmboxd,
   args = { "--rtt-ms", tostring(RTT) } }
 local ok, err = pcall(function()
   local req = { url = srv.url .. "/v2/sandboxes", headers = { ["X-API-Key"] = srv.api_key } }

@@ -7,10 +7,8 @@
 -- Usage (from the repository root, after scripts/setup):
 --   lua5.4 bench/core_http.lua [info_requests=2000] [records=100000]
 -- WARMBOX_BUILD_DIR selects the build (default build/).
-local root = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$")) or "."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
-package.cpath = root .. "/" .. build .. "/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
+local root = env.root
 
 local core = require "warmbox.core"
 local e2b = require "warmbox.e2b"
@@ -31,7 +29,7 @@ local function knob(srv, path, body, key)
   return res
 end
 
-local srv = wbd.start{ bin = os.getenv("WARMBOXD_BIN") or (root .. "/" .. build .. "/warmboxd"),
+local srv = wbd.start{ bin = env.warmboxd,
   args = { "--rtt-ms", "0" } }
 local ok, err = pcall(function()
   knob(srv, "/config", { rtt_ms = 0 })

@@ -16,12 +16,7 @@
 -- The fault hits the route's next request only (count 1), so idempotent calls
 -- that are retried recover; "delay" holds the request past the client's
 -- timeout (request_timeout 2 s; for the execute, the run's timeout + grace).
-local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-local root = here .. "/.."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-if build:sub(1, 1) ~= "/" then build = root .. "/" .. build end
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local warmbox = require "warmbox"
 local sandbox_mod = require "warmbox.e2b.sandbox"
@@ -60,7 +55,7 @@ local wb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key
 -- mark -> how many times it was written, over every sandbox's runs.log.
 local function executions()
   local counts = {}
-  local p = io.popen("cat " .. wbd.sh_quote(srv.dir .. "/data") .. "/*/home/runs.log 2>/dev/null")
+  local p = io.popen("cat " .. wbd.sh_quote(srv:ns_path(srv.dir .. "/data")) .. "/*/home/runs.log 2>/dev/null")
   for line in p:lines() do counts[line] = (counts[line] or 0) + 1 end
   p:close()
   return counts

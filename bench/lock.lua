@@ -8,9 +8,7 @@
 -- percentile wait of one lock() and the spread of the processes' finish
 -- times. The redis rows need redis-server (started on a free loopback port
 -- and stopped afterwards).
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-package.path = "lua/?.lua;lua/?/init.lua;./?.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. package.cpath
+dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"

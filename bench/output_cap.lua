@@ -6,12 +6,7 @@
 --
 -- Prints per case: what the run returned (ok, truncated, bytes kept) and the
 -- caller's peak RSS (VmHWM) before and after the run.
-local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-local root = here .. "/.."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-if build:sub(1, 1) ~= "/" then build = root .. "/" .. build end
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local CASES = {
   { "300 MB of stdout in 64 KB lines",

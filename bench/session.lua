@@ -13,12 +13,8 @@
 --                                   run: the execute resumes it (autoResume), the lease
 --                                   extension goes alongside
 --   reference flow (JS SDKs)         list, connect, setTimeout, exists, remove, makeDir, runCode, list
-local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-local root = here .. "/.."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-if build:sub(1, 1) ~= "/" then build = root .. "/" .. build end
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
+local root = env.root
 
 local warmbox = require "warmbox"
 local server = require "warmbox.server"
@@ -28,14 +24,7 @@ local cjson = require("cjson.safe").new()
 local RUNS = tonumber(arg and arg[1]) or 30
 local RTT = 20
 
-local bin = os.getenv("WARMBOXD_BIN")
-if not bin then
-  local f = io.open(build .. "/warmboxd")
-  if f then
-    f:close()
-    bin = build .. "/warmboxd"
-  end
-end
+local bin = env.warmboxd
 local srv = assert(server.start{ bin = bin, args = { "--rtt-ms", tostring(RTT) } })
 local http = core.http{ timeout = 30 }
 

@@ -7,10 +7,7 @@
 -- Usage (from the repository root, after scripts/setup):
 --   lua5.4 bench/warmboxd_exec.lua [runs=500] [rounds=10]
 -- WARMBOX_BUILD_DIR selects the build (default build/), WARMBOXD_BIN the server.
-local root = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$")) or "."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
-package.cpath = root .. "/" .. build .. "/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local core = require "warmbox.core"
 local wbd = require "spec.helpers.warmboxd"
@@ -19,7 +16,7 @@ local cjson = require("cjson.safe").new()
 local RUNS = tonumber(arg[1]) or 500
 local ROUNDS = tonumber(arg[2]) or 10
 
-local srv = wbd.start{ bin = os.getenv("WARMBOXD_BIN") or (root .. "/" .. build .. "/warmboxd") }
+local srv = wbd.start{ bin = env.warmboxd }
 local h = core.http{ timeout = 120 }
 
 local function api(method, path, body)
