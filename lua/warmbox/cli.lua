@@ -2,6 +2,7 @@
 --
 --   warmbox [options] run --session KEY [--language L] [--timeout S] [--file NAME=PATH]...
 --                         [--env K=V]... [--actor A] [--out DIR] [--json] [--start] [CODE | -]
+--   warmbox [options] prewarm --session KEY [--env K=V]... [--actor A] [--within S] [--start]
 --   warmbox [options] server start|stop|status
 --   warmbox [options] doctor [--embedded | --e2b]
 --   warmbox [options] release KEY
@@ -39,6 +40,11 @@ commands:
       --out DIR                    save the files the run left in /home/user/output to DIR
       --json                       print one JSON object (stdout, stderr, error, results, files, timings)
       --start                      start the local server first when none runs (asked on a terminal)
+  prewarm --session KEY          get the session's sandbox ready for a run that is coming (resume it,
+                                 or create it and start its kernel); nothing when it is warm
+      --within S                   the run comes within S seconds (default --exec-timeout)
+      --env K=V, --actor A         as for run (the session's fingerprint)
+      --start                      as for run
   server start|stop|status       a warmboxd in the background for this user: without an E2B key
                                  every command uses it, and sessions keep their kernels between commands
   doctor [--embedded | --e2b]    check what the embedded server and E2B need, with what to install or set
@@ -325,6 +331,55 @@ local function cmd_run(o, args, io_)
   end
   wb:close()
   return e and 1 or 0
+end
+
+-- Issue 16: the session's sandbox made ready now (the command waits for it).
+local function cmd_prewarm(o, args, io_)
+  local key, within, actor, start, env
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local function val()
+      i = i + 1
+      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
+      return args[i]
+    end
+    if a == "--session" or a == "-s" then key = val()
+    elseif a == "--within" then within = tonumber(val()) or error("--within needs a number", 0)
+    elseif a == "--actor" then actor = val()
+    elseif a == "--start" then start = true
+    elseif a == "--env" then
+      local k, v = val():match("^([^=]+)=(.*)$")
+      if not k then error("--env needs K=V", 0) end
+      env = env or {}
+      env[k] = v
+    else error("unknown argument " .. a .. " to prewarm", 0)
+    end
+    i = i + 1
+  end
+  if not key then error("prewarm needs --session KEY", 0) end
+  local now = require("warmbox.core").now
+  if not ensure_local_server(o, io_, start) then return 1 end
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return 1 end
+  local t0 = now()
+  local ok, t = pcall(function() return wb:session(key, { env = env, actor = actor }):prewarm{ within = within } end)
+  if not ok then
+    wb:close()
+    error(t, 0)
+  end
+  wb:loop()
+  local info, msg, code = t:result()
+  wb:close()
+  if not info then return fail(io_.stderr, "prewarm failed: " .. tostring(msg), code) end
+  local ms = math.floor((now() - t0) * 1000 + 0.5)
+  if info.action == "busy" then
+    io_.stdout:write(string_format("prewarmed %s: busy (a run holds the session) (%d ms)\n", key, ms))
+  else
+    io_.stdout:write(string_format("prewarmed %s: %s sandbox %s (%d ms)\n", key, info.action,
+      tostring(info.sandbox_id), ms))
+  end
+  return 0
 end
 
 -- ------------------------------------------------------------------
@@ -964,7 +1019,7 @@ function _M.main(argv, io_)
   end
   local rest = {}
   for j = i, #args do rest[#rest + 1] = args[j] end
-  local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
+  local handlers = { run = cmd_run, prewarm = cmd_prewarm, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
     simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor }
   if cmd == "smoke" then
     if rest[1] == "-h" or rest[1] == "--help" then

@@ -157,14 +157,41 @@ function Runner:current()
   return self.sched:current()
 end
 
+-- While a round runs, `self.stepping` is true: code called from inside it
+-- (a task's callback, a coroutine of the host's) must not step again.
+local function stepping(self)
+  local was = self.stepping
+  self.stepping = true
+  return setmetatable({}, { __close = function() self.stepping = was end })
+end
+
 --- One round (see `task.Scheduler:step`).
 function Runner:step(timeout)
+  local _ <close> = stepping(self)
   return self.sched:step(timeout)
 end
 
 --- Until every task finished --> true | nil, msg, "DEADLOCK".
 function Runner:loop()
+  local _ <close> = stepping(self)
   return self.sched:loop()
+end
+
+--- From outside its tasks: run rounds until no task is ready and the engine
+-- waits for the network alone (the requests started have left), or `max`
+-- seconds passed. Lets work begun from blocking code get going at once.
+function Runner:kick(max)
+  if self.stepping or self.closed or self.sched:current() then return end
+  local s, eng = self.sched, self.eng
+  local deadline = now() + max
+  while s.live > 0 do
+    self:step(0)
+    if now() >= deadline then return end
+    if s.rhead > s.rtail then
+      local to = eng:timeout()
+      if (to == nil or to > 0.002) and not poll(eng:pollfd(), 0) then return end
+    end
+  end
 end
 
 --- The engine's fd: readable when a transfer has news.
@@ -400,6 +427,13 @@ local prev_wait = lock.wait
 lock.wait = function(s)
   local t = task.current()
   if t and t.sched.backend.engine and t.sched:current() == t then return t.sched:sleep(s) end
+  if not t then
+    -- A blocking wait: the runners' tasks go on meanwhile (a prewarm started
+    -- from blocking code may hold the very lock this waits for).
+    for _, r in pairs(by_sched) do
+      if not r.stepping and not r.closed and r.sched.live > 0 then r:step(0) end
+    end
+  end
   return prev_wait(s)
 end
 
