@@ -818,8 +818,9 @@ end
 -- network alone).
 _M.PREWARM_KICK = 0.05
 
--- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }.
-local inflight = setmetatable({}, { __mode = "v" })
+-- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }
+-- (an entry leaves when its task ends however it ends: returned, cancelled, runner closed).
+local inflight = {}
 
 local function inflight_key(self)
   return (self.origin or "") .. "\0" .. self.tag_value
