@@ -179,6 +179,26 @@ describe("s:prewarm", function()
     assert.is_true(q:done())
   end)
 
+  it("a blocking lock wait lets a prewarm holding that lock finish (e.g. wb:release of the key)", function()
+    local e = setup()
+    local s = e.new("pw:lockwait", { lock = { backend = "memory", timeout = 2 } })
+    local create = e.client.create
+    e.client.create = function(c, ...)
+      e.runner.sched:sleep(0.05)
+      return create(c, ...)
+    end
+    local p = s:prewarm()
+    assert.is_false(p:done())
+    -- Another session object of the same tag, under another origin: not in the
+    -- prewarm table, so it meets the prewarm's lock; its blocking wait drives the runner.
+    local other = session.new(s.key, { client = e.client, lock = { backend = "memory", timeout = 2 },
+      hmac = fakes.hmac, sha256 = fakes.hash, origin = "elsewhere" })
+    assert.equal(s.tag_value, other.tag_value)
+    assert(other:state())
+    assert.is_true(p:done())
+    assert.equal("created", (assert(p:result())).action)
+  end)
+
   it("raises on misuse", function()
     local e = setup()
     local s = e.new("pw:misuse")
