@@ -7,7 +7,7 @@
 --
 -- Two groups of CONVERSATIONS conversations run side by side as tasks of one
 -- process (one with a prewarm at the start of every turn, one without), each
--- starting at a random offset in [0, SPREAD) s (SPREAD = 0.5 s per pair, so
+-- starting at a random offset in [0, SPREAD) s (SPREAD = 1.5 s per pair, so
 -- that warmboxd is not asked to start 2 x CONVERSATIONS kernels at once). A turn starts, the model "thinks"
 -- THINK = 2 s, then the turn's run comes (`x += 1; x`), timed; right after
 -- it a second run of the same conversation is timed as a warm run (sandbox
@@ -106,7 +106,7 @@ end
 
 math.randomseed(16)
 local t_start = core.now()
-local SPREAD = 0.5 * N
+local SPREAD = 1.5 * N
 for i = 1, N do
   wb:spawn(conversation, i, true, math.random() * SPREAD)
   wb:spawn(conversation, i, false, math.random() * SPREAD)
