@@ -283,7 +283,7 @@ function Runner:parallel(main, side)
     local out
     local t = self:spawn(function() out = table_pack(self:parallel(main, side)) end)
     while not t:done() do
-      local more, err = self.sched:step()
+      local more, err = self:step()
       if more == nil then error(err, 0) end
     end
     local ok, err = t:result()

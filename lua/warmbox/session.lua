@@ -531,8 +531,6 @@ local function refused_before_accept(code, detail)
 end
 _M.refused_before_accept = refused_before_accept
 
--- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
--- code, detail, retryable (true only when the cell cannot have run).
 -- The data-plane handle of the remembered sandbox `id`.
 function Session:_handle(st, id)
   return self.client:sandbox({ sandbox_id = id, envd_access_token = st.access_token,
@@ -553,6 +551,8 @@ function Session._hook(_, sbx, st, id, run_timeout, on_line)
   return true
 end
 
+-- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
+-- code, detail, retryable (true only when the cell cannot have run).
 function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   local sbx = self:_handle(st, info.sandbox_id)
   -- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
