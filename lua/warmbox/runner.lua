@@ -428,10 +428,11 @@ lock.wait = function(s)
   local t = task.current()
   if t and t.sched.backend.engine and t.sched:current() == t then return t.sched:sleep(s) end
   if not t then
-    -- A blocking wait: the runners' tasks go on meanwhile (a prewarm started
-    -- from blocking code may hold the very lock this waits for).
+    -- A blocking wait: runners with background work in flight (`r.background`
+    -- > 0: a prewarm started from blocking code, which may hold the very lock
+    -- this waits for) go on meanwhile.
     for _, r in pairs(by_sched) do
-      if not r.stepping and not r.closed and r.sched.live > 0 then r:step(0) end
+      if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
     end
   end
   return prev_wait(s)

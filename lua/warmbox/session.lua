@@ -855,8 +855,13 @@ end
 -- prewarm ends (its other tasks progress too). Elsewhere (a task of another
 -- runner, a coroutine of the host's inside a task) the lock orders them.
 function Session:_await_prewarm()
-  local e = inflight[inflight_key(self)]
-  if not e or e.task:done() then return end
+  local key = inflight_key(self)
+  local e = inflight[key]
+  if not e then return end
+  if e.task:done() then
+    inflight[key] = nil -- cancelled before it ever ran (its runner closed)
+    return
+  end
   local t, rn = e.task, e.runner
   local cur = require("warmbox.task").current()
   if cur then
@@ -961,9 +966,12 @@ function Session:prewarm(opts)
   t = rn:spawn(function()
     local _ <close> = setmetatable({}, { __close = function()
       if inflight[key] and inflight[key].task == t then inflight[key] = nil end
+      rn.background = (rn.background or 1) - 1
     end })
     return self:_prewarm(within)
   end)
+  -- Blocking lock waits drive a runner with background work (warmbox.runner's lock.wait).
+  rn.background = (rn.background or 0) + 1
   inflight[key] = { task = t, runner = rn }
   self:_count("prewarms")
   if not rn:current() and rn.kick then rn:kick(_M.PREWARM_KICK) end
