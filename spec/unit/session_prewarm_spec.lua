@@ -52,6 +52,26 @@ describe("s:prewarm", function()
     assert.equal(1, s:stats().prewarm_ready)
   end)
 
+  it("resolves as a run does: keeps one tagged sandbox, reaps duplicates, never takes another fingerprint's",
+    function()
+    local e = setup()
+    local s = e.new("pw:dups")
+    local other = e.new("pw:dups", { actor = "mallory" })   -- another tag value (key and fingerprint)
+    e.client:add("sb-other", other.tag_value, "running")
+    e.client:add("sb2", s.tag_value, "paused")
+    e.client:add("sb1", s.tag_value, "running")            -- listed first
+    local info = assert(s:prewarm():result())
+    assert.equal("sb1", info.sandbox_id)
+    assert.equal("extended", info.action)
+    assert.same({ "kill sb2" }, e.client:calls_of("kill"))
+    assert.equal(0, e.client:count("create"))
+    -- a session whose fingerprint matches no sandbox gets its own, the others untouched
+    local t = e.new("pw:alone", { actor = "alice" })
+    assert.equal("created", (assert(t:prewarm():result())).action)
+    assert.same({ "kill sb2" }, e.client:calls_of("kill"))
+    assert.is_nil(e.client.sb["sb-other"].killed)
+  end)
+
   it("does nothing when the remembered lease covers `within`, and extends it when it does not", function()
     local e = setup()
     local s = e.new("pw:warm")
