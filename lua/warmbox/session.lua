@@ -823,7 +823,12 @@ _M.PREWARM_KICK = 0.05
 local inflight = {}
 
 local function inflight_key(self)
-  return (self.origin or "") .. "\0" .. self.tag_value
+  local k = self.inflight_key
+  if not k then
+    k = (self.origin or "") .. "\0" .. self.tag_value
+    self.inflight_key = k
+  end
+  return k
 end
 
 local private_runner
