@@ -814,9 +814,10 @@ end
 -- ------------------------------------------------------------------
 
 --- How long (seconds) a prewarm called outside tasks drives the engine at
--- most before it returns: until its first request has left (or waits on the
--- network alone).
-_M.PREWARM_KICK = 0.05
+-- most before it returns. It returns as soon as its first request has left
+-- (the engine waits on the network alone): well under a millisecond on a
+-- pooled connection; the cap only bounds a slow start (DNS, a busy machine).
+_M.PREWARM_KICK = 0.25
 
 -- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }
 -- (an entry leaves when its task ends however it ends: returned, cancelled, runner closed).
