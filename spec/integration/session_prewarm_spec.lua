@@ -240,14 +240,18 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     local pid = tonumber(ph:read("l"))
     ph:close()
     env:reset_stats()
-    local s = wb:session(key)
+    local done_at
+    local s = session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
+      parallel = wb.parallel, origin = wb.origin, runner = function() return wb:_runner() end,
+      on_event = function(name) if name == "prewarm" then done_at = core.now() end end })
     local p = s:prewarm()
     -- Let the prewarm get as far as its create (warmboxd takes 0.5 s to answer
     -- it), then let the other process in.
-    while env:route("POST /sandboxes") == 0 do wb:step(0.01) end
+    local deadline = core.now() + 30
+    while env:route("POST /sandboxes") == 0 and not p:done() and core.now() < deadline do wb:step(0.01) end
+    assert.is_false(p:done())
     io.open(go, "w"):close()
     assert(wb:loop())
-    local done_at = core.now()
     local info = assert(p:result())
     assert.equal("created", info.action)
     assert.truthy(wbd.eventually(function() return not wbd.alive(pid) end, 60))
@@ -262,7 +266,8 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal(info.sandbox_id, id)
     assert.equal("true", reused)
     assert.equal(1, env:route("POST /sandboxes"))
-    -- The run began while the prewarm was in flight and ended after it: it waited.
+    -- The run began while the prewarm was in flight and ended after it had
+    -- released the session (done_at: its event, right after the unlock): it waited.
     assert.is_true(tonumber(started) < done_at)
     assert.is_true(tonumber(ended) > done_at)
     -- no overlap: env:stop() asserts exec_overlap = 0 for the whole file
