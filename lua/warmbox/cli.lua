@@ -2,6 +2,7 @@
 --
 --   warmbox [options] run --session KEY [--language L] [--timeout S] [--file NAME=PATH]...
 --                         [--env K=V]... [--actor A] [--out DIR] [--json] [--start] [CODE | -]
+--   warmbox [options] prewarm --session KEY [--env K=V]... [--actor A] [--within S] [--start]
 --   warmbox [options] server start|stop|status
 --   warmbox [options] doctor [--embedded | --e2b]
 --   warmbox [options] release KEY
@@ -42,6 +43,11 @@ commands:
       --out DIR                    save the files the run left in /home/user/output to DIR
       --json                       print one JSON object (stdout, stderr, error, results, files, timings)
       --start                      start the local server first when none runs (asked on a terminal)
+  prewarm --session KEY          get the session's sandbox ready for a run that is coming (resume it,
+                                 or create it and start its kernel); nothing when it is warm
+      --within S                   the run comes within S seconds (default --exec-timeout)
+      --env K=V, --actor A         as for run (the session's fingerprint)
+      --start                      as for run
   server start|stop|status       a warmboxd in the background for this user: without an E2B key
                                  every command uses it, and sessions keep their kernels between commands
   doctor [--embedded | --e2b]    check what the embedded server and E2B need, with what to install or set
@@ -160,6 +166,15 @@ local function parse_args(args, cmd, flags, positional)
   end
 end
 _M.parse_args = parse_args
+
+-- `--env K=V`: adds K to the table `env` (created when nil) and returns it.
+local function env_arg(env, v)
+  local k, val = v:match("^([^=]+)=(.*)$")
+  if not k then error("--env needs K=V", 0) end
+  env = env or {}
+  env[k] = val
+  return env
+end
 
 -- A number (an integer when `integer`) for option `flag`, or an error naming it.
 local function number_arg(flag, v, integer)
@@ -295,12 +310,7 @@ local function cmd_run(o, args, io_)
     ["--actor"] = function(v) actor = v end,
     ["--json"] = { function() as_json = true end },
     ["--start"] = { function() start = true end },
-    ["--env"] = function(v)
-      local k, val = v:match("^([^=]+)=(.*)$")
-      if not k then error("--env needs K=V", 0) end
-      env = env or {}
-      env[k] = val
-    end,
+    ["--env"] = function(v) env = env_arg(env, v) end,
     ["--file"] = function(v)
       local name, path = v:match("^([^=]+)=(.+)$")
       if not name then error("--file needs NAME=PATH", 0) end
@@ -357,6 +367,42 @@ local function cmd_run(o, args, io_)
   end
   wb:close()
   return e and 1 or 0
+end
+
+-- Issue 16: the session's sandbox made ready now (the command waits for it).
+local function cmd_prewarm(o, args, io_)
+  local key, within, actor, start, env
+  local function session(v) key = v end
+  parse_args(args, "prewarm", {
+    ["--session"] = session, ["-s"] = session,
+    ["--within"] = function(v, a) within = number_arg(a, v) end,
+    ["--actor"] = function(v) actor = v end,
+    ["--start"] = { function() start = true end },
+    ["--env"] = function(v) env = env_arg(env, v) end,
+  })
+  if not key then error("prewarm needs --session KEY", 0) end
+  local now = require("warmbox.core").now
+  if not ensure_local_server(o, io_, start) then return 1 end
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return 1 end
+  local t0 = now()
+  local ok, t = pcall(function() return wb:session(key, { env = env, actor = actor }):prewarm{ within = within } end)
+  if not ok then
+    wb:close()
+    error(t, 0)
+  end
+  wb:loop()
+  local info, msg, code = t:result()
+  wb:close()
+  if not info then return fail(io_.stderr, "prewarm failed: " .. tostring(msg), code) end
+  local ms = math.floor((now() - t0) * 1000 + 0.5)
+  if info.action == "busy" then
+    io_.stdout:write(string_format("prewarmed %s: busy (a run holds the session) (%d ms)\n", key, ms))
+  else
+    io_.stdout:write(string_format("prewarmed %s: %s sandbox %s (%d ms)\n", key, info.action,
+      tostring(info.sandbox_id), ms))
+  end
+  return 0
 end
 
 -- ------------------------------------------------------------------
@@ -1009,7 +1055,7 @@ function _M.main(argv, io_)
   end
   local rest = {}
   for j = i, #args do rest[#rest + 1] = args[j] end
-  local handlers = { run = cmd_run, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
+  local handlers = { run = cmd_run, prewarm = cmd_prewarm, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
     simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor, smoke = cmd_smoke, demo = cmd_demo }
   local h = handlers[cmd]
   if not h then

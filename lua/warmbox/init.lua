@@ -91,6 +91,7 @@ function _M.new(opts)
     policy = p,
     clock = o.clock or os.time,
     secret = o.secret,
+    counters = {}, -- s:prewarm's, shared by every session of this object (wb:stats())
   }, Warmbox)
   if o.client then
     self.client = o.client
@@ -156,7 +157,18 @@ function Warmbox:session(key, opts)
     max_output = settings.max_output, max_files_bytes = settings.max_files_bytes,
     parallel = self.parallel,
     require_memory = (opts.require_memory == nil) and self.require_memory or opts.require_memory,
+    -- prewarms go on the running task's runner, else on wb's (wb:step/loop drive it)
+    runner = function() return require("warmbox.runner").running() or self:_runner() end,
+    counters = self.counters,
   })
+end
+
+--- Counters of this object's sessions (see `s:stats`).
+function Warmbox:stats()
+  local out = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
+    prewarm_waits = 0 }
+  for k, v in pairs(self.counters) do out[k] = v end
+  return out
 end
 
 -- Every tagged sandbox (running or paused) of this API key whose tag is a warmbox tag value.

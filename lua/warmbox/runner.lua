@@ -157,14 +157,41 @@ function Runner:current()
   return self.sched:current()
 end
 
+-- While a round runs, `self.stepping` is true: code called from inside it
+-- (a task's callback, a coroutine of the host's) must not step again.
+local function stepping(self)
+  local was = self.stepping
+  self.stepping = true
+  return setmetatable({}, { __close = function() self.stepping = was end })
+end
+
 --- One round (see `task.Scheduler:step`).
 function Runner:step(timeout)
+  local _ <close> = stepping(self)
   return self.sched:step(timeout)
 end
 
 --- Until every task finished --> true | nil, msg, "DEADLOCK".
 function Runner:loop()
+  local _ <close> = stepping(self)
   return self.sched:loop()
+end
+
+--- From outside its tasks: run rounds until no task is ready and the engine
+-- waits for the network alone (the requests started have left), or `max`
+-- seconds passed. Lets work begun from blocking code get going at once.
+function Runner:kick(max)
+  if self.stepping or self.closed or self.sched:current() then return end
+  local s, eng = self.sched, self.eng
+  local deadline = now() + max
+  while s.live > 0 do
+    self:step(0)
+    if now() >= deadline then return end
+    if s.rhead > s.rtail then
+      local to = eng:timeout()
+      if (to == nil or to > 0.002) and not poll(eng:pollfd(), 0) then return end
+    end
+  end
 end
 
 --- The engine's fd: readable when a transfer has news.
@@ -256,7 +283,7 @@ function Runner:parallel(main, side)
     local out
     local t = self:spawn(function() out = table_pack(self:parallel(main, side)) end)
     while not t:done() do
-      local more, err = self.sched:step()
+      local more, err = self:step()
       if more == nil then error(err, 0) end
     end
     local ok, err = t:result()
@@ -400,6 +427,14 @@ local prev_wait = lock.wait
 lock.wait = function(s)
   local t = task.current()
   if t and t.sched.backend.engine and t.sched:current() == t then return t.sched:sleep(s) end
+  if not t then
+    -- A blocking wait: runners with background work in flight (`r.background`
+    -- > 0: a prewarm started from blocking code, which may hold the very lock
+    -- this waits for) go on meanwhile.
+    for _, r in pairs(by_sched) do
+      if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
+    end
+  end
   return prev_wait(s)
 end
 

@@ -150,7 +150,7 @@ local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts =
   policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
-  parallel = "function", require_memory = "boolean" }
+  parallel = "function", require_memory = "boolean", runner = "function", counters = "table" }
 
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
@@ -173,13 +173,15 @@ end
 --   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
 --   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
 --   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
---   called on "connect", "create", "kill", "retry", "recycle"), `origin` (a string naming the
+--   called on "connect", "create", "kill", "retry", "recycle", "prewarm"), `origin` (a string naming the
 --   E2B endpoint and account: remembered state written under another origin is ignored),
 --   `max_run_length` (seconds E2B lets one run of a sandbox last from its start:
 --   86400 on Pro, 3600 on Hobby; default 86400), `require_memory` (false: a sandbox
 --   paused without its memory, e.g. demoted by GC, is resumed and used with a fresh
 --   kernel, its files kept; true: it is replaced by a new sandbox, killed once the
---   new one is secured).
+--   new one is secured), `runner` (function returning the runner `s:prewarm` spawns its
+--   task on: `spawn`, `current`, `join`, `step`, and optionally `kick`), `counters` (the
+--   table `s:prewarm` counts into, see `s:stats`).
 -- @treturn warmbox.Session
 function _M.new(key, opts)
   if type(key) ~= "string" or key == "" then
@@ -206,6 +208,11 @@ function _M.new(key, opts)
     -- lease is always extended before the execute.
     parallel = opts.parallel,
     require_memory = opts.require_memory == true,
+    -- runner(): the runner prewarms are spawned on (warmbox.new gives wb's);
+    -- nil: the running runner, else one of this module's.
+    get_runner = opts.runner,
+    -- Counted events (prewarms); warmbox.new shares one table across its sessions.
+    counters = opts.counters or {},
   }
   _M.check_settings(self, "new", 2)
   if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
@@ -424,14 +431,16 @@ end
 -- Secures a sandbox for one run: the remembered one when its lease provably
 -- covers the run (no request), the remembered one refreshed by `connect` (one
 -- request: resumes a paused one and extends the lease), else resolve.
-function Session:_acquire(st, run_timeout)
+-- `eager` (a prewarm): the sandbox is made ready now, never left to the
+-- execute (no alongside extension, no auto-resume by traffic).
+function Session:_acquire(st, run_timeout, eager)
   local ctx = self:_ctx(st, run_timeout)
   local lease, err, code = self:_lease(ctx)
   if not lease then return nil, err, code end
   -- A run allowed to take longer than the lease must not be paused underneath itself.
   if run_timeout > lease then lease = math.ceil(run_timeout) end
   ctx.lease = lease
-  local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease)
+  local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease, eager)
   if not got then return nil, gerr, gcode, gdetail end
   -- E2B ends a run at its start + the maximum run length, whatever the lease
   -- says: a run that could cross that line would be paused underneath itself.
@@ -455,7 +464,7 @@ function Session:_acquire(st, run_timeout)
 end
 
 -- The three ways to a sandbox for one run (see _acquire).
-function Session:_secure(st, ctx, lease)
+function Session:_secure(st, ctx, lease, eager)
   if self.require_memory and st.sandbox_id and st.memory_lost == st.sandbox_id then
     -- GC demoted it (paused without memory): replace it (see _resolve).
     local stale = st.sandbox_id
@@ -473,11 +482,13 @@ function Session:_secure(st, ctx, lease)
     -- execute resumes it, and when the lease that gives cannot cover the run
     -- the extension follows alongside. See _execute_alongside. Both need
     -- `parallel` (warmbox.new gives it; without it: connect first).
+    -- A prewarm (`eager`) connects now instead: the sandbox is made ready before the run.
     local now = self.clock()
-    if self.parallel and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
+    local deferred = self.parallel and not eager
+    if deferred and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
       return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
     end
-    if self.parallel and st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
+    if deferred and st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
       local how = ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE and "auto_resume"
         or "auto_resume_alongside"
       return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = how, lease = lease }
@@ -520,12 +531,30 @@ local function refused_before_accept(code, detail)
 end
 _M.refused_before_accept = refused_before_accept
 
+-- The data-plane handle of the remembered sandbox `id`.
+function Session:_handle(st, id)
+  return self.client:sandbox({ sandbox_id = id, envd_access_token = st.access_token,
+    domain = st.domain }, { access_token = st.access_token })
+end
+
+-- Registers the python output hook in the kernel of sandbox `id` (starting
+-- the kernel when it is new): a cell of its own, idempotent (guarded in the
+-- kernel). Returns true | nil, msg, code, detail.
+function Session._hook(_, sbx, st, id, run_timeout, on_line)
+  local hout, herr, hcode, hdetail = sbx:run_code(outputs.PRELUDE, {
+    language = "python", timeout = run_timeout, on_line = on_line,
+  })
+  if not hout then return nil, herr, hcode, hdetail end
+  for _, res in ipairs(hout.results or {}) do
+    if outputs_of(res) then st.hooked = id end
+  end
+  return true
+end
+
 -- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
 -- code, detail, retryable (true only when the cell cannot have run).
 function Session:_execute(info, st, code, opts, files, run_timeout, lk)
-  local client = self.client
-  local sbx = client:sandbox({ sandbox_id = info.sandbox_id, envd_access_token = st.access_token,
-    domain = st.domain }, { access_token = st.access_token })
+  local sbx = self:_handle(st, info.sandbox_id)
   -- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
   local function before(err, ecode, detail)
     return nil, err, ecode, detail, ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND"
@@ -560,14 +589,9 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     -- own, so the user's cell is sent as it is (its tracebacks and line numbers
     -- are the user's). Idempotent (guarded in the kernel), and the user's cell
     -- is not sent yet: a failure here is one before the run.
-    local hout, herr, hcode, hdetail = sbx:run_code(outputs.PRELUDE, {
-      language = "python", timeout = run_timeout,
-      on_line = keepalive and on_line or nil,
-    })
-    if not hout then return before(herr, hcode, hdetail) end
-    for _, res in ipairs(hout.results or {}) do
-      if outputs_of(res) then st.hooked = info.sandbox_id end
-    end
+    local ok, herr, hcode, hdetail = self:_hook(sbx, st, info.sandbox_id, run_timeout,
+      keepalive and on_line or nil)
+    if not ok then return before(herr, hcode, hdetail) end
   end
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
@@ -785,15 +809,214 @@ function Session:run(code, opts)
   return r, err, ecode, detail
 end
 
+-- ------------------------------------------------------------------
+-- Prewarm (issue 16): get the sandbox ready before the run comes
+-- ------------------------------------------------------------------
+
+--- How long (seconds) a prewarm called outside tasks drives the engine at
+-- most before it returns. It returns as soon as its first request has left
+-- (the engine waits on the network alone): well under a millisecond on a
+-- pooled connection; the cap only bounds a slow start (DNS, a busy machine).
+_M.PREWARM_KICK = 0.25
+
+-- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }
+-- (an entry leaves when its task ends however it ends: returned, cancelled, runner closed).
+local inflight = {}
+
+local function inflight_key(self)
+  local k = self.inflight_key
+  if not k then
+    k = (self.origin or "") .. "\0" .. self.tag_value
+    self.inflight_key = k
+  end
+  return k
+end
+
+local private_runner
+-- The runner a prewarm is spawned on: the one `opts.runner` gives, else the
+-- runner whose task is running, else this module's own.
+function Session:_runner()
+  if self.get_runner then return self.get_runner() end
+  local runner = require "warmbox.runner"
+  local r = runner.running()
+  if r then return r end
+  if not private_runner or private_runner.closed then
+    local msg, code
+    private_runner, msg, code = runner.new()
+    if not private_runner then
+      error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 3)
+    end
+  end
+  return private_runner
+end
+
+function Session:_count(name)
+  local c = self.counters
+  c[name] = (c[name] or 0) + 1
+end
+
+-- A run (or forget, state) of a session whose prewarm is in flight in this
+-- process waits for it, instead of doing the same work: inside a task of the
+-- prewarm's runner it joins it; outside tasks it drives that runner until the
+-- prewarm ends (its other tasks progress too). Elsewhere (a task of another
+-- runner, a coroutine of the host's inside a task) the lock orders them.
+function Session:_await_prewarm()
+  local key = inflight_key(self)
+  local e = inflight[key]
+  if not e then return end
+  if e.task:done() then
+    inflight[key] = nil -- cancelled before it ever ran (its runner closed)
+    return
+  end
+  local t, rn = e.task, e.runner
+  local cur = require("warmbox.task").current()
+  if cur then
+    if cur.sched ~= t.sched or cur == t then return end
+    self:_count("prewarm_waits")
+    rn:join(t)
+    return
+  end
+  if rn.stepping then return end
+  self:_count("prewarm_waits")
+  while not t:done() do
+    if not rn:step() then break end
+  end
+end
+
+local PREWARM_OPTS = { within = "number" }
+
+-- What the prewarm found or did, for its result and event.
+local function action_of(info)
+  if info.how == "create" then return "created" end
+  if info.resumed then return "resumed" end
+  if info.how == "remembered" then return "warm" end
+  return "extended"
+end
+
+-- Under the lock: nothing when the remembered lease covers `within`; else
+-- the run's own resolve (`_acquire`, eager: connect now), then the output
+-- hook in a kernel that may be new (which starts it).
+function Session:_prewarm_locked(lk, within)
+  local st = _M.decode_state(lk:get_state())
+  if (st.tag ~= nil and st.tag ~= self.tag_value) or st.origin ~= self.origin then forget(st) end
+  local now = self.clock()
+  if st.sandbox_id and st.lease_end and st.lease_end >= now + within
+    and not (self.require_memory and st.memory_lost == st.sandbox_id) then
+    return { action = "warm", sandbox_id = st.sandbox_id }
+  end
+  local info, err, ecode, detail = self:_acquire(st, within, true)
+  lk:set_state(_M.encode_state(st))
+  if not info then return nil, err, ecode, detail end
+  local id = info.sandbox_id
+  if st.hooked ~= id or st.memory_lost == id then
+    local ok, herr, hcode, hdetail = self:_hook(self:_handle(st, id), st, id, self.exec_timeout)
+    lk:set_state(_M.encode_state(st))
+    if not ok then return nil, herr, hcode, hdetail end
+  end
+  return { action = action_of(info), sandbox_id = id, resumed = info.resumed, reused = info.reused }
+end
+
+-- The prewarm task's body: never raises; a failure is an event and a count.
+function Session:_prewarm(within)
+  local ok, r, err, ecode = xpcall(self._with_lock, traceback, self, function(lk)
+    return self:_prewarm_locked(lk, within)
+  end, true)
+  if not ok then r, err, ecode = nil, tostring(r), "TASK" end
+  if r then
+    self:_count(r.action == "warm" and "prewarm_warm" or "prewarm_ready")
+    self:_event("prewarm", { ok = true, action = r.action, sandbox_id = r.sandbox_id, resumed = r.resumed })
+    return r
+  end
+  if ecode == "BUSY" then
+    -- A run (or another prewarm) holds the session: it is getting the sandbox ready.
+    self:_count("prewarm_busy")
+    self:_event("prewarm", { ok = true, action = "busy" })
+    return { action = "busy" }
+  end
+  self:_count("prewarm_failed")
+  self:_event("prewarm", { ok = false, action = "failed", code = ecode, message = tostring(err) })
+  return nil, err, ecode
+end
+
+--- Get the session's sandbox ready for a run that is coming, in the
+-- background: returns at once with the task doing it.
+--
+-- Under the session's lock (taken only when free: a run or prewarm holding it
+-- is already getting the sandbox ready), it does nothing when the remembered
+-- lease covers `within` seconds (no request), resumes a paused sandbox
+-- (connect with the lease), or resolves and creates as a run does, then
+-- starts a new kernel and registers the output hook. A run of the same session
+-- in this process waits for a prewarm in flight; a second prewarm returns the
+-- first's task. Failures never raise: they are an `on_event("prewarm", {ok =
+-- false, ...})` and a count (`s:stats().prewarm_failed`), and the run does the
+-- work as it would have. Inside a task the work starts at the next round;
+-- outside tasks it is started on the engine now and goes on at the next call
+-- into warmbox (a run of the session finishes it first).
+-- @tparam[opt] table opts `within` (seconds until the run may come, default `exec_timeout`)
+-- @treturn warmbox.Task its result: `{ action = "warm"|"busy"|"resumed"|"extended"|"created",
+--   sandbox_id, resumed, reused }` | nil, msg, code
+function Session:prewarm(opts)
+  if getmetatable(self) ~= Session then error("bad self to 'prewarm' (warmbox.Session expected)", 2) end
+  opts = check_options(opts, PREWARM_OPTS, "prewarm", 1)
+  local within = opts.within
+  if within ~= nil and not (is_positive_number(within) and within <= self.max_run_length) then
+    bad_option(1, "prewarm", "within", "positive number of seconds up to max_run_length expected, got "
+      .. tostring(within))
+  end
+  within = within or self.exec_timeout
+  local key = inflight_key(self)
+  local e = inflight[key]
+  if e and not e.task:done() then return e.task end
+  local rn = self:_runner()
+  local t
+  t = rn:spawn(function()
+    local _ <close> = setmetatable({}, { __close = function()
+      if inflight[key] and inflight[key].task == t then inflight[key] = nil end
+      rn.background = (rn.background or 1) - 1
+    end })
+    return self:_prewarm(within)
+  end)
+  -- Blocking lock waits drive a runner with background work (warmbox.runner's lock.wait).
+  rn.background = (rn.background or 0) + 1
+  inflight[key] = { task = t, runner = rn }
+  self:_count("prewarms")
+  if not rn:current() and rn.kick then rn:kick(_M.PREWARM_KICK) end
+  return t
+end
+
+--- The counters of `s:prewarm` (a copy): `prewarms` (started), `prewarm_ready`
+-- (made ready: resumed, extended or created), `prewarm_warm` (nothing to do),
+-- `prewarm_busy` (skipped: the session was locked), `prewarm_failed`,
+-- `prewarm_waits` (runs that waited for a prewarm in flight). Sessions of one
+-- `warmbox` object share them (`wb:stats()`).
+function Session:stats()
+  local out = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
+    prewarm_waits = 0 }
+  for k, v in pairs(self.counters) do out[k] = v end
+  return out
+end
+
 --- Runs `fn(lk)` holding the session's lock: the one place a session takes,
 -- releases and closes its lock (also when `fn` raises) and maps a lock
 -- failure to BUSY / LOCK.
 -- @treturn what `fn` returns (up to four values), then `{ msg, code }` when
 -- the unlock failed | nil, msg, "BUSY" | "LOCK"
-function Session:_with_lock(fn)
+-- With `try` (a prewarm): the lock is taken only when it is free and nobody
+-- waits for it (`nil, "busy", "BUSY"` otherwise); else a prewarm of the same
+-- session in flight in this process is waited for first (see `_await_prewarm`).
+function Session:_with_lock(fn, try)
+  if not try then self:_await_prewarm() end
   local lk = self.new_lock()
   local guard <close> = locks().closing(lk) -- luacheck: ignore 211 (closed at scope exit)
-  local _, lerr = lk:lock(self.tag_value)
+  local lerr
+  if try and lk.try_lock then
+    local got
+    got, lerr = lk:try_lock(self.tag_value)
+    if not got and lerr == "busy" then return nil, "busy", "BUSY" end
+  else
+    local _
+    _, lerr = lk:lock(self.tag_value)
+  end
   if lerr then return locks().failure("session '" .. self.key .. "'", lerr) end
   local ok, r, err, ecode, detail = xpcall(fn, traceback, lk)
   local uok, uerr, ucode = lk:unlock()
