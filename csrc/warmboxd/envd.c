@@ -434,6 +434,7 @@ struct upload {
   char **paths;              /* the jail paths written so far (raw bytes: the JSON
                               * copies may have U+FFFD where a path is not UTF-8) */
   size_t npaths;
+  json_t *meta;              /* X-Metadata-* headers: each file's user.e2b.* xattrs */
   unsigned status;           /* error to answer, 0 while fine */
   char msg[PATH_MAX + 128];
 };
@@ -508,6 +509,17 @@ static int upload_begin(struct upload *u, const char *dest) {
   }
   u->fd = rc;
   wbd_fs_chown(&p, u->fd);
+  /* Always written (an empty set clears what an earlier upload left), as envd. */
+  if ((rc = wbd_fs_meta_write(u->fd, u->meta)) < 0) {
+    if (rc == -ENOTSUP || rc == -EOPNOTSUPP)
+      upload_fail(u, 500, "'%s': the filesystem does not support extended attributes: metadata not stored", p.jail);
+    else if (rc == -ENOSPC || rc == -EDQUOT)
+      upload_fail(u, 507, "not enough space for the metadata of '%s'", p.jail);
+    else
+      upload_fail(u, 500, "writing the metadata of '%s': %s", p.jail, strerror(-rc));
+    wbd_fs_release(&p);
+    return -1;
+  }
   char **np = realloc(u->paths, (u->npaths + 1) * sizeof *np);
   if (!np || !(np[u->npaths] = strdup(p.jail))) abort();
   u->paths = np;
@@ -517,6 +529,8 @@ static int upload_begin(struct upload *u, const char *dest) {
   json_object_set_new(e, "path", wbd_json_str(p.jail));
   json_object_set_new(e, "name", wbd_json_str(base ? base + 1 : p.jail));
   json_object_set_new(e, "type", json_string("file"));
+  json_t *stored = wbd_fs_meta_read(u->fd);
+  if (stored) json_object_set_new(e, "metadata", stored);
   json_array_append_new(u->entries, e);
   wbd_fs_release(&p);
   return 0;
@@ -579,11 +593,18 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     body = plain.data ? plain.data : "";
     body_len = plain.len;
   }
-  struct upload u = { .sb = sb, .qpath = path, .fd = -1, .entries = json_array() };
+  char merr[256];
+  json_t *meta = wbd_fs_meta_headers(req, merr, sizeof merr);
+  if (!meta) {
+    wbd_buf_free(&plain);
+    return wbd_reply_error(req, 400, "invalid metadata: %s", merr);
+  }
+  struct upload u = { .sb = sb, .qpath = path, .fd = -1, .entries = json_array(), .meta = meta };
   if (content_type_is(req, "multipart/form-data")) {
     struct MHD_PostProcessor *pp = MHD_create_post_processor(req->conn, 64 * 1024, upload_part, &u);
     if (!pp) {
       json_decref(u.entries);
+      json_decref(meta);
       wbd_buf_free(&plain);
       return wbd_reply_error(req, 400, "invalid multipart/form-data request (no boundary?)");
     }
@@ -605,6 +626,7 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
                 ct ? ct : "");
   }
   wbd_buf_free(&plain);
+  json_decref(meta);
   for (size_t i = 0; i < u.npaths; i++) free(u.paths[i]);
   free(u.paths);
   if (u.status) {
