@@ -178,23 +178,8 @@ static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *o
       return -1;
     }
   }
-  struct wbd_buf raw = { 0 };
-  const char *parts[] = { path, ":", op, ":", user ? user : "", ":", sb->access_token };
-  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) wbd_buf_add(&raw, parts[i], strlen(parts[i]));
-  if (exp) {
-    wbd_buf_add(&raw, ":", 1);
-    wbd_buf_add(&raw, exp, strlen(exp));
-  }
-  unsigned char digest[32];
-  wbd_sha256(raw.data, raw.len, digest);
-  wbd_buf_free(&raw);
-  char *b64 = wbd_b64_encode(digest, sizeof digest);
-  if (!b64) return -1;
-  size_t bl = strlen(b64);
-  while (bl && b64[bl - 1] == '=') b64[--bl] = 0;
   char want[64];
-  snprintf(want, sizeof want, "v1_%s", b64);
-  free(b64);
+  wbd_files_signature(path, op, user, sb->access_token, exp, want);
   if (wbd_str_eq_ct(sig, want)) return 0;
   *why = "invalid signature";
   return -1;
