@@ -10,6 +10,7 @@
 #include "runtime.h"
 #include "envd_fs.h"
 #include "envd_util.h"
+#include "envd_watch.h"
 #include "wbd_int.h"   /* wbd_lim.max_upload_mb: the cap of an inflated upload */
 
 #include <ctype.h>
@@ -1226,6 +1227,8 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
     if (!post) return wbd_reply_error(req, 405, "method not allowed");
     return process_start(req, sb);
   }
+  enum MHD_Result wr;
+  if (wbd_envd_watch_route(req, sb, &wr)) return wr;   /* WatchDir and the polled watchers */
   static const char fs_prefix[] = "/filesystem.Filesystem/", proc_prefix[] = "/process.Process/";
   int is_rpc = strncmp(path, fs_prefix, sizeof fs_prefix - 1) == 0 || strncmp(path, proc_prefix, sizeof proc_prefix - 1) == 0;
   if (is_rpc && post && content_type_is(req, "application/connect+json"))   /* Connect, WatchDir, ... */

@@ -354,6 +354,14 @@ int wbd_store_find_signed(int (*match)(const char *token, void *cls), void *cls,
   return found;
 }
 
+static void (*leave_hook)(struct wbd_sandbox *sb);
+
+void wbd_store_set_leave_hook(void (*hook)(struct wbd_sandbox *sb)) {
+  wbd_store_lock();
+  leave_hook = hook;
+  wbd_store_unlock();
+}
+
 static void run_link(struct wbd_team *t, struct wbd_rec *r) {
   r->rprev = NULL;
   r->rnext = t->run_head;
@@ -374,6 +382,7 @@ static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
   total_running--;
   heap_remove(r);
   sign_del(r);
+  if (leave_hook) leave_hook(&r->sb);
 }
 
 static void count_state(struct wbd_team *t, struct wbd_rec *r, int add) {
