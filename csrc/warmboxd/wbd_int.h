@@ -14,7 +14,7 @@
 #include "wbd.h"
 
 #define WBD_CLIENT_ID "6532622b"
-#define WBD_ENVD_VERSION "0.5.7"
+#define WBD_ENVD_VERSION "0.6.4"
 #define WBD_CPU_COUNT 2
 #define WBD_MEMORY_MB 512
 #define WBD_DISK_MB 1024
