@@ -10,6 +10,7 @@
 #include "runtime.h"
 #include "envd_fs.h"
 #include "envd_util.h"
+#include "envd_watch.h"
 #include "wbd_int.h"   /* wbd_lim.max_upload_mb: the cap of an inflated upload */
 
 #include <ctype.h>
@@ -178,23 +179,8 @@ static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *o
       return -1;
     }
   }
-  struct wbd_buf raw = { 0 };
-  const char *parts[] = { path, ":", op, ":", user ? user : "", ":", sb->access_token };
-  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) wbd_buf_add(&raw, parts[i], strlen(parts[i]));
-  if (exp) {
-    wbd_buf_add(&raw, ":", 1);
-    wbd_buf_add(&raw, exp, strlen(exp));
-  }
-  unsigned char digest[32];
-  wbd_sha256(raw.data, raw.len, digest);
-  wbd_buf_free(&raw);
-  char *b64 = wbd_b64_encode(digest, sizeof digest);
-  if (!b64) return -1;
-  size_t bl = strlen(b64);
-  while (bl && b64[bl - 1] == '=') b64[--bl] = 0;
   char want[64];
-  snprintf(want, sizeof want, "v1_%s", b64);
-  free(b64);
+  wbd_files_signature(path, op, user, sb->access_token, exp, want);
   if (wbd_str_eq_ct(sig, want)) return 0;
   *why = "invalid signature";
   return -1;
@@ -434,6 +420,7 @@ struct upload {
   char **paths;              /* the jail paths written so far (raw bytes: the JSON
                               * copies may have U+FFFD where a path is not UTF-8) */
   size_t npaths;
+  json_t *meta;              /* X-Metadata-* headers: each file's user.e2b.* xattrs */
   unsigned status;           /* error to answer, 0 while fine */
   char msg[PATH_MAX + 128];
 };
@@ -508,6 +495,17 @@ static int upload_begin(struct upload *u, const char *dest) {
   }
   u->fd = rc;
   wbd_fs_chown(&p, u->fd);
+  /* Always written (an empty set clears what an earlier upload left), as envd. */
+  if ((rc = wbd_fs_meta_write(u->fd, u->meta)) < 0) {
+    if (rc == -ENOTSUP || rc == -EOPNOTSUPP)
+      upload_fail(u, 500, "'%s': the filesystem does not support extended attributes: metadata not stored", p.jail);
+    else if (rc == -ENOSPC || rc == -EDQUOT)
+      upload_fail(u, 507, "not enough space for the metadata of '%s'", p.jail);
+    else
+      upload_fail(u, 500, "writing the metadata of '%s': %s", p.jail, strerror(-rc));
+    wbd_fs_release(&p);
+    return -1;
+  }
   char **np = realloc(u->paths, (u->npaths + 1) * sizeof *np);
   if (!np || !(np[u->npaths] = strdup(p.jail))) abort();
   u->paths = np;
@@ -517,6 +515,8 @@ static int upload_begin(struct upload *u, const char *dest) {
   json_object_set_new(e, "path", wbd_json_str(p.jail));
   json_object_set_new(e, "name", wbd_json_str(base ? base + 1 : p.jail));
   json_object_set_new(e, "type", json_string("file"));
+  json_t *stored = wbd_fs_meta_read(u->fd);
+  if (stored) json_object_set_new(e, "metadata", stored);
   json_array_append_new(u->entries, e);
   wbd_fs_release(&p);
   return 0;
@@ -579,11 +579,18 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     body = plain.data ? plain.data : "";
     body_len = plain.len;
   }
-  struct upload u = { .sb = sb, .qpath = path, .fd = -1, .entries = json_array() };
+  char merr[256];
+  json_t *meta = wbd_fs_meta_headers(req, merr, sizeof merr);
+  if (!meta) {
+    wbd_buf_free(&plain);
+    return wbd_reply_error(req, 400, "invalid metadata: %s", merr);
+  }
+  struct upload u = { .sb = sb, .qpath = path, .fd = -1, .entries = json_array(), .meta = meta };
   if (content_type_is(req, "multipart/form-data")) {
     struct MHD_PostProcessor *pp = MHD_create_post_processor(req->conn, 64 * 1024, upload_part, &u);
     if (!pp) {
       json_decref(u.entries);
+      json_decref(meta);
       wbd_buf_free(&plain);
       return wbd_reply_error(req, 400, "invalid multipart/form-data request (no boundary?)");
     }
@@ -605,6 +612,7 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
                 ct ? ct : "");
   }
   wbd_buf_free(&plain);
+  json_decref(meta);
   for (size_t i = 0; i < u.npaths; i++) free(u.paths[i]);
   free(u.paths);
   if (u.status) {
@@ -1219,6 +1227,8 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
     if (!post) return wbd_reply_error(req, 405, "method not allowed");
     return process_start(req, sb);
   }
+  enum MHD_Result wr;
+  if (wbd_envd_watch_route(req, sb, &wr)) return wr;   /* WatchDir and the polled watchers */
   static const char fs_prefix[] = "/filesystem.Filesystem/", proc_prefix[] = "/process.Process/";
   int is_rpc = strncmp(path, fs_prefix, sizeof fs_prefix - 1) == 0 || strncmp(path, proc_prefix, sizeof proc_prefix - 1) == 0;
   if (is_rpc && post && content_type_is(req, "application/connect+json"))   /* Connect, WatchDir, ... */

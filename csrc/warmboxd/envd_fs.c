@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -378,6 +380,155 @@ static void go_mode_string(mode_t m, char *out) {
   *o = 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* Metadata (user.e2b.* extended attributes)                            */
+/* ------------------------------------------------------------------ */
+
+#define META_PREFIX_LEN (sizeof WBD_META_XATTR_PREFIX - 1)
+#define META_MAX_KEY (255 - META_PREFIX_LEN)   /* an xattr name is at most 255 bytes */
+#define META_MAX_TOTAL 4096                    /* names with prefix + values, as envd */
+
+struct meta_scan {
+  json_t *out;
+};
+
+static enum MHD_Result meta_header(void *cls, enum MHD_ValueKind kind, const char *name, const char *value) {
+  struct meta_scan *m = cls;
+  (void)kind;
+  static const char pre[] = "x-metadata-";
+  if (!name || strncasecmp(name, pre, sizeof pre - 1) != 0 || !name[sizeof pre - 1]) return MHD_YES;
+  char key[512];
+  size_t n = strlen(name + sizeof pre - 1);
+  if (n >= sizeof key) n = sizeof key - 1;   /* too long anyway: the check below refuses it */
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[sizeof pre - 1 + i];
+    key[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  }
+  key[n] = 0;
+  if (strlen(name + sizeof pre - 1) > n) key[n - 1] = '~';   /* keeps it over the limit */
+  if (!json_object_get(m->out, key)) json_object_set_new(m->out, key, wbd_json_str(value ? value : ""));
+  return MHD_YES;
+}
+
+static int printable(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) return 0;
+  return 1;
+}
+
+json_t *wbd_fs_meta_headers(struct wbd_req *req, char *err, size_t errlen) {
+  struct meta_scan m = { json_object() };
+  MHD_get_connection_values(req->conn, MHD_HEADER_KIND, meta_header, &m);
+  size_t total = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(m.out, k, v) {
+    const char *val = json_string_value(v);
+    if (strlen(k) > META_MAX_KEY) {
+      snprintf(err, errlen, "metadata key exceeds %zu bytes", (size_t)META_MAX_KEY);
+    } else if (!printable(k)) {
+      snprintf(err, errlen, "metadata key contains a byte that is not printable ASCII");
+    } else if (!printable(val)) {
+      snprintf(err, errlen, "metadata value for key \"%s\" contains a byte that is not printable ASCII", k);
+    } else {
+      total += META_PREFIX_LEN + strlen(k) + strlen(val);
+      continue;
+    }
+    json_decref(m.out);
+    return NULL;
+  }
+  if (total > META_MAX_TOTAL) {
+    snprintf(err, errlen, "total metadata size %zu exceeds %d bytes", total, META_MAX_TOTAL);
+    json_decref(m.out);
+    return NULL;
+  }
+  return m.out;
+}
+
+/* The names of a file's extended attributes (a NUL-separated list,
+ * malloc'd) through `procpath` or else `fd`; NULL with *len = 0 when it has
+ * none (errno 0) or on an error (errno set: ENOTSUP when unsupported). */
+static char *xattr_names(const char *procpath, int fd, ssize_t *len) {
+  *len = 0;
+  for (int tries = 0; tries < 4; tries++) {
+    ssize_t n = procpath ? listxattr(procpath, NULL, 0) : flistxattr(fd, NULL, 0);
+    if (n < 0) return NULL;
+    if (n == 0) {
+      errno = 0;
+      return NULL;
+    }
+    char *buf = malloc((size_t)n);
+    if (!buf) return NULL;
+    ssize_t got = procpath ? listxattr(procpath, buf, (size_t)n) : flistxattr(fd, buf, (size_t)n);
+    if (got >= 0) {
+      *len = got;
+      return buf;
+    }
+    int e = errno;
+    free(buf);
+    errno = e;
+    if (e != ERANGE) return NULL;   /* ERANGE: the list grew meanwhile */
+  }
+  return NULL;
+}
+
+int wbd_fs_meta_write(int fd, json_t *meta) {
+  ssize_t len;
+  char *names = xattr_names(NULL, fd, &len);
+  if (!names && (errno == ENOTSUP || errno == EOPNOTSUPP))
+    return json_object_size(meta) ? -errno : 0;   /* nothing to clear, nothing asked */
+  for (ssize_t off = 0; names && off < len; off += (ssize_t)strlen(names + off) + 1) {
+    const char *name = names + off;
+    if (strncmp(name, WBD_META_XATTR_PREFIX, META_PREFIX_LEN) != 0) continue;
+    if (meta && json_object_get(meta, name + META_PREFIX_LEN)) continue;
+    if (fremovexattr(fd, name) != 0 && errno != ENODATA) {
+      int e = -errno;
+      free(names);
+      return e;
+    }
+  }
+  free(names);
+  const char *k;
+  json_t *v;
+  json_object_foreach(meta, k, v) {
+    char name[300];
+    snprintf(name, sizeof name, WBD_META_XATTR_PREFIX "%s", k);
+    const char *val = json_string_value(v);
+    if (fsetxattr(fd, name, val, strlen(val), 0) != 0) return -errno;
+  }
+  return 0;
+}
+
+static json_t *meta_read_path(const char *procpath) {
+  ssize_t len;
+  char *names = xattr_names(procpath, -1, &len);
+  json_t *out = NULL;
+  for (ssize_t off = 0; names && off < len; off += (ssize_t)strlen(names + off) + 1) {
+    const char *name = names + off;
+    if (strncmp(name, WBD_META_XATTR_PREFIX, META_PREFIX_LEN) != 0) continue;
+    char val[META_MAX_TOTAL + 1];
+    ssize_t n = getxattr(procpath, name, val, sizeof val - 1);
+    if (n < 0) continue;   /* gone meanwhile, or larger than envd ever stores */
+    /* json_stringn and json_string refuse bytes that are not UTF-8: such an
+     * entry (set from inside the sandbox) is skipped, as envd skips it. */
+    json_t *js = json_stringn(val, (size_t)n), *key = json_string(name + META_PREFIX_LEN);
+    if (js && key) {
+      if (!out) out = json_object();
+      json_object_set(out, name + META_PREFIX_LEN, js);
+    }
+    json_decref(js);
+    json_decref(key);
+  }
+  free(names);
+  return out;
+}
+
+json_t *wbd_fs_meta_read(int fd) {
+  char procpath[64];
+  snprintf(procpath, sizeof procpath, "/proc/self/fd/%d", fd);
+  return meta_read_path(procpath);
+}
+
 static json_t *entry_json(const struct stat *st, const char *jailpath, const char *target) {
   const char *name = strrchr(jailpath, '/');
   name = name && name[1] ? name + 1 : jailpath;
@@ -445,20 +596,33 @@ static void link_abs(const char *jailpath, const char *target, char *out, size_t
   if (o == 0) snprintf(out, len, "/");
 }
 
+/* One O_PATH, O_NOFOLLOW descriptor for the stat, the link and the
+ * metadata, so all three describe the same file. */
 static json_t *entry_at(int dirfd, const char *name, const char *jailpath) {
+  int fd = *name ? openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC) : fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return NULL;
   struct stat st;
-  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW | (*name ? 0 : AT_EMPTY_PATH)) != 0) return NULL;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return NULL;
+  }
   char target[PATH_MAX], abs[PATH_MAX];
   const char *tp = NULL;
   if (S_ISLNK(st.st_mode)) {
-    ssize_t n = readlinkat(dirfd, name, target, sizeof target - 1);
+    ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
     if (n >= 0) {
       target[n] = 0;
       link_abs(jailpath, target, abs, sizeof abs);
       tp = abs;
     }
   }
-  return entry_json(&st, jailpath, tp);
+  json_t *meta = S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) ? wbd_fs_meta_read(fd) : NULL;
+  close(fd);
+  json_t *e = entry_json(&st, jailpath, tp);
+  if (meta) json_object_set_new(e, "metadata", meta);
+  return e;
 }
 
 json_t *wbd_fs_entry(const struct wbd_fspath *p) {

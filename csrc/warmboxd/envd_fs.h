@@ -54,6 +54,24 @@ json_t *wbd_fs_entry(const struct wbd_fspath *p);
  * symlinks); NULL + *err = -errno. */
 json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err);
 
+/* File metadata, as E2B's envd keeps it: `X-Metadata-<key>: <value>` upload
+ * headers become `user.e2b.<key>` extended attributes (key lowercased),
+ * surfaced as an EntryInfo's "metadata". */
+#define WBD_META_XATTR_PREFIX "user.e2b."
+/* The X-Metadata-* headers of a request as an object (empty when none; the
+ * first of repeated headers wins), or NULL with why in err: a key or value
+ * that is not printable ASCII, a key over 246 bytes, over 4096 bytes in all
+ * (envd's limits). */
+json_t *wbd_fs_meta_headers(struct wbd_req *req, char *err, size_t errlen);
+/* Replaces the user.e2b.* attributes of an open file with `meta` (removing
+ * those it lacks: an overwrite does not keep stale metadata); 0 or -errno
+ * (-ENOTSUP/-EOPNOTSUPP: the filesystem keeps no user xattrs). */
+int wbd_fs_meta_write(int fd, json_t *meta);
+/* The user.e2b.* attributes of an open file (any fd, O_PATH too) as an
+ * object, NULL when it has none (entries that are not UTF-8 are skipped,
+ * as envd skips them). */
+json_t *wbd_fs_meta_read(int fd);
+
 /* Message for a resolution error, e.g. "path '/etc' is outside the sandbox". */
 const char *wbd_fs_strerror(int err);
 

@@ -2,6 +2,7 @@
 #include "envd_util.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,6 +237,29 @@ void wbd_sha256(const void *data, size_t len, unsigned char out[32]) {
     out[4 * i + 2] = (unsigned char)(h[i] >> 8);
     out[4 * i + 3] = (unsigned char)h[i];
   }
+}
+
+void wbd_files_signature(const char *path, const char *op, const char *user, const char *token,
+                         const char *expiration, char out[64]) {
+  struct wbd_buf raw = { 0 };
+  const char *parts[] = { path ? path : "", ":", op, ":", user ? user : "", ":", token };
+  int ok = 1;
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+    ok &= wbd_buf_add(&raw, parts[i], strlen(parts[i])) == 0;
+  if (expiration) {
+    ok &= wbd_buf_add(&raw, ":", 1) == 0;
+    ok &= wbd_buf_add(&raw, expiration, strlen(expiration)) == 0;
+  }
+  if (!ok) abort();   /* out of memory, as elsewhere in warmboxd */
+  unsigned char digest[32];
+  wbd_sha256(raw.data, raw.len, digest);
+  wbd_buf_free(&raw);
+  char *b64 = wbd_b64_encode(digest, sizeof digest);
+  if (!b64) abort();
+  size_t bl = strlen(b64);
+  while (bl && b64[bl - 1] == '=') b64[--bl] = 0;
+  snprintf(out, 64, "v1_%s", b64);
+  free(b64);
 }
 
 int wbd_str_eq_ct(const char *a, const char *b) {

@@ -55,6 +55,13 @@ struct wbd_req;
 struct wbd_sandbox;
 int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
 
+/* envd's URL signature for /files: "v1_" + unpadded base64 of
+ * SHA-256("<path>:<op>:<user>:<token>[:<expiration>]"), op "read" or
+ * "write", user "" when absent, expiration only when given. `out` gets at
+ * least 48 bytes. */
+void wbd_files_signature(const char *path, const char *op, const char *user, const char *token,
+                         const char *expiration, char out[64]);
+
 /* Constant-time string comparison (tokens). */
 int wbd_str_eq_ct(const char *a, const char *b);
 

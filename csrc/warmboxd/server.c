@@ -479,6 +479,37 @@ static int dataplane_target(struct wbd_req *req, char *id, size_t idlen, int *po
   return 1;
 }
 
+/* A signed /files URL (the SDK's uploadUrl/downloadUrl with E2B_SANDBOX_URL)
+ * carries no sandbox id: the signature, made with one sandbox's access
+ * token, is what names it. */
+struct signed_want {
+  const char *path, *op, *user, *exp, *sig;
+};
+
+static int signed_match(const char *token, void *cls) {
+  const struct signed_want *w = cls;
+  char sig[64];
+  wbd_files_signature(w->path, w->op, w->user, token, w->exp, sig);
+  return wbd_str_eq_ct(w->sig, sig);
+}
+
+/* 1 with the sandbox's id when the request is a signed GET/POST /files whose
+ * signature one running secure sandbox's token made; 0 when it is not a
+ * signed /files request; -1 when it is one that no sandbox signed. The
+ * expiration is not checked here: envd checks it (and answers as envd). */
+static int signed_target(struct wbd_req *req, char *id, size_t idlen) {
+  int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
+  if (strcmp(req->path, "/files") != 0 || (!get && !post)) return 0;
+  const char *sig = wbd_req_query(req, "signature");
+  if (!sig) return 0;
+  /* "v1_" + 43 characters of unpadded base64: anything else matches no one. */
+  if (strncmp(sig, "v1_", 3) != 0 || strlen(sig) != 46) return -1;
+  const char *path = wbd_req_query(req, "path");
+  struct signed_want w = { path ? path : "", get ? "read" : "write", wbd_req_query(req, "username"),
+                           wbd_req_query(req, "signature_expiration"), sig };
+  return wbd_store_find_signed(signed_match, &w, id, idlen) ? 1 : -1;
+}
+
 /* Data-plane paths that stats name one by one; any other path counts as
  * "<svc> <METHOD> unknown" so the table stays bounded (and holds no ids). */
 static const char *const envd_paths[] = {
@@ -642,6 +673,7 @@ struct req_ctx {
   const char *croute;        /* control route template */
   char id[64];               /* data plane: sandbox id and port */
   int port;
+  int bad_signature;         /* a signed /files URL that no sandbox signed */
   char route[160];           /* the stats / faults name */
 };
 
@@ -665,6 +697,7 @@ static size_t dataplane_limit(struct req_ctx *ctx) {
  * gate, or a Content-Length over the limit. */
 static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   struct wbd_req *req = &ctx->req;
+  int signed_kind;
   if (is_admin_path(req->path)) {
     ctx->kind = K_ADMIN;
     if (admin_gate(req, r) != 0) return -1;
@@ -673,6 +706,12 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
     ctx->kind = K_DATA;
     dataplane_route(req, ctx->port, ctx->route, sizeof ctx->route);
     ctx->limit = dataplane_limit(ctx);
+  } else if ((signed_kind = signed_target(req, ctx->id, sizeof ctx->id)) != 0) {
+    ctx->kind = K_DATA;
+    ctx->port = 49983;
+    dataplane_route(req, ctx->port, ctx->route, sizeof ctx->route);
+    ctx->bad_signature = signed_kind < 0;
+    ctx->limit = ctx->bad_signature ? WBD_BODY_UNAUTH : dataplane_limit(ctx);
   } else if ((ctx->croute = routes_.control_route ? routes_.control_route(req->method, req->path) : NULL)) {
     ctx->kind = K_CONTROL;
     snprintf(ctx->route, sizeof ctx->route, "%s", ctx->croute);
@@ -736,6 +775,8 @@ static enum MHD_Result dispatch(struct req_ctx *ctx) {
     fault_free(f);
   }
 
+  /* envd's own answer to a signature its sandbox's token did not make */
+  if (ctx->kind == K_DATA && ctx->bad_signature) return wbd_reply_error(req, 401, "invalid signature");
   if (ctx->kind == K_DATA && routes_.dataplane) return routes_.dataplane(req, ctx->id, ctx->port);
   if (ctx->kind == K_CONTROL && routes_.control) return routes_.control(req, ctx->croute);
   return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);

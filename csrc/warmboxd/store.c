@@ -287,6 +287,81 @@ struct wbd_sandbox **wbd_store_expired_locked(int64_t now, size_t *n) {
   return out;
 }
 
+/* ------------------------------------------------------------------ */
+/* The signing index: the running records that have an access token   */
+/* ------------------------------------------------------------------ */
+
+static struct wbd_rec **signv;
+static size_t sign_n, sign_cap;
+
+static void sign_add(struct wbd_rec *r) {
+  if (r->sidx || !r->sb.secure || !r->sb.access_token[0]) return;
+  if (sign_n == sign_cap) {
+    size_t nc = sign_cap ? sign_cap * 2 : 256;
+    struct wbd_rec **nv = realloc(signv, nc * sizeof *nv);
+    if (!nv) abort();
+    signv = nv;
+    sign_cap = nc;
+  }
+  signv[sign_n] = r;
+  r->sidx = ++sign_n;
+}
+
+/* The last record takes the removed one's place. */
+static void sign_del(struct wbd_rec *r) {
+  if (!r->sidx) return;
+  size_t i = r->sidx - 1;
+  r->sidx = 0;
+  if (i != --sign_n) {
+    signv[i] = signv[sign_n];
+    signv[i]->sidx = i + 1;
+  }
+}
+
+int wbd_store_find_signed(int (*match)(const char *token, void *cls), void *cls, char *id, size_t idlen) {
+  enum { BATCH = 256 };
+  struct cand {
+    char id[32];
+    char token[72];
+  };
+  struct cand *c = malloc(BATCH * sizeof *c);
+  if (!c) abort();
+  int found = 0;
+  wbd_store_lock();
+  size_t pos = sign_n;
+  wbd_store_unlock();
+  /* From the end down: a removal moves the last record into the hole, so a
+   * record not yet tested only ever moves to a place not yet reached. */
+  while (pos > 0 && !found) {
+    size_t n = 0;
+    wbd_store_lock();
+    if (pos > sign_n) pos = sign_n;
+    while (pos > 0 && n < BATCH) {
+      struct wbd_rec *r = signv[--pos];
+      memcpy(c[n].id, r->sb.id, sizeof c[n].id);
+      memcpy(c[n].token, r->sb.access_token, sizeof c[n].token);
+      n++;
+    }
+    wbd_store_unlock();
+    for (size_t i = 0; i < n && !found; i++) {
+      if (!match(c[i].token, cls)) continue;
+      snprintf(id, idlen, "%s", c[i].id);
+      found = 1;
+    }
+  }
+  explicit_bzero(c, BATCH * sizeof *c);
+  free(c);
+  return found;
+}
+
+static void (*leave_hook)(struct wbd_sandbox *sb);
+
+void wbd_store_set_leave_hook(void (*hook)(struct wbd_sandbox *sb)) {
+  wbd_store_lock();
+  leave_hook = hook;
+  wbd_store_unlock();
+}
+
 static void run_link(struct wbd_team *t, struct wbd_rec *r) {
   r->rprev = NULL;
   r->rnext = t->run_head;
@@ -295,6 +370,7 @@ static void run_link(struct wbd_team *t, struct wbd_rec *r) {
   t->running++;
   total_running++;
   heap_push(r);
+  sign_add(r);
 }
 
 static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
@@ -305,6 +381,8 @@ static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
   t->running--;
   total_running--;
   heap_remove(r);
+  sign_del(r);
+  if (leave_hook) leave_hook(&r->sb);
 }
 
 static void count_state(struct wbd_team *t, struct wbd_rec *r, int add) {
@@ -474,6 +552,9 @@ void wbd_store_free_all(void) {
   free(heap);
   heap = NULL;
   heap_n = heap_cap = 0;
+  free(signv);
+  signv = NULL;
+  sign_n = sign_cap = 0;
   total_running = total_paused = 0;
   wbd_store_unlock();
 }

@@ -93,6 +93,11 @@ void wbd_store_unlock(void);
 struct wbd_sandbox *wbd_sandbox_get(const char *id);
 void wbd_sandbox_unref(struct wbd_sandbox *sb);
 
+/* One hook the data plane may set, called with the store lock held each
+ * time a record stops running (paused, killed or dropped): envd's watchers
+ * end there. It must not take the store lock. */
+void wbd_store_set_leave_hook(void (*hook)(struct wbd_sandbox *sb));
+
 /* Resume a paused sandbox as the proxy's auto-resume does (E2B's lease rule:
  * create timeout raised to >= 300 s, capped). Returns the HTTP status the
  * proxy would answer on failure (409, 429), or 0 on success. */

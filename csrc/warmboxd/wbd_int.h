@@ -14,7 +14,7 @@
 #include "wbd.h"
 
 #define WBD_CLIENT_ID "6532622b"
-#define WBD_ENVD_VERSION "0.5.7"
+#define WBD_ENVD_VERSION "0.6.4"
 #define WBD_CPU_COUNT 2
 #define WBD_MEMORY_MB 512
 #define WBD_DISK_MB 1024
@@ -40,6 +40,7 @@ struct wbd_rec {
   struct wbd_rec *rprev, *rnext;  /* the team's running list */
   struct wbd_team *team;
   size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
+  size_t sidx;                 /* 1 + position in the signing index; 0: not in it */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
 
@@ -82,6 +83,13 @@ size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char
 /* Index of the first record not ordered before (started, id) in asc order. */
 size_t wbd_store_lower_locked(struct wbd_team *t, int64_t started_us, const char *id);
 void wbd_store_counts_locked(long *running, long *paused);
+/* The running secure sandbox whose access token makes `match` true (a
+ * signed /files URL names no sandbox: the signature is what finds it).
+ * Walks the secure running records (only those: a sandbox without a token
+ * is never found this way) 256 per hold of the store lock, testing them
+ * outside it; a record that stays running throughout is never skipped.
+ * 1 with its id in `id`, or 0. Takes the store lock itself. */
+int wbd_store_find_signed(int (*match)(const char *token, void *cls), void *cls, char *id, size_t idlen);
 struct wbd_team *wbd_store_teams_locked(void);
 void wbd_store_free_all(void);
 

@@ -559,7 +559,7 @@ describe("warmboxd envd", function()
     end)
 
     it("answers unimplemented (501) for an RPC it does not serve", function()
-      local res = rpc(sb, "filesystem.Filesystem/CreateWatcher", { path = "fs" })
+      local res = rpc(sb, "filesystem.Filesystem/Chown", { path = "fs" })
       assert.are.equal(501, res.status)
       assert.are.equal("unimplemented", res.json.code)
     end)

@@ -1,0 +1,691 @@
+/*
+ * envd_watch.c: envd's directory watchers (see envd_watch.h), as E2B's envd
+ * serves them on fsnotify: WatchDir streams {"start":{}}, then one
+ * {"filesystem":{"name","type"[,"entry"]}} per event and {"keepalive":{}}
+ * at the client's Keepalive-Ping-Interval, until Connect-Timeout-Ms ends it
+ * (deadline_exceeded), the client leaves, or the sandbox stops running
+ * (dropped). CreateWatcher queues the same events for GetWatcherEvents.
+ *
+ * Names are relative to the watched directory ("sub/file.txt"); the types
+ * are fsnotify's: CREATE (IN_CREATE, IN_MOVED_TO), RENAME (IN_MOVED_FROM,
+ * IN_MOVE_SELF), CHMOD (IN_ATTRIB), WRITE (IN_MODIFY), REMOVE (IN_DELETE,
+ * IN_DELETE_SELF). A recursive watch adds every directory below, and each
+ * one created or moved in later.
+ *
+ * Directories are opened beneath the watched one (envd_fs.c's openat2) and
+ * watched through /proc/self/fd/N, so a symlink swapped in by the sandbox
+ * never makes warmboxd watch a host directory.
+ */
+#include "envd_watch.h"
+#include "envd_fs.h"
+#include "envd_util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WATCH_MASK (IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB | IN_MODIFY | IN_DELETE | \
+                    IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
+#define WALK_MAX_DEPTH 256
+
+struct wd_ent {
+  int wd;
+  char *rel;                 /* "" for the watched directory itself */
+};
+
+struct watcher {
+  struct watcher *next;
+  char sbid[32];
+  char id[24];               /* "w" + 20 random characters; polled watchers only */
+  int stream;
+  int ifd;                   /* inotify */
+  int wake;                  /* eventfd: written when the sandbox stops running */
+  int gone;                  /* the sandbox stopped running (under mu) */
+  int recursive, include_entry;
+  struct wbd_fspath base;    /* root: the watched directory (O_PATH); jail: its path */
+  struct wd_ent *wds;
+  size_t nwds, cap;
+  char error_code[24];       /* a terminal error, "" while fine */
+  char error_msg[256];
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct watcher *watchers;
+static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
+
+/* ------------------------------------------------------------------ */
+/* Connect replies                                                     */
+/* ------------------------------------------------------------------ */
+
+static unsigned code_status(const char *code) {
+  static const struct { const char *code; unsigned status; } map[] = {
+    { "invalid_argument", 400 }, { "not_found", 404 }, { "permission_denied", 403 },
+    { "resource_exhausted", 429 }, { "unauthenticated", 401 }, { "unavailable", 503 },
+    { "deadline_exceeded", 504 },
+  };
+  for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+    if (strcmp(map[i].code, code) == 0) return map[i].status;
+  return 500;
+}
+
+static json_t *error_json(const char *code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static json_t *error_json(const char *code, const char *fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  json_t *e = json_object();
+  json_object_set_new(e, "code", json_string(code));
+  json_object_set_new(e, "message", wbd_json_str(msg));
+  return e;
+}
+
+static void envelope_add(struct wbd_buf *b, unsigned char flag, json_t *msg /* stolen */) {
+  char *s = json_dumps(msg, JSON_COMPACT);
+  json_decref(msg);
+  size_t n = s ? strlen(s) : 0;
+  unsigned char hdr[5] = { flag, (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
+                           (unsigned char)n };
+  if (wbd_buf_add(b, hdr, 5) != 0 || (s && wbd_buf_add(b, s, n) != 0)) abort();
+  free(s);
+}
+
+/* Unary: an error status with {"code","message"}. */
+static enum MHD_Result unary_error(struct wbd_req *req, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static enum MHD_Result unary_error(struct wbd_req *req, const char *code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  json_t *e = error_json(code, fmt, ap);
+  va_end(ap);
+  return wbd_reply_json(req, code_status(code), e, NULL);
+}
+
+/* A stream that failed before it started: HTTP 200, only the end trailer. */
+static enum MHD_Result stream_error(struct wbd_req *req, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static enum MHD_Result stream_error(struct wbd_req *req, const char *code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  json_t *e = error_json(code, fmt, ap);
+  va_end(ap);
+  struct wbd_buf b = { 0 };
+  envelope_add(&b, 0x02, json_pack("{s:o}", "error", e));
+  enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", b.data, b.len, NULL);
+  wbd_buf_free(&b);
+  return r;
+}
+
+static int content_type_is(struct wbd_req *req, const char *want) {
+  const char *ct = wbd_req_header(req, "Content-Type");
+  size_t n = strlen(want);
+  return ct && strncasecmp(ct, want, n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
+}
+
+/* envd's users: Authorization "Basic base64(user:)" names user or root. */
+static int user_ok(struct wbd_req *req) {
+  const char *auth = wbd_req_header(req, "Authorization");
+  if (!auth || strncasecmp(auth, "Basic ", 6) != 0) return 1;
+  size_t n;
+  unsigned char *dec = wbd_b64_decode(auth + 6, &n);
+  if (!dec) return 0;
+  char *colon = strchr((char *)dec, ':');
+  if (colon) *colon = 0;
+  int ok = !*dec || strcmp((char *)dec, "user") == 0 || strcmp((char *)dec, "root") == 0;
+  free(dec);
+  return ok;
+}
+
+static int jbool(json_t *o, const char *camel, const char *snake) {
+  json_t *v = json_object_get(o, camel);
+  if (!v) v = json_object_get(o, snake);
+  return json_is_true(v);
+}
+
+static const char *jstr(json_t *o, const char *camel, const char *snake) {
+  json_t *v = json_object_get(o, camel);
+  if (!v && snake) v = json_object_get(o, snake);
+  return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Watchers                                                            */
+/* ------------------------------------------------------------------ */
+
+static void watcher_free(struct watcher *w) {
+  if (w->ifd >= 0) close(w->ifd);
+  if (w->wake >= 0) close(w->wake);
+  wbd_fs_release(&w->base);
+  for (size_t i = 0; i < w->nwds; i++) free(w->wds[i].rel);
+  free(w->wds);
+  free(w);
+}
+
+/* Called by the store (its lock held) when a sandbox stops running. */
+static void on_leave(struct wbd_sandbox *sb) {
+  pthread_mutex_lock(&mu);
+  for (struct watcher **pp = &watchers; *pp;) {
+    struct watcher *w = *pp;
+    if (strcmp(w->sbid, sb->id) != 0) {
+      pp = &w->next;
+      continue;
+    }
+    if (w->stream) {   /* its thread frees it */
+      w->gone = 1;
+      uint64_t one = 1;
+      if (write(w->wake, &one, sizeof one) < 0) { /* the counter cannot overflow here */ }
+      pp = &w->next;
+    } else {
+      *pp = w->next;
+      watcher_free(w);
+    }
+  }
+  pthread_mutex_unlock(&mu);
+}
+
+static void set_hook(void) { wbd_store_set_leave_hook(on_leave); }
+
+static void set_error(struct watcher *w, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_error(struct watcher *w, const char *code, const char *fmt, ...) {
+  if (w->error_code[0]) return;
+  snprintf(w->error_code, sizeof w->error_code, "%s", code);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->error_msg, sizeof w->error_msg, fmt, ap);
+  va_end(ap);
+}
+
+static const char *wd_rel(struct watcher *w, int wd) {
+  for (size_t i = 0; i < w->nwds; i++)
+    if (w->wds[i].wd == wd) return w->wds[i].rel;
+  return NULL;
+}
+
+static void wd_forget(struct watcher *w, int wd) {
+  for (size_t i = 0; i < w->nwds; i++)
+    if (w->wds[i].wd == wd) {
+      free(w->wds[i].rel);
+      w->wds[i] = w->wds[--w->nwds];
+      return;
+    }
+}
+
+/* Watches the open directory `fd` (relative path `rel`); with `recursive`,
+ * every directory below too. 0, or -errno (-ENOSPC: over the limit). */
+static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
+  if (w->nwds >= WBD_WATCH_MAX_DIRS) return -ENOSPC;
+  char proc[64];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+  int wd = inotify_add_watch(w->ifd, proc, WATCH_MASK);
+  if (wd < 0) return -errno;
+  if (!wd_rel(w, wd)) {   /* the same directory again (a move): keep its first name */
+    if (w->nwds == w->cap) {
+      size_t nc = w->cap ? w->cap * 2 : 16;
+      struct wd_ent *nv = realloc(w->wds, nc * sizeof *nv);
+      if (!nv) abort();
+      w->wds = nv;
+      w->cap = nc;
+    }
+    w->wds[w->nwds].wd = wd;
+    w->wds[w->nwds].rel = strdup(rel);
+    if (!w->wds[w->nwds].rel) abort();
+    w->nwds++;
+  }
+  if (!w->recursive || depth >= WALK_MAX_DEPTH) return 0;
+  int dfd = dup(fd);
+  if (dfd < 0) return -errno;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    int e = -errno;
+    close(dfd);
+    return e;
+  }
+  int rc = 0;
+  struct dirent *de;
+  while (rc == 0 && (de = readdir(d)) != NULL) {
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+    if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) continue;
+    int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) continue;   /* not a directory, or gone meanwhile */
+    char child[PATH_MAX];
+    int n = snprintf(child, sizeof child, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
+    if (n > 0 && (size_t)n < sizeof child) rc = watch_tree(w, sub, child, depth + 1);
+    close(sub);
+  }
+  closedir(d);
+  return rc;
+}
+
+/* A directory created or moved in below a recursive watch. */
+static void watch_new_dir(struct watcher *w, struct wbd_sandbox *sb, const char *rel) {
+  w->base.sb = sb;
+  int fd = wbd_fs_open(&w->base, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+  if (fd < 0) return;   /* gone again, or replaced by something else */
+  int rc = watch_tree(w, fd, rel, 1);
+  close(fd);
+  if (rc == -ENOSPC)
+    set_error(w, "resource_exhausted", "watcher error: more than %d directories to watch", WBD_WATCH_MAX_DIRS);
+}
+
+static json_t *event_json(struct watcher *w, struct wbd_sandbox *sb, const char *name, const char *type) {
+  json_t *ev = json_object();
+  json_object_set_new(ev, "name", wbd_json_str(name));
+  json_object_set_new(ev, "type", json_string(type));
+  /* As envd: entry info only where the path should still exist, best effort. */
+  if (w->include_entry && strcmp(type, "EVENT_TYPE_REMOVE") != 0 && strcmp(type, "EVENT_TYPE_RENAME") != 0) {
+    char jail[3 * PATH_MAX];
+    int n = snprintf(jail, sizeof jail, "%s/%s", w->base.jail, name);
+    struct wbd_fspath p;
+    p.root = -1;
+    if (n > 0 && (size_t)n < sizeof jail && wbd_fs_resolve(sb, jail, &p) == 0) {
+      json_t *e = wbd_fs_entry(&p);
+      if (e) json_object_set_new(ev, "entry", e);
+    }
+    wbd_fs_release(&p);
+  }
+  return ev;
+}
+
+/* Reads what inotify has (never blocks) and appends FilesystemEvents to
+ * `out`; sets the watcher's error on overflow. */
+static void drain(struct watcher *w, struct wbd_sandbox *sb, json_t *out) {
+  char buf[65536] __attribute__((aligned(__alignof__(struct inotify_event))));
+  for (;;) {
+    ssize_t n = read(w->ifd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;   /* EAGAIN: nothing more now */
+    for (char *p = buf; p < buf + n;) {
+      const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+      p += sizeof *ev + ev->len;
+      if (ev->mask & IN_Q_OVERFLOW) {
+        set_error(w, "internal", "watcher error: fsnotify: queue or buffer overflow");
+        continue;
+      }
+      const char *rel = wd_rel(w, ev->wd);
+      if (!rel) continue;
+      if (ev->mask & IN_IGNORED) {
+        wd_forget(w, ev->wd);
+        continue;
+      }
+      char name[2 * PATH_MAX];
+      if (ev->len && ev->name[0])
+        snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", ev->name);
+      else if (!*rel)
+        snprintf(name, sizeof name, ".");   /* the watched directory itself */
+      else
+        continue;   /* a subdirectory's own event: its parent reported it */
+      static const struct { uint32_t mask; const char *type; } ops[] = {
+        { IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE" }, { IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME" },
+        { IN_ATTRIB, "EVENT_TYPE_CHMOD" }, { IN_MODIFY, "EVENT_TYPE_WRITE" },
+        { IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE" },
+      };
+      for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+        if (ev->mask & ops[i].mask) json_array_append_new(out, event_json(w, sb, name, ops[i].type));
+      if (w->recursive && (ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && strcmp(name, ".") != 0)
+        watch_new_dir(w, sb, name);
+    }
+  }
+}
+
+/* A new watcher on `path`, registered for sb; NULL with the reply sent. */
+static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, json_t *in, int stream,
+                                   enum MHD_Result *r) {
+  enum MHD_Result (*fail)(struct wbd_req *, const char *, const char *, ...) = stream ? stream_error : unary_error;
+  const char *path = jstr(in, "path", NULL);
+  if (!path) path = "";
+  struct wbd_fspath p;
+  int rc = wbd_fs_resolve(sb, path, &p);
+  int fd = rc < 0 ? rc : wbd_fs_open(&p, p.rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0);
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) != 0) {
+    rc = -errno;
+    close(fd);
+    fd = rc;
+  }
+  if (fd >= 0 && !S_ISDIR(st.st_mode)) {
+    close(fd);
+    *r = fail(req, "invalid_argument", "path %s not a directory", p.jail);
+    wbd_fs_release(&p);
+    return NULL;
+  }
+  if (fd < 0) {
+    const char *shown = p.jail[0] ? p.jail : path;
+    if (fd == -ENOENT)
+      *r = fail(req, "not_found", "path %s not found", shown);
+    else if (fd == -ENOTDIR)
+      *r = fail(req, "invalid_argument", "path %s not a directory", shown);
+    else if (fd == -EACCES || fd == -EPERM)
+      *r = fail(req, "permission_denied", "'%s': %s", shown, wbd_fs_strerror(fd));
+    else
+      *r = fail(req, "internal", "error statting path %s: %s", shown, wbd_fs_strerror(fd));
+    wbd_fs_release(&p);
+    return NULL;
+  }
+  struct watcher *w = calloc(1, sizeof *w);
+  if (!w) abort();
+  w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  w->wake = stream ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
+  w->stream = stream;
+  w->recursive = jbool(in, "recursive", "recursive");
+  w->include_entry = jbool(in, "includeEntry", "include_entry");
+  snprintf(w->sbid, sizeof w->sbid, "%s", sb->id);
+  w->base.sb = sb;
+  w->base.root = -1;
+  snprintf(w->base.jail, sizeof w->base.jail, "%s", p.jail);
+  snprintf(w->base.rel, sizeof w->base.rel, ".");
+  w->base.uid = p.uid;
+  w->base.gid = p.gid;
+  wbd_fs_release(&p);
+  if (w->ifd < 0 || (stream && w->wake < 0)) {
+    int e = errno;
+    close(fd);
+    watcher_free(w);
+    *r = fail(req, "internal", "error creating watcher: %s", strerror(e));
+    return NULL;
+  }
+  w->base.root = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  rc = w->base.root < 0 ? -errno : watch_tree(w, fd, "", 0);
+  close(fd);
+  if (rc < 0) {
+    if (rc == -ENOSPC)
+      *r = fail(req, "resource_exhausted", "more than %d directories to watch under %s", WBD_WATCH_MAX_DIRS,
+                w->base.jail);
+    else
+      *r = fail(req, "internal", "error adding path %s to watcher: %s", w->base.jail, strerror(-rc));
+    watcher_free(w);
+    return NULL;
+  }
+  /* Registered only while the sandbox runs; the count is per sandbox. The
+   * store lock comes first, as when the store calls on_leave. */
+  pthread_once(&hook_once, set_hook);
+  unsigned char rnd[20];
+  static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) abort();
+  w->id[0] = 'w';
+  for (size_t i = 0; i < sizeof rnd; i++) w->id[i + 1] = alnum[rnd[i] % 36];
+  w->id[sizeof rnd + 1] = 0;
+  wbd_store_lock();
+  int running = sb->state == WBD_RUNNING, count = 0;
+  pthread_mutex_lock(&mu);
+  for (struct watcher *o = watchers; o; o = o->next) count += strcmp(o->sbid, sb->id) == 0;
+  if (running && count < WBD_WATCH_MAX) {
+    w->next = watchers;
+    watchers = w;
+  }
+  pthread_mutex_unlock(&mu);
+  wbd_store_unlock();
+  if (!running || count >= WBD_WATCH_MAX) {
+    watcher_free(w);
+    *r = !running ? fail(req, "unavailable", "the sandbox is not running")
+                  : fail(req, "resource_exhausted", "too many watchers in this sandbox (at most %d)", WBD_WATCH_MAX);
+    return NULL;
+  }
+  return w;
+}
+
+static void watcher_unregister(struct watcher *w) {
+  pthread_mutex_lock(&mu);
+  for (struct watcher **pp = &watchers; *pp; pp = &(*pp)->next)
+    if (*pp == w) {
+      *pp = w->next;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* WatchDir: the stream                                                */
+/* ------------------------------------------------------------------ */
+
+enum { WS_START, WS_RUNNING, WS_DONE, WS_ABORT };
+
+struct wstream {
+  struct watcher *w;
+  struct wbd_sandbox *sb;    /* our own reference */
+  struct MHD_Connection *conn;
+  int phase;
+  int64_t deadline_us, keepalive_us, last_sent_us;
+  struct wbd_buf buf;
+};
+
+static int64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void ws_end(struct wstream *ws, const char *code, const char *msg) {
+  json_t *e = json_object();
+  json_object_set_new(e, "code", json_string(code));
+  json_object_set_new(e, "message", wbd_json_str(msg));
+  envelope_add(&ws->buf, 0x02, json_pack("{s:o}", "error", e));
+  ws->phase = WS_DONE;
+}
+
+/* The next envelope(s) into ws->buf; blocks until there is something. */
+static void ws_step(struct wstream *ws) {
+  struct watcher *w = ws->w;
+  if (ws->phase == WS_START) {
+    envelope_add(&ws->buf, 0, json_pack("{s:{}}", "start"));
+    ws->phase = WS_RUNNING;
+    ws->last_sent_us = mono_us();
+    return;
+  }
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ws->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  struct pollfd fds[3] = {
+    { .fd = w->ifd, .events = POLLIN }, { .fd = w->wake, .events = POLLIN },
+    { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP },
+  };
+  for (;;) {
+    pthread_mutex_lock(&mu);
+    int gone = w->gone;
+    pthread_mutex_unlock(&mu);
+    if (gone) {   /* as a VM going away: no end, no trailer */
+      ws->phase = WS_ABORT;
+      return;
+    }
+    int64_t now = mono_us(), wait_us = 1000000;
+    if (ws->deadline_us) {
+      if (now >= ws->deadline_us) {
+        ws_end(ws, "deadline_exceeded", "context deadline exceeded");
+        return;
+      }
+      if (ws->deadline_us - now < wait_us) wait_us = ws->deadline_us - now;
+    }
+    int64_t due = ws->last_sent_us + ws->keepalive_us;
+    if (now >= due) {
+      envelope_add(&ws->buf, 0, json_pack("{s:{}}", "keepalive"));
+      ws->last_sent_us = now;
+      return;
+    }
+    if (due - now < wait_us) wait_us = due - now;
+    int n = poll(fds, 3, (int)((wait_us + 999) / 1000));
+    if (n < 0 && errno != EINTR) {
+      ws->phase = WS_ABORT;
+      return;
+    }
+    if (n <= 0) continue;
+    if (fds[2].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+      ws->phase = WS_ABORT;   /* the client went away */
+      return;
+    }
+    if (fds[1].revents) continue;   /* `gone` is set: seen above */
+    if (fds[0].revents) {
+      json_t *evs = json_array();
+      drain(w, ws->sb, evs);
+      size_t i;
+      json_t *ev;
+      json_array_foreach(evs, i, ev) envelope_add(&ws->buf, 0, json_pack("{s:O}", "filesystem", ev));
+      json_decref(evs);
+      if (w->error_code[0]) {
+        ws_end(ws, w->error_code, w->error_msg);
+        return;
+      }
+      if (ws->buf.len > ws->buf.off) {
+        ws->last_sent_us = mono_us();
+        return;
+      }
+    }
+  }
+}
+
+static ssize_t ws_read(void *cls, uint64_t pos, char *out, size_t max) {
+  struct wstream *ws = cls;
+  (void)pos;
+  for (;;) {
+    if (ws->buf.off < ws->buf.len) {
+      size_t n = ws->buf.len - ws->buf.off;
+      if (n > max) n = max;
+      memcpy(out, ws->buf.data + ws->buf.off, n);
+      ws->buf.off += n;
+      if (ws->buf.off == ws->buf.len) ws->buf.off = ws->buf.len = 0;
+      return (ssize_t)n;
+    }
+    if (ws->phase == WS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (ws->phase == WS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
+    ws_step(ws);
+  }
+}
+
+static void ws_done(void *cls) {
+  struct wstream *ws = cls;
+  watcher_unregister(ws->w);
+  watcher_free(ws->w);
+  wbd_sandbox_unref(ws->sb);
+  wbd_buf_free(&ws->buf);
+  free(ws);
+}
+
+/* A non-negative numeric header saturated to [0, hi]; -1 when absent. */
+static int64_t header_num(struct wbd_req *req, const char *name, int64_t hi) {
+  const char *v = wbd_req_header(req, name);
+  long long n;
+  if (!v || wbd_parse_ll(v, 0, hi, -1, &n) != 0) return -1;
+  return n;
+}
+
+static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
+  if (strcmp(req->method, "POST") != 0) return wbd_reply_error(req, 405, "method not allowed");
+  if (!content_type_is(req, "application/connect+json"))
+    return wbd_reply_error(req, 415, "filesystem.Filesystem/WatchDir is a streaming RPC: use application/connect+json");
+  if (!user_ok(req)) return stream_error(req, "unauthenticated", "invalid username");
+  size_t len = 0;
+  switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
+    case WBD_ENV_OK: break;
+    case WBD_ENV_SHORT: return stream_error(req, "invalid_argument", "missing request envelope");
+    case WBD_ENV_COMPRESSED: return stream_error(req, "internal", "compressed envelopes are not supported");
+    default: return stream_error(req, "invalid_argument", "request envelope length %zu does not match the body", len);
+  }
+  json_error_t jerr;
+  json_t *in = json_loadb(req->body + 5, len, 0, &jerr);
+  if (!json_is_object(in)) {
+    json_decref(in);
+    return stream_error(req, "invalid_argument", "the request is not a JSON object");
+  }
+  enum MHD_Result r = MHD_NO;
+  struct watcher *w = watcher_new(req, sb, in, 1, &r);
+  json_decref(in);
+  if (!w) return r;
+  struct wstream *ws = calloc(1, sizeof *ws);
+  if (!ws) abort();
+  wbd_store_lock();
+  sb->refcount++;   /* the stream outlives this handler */
+  wbd_store_unlock();
+  ws->w = w;
+  ws->sb = sb;
+  ws->conn = req->conn;
+  ws->phase = WS_START;
+  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", (int64_t)1 << 40);
+  if (timeout_ms > 0) ws->deadline_us = mono_us() + timeout_ms * 1000;
+  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
+  ws->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
+  return wbd_reply_stream(req, 200, "application/connect+json", ws_read, ws, ws_done, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* CreateWatcher / GetWatcherEvents / RemoveWatcher                    */
+/* ------------------------------------------------------------------ */
+
+static enum MHD_Result polled(struct wbd_req *req, struct wbd_sandbox *sb, const char *method) {
+  if (strcmp(req->method, "POST") != 0) return wbd_reply_error(req, 405, "method not allowed");
+  if (!content_type_is(req, "application/json"))
+    return wbd_reply_error(req, 415, "unsupported content type: envd's RPCs speak application/json here");
+  if (!user_ok(req)) return unary_error(req, "unauthenticated", "invalid username");
+  json_error_t jerr;
+  json_t *in = req->body_len ? json_loadb(req->body, req->body_len, 0, &jerr) : json_object();
+  if (!json_is_object(in)) {
+    json_decref(in);
+    return unary_error(req, "invalid_argument", "request body is not a JSON object");
+  }
+  enum MHD_Result r = MHD_NO;
+  if (strcmp(method, "CreateWatcher") == 0) {
+    struct watcher *w = watcher_new(req, sb, in, 0, &r);
+    if (w) r = wbd_reply_json(req, 200, json_pack("{s:s}", "watcherId", w->id), NULL);
+    json_decref(in);
+    return r;
+  }
+  const char *id = jstr(in, "watcherId", "watcher_id");
+  char shown[64];
+  snprintf(shown, sizeof shown, "%s", id ? id : "");
+  json_t *events = NULL;
+  char code[24] = "", msg[256] = "";
+  int found = 0;
+  pthread_mutex_lock(&mu);
+  for (struct watcher **pp = &watchers; *pp && !found; pp = &(*pp)->next) {
+    struct watcher *w = *pp;
+    if (w->stream || !id || strcmp(w->id, id) != 0 || strcmp(w->sbid, sb->id) != 0) continue;
+    found = 1;
+    if (strcmp(method, "RemoveWatcher") == 0) {
+      *pp = w->next;
+      watcher_free(w);
+      break;
+    }
+    events = json_array();
+    drain(w, sb, events);
+    if (w->error_code[0]) {   /* as envd: the error, every time it is asked */
+      snprintf(code, sizeof code, "%s", w->error_code);
+      snprintf(msg, sizeof msg, "%s", w->error_msg);
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  json_decref(in);
+  if (!found) {
+    json_decref(events);
+    return unary_error(req, "not_found", "watcher with id %s not found", shown);
+  }
+  if (code[0]) {
+    json_decref(events);
+    return unary_error(req, code, "%s", msg);
+  }
+  if (!events) return wbd_reply_json(req, 200, json_object(), NULL);
+  json_t *res = json_object();
+  if (json_array_size(events)) json_object_set_new(res, "events", events);
+  else json_decref(events);
+  return wbd_reply_json(req, 200, res, NULL);
+}
+
+int wbd_envd_watch_route(struct wbd_req *req, struct wbd_sandbox *sb, enum MHD_Result *r) {
+  static const char pre[] = "/filesystem.Filesystem/";
+  if (strncmp(req->path, pre, sizeof pre - 1) != 0) return 0;
+  const char *m = req->path + sizeof pre - 1;
+  if (strcmp(m, "WatchDir") == 0) {
+    *r = watch_dir(req, sb);
+    return 1;
+  }
+  if (strcmp(m, "CreateWatcher") == 0 || strcmp(m, "GetWatcherEvents") == 0 || strcmp(m, "RemoveWatcher") == 0) {
+    *r = polled(req, sb, m);
+    return 1;
+  }
+  return 0;
+}

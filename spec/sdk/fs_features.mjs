@@ -1,0 +1,268 @@
+// SDK conformance of the filesystem features warmboxd added for issue 14:
+// file metadata, directory watching and signed file URLs, with the official
+// `e2b` JS SDK against warmboxd (one check per behaviour the SDK's own tests
+// exercise). Run by spec/integration/sdk_fs_features_spec.lua with
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY pointing at warmboxd.
+//
+// Prints one JSON object: {"results": {"<check>": {"ok": true} | {"ok": false,
+// "error": "..."}}}, so each check is its own spec.
+import { Sandbox, FileNotFoundError, FilesystemEventType, FileType, SandboxError } from 'e2b'
+
+const results = {}
+
+async function check(name, fn) {
+  const t0 = Date.now()
+  try {
+    await fn()
+    results[name] = { ok: true, ms: Date.now() - t0 }
+  } catch (e) {
+    results[name] = { ok: false, error: `${e && e.name}: ${e && e.message}`, ms: Date.now() - t0 }
+  }
+}
+
+function expect(cond, msg) {
+  if (!cond) throw new Error(msg)
+}
+
+// JSON with object keys sorted: the order of keys is not a difference.
+function canon(v) {
+  if (Array.isArray(v)) return `[${v.map(canon).join(',')}]`
+  if (v && typeof v === 'object') {
+    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canon(v[k])}`).join(',')}}`
+  }
+  return JSON.stringify(v)
+}
+
+function eq(got, want, what) {
+  const g = canon(got)
+  const w = canon(want)
+  if (g !== w) throw new Error(`${what}: expected ${w}, got ${g}`)
+}
+
+// Resolves with the first event `pred` accepts; rejects after `ms`.
+function waitFor(ms) {
+  let resolve
+  const p = new Promise((res, rej) => {
+    resolve = res
+    setTimeout(() => rej(new Error(`no matching event in ${ms} ms`)), ms)
+  })
+  return { promise: p, resolve }
+}
+
+const opts = { timeoutMs: 300_000, requestTimeoutMs: 60_000 }
+let sbx
+try {
+  sbx = await Sandbox.create('base', opts)   // secure: e2b 2.51 always secures
+} catch (e) {
+  results.create = { ok: false, error: `${e && e.name}: ${e && e.message}` }
+}
+
+if (sbx) {
+  // ---------------------------------------------------------- metadata
+  await check('metadata: write, then getInfo', async () => {
+    const metadata = { author: 'mish', purpose: 'upload' }
+    const info = await sbx.files.write('meta.txt', 'with metadata', { metadata })
+    eq(info.metadata, metadata, 'write')
+    eq((await sbx.files.getInfo('meta.txt')).metadata, metadata, 'getInfo')
+  })
+
+  await check('metadata: octet-stream upload', async () => {
+    const metadata = { author: 'mish' }
+    const info = await sbx.files.write('meta_octet.txt', 'x', { metadata, useOctetStream: true })
+    eq(info.metadata, metadata, 'write')
+    eq((await sbx.files.getInfo('meta_octet.txt')).metadata, metadata, 'getInfo')
+  })
+
+  await check('metadata: none when not given', async () => {
+    const info = await sbx.files.write('meta_none.txt', 'x')
+    eq(info.metadata, undefined, 'write')
+    eq((await sbx.files.getInfo('meta_none.txt')).metadata, undefined, 'getInfo')
+  })
+
+  await check('metadata: writeFiles applies it to every file', async () => {
+    const metadata = { source: 'suite' }
+    const infos = await sbx.files.writeFiles([{ path: 'mm1.txt', data: '1' }, { path: 'mm2.txt', data: '2' }],
+      { metadata })
+    eq(infos.length, 2, 'files')
+    for (const info of infos) {
+      eq(info.metadata, metadata, info.path)
+      eq((await sbx.files.getInfo(info.path)).metadata, metadata, `getInfo ${info.path}`)
+    }
+  })
+
+  await check('metadata: list and rename surface it', async () => {
+    await sbx.files.makeDir('meta_dir')
+    await sbx.files.write('meta_dir/listed.txt', 'x', { metadata: { tag: 'listed' } })
+    const entry = (await sbx.files.list('meta_dir')).find((e) => e.name === 'listed.txt')
+    eq(entry && entry.metadata, { tag: 'listed' }, 'list')
+    const moved = await sbx.files.rename('meta_dir/listed.txt', 'meta_dir/renamed.txt')
+    eq(moved.metadata, { tag: 'listed' }, 'rename')
+  })
+
+  await check('metadata: an overwrite clears it', async () => {
+    await sbx.files.write('meta_over.txt', 'first', { metadata: { author: 'mish' } })
+    const info = await sbx.files.write('meta_over.txt', 'second')
+    eq(info.metadata, undefined, 'write')
+    eq((await sbx.files.getInfo('meta_over.txt')).metadata, undefined, 'getInfo')
+  })
+
+  await check('metadata: xattrs set in the sandbox are surfaced', async () => {
+    await sbx.files.write('meta_x.txt', 'x')
+    await sbx.commands.run(`python3 -c "import os; os.setxattr('/home/user/meta_x.txt', 'user.e2b.origin', b'cell')"`)
+    eq((await sbx.files.getInfo('meta_x.txt')).metadata, { origin: 'cell' }, 'getInfo')
+  })
+
+  // ---------------------------------------------------------- watch
+  await check('watch: a write in the directory', async () => {
+    await sbx.files.makeDir('watch1')
+    await sbx.files.write('watch1/f.txt', 'one')
+    const got = waitFor(10_000)
+    const handle = await sbx.files.watchDir('watch1', (e) => {
+      if (e.type === FilesystemEventType.WRITE && e.name === 'f.txt') got.resolve()
+    })
+    try {
+      await sbx.files.write('watch1/f.txt', 'two')
+      await got.promise
+    } finally {
+      await handle.stop()
+    }
+  })
+
+  await check('watch: recursive', async () => {
+    await sbx.files.makeDir('watch2/nested')
+    await sbx.files.write('watch2/nested/f.txt', 'one')
+    const got = waitFor(10_000)
+    const handle = await sbx.files.watchDir('watch2', (e) => {
+      if (e.type === FilesystemEventType.WRITE && e.name === 'nested/f.txt') got.resolve()
+    }, { recursive: true })
+    try {
+      await sbx.files.write('watch2/nested/f.txt', 'two')
+      await got.promise
+    } finally {
+      await handle.stop()
+    }
+  })
+
+  await check('watch: recursive after a nested folder is added', async () => {
+    await sbx.files.makeDir('watch3')
+    const folder = waitFor(10_000)
+    const file = waitFor(10_000)
+    const handle = await sbx.files.watchDir('watch3', (e) => {
+      if (e.type === FilesystemEventType.CREATE && e.name === 'nested') folder.resolve()
+      if (e.type === FilesystemEventType.WRITE && e.name === 'nested/f.txt') file.resolve()
+    }, { recursive: true })
+    try {
+      await sbx.files.makeDir('watch3/nested')
+      await folder.promise
+      await sbx.files.write('watch3/nested/f.txt', 'x')
+      await file.promise
+    } finally {
+      await handle.stop()
+    }
+  })
+
+  await check('watch: entry info', async () => {
+    await sbx.files.makeDir('watch4')
+    await sbx.files.write('watch4/f.txt', 'one')
+    const got = waitFor(10_000)
+    const handle = await sbx.files.watchDir('watch4', (e) => {
+      if (e.type === FilesystemEventType.WRITE && e.name === 'f.txt') got.resolve(e)
+    }, { includeEntry: true })
+    try {
+      await sbx.files.write('watch4/f.txt', 'two')
+      const ev = await got.promise
+      expect(ev.entry, 'no entry')
+      eq(ev.entry.name, 'f.txt', 'entry.name')
+      eq(ev.entry.path, '/home/user/watch4/f.txt', 'entry.path')
+      eq(ev.entry.type, FileType.FILE, 'entry.type')
+    } finally {
+      await handle.stop()
+    }
+  })
+
+  await check('watch: network mounts allowed', async () => {
+    await sbx.files.makeDir('watch5')
+    const got = waitFor(10_000)
+    const handle = await sbx.files.watchDir('watch5', (e) => {
+      if (e.type === FilesystemEventType.WRITE && e.name === 'f.txt') got.resolve()
+    }, { allowNetworkMounts: true })
+    try {
+      await sbx.files.write('watch5/f.txt', 'x')
+      await got.promise
+    } finally {
+      await handle.stop()
+    }
+  })
+
+  await check('watch: a missing directory is FileNotFoundError', async () => {
+    let err
+    try {
+      const h = await sbx.files.watchDir('watch_missing', () => {})
+      await h.stop()
+    } catch (e) {
+      err = e
+    }
+    expect(err instanceof FileNotFoundError, `got ${err && err.name}: ${err && err.message}`)
+  })
+
+  await check('watch: a file is a SandboxError', async () => {
+    await sbx.files.write('watch_file.txt', 'x')
+    let err
+    try {
+      const h = await sbx.files.watchDir('watch_file.txt', () => {})
+      await h.stop()
+    } catch (e) {
+      err = e
+    }
+    expect(err instanceof SandboxError, `got ${err && err.name}: ${err && err.message}`)
+  })
+
+  // ---------------------------------------------------------- signed URLs
+  await check('signing: download with a valid signature', async () => {
+    await sbx.files.write('hello.txt', 'hello world')
+    const res = await fetch(await sbx.downloadUrl('hello.txt', { useSignatureExpiration: 10_000 }))
+    eq(res.status, 200, 'status')
+    eq(await res.text(), 'hello world', 'body')
+  })
+
+  await check('signing: download as root', async () => {
+    await sbx.files.write('hello_root.txt', 'hello root', { user: 'root' })
+    const res = await fetch(await sbx.downloadUrl('hello_root.txt', { user: 'root', useSignatureExpiration: 10_000 }))
+    eq(res.status, 200, 'status')
+    eq(await res.text(), 'hello root', 'body')
+  })
+
+  await check('signing: an expired signature', async () => {
+    const res = await fetch(await sbx.downloadUrl('hello.txt', { useSignatureExpiration: -10_000 }))
+    eq(res.status, 401, 'status')
+    eq(JSON.parse(await res.text()), { code: 401, message: 'signature is already expired' }, 'body')
+  })
+
+  await check('signing: upload with a valid signature', async () => {
+    const form = new FormData()
+    form.append('file', 'file content')
+    const res = await fetch(await sbx.uploadUrl('up.txt', { useSignatureExpiration: 10_000 }),
+      { method: 'POST', body: form })
+    eq(res.status, 200, 'status')
+    eq(JSON.parse(await res.text()), [{ name: 'up.txt', path: '/home/user/up.txt', type: 'file' }], 'body')
+    eq(await sbx.files.read('up.txt'), 'file content', 'stored')
+  })
+
+  await check('signing: upload with an expired signature', async () => {
+    const form = new FormData()
+    form.append('file', 'file content')
+    const res = await fetch(await sbx.uploadUrl('up2.txt', { useSignatureExpiration: -100_000 }),
+      { method: 'POST', body: form })
+    eq(res.status, 401, 'status')
+    eq(JSON.parse(await res.text()), { code: 401, message: 'signature is already expired' }, 'body')
+  })
+
+  try {
+    await sbx.kill()
+  } catch (e) {
+    results.kill = { ok: false, error: `${e.name}: ${e.message}` }
+  }
+}
+
+// Exit now: a failed SDK call can leave its request timers pending for a minute.
+process.stdout.write(JSON.stringify({ results }) + '\n', () => process.exit(0))
