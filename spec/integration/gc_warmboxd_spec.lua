@@ -169,7 +169,8 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
     assert.equal(6000, rep.listed)
     assert.equal(3000, rep.killed)
     assert.equal(3000, rep.kept)
-    assert.equal(60, rep.pages)
+    -- listed from both ends: 60 pages, plus at most one per side where they met
+    assert.is_true(rep.pages >= 60 and rep.pages <= 62, "pages: " .. rep.pages)
     assert.equal(3000, count_listed())
     assert.equal(3000, wbd.stats(srv).requests["DELETE /sandboxes/{id}"])
     assert.is_true(peak - base < 1024, string.format("heap grew by %.0f KB", peak - base))
