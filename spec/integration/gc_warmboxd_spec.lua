@@ -191,6 +191,70 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
     assert.equal(500, wbd.stats(srv).requests["DELETE /sandboxes/{id}"]) -- each killed once
   end)
 
+  it("lists from both ends while the pages change between calls: nothing skipped, nothing twice", function()
+    -- 40 sessions of 40, started 0.9 to 36 days ago: the newest first are kept,
+    -- the oldest (what oldest-first reaches at once) expired
+    for i = 1, 40 do
+      wbd.seed(srv, { count = 40, state = "paused", metadata = { [TAG] = T["mix" .. i] },
+        started_ago_s = math.floor(i * 0.9 * DAY) + 3600, paused_ago_s = math.floor(i * 0.9 * DAY) })
+    end
+    local expired, n = {}, 0
+    for item, err in client:list{ state = { "running", "paused" } } do
+      assert(item, err)
+      n = n + 1
+      if gc.parse_time(item.end_at) < os.time() - 7 * DAY then expired[item.sandbox_id] = gc.list_key(item) end
+    end
+    assert.equal(1600, n)
+    local seen, touched, ext_kills, created = {}, {}, 0, 0
+    local policy = { gc = rules.any_order(function(item, ctx)
+      seen[item.sandbox_id] = (seen[item.sandbox_id] or 0) + 1
+      return require("warmbox.policy.default").gc(item, ctx)
+    end) }
+    -- expired sandboxes not listed yet, in listing order: the middle ones are
+    -- pages away from both cursors (a page just answered may not be decided yet)
+    local function unseen_expired()
+      local ids = {}
+      for id in pairs(expired) do if not seen[id] and not touched[id] then ids[#ids + 1] = id end end
+      table.sort(ids, function(a, b) return gc.before(expired[a], expired[b]) end)
+      return ids
+    end
+    local rep = assert(gc.run{ client = client, tag = TAG, lock = { backend = "file", dir = dir }, policy = policy,
+      max_age = 7 * DAY, concurrency = 4, limit = 50, on_page = function()
+        -- between two calls: someone kills an expired sandbox not listed yet, a new
+        -- sandbox starts, and one not listed yet is resumed (it moves to the newest end)
+        local ids = unseen_expired()
+        if #ids >= 300 then
+          local a, b = ids[#ids // 2], ids[#ids // 2 + 1]
+          assert(client:kill(a))
+          touched[a], expired[a], ext_kills = true, nil, ext_kills + 1
+          assert(client:connect(b, { timeout = 600 }))
+          touched[b], expired[b] = true, nil
+        end
+        created = created + 1
+        wbd.seed(srv, { count = 1, state = "running", metadata = { [TAG] = T["new" .. created] } })
+      end })
+    assert.same({}, rep.errors)
+    assert.is_true(ext_kills >= 10, "changes: " .. ext_kills)
+    for id, k in pairs(seen) do assert.equal(1, k, id .. " decided twice") end
+    local n_expired = 0
+    for _ in pairs(expired) do n_expired = n_expired + 1 end
+    assert.equal(n_expired, rep.killed)
+    assert.equal(0, rep.skipped)
+    -- each DELETE: the pass's kills and the ones made "by someone else"
+    assert.equal(rep.killed + ext_kills, wbd.stats(srv).requests["DELETE /sandboxes/{id}"])
+    -- listed from both ends
+    local asc = 0
+    for item, err in client:list{ state = { "running", "paused" } } do
+      assert(item, err)
+      assert.is_nil(expired[item.sandbox_id], item.sandbox_id .. " expired, not killed")
+      if touched[item.sandbox_id] then asc = asc + 1 end
+    end
+    assert.equal(ext_kills, asc) -- the resumed ones are still there
+    -- the killed and resumed ones were not listed (they left before the cursors
+    -- got there), the new ones neither (newer than where newest-first started)
+    assert.equal(1600 - 2 * ext_kills, rep.listed)
+  end)
+
   it("keeps a conversation in steady use for longer than the retention (the reference sweep's flaw)", function()
     local warmbox = require "warmbox"
     local wb = assert(warmbox.new{ api_url = srv.url, api_key = srv.api_key, lock = { backend = "file", dir = dir },
