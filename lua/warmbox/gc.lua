@@ -9,7 +9,10 @@
 --
 -- and the steps of consecutive pages overlap: one `client:batch` carries the
 -- next page's list request, this page's re-check and the kills already
--- re-checked (at most `concurrency` kills in flight). Memory is O(page +
+-- re-checked (at most `concurrency` kills in flight). When the policy's
+-- decisions do not depend on the listing order (`rules.is_any_order`), two
+-- cursors list at once, newest first and oldest first, and stop where they
+-- meet (each drops what the other took; see "listing from both ends"). Memory is O(page +
 -- concurrency + tenants), whatever the total: nothing is kept of a page once
 -- it is done, except what `on_action` / `report.actions` keep.
 --
@@ -17,7 +20,7 @@
 --     client = e2b_client, tag = "warmboxSessionId", policy = policy, lock = lock_opts,
 --     clock = os.time, concurrency = 8, dry_run = false, max_age = 86400,
 --     max_kills = nil, next_token = nil, pages = nil, limit = 100,
---     on_action = nil, on_page = nil, actions = true }
+--     on_action = nil, on_page = nil, actions = true, order = nil }
 --
 -- It never acts on a busy session: before acting it try-locks the session
 -- (the lock key is the tag value) and re-checks the sandbox: the page is

@@ -128,9 +128,10 @@ local function seeded(n, o)
   local c = e2b_fake(o)
   local expired = {}
   local rnd = 12345
+  local step = 40 * DAY * 1000000 // 2147483648 -- spread over 40 days
   for i = 1, n do
     rnd = (rnd * 1103515245 + 12345) % 2147483648
-    local started = o.ties and (NOW - 20 * DAY) * 1000000 or (NOW - 40 * DAY) * 1000000 + rnd * (40 * DAY * 1000000 // 2147483648)
+    local started = o.ties and (NOW - 20 * DAY) * 1000000 or (NOW - 40 * DAY) * 1000000 + rnd * step
     local end_us = o.ties and (i % 2 == 0 and (NOW - 10 * DAY) or (NOW - DAY)) * 1000000 or started + 3600 * 1000000
     local id = string.format("sb%05d", i)
     c.put(id, started, "paused", end_us, wtag(string.format("t%d:conv-%d", i % 7, i % 50)))
