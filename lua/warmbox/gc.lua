@@ -287,6 +287,25 @@ end
 -- run
 -- ---------------------------------------------------------------------------
 
+-- GC's own tasks on the event engine (`warmbox.runner`), for a warmbox.e2b
+-- client used outside any task: `{ runner, client }`, the client a copy of
+-- `client` whose requests go on that runner's engine inside its tasks. nil
+-- otherwise (another client, one with a transport of its own, or already
+-- inside a task: then the batch loop).
+local function tasks_for(client)
+  local e2b = package.loaded["warmbox.e2b"]
+  if not e2b or getmetatable(client) ~= e2b.Client or client.transport ~= nil then return nil end
+  local runner = require "warmbox.runner"
+  if runner.running() then return nil end
+  local r = runner.new()
+  if not r then return nil end
+  local tc = {}
+  for k, v in pairs(client) do tc[k] = v end
+  tc.transport = runner.transport(client.http)
+  return { runner = r, client = setmetatable(tc, e2b.Client) }
+end
+
+
 --- One GC pass. See the module comment.
 -- @treturn[1] table report `{ listed, tagged, orphans, kept, killed, demoted, busy, skipped,
 --   failed, pages, budget_kept, errors, actions (unless `actions = false`), next_token, dry_run }`
@@ -554,13 +573,14 @@ function _M.run(opts)
     return true
   end
 
+  local act_client = client -- the client that acts (on the engine inside gc's tasks)
   local function demote(item)
     local id = item.sandbox_id
     if item.state == "paused" then
-      local sb, cerr, ccode = client:connect(id, { timeout = DEMOTE_LEASE })
+      local sb, cerr, ccode = act_client:connect(id, { timeout = DEMOTE_LEASE })
       if not sb then return nil, cerr, ccode end
     end
-    local r, perr, pcode = client:pause(id, { memory = false })
+    local r, perr, pcode = act_client:pause(id, { memory = false })
     if r == nil then return nil, perr, pcode end
     return r
   end
@@ -796,143 +816,238 @@ function _M.run(opts)
 
   local list_error
   local backlog = max(concurrency * DRAIN_ROUNDS, limit)
-  local ok, err = pcall(function()
-    while true do
-      local ops, kinds, which = {}, {}, {}
-      local queued = qtail - qhead + 1
-      local can_list = queued <= backlog
+
+  -- One step's list requests: the next page of each side (unless `can_list` is
+  -- false) and the re-check of each side's pending page (`rechecks`).
+  local function list_ops(can_list, rechecks)
+    local ops, kinds, which = {}, {}, {}
+    for _, d in ipairs(dirs) do
+      if can_list and may_list(d, #ops) then
+        ops[#ops + 1] = list_op(d, d.token)
+        kinds[#ops], which[#ops] = "list", d
+      end
+    end
+    local nlists = #ops
+    if rechecks then
       for _, d in ipairs(dirs) do
-        if can_list and may_list(d, #ops) then
-          ops[#ops + 1] = list_op(d, d.token)
-          kinds[#ops], which[#ops] = "list", d
-        end
-      end
-      local nlists = #ops
-      if pipelined then
-        for _, d in ipairs(dirs) do
-          if d.pending then
-            ops[#ops + 1] = list_op(d, d.pending.token)
-            kinds[#ops], which[#ops] = "recheck", d
-          end
-        end
-      end
-      local nreq = #ops
-      -- While anything is listed or re-checked, a batch carries one round of
-      -- `concurrency` kills (the batch runs at concurrency + its list requests, so
-      -- kills never exceed `concurrency` in flight) and the next batch follows at
-      -- once: listing never waits behind a long batch of kills. Kills only:
-      -- several rounds at `concurrency` (h:batch refills a freed slot at once).
-      local busy_listing = nreq > 0 or listing_active()
-      local max_kills_now = busy_listing and concurrency or concurrency * DRAIN_ROUNDS
-      local nkills = 0
-      while qhead <= qtail and nkills < max_kills_now do
-        local e = queue[qhead]
-        queue[qhead] = nil
-        qhead = qhead + 1
-        nkills = nkills + 1
-        ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
-        kinds[#ops] = "kill"
-      end
-      local pending_seq = not pipelined and dirs[1].pending
-      if #ops == 0 and not pending_seq then break end
-      local results
-      if pipelined then
-        results = client:batch(ops, { concurrency = (nkills > 0 and concurrency or 0) + nreq })
-      else
-        results = {}
-        local kill_ids, kill_at = {}, {}
-        for i, o in ipairs(ops) do
-          if kinds[i] == "list" then
-            if not seq_pages then
-              seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
-            end
-            local items, a, b, c, d = seq_pages()
-            results[i] = items == nil and { done = true } or { items, a, b, c, d }
-          else
-            kill_ids[#kill_ids + 1] = o.id
-            kill_at[#kill_at + 1] = i
-          end
-        end
-        if #kill_ids > 0 then
-          local kr = type(client.kill_many) == "function" and client:kill_many(kill_ids, { concurrency = concurrency })
-          for j, i in ipairs(kill_at) do
-            results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
-          end
-        end
-      end
-      -- 1. kills
-      for i, o in ipairs(ops) do
-        if kinds[i] == "kill" then
-          local r = results[i]
-          killed(o.entry, r[1], r[2], r[3])
-        end
-      end
-      -- 2. the pending pages' re-checks
-      if pipelined then
-        for i = 1, #ops do
-          if kinds[i] == "recheck" then
-            local d, r = which[i], results[i]
-            local pending = d.pending
-            d.pending = nil
-            if r[1] == false then
-              -- cannot re-check: act on nothing of that page
-              for _, e in ipairs(pending.entries) do
-                undo(e.item, e.action, true)
-                fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
-                done_with(e)
-              end
-            else
-              local current = {}
-              for _, x in ipairs(r[1]) do current[x.sandbox_id] = x end
-              rechecked(pending.entries, current)
-            end
-          end
-        end
-      elseif pending_seq then
-        local pending = dirs[1].pending
-        dirs[1].pending = nil
-        local current = {}
-        for _, e in ipairs(pending.entries) do
-          local info, ierr, icode = client:info(e.item.sandbox_id)
-          if info then
-            current[e.item.sandbox_id] = info
-          elseif icode == "NOT_FOUND" then
-            current[e.item.sandbox_id] = false
-          else
-            current[e.item.sandbox_id] = { metadata = {}, failed = { ierr, icode } }
-          end
-        end
-        local kept = {}
-        for _, e in ipairs(pending.entries) do
-          local cur = current[e.item.sandbox_id]
-          if cur and cur.failed then
-            undo(e.item, e.action, true)
-            fail(e.item, e.action, cur.failed[1], cur.failed[2])
-            done_with(e)
-          else
-            kept[#kept + 1] = e
-          end
-        end
-        rechecked(kept, current)
-      end
-      -- 3. the pages just listed
-      for i = 1, nlists do
-        local d, r = which[i], results[i]
-        if r.done then
-          d.done = true
-        elseif r[1] == false then
-          -- stop listing, finish what was listed; resume from this page
-          for _, x in ipairs(dirs) do x.paused = true end
-          list_error = list_error or { r[2], r[3], r[5] }
-        else
-          local used = r[2]
-          local entries = lock_entries(listed(d, r[1], used, r[3]))
-          if #entries > 0 then d.pending = { token = used, entries = entries } end
-          page_done(used)
+        if d.pending then
+          ops[#ops + 1] = list_op(d, d.pending.token)
+          kinds[#ops], which[#ops] = "recheck", d
         end
       end
     end
-  end)
+    return ops, kinds, which, nlists
+  end
+
+  -- The re-checks answered (a client with batch): queue the kills, do the demotes.
+  local function after_rechecks(ops, kinds, which, results)
+    for i = 1, #ops do
+      if kinds[i] == "recheck" then
+        local d, r = which[i], results[i]
+        local pending = d.pending
+        d.pending = nil
+        if r[1] == false then
+          -- cannot re-check: act on nothing of that page
+          for _, e in ipairs(pending.entries) do
+            undo(e.item, e.action, true)
+            fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
+            done_with(e)
+          end
+        else
+          local current = {}
+          for _, x in ipairs(r[1]) do current[x.sandbox_id] = x end
+          rechecked(pending.entries, current)
+        end
+      end
+    end
+  end
+
+  -- The pages listed: decide, lock, and keep each side's page for its re-check.
+  local function after_lists(nlists, which, results)
+    for i = 1, nlists do
+      local d, r = which[i], results[i]
+      if r.done then
+        d.done = true
+      elseif r[1] == false then
+        -- stop listing, finish what was listed; resume from this page
+        for _, x in ipairs(dirs) do x.paused = true end
+        list_error = list_error or { r[2], r[3], r[5] }
+      else
+        local used = r[2]
+        local entries = lock_entries(listed(d, r[1], used, r[3]))
+        if #entries > 0 then d.pending = { token = used, entries = entries } end
+        page_done(used)
+      end
+    end
+  end
+
+  local ok, err
+  local tasks = tasks_for(client)
+  if tasks then
+    -- The kills on the event engine: `concurrency` tasks take the queued kills
+    -- one by one, each sending the next as soon as its last one is answered,
+    -- while a lister task lists and re-checks (its requests apart from the
+    -- kills: never more than `concurrency` kills in flight). No step waits for
+    -- the slowest request of a batch.
+    local r, tc = tasks.runner, tasks.client
+    act_client = tc
+    local sched = r.sched
+    local queued_ev, room_ev = sched:event(), sched:event()
+    local over, failure = false, nil
+    local function guard(fn)
+      return function()
+        local fok, ferr = pcall(fn)
+        if not fok then
+          failure = failure or { ferr }
+          over = true
+          queued_ev:broadcast(true)
+          room_ev:broadcast(true)
+        end
+      end
+    end
+    local function worker()
+      while true do
+        while qhead > qtail and not over do queued_ev:wait() end
+        if failure or qhead > qtail then return end
+        local e = queue[qhead]
+        queue[qhead] = nil
+        qhead = qhead + 1
+        if qtail - qhead + 1 <= backlog then room_ev:broadcast(true) end
+        local kr, kerr, kcode = tc:kill(e.item.sandbox_id)
+        killed(e, kr, kerr, kcode)
+      end
+    end
+    local function lister()
+      while not failure do
+        while qtail - qhead + 1 > backlog and not failure do room_ev:wait() end
+        if failure then return end
+        local ops, kinds, which, nlists = list_ops(true, true)
+        if #ops == 0 then break end
+        local results = tc:batch(ops, { concurrency = #ops })
+        after_rechecks(ops, kinds, which, results)
+        if qhead <= qtail then queued_ev:broadcast(true) end
+        after_lists(nlists, which, results)
+      end
+      over = true
+      queued_ev:broadcast(true)
+    end
+    ok = true
+    local lerr
+    local ran, rerr = pcall(function()
+      r:spawn(guard(lister))
+      for _ = 1, concurrency do r:spawn(guard(worker)) end
+      ok, lerr = r:loop()
+    end)
+    if not ran then
+      -- Raised outside the tasks (a signal: lua.c's ^C lands in the main thread):
+      -- stop, but let the requests in flight finish (and their kills be counted)
+      -- rather than abort kills the server may already have done.
+      failure = failure or { rerr }
+      over = true
+      queued_ev:broadcast(true)
+      room_ev:broadcast(true)
+      pcall(r.loop, r)
+    end
+    r:close()
+    act_client = client
+    if not ran then
+      ok, err = false, rerr
+    elseif failure then
+      ok, err = false, failure[1]
+    elseif not ok then
+      err = "gc: " .. tostring(lerr)
+    end
+  else
+    ok, err = pcall(function()
+      while true do
+        local ops, kinds, which, nlists = list_ops(qtail - qhead + 1 <= backlog, pipelined)
+        local nreq = #ops
+        -- While anything is listed or re-checked, a batch carries one round of
+        -- `concurrency` kills (the batch runs at concurrency + its list requests, so
+        -- kills never exceed `concurrency` in flight) and the next batch follows at
+        -- once: listing never waits behind a long batch of kills. Kills only:
+        -- several rounds at `concurrency` (h:batch refills a freed slot at once).
+        local busy_listing = nreq > 0 or listing_active()
+        local max_kills_now = busy_listing and concurrency or concurrency * DRAIN_ROUNDS
+        local nkills = 0
+        while qhead <= qtail and nkills < max_kills_now do
+          local e = queue[qhead]
+          queue[qhead] = nil
+          qhead = qhead + 1
+          nkills = nkills + 1
+          ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
+          kinds[#ops] = "kill"
+        end
+        local pending_seq = not pipelined and dirs[1].pending
+        if #ops == 0 and not pending_seq then break end
+        local results
+        if pipelined then
+          results = client:batch(ops, { concurrency = (nkills > 0 and concurrency or 0) + nreq })
+        else
+          results = {}
+          local kill_ids, kill_at = {}, {}
+          for i, o in ipairs(ops) do
+            if kinds[i] == "list" then
+              if not seq_pages then
+                seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
+              end
+              local items, a, b, c, d = seq_pages()
+              results[i] = items == nil and { done = true } or { items, a, b, c, d }
+            else
+              kill_ids[#kill_ids + 1] = o.id
+              kill_at[#kill_at + 1] = i
+            end
+          end
+          if #kill_ids > 0 then
+            local kr = type(client.kill_many) == "function"
+              and client:kill_many(kill_ids, { concurrency = concurrency })
+            for j, i in ipairs(kill_at) do
+              results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
+            end
+          end
+        end
+        -- 1. kills
+        for i, o in ipairs(ops) do
+          if kinds[i] == "kill" then
+            local r = results[i]
+            killed(o.entry, r[1], r[2], r[3])
+          end
+        end
+        -- 2. the pending pages' re-checks
+        if pipelined then
+          after_rechecks(ops, kinds, which, results)
+        elseif pending_seq then
+          local pending = dirs[1].pending
+          dirs[1].pending = nil
+          local current = {}
+          for _, e in ipairs(pending.entries) do
+            local info, ierr, icode = client:info(e.item.sandbox_id)
+            if info then
+              current[e.item.sandbox_id] = info
+            elseif icode == "NOT_FOUND" then
+              current[e.item.sandbox_id] = false
+            else
+              current[e.item.sandbox_id] = { metadata = {}, failed = { ierr, icode } }
+            end
+          end
+          local kept = {}
+          for _, e in ipairs(pending.entries) do
+            local cur = current[e.item.sandbox_id]
+            if cur and cur.failed then
+              undo(e.item, e.action, true)
+              fail(e.item, e.action, cur.failed[1], cur.failed[2])
+              done_with(e)
+            else
+              kept[#kept + 1] = e
+            end
+          end
+          rechecked(kept, current)
+        end
+        -- 3. the pages just listed
+        after_lists(nlists, which, results)
+      end
+    end)
+  end
   if not ok then
     release_all() -- a callback or the lock backend raised: leave no session locked
     error(err, 0)

@@ -255,6 +255,87 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
     assert.equal(1600 - 2 * ext_kills, rep.listed)
   end)
 
+  it("on the event engine: at most `concurrency` kills in flight, listing alongside them", function()
+    seed_sessions(6, 100, 30 * DAY) -- 600 expired
+    seed_sessions(6, 100, 3600)
+    assert.equal(204, wbd.admin(srv, "POST", "config", { rtt_ms = 20 }).status)
+    -- count the requests in flight on the transport GC's tasks use
+    local runner = require "warmbox.runner"
+    local orig = runner.transport
+    local flight = { kill = 0, list = 0, max_kill = 0, overlap = 0, transports = 0 }
+    runner.transport = function(http)
+      local tp = orig(http)
+      flight.transports = flight.transports + 1
+      local req, batch = tp.request, tp.batch
+      local function count(kind, d)
+        flight[kind] = flight[kind] + d
+        if flight.kill > flight.max_kill then flight.max_kill = flight.kill end
+        if flight.kill > 0 and flight.list > 0 then flight.overlap = flight.overlap + 1 end
+      end
+      return setmetatable({}, { __index = function(_, k)
+        if k == "request" then
+          return function(self, r)
+            local kind = r.method == "DELETE" and "kill" or "list"
+            count(kind, 1)
+            local res = table.pack(req(tp, r))
+            count(kind, -1)
+            return table.unpack(res, 1, res.n)
+          end
+        elseif k == "batch" then
+          return function(self, reqs, o)
+            count("list", 1)
+            local res = batch(tp, reqs, o)
+            count("list", -1)
+            return res
+          end
+        end
+        return tp[k]
+      end })
+    end
+    local ok, rep = pcall(gc.run, { client = client, tag = TAG, lock = { backend = "file", dir = dir },
+      max_age = 7 * DAY, concurrency = 5 })
+    runner.transport = orig
+    assert(ok, rep)
+    assert.same({}, rep.errors)
+    assert.equal(600, rep.killed)
+    assert.equal(1, flight.transports)
+    assert.equal(5, flight.max_kill)
+    assert.is_true(flight.overlap > 0, "no list request while kills were in flight")
+    assert.equal(600, wbd.stats(srv).requests["DELETE /sandboxes/{id}"])
+  end)
+
+  it("on the event engine: a raising callback stops the pass, unlocks, and its resume_token finishes it", function()
+    seed_sessions(8, 100, 30 * DAY) -- 800 expired
+    assert.equal(204, wbd.admin(srv, "POST", "config", { rtt_ms = 5 }).status)
+    local lock_opts = { backend = "file", dir = dir }
+    local resume, kills = nil, 0
+    local ok, err = pcall(gc.run, { client = client, tag = TAG, lock = lock_opts, max_age = 7 * DAY,
+      concurrency = 8, on_page = function(p) resume = p.resume_token end,
+      on_action = function(a)
+        if a.action == "kill" then
+          kills = kills + 1
+          if kills == 250 then error("stop here") end
+        end
+      end })
+    assert.is_false(ok)
+    assert.matches("stop here", err)
+    assert.matches("^wbgc1%.", resume)
+    -- every session unlocked
+    for i = 1, 8 do
+      local lk = lock.new(lock_opts)
+      assert.is_true(lk:try_lock(T["s" .. i]), "session s" .. i .. " still locked")
+      lk:unlock()
+      lk:close()
+    end
+    local first = wbd.stats(srv).requests["DELETE /sandboxes/{id}"]
+    assert.is_true(first >= 250 and first < 800, "kills before the stop: " .. first)
+    local rep = assert(gc.run{ client = client, tag = TAG, lock = lock_opts, max_age = 7 * DAY,
+      concurrency = 8, next_token = resume })
+    assert.same({}, rep.errors)
+    assert.equal(0, count_listed())
+    assert.equal(800, wbd.stats(srv).requests["DELETE /sandboxes/{id}"]) -- none sent twice
+  end)
+
   it("keeps a conversation in steady use for longer than the retention (the reference sweep's flaw)", function()
     local warmbox = require "warmbox"
     local wb = assert(warmbox.new{ api_url = srv.url, api_key = srv.api_key, lock = { backend = "file", dir = dir },
