@@ -263,8 +263,8 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
     local runner = require "warmbox.runner"
     local orig = runner.transport
     local flight = { kill = 0, list = 0, max_kill = 0, overlap = 0, transports = 0 }
-    runner.transport = function(http)
-      local tp = orig(http)
+    runner.transport = function(h)
+      local tp = orig(h)
       flight.transports = flight.transports + 1
       local req, batch = tp.request, tp.batch
       local function count(kind, d)
@@ -274,7 +274,7 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
       end
       return setmetatable({}, { __index = function(_, k)
         if k == "request" then
-          return function(self, r)
+          return function(_, r)
             local kind = r.method == "DELETE" and "kill" or "list"
             count(kind, 1)
             local res = table.pack(req(tp, r))
@@ -282,7 +282,7 @@ describe("warmbox.gc at scale, policies and scheduling, against warmboxd", funct
             return table.unpack(res, 1, res.n)
           end
         elseif k == "batch" then
-          return function(self, reqs, o)
+          return function(_, reqs, o)
             count("list", 1)
             local res = batch(tp, reqs, o)
             count("list", -1)
