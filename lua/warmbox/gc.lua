@@ -9,7 +9,10 @@
 --
 -- and the steps of consecutive pages overlap: one `client:batch` carries the
 -- next page's list request, this page's re-check and the kills already
--- re-checked (at most `concurrency` kills in flight). Memory is O(page +
+-- re-checked (at most `concurrency` kills in flight). When the policy's
+-- decisions do not depend on the listing order (`rules.is_any_order`), two
+-- cursors list at once, newest first and oldest first, and stop where they
+-- meet (each drops what the other took; see "listing from both ends"). Memory is O(page +
 -- concurrency + tenants), whatever the total: nothing is kept of a page once
 -- it is done, except what `on_action` / `report.actions` keep.
 --
@@ -17,7 +20,7 @@
 --     client = e2b_client, tag = "warmboxSessionId", policy = policy, lock = lock_opts,
 --     clock = os.time, concurrency = 8, dry_run = false, max_age = 86400,
 --     max_kills = nil, next_token = nil, pages = nil, limit = 100,
---     on_action = nil, on_page = nil, actions = true }
+--     on_action = nil, on_page = nil, actions = true, order = nil }
 --
 -- It never acts on a busy session: before acting it try-locks the session
 -- (the lock key is the tag value) and re-checks the sandbox: the page is
@@ -47,6 +50,8 @@ local lock_mod = require "warmbox.lock"
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
+local json = require "warmbox.json"
+local rules = require "warmbox.policy.rules"
 
 local type, pairs, ipairs, tostring, tonumber, error, xpcall, pcall =
   type, pairs, ipairs, tostring, tonumber, error, xpcall, pcall
@@ -89,7 +94,7 @@ end
 
 local RUN_OPTS = { client = true, tag = true, policy = true, lock = true, clock = true, concurrency = true,
   dry_run = true, max_age = true, max_kills = true, next_token = true, pages = true, limit = true,
-  on_action = true, on_page = true, actions = true }
+  on_action = true, on_page = true, actions = true, order = true }
 local RELEASE_OPTS = { client = true, tag = true, tag_value = true, key = true, lock = true, concurrency = true }
 
 local function check_opts(opts, known, fname)
@@ -132,6 +137,85 @@ end
 -- release uses <close> through lock.closing.)
 
 local ACTIONS = { keep = true, kill = true, demote = true }
+
+-- ---------------------------------------------------------------------------
+-- listing from both ends
+-- ---------------------------------------------------------------------------
+
+-- E2B's listing order (e2b-api.md, pagination): newest first by `startedAt`
+-- truncated to microseconds, ties by sandbox id ascending; `order=asc` is the
+-- exact reverse, and a page starts strictly after its cursor's item. A key is
+-- `{ microseconds, id }`, or nil when `started_at` cannot be read.
+local function list_key(d)
+  local s = d.started_at
+  if type(s) ~= "string" or type(d.sandbox_id) ~= "string" then return nil end
+  local base, frac, tz = s:match("^(%d%d%d%d%-%d%d%-%d%d[Tt ]%d%d:%d%d:%d%d)%.?(%d*)(.*)$")
+  if not base then return nil end
+  local secs = math.tointeger(parse_time(base .. tz))
+  if not secs then return nil end
+  return { secs * 1000000 + tonumber((frac .. "000000"):sub(1, 6)), d.sandbox_id }
+end
+_M.list_key = list_key
+
+-- Whether key a comes before key b in the newest-first order.
+local function before(a, b)
+  if a[1] ~= b[1] then return a[1] > b[1] end
+  return a[2] < b[2]
+end
+_M.before = before
+
+-- Whether direction d (its frontier `d.key`: the last item it took) already
+-- took the item at key k: newest-first covers what is at or before its
+-- frontier, oldest-first what is at or after it.
+local function covered(d, k)
+  local f = d.key
+  if f[1] == k[1] and f[2] == k[2] then return true end
+  if d.asc then return before(f, k) end
+  return before(k, f)
+end
+
+local TOKEN_PREFIX = "wbgc1."
+
+local function encode_key(k)
+  if not k then return false end
+  return fmt("%d/%s", k[1], k[2])
+end
+
+local function decode_key(s)
+  if s == false or s == nil then return nil end
+  if type(s) ~= "string" then return nil, false end
+  local us, id = s:match("^(%-?%d+)/(.+)$")
+  if not us then return nil, false end
+  return { math.tointeger(tonumber(us)), id }
+end
+
+-- A two-ended pass's resume token: "wbgc1." and base64url of the JSON
+-- `{ d = side, a = side }`, a side being `{ t = E2B page token | false, k =
+-- frontier key "us/id" | false }` or `{ done = true, k = ... }`.
+local function encode_token(t)
+  local b = util.b64_encode(json.encode(t)):gsub("[+/=]", { ["+"] = "-", ["/"] = "_", ["="] = "" })
+  return TOKEN_PREFIX .. b
+end
+
+local function decode_token(s)
+  local raw = util.b64_decode(s:sub(#TOKEN_PREFIX + 1))
+  local t = raw and json.decode(raw)
+  if type(t) ~= "table" then return nil end
+  local out = {}
+  for _, side in ipairs({ "d", "a" }) do
+    local e = t[side]
+    if type(e) ~= "table" then return nil end
+    local k, bad = decode_key(e.k)
+    if bad == false then return nil end
+    if e.done == true then
+      out[side] = { done = true, key = k }
+    else
+      if e.t ~= false and type(e.t) ~= "string" then return nil end
+      out[side] = { token = e.t or nil, key = k }
+    end
+  end
+  return out
+end
 
 -- ---------------------------------------------------------------------------
 -- the item a policy sees
@@ -203,6 +287,25 @@ end
 -- run
 -- ---------------------------------------------------------------------------
 
+-- GC's own tasks on the event engine (`warmbox.runner`), for a warmbox.e2b
+-- client used outside any task: `{ runner, client }`, the client a copy of
+-- `client` whose requests go on that runner's engine inside its tasks. nil
+-- otherwise (another client, one with a transport of its own, or already
+-- inside a task: then the batch loop).
+local function tasks_for(client)
+  local e2b = package.loaded["warmbox.e2b"]
+  if not e2b or getmetatable(client) ~= e2b.Client or client.transport ~= nil then return nil end
+  local runner = require "warmbox.runner"
+  if runner.running() then return nil end
+  local r = runner.new()
+  if not r then return nil end
+  local tc = {}
+  for k, v in pairs(client) do tc[k] = v end
+  tc.transport = runner.transport(client.http)
+  return { runner = r, client = setmetatable(tc, e2b.Client) }
+end
+
+
 --- One GC pass. See the module comment.
 -- @treturn[1] table report `{ listed, tagged, orphans, kept, killed, demoted, busy, skipped,
 --   failed, pages, budget_kept, errors, actions (unless `actions = false`), next_token, dry_run }`
@@ -240,6 +343,27 @@ function _M.run(opts)
   local on_action, on_page = opts.on_action, opts.on_page
   local tenant_of = type(policy.tenant) == "function" and policy.tenant or _M.default_tenant
   local pipelined = type(client.batch) == "function"
+  local order = opts.order
+  if order ~= nil and order ~= "newest" and order ~= "both" then
+    error("bad argument #1 to 'run' (option 'order': \"newest\" or \"both\" expected)", 2)
+  end
+  -- Two cursors (newest first and oldest first) when the client batches and the
+  -- policy's decisions do not depend on the listing order (no caps), or when
+  -- asked; a two-ended pass's resume token resumes both.
+  local both, resume_from = false, nil
+  local nt = opts.next_token
+  if nt and nt:sub(1, #TOKEN_PREFIX) == TOKEN_PREFIX then
+    resume_from = decode_token(nt)
+    if not resume_from then
+      error("bad argument #1 to 'run' (option 'next_token': not a valid GC resume token)", 2)
+    end
+    if not pipelined then
+      error("bad argument #1 to 'run' (option 'next_token': a two-ended pass's token needs a client with batch)", 2)
+    end
+    both = true
+  elseif nt == nil and pipelined then
+    both = order == "both" or (order == nil and rules.is_any_order(policy.gc))
+  end
   local list_opts = { state = { "running", "paused" }, limit = limit }
 
   local report = { listed = 0, tagged = 0, orphans = 0, kept = 0, killed = 0, demoted = 0, busy = 0, skipped = 0,
@@ -345,17 +469,18 @@ function _M.run(opts)
     end
   end
 
-  -- Pages with entries not finished yet, oldest first: the earliest one's token
-  -- is where a pass interrupted now would have to resume (`report.resume_token`).
-  local open_pages, open_head, open_tail = {}, 1, 0
+  -- Per listing direction, the pages with entries not finished yet, oldest
+  -- first: the earliest one's token is where a pass interrupted now would have
+  -- to resume (`report.resume_token`).
   local function finish(e)
     local pg = e.page
     if not pg then return end
     e.page = nil
     pg.left = pg.left - 1
-    while open_pages[open_head] and open_pages[open_head].left == 0 do
-      open_pages[open_head] = nil
-      open_head = open_head + 1
+    local d = pg.dir
+    while d.open[d.ohead] and d.open[d.ohead].left == 0 do
+      d.open[d.ohead] = nil
+      d.ohead = d.ohead + 1
     end
   end
   local function done_with(e)
@@ -448,13 +573,14 @@ function _M.run(opts)
     return true
   end
 
+  local act_client = client -- the client that acts (on the engine inside gc's tasks)
   local function demote(item)
     local id = item.sandbox_id
     if item.state == "paused" then
-      local sb, cerr, ccode = client:connect(id, { timeout = DEMOTE_LEASE })
+      local sb, cerr, ccode = act_client:connect(id, { timeout = DEMOTE_LEASE })
       if not sb then return nil, cerr, ccode end
     end
-    local r, perr, pcode = client:pause(id, { memory = false })
+    local r, perr, pcode = act_client:pause(id, { memory = false })
     if r == nil then return nil, perr, pcode end
     return r
   end
@@ -525,155 +651,375 @@ function _M.run(opts)
   end
 
   -- ---- the pass --------------------------------------------------------
-  local next_token = opts.next_token  -- the next page to list (nil: the first, unless done)
-  local list_done = false
+  -- Listing directions: one (newest first, E2B's order) or, with `order =
+  -- "both"`, two cursors, newest first and oldest first, that meet in the
+  -- middle. Each: `token` (the next page), `key` (the listing key of the last
+  -- item it took: its frontier), `done`, `pending` (its page listed last,
+  -- awaiting the re-check), `open` pages (resume tokens).
+  local function new_dir(asc, st)
+    st = st or {}
+    return { asc = asc, token = st.token, key = st.key, done = st.done or false, open = {}, ohead = 1, otail = 0 }
+  end
+  local dirs
+  if both then
+    -- (a side that finished in an earlier pass lists nothing: its key bounds the other)
+    dirs = { new_dir(false, resume_from and resume_from.d), new_dir(true, resume_from and resume_from.a) }
+    dirs[1].other, dirs[2].other = dirs[2], dirs[1]
+  else
+    dirs = { new_dir(false, { token = opts.next_token }) }
+  end
   local pages_left = max_pages
   local seq_pages -- the listing iterator of a client without batch
-  local function page_done(token, nxt)
-    report.next_token = nxt
-    local open = open_pages[open_head]
-    if open then
-      report.resume_token = open.token or nil
-    else
-      report.resume_token = nxt
+  local function listing_done()
+    for _, d in ipairs(dirs) do if not d.done then return false end end
+    return true
+  end
+  local function listing_active()
+    for _, d in ipairs(dirs) do if not d.done and not d.paused then return true end end
+    return false
+  end
+  -- May another page be listed (`pages`)? Counts the lists of this batch.
+  local function may_list(d, n)
+    return not d.done and not d.paused and (not pages_left or n < pages_left)
+  end
+  local function stop_all()
+    for _, d in ipairs(dirs) do d.done = true end
+  end
+
+  -- Where a pass starts again: the earliest open page of each direction when
+  -- `open`, else its next page; nil when nothing is left.
+  local function token_of(open)
+    if not both then
+      local d = dirs[1]
+      local pg = open and d.open[d.ohead]
+      if pg then return pg.token or nil end
+      if d.done then return nil end
+      return d.token
     end
+    local t, left = {}, false
+    for _, d in ipairs(dirs) do
+      local pg = open and d.open[d.ohead]
+      local e
+      if pg then
+        e = { t = pg.token or false, k = encode_key(pg.key) }
+        left = true
+      elseif d.done then
+        e = { done = true, k = encode_key(d.key) }
+      else
+        e = { t = d.token or false, k = encode_key(d.key) }
+        left = true
+      end
+      t[d.asc and "a" or "d"] = e
+    end
+    if not left then return nil end
+    return encode_token(t)
+  end
+
+  local function page_done(token)
+    local nxt = token_of(false)
+    report.next_token = nxt
+    report.resume_token = token_of(true)
     if on_page then
       on_page({ token = token, next_token = nxt, resume_token = report.resume_token, report = report,
                 queued = qtail - qhead + 1 })
     end
   end
-  local function stop_listing(nxt)
+
+  -- A listed page of direction d: drops what the other direction already took
+  -- (the two met), advances d's frontier and decides the rest. Returns the
+  -- entries to act on, and the page record (for resume tokens).
+  local function listed(d, items, used, nxt)
+    local page_key = d.key
+    if both then
+      local o, kept, crossed, last = d.other, {}, false, nil
+      for _, it in ipairs(items) do
+        local k = list_key(it)
+        if k and o.key and covered(o, k) then
+          crossed = true
+        else
+          kept[#kept + 1] = it
+          if k then last = k end
+        end
+      end
+      items = kept
+      if last then d.key = last end
+      -- Met the other side, or reached the end: everything is listed.
+      if crossed or not nxt then stop_all() end
+    elseif not nxt then
+      d.done = true
+    end
+    d.token = nxt
     if pages_left then
       pages_left = pages_left - 1
-      if pages_left <= 0 then list_done = true end
+      if pages_left <= 0 then
+        for _, x in ipairs(dirs) do x.paused = true end
+      end
     end
-    if not nxt then list_done = true end
-    next_token = nxt
+    local taken = take_page(items)
+    local pg
+    if #taken > 0 then
+      pg = { token = used, key = page_key, left = #taken, dir = d }
+      for _, e in ipairs(taken) do e.page = pg end
+      d.otail = d.otail + 1
+      d.open[d.otail] = pg
+    end
+    return taken
+  end
+
+  local function list_op(d, token)
+    return { op = "list", opts = { state = list_opts.state, limit = limit, next_token = token or nil,
+                                   order = d.asc and "asc" or nil } }
   end
 
   if dry_run then
-    while not list_done do
-      local items, used, nxt, detail
-      if pipelined then
-        local res = client:batch({ { op = "list", opts = { state = list_opts.state, limit = limit,
-                                                          next_token = next_token } } })
-        items, used, nxt, detail = res[1][1], res[1][2], res[1][3], res[1][5]
-        if items == false then
-          report.next_token = next_token
-          return nil, used, nxt, report, detail
+    while not listing_done() do
+      local ops, which = {}, {}
+      for _, d in ipairs(dirs) do
+        if may_list(d, #ops) then
+          ops[#ops + 1] = list_op(d, d.token)
+          which[#ops] = d
         end
+      end
+      if #ops == 0 then break end
+      local res
+      if pipelined then
+        res = client:batch(ops, { concurrency = #ops })
       else
         if not seq_pages then
-          seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = next_token })
+          seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
         end
-        items, used, nxt = seq_pages()
-        if items == nil then
-          next_token = nil
-          break
-        end
-        if items == false then
-          report.next_token = next_token
-          return nil, used, nxt, report
+        local items, a, b = seq_pages()
+        res = { items == nil and { done = true } or { items, a, b } }
+      end
+      for i, d in ipairs(which) do
+        local r = res[i]
+        if r.done then
+          d.done = true
+        elseif r[1] == false then
+          report.next_token = token_of(false)
+          return nil, r[2], r[3], report, r[5]
+        else
+          for _, e in ipairs(listed(d, r[1], r[2], r[3])) do
+            local k = e.action == "kill" and "killed" or "demoted"
+            report[k] = report[k] + 1
+            note(e.item, e.action, e.reason)
+            finish(e)
+          end
+          page_done(r[2])
         end
       end
-      local entries = take_page(items)
-      for _, e in ipairs(entries) do
-        local k = e.action == "kill" and "killed" or "demoted"
-        report[k] = report[k] + 1
-        note(e.item, e.action, e.reason)
-      end
-      stop_listing(nxt)
-      page_done(used, nxt)
     end
-    report.next_token = next_token
+    report.next_token = token_of(false)
+    report.resume_token = report.next_token
     return report
   end
 
   local list_error
-  local pending -- the page listed last: { token, entries (locked) } awaiting its re-check
   local backlog = max(concurrency * DRAIN_ROUNDS, limit)
-  local ok, err = pcall(function()
-    while true do
-      local ops, kinds = {}, {}
-      local want_list = not list_done and (qtail - qhead + 1) <= backlog
-      if want_list then
-        ops[#ops + 1] = { op = "list", opts = { state = list_opts.state, limit = limit, next_token = next_token } }
-        kinds[#ops] = "list"
+
+  -- One step's list requests: the next page of each side (unless `can_list` is
+  -- false) and the re-check of each side's pending page (`rechecks`).
+  local function list_ops(can_list, rechecks)
+    local ops, kinds, which = {}, {}, {}
+    for _, d in ipairs(dirs) do
+      if can_list and may_list(d, #ops) then
+        ops[#ops + 1] = list_op(d, d.token)
+        kinds[#ops], which[#ops] = "list", d
       end
-      if pending and pipelined then
-        ops[#ops + 1] = { op = "list", opts = { state = list_opts.state, limit = limit,
-                                                 next_token = pending.token or nil } }
-        kinds[#ops] = "recheck"
+    end
+    local nlists = #ops
+    if rechecks then
+      for _, d in ipairs(dirs) do
+        if d.pending then
+          ops[#ops + 1] = list_op(d, d.pending.token)
+          kinds[#ops], which[#ops] = "recheck", d
+        end
       end
-      -- With a list request in the batch, at most `concurrency` kills: the batch runs at
-      -- concurrency + (its lists), so kills never exceed `concurrency` in flight. A batch
-      -- of kills only runs at `concurrency` and carries several rounds of them: h:batch
-      -- refills a freed slot at once, so the rounds do not wait for each other.
-      local nlists = #ops
-      local max_kills_now = nlists > 0 and concurrency or concurrency * DRAIN_ROUNDS
-      local nkills = 0
-      while qhead <= qtail and nkills < max_kills_now do
+    end
+    return ops, kinds, which, nlists
+  end
+
+  -- The re-checks answered (a client with batch): queue the kills, do the demotes.
+  local function after_rechecks(ops, kinds, which, results)
+    for i = 1, #ops do
+      if kinds[i] == "recheck" then
+        local d, r = which[i], results[i]
+        local pending = d.pending
+        d.pending = nil
+        if r[1] == false then
+          -- cannot re-check: act on nothing of that page
+          for _, e in ipairs(pending.entries) do
+            undo(e.item, e.action, true)
+            fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
+            done_with(e)
+          end
+        else
+          local current = {}
+          for _, x in ipairs(r[1]) do current[x.sandbox_id] = x end
+          rechecked(pending.entries, current)
+        end
+      end
+    end
+  end
+
+  -- The pages listed: decide, lock, and keep each side's page for its re-check.
+  local function after_lists(nlists, which, results)
+    for i = 1, nlists do
+      local d, r = which[i], results[i]
+      if r.done then
+        d.done = true
+      elseif r[1] == false then
+        -- stop listing, finish what was listed; resume from this page
+        for _, x in ipairs(dirs) do x.paused = true end
+        list_error = list_error or { r[2], r[3], r[5] }
+      else
+        local used = r[2]
+        local entries = lock_entries(listed(d, r[1], used, r[3]))
+        if #entries > 0 then d.pending = { token = used, entries = entries } end
+        page_done(used)
+      end
+    end
+  end
+
+  local ok, err
+  local tasks = tasks_for(client)
+  if tasks then
+    -- The kills on the event engine: `concurrency` tasks take the queued kills
+    -- one by one, each sending the next as soon as its last one is answered,
+    -- while a lister task lists and re-checks (its requests apart from the
+    -- kills: never more than `concurrency` kills in flight). No step waits for
+    -- the slowest request of a batch.
+    local r, tc = tasks.runner, tasks.client
+    act_client = tc
+    local sched = r.sched
+    local queued_ev, room_ev = sched:event(), sched:event()
+    local over, failure = false, nil
+    local function guard(fn)
+      return function()
+        local fok, ferr = pcall(fn)
+        if not fok then
+          failure = failure or { ferr }
+          over = true
+          queued_ev:broadcast(true)
+          room_ev:broadcast(true)
+        end
+      end
+    end
+    local function worker()
+      while true do
+        while qhead > qtail and not over do queued_ev:wait() end
+        if failure or qhead > qtail then return end
         local e = queue[qhead]
         queue[qhead] = nil
         qhead = qhead + 1
-        nkills = nkills + 1
-        ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
-        kinds[#ops] = "kill"
+        if qtail - qhead + 1 <= backlog then room_ev:broadcast(true) end
+        local kr, kerr, kcode = tc:kill(e.item.sandbox_id)
+        killed(e, kr, kerr, kcode)
       end
-      if #ops == 0 and not (pending and not pipelined) then break end
-      local results
-      if pipelined then
-        results = client:batch(ops, { concurrency = concurrency + nlists })
-      else
-        results = {}
-        local kill_ids, kill_at = {}, {}
-        for i, o in ipairs(ops) do
-          if kinds[i] == "list" then
-            if not seq_pages then
-              seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = next_token })
-            end
-            local items, a, b, c, d = seq_pages()
-            results[i] = items == nil and { done = true } or { items, a, b, c, d }
-          else
-            kill_ids[#kill_ids + 1] = o.id
-            kill_at[#kill_at + 1] = i
-          end
-        end
-        if #kill_ids > 0 then
-          local kr = type(client.kill_many) == "function" and client:kill_many(kill_ids, { concurrency = concurrency })
-          for j, i in ipairs(kill_at) do
-            results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
-          end
-        end
+    end
+    local function lister()
+      while not failure do
+        while qtail - qhead + 1 > backlog and not failure do room_ev:wait() end
+        if failure then return end
+        local ops, kinds, which, nlists = list_ops(true, true)
+        if #ops == 0 then break end
+        local results = tc:batch(ops, { concurrency = #ops })
+        after_rechecks(ops, kinds, which, results)
+        if qhead <= qtail then queued_ev:broadcast(true) end
+        after_lists(nlists, which, results)
       end
-      -- 1. kills
-      for i, o in ipairs(ops) do
-        if kinds[i] == "kill" then
-          local r = results[i]
-          killed(o.entry, r[1], r[2], r[3])
+      over = true
+      queued_ev:broadcast(true)
+    end
+    ok = true
+    local lerr
+    local ran, rerr = pcall(function()
+      r:spawn(guard(lister))
+      for _ = 1, concurrency do r:spawn(guard(worker)) end
+      ok, lerr = r:loop()
+    end)
+    if not ran then
+      -- Raised outside the tasks (a signal: lua.c's ^C lands in the main thread):
+      -- stop, but let the requests in flight finish (and their kills be counted)
+      -- rather than abort kills the server may already have done.
+      failure = failure or { rerr }
+      over = true
+      queued_ev:broadcast(true)
+      room_ev:broadcast(true)
+      pcall(r.loop, r)
+    end
+    r:close()
+    act_client = client
+    if not ran then
+      ok, err = false, rerr
+    elseif failure then
+      ok, err = false, failure[1]
+    elseif not ok then
+      err = "gc: " .. tostring(lerr)
+    end
+  else
+    ok, err = pcall(function()
+      while true do
+        local ops, kinds, which, nlists = list_ops(qtail - qhead + 1 <= backlog, pipelined)
+        local nreq = #ops
+        -- While anything is listed or re-checked, a batch carries one round of
+        -- `concurrency` kills (the batch runs at concurrency + its list requests, so
+        -- kills never exceed `concurrency` in flight) and the next batch follows at
+        -- once: listing never waits behind a long batch of kills. Kills only:
+        -- several rounds at `concurrency` (h:batch refills a freed slot at once).
+        local busy_listing = nreq > 0 or listing_active()
+        local max_kills_now = busy_listing and concurrency or concurrency * DRAIN_ROUNDS
+        local nkills = 0
+        while qhead <= qtail and nkills < max_kills_now do
+          local e = queue[qhead]
+          queue[qhead] = nil
+          qhead = qhead + 1
+          nkills = nkills + 1
+          ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
+          kinds[#ops] = "kill"
         end
-      end
-      -- 2. the pending page's re-check
-      if pending then
-        local current = {}
+        local pending_seq = not pipelined and dirs[1].pending
+        if #ops == 0 and not pending_seq then break end
+        local results
         if pipelined then
-          for i = 1, #ops do
-            if kinds[i] == "recheck" then
-              local r = results[i]
-              if r[1] == false then
-                -- cannot re-check: act on nothing of that page
-                for _, e in ipairs(pending.entries) do
-                  undo(e.item, e.action, true)
-                  fail(e.item, e.action, "re-check failed: " .. tostring(r[2]), r[3])
-                  done_with(e)
-                end
-                pending.entries = {}
-              else
-                for _, d in ipairs(r[1]) do current[d.sandbox_id] = d end
+          results = client:batch(ops, { concurrency = (nkills > 0 and concurrency or 0) + nreq })
+        else
+          results = {}
+          local kill_ids, kill_at = {}, {}
+          for i, o in ipairs(ops) do
+            if kinds[i] == "list" then
+              if not seq_pages then
+                seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
               end
+              local items, a, b, c, d = seq_pages()
+              results[i] = items == nil and { done = true } or { items, a, b, c, d }
+            else
+              kill_ids[#kill_ids + 1] = o.id
+              kill_at[#kill_at + 1] = i
             end
           end
-        else
+          if #kill_ids > 0 then
+            local kr = type(client.kill_many) == "function"
+              and client:kill_many(kill_ids, { concurrency = concurrency })
+            for j, i in ipairs(kill_at) do
+              results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
+            end
+          end
+        end
+        -- 1. kills
+        for i, o in ipairs(ops) do
+          if kinds[i] == "kill" then
+            local r = results[i]
+            killed(o.entry, r[1], r[2], r[3])
+          end
+        end
+        -- 2. the pending pages' re-checks
+        if pipelined then
+          after_rechecks(ops, kinds, which, results)
+        elseif pending_seq then
+          local pending = dirs[1].pending
+          dirs[1].pending = nil
+          local current = {}
           for _, e in ipairs(pending.entries) do
             local info, ierr, icode = client:info(e.item.sandbox_id)
             if info then
@@ -695,43 +1041,19 @@ function _M.run(opts)
               kept[#kept + 1] = e
             end
           end
-          pending.entries = kept
+          rechecked(kept, current)
         end
-        rechecked(pending.entries, current)
-        pending = nil
+        -- 3. the pages just listed
+        after_lists(nlists, which, results)
       end
-      -- 3. the page just listed
-      if want_list then
-        local r = results[1]
-        if r.done then
-          list_done, next_token = true, nil
-        elseif r[1] == false then
-          -- stop listing, finish what was listed; resume from this page
-          list_done = true
-          list_error = { r[2], r[3], r[5] }
-        else
-          local used, nxt = r[2], r[3]
-          local taken = take_page(r[1])
-          if #taken > 0 then
-            local pg = { token = used, left = #taken }
-            for _, e in ipairs(taken) do e.page = pg end
-            open_tail = open_tail + 1
-            open_pages[open_tail] = pg
-          end
-          local entries = lock_entries(taken)
-          if #entries > 0 then pending = { token = used, entries = entries } end
-          stop_listing(nxt)
-          page_done(used, nxt)
-        end
-      end
-    end
-  end)
+    end)
+  end
   if not ok then
     release_all() -- a callback or the lock backend raised: leave no session locked
     error(err, 0)
   end
-  report.next_token = next_token
-  report.resume_token = next_token
+  report.next_token = token_of(false)
+  report.resume_token = report.next_token
   if list_error then return nil, list_error[1], list_error[2], report, list_error[3] end
   return report
 end

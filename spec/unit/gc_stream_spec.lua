@@ -101,9 +101,13 @@ local function seed(n, o)
   return items
 end
 
+-- These cases use one cursor, newest first (the fake's cursors are positions
+-- in `items`, in whatever order the case gives them); the two-ended listing has
+-- its own E2B-faithful fake below.
 local function run(c, lk, o)
   o = o or {}
   o.client, o.lock, o.clock = c, lk, function() return NOW end
+  if o.order == nil and not (o.next_token or ""):match("^wbgc1%.") then o.order = "newest" end
   o.max_age = o.max_age or 7 * DAY
   return gc.run(o)
 end

@@ -16,7 +16,10 @@
 -- so far in this pass, `totals = { seen, kept, kill, demote }` so far, `max_kills`.
 --
 -- Caps count in listing order: E2B lists the newest-started sandboxes first, so
--- the sandboxes kept under a cap are the newest and the oldest go first.
+-- the sandboxes kept under a cap are the newest and the oldest go first. A
+-- hook built only of rules without caps (retention, orphans, budget, chain)
+-- is marked independent of the order (`any_order`), so GC lists it from both
+-- ends at once; wrap a hand-written hook in `rules.any_order` to say the same.
 -- @module warmbox.policy.rules
 local type, tostring, tonumber, error, select, floor = type, tostring, tonumber, error, select, math.floor
 local fmt = string.format
@@ -24,6 +27,26 @@ local fmt = string.format
 local _M = {}
 
 local UNITS = { s = 1, m = 60, h = 3600, d = 86400 }
+
+-- Rules whose decision does not depend on what was decided before in the pass
+-- (no caps): GC may then list from both ends at once (`warmbox.gc`).
+local ANY_ORDER = setmetatable({}, { __mode = "k" })
+
+--- Declares a `gc` hook (or rule) independent of the listing order: its
+-- decision for an item does not depend on `ctx.counts`/`ctx.totals` (a kill
+-- budget is fine), so GC may list from both ends at once. Returns `fn`.
+function _M.any_order(fn)
+  if type(fn) ~= "function" then error("bad argument #1 to 'any_order' (function expected)", 2) end
+  ANY_ORDER[fn] = true
+  return fn
+end
+
+--- Whether `fn` was declared (or composed only of rules) independent of the
+-- listing order.
+function _M.is_any_order(fn)
+  return ANY_ORDER[fn] == true
+end
+local any_order = _M.any_order
 
 --- Seconds of a duration: a number, or a string "90", "30s", "15m", "12h", "7d".
 -- @treturn[1] number
@@ -77,7 +100,7 @@ function _M.retention(o)
   if demote_after and kill_after and demote_after >= kill_after then
     error("bad option 'demote_after' to 'retention' (must be shorter than kill_after)", 2)
   end
-  return function(item, ctx)
+  return any_order(function(item, ctx)
     local last = item.last_activity
     if not last then return nil end
     local idle = ctx.now - last
@@ -96,7 +119,7 @@ function _M.retention(o)
       return "demote", fmt("inactive for %s (demote after %s)", human(idle), human(demote_after))
     end
     return nil
-  end
+  end)
 end
 
 --- Sandboxes whose tag is not a valid warmbox tag value (orphans): `action`
@@ -106,10 +129,10 @@ function _M.orphans(action)
   if action ~= "keep" and action ~= "kill" then
     error("bad argument #1 to 'orphans' (\"keep\" or \"kill\" expected, got " .. tostring(action) .. ")", 2)
   end
-  return function(item)
+  return any_order(function(item)
     if item.orphan then return action, "orphan tag (not a warmbox session)" end
     return nil
-  end
+  end)
 end
 
 --- At most `max` kept sandboxes per tenant: the ones over it are killed.
@@ -143,26 +166,33 @@ function _M.chain(...)
       error(fmt("bad argument #%d to 'chain' (function expected, got %s)", i, type(list[i])), 2)
     end
   end
-  return function(item, ctx)
+  local fn = function(item, ctx)
     for i = 1, #list do
       local action, reason = list[i](item, ctx)
       if action ~= nil then return action, reason end
     end
     return "keep"
   end
+  for i = 1, #list do
+    if not ANY_ORDER[list[i]] then return fn end
+  end
+  return any_order(fn)
 end
 
 --- At most `n` kills per pass: once `n` kills were decided, a kill becomes "keep".
 function _M.budget(n, rule)
   n = count(n, "n", "budget")
   if type(rule) ~= "function" then error("bad argument #2 to 'budget' (function expected)", 2) end
-  return function(item, ctx)
+  local fn = function(item, ctx)
     local action, reason = rule(item, ctx)
     if action == "kill" and ctx.totals and ctx.totals.kill >= n then
       return "keep", fmt("max-kills budget (%d) spent", n)
     end
     return action, reason
   end
+  -- which sandboxes spend the budget follows the order, not how many
+  if ANY_ORDER[rule] then return any_order(fn) end
+  return fn
 end
 
 --- The usual composition: orphans (keep), retention tiers, tenant cap, global
@@ -180,5 +210,8 @@ function _M.gc(o)
   if o.max_kills then rule = _M.budget(o.max_kills, rule) end
   return rule
 end
+
+-- The default policy's `gc` hook (retention by last activity, orphans kept).
+ANY_ORDER[require("warmbox.policy.default").gc] = true
 
 return _M
