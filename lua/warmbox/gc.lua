@@ -64,7 +64,6 @@ local DEMOTE_LEASE = 60
 -- Rounds of `concurrency` kills a kills-only batch carries (and the backlog of
 -- re-checked kills, in the same unit, above which the listing waits).
 local DRAIN_ROUNDS = 4
-_M.DEMOTE_MARK = 10
 
 -- ---------------------------------------------------------------------------
 -- time
@@ -234,15 +233,7 @@ local function make_item(d, tag, tenant_of)
     template_id = d.template_id, metadata = md, tag_value = tv, key = key, orphan = enc == nil,
   }
   item.last_activity = last_activity(d)
-  -- Demoted by GC: paused within DEMOTE_MARK (10) seconds of its resume (a demote is
-  -- connect + pause). A session never does that: its lease is at least its
-  -- idle timeout, and a recycled sandbox runs again at once.
-  if d.state == "paused" then
-    local s, e = parse_time(d.started_at), parse_time(d.end_at)
-    item.demoted = s ~= nil and e ~= nil and e >= s and e - s <= _M.DEMOTE_MARK
-  else
-    item.demoted = false
-  end
+  item.demoted = state_codec.looks_demoted(d) -- (paused within seconds of its resume)
   if enc then
     local ok, t = pcall(tenant_of, key or tv, item)
     item.tenant = ok and type(t) == "string" and t or _M.default_tenant(key or tv)

@@ -305,11 +305,8 @@ _M.is_gone = is_gone
 -- seconds of its resume, as only a demote (connect + pause without memory) does.
 local function memory_lost(it, avoid)
   if avoid[it.sandbox_id] then return true end
-  if it.state ~= "paused" then return false end
-  local s, e = parse_utc(it.started_at), parse_utc(it.end_at)
-  return s ~= nil and e ~= nil and e >= s and e - s <= _M.DEMOTE_MARK
+  return state_codec.looks_demoted(it)
 end
-_M.DEMOTE_MARK = 10
 
 function Session:_resolve(st, lease, avoid)
   avoid = avoid or {}

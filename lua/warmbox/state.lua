@@ -2,6 +2,7 @@
 -- warmbox.session and warmbox.gc).
 -- @module warmbox.state
 local json = require "warmbox.json"
+local util = require "warmbox.util"
 
 local type, pairs = type, pairs
 
@@ -33,6 +34,19 @@ function _M.encode(st)
     domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
     hooked = st.hooked, memory_lost = st.memory_lost, auto_resume = st.auto_resume,
   })
+end
+
+--- Seconds within which a pause after a resume marks a GC demote.
+_M.DEMOTE_MARK = 10
+
+--- Whether a listed sandbox (`{ state, started_at, end_at }`, E2B's times) looks
+-- demoted by GC: paused within `DEMOTE_MARK` seconds of its resume, as only a
+-- demote (connect + pause without memory) does. A session never does that: its
+-- lease is at least its idle timeout, and a recycled sandbox runs again at once.
+function _M.looks_demoted(d)
+  if d.state ~= "paused" then return false end
+  local s, e = util.parse_time(d.started_at), util.parse_time(d.end_at)
+  return s ~= nil and e ~= nil and e >= s and e - s <= _M.DEMOTE_MARK
 end
 
 return _M
