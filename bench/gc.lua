@@ -12,9 +12,7 @@
 -- The slow rows (concurrency 1 and the sequential SDK sweep: one round trip per
 -- kill, ~1,000 s at full scale) run on BENCH_SLOW_N sandboxes unless it equals N.
 -- Seeding and the admin API go through spec/helpers/warmboxd.lua.
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-package.path = "lua/?.lua;lua/?/init.lua;./?.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local RETENTION = 7 * 86400
 local TAG = "warmboxSessionId"

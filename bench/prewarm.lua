@@ -17,12 +17,7 @@
 -- leaves a conversation idle longer than idle_timeout. Default configuration
 -- (exec_timeout = idle_timeout = 300). Prints p50/p95 per case and the ratio
 -- of the prewarmed runs' p95 to the warm runs' p95 (goal: within 1.5x).
-local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-local root = here .. "/.."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-if build:sub(1, 1) ~= "/" then build = root .. "/" .. build end
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-package.cpath = build .. "/?.so;" .. build .. "/?/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local warmbox = require "warmbox"
 local session = require "warmbox.session"
@@ -34,14 +29,7 @@ local TURNS = tonumber(arg and arg[2]) or 5
 local THINK = 2
 local RTT, RESUME, CREATE = 20, 1000, 500
 
-local bin = os.getenv("WARMBOXD_BIN")
-if not bin then
-  local f = io.open(build .. "/warmboxd")
-  if f then
-    f:close()
-    bin = build .. "/warmboxd"
-  end
-end
+local bin = env.warmboxd
 local srv = assert(server.start{ bin = bin, args = { "--rtt-ms", tostring(RTT), "--resume-ms", tostring(RESUME),
   "--create-ms", tostring(CREATE) } })
 local lockdir = os.tmpname()
