@@ -78,6 +78,15 @@ local function ms(t) return math_floor(t * 1000 + 0.5) / 1000 end
 -- `note_error(code, msg)`. Fills the report's counts and returns the time
 -- the simulation ended (its horizon).
 function _M.simulate(S)
+  -- Most of what the loop makes dies young (heap entries, items); the
+  -- sandboxes and conversations live long: the generational collector fits.
+  local gc_mode = collectgarbage("generational")
+  local h = _M._simulate(S)
+  collectgarbage(gc_mode)
+  return h
+end
+
+function _M._simulate(S)
   local model, policy, report = S.model, S.policy, S.report
   local events = report.events
   local stats, cfg, live = model.stats, model.cfg, model.live
@@ -554,12 +563,12 @@ function _M.simulate(S)
   -- The item a hook sees is one table refilled for each sandbox (as its
   -- context): a gc hook must neither keep nor change them.
   local tv_info = {}
-  local item = {}
+  local gc_item = {}
   local function item_of(b, tv)
-    local info = tv_info[tv]
+    local info = b.gc_info or tv_info[tv]
     if not info then
       local key, enc = tag_mod.parse_tag(tv)
-      info = { key = key, orphan = enc == nil }
+      info = { tv = tv, key = key, orphan = enc == nil }
       if enc then
         local ok, tn = pcall(tenant_of, key or tv)
         info.tenant = ok and type(tn) == "string" and tn or gc_mod.default_tenant(key or tv)
@@ -571,7 +580,7 @@ function _M.simulate(S)
     if not md then
       md = {}
       for k, v in pairs(b.metadata) do md[k] = v end
-      b.gc_md = md
+      b.gc_md, b.gc_info = md, info
     end
     -- The listed times (RFC 3339, milliseconds), formatted again only when they
     -- change (the cache warmbox.sim.model's listing keeps too).
@@ -579,7 +588,7 @@ function _M.simulate(S)
     if b.fmt_started ~= sa then b.fmt_started, b.s_started = sa, rfc3339(sa) end
     if b.fmt_end ~= ea then b.fmt_end, b.s_end = ea, rfc3339(ea) end
     local s, e = ms(sa), ms(ea)
-    local it = item
+    local it = gc_item
     it.sandbox_id, it.started_at, it.end_at, it.template_id, it.metadata = b.id, b.s_started, b.s_end, b.template, md
     it.tag_value, it.key, it.orphan, it.tenant = tv, info.key, info.orphan, info.tenant
     if b.state == "paused" then
@@ -628,8 +637,9 @@ function _M.simulate(S)
     gctx.now = T
     while b do
       nlisted = nlisted + 1
-      local tv = b.metadata[tag]
-      if type(tv) == "string" and tv ~= "" then
+      local info = b.gc_info       -- a sandbox's metadata never changes: its tag value is known
+      local tv = info and info.tv or b.metadata[tag]
+      if info or (type(tv) == "string" and tv ~= "") then
         -- decide(item) and count(item, action, 1), inlined; the context's
         -- counts and totals are the pass's own tables (read-only for the hook)
         local it, group = item_of(b, tv)
@@ -677,6 +687,8 @@ function _M.simulate(S)
           stats.kills = stats.kills + 1
           nreq = nreq + 1
           killed = killed + 1
+          -- the session forgets it (its next run resolves at once)
+          if st and st.sandbox_id == bx.id then forget(st) end
         elseif action == "demote" then
           if bx.state == "paused" then
             nreq = nreq + 1
