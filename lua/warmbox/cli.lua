@@ -60,13 +60,17 @@ commands:
   simulate                       replay a trace or a generated workload against a virtual-time model of E2B
       --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}, or CSV (FILE.csv)
       --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
-                                   --span S, --seed N, --arrival uniform|poisson, --abandon P); a value
+                                   --span S, --seed N, --arrival uniform|poisson, --abandon P, --lead S:
+                                   a turn's start to its run, --no-run P: turns without a run); a value
                                    may be a distribution: lognormal:MEDIAN:SIGMA, pareto:ALPHA:MIN, exp:MEAN
+      --prewarm on|off|off,on      prewarm each turn's sandbox at its start (off,on: one row each)
+      --exact                      drive the real warmbox.session code (slower; the cap and --rate need it)
       --idle-timeout S[,S...]      one row per value (also --exec-timeout, --max-age, --gc-every)
       --policies all|P,P...        one row per built-in policy: reference, no-reuse, keep-alive, default
       --tail S                     seconds simulated after the last run (default lease + max-age + gc-every)
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
       --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)
+      --retry-after S              the Retry-After of the cap's 429 (default 1; 0: none, the client backs off)
       --paused-price USD           storage price per paused sandbox-hour (default 0: E2B publishes none)
       --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
                                    gnuplot when installed, else the built-in SVG
@@ -629,10 +633,10 @@ local SIM_LISTS = { ["--idle-timeout"] = "idle_timeout", ["--exec-timeout"] = "e
   ["--max-age"] = "max_age", ["--gc-every"] = "gc_every" }
 local SIM_MODEL = { ["--rtt-ms"] = "rtt_ms", ["--create-ms"] = "create_ms", ["--kernel-ms"] = "kernel_ms",
   ["--resume-ms"] = "resume_ms", ["--max-length-hours"] = "max_length_hours", ["--max-running"] = "max_running",
-  ["--rate"] = "rate_per_s" }
+  ["--rate"] = "rate_per_s", ["--retry-after"] = "retry_after" }
 local SIM_WORKLOAD = { ["--sessions"] = "sessions", ["--turns"] = "turns", ["--gap"] = "gap",
   ["--duration"] = "duration", ["--think"] = "think", ["--span"] = "span", ["--seed"] = "seed",
-  ["--abandon"] = "abandon" }
+  ["--abandon"] = "abandon", ["--lead"] = "lead", ["--no-run"] = "no_run" }
 local SIM_DISTS = { lognormal = { "median", "sigma" }, pareto = { "alpha", "min" }, exp = { "mean" } }
 local SIM_INTEGER = { sessions = true, turns = true, seed = true }
 local SIM_RANGE = { turns = true, duration = true, gap = true }
@@ -678,6 +682,22 @@ local function cmd_simulate(o, args, io_)
         end
       else
         policies = { table.unpack(sim.POLICY_ORDER) }
+      end
+    elseif a == "--exact" then
+      opts.exact = true
+    elseif a == "--prewarm" then
+      local v = val()
+      local map = { on = true, off = false }
+      local values = {}
+      for item in (v .. ","):gmatch("([^,]*),") do
+        if map[item] == nil then error("option --prewarm needs on, off or off,on, got '" .. v .. "'", 0) end
+        values[#values + 1] = map[item]
+      end
+      if #values == 1 then
+        opts.prewarm = values[1]
+      else
+        if sweep and sweep.param ~= "prewarm" then error("only one option may list several values", 0) end
+        sweep = { param = "prewarm", values = values }
       end
     elseif a == "--paused-price" then
       opts.prices = { paused_second = number(val()) / 3600 }
@@ -748,9 +768,9 @@ local function cmd_simulate(o, args, io_)
     return string_format("%gs", r1[k])
   end
   io_.stdout:write(string_format("%s: %d conversations, %d turns, exec timeout %s, idle timeout %s, max age %s, "
-    .. "GC every %s, policy %s\n", opts.trace or "generated workload", r1.conversations, r1.turns,
+    .. "GC every %s, policy %s, %s path\n", opts.trace or "generated workload", r1.conversations, r1.turns,
     shown("exec_timeout"), shown("idle_timeout"), shown("max_age"), shown("gc_every"),
-    policies and "(compared)" or r1.policy))
+    policies and "(compared)" or r1.policy, r1.path))
   io_.stdout:write(sim.format(rows))
   if csv then
     local f, ferr = io.open(csv, "wb")

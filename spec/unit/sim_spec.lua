@@ -339,7 +339,8 @@ describe("warmbox.sim", function()
     -- A conversation's turns start 3 s before their runs (the model thinks); the third
     -- turn runs no code. Lease 60 s (exec = idle = 60), model defaults: rtt 20 ms,
     -- create 500 ms, kernel start 1000 ms, resume 1000 ms.
-    local trace = { { t = 10, session = "a", duration = 1, lead = 3 }, { t = 200, session = "a", duration = 1, lead = 3 },
+    local trace = { { t = 10, session = "a", duration = 1, lead = 3 },
+      { t = 200, session = "a", duration = 1, lead = 3 },
       { t = 400, session = "a", duration = 1, lead = 3, run = false } }
     local base = { trace = trace, exec_timeout = 60, idle_timeout = 60, gc_every = false, tail = 600, details = true }
 
@@ -582,6 +583,34 @@ describe("warmbox.sim", function()
       local a, b = assert(sim.run(o)), assert(sim.run(o))
       assert.same(a, b)
       assert.is_true(a.peak_running > 1)
+    end)
+
+    it("puts each run `lead` seconds after its turn's start; `no_run` turns run nothing", function()
+      local w = { sessions = 5, turns = { 3, 3 }, gap = 100, seed = 1 }
+      local a = sim.workload(w)
+      w.lead = 2
+      local b = sim.workload(w)
+      assert.equal(#a, #b)
+      -- a fixed lead draws nothing: the same turns, the k-th of a conversation 2k s later
+      local k = {}
+      for i, e in ipairs(b) do
+        k[e.session] = (k[e.session] or 0) + 1
+        assert.equal(2, e.lead)
+        local same
+        for _, x in ipairs(a) do
+          if x.session == e.session and math.abs(x.t + 2 * k[e.session] - e.t) < 1e-9 then same = x end
+        end
+        assert.truthy(same, "turn " .. i)
+        assert.is_nil(e.run)
+      end
+      w.no_run = 0.5
+      local c = sim.workload(w)
+      local skipped = 0
+      for _, e in ipairs(c) do if e.run == false then skipped = skipped + 1 end end
+      assert.is_true(skipped > 0 and skipped < #c, tostring(skipped))
+      assert.same(c, sim.workload(w))          -- reproducible from the seed
+      assert.has_error(function() sim.workload{ sessions = 1, no_run = 2 } end,
+        "bad argument #1 to 'workload' ('no_run' must be a probability in [0, 1])")
     end)
 
     it("rejects bad distributions", function()
@@ -850,6 +879,63 @@ describe("warmbox.sim", function()
       status = require("warmbox.cli").main({ "simulate", "--gap", "lognormal:60" }, { stdout = out, stderr = err })
       assert.equal(2, status)
       assert.matches("lognormal needs median:sigma", err:text())
+    end)
+
+    it("compares prewarm off and on with a lead; --exact picks the real session code", function()
+      local out, err = sink(), sink()
+      local csv = os.tmpname()
+      local status = require("warmbox.cli").main({ "simulate", "--sessions", "40", "--turns", "2-6", "--gap", "600",
+        "--lead", "3", "--no-run", "0.2", "--idle-timeout", "60", "--prewarm", "off,on", "--seed", "2",
+        "--csv", csv }, { stdout = out, stderr = err })
+      assert.equal(0, status, err:text())
+      local text = out:text()
+      assert.matches("fast path", text)
+      assert.matches("prewarm%s+runs.*prewarms%s+unused", text)
+      local f = assert(io.open(csv))
+      local rows = {}
+      local header
+      for l in f:lines() do
+        local cells = {}
+        for c in (l .. ","):gmatch("([^,]*),") do cells[#cells + 1] = c end
+        if not header then
+          header = {}
+          for i, h in ipairs(cells) do header[h] = i end
+        else
+          rows[#rows + 1] = cells
+        end
+      end
+      f:close()
+      os.remove(csv)
+      local function v(row, k) return tonumber(row[header[k]]) or row[header[k]] end
+      local off, on = rows[1], rows[2]
+      assert.same({ "false", "true" }, { v(off, "prewarm"), v(on, "prewarm") })
+      -- the same turns, some without a run; off: cold starts and resumes on the runs' path
+      assert.equal(v(off, "turns"), v(on, "turns"))
+      assert.equal(v(off, "runs"), v(on, "runs"))
+      assert.is_true(v(off, "runs") < v(off, "turns"))
+      assert.equal(40, v(off, "cold_starts"))
+      assert.is_true(v(off, "resumes") > 0)
+      -- on: every turn prewarmed (those without a run too), every run warm, and it costs compute
+      assert.same({ 0, 0 }, { v(on, "cold_starts"), v(on, "resumes") })
+      assert.equal(v(on, "turns"), v(on, "prewarms"))
+      assert.equal(v(on, "turns") - v(on, "runs"), v(on, "prewarms_unused"))
+      assert.is_true(v(on, "p95_ms") < v(off, "p95_ms"))
+      assert.is_true(v(on, "compute_seconds") > v(off, "compute_seconds"))
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--exact", "--max-running", "1",
+        "--retry-after", "2" }, { stdout = out, stderr = err })
+      assert.equal(0, status, err:text())
+      assert.matches("exact path", out:text())
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "maybe" },
+        { stdout = out, stderr = err })
+      assert.equal(2, status)
+      assert.matches("--prewarm needs on, off or off,on", err:text(), 1, true)
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "on", "--exact" },
+        { stdout = out, stderr = err })
+      assert.equal(1, status)
+      assert.matches("fast path only", err:text())
     end)
 
     it("runs a generated workload and rejects bad arguments", function()

@@ -331,8 +331,9 @@ function _M.workload(w)
     local nextt = conv_turns(w, conv)
     local t, d, _, _, l, runs = nextt()
     while t do
-      turns[#turns + 1] = { t = t, session = conv.key, duration = d, lead = l ~= 0 and l or nil,
-        run = (not runs) and false or nil }
+      local turn = { t = t, session = conv.key, duration = d, lead = l ~= 0 and l or nil }
+      if not runs then turn.run = false end
+      turns[#turns + 1] = turn
       t, d, _, _, l, runs = nextt()
     end
   end

@@ -1001,7 +1001,8 @@ _M.Sandbox = Sandbox
 -- The model's rules, for the fast path (`warmbox.sim.fast`), which applies
 -- them at explicit times instead of waiting in tasks.
 _M.ops = { settle = settle, expire = expire, stop_running = stop_running, start_running = start_running,
-  drain_running = drain_running, running_delta = running_delta, arm = arm, start_paused = start_paused, end_paused = end_paused,
+  drain_running = drain_running, running_delta = running_delta, arm = arm, start_paused = start_paused,
+  end_paused = end_paused,
   remove = remove, cap = cap, touch = touch, add_box = add_box, listed_state = listed_state,
   detail_of = detail_of, sandbox_of = sandbox_of }
 return _M
