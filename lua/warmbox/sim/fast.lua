@@ -722,12 +722,12 @@ function _M._simulate(S)
   -- The event loop
   -- ----------------------------------------------------------------
 
-  local heap = { n = 0 }
+  local heap = model_mod.new_heap()
+  local heap_t, heap_v = heap.t, heap.v
   local seq = 0
   local function schedule(c, t)
     seq = seq + 1
-    c.t, c.seq = t, seq
-    heap_push(heap, c)
+    heap_push(heap, t, seq, c)
   end
 
   local last_end = t0
@@ -737,7 +737,10 @@ function _M._simulate(S)
   local function next_turn(c)
     while true do
       local t, duration, timeout, language, lead, runs = c.iter()
-      if not t then return end
+      if not t then
+        c.iter = nil                          -- done: its generator goes
+        return
+      end
       c.n = c.n + 1
       r_turns = r_turns + 1
       local due = t0 + t
@@ -818,14 +821,15 @@ function _M._simulate(S)
   end
 
   local convs = S.convs
+  local iter_of = convs.iter_of
   local ci = 1
   local gc_every = S.gc_every
   local next_gc = gc_every and t0 + gc_every or math_huge
   local horizon = nil
   local tail = S.tail
   while true do
-    local top = heap[1]
-    local tc = top and top.t or math_huge
+    local top = heap_v[1]
+    local tc = top and heap_t[1] or math_huge
     local conv = convs[ci]
     local ta = conv and t0 + conv.start or math_huge
     if tc == math_huge and ta == math_huge and not horizon then
@@ -838,7 +842,7 @@ function _M._simulate(S)
     if T > model.now then
       model.backend.t = T
       local lh = leases
-      if lh.n > 0 and lh[1].t <= T then settle(model, T) end
+      if lh.n > 0 and lh.t[1] <= T then settle(model, T) end
       model.now = T
     end
     local dh = deltas
@@ -848,7 +852,9 @@ function _M._simulate(S)
       next_gc = next_gc + gc_every
     elseif T == ta then
       ci = ci + 1
-      local c = { key = conv.key, skey = conv.key, st = {}, iter = conv.make(), n = 0, free = T, prev_end = T,
+      convs[ci - 1] = nil                     -- what is left of it lives in c
+      local c = { key = conv.key, skey = conv.key, st = {}, iter = iter_of and iter_of(conv) or conv.make(), n = 0,
+        free = T, prev_end = T,
         lock_until = T, had_box = false, lost = false }
       if not per_call then
         c.stv = tag_mod.tag_value(conv.key, { template = template, env = env })

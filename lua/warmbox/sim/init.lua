@@ -537,16 +537,16 @@ local function trace_turns(o)
   return sort_turns(turns)
 end
 
--- The conversations to simulate, in order of arrival: `{ key, start, next }`
--- where `next(prev_end)` gives the next turn (t, duration, timeout, language).
+-- The conversations to simulate, in order of arrival: `{ key, start }` and
+-- either `make()` (a trace's conversation) or the list's `iter_of(conv)` (a
+-- generated one) giving an iterator over its turns (t, duration, timeout,
+-- language, lead, run).
 local function conversations_of(o)
   if o.workload then
     local w = o.workload
     local convs = arrivals(w)
-    for _, c in ipairs(convs) do
-      -- one generator per conversation, made when it starts
-      c.make = function() return conv_turns(w, c) end
-    end
+    -- one generator per conversation, made when it starts (no closure per conversation before)
+    convs.iter_of = function(c) return conv_turns(w, c) end
     return convs
   end
   local turns, err, code = trace_turns(o)
@@ -680,7 +680,7 @@ local function run(o)
   local function conversation(conv)
     local me = task_mod.current()
     local data = me.data
-    local next_turn = conv.make()
+    local next_turn = conv.make and conv.make() or convs.iter_of(conv)
     local s = (not per_call) and new_session(conv.key) or nil
     local had_box, lost = false, false
     local n = 0

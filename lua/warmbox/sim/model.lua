@@ -56,55 +56,57 @@ local string_format, table_sort, math_floor, math_max, math_min =
 local os_date = os.date
 local task_mod = require "warmbox.task"
 
--- A binary min-heap of `{ t, seq, ... }` entries ordered by (t, seq), as
--- `warmbox.task`'s, with the comparisons inlined (the simulator's hot path).
-local function heap_push(h, e)
+-- A binary min-heap of values ordered by (t, seq), kept in three arrays
+-- (`t`, `s`, `v`) so a comparison reads two numbers next to each other and
+-- never the value itself (which is cold in a large simulation).
+local function heap_push(h, t, seq, v)
   local n = h.n + 1
   h.n = n
-  local et, es = e.t, e.seq
+  local ht, hs, hv = h.t, h.s, h.v
   local i = n
   while i > 1 do
     local p = i >> 1
-    local pe = h[p]
-    local pt = pe.t
-    if pt < et or (pt == et and pe.seq < es) then break end
-    h[i] = pe
+    local pt = ht[p]
+    if pt < t or (pt == t and hs[p] < seq) then break end
+    ht[i], hs[i], hv[i] = pt, hs[p], hv[p]
     i = p
   end
-  h[i] = e
+  ht[i], hs[i], hv[i] = t, seq, v
 end
 
+-- Pops the least: its t and value (nil when empty).
 local function heap_pop(h)
   local n = h.n
   if n == 0 then return nil end
-  local top, last = h[1], h[n]
-  h[n] = nil
+  local ht, hs, hv = h.t, h.s, h.v
+  local top_t, top_v = ht[1], hv[1]
+  local lt, ls, lv = ht[n], hs[n], hv[n]
+  ht[n], hs[n], hv[n] = nil, nil, nil
   n = n - 1
   h.n = n
   if n > 0 then
-    local lt, ls = last.t, last.seq
     local i = 1
     while true do
       local l = i << 1
       if l > n then break end
-      local c, ce = l, h[l]
+      local ct, cs = ht[l], hs[l]
       if l < n then
-        local re = h[l + 1]
-        local rt, ct = re.t, ce.t
-        if rt < ct or (rt == ct and re.seq < ce.seq) then c, ce = l + 1, re end
+        local rt, rs = ht[l + 1], hs[l + 1]
+        if rt < ct or (rt == ct and rs < cs) then l, ct, cs = l + 1, rt, rs end
       end
-      local ct = ce.t
-      if lt < ct or (lt == ct and ls < ce.seq) then break end
-      h[i] = ce
-      i = c
+      if lt < ct or (lt == ct and ls < cs) then break end
+      ht[i], hs[i], hv[i] = ct, cs, hv[l]
+      i = l
     end
-    h[i] = last
+    ht[i], hs[i], hv[i] = lt, ls, lv
   end
-  return top
+  return top_t, top_v
 end
 
+local function new_heap() return { n = 0, t = {}, s = {}, v = {} } end
+
 local _M = {}
-_M.heap_push, _M.heap_pop = heap_push, heap_pop
+_M.heap_push, _M.heap_pop, _M.new_heap = heap_push, heap_pop, new_heap
 
 --- The private MIME type of the output report (`warmbox.outputs` defines it).
 _M.OUTPUTS_MIME = outputs.OUTPUTS_MIME
@@ -159,7 +161,7 @@ function _M.new(opts, sched)
     keep_history = true,       -- false: forget killed sandboxes (large simulations)
     live = {},                 -- id -> record (running or paused)
     by_md = {},                -- metadata key -> value -> { [record] = true } (live ones)
-    leases = { n = 0 },        -- timer heap of running sandboxes' lease ends
+    leases = new_heap(),       -- timer heap of running sandboxes' lease ends
     tseq = 0,
     running = 0,               -- running sandboxes now
     tokens = cfg.rate_burst, tokens_at = backend:now(),
@@ -317,7 +319,7 @@ local function arm(self, b)
   if at and at <= b.end_at then return end
   self.tseq = self.tseq + 1
   b.timer_at = b.end_at
-  heap_push(self.leases, { t = b.end_at, seq = self.tseq, b = b })
+  heap_push(self.leases, b.end_at, self.tseq, b)
 end
 
 local function start_paused(b, t)
@@ -367,12 +369,12 @@ end
 -- Leases that ran out by time `t`, applied at the time each one ran out.
 local function settle(self, t)
   local h = self.leases
-  while h.n > 0 and h[1].t <= t do
-    local e = heap_pop(h)
-    local b = e.b
-    if b.timer_at == e.t then b.timer_at = nil end
+  local ht = h.t
+  while h.n > 0 and ht[1] <= t do
+    local et, b = heap_pop(h)
+    if b.timer_at == et then b.timer_at = nil end
     if b.state ~= "running" then goto continue end
-    if b.end_at > e.t then
+    if b.end_at > et then
       arm(self, b)                   -- extended since: wait for the new end
       goto continue
     end
