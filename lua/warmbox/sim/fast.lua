@@ -297,8 +297,12 @@ function _M._simulate(S)
     return string_format("policy '%s' hook '%s' failed: %s", pname, name, tostring(err))
   end
 
+  -- What a session remembers (warmbox.state's fields) lives in the
+  -- conversation's own table (one table less to reach per turn): forgetting
+  -- clears those fields only.
   local function forget(st)
-    for k in pairs(st) do st[k] = nil end
+    st.sandbox_id, st.lease_end, st.run_started, st.last_run, st.hooked, st.auto_resume, st.memory_lost =
+      nil, nil, nil, nil, nil, nil, nil
   end
 
   local function remember(st, b, lease_end, run_started)
@@ -736,9 +740,9 @@ function _M._simulate(S)
   -- The conversation's next turn: schedules its first event (or ends it).
   local function next_turn(c)
     while true do
-      local t, duration, timeout, language, lead, runs = c.iter()
+      local t, duration, timeout, language, lead, runs = c.gen:turn()
       if not t then
-        c.iter = nil                          -- done: its generator goes
+        c.gen = nil                           -- done: its generator goes
         return
       end
       c.n = c.n + 1
@@ -821,7 +825,7 @@ function _M._simulate(S)
   end
 
   local convs = S.convs
-  local iter_of = convs.iter_of
+  local gen_of = convs.gen_of
   local ci = 1
   local gc_every = S.gc_every
   local next_gc = gc_every and t0 + gc_every or math_huge
@@ -853,9 +857,10 @@ function _M._simulate(S)
     elseif T == ta then
       ci = ci + 1
       convs[ci - 1] = nil                     -- what is left of it lives in c
-      local c = { key = conv.key, skey = conv.key, st = {}, iter = iter_of and iter_of(conv) or conv.make(), n = 0,
+      local c = { key = conv.key, skey = conv.key, gen = gen_of(conv), n = 0,
         free = T, prev_end = T,
         lock_until = T, had_box = false, lost = false }
+      c.st = c
       if not per_call then
         c.stv = tag_mod.tag_value(conv.key, { template = template, env = env })
         by_tv[c.stv] = c

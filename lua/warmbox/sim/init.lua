@@ -289,26 +289,58 @@ end
 -- runs no code with probability `no_run`; after each turn the user leaves
 -- with probability `abandon`. Draws only what is set, so a workload without
 -- `lead` or `no_run` gives the same turns as before they existed.
-local function conv_turns(w, conv)
-  local r = prng(conv.seed)
-  local count = draw_count(r, w.turns or { 1, 10 })
-  local dur, gap, think, abandon = w.duration or 2, w.gap or 300, w.think or 0, w.abandon or 0
-  local lead, no_run = w.lead or 0, w.no_run or 0
-  local i, s, d, l = 0, conv.start, 0, 0
-  return function()
-    if i >= count then return nil end
-    if i > 0 then
-      if abandon > 0 and r:next() < abandon then i = count; return nil end
-      s = s + l + d + draw(r, think, "fixed") + draw(r, gap, "exp")
-    end
-    i = i + 1
-    d = draw(r, dur, "fixed")
-    l = lead ~= 0 and draw(r, lead, "fixed") or 0
-    local runs = true
-    if no_run > 0 and r:next() < no_run then runs = false end
-    return s + l, d, nil, nil, l, runs
+-- A generator is one table: the PRNG's state (`s`, so Prng's methods work on
+-- it), the workload's settings and where the conversation is. Kept as one
+-- table (not a closure with a dozen upvalues) because a large simulation
+-- touches each conversation's once per turn, far apart in time.
+local Gen = setmetatable({}, { __index = Prng })
+Gen.__index = Gen
+
+--- The next turn: t, duration, nil, nil, lead, runs | nil when done.
+function Gen:turn()
+  local i, count = self.i, self.count
+  if i >= count then return nil end
+  if i > 0 then
+    local abandon = self.abandon
+    if abandon > 0 and self:next() < abandon then self.i = count; return nil end
+    self.st = self.st + self.l + self.d + draw(self, self.think, "fixed") + draw(self, self.gap, "exp")
   end
+  self.i = i + 1
+  local d = draw(self, self.dur, "fixed")
+  local lead = self.lead
+  local l = lead ~= 0 and draw(self, lead, "fixed") or 0
+  self.d, self.l = d, l
+  local runs = true
+  local no_run = self.no_run
+  if no_run > 0 and self:next() < no_run then runs = false end
+  return self.st + l, d, nil, nil, l, runs
 end
+
+local function conv_gen(w, conv)
+  local g = setmetatable({ s = math_floor(conv.seed) ~ 0x5DEECE66D }, Gen)
+  g.count = draw_count(g, w.turns or { 1, 10 })
+  g.dur, g.gap, g.think, g.abandon = w.duration or 2, w.gap or 300, w.think or 0, w.abandon or 0
+  g.lead, g.no_run = w.lead or 0, w.no_run or 0
+  g.i, g.st, g.d, g.l = 0, conv.start, 0, 0
+  return g
+end
+
+-- A trace's conversation as a generator.
+local TraceGen = {}
+TraceGen.__index = TraceGen
+function TraceGen:turn()
+  local i = self.i + 1
+  self.i = i
+  local e = self.list[i]
+  if not e then return nil end
+  return e.t, e.duration, e.timeout, e.language, e.lead, e.run
+end
+
+local function conv_turns(w, conv)
+  local g = conv_gen(w, conv)
+  return function() return g:turn() end
+end
+
 
 --- Generate a workload's turns (deterministic for a seed).
 -- `sessions` conversations arrive within `span` seconds (3600): uniformly
@@ -537,16 +569,15 @@ local function trace_turns(o)
   return sort_turns(turns)
 end
 
--- The conversations to simulate, in order of arrival: `{ key, start }` and
--- either `make()` (a trace's conversation) or the list's `iter_of(conv)` (a
--- generated one) giving an iterator over its turns (t, duration, timeout,
--- language, lead, run).
+-- The conversations to simulate, in order of arrival: `{ key, start }`; the
+-- list's `gen_of(conv)` makes a conversation's generator, whose `turn()`
+-- gives its turns one by one (t, duration, timeout, language, lead, run).
 local function conversations_of(o)
   if o.workload then
     local w = o.workload
     local convs = arrivals(w)
-    -- one generator per conversation, made when it starts (no closure per conversation before)
-    convs.iter_of = function(c) return conv_turns(w, c) end
+    -- one generator per conversation, made when it starts
+    convs.gen_of = function(c) return conv_gen(w, c) end
     return convs
   end
   local turns, err, code = trace_turns(o)
@@ -566,18 +597,7 @@ local function conversations_of(o)
   end
   -- in order of their first turn's start (a lead may start a turn before an earlier run)
   table_sort(convs, function(a, b) return a.start < b.start or (a.start == b.start and a.seed < b.seed) end)
-  for _, c in ipairs(convs) do
-    local list = c.list
-    c.make = function()
-      local i = 0
-      return function()
-        i = i + 1
-        local e = list[i]
-        if not e then return nil end
-        return e.t, e.duration, e.timeout, e.language, e.lead, e.run
-      end
-    end
-  end
+  convs.gen_of = function(c) return setmetatable({ list = c.list, i = 0 }, TraceGen) end
   return convs
 end
 
@@ -680,7 +700,8 @@ local function run(o)
   local function conversation(conv)
     local me = task_mod.current()
     local data = me.data
-    local next_turn = conv.make and conv.make() or convs.iter_of(conv)
+    local gen = convs.gen_of(conv)
+    local function next_turn() return gen:turn() end
     local s = (not per_call) and new_session(conv.key) or nil
     local had_box, lost = false, false
     local n = 0

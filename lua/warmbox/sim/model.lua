@@ -22,13 +22,15 @@
 --
 -- * with `max_running` > 0, a create, or a connect or data-plane request
 --   that would resume a paused sandbox, beyond that many running sandboxes
---   answers 429 (E2B's concurrency cap); with `rate_per_s` > 0 the control
---   plane is a token bucket (`rate_burst` tokens) and a request beyond it
---   answers 429. Like `warmbox.e2b`'s client, idempotent calls (`connect`,
---   `info`, `list`, `kill`, data-plane calls but `run_code`) retry a 429 up
---   to `retries` times with capped exponential backoff (0.1 s doubling, at
---   most 2 s, jittered by the seeded PRNG); `create`, `pause`, `set_timeout`
---   and `run_code` do not retry.
+--   answers 429 (E2B's concurrency cap) with `Retry-After: retry_after`;
+--   with `rate_per_s` > 0 the control plane is a token bucket (`rate_burst`
+--   tokens) and a request beyond it answers 429 naming the wait for a token.
+--   Like `warmbox.core`'s retry rules, idempotent calls (`connect`, `info`,
+--   `list`, `kill`, data-plane calls but `run_code`) and `create` retry a 429
+--   up to `retries` times, after the Retry-After, else with capped
+--   exponential backoff (0.1 s doubling, at most 2 s, jittered by the seeded
+--   PRNG), within a 30 s budget; `pause`, `set_timeout` and `run_code` do
+--   not retry.
 --
 -- Nothing sleeps and nothing touches the network: every call waits on the
 -- model's `warmbox.task` scheduler (virtual backend) for its cost (half a
