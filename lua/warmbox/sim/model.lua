@@ -658,11 +658,16 @@ local function matching(self, opts)
   end
   if pool then
     for b in pairs(pool) do consider(b) end
+    -- E2B lists newest first.
+    table_sort(out, newer_than)
   else
-    for _, b in pairs(self.live) do consider(b) end
+    -- Every live sandbox: the list kept newest first needs no sort.
+    local b = self.newest
+    while b do
+      consider(b)
+      b = b.older
+    end
   end
-  -- E2B lists newest first.
-  table_sort(out, function(a, b) return a.started_at > b.started_at or (a.started_at == b.started_at and a.n > b.n) end)
   return out
 end
 
