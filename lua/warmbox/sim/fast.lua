@@ -78,15 +78,6 @@ local function ms(t) return math_floor(t * 1000 + 0.5) / 1000 end
 -- `note_error(code, msg)`. Fills the report's counts and returns the time
 -- the simulation ended (its horizon).
 function _M.simulate(S)
-  -- Most of what the loop makes dies young (heap entries, items); the
-  -- sandboxes and conversations live long: the generational collector fits.
-  local gc_mode = collectgarbage("generational")
-  local h = _M._simulate(S)
-  collectgarbage(gc_mode)
-  return h
-end
-
-function _M._simulate(S)
   local model, policy, report = S.model, S.policy, S.report
   local events = report.events
   local stats, cfg, live = model.stats, model.cfg, model.live
