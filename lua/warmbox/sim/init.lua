@@ -671,9 +671,13 @@ local function run(o)
   local horizon = nil
   local tail = o.tail
   if tail == nil then tail = math_max(exec_timeout, idle_timeout) + max_age + (gc_every or 0) end
+  -- The GC task, while it sleeps until its next pass (gc_next): the simulation
+  -- ends at the horizon, not at the first pass after it.
+  local gc_task, gc_next, gc_sleeping = nil, nil, false
   local function finish_if_idle()
     if arrived_all and active == 0 and not horizon then
       horizon = math_max(last_end + tail, clock())
+      if gc_task and gc_sleeping and gc_next > horizon then gc_task:cancel() end
     end
   end
 
@@ -781,11 +785,14 @@ local function run(o)
 
   -- GC passes every gc_every seconds until the horizon.
   if gc_every then
-    sched:spawn(function()
-      local next_gc = t0 + gc_every
+    gc_task = sched:spawn(function()
+      gc_next = t0 + gc_every
       while true do
-        sched:sleep_until(next_gc)
-        if horizon and next_gc > horizon then break end
+        if horizon and gc_next > horizon then break end
+        gc_sleeping = true
+        sched:sleep_until(gc_next)
+        gc_sleeping = false
+        if horizon and gc_next > horizon then break end
         local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
           clock = clock, max_age = max_age })
         report.gc_passes = report.gc_passes + 1
@@ -801,7 +808,7 @@ local function run(o)
           report.gc_busy = report.gc_busy + rep.busy
           report.gc_errors = report.gc_errors + #rep.errors
         end
-        next_gc = next_gc + gc_every
+        gc_next = gc_next + gc_every
       end
     end)
   end
