@@ -140,11 +140,22 @@ function _M.simulate(S)
     return string_format("paused sandbox '%s' not found", id)
   end
 
+  -- The record of sandbox `id`: `bx` when the caller has it (a session keeps
+  -- its sandbox's record: no lookup in the large table of live ones), nil
+  -- when it is gone.
+  local function find(id, bx)
+    if bx then
+      if bx.state == "killed" then return nil end
+      return bx
+    end
+    return live[id]
+  end
+
   -- c:connect(id, { timeout }) sent at t → t_after, resumed | nil, msg, code
-  local function connect(id, timeout, t)
+  local function connect(id, timeout, t, bx)
     nreq = nreq + 1
     local a = t + rtt2
-    local b = live[id]
+    local b = find(id, bx)
     if not b then return a + rtt2, nil, not_found_connect(id), "NOT_FOUND" end
     if timeout > max_length then
       return a + rtt2, nil, string_format("timeout cannot be greater than %g hours", cfg.max_length_hours),
@@ -164,10 +175,10 @@ function _M.simulate(S)
   end
 
   -- c:set_timeout(id, seconds) sent at t → t_after, true | nil, msg, code
-  local function set_timeout(id, seconds, t)
+  local function set_timeout(id, seconds, t, bx)
     nreq = nreq + 1
     local a = t + rtt2
-    local b = live[id]
+    local b = find(id, bx)
     if not b or at(b, a) ~= "running" then
       return a + rtt2, nil, string_format("sandbox '%s' not found or not running", id), "NOT_FOUND"
     end
@@ -180,10 +191,10 @@ function _M.simulate(S)
   end
 
   -- c:kill(id) sent at t → t_after
-  local function kill(id, t)
+  local function kill(id, t, bx)
     nreq = nreq + 1
     local a = t + rtt2
-    local b = live[id]
+    local b = find(id, bx)
     if b then
       at(b, a)
       if b.state ~= "killed" then
@@ -195,10 +206,10 @@ function _M.simulate(S)
   end
 
   -- c:pause(id) sent at t (memory kept) → t_after, true | false | nil, msg, code
-  local function pause(id, t)
+  local function pause(id, t, bx)
     nreq = nreq + 1
     local a = t + rtt2
-    local b = live[id]
+    local b = find(id, bx)
     if not b then return a + rtt2, nil, string_format("sandbox '%s' not found", id), "NOT_FOUND" end
     local st = at(b, a)
     if st == "paused" then return a + rtt2, false end
@@ -215,8 +226,8 @@ function _M.simulate(S)
   end
 
   -- Reach a sandbox through the proxy at a: auto-resume a paused one.
-  local function reach(id, a)
-    local b = live[id]
+  local function reach(id, a, bx)
+    local b = find(id, bx)
     if b and at(b, a) == "paused" and b.auto_resume and b.memory then
       a = resume(b, math_min(math_max(b.timeout, auto_resume_min), max_length), a)
       stats.auto_resumes = stats.auto_resumes + 1
@@ -231,17 +242,17 @@ function _M.simulate(S)
   end
 
   -- A data-plane call but run_code (write, remove, make_dir, list_dir) sent at t.
-  local function dp(id, t)
+  local function dp(id, t, bx)
     nreq = nreq + 1
-    local b, a = reach(id, t + rtt2)
+    local b, a = reach(id, t + rtt2, bx)
     if not b then return a + rtt2, nil, gone_msg(id), "SANDBOX_GONE" end
     return a + rtt2, b
   end
 
   -- s:run_code(cell) sent at t → t_after, b (its kernel has the hooks: b.hooked) | nil, msg, code
-  local function run_code(id, prelude, duration, timeout, t)
+  local function run_code(id, prelude, duration, timeout, t, bx)
     nreq = nreq + 1
-    local b, a = reach(id, t + rtt2)
+    local b, a = reach(id, t + rtt2, bx)
     if not b then return a + rtt2, nil, gone_msg(id), "SANDBOX_GONE" end
     if not b.kernel then
       a = a + kernel_s
@@ -294,11 +305,12 @@ function _M.simulate(S)
   local function forget(st)
     st.sandbox_id, st.lease_end, st.run_started, st.last_run, st.hooked, st.auto_resume, st.memory_lost =
       nil, nil, nil, nil, nil, nil, nil
+    st.box = nil
   end
 
   local function remember(st, b, lease_end, run_started)
     if st.sandbox_id ~= b.id then st.hooked, st.run_started, st.auto_resume = nil, nil, nil end
-    st.sandbox_id = b.id
+    st.sandbox_id, st.box = b.id, b
     if run_started then st.run_started = run_started end
     if st.run_started then lease_end = math_min(lease_end, st.run_started + max_length) end
     st.lease_end = lease_end
@@ -327,10 +339,10 @@ function _M.simulate(S)
     t = a + rtt2
     local kept, gone = nil, nil
     if cands and #cands > 0 then
-      local items, by_id = {}, {}
+      local items, by_id, rec = {}, {}, {}
       for i, b in ipairs(cands) do
         local d = listed(b)
-        items[i], by_id[b.id] = d, d
+        items[i], by_id[b.id], rec[b.id] = d, d, b
       end
       local copy = {}
       for i, d in ipairs(items) do copy[i] = d end
@@ -348,17 +360,17 @@ function _M.simulate(S)
           seen[id] = true
           local d = by_id[id]
           local t1 = t
-          local t2, resumed, cerr, ccode = connect(id, lease, t)
+          local t2, resumed, cerr, ccode = connect(id, lease, t, rec[id])
           t = t2
           nconnect = nconnect + 1
           if resumed == nil then
             if ccode ~= "NOT_FOUND" then return t, nil, cerr, ccode end
             gone[id] = true
           else
-            local t3, ok2, terr, tcode = set_timeout(id, lease, t)
+            local t3, ok2, terr, tcode = set_timeout(id, lease, t, rec[id])
             t = t3
             if ok2 then
-              remember(st, live[id], t1 + lease, resumed and t1 or parse_time(d.started_at))
+              remember(st, rec[id], t1 + lease, resumed and t1 or parse_time(d.started_at))
               local lc = d.lifecycle
               st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
               kept = id
@@ -413,7 +425,7 @@ function _M.simulate(S)
     if cands then
       for _, b in ipairs(cands) do
         if b.id ~= kept and not (gone and gone[b.id]) then
-          t = kill(b.id, t)
+          t = kill(b.id, t, b)
           events.kill = events.kill + 1
         end
       end
@@ -442,11 +454,12 @@ function _M.simulate(S)
         id, reused = sid, true
       else
         local t1 = t
-        local t2, resumed, cerr, ccode = connect(sid, lease, t)
+        local box = st.box
+        local t2, resumed, cerr, ccode = connect(sid, lease, t, box)
         t = t2
         nconnect = nconnect + 1
         if resumed ~= nil then
-          remember(st, live[sid], t1 + lease, resumed and t1 or nil)
+          remember(st, box or live[sid], t1 + lease, resumed and t1 or nil)
           id, reused = sid, true
         elseif ccode ~= "NOT_FOUND" then
           return t, nil, cerr, ccode
@@ -463,18 +476,19 @@ function _M.simulate(S)
     end
     -- The maximum run length: pause (memory kept) and connect: a new run of the same kernel.
     if st.run_started and st.run_started + max_length < t + run_timeout + LEASE_MARGIN then
-      local t2, pok, perr, pcode = pause(id, t)
+      local box = st.box
+      local t2, pok, perr, pcode = pause(id, t, box)
       t = t2
       if pok == nil and pcode ~= "NOT_FOUND" then return t, nil, perr, pcode end
       local t1 = t
-      local t3, resumed, cerr, ccode = connect(id, lease, t)
+      local t3, resumed, cerr, ccode = connect(id, lease, t, box)
       t = t3
       events.recycle = (events.recycle or 0) + 1
       if resumed == nil then
         if ccode == "NOT_FOUND" then forget(st) else st.lease_end = nil end
         return t, nil, cerr, ccode
       end
-      remember(st, live[id], t1 + lease, t1)
+      remember(st, box or live[id], t1 + lease, t1)
     end
     return t, id, reused
   end
@@ -489,29 +503,30 @@ function _M.simulate(S)
       if not id then return t, false, reused, ecode end
       local err, code_
       local b
+      local box = st.box
       if not python then
         if reused then
-          t, b, err, code_ = dp(id, t)
+          t, b, err, code_ = dp(id, t, box)
         else
           b = true
         end
-        if b then t, b, err, code_ = dp(id, t) end
+        if b then t, b, err, code_ = dp(id, t, box) end
       else
         b = true
       end
       if b and python and st.hooked ~= id then
-        t, b, err, code_ = run_code(id, true, 0, run_timeout, t)
+        t, b, err, code_ = run_code(id, true, 0, run_timeout, t, box)
         if b and b.hooked then st.hooked = id end
       end
       if b then
-        t, b, err, code_ = run_code(id, false, duration, run_timeout, t)
+        t, b, err, code_ = run_code(id, false, duration, run_timeout, t, box)
       end
       if b then
         if python and b.hooked then
           st.hooked = id
         else
           if python then st.hooked = nil end
-          t = dp(id, t)                      -- the listing of the output directory
+          t = dp(id, t, box)                 -- the listing of the output directory
         end
         st.last_run = t
         st.memory_lost = nil
@@ -534,7 +549,7 @@ function _M.simulate(S)
     t = t2
     if not id then return t, false end
     if st.hooked ~= id then
-      local t3, b = run_code(id, true, 0, exec_timeout, t)
+      local t3, b = run_code(id, true, 0, exec_timeout, t, st.box)
       t = t3
       if not b then return t, false end
       if b.hooked then st.hooked = id end
