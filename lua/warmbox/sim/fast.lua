@@ -410,8 +410,8 @@ function _M.simulate(S)
           "BAD_REQUEST"
       end
       local r = a + create_s
-      start_running(model, a)                -- booting counts as running (until the sandbox runs)
-      running_delta(model, r, -1)
+      running_delta(model, a, 1.5)           -- booting counts as running, not towards the peak
+      running_delta(model, r, -1.5)
       local b = add_box(model, { template = p.template or template, metadata = md, lifecycle = lc }, timeout, r)
       if not by_md_tag then by_md_tag = model.by_md[tag] end
       by_tv[c.stv] = by_tv[c.stv] or c

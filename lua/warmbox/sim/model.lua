@@ -220,7 +220,9 @@ _M.rfc3339 = rfc3339
 -- (`warmbox.sim.fast`) books changes ahead of the global clock, so it keeps
 -- them in a heap (`deltas`: arrays `k` of times and `d` of changes, ordered
 -- by time, then a stop before a start) applied in time order (see
--- `drain_running`).
+-- `drain_running`). `d` is 1 (a start), -1 (a stop) or +-1.5 (a create's
+-- boot begins / ends: running for the count, but not towards
+-- `peak_running`, as the exact path's create books it).
 local function running_delta(self, t, d)
   local h = self.deltas
   if h then
@@ -250,8 +252,15 @@ local function drain_running(self, t)
   local n, peak = self.running, self.stats.peak_running
   local size = h.n
   while size > 0 and keys[1] <= t do
-    n = n + ds[1]
-    if n > peak then peak = n end
+    local d = ds[1]
+    if d == 1.5 then            -- a create's boot: counts as running, but as the
+      n = n + 1                 -- exact path's create does, not towards the peak
+    elseif d == -1.5 then
+      n = n - 1
+    else
+      n = n + d
+      if n > peak then peak = n end
+    end
     local lk, ld = keys[size], ds[size]
     keys[size], ds[size] = nil, nil
     size = size - 1
