@@ -5,7 +5,8 @@
 -- and a coroutine per conversation. This module plays the same session's
 -- decisions directly on the model's records, in one discrete-event loop (a
 -- heap of conversations by their next event, no coroutines), with the SAME
--- policy hooks (`lease`, `should_refresh`, `order`, `create_params`, `gc`):
+-- policy hooks (`lease`, `should_refresh`, `order`, `create_params`, `gc`,
+-- `tenant`):
 --
 -- * a run: `lease`; with a remembered sandbox `should_refresh` decides
 --   between no request and a `connect` (which resumes a paused sandbox);
@@ -71,7 +72,8 @@ end
 local function ms(t) return math_floor(t * 1000 + 0.5) / 1000 end
 
 --- Play a simulation. `S` holds what `warmbox.sim.run` set up: `convs`
--- (conversations: `key`, `start`, `make()` → turn iterator), `policy`,
+-- (conversations `{ key, start }` in order of arrival; `convs.gen_of(conv)`
+-- makes one's turn generator, `gen:turn()`), `policy`,
 -- `per_call`, `model`, `report`, `latencies` (appended to), `log` (or nil),
 -- `t0`, `code`, `exec_timeout`, `idle_timeout`, `template`, `tag`, `env`,
 -- `max_age`, `gc_every` (or false), `tail`, `prewarm`, `fail(code, msg)`,
