@@ -699,126 +699,127 @@ local function run(o)
       note_error = note_error }
     nlat = #latencies
   else
+    -- The exact path: real sessions and GC passes, each conversation a task.
 
-  -- One conversation: its turns one after another (never two at once).
-  local function conversation(conv)
-    local me = task_mod.current()
-    local data = me.data
-    local gen = convs.gen_of(conv)
-    local function next_turn() return gen:turn() end
-    local s = (not per_call) and new_session(conv.key) or nil
-    local had_box, lost = false, false
-    local n = 0
-    while true do
-      local t, duration, timeout, language, _, runs = next_turn()
-      if not t then break end
-      n = n + 1
-      local due = t0 + t
-      if runs == false then
-        report.turns = report.turns + 1      -- a turn that runs no code
-        goto next
-      end
-      if due > clock() then sched:sleep_until(due) end
-      data.duration, data.mark = duration, {}
-      local run_s = s or new_session(conv.key .. "#" .. n)
-      local began = clock()
-      report.turns = report.turns + 1
-      report.runs = report.runs + 1
-      local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
-      local mark = data.mark
-      if log then
-        log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
-          code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
-          code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
-          created = mark.created or false, resumed = mark.resumed or false }
-      end
-      if not ok then
-        fail("ERROR", tostring(r))
-      elseif not r then
-        fail(tostring(ecode), tostring(err))
-      else
-        report.ok = report.ok + 1
-        if mark.created then
-          report.cold_starts = report.cold_starts + 1
-          if had_box then
-            report.turns_lost_state = report.turns_lost_state + 1
-            if not lost then
-              lost = true
-              report.conversations_lost_state = report.conversations_lost_state + 1
-            end
-          end
-        elseif mark.resumed then
-          report.resumes = report.resumes + 1
-        else
-          report.warm_hits = report.warm_hits + 1
-        end
-        had_box = true
-        -- Virtual times are unix seconds: round away the float noise (to the microsecond).
-        local ms = ((mark.code_started or clock()) - began) * 1000
-        nlat = nlat + 1
-        latencies[nlat] = math_floor(ms * 1000 + 0.5) / 1000
-      end
-      if per_call and mark.sandbox_id then
-        model:kill(mark.sandbox_id)            -- a fresh sandbox per call: killed after it
-      end
-      do
-        local now = clock()
-        if now > last_end then last_end = now end
-      end
-      ::next::
-    end
-    active = active - 1
-    finish_if_idle()
-  end
-
-  -- Arrivals: each conversation starts as a task when its first turn is due.
-  sched:spawn(function()
-    for _, conv in ipairs(convs) do
-      local due = t0 + conv.start
-      if due > clock() then sched:sleep_until(due) end
-      active = active + 1
-      sched:spawn(conversation, conv)
-    end
-    arrived_all = true
-    finish_if_idle()
-  end)
-
-  -- GC passes every gc_every seconds until the horizon.
-  if gc_every then
-    gc_task = sched:spawn(function()
-      gc_next = t0 + gc_every
+    -- One conversation: its turns one after another (never two at once).
+    local function conversation(conv)
+      local me = task_mod.current()
+      local data = me.data
+      local gen = convs.gen_of(conv)
+      local function next_turn() return gen:turn() end
+      local s = (not per_call) and new_session(conv.key) or nil
+      local had_box, lost = false, false
+      local n = 0
       while true do
-        if horizon and gc_next > horizon then break end
-        gc_sleeping = true
-        sched:sleep_until(gc_next)
-        gc_sleeping = false
-        if horizon and gc_next > horizon then break end
-        local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
-          clock = clock, max_age = max_age })
-        report.gc_passes = report.gc_passes + 1
-        if not ok then
-          report.gc_errors = report.gc_errors + 1
-          note_error("GC", tostring(rep))
-        elseif not rep then
-          report.gc_errors = report.gc_errors + 1
-          note_error(gcode, gerr)
-        else
-          report.gc_kills = report.gc_kills + rep.killed
-          report.gc_demoted = report.gc_demoted + rep.demoted
-          report.gc_busy = report.gc_busy + rep.busy
-          report.gc_errors = report.gc_errors + #rep.errors
+        local t, duration, timeout, language, _, runs = next_turn()
+        if not t then break end
+        n = n + 1
+        local due = t0 + t
+        if runs == false then
+          report.turns = report.turns + 1      -- a turn that runs no code
+          goto next
         end
-        gc_next = gc_next + gc_every
+        if due > clock() then sched:sleep_until(due) end
+        data.duration, data.mark = duration, {}
+        local run_s = s or new_session(conv.key .. "#" .. n)
+        local began = clock()
+        report.turns = report.turns + 1
+        report.runs = report.runs + 1
+        local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
+        local mark = data.mark
+        if log then
+          log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
+            code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
+            code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
+            created = mark.created or false, resumed = mark.resumed or false }
+        end
+        if not ok then
+          fail("ERROR", tostring(r))
+        elseif not r then
+          fail(tostring(ecode), tostring(err))
+        else
+          report.ok = report.ok + 1
+          if mark.created then
+            report.cold_starts = report.cold_starts + 1
+            if had_box then
+              report.turns_lost_state = report.turns_lost_state + 1
+              if not lost then
+                lost = true
+                report.conversations_lost_state = report.conversations_lost_state + 1
+              end
+            end
+          elseif mark.resumed then
+            report.resumes = report.resumes + 1
+          else
+            report.warm_hits = report.warm_hits + 1
+          end
+          had_box = true
+          -- Virtual times are unix seconds: round away the float noise (to the microsecond).
+          local ms = ((mark.code_started or clock()) - began) * 1000
+          nlat = nlat + 1
+          latencies[nlat] = math_floor(ms * 1000 + 0.5) / 1000
+        end
+        if per_call and mark.sandbox_id then
+          model:kill(mark.sandbox_id)            -- a fresh sandbox per call: killed after it
+        end
+        do
+          local now = clock()
+          if now > last_end then last_end = now end
+        end
+        ::next::
       end
-    end)
-  end
+      active = active - 1
+      finish_if_idle()
+    end
 
-  local ok, lerr = sched:loop()
-  if not ok then
-    sched:cancel_all()
-    note_error("DEADLOCK", tostring(lerr))
-  end
-  horizon = horizon or math_max(last_end + tail, clock())
+    -- Arrivals: each conversation starts as a task when its first turn is due.
+    sched:spawn(function()
+      for _, conv in ipairs(convs) do
+        local due = t0 + conv.start
+        if due > clock() then sched:sleep_until(due) end
+        active = active + 1
+        sched:spawn(conversation, conv)
+      end
+      arrived_all = true
+      finish_if_idle()
+    end)
+
+    -- GC passes every gc_every seconds until the horizon.
+    if gc_every then
+      gc_task = sched:spawn(function()
+        gc_next = t0 + gc_every
+        while true do
+          if horizon and gc_next > horizon then break end
+          gc_sleeping = true
+          sched:sleep_until(gc_next)
+          gc_sleeping = false
+          if horizon and gc_next > horizon then break end
+          local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
+            clock = clock, max_age = max_age })
+          report.gc_passes = report.gc_passes + 1
+          if not ok then
+            report.gc_errors = report.gc_errors + 1
+            note_error("GC", tostring(rep))
+          elseif not rep then
+            report.gc_errors = report.gc_errors + 1
+            note_error(gcode, gerr)
+          else
+            report.gc_kills = report.gc_kills + rep.killed
+            report.gc_demoted = report.gc_demoted + rep.demoted
+            report.gc_busy = report.gc_busy + rep.busy
+            report.gc_errors = report.gc_errors + #rep.errors
+          end
+          gc_next = gc_next + gc_every
+        end
+      end)
+    end
+
+    local ok, lerr = sched:loop()
+    if not ok then
+      sched:cancel_all()
+      note_error("DEADLOCK", tostring(lerr))
+    end
+    horizon = horizon or math_max(last_end + tail, clock())
   end
   model:advance_to(math_max(horizon, clock()))
   local alive = model:close_books()
