@@ -1,14 +1,18 @@
 -- bench/sim.lua: the simulator at a production size.
 --   lua5.4 bench/sim.lua                              (uses build/; WARMBOX_BUILD_DIR=build-x to change)
 --   BENCH_CONVS=100000 BENCH_TURNS=10 lua5.4 bench/sim.lua
---   BENCH_PROFILE=1 lua5.4 bench/sim.lua              (where the wall time goes: one conversation of
---                                                     BENCH_CONVS * BENCH_TURNS turns, so that calls nest)
+--   BENCH_EXACT=1 BENCH_CONVS=2000 lua5.4 bench/sim.lua (the exact path: the real warmbox.session code)
+--   BENCH_PROFILE=1 BENCH_EXACT=1 lua5.4 bench/sim.lua (exact path: where the wall time goes, one
+--                                                     conversation of BENCH_CONVS * BENCH_TURNS turns)
 -- Simulates BENCH_CONVS conversations (Poisson arrivals over BENCH_SPAN
 -- seconds, BENCH_TURNS turns each, exponential gaps of mean 300 s, 2 s cells)
--- through the real warmbox.session, policy and GC code on the virtual-time
--- model, with warmbox's default policy. Prints simulated runs per second of
--- wall time, the wall time, and the peak memory (the Lua heap's peak, sampled
--- at every GC pass and conversation end, and the process's peak RSS, VmHWM).
+-- with warmbox's default policy and a GC pass every hour, on the fast path
+-- (warmbox.sim.fast: the session's decisions and GC's, with the same policy
+-- hooks, played on the virtual-time model) unless BENCH_EXACT=1. Prints
+-- simulated runs per second of wall time and of CPU time, the wall and CPU
+-- time, and the peak memory: the process's peak RSS (VmHWM; nothing samples
+-- the Lua heap while it runs: a count hook would slow every VM instruction by
+-- a third), and the Lua heap at the end.
 local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
 package.path = "lua/?.lua;lua/?/init.lua;./?.lua;" .. package.path
 package.cpath = build .. "/?.so;" .. package.cpath
@@ -19,7 +23,8 @@ local sim = require "warmbox.sim"
 local CONVS = tonumber(os.getenv("BENCH_CONVS")) or 100000
 local TURNS = tonumber(os.getenv("BENCH_TURNS")) or 10
 local SPAN = tonumber(os.getenv("BENCH_SPAN")) or 86400
-local PROFILE = os.getenv("BENCH_PROFILE") == "1"
+local EXACT = os.getenv("BENCH_EXACT") == "1"
+local PROFILE = EXACT and os.getenv("BENCH_PROFILE") == "1"
 
 local function vm_hwm_mib()
   local f = io.open("/proc/self/status")
@@ -29,14 +34,6 @@ local function vm_hwm_mib()
   local kb = text:match("VmHWM:%s*(%d+)")
   return kb and tonumber(kb) / 1024
 end
-
--- The Lua heap's peak: sampled by a count hook on the main thread (the
--- scheduler runs there between tasks) and at the end.
-local peak_kb = 0
-debug.sethook(function()
-  local kb = collectgarbage("count")
-  if kb > peak_kb then peak_kb = kb end
-end, "", 100000)
 
 -- Where the time goes: wall time inside Session:run (the real session code
 -- plus the model calls it makes) and inside the model's methods.
@@ -74,20 +71,18 @@ end
 local w = { sessions = CONVS, turns = TURNS, gap = 300, duration = 2, span = SPAN, arrival = "poisson", seed = 7 }
 if PROFILE then w.sessions, w.turns = 1, CONVS * TURNS end
 io.write(string.format("simulating %d conversations x %d turns (Poisson arrivals over %g s, gaps exp(300 s), "
-  .. "2 s cells), default policy, GC every hour\n", CONVS, TURNS, SPAN))
+  .. "2 s cells), default policy, GC every hour, %s path\n", CONVS, TURNS, SPAN, EXACT and "exact" or "fast"))
 io.flush()
 local t0, c0 = core.now(), os.clock()
-local r = assert(sim.run{ workload = w, tail = 0 })
+local r = assert(sim.run{ workload = w, tail = 0, exact = EXACT })
 local wall, cpu = core.now() - t0, os.clock() - c0
-debug.sethook()
 local kb = collectgarbage("count")
-if kb > peak_kb then peak_kb = kb end
 
 io.write(string.format("runs %d (ok %d, failed %d), simulated %.1f h\n", r.runs, r.ok, r.failed,
   r.simulated_seconds / 3600))
 io.write(string.format("wall %.2f s (CPU %.2f s), %.0f simulated runs/s of wall time (%.0f per CPU second)\n",
   wall, cpu, r.runs / wall, r.runs / cpu))
-io.write(string.format("peak Lua heap %.0f MiB, peak RSS %.0f MiB\n", peak_kb / 1024, vm_hwm_mib() or -1))
+io.write(string.format("peak RSS (VmHWM) %.0f MiB, Lua heap at the end %.0f MiB\n", vm_hwm_mib() or -1, kb / 1024))
 io.write(string.format("cold %d, resumes %d, warm %d, gc passes %d, gc kills %d, peak running %d\n",
   r.cold_starts, r.resumes, r.warm_hits, r.gc_passes, r.gc_kills, r.peak_running))
 

@@ -69,13 +69,17 @@ commands:
   simulate                       replay a trace or a generated workload against a virtual-time model of E2B
       --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}, or CSV (FILE.csv)
       --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
-                                   --span S, --seed N, --arrival uniform|poisson, --abandon P); a value
+                                   --span S, --seed N, --arrival uniform|poisson, --abandon P, --lead S:
+                                   a turn's start to its run, --no-run P: turns without a run); a value
                                    may be a distribution: lognormal:MEDIAN:SIGMA, pareto:ALPHA:MIN, exp:MEAN
+      --prewarm on|off|off,on      prewarm each turn's sandbox at its start (off,on: one row each)
+      --exact                      drive the real warmbox.session code (slower; the cap and --rate need it)
       --idle-timeout S[,S...]      one row per value (also --exec-timeout, --max-age, --gc-every)
       --policies all|P,P...        one row per built-in policy: reference, no-reuse, keep-alive, default
       --tail S                     seconds simulated after the last run (default lease + max-age + gc-every)
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
       --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)
+      --retry-after S              the Retry-After of the cap's 429 (default 1; 0: none, the client backs off)
       --paused-price USD           storage price per paused sandbox-hour (default 0: E2B publishes none)
       --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
                                    gnuplot when installed, else the built-in SVG
@@ -710,99 +714,113 @@ local SIM_LISTS = { ["--idle-timeout"] = "idle_timeout", ["--exec-timeout"] = "e
   ["--max-age"] = "max_age", ["--gc-every"] = "gc_every" }
 local SIM_MODEL = { ["--rtt-ms"] = "rtt_ms", ["--create-ms"] = "create_ms", ["--kernel-ms"] = "kernel_ms",
   ["--resume-ms"] = "resume_ms", ["--max-length-hours"] = "max_length_hours", ["--max-running"] = "max_running",
-  ["--rate"] = "rate_per_s" }
+  ["--rate"] = "rate_per_s", ["--retry-after"] = "retry_after" }
 local SIM_WORKLOAD = { ["--sessions"] = "sessions", ["--turns"] = "turns", ["--gap"] = "gap",
   ["--duration"] = "duration", ["--think"] = "think", ["--span"] = "span", ["--seed"] = "seed",
-  ["--abandon"] = "abandon" }
+  ["--abandon"] = "abandon", ["--lead"] = "lead", ["--no-run"] = "no_run" }
 local SIM_DISTS = { lognormal = { "median", "sigma" }, pareto = { "alpha", "min" }, exp = { "mean" } }
 local SIM_INTEGER = { sessions = true, turns = true, seed = true }
 local SIM_RANGE = { turns = true, duration = true, gap = true }
 
+-- `--x a,b,...` read by `each`: one value sets `opts[k]`; several make the sweep
+-- (only one option may list several values).
+local function set_or_sweep(st, k, values)
+  if #values == 1 then
+    st.opts[k] = values[1]
+    return
+  end
+  if st.sweep and st.sweep.param ~= k then error("only one option may list several values", 0) end
+  st.sweep = { param = k, values = values }
+end
+
+-- A workload value of option `flag` for key `k`: a number, a range A-B (for
+-- SIM_RANGE keys) or a distribution NAME:P1[:P2].
+local function workload_value(flag, k, v)
+  local lo, hi = v:match("^([^-]+)%-([^-]+)$")
+  local dname, dargs = v:match("^(%a+):(.*)$")
+  if dname then
+    local names = SIM_DISTS[dname]
+    if not names then error("option " .. flag .. ": unknown distribution '" .. dname .. "'", 0) end
+    local d, n = { dist = dname }, 0
+    for item in (dargs .. ":"):gmatch("([^:]*):") do
+      n = n + 1
+      if not names[n] then error("option " .. flag .. ": too many parameters for " .. dname, 0) end
+      d[names[n]] = number_arg(flag, item)
+    end
+    if n < #names then error("option " .. flag .. ": " .. dname .. " needs " .. table.concat(names, ":"), 0) end
+    return d
+  elseif lo and SIM_RANGE[k] then
+    return { number_arg(flag, lo, SIM_INTEGER[k]), number_arg(flag, hi, SIM_INTEGER[k]) }
+  end
+  return number_arg(flag, v, SIM_INTEGER[k])
+end
+
+-- `--policies all|P,P...`: the built-in policies to compare, in order.
+local function policies_arg(sim, v)
+  if v == "all" then return { table.unpack(sim.POLICY_ORDER) } end
+  local policies = {}
+  for item in (v .. ","):gmatch("([^,]*),") do
+    if not sim.POLICIES[item] then
+      error("unknown policy '" .. item .. "' to --policies (known: " .. table.concat(sim.POLICY_ORDER, ", ")
+        .. ", all)", 0)
+    end
+    policies[#policies + 1] = item
+  end
+  return policies
+end
+
+-- simulate's arguments: `{ opts, workload, model, sweep, policies, chart, chart_x, chart_y, csv }`.
+local function simulate_args(o, args, sim)
+  local st = { opts = { exec_timeout = o.exec_timeout, idle_timeout = o.idle_timeout, policy = o.policy,
+    template = o.template, tag = o.tag } }
+  local opts = st.opts
+  local function workload() st.workload = st.workload or {} return st.workload end
+  local flags = {
+    ["--trace"] = function(v) opts.trace = v end,
+    ["--policy"] = function(v) opts.policy = v end,
+    ["--chart"] = function(v) st.chart = v end,
+    ["--chart-x"] = function(v) st.chart_x = v end,
+    ["--chart-y"] = function(v) st.chart_y = v end,
+    ["--tail"] = function(v, a) opts.tail = number_arg(a, v) end,
+    ["--csv"] = function(v) st.csv = v end,
+    ["--policies"] = function(v) st.policies = policies_arg(sim, v) end,
+    ["--exact"] = { function() opts.exact = true end },
+    ["--prewarm"] = function(v)
+      local map, values = { on = true, off = false }, {}
+      for item in (v .. ","):gmatch("([^,]*),") do
+        if map[item] == nil then error("option --prewarm needs on, off or off,on, got '" .. v .. "'", 0) end
+        values[#values + 1] = map[item]
+      end
+      set_or_sweep(st, "prewarm", values)
+    end,
+    ["--paused-price"] = function(v, a) opts.prices = { paused_second = number_arg(a, v) / 3600 } end,
+    ["--arrival"] = function(v) workload().arrival = v end,
+  }
+  for flag, k in pairs(SIM_LISTS) do
+    flags[flag] = function(v, a)
+      local values = {}
+      for item in (v .. ","):gmatch("([^,]*),") do values[#values + 1] = number_arg(a, item) end
+      set_or_sweep(st, k, values)
+    end
+  end
+  for flag, k in pairs(SIM_MODEL) do
+    flags[flag] = function(v, a)
+      st.model = st.model or {}
+      st.model[k] = number_arg(a, v)
+    end
+  end
+  for flag, k in pairs(SIM_WORKLOAD) do
+    flags[flag] = function(v, a) workload()[k] = workload_value(a, k, v) end
+  end
+  parse_args(args, "simulate", flags)
+  return st
+end
+
 local function cmd_simulate(o, args, io_)
   local sim = require "warmbox.sim"
-  local opts = { exec_timeout = o.exec_timeout, idle_timeout = o.idle_timeout, policy = o.policy,
-    template = o.template, tag = o.tag }
-  local workload, model, chart, chart_x, chart_y, csv, policies
-  local sweep
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local function val()
-      i = i + 1
-      if args[i] == nil then error("option " .. a .. " needs a value", 0) end
-      return args[i]
-    end
-    local function number(v, integer)
-      local n = tonumber(v)
-      if not n or (integer and math.type(n) ~= "integer") then
-        error(string_format("option %s needs %s, got '%s'", a, integer and "an integer" or "a number", v), 0)
-      end
-      return n
-    end
-    if a == "--trace" then opts.trace = val()
-    elseif a == "--policy" then opts.policy = val()
-    elseif a == "--chart" then chart = val()
-    elseif a == "--chart-x" then chart_x = val()
-    elseif a == "--chart-y" then chart_y = val()
-    elseif a == "--tail" then opts.tail = number(val())
-    elseif a == "--csv" then csv = val()
-    elseif a == "--policies" then
-      local v = val()
-      policies = {}
-      if v ~= "all" then
-        for item in (v .. ","):gmatch("([^,]*),") do
-          if not sim.POLICIES[item] then
-            error("unknown policy '" .. item .. "' to --policies (known: " .. table.concat(sim.POLICY_ORDER, ", ")
-              .. ", all)", 0)
-          end
-          policies[#policies + 1] = item
-        end
-      else
-        policies = { table.unpack(sim.POLICY_ORDER) }
-      end
-    elseif a == "--paused-price" then
-      opts.prices = { paused_second = number(val()) / 3600 }
-    elseif a == "--arrival" then
-      workload = workload or {}
-      workload.arrival = val()
-    elseif SIM_LISTS[a] then
-      local k, values = SIM_LISTS[a], {}
-      for item in (val() .. ","):gmatch("([^,]*),") do values[#values + 1] = number(item) end
-      if #values == 1 then
-        opts[k] = values[1]
-      else
-        if sweep and sweep.param ~= k then error("only one option may list several values", 0) end
-        sweep = { param = k, values = values }
-      end
-    elseif SIM_MODEL[a] then
-      model = model or {}
-      model[SIM_MODEL[a]] = number(val())
-    elseif SIM_WORKLOAD[a] then
-      local k, v = SIM_WORKLOAD[a], val()
-      workload = workload or {}
-      local lo, hi = v:match("^([^-]+)%-([^-]+)$")
-      local dname, dargs = v:match("^(%a+):(.*)$")
-      if dname then
-        local names = SIM_DISTS[dname]
-        if not names then error("option " .. a .. ": unknown distribution '" .. dname .. "'", 0) end
-        local d, n = { dist = dname }, 0
-        for item in (dargs .. ":"):gmatch("([^:]*):") do
-          n = n + 1
-          if not names[n] then error("option " .. a .. ": too many parameters for " .. dname, 0) end
-          d[names[n]] = number(item)
-        end
-        if n < #names then error("option " .. a .. ": " .. dname .. " needs " .. table.concat(names, ":"), 0) end
-        workload[k] = d
-      elseif lo and SIM_RANGE[k] then
-        workload[k] = { number(lo, SIM_INTEGER[k]), number(hi, SIM_INTEGER[k]) }
-      else
-        workload[k] = number(v, SIM_INTEGER[k])
-      end
-    else
-      error("unknown argument " .. a .. " to simulate", 0)
-    end
-    i = i + 1
-  end
+  local st = simulate_args(o, args, sim)
+  local opts, workload, model, sweep, policies = st.opts, st.workload, st.model, st.sweep, st.policies
+  local chart, chart_x, chart_y, csv = st.chart, st.chart_x, st.chart_y, st.csv
   if opts.trace and workload then error("give --trace or a generated workload (--sessions ...), not both", 0) end
   if not opts.trace then
     workload = workload or {}
@@ -829,9 +847,9 @@ local function cmd_simulate(o, args, io_)
     return string_format("%gs", r1[k])
   end
   io_.stdout:write(string_format("%s: %d conversations, %d turns, exec timeout %s, idle timeout %s, max age %s, "
-    .. "GC every %s, policy %s\n", opts.trace or "generated workload", r1.conversations, r1.turns,
+    .. "GC every %s, policy %s, %s path\n", opts.trace or "generated workload", r1.conversations, r1.turns,
     shown("exec_timeout"), shown("idle_timeout"), shown("max_age"), shown("gc_every"),
-    policies and "(compared)" or r1.policy))
+    policies and "(compared)" or r1.policy, r1.path))
   io_.stdout:write(sim.format(rows))
   if csv then
     local f, ferr = io.open(csv, "wb")

@@ -2,8 +2,10 @@
 -- 200 turns, warm hits, pauses and resumes, then one GC pass that kills the
 -- conversations idle for long) runs against the virtual-time model and
 -- against a real warmboxd in real time, scaled down (4 s leases, --rtt-ms,
--- --create-ms, --resume-ms). Both give the same counts of creates, resumes,
--- pauses, kills and ok/failed runs.
+-- --create-ms, --resume-ms). The model runs it twice: on its fast path
+-- (warmbox.sim.fast: the session's decisions played on the model) and on
+-- its exact path (the real warmbox.session code). All three give the same
+-- counts of creates, resumes, pauses, kills and ok/failed runs.
 --
 -- The trace keeps every gap far from the lease: a conversation's turns come
 -- in bursts of 4 turns 0.2 s apart (warm), its bursts 6.4 s apart or more
@@ -58,13 +60,18 @@ describe("the simulator against a real warmboxd", function()
     local turns = trace()
     assert.equal(200, #turns)
 
-    -- 1. The model.
-    local m = assert(sim.run{ trace = turns, exec_timeout = LEASE, idle_timeout = LEASE,
-      template = "code-interpreter-v1", code = "true", max_age = MAX_AGE, gc_every = GC_AT, tail = 12,
-      model = { rtt_ms = RTT, create_ms = CREATE, resume_ms = RESUME, kernel_ms = 100 } })
-    assert.equal(1, m.gc_passes)
-    local model_counts = { creates = m.created, resumes = m.model_resumes, pauses = m.auto_pauses + m.pauses,
-      kills = m.kills + m.timeout_kills, ok = m.ok, failed = m.failed }
+    -- 1. The model, on both paths.
+    local function model_run(exact)
+      local m = assert(sim.run{ trace = turns, exec_timeout = LEASE, idle_timeout = LEASE,
+        template = "code-interpreter-v1", code = "true", max_age = MAX_AGE, gc_every = GC_AT, tail = 12,
+        model = { rtt_ms = RTT, create_ms = CREATE, resume_ms = RESUME, kernel_ms = 100 }, exact = exact })
+      assert.equal(1, m.gc_passes)
+      assert.equal(exact and "exact" or "fast", m.path)
+      return { creates = m.created, resumes = m.model_resumes, pauses = m.auto_pauses + m.pauses,
+        kills = m.kills + m.timeout_kills, ok = m.ok, failed = m.failed }
+    end
+    local model_counts = model_run(false)
+    assert.same(model_counts, model_run(true))
 
     -- 2. The real server, in real time: turns run in time order; a late turn
     -- shifts the rest of the trace.

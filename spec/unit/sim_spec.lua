@@ -233,15 +233,17 @@ describe("warmbox.sim", function()
       assert.equal(2, r.peak_running)
     end)
 
-    it("hits E2B's concurrency cap: overlapping turns beyond it get 429 (create is not retried)", function()
+    it("hits E2B's concurrency cap: overlapping turns beyond it get 429 (create retried as the client does)", function()
       local trace = {}
       for i = 1, 5 do trace[i] = { t = i * 0.01, session = "c" .. i, duration = 5 } end
       local r = assert(sim.run{ trace = trace, model = { max_running = 3 }, gc_every = false, tail = 0 })
-      -- the first three created and ran; the other two were refused at create
+      -- the first three created and ran; the other two were refused at create, four times
+      -- each (three retries, 1 s apart as the 429's Retry-After said: no slot freed meanwhile)
       assert.same({ 5, 3, 2 }, { r.runs, r.ok, r.failed })
       assert.same({ RATE_LIMITED = 2 }, r.failures)
       assert.equal(3, r.created)
-      assert.equal(2, r.rejected_cap)
+      assert.same({ 8, 6, 6 }, { r.rejected_cap, r.retries, r.retry_after_waits })
+      assert.equal("exact", r.path)             -- the fast path does not model the cap
       assert.equal(3, r.peak_running)
       -- without the cap, all five run at once
       local free = assert(sim.run{ trace = trace, gc_every = false, tail = 0 })
@@ -265,6 +267,151 @@ describe("warmbox.sim", function()
       assert.same({ RATE_LIMITED = 1 }, r.failures)
       -- b at 700 s: a's sandbox paused at 660 s, so b's resumes
       assert.same({ 3, 2, 1 }, { r.ok, r.created, r.resumes })
+    end)
+  end)
+
+  describe("the fast path and the exact path", function()
+    -- what both must agree on (the requests and the seconds differ only by GC's own
+    -- time: the fast path's GC pass takes none)
+    local KEYS = { "runs", "ok", "failed", "cold_starts", "resumes", "warm_hits", "created", "model_resumes",
+      "pauses", "auto_pauses", "kills", "timeout_kills", "gc_kills", "gc_demoted", "conversations_lost_state",
+      "turns_lost_state", "peak_running", "p50_ms", "p95_ms", "p99_ms", "max_ms", "alive", "simulated_seconds" }
+    local function both(o, counts_only)
+      o.exact = true
+      local e = assert(sim.run(o))
+      o.exact = false
+      local f = assert(sim.run(o))
+      assert.same({ "exact", "fast" }, { e.path, f.path })
+      local ev, fv = {}, {}
+      for _, k in ipairs(KEYS) do
+        if not (counts_only and (k:match("_ms$") or k == "simulated_seconds")) then ev[k], fv[k] = e[k], f[k] end
+      end
+      assert.same(ev, fv)
+      assert.same(e.failures, f.failures)
+      return e, f
+    end
+
+    it("give the same counts and latencies for every built-in policy", function()
+      for _, p in ipairs(sim.POLICY_ORDER) do
+        local e = both{ workload = { sessions = 60, turns = { 1, 12 }, gap = 400, seed = 9, span = 3600 },
+          builtin = p, max_age = 3600 }
+        assert.is_true(e.runs > 200)
+      end
+    end)
+
+    it("give the same counts with GC killing and demoting, long runs and timeouts, bash cells", function()
+      local e = both{ workload = { sessions = 80, turns = { 1, 20 }, gap = 200, seed = 5, span = 7200 },
+        max_age = 600, gc_every = 300 }
+      assert.is_true(e.gc_kills > 10, tostring(e.gc_kills))
+      -- Demotes take the exact path's GC pass seconds (a resume and a pause each, under
+      -- the session's lock): a run due meanwhile waits for it there, not in the fast path,
+      -- whose pass takes no time. The counts agree; a few latencies do not.
+      local policy = { gc = require("warmbox.policy.rules").gc{ demote_after = "10m", kill_after = "2h" } }
+      e = both({ workload = { sessions = 40, turns = { 2, 10 }, gap = 900, seed = 2, span = 3600 }, policy = policy,
+        gc_every = 600 }, true)
+      assert.is_true(e.gc_demoted > 0, tostring(e.gc_demoted))
+      e = both{ workload = { sessions = 20, turns = { 2, 6 }, gap = 100, duration = { 1, 90 }, seed = 4, span = 600 },
+        exec_timeout = 60, idle_timeout = 60 }
+      -- cells of up to 90 s under a 60 s timeout and a 60 s lease: the lease (taken a
+      -- round trip before the cell starts) runs out just before the timeout would fire
+      assert.is_true(e.failed > 0 and e.failures.STREAM_BROKEN == e.failed, tostring(e.failed))
+      both{ workload = { sessions = 30, turns = { 1, 5 }, gap = 100, seed = 9, span = 600 }, code = "true",
+        exec_timeout = 4, idle_timeout = 4 }
+      both{ trace = FIXTURE, exec_timeout = 60, idle_timeout = 120 }
+    end)
+
+    it("are chosen by 'exact'; the fast one is the default unless the cap or the rate limit is set", function()
+      local o = { trace = turns("a", { 0, 10 }) }
+      assert.equal("fast", assert(sim.run(o)).path)
+      o.model = { rate_per_s = 5 }
+      assert.equal("exact", assert(sim.run(o)).path)
+      o.exact = false
+      local r, err, code = sim.run(o)
+      assert.is_nil(r)
+      assert.equal("BAD_REQUEST", code)
+      assert.matches("fast path", err)
+      assert.has_error(function() sim.run{ trace = turns("a", { 0 }), exact = "yes" } end,
+        "bad argument #1 to 'run' ('exact' must be a boolean)")
+    end)
+  end)
+
+  describe("prewarm (issue 16)", function()
+    -- A conversation's turns start 3 s before their runs (the model thinks); the third
+    -- turn runs no code. Lease 60 s (exec = idle = 60), model defaults: rtt 20 ms,
+    -- create 500 ms, kernel start 1000 ms, resume 1000 ms.
+    local trace = { { t = 10, session = "a", duration = 1, lead = 3 },
+      { t = 200, session = "a", duration = 1, lead = 3 },
+      { t = 400, session = "a", duration = 1, lead = 3, run = false } }
+    local base = { trace = trace, exec_timeout = 60, idle_timeout = 60, gc_every = false, tail = 600, details = true }
+
+    it("without it: the cold start and the resume sit on the run's path", function()
+      local r = assert(sim.run(base))
+      -- run 1 at 10 s: list 20, create 20 + 500, hooks cell 20 + 1000 (kernel), half a round trip: 1570 ms
+      -- run 2 at 200 s (paused at 70.53 s): connect 20 + 1000 (resume), half a round trip: 1030 ms
+      assert.same({ 1030, 1570 }, r.latencies_ms)
+      assert.same({ 1030, 1570 }, { r.p50_ms, r.p95_ms })
+      assert.same({ 3, 2, 1, 1, 0 }, { r.turns, r.runs, r.cold_starts, r.resumes, r.prewarms })
+      -- running 10.53..70.53 and 201.01..261.01
+      assert.near(120, r.compute_seconds, 1e-6)
+    end)
+
+    it("with it: each run finds its sandbox warm; an unused prewarm is counted and costs compute", function()
+      local o = {}
+      for k, v in pairs(base) do o[k] = v end
+      o.prewarm = true
+      local r = assert(sim.run(o))
+      -- each run: the lease's refresh (connect, 20 ms) and half a round trip
+      assert.same({ 30, 30 }, r.latencies_ms)
+      assert.same({ 30, 30 }, { r.p50_ms, r.p95_ms })
+      assert.same({ 2, 0, 0, 2 }, { r.runs, r.cold_starts, r.resumes, r.warm_hits })
+      -- prewarms at 7 s (create + kernel), 197 s (resume) and 397 s (resume, then no run)
+      assert.same({ 3, 1, 1, 2, 0 }, { r.prewarms, r.prewarms_unused, r.prewarm_creates, r.prewarm_resumes,
+        r.prewarms_failed })
+      -- running 7.53..70.01, 198.01..260.01 and 398.01..458.01 (the unused one's whole lease)
+      assert.near(62.48 + 62 + 60, r.compute_seconds, 1e-5)
+      assert.equal(1, r.created)
+    end)
+
+    it("is refused by the exact path; the format shows the prewarm columns", function()
+      local o = {}
+      for k, v in pairs(base) do o[k] = v end
+      o.prewarm, o.exact = true, true
+      local r, err, code = sim.run(o)
+      assert.is_nil(r)
+      assert.equal("BAD_REQUEST", code)
+      assert.matches("fast path", err)
+      o.exact = nil
+      local rows = assert(sim.sweep(o, { param = "prewarm", values = { false, true } }))
+      local text = sim.format(rows)
+      assert.matches("prewarms", text)
+      assert.matches("unused", text)
+      local csv = sim.csv(rows)
+      assert.matches(",prewarm,prewarms,prewarms_unused,", csv, 1, true)
+      assert.matches(",true,3,1,", csv, 1, true)
+      assert.equal(0, rows[1].prewarms)
+      assert.equal(3, rows[2].prewarms)
+    end)
+  end)
+
+  describe("Retry-After in a simulation", function()
+    it("a create refused by the cap waits what the 429 says, in virtual time, then succeeds", function()
+      -- keep-alive: a's sandbox runs until its lease ends (created at 0.53 s, lease 10 s:
+      -- killed at 10.53 s). b's create at 9.03 s and 10.05 s gets 429 + Retry-After 1 s;
+      -- the third attempt, at 11.07 s, finds the slot free.
+      local trace = { { t = 0, session = "a", duration = 0 }, { t = 9, session = "b", duration = 0 } }
+      local r = assert(sim.run{ trace = trace, builtin = "keep-alive", exec_timeout = 10, idle_timeout = 10,
+        model = { max_running = 1 }, gc_every = false, tail = 0, details = true })
+      assert.same({ 2, 0 }, { r.ok, r.failed })
+      assert.same({ 2, 2, 2 }, { r.rejected_cap, r.retries, r.retry_after_waits })
+      local b = r.log[2]
+      assert.equal("b", b.session)
+      -- list 20 ms, two refused creates 20 ms + 1 s each, create 20 + 500 ms, hooks cell
+      -- 20 + 1000 ms (kernel start), half a round trip: 3610 ms before b's code ran
+      assert.near(3.61, b.code_started - b.start, 1e-6)
+      -- without the header the client backs off 0.1-0.4 s: all four attempts fail before 10.53 s
+      local r2 = assert(sim.run{ trace = trace, builtin = "keep-alive", exec_timeout = 10, idle_timeout = 10,
+        model = { max_running = 1, retry_after = 0 }, gc_every = false, tail = 0 })
+      assert.same({ 1, 1, 4 }, { r2.ok, r2.failed, r2.rejected_cap })
     end)
   end)
 
@@ -331,39 +478,58 @@ describe("warmbox.sim", function()
       assert.equal("paused", assert(m:info(c.sandbox_id)).state)
     end)
 
-    it("refuses a create beyond max_running with 429 and no retry; a resume retries 3 times", function()
-      local m = m0{ max_running = 1 }
+    it("refuses a create beyond max_running with 429; the client retries after the Retry-After it names", function()
+      local m = m0{ max_running = 1 }          -- the cap's 429 says Retry-After: 1
       local pause = { on_timeout = "pause", auto_resume = true }
       local a = assert(m:create{ timeout = 60, lifecycle = pause })
+      local t = m.now
       local sb, err, code = m:create{ timeout = 60 }
       assert.is_nil(sb)
       assert.equal("RATE_LIMITED", code)
       assert.matches("429", err)
-      assert.same({ 1, 0 }, { m.stats.rejected_cap, m.stats.retries })
+      -- four attempts (three retries), each 1 s after the last: exactly what the server said
+      assert.same({ 4, 3, 3 }, { m.stats.rejected_cap, m.stats.retries, m.stats.retry_after_waits })
+      assert.equal(3, m.now - t)
       assert.is_true(m:pause(a.sandbox_id))
       local b = assert(m:create{ timeout = 60, lifecycle = pause })     -- the slot is free again
-      local t = m.now
+      t = m.now
       local _, _, ccode = m:connect(a.sandbox_id, { timeout = 60 })    -- would resume: over the cap
       assert.equal("RATE_LIMITED", ccode)
-      assert.same({ 1 + 4, 3 }, { m.stats.rejected_cap, m.stats.retries })
-      -- backoff 0.1, 0.2, 0.4 s, each jittered into [half, full]
-      assert.is_true(m.now - t >= 0.35 and m.now - t <= 0.7, tostring(m.now - t))
+      assert.same({ 4 + 4, 3 + 3 }, { m.stats.rejected_cap, m.stats.retries })
+      assert.equal(3, m.now - t)
       assert.is_true(m:kill(b.sandbox_id))
       local _, resumed = assert(m:connect(a.sandbox_id, { timeout = 60 }))
       assert.is_true(resumed)
       assert.equal(1, m.stats.peak_running)
     end)
 
-    it("limits the control plane's request rate with a token bucket", function()
+    it("without a Retry-After backs off exponentially; no retry may end past the 30 s budget", function()
+      local m = m0{ max_running = 1, retry_after = 0 }                  -- no Retry-After header
+      assert(m:create{ timeout = 60 })
+      local t = m.now
+      assert.is_nil(m:create{ timeout = 60 })
+      assert.same({ 4, 3, 0 }, { m.stats.rejected_cap, m.stats.retries, m.stats.retry_after_waits })
+      -- backoff 0.1, 0.2, 0.4 s, each jittered into [half, full]
+      assert.is_true(m.now - t >= 0.35 and m.now - t <= 0.7, tostring(m.now - t))
+      -- Retry-After 20 s: the first retry waits it, a second would end at 40 s > 30 s
+      local m2 = m0{ max_running = 1, retry_after = 20 }
+      assert(m2:create{ timeout = 60 })
+      t = m2.now
+      assert.is_nil(m2:create{ timeout = 60 })
+      assert.same({ 2, 1 }, { m2.stats.rejected_cap, m2.stats.retries })
+      assert.equal(20, m2.now - t)
+    end)
+
+    it("limits the control plane's request rate with a token bucket; its 429 names the wait for a token", function()
       local m = m0{ rate_per_s = 2, rate_burst = 2 }
       assert(m:create{ timeout = 60 })
       assert(m:create{ timeout = 60 })
-      local sb, _, code = m:create{ timeout = 60 }     -- the bucket is empty; create is not retried
-      assert.is_nil(sb)
-      assert.equal("RATE_LIMITED", code)
-      assert.equal(1, m.stats.rejected_rate)
-      m:advance_to(m.now + 0.5)                         -- one token back
-      assert(m:create{ timeout = 60 })
+      local t = m.now
+      -- the bucket is empty: 429 with Retry-After ceil(0.5 s) = 1 s; after it, a token is there
+      local sb = assert(m:create{ timeout = 60 })
+      assert.truthy(sb.sandbox_id)
+      assert.same({ 1, 1, 1 }, { m.stats.rejected_rate, m.stats.retries, m.stats.retry_after_waits })
+      assert.equal(1, m.now - t)
       assert.equal(3, m.stats.creates)
     end)
 
@@ -417,6 +583,34 @@ describe("warmbox.sim", function()
       local a, b = assert(sim.run(o)), assert(sim.run(o))
       assert.same(a, b)
       assert.is_true(a.peak_running > 1)
+    end)
+
+    it("puts each run `lead` seconds after its turn's start; `no_run` turns run nothing", function()
+      local w = { sessions = 5, turns = { 3, 3 }, gap = 100, seed = 1 }
+      local a = sim.workload(w)
+      w.lead = 2
+      local b = sim.workload(w)
+      assert.equal(#a, #b)
+      -- a fixed lead draws nothing: the same turns, the k-th of a conversation 2k s later
+      local k = {}
+      for i, e in ipairs(b) do
+        k[e.session] = (k[e.session] or 0) + 1
+        assert.equal(2, e.lead)
+        local same
+        for _, x in ipairs(a) do
+          if x.session == e.session and math.abs(x.t + 2 * k[e.session] - e.t) < 1e-9 then same = x end
+        end
+        assert.truthy(same, "turn " .. i)
+        assert.is_nil(e.run)
+      end
+      w.no_run = 0.5
+      local c = sim.workload(w)
+      local skipped = 0
+      for _, e in ipairs(c) do if e.run == false then skipped = skipped + 1 end end
+      assert.is_true(skipped > 0 and skipped < #c, tostring(skipped))
+      assert.same(c, sim.workload(w))          -- reproducible from the seed
+      assert.has_error(function() sim.workload{ sessions = 1, no_run = 2 } end,
+        "bad argument #1 to 'workload' ('no_run' must be a probability in [0, 1])")
     end)
 
     it("rejects bad distributions", function()
@@ -685,6 +879,63 @@ describe("warmbox.sim", function()
       status = require("warmbox.cli").main({ "simulate", "--gap", "lognormal:60" }, { stdout = out, stderr = err })
       assert.equal(2, status)
       assert.matches("lognormal needs median:sigma", err:text())
+    end)
+
+    it("compares prewarm off and on with a lead; --exact picks the real session code", function()
+      local out, err = sink(), sink()
+      local csv = os.tmpname()
+      local status = require("warmbox.cli").main({ "simulate", "--sessions", "40", "--turns", "2-6", "--gap", "600",
+        "--lead", "3", "--no-run", "0.2", "--idle-timeout", "60", "--prewarm", "off,on", "--seed", "2",
+        "--csv", csv }, { stdout = out, stderr = err })
+      assert.equal(0, status, err:text())
+      local text = out:text()
+      assert.matches("fast path", text)
+      assert.matches("prewarm%s+runs.*prewarms%s+unused", text)
+      local f = assert(io.open(csv))
+      local rows = {}
+      local header
+      for l in f:lines() do
+        local cells = {}
+        for c in (l .. ","):gmatch("([^,]*),") do cells[#cells + 1] = c end
+        if not header then
+          header = {}
+          for i, h in ipairs(cells) do header[h] = i end
+        else
+          rows[#rows + 1] = cells
+        end
+      end
+      f:close()
+      os.remove(csv)
+      local function v(row, k) return tonumber(row[header[k]]) or row[header[k]] end
+      local off, on = rows[1], rows[2]
+      assert.same({ "false", "true" }, { v(off, "prewarm"), v(on, "prewarm") })
+      -- the same turns, some without a run; off: cold starts and resumes on the runs' path
+      assert.equal(v(off, "turns"), v(on, "turns"))
+      assert.equal(v(off, "runs"), v(on, "runs"))
+      assert.is_true(v(off, "runs") < v(off, "turns"))
+      assert.equal(40, v(off, "cold_starts"))
+      assert.is_true(v(off, "resumes") > 0)
+      -- on: every turn prewarmed (those without a run too), every run warm, and it costs compute
+      assert.same({ 0, 0 }, { v(on, "cold_starts"), v(on, "resumes") })
+      assert.equal(v(on, "turns"), v(on, "prewarms"))
+      assert.equal(v(on, "turns") - v(on, "runs"), v(on, "prewarms_unused"))
+      assert.is_true(v(on, "p95_ms") < v(off, "p95_ms"))
+      assert.is_true(v(on, "compute_seconds") > v(off, "compute_seconds"))
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--exact", "--max-running", "1",
+        "--retry-after", "2" }, { stdout = out, stderr = err })
+      assert.equal(0, status, err:text())
+      assert.matches("exact path", out:text())
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "maybe" },
+        { stdout = out, stderr = err })
+      assert.equal(2, status)
+      assert.matches("--prewarm needs on, off or off,on", err:text(), 1, true)
+      out, err = sink(), sink()
+      status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "on", "--exact" },
+        { stdout = out, stderr = err })
+      assert.equal(1, status)
+      assert.matches("fast path only", err:text())
     end)
 
     it("runs a generated workload and rejects bad arguments", function()

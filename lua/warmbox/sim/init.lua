@@ -28,9 +28,10 @@ local errors = require "warmbox.errors"
 local model_mod = require "warmbox.sim.model"
 local sim_lock = require "warmbox.sim.lock"
 local chart_mod = require "warmbox.sim.chart"
+local fast_mod = require "warmbox.sim.fast"
 
-local type, pairs, ipairs, tostring, error, pcall =
-  type, pairs, ipairs, tostring, error, pcall
+local type, pairs, ipairs, tostring, error, pcall, setmetatable =
+  type, pairs, ipairs, tostring, error, pcall, setmetatable
 local string_format, table_sort, table_concat, math_floor, math_ceil, math_log, math_max, math_huge =
   string.format, table.sort, table.concat, math.floor, math.ceil, math.log, math.max, math.huge
 local io_open, math_type = io.open, math.type
@@ -58,27 +59,31 @@ end
 -- A deterministic PRNG (splitmix64), independent of math.random
 -- ------------------------------------------------------------------
 
+-- A generator is one table (its state) with methods: a conversation each,
+-- so a large workload makes no closures per conversation.
+local Prng = {}
+Prng.__index = Prng
+
+--- A float in [0, 1).
+function Prng:next()
+  local s = self.s + 0x9E3779B97F4A7C15
+  self.s = s
+  local z = (s ~ (s >> 30)) * 0xBF58476D1CE4E5B9
+  z = (z ~ (z >> 27)) * 0x94D049BB133111EB
+  z = z ~ (z >> 31)
+  return (z >> 11) * (1.0 / 9007199254740992)
+end
+function Prng:uniform(a, b) return a + (b - a) * self:next() end
+function Prng:int(a, b) return a + math_floor((b - a + 1) * self:next()) end
+function Prng:exp(mean) return -mean * math_log(1 - self:next()) end
+--- A standard normal deviate (Box-Muller).
+function Prng:normal()
+  local u = 1 - self:next()
+  return math_sqrt(-2 * math_log(u)) * math_cos(2 * math.pi * self:next())
+end
+
 local function prng(seed)
-  local s = math_floor(seed) ~ 0x5DEECE66D
-  local r = {}
-  --- A float in [0, 1).
-  function r.next()
-    s = s + 0x9E3779B97F4A7C15
-    local z = s
-    z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ~ (z >> 27)) * 0x94D049BB133111EB
-    z = z ~ (z >> 31)
-    return (z >> 11) * (1.0 / 9007199254740992)
-  end
-  function r.uniform(a, b) return a + (b - a) * r.next() end
-  function r.int(a, b) return a + math_floor((b - a + 1) * r.next()) end
-  function r.exp(mean) return -mean * math_log(1 - r.next()) end
-  --- A standard normal deviate (Box-Muller).
-  function r.normal()
-    local u = 1 - r.next()
-    return math_sqrt(-2 * math_log(u)) * math_cos(2 * math.pi * r.next())
-  end
-  return r
+  return setmetatable({ s = math_floor(seed) ~ 0x5DEECE66D }, Prng)
 end
 _M.prng = prng
 
@@ -86,7 +91,8 @@ _M.prng = prng
 -- Inputs: trace files and generated workloads
 -- ------------------------------------------------------------------
 
-local TURN_KEYS = { t = true, session = true, duration = true, timeout = true, language = true }
+local TURN_KEYS = { t = true, session = true, duration = true, timeout = true, language = true, lead = true,
+  run = true }
 
 local function check_turn(e, where)
   if type(e) ~= "table" then return nil, where .. ": a turn must be an object" end
@@ -104,7 +110,12 @@ local function check_turn(e, where)
     return nil, where .. ": 'timeout' must be a positive number"
   end
   if e.language ~= nil and type(e.language) ~= "string" then return nil, where .. ": 'language' must be a string" end
-  return { t = e.t, session = e.session, duration = d, timeout = e.timeout, language = e.language }
+  if e.lead ~= nil and (not is_num(e.lead) or e.lead < 0) then
+    return nil, where .. ": 'lead' must be a number of seconds >= 0"
+  end
+  if e.run ~= nil and type(e.run) ~= "boolean" then return nil, where .. ": 'run' must be true or false" end
+  return { t = e.t, session = e.session, duration = d, timeout = e.timeout, language = e.language,
+    lead = e.lead, run = e.run }
 end
 
 -- Sorts turns by time (stable: equal times keep their order).
@@ -198,22 +209,22 @@ end
 -- Draw a value: `plain` says what a bare number means ("fixed" or "exp").
 local function draw(r, v, plain)
   if type(v) == "number" then
-    if plain == "exp" then return r.exp(v) end
+    if plain == "exp" then return r:exp(v) end
     return v
   end
   local d = v.dist
   local x
-  if d == nil then return r.uniform(v[1], v[2])
-  elseif d == "exp" then x = r.exp(v.mean)
-  elseif d == "lognormal" then x = v.median * math_exp(v.sigma * r.normal())
-  else x = v.min / (1 - r.next()) ^ (1 / v.alpha) end
+  if d == nil then return r:uniform(v[1], v[2])
+  elseif d == "exp" then x = r:exp(v.mean)
+  elseif d == "lognormal" then x = v.median * math_exp(v.sigma * r:normal())
+  else x = v.min / (1 - r:next()) ^ (1 / v.alpha) end
   if v.max and x > v.max then x = v.max end
   return x
 end
 
 local function draw_count(r, v)
   if type(v) == "number" then return math_floor(v) end
-  if v.dist == nil then return r.int(v[1], v[2]) end
+  if v.dist == nil then return r:int(v[1], v[2]) end
   return math_max(1, math_floor(draw(r, v) + 0.5))
 end
 
@@ -222,7 +233,7 @@ end
 -- ------------------------------------------------------------------
 
 local WORKLOAD_KEYS = { sessions = true, turns = true, gap = true, think = true, duration = true, span = true,
-  seed = true, prefix = true, arrival = true, abandon = true }
+  seed = true, prefix = true, arrival = true, abandon = true, lead = true, no_run = true }
 
 local function check_workload(w, level)
   if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", level) end
@@ -233,6 +244,7 @@ local function check_workload(w, level)
   check_value(w.gap or 300, "gap")
   check_value(w.duration or 2, "duration")
   check_value(w.think or 0, "think")
+  check_value(w.lead or 0, "lead")
   local span = w.span or 3600
   if not is_num(span) or span < 0 then bad("workload", "'span' must be a number >= 0", level) end
   if w.seed ~= nil and math_type(w.seed) ~= "integer" then bad("workload", "'seed' must be an integer", level) end
@@ -242,6 +254,9 @@ local function check_workload(w, level)
   end
   if w.abandon ~= nil and (not is_num(w.abandon) or w.abandon < 0 or w.abandon >= 1) then
     bad("workload", "'abandon' must be a probability in [0, 1)", level)
+  end
+  if w.no_run ~= nil and (not is_num(w.no_run) or w.no_run < 0 or w.no_run > 1) then
+    bad("workload", "'no_run' must be a probability in [0, 1]", level)
   end
 end
 
@@ -256,37 +271,76 @@ local function arrivals(w)
   if w.arrival == "poisson" then
     local t, mean = 0, n > 0 and span / n or 0
     for i = 1, n do
-      t = t + r.exp(mean)
+      t = t + r:exp(mean)
       convs[i] = { key = prefix .. i, start = t, seed = (seed << 24) ~ i }
     end
   else
-    for i = 1, n do convs[i] = { key = prefix .. i, start = r.uniform(0, span), seed = (seed << 24) ~ i } end
+    for i = 1, n do convs[i] = { key = prefix .. i, start = r:uniform(0, span), seed = (seed << 24) ~ i } end
     table_sort(convs, function(a, b) return a.start < b.start or (a.start == b.start and a.seed < b.seed) end)
   end
   return convs
 end
 
--- Iterator over one generated conversation's turns: t (relative to the
--- simulation's start), duration. A turn comes `think` plus `gap` after the
--- previous one's planned end (its start plus its duration, so every policy
--- sees the same times); after each turn the user leaves with probability
--- `abandon`.
-local function conv_turns(w, conv)
-  local r = prng(conv.seed)
-  local count = draw_count(r, w.turns or { 1, 10 })
-  local dur, gap, think, abandon = w.duration or 2, w.gap or 300, w.think or 0, w.abandon or 0
-  local i, t, d = 0, conv.start, 0
-  return function()
-    if i >= count then return nil end
-    if i > 0 then
-      if abandon > 0 and r.next() < abandon then i = count; return nil end
-      t = t + d + draw(r, think, "fixed") + draw(r, gap, "exp")
-    end
-    i = i + 1
-    d = draw(r, dur, "fixed")
-    return t, d
+-- Iterator over one generated conversation's turns: t (the run's time,
+-- relative to the simulation's start), duration, nil, nil, lead, runs. A
+-- turn starts, its run comes `lead` seconds later (the model's thinking
+-- time); the next turn starts `think` plus `gap` after the run's planned end
+-- (its time plus its duration, so every policy sees the same times); a turn
+-- runs no code with probability `no_run`; after each turn the user leaves
+-- with probability `abandon`. Draws only what is set, so a workload without
+-- `lead` or `no_run` gives the same turns as before they existed.
+-- A generator is one table: the PRNG's state (`s`, so Prng's methods work on
+-- it), the workload's settings and where the conversation is. Kept as one
+-- table (not a closure with a dozen upvalues) because a large simulation
+-- touches each conversation's once per turn, far apart in time.
+local Gen = setmetatable({}, { __index = Prng })
+Gen.__index = Gen
+
+--- The next turn: t, duration, nil, nil, lead, runs | nil when done.
+function Gen:turn()
+  local i, count = self.i, self.count
+  if i >= count then return nil end
+  if i > 0 then
+    local abandon = self.abandon
+    if abandon > 0 and self:next() < abandon then self.i = count; return nil end
+    self.st = self.st + self.l + self.d + draw(self, self.think, "fixed") + draw(self, self.gap, "exp")
   end
+  self.i = i + 1
+  local d = draw(self, self.dur, "fixed")
+  local lead = self.lead
+  local l = lead ~= 0 and draw(self, lead, "fixed") or 0
+  self.d, self.l = d, l
+  local runs = true
+  local no_run = self.no_run
+  if no_run > 0 and self:next() < no_run then runs = false end
+  return self.st + l, d, nil, nil, l, runs
 end
+
+local function conv_gen(w, conv)
+  local g = setmetatable({ s = math_floor(conv.seed) ~ 0x5DEECE66D }, Gen)
+  g.count = draw_count(g, w.turns or { 1, 10 })
+  g.dur, g.gap, g.think, g.abandon = w.duration or 2, w.gap or 300, w.think or 0, w.abandon or 0
+  g.lead, g.no_run = w.lead or 0, w.no_run or 0
+  g.i, g.st, g.d, g.l = 0, conv.start, 0, 0
+  return g
+end
+
+-- A trace's conversation as a generator.
+local TraceGen = {}
+TraceGen.__index = TraceGen
+function TraceGen:turn()
+  local i = self.i + 1
+  self.i = i
+  local e = self.list[i]
+  if not e then return nil end
+  return e.t, e.duration, e.timeout, e.language, e.lead, e.run
+end
+
+local function conv_turns(w, conv)
+  local g = conv_gen(w, conv)
+  return function() return g:turn() end
+end
+
 
 --- Generate a workload's turns (deterministic for a seed).
 -- `sessions` conversations arrive within `span` seconds (3600): uniformly
@@ -307,10 +361,12 @@ function _M.workload(w)
   local turns = {}
   for _, conv in ipairs(arrivals(w)) do
     local nextt = conv_turns(w, conv)
-    local t, d = nextt()
+    local t, d, _, _, l, runs = nextt()
     while t do
-      turns[#turns + 1] = { t = t, session = conv.key, duration = d }
-      t, d = nextt()
+      local turn = { t = t, session = conv.key, duration = d, lead = l ~= 0 and l or nil }
+      if not runs then turn.run = false end
+      turns[#turns + 1] = turn
+      t, d, _, _, l, runs = nextt()
     end
   end
   return sort_turns(turns)
@@ -404,7 +460,14 @@ local function parse_csv_trace(text)
         for i, h in ipairs(header) do
           local f = fields[i]
           if f ~= "" then
-            if h == "session" or h == "language" then e[h] = f else e[h] = tonumber(f) or f end
+            if h == "session" or h == "language" then
+              e[h] = f
+            elseif h == "run" then
+              if f == "true" or f == "1" then e[h] = true elseif f == "false" or f == "0" then e[h] = false
+              else e[h] = f end
+            else
+              e[h] = tonumber(f) or f
+            end
           end
         end
         local turn, err = check_turn(e, "trace line " .. n)
@@ -423,7 +486,7 @@ _M.parse_csv_trace = parse_csv_trace
 
 local RUN_KEYS = { trace = true, workload = true, policy = true, exec_timeout = true, idle_timeout = true,
   template = true, tag = true, prices = true, model = true, gc_every = true, max_age = true, tail = true,
-  details = true, code = true, builtin = true }
+  details = true, code = true, builtin = true, exact = true, prewarm = true }
 
 local function copy(t)
   local o = {}
@@ -490,6 +553,9 @@ local function check_run_opts(o, fname, level)
   if o.policy ~= nil and type(o.policy) ~= "table" and type(o.policy) ~= "string" then
     bad(fname, "'policy' must be a table, a path or nil", level)
   end
+  for _, k in ipairs{ "exact", "prewarm" } do
+    if o[k] ~= nil and type(o[k]) ~= "boolean" then bad(fname, "'" .. k .. "' must be a boolean", level) end
+  end
 end
 
 local function trace_turns(o)
@@ -503,16 +569,15 @@ local function trace_turns(o)
   return sort_turns(turns)
 end
 
--- The conversations to simulate, in order of arrival: `{ key, start, next }`
--- where `next(prev_end)` gives the next turn (t, duration, timeout, language).
+-- The conversations to simulate, in order of arrival: `{ key, start }`; the
+-- list's `gen_of(conv)` makes a conversation's generator, whose `turn()`
+-- gives its turns one by one (t, duration, timeout, language, lead, run).
 local function conversations_of(o)
   if o.workload then
     local w = o.workload
     local convs = arrivals(w)
-    for _, c in ipairs(convs) do
-      -- one generator per conversation, made when it starts
-      c.make = function() return conv_turns(w, c) end
-    end
+    -- one generator per conversation, made when it starts
+    convs.gen_of = function(c) return conv_gen(w, c) end
     return convs
   end
   local turns, err, code = trace_turns(o)
@@ -520,25 +585,19 @@ local function conversations_of(o)
   local by_key, convs = {}, {}
   for _, e in ipairs(turns) do
     local c = by_key[e.session]
+    local begins = math_max(0, e.t - (e.lead or 0))
     if not c then
-      c = { key = e.session, start = e.t, list = {} }
+      c = { key = e.session, start = begins, list = {}, seed = #convs + 1 }
       by_key[e.session] = c
       convs[#convs + 1] = c
+    elseif begins < c.start then
+      c.start = begins
     end
     c.list[#c.list + 1] = e
   end
-  for _, c in ipairs(convs) do
-    local list = c.list
-    c.make = function()
-      local i = 0
-      return function()
-        i = i + 1
-        local e = list[i]
-        if not e then return nil end
-        return e.t, e.duration, e.timeout, e.language
-      end
-    end
-  end
+  -- in order of their first turn's start (a lead may start a turn before an earlier run)
+  table_sort(convs, function(a, b) return a.start < b.start or (a.start == b.start and a.seed < b.seed) end)
+  convs.gen_of = function(c) return setmetatable({ list = c.list, i = 0 }, TraceGen) end
   return convs
 end
 
@@ -612,120 +671,156 @@ local function run(o)
   local horizon = nil
   local tail = o.tail
   if tail == nil then tail = math_max(exec_timeout, idle_timeout) + max_age + (gc_every or 0) end
+  -- The GC task, while it sleeps until its next pass (gc_next): the simulation
+  -- ends at the horizon, not at the first pass after it.
+  local gc_task, gc_next, gc_sleeping = nil, nil, false
   local function finish_if_idle()
     if arrived_all and active == 0 and not horizon then
       horizon = math_max(last_end + tail, clock())
+      if gc_task and gc_sleeping and gc_next > horizon then gc_task:cancel() end
     end
   end
 
-  -- One conversation: its turns one after another (never two at once).
-  local function conversation(conv)
-    local me = task_mod.current()
-    local data = me.data
-    local next_turn = conv.make()
-    local s = (not per_call) and new_session(conv.key) or nil
-    local had_box, lost = false, false
-    local n = 0
-    while true do
-      local t, duration, timeout, language = next_turn()
-      if not t then break end
-      n = n + 1
-      local due = t0 + t
-      if due > clock() then sched:sleep_until(due) end
-      data.duration, data.mark = duration, {}
-      local run_s = s or new_session(conv.key .. "#" .. n)
-      local began = clock()
-      report.turns = report.turns + 1
-      report.runs = report.runs + 1
-      local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
-      local mark = data.mark
-      if log then
-        log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
-          code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
-          code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
-          created = mark.created or false, resumed = mark.resumed or false }
-      end
-      if not ok then
-        fail("ERROR", tostring(r))
-      elseif not r then
-        fail(tostring(ecode), tostring(err))
-      else
-        report.ok = report.ok + 1
-        if mark.created then
-          report.cold_starts = report.cold_starts + 1
-          if had_box then
-            report.turns_lost_state = report.turns_lost_state + 1
-            if not lost then
-              lost = true
-              report.conversations_lost_state = report.conversations_lost_state + 1
-            end
-          end
-        elseif mark.resumed then
-          report.resumes = report.resumes + 1
-        else
-          report.warm_hits = report.warm_hits + 1
-        end
-        had_box = true
-        -- Virtual times are unix seconds: round away the float noise (to the microsecond).
-        local ms = ((mark.code_started or clock()) - began) * 1000
-        nlat = nlat + 1
-        latencies[nlat] = math_floor(ms * 1000 + 0.5) / 1000
-      end
-      if per_call and mark.sandbox_id then
-        model:kill(mark.sandbox_id)            -- a fresh sandbox per call: killed after it
-      end
-      local now = clock()
-      if now > last_end then last_end = now end
-    end
-    active = active - 1
-    finish_if_idle()
+  local exact = o.exact
+  if exact == nil then exact = not fast_mod.supports(o.model) end
+  if o.prewarm and exact then
+    return nil, "prewarm is modelled by the fast path only (give exact = false, and no max_running or "
+      .. "rate_per_s)", "BAD_REQUEST"
   end
-
-  -- Arrivals: each conversation starts as a task when its first turn is due.
-  sched:spawn(function()
-    for _, conv in ipairs(convs) do
-      local due = t0 + conv.start
-      if due > clock() then sched:sleep_until(due) end
-      active = active + 1
-      sched:spawn(conversation, conv)
+  report.path = exact and "exact" or "fast"
+  if not exact then
+    if not fast_mod.supports(o.model) then
+      return nil, "the fast path does not model max_running or rate_per_s: use the exact path", "BAD_REQUEST"
     end
-    arrived_all = true
-    finish_if_idle()
-  end)
+    horizon = fast_mod.simulate{ convs = convs, policy = policy, per_call = per_call, model = model,
+      report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
+      idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
+      gc_every = gc_every, tail = tail, prewarm = o.prewarm and true or false, fail = fail,
+      note_error = note_error }
+    nlat = #latencies
+  else
+    -- The exact path: real sessions and GC passes, each conversation a task.
 
-  -- GC passes every gc_every seconds until the horizon.
-  if gc_every then
-    sched:spawn(function()
-      local next_gc = t0 + gc_every
+    -- One conversation: its turns one after another (never two at once).
+    local function conversation(conv)
+      local me = task_mod.current()
+      local data = me.data
+      local gen = convs.gen_of(conv)
+      local function next_turn() return gen:turn() end
+      local s = (not per_call) and new_session(conv.key) or nil
+      local had_box, lost = false, false
+      local n = 0
       while true do
-        sched:sleep_until(next_gc)
-        if horizon and next_gc > horizon then break end
-        local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
-          clock = clock, max_age = max_age })
-        report.gc_passes = report.gc_passes + 1
-        if not ok then
-          report.gc_errors = report.gc_errors + 1
-          note_error("GC", tostring(rep))
-        elseif not rep then
-          report.gc_errors = report.gc_errors + 1
-          note_error(gcode, gerr)
-        else
-          report.gc_kills = report.gc_kills + rep.killed
-          report.gc_demoted = report.gc_demoted + rep.demoted
-          report.gc_busy = report.gc_busy + rep.busy
-          report.gc_errors = report.gc_errors + #rep.errors
+        local t, duration, timeout, language, _, runs = next_turn()
+        if not t then break end
+        n = n + 1
+        local due = t0 + t
+        if runs == false then
+          report.turns = report.turns + 1      -- a turn that runs no code
+          goto next
         end
-        next_gc = next_gc + gc_every
+        if due > clock() then sched:sleep_until(due) end
+        data.duration, data.mark = duration, {}
+        local run_s = s or new_session(conv.key .. "#" .. n)
+        local began = clock()
+        report.turns = report.turns + 1
+        report.runs = report.runs + 1
+        local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
+        local mark = data.mark
+        if log then
+          log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
+            code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
+            code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
+            created = mark.created or false, resumed = mark.resumed or false }
+        end
+        if not ok then
+          fail("ERROR", tostring(r))
+        elseif not r then
+          fail(tostring(ecode), tostring(err))
+        else
+          report.ok = report.ok + 1
+          if mark.created then
+            report.cold_starts = report.cold_starts + 1
+            if had_box then
+              report.turns_lost_state = report.turns_lost_state + 1
+              if not lost then
+                lost = true
+                report.conversations_lost_state = report.conversations_lost_state + 1
+              end
+            end
+          elseif mark.resumed then
+            report.resumes = report.resumes + 1
+          else
+            report.warm_hits = report.warm_hits + 1
+          end
+          had_box = true
+          -- Virtual times are unix seconds: round away the float noise (to the microsecond).
+          local ms = ((mark.code_started or clock()) - began) * 1000
+          nlat = nlat + 1
+          latencies[nlat] = math_floor(ms * 1000 + 0.5) / 1000
+        end
+        if per_call and mark.sandbox_id then
+          model:kill(mark.sandbox_id)            -- a fresh sandbox per call: killed after it
+        end
+        do
+          local now = clock()
+          if now > last_end then last_end = now end
+        end
+        ::next::
       end
-    end)
-  end
+      active = active - 1
+      finish_if_idle()
+    end
 
-  local ok, lerr = sched:loop()
-  if not ok then
-    sched:cancel_all()
-    note_error("DEADLOCK", tostring(lerr))
+    -- Arrivals: each conversation starts as a task when its first turn is due.
+    sched:spawn(function()
+      for _, conv in ipairs(convs) do
+        local due = t0 + conv.start
+        if due > clock() then sched:sleep_until(due) end
+        active = active + 1
+        sched:spawn(conversation, conv)
+      end
+      arrived_all = true
+      finish_if_idle()
+    end)
+
+    -- GC passes every gc_every seconds until the horizon.
+    if gc_every then
+      gc_task = sched:spawn(function()
+        gc_next = t0 + gc_every
+        while true do
+          if horizon and gc_next > horizon then break end
+          gc_sleeping = true
+          sched:sleep_until(gc_next)
+          gc_sleeping = false
+          if horizon and gc_next > horizon then break end
+          local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
+            clock = clock, max_age = max_age })
+          report.gc_passes = report.gc_passes + 1
+          if not ok then
+            report.gc_errors = report.gc_errors + 1
+            note_error("GC", tostring(rep))
+          elseif not rep then
+            report.gc_errors = report.gc_errors + 1
+            note_error(gcode, gerr)
+          else
+            report.gc_kills = report.gc_kills + rep.killed
+            report.gc_demoted = report.gc_demoted + rep.demoted
+            report.gc_busy = report.gc_busy + rep.busy
+            report.gc_errors = report.gc_errors + #rep.errors
+          end
+          gc_next = gc_next + gc_every
+        end
+      end)
+    end
+
+    local ok, lerr = sched:loop()
+    if not ok then
+      sched:cancel_all()
+      note_error("DEADLOCK", tostring(lerr))
+    end
+    horizon = horizon or math_max(last_end + tail, clock())
   end
-  horizon = horizon or math_max(last_end + tail, clock())
   model:advance_to(math_max(horizon, clock()))
   local alive = model:close_books()
 
@@ -754,6 +849,11 @@ local function run(o)
   report.auto_pauses = st.auto_pauses
   report.paused_during_run = st.paused_during_run
   report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
+  report.retry_after_waits = st.retry_after_waits
+  report.prewarm = o.prewarm and true or false
+  report.prewarms = report.prewarms or 0
+  report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
+  report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
   report.peak_running = st.peak_running
   report.alive_running, report.alive_paused = alive.running, alive.paused
   report.alive = alive.running + alive.paused
@@ -843,7 +943,8 @@ end
 -- sweep
 -- ------------------------------------------------------------------
 
-local SWEEPABLE = { exec_timeout = true, idle_timeout = true, max_age = true, gc_every = true, tail = true }
+local SWEEPABLE = { exec_timeout = true, idle_timeout = true, max_age = true, gc_every = true, tail = true,
+  prewarm = true }
 
 --- Run the same workload once per value of one parameter.
 -- @tparam table base run options (as `run`)
@@ -916,7 +1017,9 @@ local CSV_FIELDS = { "policy", "param", "value", "conversations", "runs", "ok", 
   "compute_seconds", "compute_cost", "paused_seconds", "paused_hours", "storage_cost", "cost", "created",
   "model_resumes", "pauses", "auto_pauses", "kills", "timeout_kills", "gc_passes", "gc_kills", "gc_demoted",
   "requests", "requests_per_run", "rejected_cap", "rejected_rate", "retries", "peak_running", "paused_during_run",
-  "alive", "exec_timeout", "idle_timeout", "max_age", "gc_every", "paused_price_hour", "simulated_seconds" }
+  "alive", "exec_timeout", "idle_timeout", "max_age", "gc_every", "paused_price_hour", "simulated_seconds", "path",
+  "prewarm", "prewarms", "prewarms_unused", "prewarms_failed", "prewarm_creates", "prewarm_resumes", "turns",
+  "retry_after_waits" }
 _M.CSV_FIELDS = CSV_FIELDS
 
 --- Rows as CSV text: a header line, then one line per row (fields in
@@ -932,7 +1035,9 @@ function _M.csv(rows)
     for i, k in ipairs(CSV_FIELDS) do
       local v = r[k]
       if k == "paused_price_hour" then v = (r.prices and r.prices.paused_second or 0) * 3600 end
-      if type(v) == "number" then
+      if type(v) == "boolean" then
+        line[i] = tostring(v)
+      elseif type(v) == "number" then
         line[i] = math_type(v) == "integer" and string_format("%d", v) or string_format("%.10g", v)
       elseif v == nil then
         line[i] = ""
@@ -952,11 +1057,20 @@ function _M.format(rows)
   if type(rows) ~= "table" then error("bad argument #1 to 'format' (table expected, got " .. type(rows) .. ")", 2) end
   if rows.runs then rows = { rows } end
   local header = { rows[1] and rows[1].param or "policy" }
-  for _, c in ipairs(COLUMNS) do header[#header + 1] = c[1] end
+  local columns = COLUMNS
+  for _, r in ipairs(rows) do
+    if r.prewarm then
+      columns = { table.unpack(COLUMNS) }
+      columns[#columns + 1] = { "prewarms", "prewarms", "%d" }
+      columns[#columns + 1] = { "unused", "prewarms_unused", "%d" }
+      break
+    end
+  end
+  for _, c in ipairs(columns) do header[#header + 1] = c[1] end
   local lines = { header }
   for _, r in ipairs(rows) do
     local line = { r.param and tostring(r.value) or tostring(r.policy) }
-    for _, c in ipairs(COLUMNS) do
+    for _, c in ipairs(columns) do
       local v = r[c[2]] or 0
       line[#line + 1] = string_format(c[3], c[3] == "%d" and math_floor(v) or v)
     end

@@ -22,13 +22,15 @@
 --
 -- * with `max_running` > 0, a create, or a connect or data-plane request
 --   that would resume a paused sandbox, beyond that many running sandboxes
---   answers 429 (E2B's concurrency cap); with `rate_per_s` > 0 the control
---   plane is a token bucket (`rate_burst` tokens) and a request beyond it
---   answers 429. Like `warmbox.e2b`'s client, idempotent calls (`connect`,
---   `info`, `list`, `kill`, data-plane calls but `run_code`) retry a 429 up
---   to `retries` times with capped exponential backoff (0.1 s doubling, at
---   most 2 s, jittered by the seeded PRNG); `create`, `pause`, `set_timeout`
---   and `run_code` do not retry.
+--   answers 429 (E2B's concurrency cap) with `Retry-After: retry_after`;
+--   with `rate_per_s` > 0 the control plane is a token bucket (`rate_burst`
+--   tokens) and a request beyond it answers 429 naming the wait for a token.
+--   Like `warmbox.core`'s retry rules, idempotent calls (`connect`, `info`,
+--   `list`, `kill`, data-plane calls but `run_code`) and `create` retry a 429
+--   up to `retries` times, after the Retry-After, else with capped
+--   exponential backoff (0.1 s doubling, at most 2 s, jittered by the seeded
+--   PRNG), within a 30 s budget; `pause`, `set_timeout` and `run_code` do
+--   not retry.
 --
 -- Nothing sleeps and nothing touches the network: every call waits on the
 -- model's `warmbox.task` scheduler (virtual backend) for its cost (half a
@@ -55,9 +57,58 @@ local string_format, table_sort, math_floor, math_max, math_min =
   string.format, table.sort, math.floor, math.max, math.min
 local os_date = os.date
 local task_mod = require "warmbox.task"
-local heap_push, heap_pop = task_mod.heap_push, task_mod.heap_pop
+
+-- A binary min-heap of values ordered by (t, seq), kept in three arrays
+-- (`t`, `s`, `v`) so a comparison reads two numbers next to each other and
+-- never the value itself (which is cold in a large simulation).
+local function heap_push(h, t, seq, v)
+  local n = h.n + 1
+  h.n = n
+  local ht, hs, hv = h.t, h.s, h.v
+  local i = n
+  while i > 1 do
+    local p = i >> 1
+    local pt = ht[p]
+    if pt < t or (pt == t and hs[p] < seq) then break end
+    ht[i], hs[i], hv[i] = pt, hs[p], hv[p]
+    i = p
+  end
+  ht[i], hs[i], hv[i] = t, seq, v
+end
+
+-- Pops the least: its t and value (nil when empty).
+local function heap_pop(h)
+  local n = h.n
+  if n == 0 then return nil end
+  local ht, hs, hv = h.t, h.s, h.v
+  local top_t, top_v = ht[1], hv[1]
+  local lt, ls, lv = ht[n], hs[n], hv[n]
+  ht[n], hs[n], hv[n] = nil, nil, nil
+  n = n - 1
+  h.n = n
+  if n > 0 then
+    local i = 1
+    while true do
+      local l = i << 1
+      if l > n then break end
+      local ct, cs = ht[l], hs[l]
+      if l < n then
+        local rt, rs = ht[l + 1], hs[l + 1]
+        if rt < ct or (rt == ct and rs < cs) then l, ct, cs = l + 1, rt, rs end
+      end
+      if lt < ct or (lt == ct and ls < cs) then break end
+      ht[i], hs[i], hv[i] = ct, cs, hv[l]
+      i = l
+    end
+    ht[i], hs[i], hv[i] = lt, ls, lv
+  end
+  return top_t, top_v
+end
+
+local function new_heap() return { n = 0, t = {}, s = {}, v = {} } end
 
 local _M = {}
+_M.heap_push, _M.heap_pop, _M.new_heap = heap_push, heap_pop, new_heap
 
 --- The private MIME type of the output report (`warmbox.outputs` defines it).
 _M.OUTPUTS_MIME = outputs.OUTPUTS_MIME
@@ -75,7 +126,8 @@ _M.DEFAULTS = {
   max_running = 0,         -- E2B's concurrency cap: running sandboxes (0: none)
   rate_per_s = 0,          -- control-plane requests per second (0: no limit)
   rate_burst = 20,         -- token bucket size of the rate limit
-  retries = 3,             -- retries of an idempotent call after a 429 (the client's default)
+  retries = 3,             -- retries of an idempotent call or a create after a 429 (the client's default)
+  retry_after = 1,         -- seconds a 429 of the concurrency cap says in Retry-After (0: no header)
   seed = 1,                -- seeds the backoff jitter
 }
 
@@ -111,7 +163,7 @@ function _M.new(opts, sched)
     keep_history = true,       -- false: forget killed sandboxes (large simulations)
     live = {},                 -- id -> record (running or paused)
     by_md = {},                -- metadata key -> value -> { [record] = true } (live ones)
-    leases = { n = 0 },        -- timer heap of running sandboxes' lease ends
+    leases = new_heap(),       -- timer heap of running sandboxes' lease ends
     tseq = 0,
     running = 0,               -- running sandboxes now
     tokens = cfg.rate_burst, tokens_at = backend:now(),
@@ -123,7 +175,7 @@ function _M.new(opts, sched)
     -- the books
     stats = { requests = 0, creates = 0, resumes = 0, auto_resumes = 0, cold_boot_resumes = 0, auto_pauses = 0,
               timeout_kills = 0, pauses = 0, kills = 0, paused_during_run = 0, running_seconds = 0,
-              paused_seconds = 0, runs = 0, rejected_cap = 0, rejected_rate = 0, retries = 0,
+              paused_seconds = 0, runs = 0, rejected_cap = 0, rejected_rate = 0, retries = 0, retry_after_waits = 0,
               peak_running = 0 },
     -- per-run marks outside tasks (inside a task: the task's `data`)
     mark = {},
@@ -164,18 +216,111 @@ _M.rfc3339 = rfc3339
 -- ------------------------------------------------------------------
 
 -- A running sandbox stops running at time t (paused or killed): book its run time.
+-- The count of running sandboxes changes by `d` at time `t`. The fast path
+-- (`warmbox.sim.fast`) books changes ahead of the global clock, so it keeps
+-- them in a heap (`deltas`: arrays `k` of times and `d` of changes, ordered
+-- by time, then a stop before a start) applied in time order (see
+-- `drain_running`). `d` is 1 (a start), -1 (a stop) or +-1.5 (a create's
+-- boot begins / ends: running for the count, but not towards
+-- `peak_running`, as the exact path's create books it).
+local function running_delta(self, t, d)
+  local h = self.deltas
+  if h then
+    local n = h.n + 1
+    h.n = n
+    local keys, ds = h.k, h.d
+    local i = n
+    while i > 1 do
+      local p = i >> 1
+      local pk = keys[p]
+      if pk < t or (pk == t and ds[p] <= d) then break end
+      keys[i], ds[i] = pk, ds[p]
+      i = p
+    end
+    keys[i], ds[i] = t, d
+    return
+  end
+  local n = self.running + d
+  self.running = n
+  if n > self.stats.peak_running then self.stats.peak_running = n end
+end
+
+-- Apply the booked changes of the running count up to time `t` (fast path).
+local function drain_running(self, t)
+  local h = self.deltas
+  local keys, ds = h.k, h.d
+  local n, peak = self.running, self.stats.peak_running
+  local size = h.n
+  while size > 0 and keys[1] <= t do
+    local d = ds[1]
+    if d == 1.5 then            -- a create's boot: counts as running, but as the
+      n = n + 1                 -- exact path's create does, not towards the peak
+    elseif d == -1.5 then
+      n = n - 1
+    else
+      n = n + d
+      if n > peak then peak = n end
+    end
+    local lk, ld = keys[size], ds[size]
+    keys[size], ds[size] = nil, nil
+    size = size - 1
+    if size > 0 then
+      local i = 1
+      while true do
+        local l = i << 1
+        if l > size then break end
+        if l < size then
+          local a, b = keys[l + 1], keys[l]
+          if a < b or (a == b and ds[l + 1] < ds[l]) then l = l + 1 end
+        end
+        local c = keys[l]
+        if lk < c or (lk == c and ld <= ds[l]) then break end
+        keys[i], ds[i] = c, ds[l]
+        i = l
+      end
+      keys[i], ds[i] = lk, ld
+    end
+  end
+  h.n = size
+  self.running, self.stats.peak_running = n, peak
+end
+
 local function stop_running(self, b, t)
   if b.running_since then
     self.stats.running_seconds = self.stats.running_seconds + math_max(0, t - b.running_since)
   end
   b.running_since = nil
   b.epoch, b.stopped_at = b.epoch + 1, t
-  self.running = self.running - 1
+  running_delta(self, t, -1)
 end
 
-local function start_running(self)
-  self.running = self.running + 1
-  if self.running > self.stats.peak_running then self.stats.peak_running = self.running end
+local function start_running(self, t)
+  running_delta(self, t or self.now, 1)
+end
+
+-- Live sandboxes in a list ordered by started_at (then creation order),
+-- newest at `self.newest`: the order E2B lists them in, kept without a sort
+-- (a sandbox that starts moves to the newest end; the walk back is short
+-- because starts come in nearly increasing time).
+local function newer_than(a, b)
+  return a.started_at > b.started_at or (a.started_at == b.started_at and a.n > b.n)
+end
+
+local function unlink(self, b)
+  local o, w = b.older, b.newer
+  if w then w.older = o else if self.newest == b then self.newest = o end end
+  if o then o.newer = w end
+  b.older, b.newer = nil, nil
+end
+
+local function touch(self, b)
+  unlink(self, b)
+  local w = nil                 -- the node that will be just newer than b
+  local o = self.newest
+  while o and not newer_than(b, o) do w, o = o, o.older end
+  b.older, b.newer = o, w
+  if o then o.newer = b end
+  if w then w.older = b else self.newest = b end
 end
 
 -- The lease of a running sandbox ends at b.end_at: keep one heap entry per
@@ -185,7 +330,7 @@ local function arm(self, b)
   if at and at <= b.end_at then return end
   self.tseq = self.tseq + 1
   b.timer_at = b.end_at
-  heap_push(self.leases, { t = b.end_at, seq = self.tseq, b = b })
+  heap_push(self.leases, b.end_at, self.tseq, b)
 end
 
 local function start_paused(b, t)
@@ -205,6 +350,7 @@ local function remove(self, b, t)
   end
   b.state, b.killed_at = "killed", t
   self.live[b.id] = nil
+  unlink(self, b)
   if not self.keep_history then self.boxes[b.id] = nil end
   for k, v in pairs(b.metadata) do
     local vals = self.by_md[k]
@@ -216,29 +362,34 @@ local function remove(self, b, t)
   end
 end
 
+-- A running sandbox's lease ran out (at b.end_at): paused or killed then.
+local function expire(self, b)
+  local at = b.end_at
+  if b.on_timeout == "pause" then
+    stop_running(self, b, at)
+    start_paused(b, at)
+    b.memory = b.keep_memory
+    if not b.memory then b.kernel, b.hooked = false, false end
+    self.stats.auto_pauses = self.stats.auto_pauses + 1
+  else
+    remove(self, b, at)
+    self.stats.timeout_kills = self.stats.timeout_kills + 1
+  end
+end
+
 -- Leases that ran out by time `t`, applied at the time each one ran out.
 local function settle(self, t)
   local h = self.leases
-  while h.n > 0 and h[1].t <= t do
-    local e = heap_pop(h)
-    local b = e.b
-    if b.timer_at == e.t then b.timer_at = nil end
+  local ht = h.t
+  while h.n > 0 and ht[1] <= t do
+    local et, b = heap_pop(h)
+    if b.timer_at == et then b.timer_at = nil end
     if b.state ~= "running" then goto continue end
-    if b.end_at > e.t then
+    if b.end_at > et then
       arm(self, b)                   -- extended since: wait for the new end
       goto continue
     end
-    local at = b.end_at
-    if b.on_timeout == "pause" then
-      stop_running(self, b, at)
-      start_paused(b, at)
-      b.memory = b.keep_memory
-      if not b.memory then b.kernel, b.hooked = false, false end
-      self.stats.auto_pauses = self.stats.auto_pauses + 1
-    else
-      remove(self, b, at)
-      self.stats.timeout_kills = self.stats.timeout_kills + 1
-    end
+    expire(self, b)
     ::continue::
   end
 end
@@ -279,7 +430,8 @@ end
 local REJECT = setmetatable({}, { __name = "warmbox.sim.REJECT" })
 _M.REJECT = REJECT
 
--- The control plane's token bucket: true when a request may pass now.
+-- The control plane's token bucket: true when a request may pass now, else
+-- false and the seconds until a token is free.
 local function admit(self)
   local rate = self.cfg.rate_per_s
   if rate <= 0 then return true end
@@ -289,37 +441,54 @@ local function admit(self)
   if tok < 1 then
     self.tokens = tok
     self.stats.rejected_rate = self.stats.rejected_rate + 1
-    return false
+    return false, (1 - tok) / rate
   end
   self.tokens = tok - 1
   return true
 end
 
+-- The Retry-After a 429 carries (whole seconds, as the header), or nil when
+-- the model sends none (`retry_after = 0`). The rate limit names the time
+-- until a token is free (at least 1 s), the concurrency cap `retry_after`.
+local function retry_after(self, wait)
+  local ra = self.cfg.retry_after
+  if ra <= 0 then return nil end
+  if wait then return math_max(1, math.ceil(wait)) end
+  return ra
+end
+
 -- A request: half a round trip out, server work, half back. `work` may return
--- REJECT (429: over the concurrency cap); the rate limit applies to the
--- control plane (`cp`). An idempotent request (`idem`) retries a 429 as the
--- client does.
-local function request(self, work, idem, cp)
-  local attempts = idem and math_floor(self.cfg.retries) + 1 or 1
-  local delay = 0.1
+-- REJECT (429: over the concurrency cap) and a Retry-After; the rate limit
+-- applies to the control plane (`cp`). Like `warmbox.core`'s retry rules, an
+-- idempotent request (`idem`) or one E2B refuses without acting (`refused`:
+-- create) is tried again after a 429 up to `retries` times: after the
+-- Retry-After the server named, else a capped exponential backoff (0.1 s
+-- doubling, at most 2 s, jittered in [d/2, d]); no retry starts that would
+-- end past the 30 s budget.
+local function request(self, work, idem, cp, refused)
+  local attempts = (idem or refused) and math_floor(self.cfg.retries) + 1 or 1
+  local t_first = self.backend.t
   for attempt = 1, attempts do
     self.stats.requests = self.stats.requests + 1
     pass(self, self.rtt / 2)
     local a, b, c
-    if cp and not admit(self) then
-      a = REJECT
-    else
-      a, b, c = work()
+    if cp then
+      local ok, wait = admit(self)
+      if not ok then a, b = REJECT, retry_after(self, wait) end
     end
+    if a == nil then a, b, c = work() end
     pass(self, self.rtt / 2)
     if a ~= REJECT then return a, b, c end
-    if attempt < attempts then
-      self.stats.retries = self.stats.retries + 1
-      local mark = ctx(self).mark
-      mark.retries = (mark.retries or 0) + 1
-      pass(self, delay * (0.5 + 0.5 * self.rand()))
-      delay = math_min(2, delay * 2)
-    end
+    if attempt == attempts then break end
+    local d = math_min(2, 0.1 * 2 ^ (attempt - 1))
+    d = d / 2 + self.rand() * d / 2
+    if b then d = b end
+    if self.backend.t - t_first + d > 30 then break end
+    self.stats.retries = self.stats.retries + 1
+    if b then self.stats.retry_after_waits = self.stats.retry_after_waits + 1 end
+    local mark = ctx(self).mark
+    mark.retries = (mark.retries or 0) + 1
+    pass(self, d)
   end
   return nil, "429: too many requests or running sandboxes", "RATE_LIMITED"
 end
@@ -344,7 +513,7 @@ end
 local function resume(self, b, timeout)
   end_paused(self, b, self.now)
   b.state = "resuming"
-  start_running(self)
+  start_running(self, self.now)
   local ev = self.sched:event()
   b.resuming = ev
   if b.memory then
@@ -359,6 +528,7 @@ local function resume(self, b, timeout)
     b.state, b.started_at, b.running_since = "running", self.now, self.now
     b.end_at = cap(self, b, self.now + timeout)
     arm(self, b)
+    touch(self, b)
   end
   b.memory = true
   self.stats.resumes = self.stats.resumes + 1
@@ -415,6 +585,38 @@ end
 -- Control plane
 -- ------------------------------------------------------------------
 
+-- A new running sandbox started at `t` (after its boot), indexed by its metadata.
+local function add_box(self, params, timeout, t)
+  self.seq = self.seq + 1
+  local lc = params.lifecycle or {}
+  local md = {}
+  for k, v in pairs(params.metadata or {}) do md[k] = v end
+  local b = {
+    n = self.seq, id = string_format("sim%06d", self.seq), token = string_format("tok%06d", self.seq),
+    template = params.template or "base", metadata = md, state = "running",
+    started_at = t, created_at = t, running_since = t,
+    on_timeout = lc.on_timeout == "pause" and "pause" or "kill",
+    auto_resume = lc.on_timeout == "pause" and lc.auto_resume == true,
+    keep_memory = lc.keep_memory ~= false, memory = true,
+    timeout = timeout, kernel = false, hooked = false, executions = 0, epoch = 0,
+  }
+  b.end_at = cap(self, b, t + timeout)
+  self.boxes[b.id], self.live[b.id] = b, b
+  local by_md = self.by_md
+  for k, v in pairs(md) do
+    local vals = by_md[k]
+    if not vals then vals = {}; by_md[k] = vals end
+    local set = vals[v]
+    if not set then set = {}; vals[v] = set end
+    set[b] = true
+  end
+  start_running(self, t)
+  arm(self, b)
+  touch(self, b)
+  self.stats.creates = self.stats.creates + 1
+  return b
+end
+
 --- `c:create(params)` (see `warmbox.e2b`).
 function Model:create(params)
   if type(params) ~= "table" then error("bad argument #1 to 'create' (table expected)", 2) end
@@ -426,38 +628,14 @@ function Model:create(params)
     if timeout > self.max_length then
       return nil, string_format("timeout cannot be greater than %g hours", self.cfg.max_length_hours), "BAD_REQUEST"
     end
-    if capped(self) then return REJECT end
+    if capped(self) then return REJECT, retry_after(self) end
     self.running = self.running + 1          -- booting counts against the cap
     pass(self, self.cfg.create_ms / 1000)
     self.running = self.running - 1
-    self.seq = self.seq + 1
-    local lc = params.lifecycle or {}
-    local md = {}
-    for k, v in pairs(params.metadata or {}) do md[k] = v end
-    local b = {
-      n = self.seq, id = string_format("sim%06d", self.seq), token = string_format("tok%06d", self.seq),
-      template = params.template or "base", metadata = md, state = "running",
-      started_at = self.now, created_at = self.now, running_since = self.now,
-      on_timeout = lc.on_timeout == "pause" and "pause" or "kill",
-      auto_resume = lc.on_timeout == "pause" and lc.auto_resume == true,
-      keep_memory = lc.keep_memory ~= false, memory = true,
-      timeout = timeout, kernel = false, hooked = false, executions = 0, epoch = 0,
-    }
-    b.end_at = cap(self, b, self.now + timeout)
-    self.boxes[b.id], self.live[b.id] = b, b
-    for k, v in pairs(md) do
-      local vals = self.by_md[k]
-      if not vals then vals = {}; self.by_md[k] = vals end
-      local set = vals[v]
-      if not set then set = {}; vals[v] = set end
-      set[b] = true
-    end
-    start_running(self)
-    arm(self, b)
-    self.stats.creates = self.stats.creates + 1
+    add_box(self, params, timeout, self.now)
     ctx(self).mark.created = true
-    return sandbox_of(b), nil
-  end, false, true)
+    return sandbox_of(self.boxes[string_format("sim%06d", self.seq)]), nil
+  end, false, true, true)
 end
 
 local function state_set(opts)
@@ -489,11 +667,16 @@ local function matching(self, opts)
   end
   if pool then
     for b in pairs(pool) do consider(b) end
+    -- E2B lists newest first.
+    table_sort(out, newer_than)
   else
-    for _, b in pairs(self.live) do consider(b) end
+    -- Every live sandbox: the list kept newest first needs no sort.
+    local b = self.newest
+    while b do
+      consider(b)
+      b = b.older
+    end
   end
-  -- E2B lists newest first.
-  table_sort(out, function(a, b) return a.started_at > b.started_at or (a.started_at == b.started_at and a.n > b.n) end)
   return out
 end
 
@@ -569,7 +752,7 @@ function Model:connect(id, opts)
       end
     end
     if b.state ~= "paused" then return nil, string_format("paused sandbox '%s' not found", id), "NOT_FOUND" end
-    if capped(self) then return REJECT end
+    if capped(self) then return REJECT, retry_after(self) end
     resume(self, b, timeout)
     if b.state ~= "running" then return nil, string_format("paused sandbox '%s' not found", id), "NOT_FOUND" end
     return sandbox_of(b), true
@@ -667,7 +850,7 @@ local function reach(self, id)
   local b = self.live[id]
   if b then settled_state(self, b) end
   if b and b.state == "paused" and b.auto_resume and b.memory then
-    if capped(self) then return REJECT end
+    if capped(self) then return REJECT, retry_after(self) end
     resume(self, b, math_min(math_max(b.timeout, self.cfg.auto_resume_min), self.max_length))
     self.stats.auto_resumes = self.stats.auto_resumes + 1
   end
@@ -680,7 +863,7 @@ end
 local function dp(self, id, work)
   return request(self, function()
     local b, err, code = reach(self, id)
-    if b == REJECT then return REJECT end
+    if b == REJECT then return REJECT, err end
     if not b then return nil, err, code end
     return work(b)
   end, true, false)
@@ -833,4 +1016,11 @@ end
 
 _M.Model = Model
 _M.Sandbox = Sandbox
+-- The model's rules, for the fast path (`warmbox.sim.fast`), which applies
+-- them at explicit times instead of waiting in tasks.
+_M.ops = { settle = settle, expire = expire, stop_running = stop_running, start_running = start_running,
+  drain_running = drain_running, running_delta = running_delta, arm = arm, start_paused = start_paused,
+  end_paused = end_paused,
+  remove = remove, cap = cap, touch = touch, add_box = add_box, listed_state = listed_state,
+  detail_of = detail_of, sandbox_of = sandbox_of }
 return _M
