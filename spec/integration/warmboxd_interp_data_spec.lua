@@ -43,7 +43,8 @@ describe("warmboxd python kernel: data and images", function()
 
   lazy_setup(function()
     srv = wbd.start{}
-    local res = http.api(srv, "POST", "/sandboxes", { templateID = "code-interpreter-v1", secure = true, timeout = 600 })
+    local res = http.api(srv, "POST", "/sandboxes",
+      { templateID = "code-interpreter-v1", secure = true, timeout = 600 })
     assert.are.equal(201, res.status, res.body)
     sb = res.json
   end)

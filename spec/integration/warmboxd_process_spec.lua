@@ -471,8 +471,9 @@ describe("warmboxd envd processes, bounded per sandbox", function()
         f:write(envelope(0, { process = { cmd = "/bin/sleep", args = { "20" } } }))
         f:close()
         local q = wbd.sh_quote
-        os.execute(table.concat({ "curl -sS -N --max-time 30 -o", q(outs[i]), "-H", q("E2b-Sandbox-Id: " .. sb.sandboxID),
-          "-H", q("E2b-Sandbox-Port: 49983"), "-H", q("Content-Type: application/connect+json"),
+        os.execute(table.concat({ "curl -sS -N --max-time 30 -o", q(outs[i]),
+          "-H", q("E2b-Sandbox-Id: " .. sb.sandboxID), "-H", q("E2b-Sandbox-Port: 49983"),
+          "-H", q("Content-Type: application/connect+json"),
           "--data-binary", q("@" .. outs[i] .. ".req"), q(srv.url .. "/process.Process/Start"), ">/dev/null 2>&1 &" },
           " "))
       end
