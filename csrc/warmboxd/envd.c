@@ -1311,7 +1311,7 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
   p->pid = pid;
   p->config = json_deep_copy(proc);
-  const char *tag = jstr(in, "tag", NULL);
+  const char *tag = jstr(in, "tag", NULL);   /* in `in`: freed below */
   p->tag = tag ? strdup(tag) : NULL;
   p->is_pty = pty != NULL;
   p->in_fd = in_fd;
@@ -1340,7 +1340,8 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   /* A new process with the pid or tag of an ended one replaces it for Connect. */
   for (struct proc **pp = &procs; *pp;) {
     struct proc *q = *pp;
-    if (q->exited && strcmp(q->sbid, sb->id) == 0 && (q->pid == pid || (tag && q->tag && strcmp(q->tag, tag) == 0))) {
+    if (q->exited && strcmp(q->sbid, sb->id) == 0 &&
+        (q->pid == pid || (p->tag && q->tag && strcmp(q->tag, p->tag) == 0))) {
       *pp = q->next;
       if (--q->refs == 0) proc_free(q);
       continue;
