@@ -710,8 +710,10 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
  * outlives the stream that started it (the client may leave and come back
  * with Connect), its output is read by a pump thread of its own and fanned
  * out to the streams attached to it (dropped while none is), and its end is
- * kept PROC_RETAIN_US after it exited for a late Connect. */
-#define PROC_QUEUE_MAX (1u << 20)      /* envelope bytes waiting per stream: then the pump (and the process) waits */
+ * kept PROC_RETAIN_US after it exited for a late Connect. Lock order:
+ * procs_mu, then a proc's mu; in_mu alone. */
+#define PROC_QUEUE_MAX (256u << 10)    /* envelope bytes waiting per stream: then the pump (and the process) waits */
+#define PROC_TAG_MAX 4096              /* bytes of a tag (kept with an ended process) */
 #define PROC_LIVE_MAX 64               /* running processes per sandbox (WARMBOXD_PROCS_MAX) */
 #define PROC_RETAINED_MAX 64           /* ended ones kept per sandbox */
 #define PROC_RETAIN_US (30 * 1000000LL)
@@ -803,7 +805,8 @@ static struct proc *proc_find(struct wbd_sandbox *sb, json_t *sel, int live) {
   pthread_mutex_lock(&procs_mu);
   procs_sweep_locked(NULL);
   for (struct proc *p = procs; p; p = p->next) {
-    if (strcmp(p->sbid, sb->id) != 0 || (live && p->exited)) continue;
+    /* an ended process whose sandbox went away under it is gone (a fresh boot) */
+    if (strcmp(p->sbid, sb->id) != 0 || (p->exited && (live || !p->end))) continue;
     if ((want > 0 && p->pid == want) || (want <= 0 && tag && p->tag && strcmp(tag, p->tag) == 0)) {
       /* a running process with the same pid or tag wins over an ended one */
       if (!found || (found->exited && !p->exited)) found = p;
@@ -1236,6 +1239,11 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
     json_decref(in);
     return stream_fail(req, trailer_error("invalid_argument", "process.cmd is required"));
   }
+  const char *tag = jstr(in, "tag", NULL);   /* in `in`: freed below */
+  if (tag && strlen(tag) > PROC_TAG_MAX) {
+    json_decref(in);
+    return stream_fail(req, trailer_error("invalid_argument", "tag is longer than %d bytes", PROC_TAG_MAX));
+  }
   json_t *args = json_object_get(proc, "args"), *envs = json_object_get(proc, "envs");
   json_t *pty = json_object_get(in, "pty");
   if (pty && !json_is_object(pty)) pty = NULL;
@@ -1310,8 +1318,13 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   }
   snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
   p->pid = pid;
-  p->config = json_deep_copy(proc);
-  const char *tag = jstr(in, "tag", NULL);   /* in `in`: freed below */
+  /* ProcessConfig's fields only (execve bounds their size; nothing else is kept) */
+  p->config = json_object();
+  static const char *const fields[] = { "cmd", "args", "envs", "cwd" };
+  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+    json_t *v = json_object_get(proc, fields[i]);
+    if (v) json_object_set_new(p->config, fields[i], json_deep_copy(v));
+  }
   p->tag = tag ? strdup(tag) : NULL;
   p->is_pty = pty != NULL;
   p->in_fd = in_fd;

@@ -105,7 +105,7 @@ describe("warmboxd envd processes", function()
 
   -- A streaming call in the background (curl writing to a file); returns a
   -- function giving what has arrived so far, decoded.
-  local function background(method, msg, s, headers)
+  local function background(method, msg, s, headers, curl_extra)
     s = s or sb
     local out = os.tmpname()
     local req = out .. ".req"
@@ -115,7 +115,7 @@ describe("warmboxd envd processes", function()
     f:write(envelope(0, msg))
     f:close()
     local q = wbd.sh_quote
-    local cmd = { "curl -sS -N --max-time 60 -o", q(out), "-H", q("E2b-Sandbox-Id: " .. s.sandboxID),
+    local cmd = { "curl -sS -N --max-time 60", curl_extra or "", "-o", q(out), "-H", q("E2b-Sandbox-Id: " .. s.sandboxID),
       "-H", q("E2b-Sandbox-Port: 49983"), "-H", q("Content-Type: application/connect+json") }
     if s.envdAccessToken then
       cmd[#cmd + 1] = "-H"
@@ -441,6 +441,47 @@ describe("warmboxd envd processes", function()
   end)
 
   describe("bounds and lifetime", function()
+    local function rss_kb()
+      return tonumber(read_file("/proc/" .. srv.pid .. "/status"):match("VmRSS:%s*(%d+)")) or 0
+    end
+
+    it("a process printing forever to slow readers keeps warmboxd's memory bounded", function()
+      local before = rss_kb()
+      local poll = background("Start", { tag = "flood", process = { cmd = "/bin/bash",
+        args = { "-c", "while :; do printf 'y%.0s' {1..4000}; echo; done" } } }, nil, nil, "--limit-rate 20k")
+      local pid = started(poll)
+      local conn = background("Connect", { process = { pid = pid } }, nil, nil, "--limit-rate 20k")
+      local peak = before
+      for _ = 1, 25 do
+        wbd.sleep(0.2)
+        local r = rss_kb()
+        if r > peak then peak = r end
+      end
+      assert.is_truthy(conn().stdout:find("yyyy", 1, true))
+      assert.are.equal(200, rpc("SendSignal", { process = { pid = pid }, signal = "SIGNAL_SIGKILL" }).status)
+      assert.is_true(peak - before < 48 * 1024, string.format("RSS grew by %d kB", peak - before))
+    end)
+
+    it("drops the output of a process no stream is attached to, without stopping it", function()
+      -- 64 MB of output after its client left: the process is neither blocked
+      -- nor is its output kept
+      local before = rss_kb()
+      http.sandbox(srv, sb, 49983, "POST", "/process.Process/Start", {
+        body = envelope(0, { process = { cmd = "/bin/bash",
+          args = { "-c", "sleep 1; head -c 64000000 /dev/zero; echo done > /home/user/dropped.flag" } } }),
+        headers = STREAM, timeout = 0.5 })
+      local home = srv:sandbox_home(sb.sandboxID)
+      assert.is_truthy(wait_for(function() return read_file(home .. "/dropped.flag") == "done\n" end, 30))
+      assert.is_true(rss_kb() - before < 32 * 1024)
+    end)
+
+    it("refuses a tag over 4096 bytes", function()
+      local r = stream("Start", { tag = string.rep("t", 4097), process = { cmd = "/bin/true" } })
+      assert.are.equal("invalid_argument", r.trailer.error.code)
+      r = stream("Start", { tag = string.rep("t", 4096), process = { cmd = "/bin/true" } })
+      assert.are.same({}, r.trailer)
+    end)
+
     it("a killed sandbox drops its Connect streams", function()
       local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 })
       local s2 = res.json
