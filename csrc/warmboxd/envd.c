@@ -1312,9 +1312,10 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   free(argv);
   if (rc != 0) {
     free(p);
-    json_decref(in);
-    return stream_fail(req, trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
-                                          "failed to start process '%s': %s", cmd, strerror(-rc)));
+    json_t *t = trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
+                              "failed to start process '%s': %s", cmd, strerror(-rc));
+    json_decref(in);   /* cmd is in it */
+    return stream_fail(req, t);
   }
   snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
   p->pid = pid;
