@@ -54,6 +54,10 @@ int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, c
   (void)sb; (void)argv; (void)envs; (void)cwd; (void)cols; (void)rows; (void)pid; (void)master_fd;
   return -EPERM;
 }
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
+  (void)sb;
+  if (len) buf[0] = 0;
+}
 int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig) { (void)sb; (void)pid; (void)sig; return -ESRCH; }
 int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) { (void)sb; (void)pid; return 0; }
 

@@ -748,6 +748,7 @@ struct proc {
   struct wbd_sandbox *sb;              /* reference, held while the process runs */
   int out_fd, err_fd, pid_fd;
   int64_t deadline_us;                 /* Start's Connect-Timeout-Ms: then the process is killed */
+  char boot[48];                       /* the sandbox's boot id when it started */
 };
 static pthread_mutex_t procs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct proc *procs;
@@ -962,9 +963,16 @@ static json_t *end_event(int st) {
  * dropped (as E2B's VM going away: the SDK then finds the sandbox gone and
  * says "The sandbox was killed" rather than "signal: killed"). */
 static void proc_ended(struct proc *p, int st) {
+  /* A pause or kill in flight ends what it does first; then the sandbox is
+   * not running, or (a pause without memory and a resume since) it is
+   * running a new boot. */
   wbd_store_lock();
+  wbd_store_wait_idle_locked(p->sb);
   int gone = p->sb->state != WBD_RUNNING;
   wbd_store_unlock();
+  char boot[sizeof p->boot];
+  wbd_rt_boot_id(p->sb, boot, sizeof boot);
+  gone |= strcmp(boot, p->boot) != 0;
   json_t *end = gone ? NULL : end_event(st);
   pthread_mutex_lock(&procs_mu);
   pthread_mutex_lock(&p->mu);
@@ -1333,6 +1341,7 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   p->out_fd = out_fd;
   p->err_fd = err_fd;
   p->pid_fd = (int)syscall(SYS_pidfd_open, pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
+  wbd_rt_boot_id(sb, p->boot, sizeof p->boot);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cond, NULL);
   pthread_mutex_init(&p->in_mu, NULL);

@@ -1203,6 +1203,7 @@ void wbd_rt_put(struct wbd_rt *rt) {
 
 static void teardown(struct wbd_rt *rt, int remove);
 static void drop_owner(struct wbd_rt *rt);
+static struct wbd_rt *rt_take_live(struct wbd_sandbox *sb);
 
 /* Serialises making runtimes, which happens outside the store lock (it
  * starts processes). */
@@ -1506,6 +1507,16 @@ int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, c
   }
   *master_fd = m;
   return 0;
+}
+
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (len) buf[0] = 0;
+  if (!rt) return;
+  pthread_mutex_lock(&rt->mu);
+  snprintf(buf, len, "%s", rt->boot_id);
+  pthread_mutex_unlock(&rt->mu);
+  wbd_rt_put(rt);
 }
 
 int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,

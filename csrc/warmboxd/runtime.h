@@ -29,6 +29,9 @@ int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const
  * namespaces, groups, limits and seccomp filter as any process. */
 int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, unsigned cols,
                      unsigned rows, pid_t *pid, int *master_fd);
+/* The sandbox's boot id (a new one after a pause without memory: a cold
+ * boot) into buf; "" when the sandbox has no runtime (killed). */
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len);
 /* Signal a process started by wbd_rt_spawn (its whole process group). */
 int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig);
 /* Reap: blocks until it exits; returns the wait status. */
