@@ -56,13 +56,13 @@ describe("warmboxd python kernel: data and images", function()
   it("imports neither pandas nor matplotlib for a cell that does not", function()
     local ctx = http.sandbox(srv, sb, 49999, "POST", "/contexts", { json = { language = "python" } })
     assert.are.equal(200, ctx.status, ctx.body)
-    local lines, body = run("import sys\nprint([m in sys.modules for m in ('pandas', 'matplotlib', 'numpy')])",
+    local lines, body = run("import sys\nprint([m in sys.modules for m in ('pandas', 'matplotlib', 'numpy', 'PIL')])",
       ctx.json.id)
     local out = {}
     for _, l in ipairs(lines) do
       if l.type == "stdout" then out[#out + 1] = l.text end
     end
-    assert.are.equal("[False, False, False]\n", table.concat(out), body)
+    assert.are.equal("[False, False, False, False]\n", table.concat(out), body)
   end)
 
   it("gives a DataFrame's columns as e2b/data, next to its text and html", function()

@@ -291,8 +291,8 @@ def result_line(data, main):
 # shown. matplotlib figures need nothing more: the inline backend displays a
 # shown figure, and every figure still open at the end of a cell (a saved
 # one, say), as png. pandas and PIL are optional: nothing is imported here
-# that the cell did not import itself, except PIL.Image when it is installed
-# (a few ms, so that its methods can be wrapped before a cell uses them).
+# that the cell did not import itself (PIL's modules are patched as a cell
+# imports them).
 
 
 def _json_value(v):
@@ -338,26 +338,43 @@ def _install_e2b_formatters(shell):
     formatter.formatters["e2b/data"] = E2BDataFormatter(parent=formatter)
 
 
-def _install_image_hooks():
-    try:
-        from PIL import Image, ImageShow
-    except Exception:   # PIL is optional
-        return
+class _AfterImport:
+    """A meta path finder that runs hook(module) right after `name` is first
+    imported (it wraps that module's loader), so nothing is imported before a
+    cell asks for it."""
+
+    def __init__(self, name, hook):
+        self.name = name
+        self.hook = hook
+        self.busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name or self.busy:
+            return None
+        import importlib.util
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        loader = spec and spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, hook = loader.exec_module, self.hook
+
+        def run_then_hook(module):
+            exec_module(module)
+            try:
+                hook(module)
+            except Exception:   # a start-up extra must never break an import
+                pass
+
+        loader.exec_module = run_then_hook
+        return spec
+
+
+def _hook_pil_image(Image):
     from IPython.display import display
-
-    def show_file(self, path, **options):
-        return 0   # no viewer in a sandbox: nothing to start
-
-    for name in ("UnixViewer", "Viewer"):
-        viewer = getattr(ImageShow, name, None)
-        if viewer is not None and hasattr(viewer, "show_file"):
-            viewer.show_file = show_file
-    # image.show(): displayed, as the IPython viewer PIL picks when it finds
-    # IPython (registered here too, in case PIL was imported without it)
-    ipv = getattr(ImageShow, "IPythonViewer", None)
-    if ipv is not None and not any(isinstance(v, ipv) for v in getattr(ImageShow, "_viewers", [])):
-        ImageShow.register(ipv, 0)
-
     original_save = Image.Image.save
 
     def save(image, fp, format=None, **params):
@@ -367,6 +384,27 @@ def _install_image_hooks():
 
     save.__doc__ = original_save.__doc__
     Image.Image.save = save
+
+
+def _hook_pil_imageshow(ImageShow):
+    def show_file(self, path, **options):
+        return 0   # no viewer in a sandbox: nothing to start
+
+    for name in ("UnixViewer", "Viewer"):
+        viewer = getattr(ImageShow, name, None)
+        if viewer is not None and hasattr(viewer, "show_file"):
+            viewer.show_file = show_file
+    # image.show(): displayed, through the IPython viewer PIL registers when
+    # it finds IPython (first in line here)
+    ipv = getattr(ImageShow, "IPythonViewer", None)
+    if ipv is not None:
+        ImageShow.register(ipv, 0)
+
+
+def _install_image_hooks():
+    # PIL is optional and imported only by the cells that use it
+    sys.meta_path.insert(0, _AfterImport("PIL.Image", _hook_pil_image))
+    sys.meta_path.insert(0, _AfterImport("PIL.ImageShow", _hook_pil_imageshow))
 
 
 class Run:
