@@ -1037,6 +1037,10 @@ static void *proc_pump(void *arg) {
         fds_open--;
         continue;
       }
+      pthread_mutex_lock(&p->mu);
+      int attached = p->subs != NULL;
+      pthread_mutex_unlock(&p->mu);
+      if (!attached) continue;   /* nobody to send it to: not even encoded */
       char *b64 = wbd_b64_encode(chunk, (size_t)r);
       proc_publish(p, json_pack("{s:{s:{s:s}}}", "event", "data",
                                 p->is_pty ? "pty" : i == 0 ? "stdout" : "stderr", b64 ? b64 : ""));

@@ -472,7 +472,8 @@ describe("warmboxd envd processes", function()
         headers = STREAM, timeout = 0.5 })
       local home = srv:sandbox_home(sb.sandboxID)
       assert.is_truthy(wait_for(function() return read_file(home .. "/dropped.flag") == "done\n" end, 30))
-      assert.is_true(rss_kb() - before < 32 * 1024)
+      local grew = rss_kb() - before
+      assert.is_true(grew < 32 * 1024, string.format("RSS grew by %d kB", grew))
     end)
 
     it("a pause with memory keeps a process for Connect; a pause without memory ends it", function()
