@@ -115,7 +115,8 @@ describe("warmboxd envd processes", function()
     f:write(envelope(0, msg))
     f:close()
     local q = wbd.sh_quote
-    local cmd = { "curl -sS -N --max-time 60", curl_extra or "", "-o", q(out), "-H", q("E2b-Sandbox-Id: " .. s.sandboxID),
+    local cmd = { "curl -sS -N --max-time 60", curl_extra or "", "-o", q(out),
+      "-H", q("E2b-Sandbox-Id: " .. s.sandboxID),
       "-H", q("E2b-Sandbox-Port: 49983"), "-H", q("Content-Type: application/connect+json") }
     if s.envdAccessToken then
       cmd[#cmd + 1] = "-H"
@@ -483,7 +484,8 @@ describe("warmboxd envd processes", function()
       local pid = started(poll)
       assert.is_truthy(wait_for(function() return poll().stdout == "begun\n" end))
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/pause", {}).status)
-      assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/connect", { timeout = 120 }).status)
+      assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/connect",
+        { timeout = 120 }).status)
       local c = stream("Connect", { process = { pid = pid } }, nil, s2)
       assert.are.equal(pid, c.start.pid)
       assert.are.equal("done\n", c.stdout)
@@ -492,7 +494,8 @@ describe("warmboxd envd processes", function()
       poll = background("Start", { process = { cmd = "/bin/sleep", args = { "30" } } }, s2)
       pid = started(poll)
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/pause", { memory = false }).status)
-      assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/connect", { timeout = 120 }).status)
+      assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/connect",
+        { timeout = 120 }).status)
       assert.are.equal("not_found", stream("Connect", { process = { pid = pid } }, nil, s2).trailer.error.code)
       local l = rpc("List", {}, s2)
       assert.are.same({}, l.json.processes or {})
