@@ -49,11 +49,21 @@ int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const
   (void)sb; (void)argv; (void)envs; (void)cwd; (void)pid; (void)stdin_fd; (void)stdout_fd; (void)stderr_fd;
   return -EPERM;   /* never run anything a fuzzer wrote */
 }
+int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, unsigned cols,
+                     unsigned rows, pid_t *pid, int *master_fd) {
+  (void)sb; (void)argv; (void)envs; (void)cwd; (void)cols; (void)rows; (void)pid; (void)master_fd;
+  return -EPERM;
+}
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
+  (void)sb;
+  if (len) buf[0] = 0;
+}
 int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig) { (void)sb; (void)pid; (void)sig; return -ESRCH; }
 int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) { (void)sb; (void)pid; return 0; }
 
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
-  if (port == 49983 && strcmp(req->path, "/files") == 0 && strcmp(req->method, "POST") == 0)
+  if (port == 49983 && strcmp(req->method, "POST") == 0 &&
+      (strcmp(req->path, "/files") == 0 || strncmp(req->path, "/process.Process/", 17) == 0))
     return wbd_envd_handle(req, sb);
   return wbd_reply_raw(req, 204, NULL, "", 0, NULL);
 }

@@ -19,14 +19,18 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -710,72 +714,122 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
 /* process.Process                                                     */
 /* ------------------------------------------------------------------ */
 
-/* Processes started by Process.Start, for List and SendSignal. */
+/* Processes started by Process.Start, as E2B's envd keeps them: a process
+ * outlives the stream that started it (the client may leave and come back
+ * with Connect), its output is read by a pump thread of its own and fanned
+ * out to the streams attached to it (dropped while none is), and its end is
+ * kept PROC_RETAIN_US after it exited for a late Connect. Lock order:
+ * procs_mu, then a proc's mu; in_mu alone. */
+#define PROC_QUEUE_MAX (256u << 10)    /* envelope bytes waiting per stream: then the pump (and the process) waits */
+#define PROC_TAG_MAX 4096              /* bytes of a tag (kept with an ended process) */
+#define PROC_LIVE_MAX 64               /* running processes per sandbox (WARMBOXD_PROCS_MAX) */
+#define PROC_RETAINED_MAX 64           /* ended ones kept per sandbox */
+#define PROC_RETAIN_US (30 * 1000000LL)
+#define PROC_INPUT_WAIT_MS 30000       /* a process that reads no input fails the write after this */
+
+struct sub {                           /* a stream attached to a process */
+  struct sub *next;
+  struct wbd_buf q;                    /* envelopes not yet taken by the stream, under proc.mu */
+  int efd;                             /* eventfd: q grew, or the stream must end */
+  int ended;                           /* q holds the end and the trailer: nothing follows */
+  int dropped;                         /* the sandbox went away under the process: drop the stream */
+};
+
 struct proc {
-  struct proc *next;
+  struct proc *next;                   /* procs, under procs_mu */
+  int refs;                            /* under procs_mu: the list, the pump, each stream */
   char sbid[32];
   pid_t pid;
-  json_t *config;   /* ProcessConfig as received */
+  json_t *config;                      /* ProcessConfig as received; NULL once ended */
   char *tag;
-  int stdin_fd;     /* write end of its stdin when started with "stdin": true, else -1 */
+  int is_pty;
+  int exited;                          /* under procs_mu and mu: the end is known */
+  int64_t expire_us;                   /* ended: forgotten at this time */
+  pthread_mutex_t mu;                  /* subs, end */
+  pthread_cond_t cond;                 /* a stream took from its queue or left */
+  struct sub *subs;
+  json_t *end;                         /* the EndEvent, once exited (NULL: dropped) */
+  pthread_mutex_t in_mu;               /* input, resize, CloseStdin */
+  int in_fd;                           /* stdin's write end, or -1 (a pty: the master) */
+  int pty_fd;                          /* pty master, or -1; closed when freed */
+  /* the pump's own */
+  struct wbd_sandbox *sb;              /* reference, held while the process runs */
+  int out_fd, err_fd, pid_fd;
+  int64_t deadline_us;                 /* Start's Connect-Timeout-Ms: then the process is killed */
+  char boot[48];                       /* the sandbox's boot id when it started */
 };
 static pthread_mutex_t procs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct proc *procs;
 
-static void proc_register(struct wbd_sandbox *sb, pid_t pid, json_t *config, const char *tag, int stdin_fd) {
-  struct proc *p = calloc(1, sizeof *p);
-  if (!p) {
-    if (stdin_fd >= 0) close(stdin_fd);
-    return;
-  }
-  p->stdin_fd = stdin_fd;
-  snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
-  p->pid = pid;
-  p->config = json_deep_copy(config);
-  p->tag = tag ? strdup(tag) : NULL;
-  pthread_mutex_lock(&procs_mu);
-  p->next = procs;
-  procs = p;
-  pthread_mutex_unlock(&procs_mu);
+static int64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static void proc_unregister(struct wbd_sandbox *sb, pid_t pid) {
+static void proc_free(struct proc *p) {
+  if (p->in_fd >= 0 && p->in_fd != p->pty_fd) close(p->in_fd);
+  if (p->pty_fd >= 0) close(p->pty_fd);
+  json_decref(p->config);
+  json_decref(p->end);
+  free(p->tag);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cond);
+  pthread_mutex_destroy(&p->in_mu);
+  free(p);
+}
+
+static void proc_unref(struct proc *p) {
   pthread_mutex_lock(&procs_mu);
-  for (struct proc **pp = &procs; *pp; pp = &(*pp)->next) {
+  int last = --p->refs == 0;
+  pthread_mutex_unlock(&procs_mu);
+  if (last) proc_free(p);
+}
+
+/* Under procs_mu: forgets ended processes past their retention, and the
+ * oldest ended ones of sbid beyond PROC_RETAINED_MAX (sbid may be NULL). */
+static void procs_sweep_locked(const char *sbid) {
+  int64_t now = mono_us();
+  int kept = 0;
+  for (struct proc **pp = &procs; *pp;) {
     struct proc *p = *pp;
-    if (p->pid == pid && strcmp(p->sbid, sb->id) == 0) {
+    /* newest first: the list is in order of start */
+    int mine = sbid && p->exited && strcmp(p->sbid, sbid) == 0;
+    if (mine) kept++;
+    if (p->exited && (p->expire_us <= now || (mine && kept > PROC_RETAINED_MAX))) {
       *pp = p->next;
-      if (p->stdin_fd >= 0) close(p->stdin_fd);
-      json_decref(p->config);
-      free(p->tag);
-      free(p);
-      break;
+      if (--p->refs == 0) proc_free(p);
+      continue;
     }
+    pp = &p->next;
   }
-  pthread_mutex_unlock(&procs_mu);
 }
 
-/* pid of the process a ProcessSelector names, or 0. stdin_op: 0 none,
- * 1 *stdin_dup = a dup of its stdin (-1 if none), 2 close its stdin. */
-static pid_t proc_find(struct wbd_sandbox *sb, json_t *sel, int stdin_op, int *stdin_dup) {
+/* The process a ProcessSelector names in sb, referenced, or NULL. live:
+ * only a running one (ended ones are kept for Connect). */
+static struct proc *proc_find(struct wbd_sandbox *sb, json_t *sel, int live) {
   long long want = jint(sel, "pid", 0);
   const char *tag = jstr(sel, "tag", NULL);
-  pid_t found = 0;
+  struct proc *found = NULL;
   pthread_mutex_lock(&procs_mu);
+  procs_sweep_locked(NULL);
   for (struct proc *p = procs; p; p = p->next) {
-    if (strcmp(p->sbid, sb->id) != 0) continue;
-    if ((want && p->pid == want) || (!want && tag && p->tag && strcmp(tag, p->tag) == 0)) {
-      found = p->pid;
-      if (stdin_op == 1) *stdin_dup = p->stdin_fd >= 0 ? fcntl(p->stdin_fd, F_DUPFD_CLOEXEC, 0) : -1;
-      if (stdin_op == 2 && p->stdin_fd >= 0) {
-        close(p->stdin_fd);
-        p->stdin_fd = -1;
-      }
-      break;
+    /* an ended process whose sandbox went away under it is gone (a fresh boot) */
+    if (strcmp(p->sbid, sb->id) != 0 || (p->exited && (live || !p->end))) continue;
+    if ((want > 0 && p->pid == want) || (want <= 0 && tag && p->tag && strcmp(tag, p->tag) == 0)) {
+      /* a running process with the same pid or tag wins over an ended one */
+      if (!found || (found->exited && !p->exited)) found = p;
     }
   }
+  if (found) found->refs++;
   pthread_mutex_unlock(&procs_mu);
   return found;
+}
+
+static enum MHD_Result proc_not_found(struct wbd_req *req, json_t *sel) {
+  const char *tag = jstr(sel, "tag", NULL);
+  if (jint(sel, "pid", 0) <= 0 && tag) return rpc_error(req, "not_found", "process with tag %s not found", tag);
+  return rpc_error(req, "not_found", "process with pid %lld not found", jint(sel, "pid", 0));
 }
 
 static void envelope_add(struct wbd_buf *b, unsigned char flag, json_t *msg /* stolen */) {
@@ -807,26 +861,73 @@ static enum MHD_Result stream_fail(struct wbd_req *req, json_t *trailer) {
   return r;
 }
 
-enum { PS_START, PS_RUNNING, PS_DONE, PS_ABORT };
+static void sub_wake(struct sub *s) {
+  uint64_t one = 1;
+  if (write(s->efd, &one, sizeof one) < 0) {}   /* EAGAIN: already signalled */
+}
 
-struct pstream {
-  struct wbd_sandbox *sb;     /* our own reference */
-  struct MHD_Connection *conn;
-  pid_t pid;
-  int out_fd, err_fd;
-  int pid_fd;                 /* pidfd: readable once the process exited; -1 if unsupported */
-  int reaped;
-  int phase;
-  int64_t deadline_us;        /* 0: none */
-  int64_t keepalive_us;       /* 0: none */
-  int64_t last_sent_us;
-  struct wbd_buf buf;
-};
+/* A new stream attached to p, its start event queued; with the end too when
+ * p already ended. NULL when out of memory. */
+static struct sub *proc_subscribe(struct proc *p) {
+  struct sub *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->efd < 0) {
+    free(s);
+    return NULL;
+  }
+  envelope_add(&s->q, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
+  pthread_mutex_lock(&p->mu);
+  if (p->exited) {
+    if (p->end) {
+      envelope_add(&s->q, 0, json_pack("{s:{s:O}}", "event", "end", p->end));
+      envelope_add(&s->q, 0x02, json_object());
+      s->ended = 1;
+    } else {
+      s->dropped = 1;
+    }
+  } else {
+    s->next = p->subs;
+    p->subs = s;
+  }
+  pthread_mutex_unlock(&p->mu);
+  sub_wake(s);
+  return s;
+}
 
-static int64_t mono_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+static void proc_unsubscribe(struct proc *p, struct sub *s) {
+  pthread_mutex_lock(&p->mu);
+  for (struct sub **pp = &p->subs; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->mu);
+  close(s->efd);
+  wbd_buf_free(&s->q);
+  free(s);
+}
+
+/* The pump: one message to every attached stream, waiting while one of them
+ * is PROC_QUEUE_MAX behind (its client reads slowly: the process waits, as
+ * envd's unbuffered channels make it); dropped when no stream is attached. */
+static void proc_publish(struct proc *p, json_t *msg /* stolen */) {
+  struct wbd_buf env = { 0 };
+  envelope_add(&env, 0, msg);
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    int full = 0;
+    for (struct sub *s = p->subs; s; s = s->next) full |= s->q.len - s->q.off > PROC_QUEUE_MAX;
+    if (!full) break;
+    pthread_cond_wait(&p->cond, &p->mu);
+  }
+  for (struct sub *s = p->subs; s; s = s->next) {
+    wbd_buf_add(&s->q, env.data, env.len);
+    sub_wake(s);
+  }
+  pthread_mutex_unlock(&p->mu);
+  wbd_buf_free(&env);
 }
 
 /* Go's ProcessState.String() for a signal. */
@@ -844,24 +945,7 @@ static const char *go_signal_name(int sig) {
   }
 }
 
-static void ps_reap(struct pstream *ps, int *status) {
-  *status = wbd_rt_wait(ps->sb, ps->pid);
-  ps->reaped = 1;
-}
-
-static void ps_end(struct pstream *ps) {
-  int st;
-  ps_reap(ps, &st);
-  /* The sandbox was killed (or paused) under the process: as E2B's VM going
-   * away, the stream is dropped, not ended, so that the SDK finds the sandbox
-   * gone ("The sandbox was killed ...") instead of a "signal: killed" end. */
-  wbd_store_lock();
-  int gone = ps->sb->state != WBD_RUNNING;
-  wbd_store_unlock();
-  if (gone) {
-    ps->phase = PS_ABORT;
-    return;
-  }
+static json_t *end_event(int st) {
   json_t *end = json_object();
   char status[96];
   int code;
@@ -879,87 +963,179 @@ static void ps_end(struct pstream *ps) {
   if (code != 0) json_object_set_new(end, "exitCode", json_integer(code));
   json_object_set_new(end, "status", json_string(status));
   if (code != 0) json_object_set_new(end, "error", json_string(status));
-  envelope_add(&ps->buf, 0, json_pack("{s:{s:o}}", "event", "end", end));
-  envelope_add(&ps->buf, 0x02, json_object());
-  ps->phase = PS_DONE;
+  return end;
 }
 
-/* Produce the next envelope(s) into ps->buf; may block. */
-static void ps_step(struct pstream *ps) {
-  if (ps->phase == PS_START) {
-    envelope_add(&ps->buf, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)ps->pid));
-    ps->phase = PS_RUNNING;
-    ps->last_sent_us = mono_us();
-    return;
+/* The process ended (status st): every attached stream gets the end and the
+ * trailer, or, when the sandbox was killed or paused under the process, is
+ * dropped (as E2B's VM going away: the SDK then finds the sandbox gone and
+ * says "The sandbox was killed" rather than "signal: killed"). */
+static void proc_ended(struct proc *p, int st) {
+  /* A pause or kill in flight ends what it does first; then the sandbox is
+   * not running, or (a pause without memory and a resume since) it is
+   * running a new boot. */
+  wbd_store_lock();
+  wbd_store_wait_idle_locked(p->sb);
+  int gone = p->sb->state != WBD_RUNNING;
+  wbd_store_unlock();
+  char boot[sizeof p->boot];
+  wbd_rt_boot_id(p->sb, boot, sizeof boot);
+  gone |= strcmp(boot, p->boot) != 0;
+  json_t *end = gone ? NULL : end_event(st);
+  pthread_mutex_lock(&procs_mu);
+  pthread_mutex_lock(&p->mu);
+  p->exited = 1;
+  p->expire_us = mono_us() + PROC_RETAIN_US;
+  p->end = end;
+  json_decref(p->config);
+  p->config = NULL;
+  for (struct sub *s = p->subs; s; s = s->next) {
+    if (end) {
+      envelope_add(&s->q, 0, json_pack("{s:{s:O}}", "event", "end", end));
+      envelope_add(&s->q, 0x02, json_object());
+      s->ended = 1;
+    } else {
+      s->dropped = 1;
+    }
+    sub_wake(s);
   }
-  /* Like Go's exec.Cmd, the end comes when both pipes are at EOF and the
-   * process has exited; waiting for the exit still honours the deadline and
-   * a client that goes away. */
-  int pipes_open = ps->out_fd >= 0 || ps->err_fd >= 0;
-  if (!pipes_open && ps->pid_fd < 0) {
-    ps_end(ps);
-    return;
-  }
-  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ps->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  struct pollfd fds[4] = {
-    { .fd = ps->out_fd, .events = POLLIN }, { .fd = ps->err_fd, .events = POLLIN },
-    { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP },
-    { .fd = pipes_open ? -1 : ps->pid_fd, .events = POLLIN },
-  };
+  p->subs = NULL;   /* the streams unsubscribe from an empty list */
+  pthread_mutex_unlock(&p->mu);
+  procs_sweep_locked(p->sbid);
+  pthread_mutex_unlock(&procs_mu);
+}
+
+static void *proc_pump(void *arg) {
+  struct proc *p = arg;
+  int fds_open = (p->out_fd >= 0) + (p->err_fd >= 0);
   for (;;) {
-    int64_t now = mono_us(), wait_us = 1000000;
-    if (ps->deadline_us) {
-      if (now >= ps->deadline_us) {
-        /* Connect-Timeout-Ms ran out: envd kills the process; the stream fails. */
-        wbd_rt_signal(ps->sb, ps->pid, SIGKILL);
-        int st;
-        ps_reap(ps, &st);
-        envelope_add(&ps->buf, 0x02, trailer_error("deadline_exceeded", "the operation timed out"));
-        ps->phase = PS_DONE;
-        return;
+    /* Like Go's exec.Cmd, the end comes when the output is at EOF and the
+     * process has exited. */
+    struct pollfd fds[3] = {
+      { .fd = p->out_fd, .events = POLLIN },
+      { .fd = p->err_fd, .events = POLLIN },
+      { .fd = fds_open ? -1 : p->pid_fd, .events = POLLIN },
+    };
+    if (!fds_open && p->pid_fd < 0) break;   /* no pidfd: a blocking wait */
+    int timeout = -1;
+    if (p->deadline_us) {
+      int64_t now = mono_us();
+      if (now >= p->deadline_us) {
+        /* Start's Connect-Timeout-Ms ran out: envd kills the process. */
+        wbd_rt_signal(p->sb, p->pid, SIGKILL);
+        p->deadline_us = 0;
+        continue;
       }
-      if (ps->deadline_us - now < wait_us) wait_us = ps->deadline_us - now;
+      int64_t ms = (p->deadline_us - now + 999) / 1000;
+      timeout = ms > 60000 ? 60000 : (int)ms;
     }
-    if (ps->keepalive_us) {
-      int64_t due = ps->last_sent_us + ps->keepalive_us;
-      if (now >= due) {
-        envelope_add(&ps->buf, 0, json_pack("{s:{s:{}}}", "event", "keepalive"));
-        ps->last_sent_us = now;
-        return;
-      }
-      if (due - now < wait_us) wait_us = due - now;
-    }
-    int n = poll(fds, 4, (int)((wait_us + 999) / 1000));
-    if (n < 0 && errno != EINTR) {
-      ps->phase = PS_ABORT;
-      return;
-    }
+    int n = poll(fds, 3, timeout);
+    if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;
-    if (fds[2].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-      ps->phase = PS_ABORT;   /* the client went away: `done` kills the process */
-      return;
-    }
-    if (fds[3].revents) {
-      ps_end(ps);
-      return;
-    }
+    if (fds[2].revents) break;
     for (int i = 0; i < 2; i++) {
       if (!fds[i].revents) continue;
       char chunk[32768];
-      ssize_t r = read(fds[i].fd, chunk, sizeof chunk);
+      /* 16 KiB from a pty, 32 KiB from a pipe, as envd reads them */
+      ssize_t r = read(fds[i].fd, chunk, p->is_pty ? 16384 : sizeof chunk);
       if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (r <= 0) {
-        close(fds[i].fd);
-        if (i == 0) ps->out_fd = -1; else ps->err_fd = -1;
-        return;
+      if (r <= 0) {   /* EOF, or EIO: a pty's last slave end closed */
+        if (fds[i].fd != p->pty_fd) close(fds[i].fd);
+        if (i == 0) p->out_fd = -1; else p->err_fd = -1;
+        fds_open--;
+        continue;
       }
+      pthread_mutex_lock(&p->mu);
+      int attached = p->subs != NULL;
+      pthread_mutex_unlock(&p->mu);
+      if (!attached) continue;   /* nobody to send it to: not even encoded */
       char *b64 = wbd_b64_encode(chunk, (size_t)r);
-      envelope_add(&ps->buf, 0, json_pack("{s:{s:{s:s}}}", "event", "data", i == 0 ? "stdout" : "stderr",
-                                          b64 ? b64 : ""));
+      proc_publish(p, json_pack("{s:{s:{s:s}}}", "event", "data",
+                                p->is_pty ? "pty" : i == 0 ? "stdout" : "stderr", b64 ? b64 : ""));
       free(b64);
-      ps->last_sent_us = mono_us();
+    }
+  }
+  proc_ended(p, wbd_rt_wait(p->sb, p->pid));
+  if (p->out_fd >= 0 && p->out_fd != p->pty_fd) close(p->out_fd);
+  if (p->err_fd >= 0) close(p->err_fd);
+  if (p->pid_fd >= 0) close(p->pid_fd);
+  wbd_sandbox_unref(p->sb);
+  p->sb = NULL;
+  proc_unref(p);
+  return NULL;
+}
+
+/* ---- the streams (Start, Connect): one per attached client ---- */
+
+enum { PS_RUNNING, PS_DONE, PS_ABORT };
+
+struct pstream {
+  struct wbd_sandbox *sb;     /* our own reference */
+  struct proc *p;             /* referenced */
+  struct sub *s;
+  struct MHD_Connection *conn;
+  int phase;
+  int64_t deadline_us;        /* this stream's Connect-Timeout-Ms; 0: none */
+  int64_t keepalive_us;
+  int64_t last_sent_us;
+  struct wbd_buf buf;
+};
+
+/* Produce the next envelope(s) into ps->buf; may block. */
+static void ps_step(struct pstream *ps) {
+  struct proc *p = ps->p;
+  struct sub *s = ps->s;
+  int64_t now = mono_us();
+  if (ps->deadline_us && now >= ps->deadline_us) {
+    envelope_add(&ps->buf, 0x02, trailer_error("deadline_exceeded", "the operation timed out"));
+    ps->phase = PS_DONE;
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  if (s->dropped) {
+    pthread_mutex_unlock(&p->mu);
+    ps->phase = PS_ABORT;
+    return;
+  }
+  if (s->q.len > s->q.off) {
+    /* take the whole queue */
+    struct wbd_buf t = ps->buf;
+    ps->buf = s->q;
+    s->q = t;
+    s->q.len = s->q.off = 0;
+    if (s->ended) ps->phase = PS_DONE;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->mu);
+    ps->last_sent_us = now;
+    return;
+  }
+  pthread_mutex_unlock(&p->mu);
+  int64_t wait_us = 1000000;
+  if (ps->deadline_us && ps->deadline_us - now < wait_us) wait_us = ps->deadline_us - now;
+  if (ps->keepalive_us) {
+    int64_t due = ps->last_sent_us + ps->keepalive_us;
+    if (now >= due) {
+      envelope_add(&ps->buf, 0, json_pack("{s:{s:{}}}", "event", "keepalive"));
+      ps->last_sent_us = now;
       return;
     }
+    if (due - now < wait_us) wait_us = due - now;
+  }
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ps->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  struct pollfd fds[2] = { { .fd = s->efd, .events = POLLIN },
+                           { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP } };
+  int n = poll(fds, 2, (int)((wait_us + 999) / 1000));
+  if (n < 0 && errno != EINTR) {
+    ps->phase = PS_ABORT;
+    return;
+  }
+  if (n > 0 && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+    ps->phase = PS_ABORT;   /* the client went away; the process goes on */
+    return;
+  }
+  if (n > 0 && fds[0].revents) {
+    uint64_t v;
+    if (read(s->efd, &v, sizeof v) < 0) {}
   }
 }
 
@@ -983,15 +1159,8 @@ static ssize_t ps_read(void *cls, uint64_t pos, char *out, size_t max) {
 
 static void ps_done(void *cls) {
   struct pstream *ps = cls;
-  if (!ps->reaped) {
-    wbd_rt_signal(ps->sb, ps->pid, SIGKILL);
-    int st;
-    ps_reap(ps, &st);
-  }
-  if (ps->out_fd >= 0) close(ps->out_fd);
-  if (ps->err_fd >= 0) close(ps->err_fd);
-  if (ps->pid_fd >= 0) close(ps->pid_fd);
-  proc_unregister(ps->sb, ps->pid);
+  proc_unsubscribe(ps->p, ps->s);
+  proc_unref(ps->p);
   wbd_store_lock();
   ps->sb->runs_in_flight--;
   wbd_store_unlock();
@@ -1009,31 +1178,95 @@ static int64_t header_num(struct wbd_req *req, const char *name, int64_t hi) {
   return n;
 }
 
-static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
-  if (!content_type_is(req, "application/connect+json"))
-    return wbd_reply_error(req, 415, "process.Process/Start is a streaming RPC: use application/connect+json");
+/* Saturated: ~34 years of milliseconds. */
+#define TIMEOUT_MS_MAX ((int64_t)1 << 40)
+
+/* Streams p to the client from s on (the reference to p is the stream's). */
+static enum MHD_Result proc_stream(struct wbd_req *req, struct wbd_sandbox *sb, struct proc *p, struct sub *s) {
+  struct pstream *ps = calloc(1, sizeof *ps);
+  if (!ps) {
+    proc_unsubscribe(p, s);
+    proc_unref(p);
+    return stream_fail(req, trailer_error("internal", "out of memory"));
+  }
+  wbd_store_lock();
+  sb->refcount++;            /* the stream outlives this handler */
+  sb->runs_in_flight++;
+  wbd_store_unlock();
+  ps->sb = sb;
+  ps->p = p;
+  ps->s = s;
+  ps->conn = req->conn;
+  ps->phase = PS_RUNNING;
+  ps->last_sent_us = mono_us();
+  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
+  if (timeout_ms > 0) ps->deadline_us = mono_us() + timeout_ms * 1000;
+  /* a day of seconds between pings at most */
+  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
+  ps->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
+  return wbd_reply_stream(req, 200, "application/connect+json", ps_read, ps, ps_done, NULL);
+}
+
+/* The one request envelope of a server-streaming RPC, parsed; NULL after
+ * replying (*r). */
+static json_t *stream_request(struct wbd_req *req, const char *what, enum MHD_Result *r) {
+  if (!content_type_is(req, "application/connect+json")) {
+    *r = wbd_reply_error(req, 415, "process.Process/%s is a streaming RPC: use application/connect+json", what);
+    return NULL;
+  }
   char bad[128];
-  if (rpc_user(req, bad, sizeof bad) != 0)
-    return stream_fail(req, trailer_error("unauthenticated", "invalid username: '%s'", bad));
+  if (rpc_user(req, bad, sizeof bad) != 0) {
+    *r = stream_fail(req, trailer_error("unauthenticated", "invalid username: '%s'", bad));
+    return NULL;
+  }
   size_t len = 0;
   switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
     case WBD_ENV_OK: break;
-    case WBD_ENV_SHORT: return stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
+    case WBD_ENV_SHORT:
+      *r = stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
+      return NULL;
     case WBD_ENV_COMPRESSED:
-      return stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
+      *r = stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
+      return NULL;
     default:
-      return stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
-                                            len));
+      *r = stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
+                                          len));
+      return NULL;
   }
   json_error_t jerr;
   json_t *in = json_loadb(req->body + 5, len, 0, &jerr);
+  if (!json_is_object(in)) {
+    json_decref(in);
+    *r = stream_fail(req, trailer_error("invalid_argument", "the request is not a JSON object"));
+    return NULL;
+  }
+  return in;
+}
+
+/* A pty size field (uint32 in the proto; a terminal holds 16 bits). */
+static unsigned pty_dim(json_t *size, const char *name) {
+  long long v = jint(size, name, 0);
+  return v < 0 ? 0 : v > 65535 ? 65535 : (unsigned)v;
+}
+
+static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
+  enum MHD_Result r;
+  json_t *in = stream_request(req, "Start", &r);
+  if (!in) return r;
   json_t *proc = json_object_get(in, "process");
   const char *cmd = jstr(proc, "cmd", NULL);
-  if (!json_is_object(in) || !cmd || !*cmd) {
+  if (!cmd || !*cmd) {
     json_decref(in);
     return stream_fail(req, trailer_error("invalid_argument", "process.cmd is required"));
   }
+  const char *tag = jstr(in, "tag", NULL);   /* in `in`: freed below */
+  if (tag && strlen(tag) > PROC_TAG_MAX) {
+    json_decref(in);
+    return stream_fail(req, trailer_error("invalid_argument", "tag is longer than %d bytes", PROC_TAG_MAX));
+  }
   json_t *args = json_object_get(proc, "args"), *envs = json_object_get(proc, "envs");
+  json_t *pty = json_object_get(in, "pty");
+  if (pty && !json_is_object(pty)) pty = NULL;
   const char *cwd_in = jstr(proc, "cwd", NULL);
   char cwd[PATH_MAX + 16];
   if (!cwd_in || !*cwd_in)
@@ -1045,9 +1278,31 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   else
     snprintf(cwd, sizeof cwd, "%s", cwd_in);
 
+  /* Bounded per sandbox: each is a jail and a pump thread. */
+  static long live_max;
+  if (!__atomic_load_n(&live_max, __ATOMIC_RELAXED)) {
+    const char *e = getenv("WARMBOXD_PROCS_MAX");
+    long long v;
+    long m = e && wbd_parse_ll(e, 1, 4096, PROC_LIVE_MAX, &v) == 0 ? (long)v : PROC_LIVE_MAX;
+    __atomic_store_n(&live_max, m, __ATOMIC_RELAXED);
+  }
+  long max = __atomic_load_n(&live_max, __ATOMIC_RELAXED);
+  int live = 0;
+  pthread_mutex_lock(&procs_mu);
+  for (struct proc *q = procs; q; q = q->next) live += !q->exited && strcmp(q->sbid, sb->id) == 0;
+  pthread_mutex_unlock(&procs_mu);
+  if (live >= max) {
+    json_decref(in);
+    return stream_fail(req, trailer_error("resource_exhausted", "too many running processes in this sandbox (%ld)",
+                                          max));
+  }
+
+  struct proc *p = calloc(1, sizeof *p);
   size_t nargs = json_is_array(args) ? json_array_size(args) : 0;
   char **argv = calloc(nargs + 2, sizeof *argv);
-  if (!argv) {
+  if (!p || !argv) {
+    free(p);
+    free(argv);
     json_decref(in);
     return stream_fail(req, trailer_error("internal", "out of memory"));
   }
@@ -1057,47 +1312,244 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
     argv[i + 1] = strdup(a ? a : "");
   }
   pid_t pid = 0;
-  int out_fd = -1, err_fd = -1, in_fd = -1;
-  int want_stdin = json_is_true(json_object_get(in, "stdin"));
-  int rc = wbd_rt_spawn(sb, argv, json_is_object(envs) ? envs : NULL, cwd, &pid, want_stdin ? &in_fd : NULL,
-                        &out_fd, &err_fd);
+  int out_fd = -1, err_fd = -1, in_fd = -1, pty_fd = -1;
+  int rc;
+  if (pty) {
+    json_t *size = json_object_get(pty, "size");
+    rc = wbd_rt_spawn_pty(sb, argv, json_is_object(envs) ? envs : NULL, cwd, pty_dim(size, "cols"),
+                          pty_dim(size, "rows"), &pid, &pty_fd);
+    if (rc == 0) {
+      fcntl(pty_fd, F_SETFL, fcntl(pty_fd, F_GETFL) | O_NONBLOCK);
+      out_fd = in_fd = pty_fd;
+    }
+  } else {
+    int want_stdin = json_is_true(json_object_get(in, "stdin"));
+    rc = wbd_rt_spawn(sb, argv, json_is_object(envs) ? envs : NULL, cwd, &pid, want_stdin ? &in_fd : NULL, &out_fd,
+                      &err_fd);
+    if (rc == 0 && in_fd >= 0) fcntl(in_fd, F_SETFL, fcntl(in_fd, F_GETFL) | O_NONBLOCK);
+  }
   for (size_t i = 0; i < nargs + 1; i++) free(argv[i]);
   free(argv);
   if (rc != 0) {
-    json_decref(in);
-    return stream_fail(req, trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
-                                          "failed to start process '%s': %s", cmd, strerror(-rc)));
+    free(p);
+    json_t *t = trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
+                              "failed to start process '%s': %s", cmd, strerror(-rc));
+    json_decref(in);   /* cmd is in it */
+    return stream_fail(req, t);
   }
-
-  struct pstream *ps = calloc(1, sizeof *ps);
-  if (!ps) {
-    wbd_rt_signal(sb, pid, SIGKILL);
-    wbd_rt_wait(sb, pid);
-    if (out_fd >= 0) close(out_fd);
-    if (err_fd >= 0) close(err_fd);
-    if (in_fd >= 0) close(in_fd);
-    json_decref(in);
-    return stream_fail(req, trailer_error("internal", "out of memory"));
+  snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
+  p->pid = pid;
+  /* ProcessConfig's fields only (execve bounds their size; nothing else is kept) */
+  p->config = json_object();
+  static const char *const fields[] = { "cmd", "args", "envs", "cwd" };
+  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+    json_t *v = json_object_get(proc, fields[i]);
+    if (v) json_object_set_new(p->config, fields[i], json_deep_copy(v));
   }
-  proc_register(sb, pid, proc, jstr(in, "tag", NULL), in_fd);
+  p->tag = tag ? strdup(tag) : NULL;
+  p->is_pty = pty != NULL;
+  p->in_fd = in_fd;
+  p->pty_fd = pty_fd;
+  p->out_fd = out_fd;
+  p->err_fd = err_fd;
+  p->pid_fd = (int)syscall(SYS_pidfd_open, pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
+  wbd_rt_boot_id(sb, p->boot, sizeof p->boot);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cond, NULL);
+  pthread_mutex_init(&p->in_mu, NULL);
+  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
+  if (timeout_ms > 0) p->deadline_us = mono_us() + timeout_ms * 1000;
   json_decref(in);
   wbd_store_lock();
-  sb->refcount++;            /* the stream outlives this handler */
-  sb->runs_in_flight++;
+  sb->refcount++;   /* the pump's */
   wbd_store_unlock();
-  ps->sb = sb;
-  ps->conn = req->conn;
-  ps->pid = pid;
-  ps->out_fd = out_fd;
-  ps->err_fd = err_fd;
-  ps->pid_fd = (int)syscall(SYS_pidfd_open, pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
-  ps->phase = PS_START;
-  /* Saturated: ~31 years of milliseconds, a day of seconds between pings. */
-  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", (int64_t)1 << 40);
-  if (timeout_ms > 0) ps->deadline_us = mono_us() + timeout_ms * 1000;
-  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
-  ps->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
-  return wbd_reply_stream(req, 200, "application/connect+json", ps_read, ps, ps_done, NULL);
+  p->sb = sb;
+  p->refs = 3;      /* the list, the pump, this stream */
+  struct sub *s = proc_subscribe(p);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 512 * 1024);
+  pthread_t th;
+  pthread_mutex_lock(&procs_mu);
+  /* A new process with the pid or tag of an ended one replaces it for Connect. */
+  for (struct proc **pp = &procs; *pp;) {
+    struct proc *q = *pp;
+    if (q->exited && strcmp(q->sbid, sb->id) == 0 &&
+        (q->pid == pid || (p->tag && q->tag && strcmp(q->tag, p->tag) == 0))) {
+      *pp = q->next;
+      if (--q->refs == 0) proc_free(q);
+      continue;
+    }
+    pp = &q->next;
+  }
+  p->next = procs;
+  procs = p;
+  int started = s && pthread_create(&th, &attr, proc_pump, p) == 0;
+  if (!started) p->refs--;   /* no pump */
+  pthread_mutex_unlock(&procs_mu);
+  pthread_attr_destroy(&attr);
+  if (!started) {
+    wbd_rt_signal(sb, pid, SIGKILL);
+    proc_ended(p, wbd_rt_wait(sb, pid));
+    if (p->out_fd >= 0 && p->out_fd != p->pty_fd) close(p->out_fd);
+    if (p->err_fd >= 0) close(p->err_fd);
+    if (p->pid_fd >= 0) close(p->pid_fd);
+    wbd_sandbox_unref(sb);
+    if (s) proc_unsubscribe(p, s);
+    proc_unref(p);
+    return stream_fail(req, trailer_error("internal", "out of memory"));
+  }
+  return proc_stream(req, sb, p, s);
+}
+
+/* process.Process/Connect: attach to a running process (by pid or tag): its
+ * start event, then its further output and end. A process that ended less
+ * than PROC_RETAIN_US ago answers its start and end. */
+static enum MHD_Result process_connect(struct wbd_req *req, struct wbd_sandbox *sb) {
+  enum MHD_Result r;
+  json_t *in = stream_request(req, "Connect", &r);
+  if (!in) return r;
+  json_t *sel = json_object_get(in, "process");
+  struct proc *p = proc_find(sb, sel, 0);
+  if (!p) {
+    const char *tag = jstr(sel, "tag", NULL);
+    json_t *t = jint(sel, "pid", 0) <= 0 && tag
+                    ? trailer_error("not_found", "process with tag %s not found", tag)
+                    : trailer_error("not_found", "process with pid %lld not found", jint(sel, "pid", 0));
+    json_decref(in);
+    return stream_fail(req, t);
+  }
+  json_decref(in);
+  struct sub *s = proc_subscribe(p);
+  if (!s) {
+    proc_unref(p);
+    return stream_fail(req, trailer_error("internal", "out of memory"));
+  }
+  return proc_stream(req, sb, p, s);
+}
+
+/* Writes input to p's stdin or pty (as the input's oneof says); NULL, or the
+ * Connect error (code, message) in err. */
+static int proc_input(struct proc *p, json_t *input, const char **code, char *msg, size_t msglen) {
+  const char *b64 = jstr(input, "stdin", NULL);
+  int to_pty = 0;
+  if (!b64 && (b64 = jstr(input, "pty", NULL))) to_pty = 1;
+  *code = "internal";
+  if (!b64) {
+    *code = "unimplemented";
+    snprintf(msg, msglen, "invalid input type: give input.stdin or input.pty");
+    return -1;
+  }
+  if (to_pty != p->is_pty) {
+    snprintf(msg, msglen, "%s", to_pty ? "tty not assigned to process — input should be written to the stdin, not the tty"
+                                       : "tty assigned to process — input should be written to the pty, not the stdin");
+    return -1;
+  }
+  size_t n = 0;
+  unsigned char *data = wbd_b64_decode(b64, &n);
+  if (!data) {
+    *code = "invalid_argument";
+    snprintf(msg, msglen, "the input is not base64");
+    return -1;
+  }
+  int rc = 0;
+  pthread_mutex_lock(&p->in_mu);
+  if (p->in_fd < 0) {
+    snprintf(msg, msglen, "stdin not enabled or closed");
+    rc = -1;
+  }
+  int64_t until = mono_us() + (int64_t)PROC_INPUT_WAIT_MS * 1000;
+  size_t off = 0;
+  while (!rc && off < n) {
+    ssize_t w = write(p->in_fd, data + off, n - off);
+    if (w > 0) {
+      off += (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) {
+      int64_t left = until - mono_us();
+      struct pollfd pf = { .fd = p->in_fd, .events = POLLOUT };
+      if (left > 0 && poll(&pf, 1, (int)((left + 999) / 1000)) >= 0) continue;
+      *code = "deadline_exceeded";
+      snprintf(msg, msglen, "process %d did not read its input within %d s", (int)p->pid, PROC_INPUT_WAIT_MS / 1000);
+    } else {
+      snprintf(msg, msglen, "error writing to %s of process '%d': %s", p->is_pty ? "tty" : "stdin", (int)p->pid,
+               strerror(w < 0 ? errno : EIO));
+    }
+    rc = -1;
+  }
+  pthread_mutex_unlock(&p->in_mu);
+  free(data);
+  return rc;
+}
+
+/* process.Process/StreamInput: a client stream of StreamInputRequest
+ * envelopes (start selects the process, data is its input, keepalive
+ * nothing), applied in order. warmboxd holds request bodies whole, so the
+ * input reaches the process when the client ends its stream. */
+static enum MHD_Result process_stream_input(struct wbd_req *req, struct wbd_sandbox *sb) {
+  if (!content_type_is(req, "application/connect+json"))
+    return wbd_reply_error(req, 415, "process.Process/StreamInput is a streaming RPC: use application/connect+json");
+  char bad[128];
+  if (rpc_user(req, bad, sizeof bad) != 0)
+    return stream_fail(req, trailer_error("unauthenticated", "invalid username: '%s'", bad));
+  struct proc *p = NULL;
+  json_t *fail = NULL;
+  const unsigned char *b = (const unsigned char *)(req->body ? req->body : "");
+  size_t left = req->body_len;
+  while (left && !fail) {
+    if (left < 5) {
+      fail = trailer_error("invalid_argument", "a truncated envelope");
+      break;
+    }
+    size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 | (size_t)b[3] << 8 | b[4];
+    if (b[0] & 0x01) {
+      fail = trailer_error("internal", "compressed envelopes are not supported");
+      break;
+    }
+    if (len > left - 5) {
+      fail = trailer_error("invalid_argument", "envelope length %zu runs past the body", len);
+      break;
+    }
+    json_error_t jerr;
+    json_t *m = json_loadb((const char *)b + 5, len, 0, &jerr);
+    b += 5 + len;
+    left -= 5 + len;
+    json_t *start = json_object_get(m, "start"), *data = json_object_get(m, "data");
+    if (!json_is_object(m)) {
+      fail = trailer_error("invalid_argument", "an envelope is not a JSON object");
+    } else if (json_is_object(start)) {
+      json_t *sel = json_object_get(start, "process");
+      if (p) proc_unref(p);
+      p = proc_find(sb, sel, 1);
+      if (!p) {
+        const char *tag = jstr(sel, "tag", NULL);
+        fail = jint(sel, "pid", 0) <= 0 && tag ? trailer_error("not_found", "process with tag %s not found", tag)
+                                               : trailer_error("not_found", "process with pid %lld not found",
+                                                               jint(sel, "pid", 0));
+      }
+    } else if (json_is_object(data)) {
+      const char *code;
+      char msg[256];
+      if (!p)
+        fail = trailer_error("failed_precondition", "a start event must come before data");
+      else if (proc_input(p, json_object_get(data, "input"), &code, msg, sizeof msg) != 0)
+        fail = trailer_error(code, "%s", msg);
+    } else if (!json_object_get(m, "keepalive")) {
+      fail = trailer_error("unimplemented", "invalid event type");
+    }
+    json_decref(m);
+  }
+  if (p) proc_unref(p);
+  if (fail) return stream_fail(req, fail);
+  struct wbd_buf out = { 0 };
+  envelope_add(&out, 0, json_object());
+  envelope_add(&out, 0x02, json_object());
+  enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", out.data, out.len, NULL);
+  wbd_buf_free(&out);
+  return r;
 }
 
 static enum MHD_Result process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in) {
@@ -1105,8 +1557,8 @@ static enum MHD_Result process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, 
     json_t *arr = json_array();
     pthread_mutex_lock(&procs_mu);
     for (struct proc *p = procs; p; p = p->next) {
-      if (strcmp(p->sbid, sb->id) != 0) continue;
-      json_t *o = json_pack("{s:O,s:I}", "config", p->config ? p->config : json_object(), "pid",
+      if (p->exited || strcmp(p->sbid, sb->id) != 0) continue;
+      json_t *o = json_pack("{s:o,s:I}", "config", p->config ? json_incref(p->config) : json_object(), "pid",
                             (json_int_t)p->pid);
       if (p->tag) json_object_set_new(o, "tag", json_string(p->tag));
       json_array_append_new(arr, o);
@@ -1117,58 +1569,63 @@ static enum MHD_Result process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, 
     return rpc_ok(req, res);
   }
   int is_signal = strcmp(method, "SendSignal") == 0, is_close = strcmp(method, "CloseStdin") == 0,
-      is_input = strcmp(method, "SendInput") == 0;
-  if (!is_signal && !is_close && !is_input)
+      is_input = strcmp(method, "SendInput") == 0, is_update = strcmp(method, "Update") == 0;
+  if (!is_signal && !is_close && !is_input && !is_update)
     return rpc_error(req, "unimplemented", "process.Process/%s is not implemented", method);
   json_t *sel = json_object_get(in, "process");
-  int in_fd = -1;
-  pid_t pid = proc_find(sb, sel, is_input ? 1 : is_close ? 2 : 0, &in_fd);
-  if (!pid) {
-    const char *tag = jstr(sel, "tag", NULL);
-    if (tag) return rpc_error(req, "not_found", "process with tag '%s' not found", tag);
-    return rpc_error(req, "not_found", "process with pid %lld not found", jint(sel, "pid", 0));
-  }
-  if (is_close) return rpc_ok(req, NULL);
-  if (is_input) {
-    const char *b64 = jstr(json_object_get(in, "input"), "stdin", NULL);
-    if (!b64) b64 = jstr(json_object_get(in, "input"), "pty", NULL);
-    size_t n = 0;
-    unsigned char *data = b64 ? wbd_b64_decode(b64, &n) : NULL;
-    enum MHD_Result r;
-    if (in_fd < 0)
-      r = rpc_error(req, "failed_precondition", "process %d was not started with stdin", (int)pid);
-    else if (!data)
-      r = rpc_error(req, "invalid_argument", "input.stdin must be base64");
-    else {
-      size_t off = 0;
-      while (off < n) {
-        ssize_t w = write(in_fd, data + off, n - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) break;
-        off += (size_t)w;
-      }
-      r = off == n ? rpc_ok(req, NULL) : rpc_error(req, "failed_precondition", "stdin of process %d is closed",
-                                                    (int)pid);
+  struct proc *p = proc_find(sb, sel, 1);
+  if (!p) return proc_not_found(req, sel);
+  enum MHD_Result r;
+  if (is_close) {
+    pthread_mutex_lock(&p->in_mu);
+    if (p->is_pty) {
+      pthread_mutex_unlock(&p->in_mu);
+      r = rpc_error(req, "unknown", "cannot close stdin for PTY process — send Ctrl+D (0x04) instead");
+    } else {
+      if (p->in_fd >= 0) close(p->in_fd);
+      p->in_fd = -1;
+      pthread_mutex_unlock(&p->in_mu);
+      r = rpc_ok(req, NULL);
     }
-    free(data);
-    if (in_fd >= 0) close(in_fd);
-    return r;
+  } else if (is_input) {
+    const char *code;
+    char msg[256];
+    r = proc_input(p, json_object_get(in, "input"), &code, msg, sizeof msg) == 0 ? rpc_ok(req, NULL)
+                                                                                  : rpc_error(req, code, "%s", msg);
+  } else if (is_update) {
+    json_t *pty = json_object_get(in, "pty");
+    if (!json_is_object(pty)) {
+      r = rpc_ok(req, NULL);   /* nothing to change */
+    } else if (!p->is_pty) {
+      r = rpc_error(req, "internal", "error resizing tty: tty not assigned to process");
+    } else {
+      json_t *size = json_object_get(pty, "size");
+      struct winsize ws = { .ws_row = (unsigned short)pty_dim(size, "rows"),
+                            .ws_col = (unsigned short)pty_dim(size, "cols") };
+      /* the master lives as long as p: the kernel signals SIGWINCH to the
+       * terminal's foreground process group */
+      r = ioctl(p->pty_fd, TIOCSWINSZ, &ws) == 0 ? rpc_ok(req, NULL)
+                                                  : rpc_error(req, "internal", "error resizing tty: %s", strerror(errno));
+    }
+  } else {
+    json_t *sv = json_object_get(in, "signal");
+    int sig = 0;
+    if (json_is_string(sv)) {
+      const char *s = json_string_value(sv);
+      if (strcmp(s, "SIGNAL_SIGKILL") == 0) sig = SIGKILL;
+      else if (strcmp(s, "SIGNAL_SIGTERM") == 0) sig = SIGTERM;
+    } else if (json_is_integer(sv)) {
+      json_int_t n = json_integer_value(sv);
+      if (n == SIGKILL || n == SIGTERM) sig = (int)n;
+    }
+    int rc = sig ? wbd_rt_signal(sb, p->pid, sig) : 0;
+    if (!sig) r = rpc_error(req, "invalid_argument", "unsupported signal");
+    else if (rc == -ESRCH) r = rpc_error(req, "not_found", "process with pid %d not found", (int)p->pid);
+    else if (rc < 0) r = rpc_error(req, "internal", "signalling process %d: %s", (int)p->pid, strerror(-rc));
+    else r = rpc_ok(req, NULL);
   }
-  json_t *sv = json_object_get(in, "signal");
-  int sig = 0;
-  if (json_is_string(sv)) {
-    const char *s = json_string_value(sv);
-    if (strcmp(s, "SIGNAL_SIGKILL") == 0) sig = SIGKILL;
-    else if (strcmp(s, "SIGNAL_SIGTERM") == 0) sig = SIGTERM;
-  } else if (json_is_integer(sv)) {
-    json_int_t n = json_integer_value(sv);
-    if (n == SIGKILL || n == SIGTERM) sig = (int)n;
-  }
-  if (!sig) return rpc_error(req, "invalid_argument", "unsupported signal");
-  int rc = wbd_rt_signal(sb, pid, sig);
-  if (rc == -ESRCH) return rpc_error(req, "not_found", "process with pid %d not found", (int)pid);
-  if (rc < 0) return rpc_error(req, "internal", "signalling process %d: %s", (int)pid, strerror(-rc));
-  return rpc_ok(req, NULL);
+  proc_unref(p);
+  return r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1227,6 +1684,8 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
     if (!post) return wbd_reply_error(req, 405, "method not allowed");
     return process_start(req, sb);
   }
+  if (strcmp(path, "/process.Process/Connect") == 0 && post) return process_connect(req, sb);
+  if (strcmp(path, "/process.Process/StreamInput") == 0 && post) return process_stream_input(req, sb);
   enum MHD_Result wr;
   if (wbd_envd_watch_route(req, sb, &wr)) return wr;   /* WatchDir and the polled watchers */
   static const char fs_prefix[] = "/filesystem.Filesystem/", proc_prefix[] = "/process.Process/";

@@ -448,6 +448,7 @@ struct spawn_job {
   char **argv, **envp;
   const char *chdir_to;     /* host path, or NULL */
   int fds[3];               /* child's 0/1/2: an fd, -1 /dev/null */
+  int ctty;                 /* fds[0] is a terminal: it becomes the child's controlling one */
   int pass[MAX_PASS];       /* become the child's fds 3, 4, ... */
   int npass;
   int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
@@ -603,6 +604,9 @@ static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   for (int i = 0; i < CG_N; i++)
     if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {}
   setsid();
+  /* A pty process: its own fresh terminal becomes the new session's
+   * controlling one (job control, ^C, SIGWINCH on a resize). */
+  if (j->ctty && ioctl(j->fds[0], TIOCSCTTY, 0) != 0) child_fail(errpipe, errno);
   if (j->stage && stage_binds(j) != 0) child_fail(errpipe, errno);
   if (j->userns_fd >= 0 && setns(j->userns_fd, CLONE_NEWUSER) != 0) child_fail(errpipe, errno);
   if (j->net_fd >= 0 && setns(j->net_fd, CLONE_NEWNET) != 0) child_fail(errpipe, errno);
@@ -819,9 +823,11 @@ static int seccomp_pipe(void) {
 
 /* shared_net: the process already is in the sandbox's network namespace. */
 /* boot_fd: bubblewrap's fd holding the boot id, or -1; sudo_fd: holding
- * embed/sudo, or -1. */
+ * embed/sudo, or -1. keep_tty: the process was given a pty of its own as
+ * its controlling terminal (spawn_job.ctty), which bubblewrap must not
+ * detach it from; every other jail gets a new session without one. */
 static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
-                      int boot_fd, int sudo_fd, const char *cwd) {
+                      int boot_fd, int sudo_fd, int keep_tty, const char *cwd) {
   sv_add(a, BWRAP);
   if (seccomp_fd >= 0) {
     char n[16];
@@ -837,7 +843,7 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
   sv_add(a, "--disable-userns");
   if (shared_net) sv_add(a, "--share-net");
   sv_add(a, "--die-with-parent");
-  sv_add(a, "--new-session");
+  if (!keep_tty) sv_add(a, "--new-session");
   sv_add(a, "--uid");
   sv_add(a, "1000");
   sv_add(a, "--gid");
@@ -1197,6 +1203,7 @@ void wbd_rt_put(struct wbd_rt *rt) {
 
 static void teardown(struct wbd_rt *rt, int remove);
 static void drop_owner(struct wbd_rt *rt);
+static struct wbd_rt *rt_take_live(struct wbd_sandbox *sb);
 
 /* Serialises making runtimes, which happens outside the store lock (it
  * starts processes). */
@@ -1301,8 +1308,10 @@ static void host_path(const struct wbd_rt *rt, const char *p, char *buf, size_t 
   else snprintf(buf, len, "%s", p);
 }
 
-int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const char *cwd, int inherit_stderr,
-                    pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd) {
+/* tty_fd >= 0: a pty's slave end, the child's fds 0-2 and controlling
+ * terminal (the std fd pointers are then NULL). */
+static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const char *cwd, int tty_fd, pid_t *pid,
+                    int *stdin_fd, int *stdout_fd, int *stderr_fd) {
   if (!argv || !argv[0]) return -EINVAL;
   if (!cwd || !*cwd) cwd = "/home/user";
   char home[PATH_MAX + 128], tmp[PATH_MAX + 128], hcwd[PATH_MAX + 128];
@@ -1341,7 +1350,6 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   }
   json_decref(env);
 
-  (void)inherit_stderr;
   struct sv av = { 0 };
   char pw[PATH_MAX + 64], gr[PATH_MAX + 64];
   snprintf(pw, sizeof pw, "%s/passwd", g_etc);
@@ -1368,7 +1376,7 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     int sfd_n = sfd >= 0 ? next++ : -1;
     int bfd_n = bfd >= 0 ? next++ : -1;
     int ufd_n = ufd >= 0 ? next++ : -1;
-    jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd_n, bfd_n, ufd_n, cwd);
+    jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd_n, bfd_n, ufd_n, tty_fd >= 0, cwd);
   }
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
@@ -1386,6 +1394,10 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   j.fds[0] = stdin_fd ? pin[0] : -1;
   j.fds[1] = stdout_fd ? pout[1] : -1;
   j.fds[2] = stderr_fd ? perr[1] : -1;
+  if (tty_fd >= 0) {
+    for (int i = 0; i < 3; i++) j.fds[i] = tty_fd;
+    j.ctty = 1;
+  }
 
   pthread_mutex_lock(&rt->mu);
   if (!rc && rt->dead) rc = -ESRCH;
@@ -1460,6 +1472,51 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   if (stdout_fd) *stdout_fd = pout[0];
   if (stderr_fd) *stderr_fd = perr[0];
   return 0;
+}
+
+int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const char *cwd, int inherit_stderr,
+                    pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd) {
+  (void)inherit_stderr;
+  return spawn_rt(rt, argv, envs, cwd, -1, pid, stdin_fd, stdout_fd, stderr_fd);
+}
+
+int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, unsigned cols,
+                     unsigned rows, pid_t *pid, int *master_fd) {
+  /* The pty comes from warmboxd's devpts; the jail holds only its slave
+   * end, as fds 0-2 (its own /dev/pts instance does not show it). */
+  int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (m < 0) return -errno;
+  char name[64];
+  int s = -1;
+  if (grantpt(m) == 0 && unlockpt(m) == 0 && ptsname_r(m, name, sizeof name) == 0)
+    s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  struct winsize ws = { .ws_row = (unsigned short)(rows ? rows : 24), .ws_col = (unsigned short)(cols ? cols : 80) };
+  if (s < 0 || ioctl(m, TIOCSWINSZ, &ws) != 0) {
+    int e = errno ? errno : EIO;
+    if (s >= 0) close(s);
+    close(m);
+    return -e;
+  }
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  int rc = rt ? spawn_rt(rt, argv, envs, cwd, s, pid, NULL, NULL, NULL) : -ESRCH;
+  if (rt) wbd_rt_put(rt);
+  close(s);
+  if (rc != 0) {
+    close(m);
+    return rc;
+  }
+  *master_fd = m;
+  return 0;
+}
+
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (len) buf[0] = 0;
+  if (!rt) return;
+  pthread_mutex_lock(&rt->mu);
+  snprintf(buf, len, "%s", rt->boot_id);
+  pthread_mutex_unlock(&rt->mu);
+  wbd_rt_put(rt);
 }
 
 int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,
@@ -1842,7 +1899,7 @@ static int check_bwrap(char *why, size_t len) {
   }
   struct sv a = { 0 };
   struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
-  jail_args(&a, "check", &none, 0, -1, -1, -1, "/");
+  jail_args(&a, "check", &none, 0, -1, -1, -1, 0, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {

@@ -22,6 +22,16 @@ const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len);
  * process is tracked: pause stops it, kill ends it. Returns 0 or -errno. */
 int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd,
                  pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
+/* As wbd_rt_spawn, on a new pseudo-terminal of cols x rows (0: 80 x 24):
+ * the process leads a session whose controlling terminal it is (its fds
+ * 0-2 are the slave end); *master_fd (close-on-exec) is the caller's: the
+ * process's input and output, and TIOCSWINSZ resizes it. Same jail,
+ * namespaces, groups, limits and seccomp filter as any process. */
+int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, unsigned cols,
+                     unsigned rows, pid_t *pid, int *master_fd);
+/* The sandbox's boot id (a new one after a pause without memory: a cold
+ * boot) into buf; "" when the sandbox has no runtime (killed). */
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len);
 /* Signal a process started by wbd_rt_spawn (its whole process group). */
 int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig);
 /* Reap: blocks until it exits; returns the wait status. */

@@ -284,6 +284,129 @@ def result_line(data, main):
     return out
 
 
+# ---------------------------------------------------------------- start-up
+# What E2B's code-interpreter template adds to every Python kernel at start-up
+# (its startup_scripts): the `e2b/data` form of a pandas DataFrame (the SDK's
+# `result.data`) and images as results when a PIL image is saved to a path or
+# shown. matplotlib figures need nothing more: the inline backend displays a
+# shown figure, and every figure still open at the end of a cell (a saved
+# one, say), as png. pandas and PIL are optional: nothing is imported here
+# that the cell did not import itself (PIL's modules are patched as a cell
+# imports them).
+
+
+def _json_value(v):
+    """A DataFrame cell as JSON can carry it: timestamps as ISO text, NaN
+    and infinities as null (JSON has neither), other objects as their text."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    iso = getattr(v, "isoformat", None)
+    if callable(iso):
+        try:
+            return iso()
+        except Exception:
+            pass
+    item = getattr(v, "item", None)   # numpy scalars
+    if callable(item):
+        try:
+            return _json_value(item())
+        except Exception:
+            pass
+    return str(v)
+
+
+def _install_e2b_formatters(shell):
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import Unicode, ObjectName
+
+    class E2BDataFormatter(BaseFormatter):
+        format_type = Unicode("e2b/data")
+        print_method = ObjectName("_repr_e2b_data_")
+        _return_type = (dict, str)
+
+        def __call__(self, obj):
+            # a DataFrame exists only if the cell imported pandas
+            pandas = sys.modules.get("pandas")
+            if pandas is None or not isinstance(obj, pandas.DataFrame):
+                return super().__call__(obj)
+            data = obj.to_dict(orient="list")
+            return {str(k): [_json_value(v) for v in col] for k, col in data.items()}
+
+    formatter = shell.display_formatter
+    formatter.formatters["e2b/data"] = E2BDataFormatter(parent=formatter)
+
+
+class _AfterImport:
+    """A meta path finder that runs hook(module) right after `name` is first
+    imported (it wraps that module's loader), so nothing is imported before a
+    cell asks for it."""
+
+    def __init__(self, name, hook):
+        self.name = name
+        self.hook = hook
+        self.busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name or self.busy:
+            return None
+        import importlib.util
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        loader = spec and spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, hook = loader.exec_module, self.hook
+
+        def run_then_hook(module):
+            exec_module(module)
+            try:
+                hook(module)
+            except Exception:   # a start-up extra must never break an import
+                pass
+
+        loader.exec_module = run_then_hook
+        return spec
+
+
+def _hook_pil_image(Image):
+    from IPython.display import display
+    original_save = Image.Image.save
+
+    def save(image, fp, format=None, **params):
+        if isinstance(fp, str):
+            display(image)   # saved to a path: also a png result, as E2B does
+        return original_save(image, fp, format, **params)
+
+    save.__doc__ = original_save.__doc__
+    Image.Image.save = save
+
+
+def _hook_pil_imageshow(ImageShow):
+    def show_file(self, path, **options):
+        return 0   # no viewer in a sandbox: nothing to start
+
+    for name in ("UnixViewer", "Viewer"):
+        viewer = getattr(ImageShow, name, None)
+        if viewer is not None and hasattr(viewer, "show_file"):
+            viewer.show_file = show_file
+    # image.show(): displayed, through the IPython viewer PIL registers when
+    # it finds IPython (first in line here)
+    ipv = getattr(ImageShow, "IPythonViewer", None)
+    if ipv is not None:
+        ImageShow.register(ipv, 0)
+
+
+def _install_image_hooks():
+    # PIL is optional and imported only by the cells that use it
+    sys.meta_path.insert(0, _AfterImport("PIL.Image", _hook_pil_image))
+    sys.meta_path.insert(0, _AfterImport("PIL.ImageShow", _hook_pil_imageshow))
+
+
 class Run:
     error_sent = False
 
@@ -350,6 +473,11 @@ def python_main():
 
     shell = Shell.instance(colors="Neutral")
     shell.history_manager.enabled = False
+    for setup in (lambda: _install_e2b_formatters(shell), _install_image_hooks):
+        try:
+            setup()
+        except Exception:   # a start-up extra must never stop the kernel
+            pass
 
     def finish(saved):
         _running.clear()   # first: no KeyboardInterrupt after this

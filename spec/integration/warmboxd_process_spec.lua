@@ -1,0 +1,572 @@
+-- warmboxd's envd process RPCs over real HTTP (issue 14): Connect (reattach
+-- to a running process by pid or tag), pty processes (Start's `pty`, pty
+-- input, Update's resize), SendInput / StreamInput, the per-sandbox bound,
+-- and the containment a pty process keeps.
+local wbd = require "spec.helpers.warmboxd"
+local http = require "spec.helpers.http"
+local cjson = http.cjson
+
+local RPC = { ["Connect-Protocol-Version"] = "1" }
+local STREAM = { ["Content-Type"] = "application/connect+json", ["Connect-Protocol-Version"] = "1" }
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+local function b64decode(s)
+  s = s:gsub("[^%w%+/]", "")
+  local out, acc, bits = {}, 0, 0
+  for c in s:gmatch(".") do
+    acc = (acc << 6) | (B64:find(c, 1, true) - 1)
+    bits = bits + 6
+    if bits >= 8 then
+      bits = bits - 8
+      out[#out + 1] = string.char((acc >> bits) & 0xff)
+    end
+  end
+  return table.concat(out)
+end
+
+local function b64encode(s)
+  return ((s:gsub(".", function(x)
+    local r, b = "", x:byte()
+    for i = 8, 1, -1 do r = r .. (b % 2 ^ i - b % 2 ^ (i - 1) > 0 and "1" or "0") end
+    return r
+  end) .. "0000"):gsub("%d%d%d?%d?%d?%d?", function(x)
+    if #x < 6 then return "" end
+    local c = 0
+    for i = 1, 6 do c = c + (x:sub(i, i) == "1" and 2 ^ (6 - i) or 0) end
+    return B64:sub(c + 1, c + 1)
+  end) .. ({ "", "==", "=" })[#s % 3 + 1])
+end
+
+local function envelope(flag, t)
+  local json = type(t) == "string" and t or assert(cjson.encode(t))
+  return string.pack(">I1I4", flag, #json) .. json
+end
+
+local function envelopes(body)
+  local out, pos = {}, 1
+  while pos + 4 <= #body do
+    local flag, len = string.unpack(">I1I4", body, pos)
+    if pos + 4 + len > #body then break end   -- a partial envelope (still streaming)
+    out[#out + 1] = { flag = flag, msg = cjson.decode(body:sub(pos + 5, pos + 4 + len)) }
+    pos = pos + 5 + len
+  end
+  return out
+end
+
+-- A stream body, decoded: { start, end_, trailer, stdout, stderr, pty, events }.
+local function decode(body)
+  local r = { stdout = "", stderr = "", pty = "", events = {} }
+  for _, e in ipairs(envelopes(body or "")) do
+    if e.flag == 2 then
+      r.trailer = e.msg
+    else
+      local ev = e.msg.event or {}
+      r.events[#r.events + 1] = ev
+      if ev.start then r.start = ev.start end
+      if ev["end"] then r.end_ = ev["end"] end
+      if ev.data then
+        for _, k in ipairs({ "stdout", "stderr", "pty" }) do
+          if ev.data[k] then r[k] = r[k] .. b64decode(ev.data[k]) end
+        end
+      end
+    end
+  end
+  return r
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+describe("warmboxd envd processes", function()
+  local srv, sb
+  local files = {}
+
+  local function rpc(method, body, s)
+    return http.sandbox(srv, s or sb, 49983, "POST", "/process.Process/" .. method, { json = body, headers = RPC })
+  end
+
+  -- A streaming call that returns when the stream ends.
+  local function stream(method, msg, headers, s)
+    local h = {}
+    for k, v in pairs(STREAM) do h[k] = v end
+    for k, v in pairs(headers or {}) do h[k] = v end
+    local res = http.sandbox(srv, s or sb, 49983, "POST", "/process.Process/" .. method,
+      { body = type(msg) == "string" and msg or envelope(0, msg), headers = h })
+    local r = decode(res.body)
+    r.status = res.status
+    return r
+  end
+
+  -- A streaming call in the background (curl writing to a file); returns a
+  -- function giving what has arrived so far, decoded.
+  local function background(method, msg, s, headers, curl_extra)
+    s = s or sb
+    local out = os.tmpname()
+    local req = out .. ".req"
+    files[#files + 1] = out
+    files[#files + 1] = req
+    local f = assert(io.open(req, "wb"))
+    f:write(envelope(0, msg))
+    f:close()
+    local q = wbd.sh_quote
+    local cmd = { "curl -sS -N --max-time 60", curl_extra or "", "-o", q(out),
+      "-H", q("E2b-Sandbox-Id: " .. s.sandboxID),
+      "-H", q("E2b-Sandbox-Port: 49983"), "-H", q("Content-Type: application/connect+json") }
+    if s.envdAccessToken then
+      cmd[#cmd + 1] = "-H"
+      cmd[#cmd + 1] = q("X-Access-Token: " .. s.envdAccessToken)
+    end
+    for k, v in pairs(headers or {}) do
+      cmd[#cmd + 1] = "-H"
+      cmd[#cmd + 1] = q(k .. ": " .. v)
+    end
+    cmd[#cmd + 1] = "--data-binary"
+    cmd[#cmd + 1] = q("@" .. req)
+    cmd[#cmd + 1] = q(srv.url .. "/process.Process/" .. method)
+    cmd[#cmd + 1] = ">/dev/null 2>&1 &"
+    os.execute(table.concat(cmd, " "))
+    return function() return decode(read_file(out)) end
+  end
+
+  local function wait_for(fn, seconds)
+    local deadline = os.time() + (seconds or 15)
+    repeat
+      local v = fn()
+      if v then return v end
+      wbd.sleep(0.05)
+    until os.time() > deadline
+    return fn()
+  end
+
+  local function pty_start(cmd, cols, rows, extra)
+    local msg = { process = { cmd = "/bin/bash", args = { "-c", cmd }, envs = { TERM = "xterm-256color" } },
+      pty = { size = { cols = cols or 80, rows = rows or 24 } } }
+    for k, v in pairs(extra or {}) do msg[k] = v end
+    return background("Start", msg)
+  end
+
+  local function started(poll)
+    return assert(wait_for(function() return poll().start end), "no start event").pid
+  end
+
+  local function send_pty(pid, text)
+    return rpc("SendInput", { process = { pid = pid }, input = { pty = b64encode(text) } })
+  end
+
+  lazy_setup(function()
+    srv = wbd.start{}
+    local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", secure = true, timeout = 600 })
+    assert.are.equal(201, res.status, res.body)
+    sb = res.json
+  end)
+
+  lazy_teardown(function()
+    for _, f in ipairs(files) do os.remove(f) end
+    if srv then srv:stop() end
+  end)
+
+  describe("Connect", function()
+    it("reattaches by pid: the start event, then the further output and the end", function()
+      local poll = background("Start", { process = { cmd = "/bin/bash",
+        args = { "-c", "mkfifo -m 600 /home/user/go.fifo; echo first; read -t 20 x < /home/user/go.fifo;"
+          .. " echo later; exit 7" } } })
+      local pid = started(poll)
+      -- the Start stream has seen "first"; the process waits on a FIFO
+      assert.is_truthy(wait_for(function() return poll().stdout == "first\n" end))
+      local conn = background("Connect", { process = { pid = pid } })
+      assert.are.equal(pid, started(conn))
+      local r = stream("Start", { process = { cmd = "/bin/bash", args = { "-c", "echo go > /home/user/go.fifo" } } })
+      assert.are.equal("exit status 0", r.end_ and r.end_.status, r.trailer and cjson.encode(r.trailer))
+      local c = wait_for(function()
+        local d = conn()
+        return d.trailer and d
+      end)
+      assert.is_table(c, "the Connect stream did not end")
+      assert.are.equal("later\n", c.stdout)   -- only what came after it attached
+      assert.are.equal(7, c.end_.exitCode)
+      assert.are.equal("exit status 7", c.end_.status)
+      assert.are.same({}, c.trailer)
+      -- the Start stream got the same end
+      local s = wait_for(function()
+        local d = poll()
+        return d.trailer and d
+      end)
+      assert.are.equal("first\nlater\n", s.stdout)
+      assert.are.equal(7, s.end_.exitCode)
+    end)
+
+    it("reattaches by tag, and two streams get the same output", function()
+      local poll = background("Start", { tag = "ticker", process = { cmd = "/bin/bash",
+        args = { "-c", "sleep 1; for i in 1 2 3; do echo tick$i; sleep 0.2; done" } } })
+      local pid = started(poll)
+      local a = background("Connect", { process = { tag = "ticker" } })
+      local b = background("Connect", { process = { tag = "ticker" } })
+      assert.are.equal(pid, started(a))
+      assert.are.equal(pid, started(b))
+      local da = wait_for(function() local d = a() return d.trailer and d end)
+      local db = wait_for(function() local d = b() return d.trailer and d end)
+      assert.are.equal("tick1\ntick2\ntick3\n", da.stdout)
+      assert.are.equal(da.stdout, db.stdout)
+      assert.are.same({ exited = true, status = "exit status 0" }, da.end_)
+    end)
+
+    it("answers a process that ended a moment ago with its start and end", function()
+      local r = stream("Start", { tag = "short", process = { cmd = "/bin/bash", args = { "-c", "exit 5" } } })
+      assert.are.equal(5, r.end_.exitCode)
+      local c = stream("Connect", { process = { pid = r.start.pid } })
+      assert.are.equal(200, c.status)
+      assert.are.equal(r.start.pid, c.start.pid)
+      assert.are.same(r.end_, c.end_)
+      assert.are.same({}, c.trailer)
+      c = stream("Connect", { process = { tag = "short" } })
+      assert.are.equal(5, c.end_.exitCode)
+      -- but it is not listed as running, nor can it be signalled
+      local l = rpc("List", {})
+      for _, p in ipairs(l.json.processes or {}) do assert.are_not.equal(r.start.pid, p.pid) end
+      assert.are.equal(404, rpc("SendSignal", { process = { pid = r.start.pid }, signal = "SIGNAL_SIGKILL" }).status)
+    end)
+
+    it("is not_found for an unknown pid or tag, in the trailer", function()
+      local c = stream("Connect", { process = { pid = 999999 } })
+      assert.are.equal(200, c.status)
+      assert.is_nil(c.start)
+      assert.are.equal("not_found", c.trailer.error.code)
+      assert.matches("999999", c.trailer.error.message)
+      c = stream("Connect", { process = { tag = "nope" } })
+      assert.are.equal("not_found", c.trailer.error.code)
+    end)
+
+    it("does not reach another sandbox's process", function()
+      local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 })
+      assert.are.equal(201, res.status, res.body)
+      local other = res.json
+      local poll = background("Start", { tag = "theirs", process = { cmd = "/bin/sleep", args = { "5" } } }, other)
+      local pid = started(poll)
+      assert.are.equal("not_found", stream("Connect", { process = { pid = pid } }).trailer.error.code)
+      assert.are.equal("not_found", stream("Connect", { process = { tag = "theirs" } }).trailer.error.code)
+      assert.are.equal(404, rpc("SendInput", { process = { pid = pid }, input = { stdin = "eA==" } }).status)
+      http.api(srv, "DELETE", "/sandboxes/" .. other.sandboxID)
+    end)
+
+    it("ends with deadline_exceeded after its own Connect-Timeout-Ms; the process goes on", function()
+      local poll = background("Start", { tag = "long", process = { cmd = "/bin/bash",
+        args = { "-c", "sleep 2; echo still" } } })
+      local pid = started(poll)
+      local c = stream("Connect", { process = { pid = pid } }, { ["Connect-Timeout-Ms"] = "300" })
+      assert.are.equal(pid, c.start.pid)
+      assert.are.equal("deadline_exceeded", c.trailer.error.code)
+      local s = wait_for(function() local d = poll() return d.trailer and d end)
+      assert.are.equal("still\n", s.stdout)
+      assert.are.equal("exit status 0", s.end_.status)
+    end)
+
+    it("refuses a non-streaming content type with 415", function()
+      local res = rpc("Connect", { process = { pid = 1 } })
+      assert.are.equal(415, res.status)
+    end)
+  end)
+
+  describe("pty", function()
+    it("runs the process on a terminal of the requested size, its output as pty data", function()
+      local poll = pty_start("tty -s && echo is-a-tty; stty size; read -r line; echo got:$line", 91, 33)
+      local pid = started(poll)
+      assert.is_truthy(wait_for(function() return poll().pty:find("33 91", 1, true) end))
+      local res = send_pty(pid, "hello\n")
+      assert.are.equal(200, res.status, res.body)
+      local d = wait_for(function() local x = poll() return x.trailer and x end)
+      assert.matches("is%-a%-tty", d.pty)
+      assert.matches("got:hello", d.pty)
+      assert.are.equal("", d.stdout)
+      assert.are.equal("", d.stderr)
+      assert.are.same({ exited = true, status = "exit status 0" }, d.end_)
+    end)
+
+    it("is the controlling terminal: Update resizes it and the process gets SIGWINCH", function()
+      local poll = pty_start("trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.1; done")
+      local pid = started(poll)
+      assert.is_truthy(wait_for(function() return poll().pty:find("ready", 1, true) end))
+      local res = rpc("Update", { process = { pid = pid }, pty = { size = { cols = 100, rows = 30 } } })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("{}", res.body)
+      local d = wait_for(function() local x = poll() return x.trailer and x end)
+      assert.matches("30 100", d.pty)
+      assert.are.equal("exit status 0", d.end_.status)
+    end)
+
+    it("runs an interactive login bash that exits on `exit`", function()
+      local poll = background("Start", { process = { cmd = "/bin/bash", args = { "-i", "-l" },
+        envs = { TERM = "xterm-256color", ABC = "1" .. "23" } }, pty = { size = { cols = 80, rows = 24 } } })
+      local pid = started(poll)
+      assert.are.equal(200, send_pty(pid, "echo value=$ABC\nexit\n").status)
+      local d = wait_for(function() local x = poll() return x.trailer and x end)
+      assert.matches("value=123", d.pty)
+      assert.are.equal("exit status 0", d.end_.status)
+    end)
+
+    it("delivers ^C to the foreground program", function()
+      local poll = pty_start("echo ready; sleep 30; echo not-interrupted")
+      local pid = started(poll)
+      assert.is_truthy(wait_for(function() return poll().pty:find("ready", 1, true) end))
+      assert.are.equal(200, send_pty(pid, "\3").status)
+      local d = wait_for(function() local x = poll() return x.trailer and x end, 10)
+      assert.is_table(d.end_)
+      assert.are_not.equal("exit status 0", d.end_.status)
+      assert.is_nil(d.pty:find("not-interrupted", 1, true))
+    end)
+
+    it("reconnects: output after a Connect goes to the new stream", function()
+      local poll = pty_start("read -r a; echo one:$a; read -r b; echo two:$b")
+      local pid = started(poll)
+      send_pty(pid, "x\n")
+      assert.is_truthy(wait_for(function() return poll().pty:find("one:x", 1, true) end))
+      local conn = background("Connect", { process = { pid = pid } })
+      started(conn)
+      send_pty(pid, "y\n")
+      local d = wait_for(function() local x = conn() return x.trailer and x end)
+      assert.matches("two:y", d.pty)
+      assert.is_nil(d.pty:find("one:x", 1, true))
+      assert.are.equal("exit status 0", d.end_.status)
+    end)
+
+    it("keeps stdin and pty input apart, as envd does", function()
+      local poll = pty_start("sleep 20")
+      local pid = started(poll)
+      local res = rpc("SendInput", { process = { pid = pid }, input = { stdin = b64encode("x") } })
+      assert.are.equal(500, res.status)
+      assert.are.equal("internal", res.json.code)
+      res = rpc("CloseStdin", { process = { pid = pid } })
+      assert.are_not.equal(200, res.status)
+      assert.matches("Ctrl%+D", res.json.message)
+      rpc("SendSignal", { process = { pid = pid }, signal = "SIGNAL_SIGKILL" })
+      local d = wait_for(function() local x = poll() return x.trailer and x end)
+      assert.are.equal("signal: killed", d.end_.status)
+      -- and the other way round
+      local p2 = background("Start", { stdin = true, process = { cmd = "/bin/cat" } })
+      local pid2 = started(p2)
+      res = rpc("SendInput", { process = { pid = pid2 }, input = { pty = b64encode("x") } })
+      assert.are.equal("internal", res.json.code)
+      res = rpc("Update", { process = { pid = pid2 }, pty = { size = { cols = 10, rows = 10 } } })
+      assert.are.equal("internal", res.json.code)
+      assert.are.equal(200, rpc("Update", { process = { pid = pid2 } }).status)   -- nothing to change
+      assert.are.equal(200, rpc("CloseStdin", { process = { pid = pid2 } }).status)
+      assert.are.equal("exit status 0", wait_for(function() return p2().end_ end).status)
+      assert.are.equal(404, rpc("Update", { process = { pid = 999999 }, pty = { size = { cols = 1, rows = 1 } } })
+        .status)
+    end)
+
+    it("keeps the jail's protections: netns, groups, seccomp, uid, no other descriptors", function()
+      local probe = "echo uid=$(id -u); echo net=$(readlink /proc/self/ns/net);"
+        .. " echo cg=$(cat /proc/self/cgroup | sort | tr '\\n' ' ');"
+        .. " echo sc=$(awk '/^Seccomp:/{print $2}' /proc/self/status);"
+        .. " echo fds=$(ls /proc/self/fd | tr '\\n' ' ')"
+      local poll = pty_start(probe)
+      local pid = started(poll)
+      local d = wait_for(function() local x = poll() return x.trailer and x end)
+      local plain = stream("Start", { process = { cmd = "/bin/bash", args = { "-c", probe } } })
+      local function field(s, k) return s:match(k .. "=([^\r\n]*)") end
+      assert.are.equal("1000", field(d.pty, "uid"))
+      assert.are.equal(field(plain.stdout, "net"), field(d.pty, "net"))   -- the sandbox's own netns
+      local host_net = io.popen("readlink /proc/self/ns/net"):read("l")
+      assert.are_not.equal(host_net, field(d.pty, "net"))
+      assert.are.equal(field(plain.stdout, "cg"), field(d.pty, "cg"))     -- the sandbox's groups
+      assert.are.equal("2", field(d.pty, "sc"))                           -- a seccomp filter
+      assert.are.equal("0 1 2 3", field(d.pty, "fds"):gsub("%s+$", ""))   -- 3: ls's own directory
+      -- its host uid is the sandbox's, as for any of its processes
+      local function host_uid(p)
+        return read_file(string.format("/proc/%d/status", p)):match("\nUid:%s+(%d+)")
+      end
+      local p2 = background("Start", { process = { cmd = "/bin/sleep", args = { "3" } } })
+      local pid2 = started(p2)
+      local p3 = pty_start("sleep 3")
+      local pid3 = started(p3)
+      assert.is_string(host_uid(pid3))
+      assert.are.equal(host_uid(pid2), host_uid(pid3))
+      assert.are_not.equal(pid, pid3)
+    end)
+  end)
+
+  describe("SendInput and StreamInput", function()
+    it("StreamInput applies start, data and keepalive envelopes in order", function()
+      local poll = background("Start", { stdin = true, tag = "cat-si", process = { cmd = "/bin/cat" } })
+      local pid = started(poll)
+      local body = envelope(0, { start = { process = { pid = pid } } })
+        .. envelope(0, { data = { input = { stdin = b64encode("one ") } } })
+        .. envelope(0, { keepalive = {} })
+        .. envelope(0, { data = { input = { stdin = b64encode("two\n") } } })
+      local r = stream("StreamInput", body)
+      assert.are.equal(200, r.status)
+      assert.are.equal(1, #r.events)
+      assert.are.same({}, r.trailer)
+      -- a second stream selecting by tag
+      r = stream("StreamInput", envelope(0, { start = { process = { tag = "cat-si" } } })
+        .. envelope(0, { data = { input = { stdin = b64encode("three\n") } } }))
+      assert.are.same({}, r.trailer)
+      assert.are.equal(200, rpc("CloseStdin", { process = { pid = pid } }).status)
+      local d = wait_for(function() local x = poll() return x.trailer and x end)
+      assert.are.equal("one two\nthree\n", d.stdout)
+    end)
+
+    it("StreamInput reports a bad stream in its trailer", function()
+      local r = stream("StreamInput", envelope(0, { data = { input = { stdin = "eA==" } } }))
+      assert.are.equal("failed_precondition", r.trailer.error.code)
+      r = stream("StreamInput", envelope(0, { start = { process = { pid = 999999 } } }))
+      assert.are.equal("not_found", r.trailer.error.code)
+      r = stream("StreamInput", envelope(0, { start = { process = { pid = 1 } } }):sub(1, 9))
+      assert.are.equal("invalid_argument", r.trailer.error.code)
+      r = stream("StreamInput", string.pack(">I1I4", 0, 3) .. "[1]")
+      assert.are.equal("invalid_argument", r.trailer.error.code)
+      r = stream("StreamInput", envelope(0, { bogus = {} }))
+      assert.are.equal("unimplemented", r.trailer.error.code)
+      assert.are.equal(415, rpc("StreamInput", {}).status)
+    end)
+
+    it("SendInput of nothing is fine; to a process without stdin it fails", function()
+      local poll = background("Start", { stdin = true, process = { cmd = "/bin/cat" } })
+      local pid = started(poll)
+      assert.are.equal(200, rpc("SendInput", { process = { pid = pid }, input = { stdin = "" } }).status)
+      rpc("SendSignal", { process = { pid = pid }, signal = "SIGNAL_SIGKILL" })
+      local p2 = background("Start", { stdin = false, process = { cmd = "/bin/sleep", args = { "3" } } })
+      local pid2 = started(p2)
+      local res = rpc("SendInput", { process = { pid = pid2 }, input = { stdin = "eA==" } })
+      assert.are.equal("internal", res.json.code)
+      assert.matches("stdin not enabled", res.json.message)
+      res = rpc("SendInput", { process = { pid = pid2 }, input = {} })
+      assert.are.equal("unimplemented", res.json.code)
+    end)
+  end)
+
+  describe("bounds and lifetime", function()
+    local function rss_kb()
+      return tonumber(read_file("/proc/" .. srv.pid .. "/status"):match("VmRSS:%s*(%d+)")) or 0
+    end
+
+    it("a process printing forever to slow readers keeps warmboxd's memory bounded", function()
+      local before = rss_kb()
+      local poll = background("Start", { tag = "flood", process = { cmd = "/bin/bash",
+        args = { "-c", "while :; do printf 'y%.0s' {1..4000}; echo; done" } } }, nil, nil, "--limit-rate 20k")
+      local pid = started(poll)
+      local conn = background("Connect", { process = { pid = pid } }, nil, nil, "--limit-rate 20k")
+      local peak = before
+      for _ = 1, 25 do
+        wbd.sleep(0.2)
+        local r = rss_kb()
+        if r > peak then peak = r end
+      end
+      assert.is_truthy(conn().stdout:find("yyyy", 1, true))
+      assert.are.equal(200, rpc("SendSignal", { process = { pid = pid }, signal = "SIGNAL_SIGKILL" }).status)
+      assert.is_true(peak - before < 48 * 1024, string.format("RSS grew by %d kB", peak - before))
+    end)
+
+    it("drops the output of a process no stream is attached to, without stopping it", function()
+      -- 64 MB of output after its client left: the process is neither blocked
+      -- nor is its output kept
+      local before = rss_kb()
+      http.sandbox(srv, sb, 49983, "POST", "/process.Process/Start", {
+        body = envelope(0, { process = { cmd = "/bin/bash",
+          args = { "-c", "sleep 1; head -c 64000000 /dev/zero; echo done > /home/user/dropped.flag" } } }),
+        headers = STREAM, timeout = 0.5 })
+      local home = srv:sandbox_home(sb.sandboxID)
+      assert.is_truthy(wait_for(function() return read_file(home .. "/dropped.flag") == "done\n" end, 30))
+      local grew = rss_kb() - before
+      assert.is_true(grew < 32 * 1024, string.format("RSS grew by %d kB", grew))
+    end)
+
+    it("a pause with memory keeps a process for Connect; a pause without memory ends it", function()
+      local s2 = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 }).json
+      local poll = background("Start", { process = { cmd = "/bin/bash",
+        args = { "-c", "echo begun; sleep 2; echo done" } } }, s2)
+      local pid = started(poll)
+      assert.is_truthy(wait_for(function() return poll().stdout == "begun\n" end))
+      assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/pause", {}).status)
+      assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/connect",
+        { timeout = 120 }).status)
+      local c = stream("Connect", { process = { pid = pid } }, nil, s2)
+      assert.are.equal(pid, c.start.pid)
+      assert.are.equal("done\n", c.stdout)
+      assert.are.equal("exit status 0", c.end_.status)
+      -- without memory: a cold boot, the process is gone
+      poll = background("Start", { process = { cmd = "/bin/sleep", args = { "30" } } }, s2)
+      pid = started(poll)
+      assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/pause", { memory = false }).status)
+      assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/connect",
+        { timeout = 120 }).status)
+      assert.are.equal("not_found", stream("Connect", { process = { pid = pid } }, nil, s2).trailer.error.code)
+      local l = rpc("List", {}, s2)
+      assert.are.same({}, l.json.processes or {})
+      http.api(srv, "DELETE", "/sandboxes/" .. s2.sandboxID)
+    end)
+
+    it("refuses a tag over 4096 bytes", function()
+      local r = stream("Start", { tag = string.rep("t", 4097), process = { cmd = "/bin/true" } })
+      assert.are.equal("invalid_argument", r.trailer.error.code)
+      r = stream("Start", { tag = string.rep("t", 4096), process = { cmd = "/bin/true" } })
+      assert.are.same({}, r.trailer)
+    end)
+
+    it("a killed sandbox drops its Connect streams", function()
+      local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 })
+      local s2 = res.json
+      local poll = background("Start", { process = { cmd = "/bin/sleep", args = { "30" } } }, s2)
+      local pid = started(poll)
+      local conn = background("Connect", { process = { pid = pid } }, s2)
+      started(conn)
+      assert.are.equal(204, http.api(srv, "DELETE", "/sandboxes/" .. s2.sandboxID).status)
+      wbd.sleep(1)
+      local c, s = conn(), poll()
+      assert.is_nil(c.end_)
+      assert.is_nil(c.trailer)
+      assert.is_nil(s.end_)
+    end)
+  end)
+end)
+
+describe("warmboxd envd processes, bounded per sandbox", function()
+  it("refuses a Start beyond WARMBOXD_PROCS_MAX running processes", function()
+    local srv = wbd.start{ wrapper = "WARMBOXD_PROCS_MAX=2" }
+    local ok, err = pcall(function()
+      local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 })
+      local sb = res.json
+      local outs = {}
+      for i = 1, 2 do
+        outs[i] = os.tmpname()
+        local f = assert(io.open(outs[i] .. ".req", "wb"))
+        f:write(envelope(0, { process = { cmd = "/bin/sleep", args = { "20" } } }))
+        f:close()
+        local q = wbd.sh_quote
+        os.execute(table.concat({ "curl -sS -N --max-time 30 -o", q(outs[i]),
+          "-H", q("E2b-Sandbox-Id: " .. sb.sandboxID), "-H", q("E2b-Sandbox-Port: 49983"),
+          "-H", q("Content-Type: application/connect+json"),
+          "--data-binary", q("@" .. outs[i] .. ".req"), q(srv.url .. "/process.Process/Start"), ">/dev/null 2>&1 &" },
+          " "))
+      end
+      local listed = wbd.eventually(function()
+        local l = http.sandbox(srv, sb, 49983, "POST", "/process.Process/List", { json = {}, headers = RPC })
+        return #(l.json.processes or {}) == 2
+      end, 15)
+      assert.is_truthy(listed)
+      local res3 = http.sandbox(srv, sb, 49983, "POST", "/process.Process/Start",
+        { body = envelope(0, { process = { cmd = "/bin/true" } }), headers = STREAM })
+      local e = envelopes(res3.body)
+      assert.are.equal("resource_exhausted", e[#e].msg.error.code)
+      -- another sandbox has its own bound
+      local other = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 }).json
+      res3 = http.sandbox(srv, other, 49983, "POST", "/process.Process/Start",
+        { body = envelope(0, { process = { cmd = "/bin/true" } }), headers = STREAM })
+      e = envelopes(res3.body)
+      assert.are.same({}, e[#e].msg)
+      http.api(srv, "DELETE", "/sandboxes/" .. sb.sandboxID)
+      for _, o in ipairs(outs) do
+        os.remove(o)
+        os.remove(o .. ".req")
+      end
+    end)
+    srv:stop()
+    assert(ok, err)
+  end)
+end)
