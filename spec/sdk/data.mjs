@@ -8,29 +8,9 @@
 // spec and one failure does not hide the others.
 import { Sandbox } from '@e2b/code-interpreter'
 import { CommandExitError, FileType } from 'e2b'
+import { check, eq, expect, fail, finish } from './harness.mjs'
 
-const results = {}
 let failedHard = false
-
-async function check(name, fn) {
-  const t0 = Date.now()
-  try {
-    const extra = await fn()
-    results[name] = { ok: true, ...(extra || {}), ms: Date.now() - t0 }
-  } catch (e) {
-    results[name] = { ok: false, error: `${e && e.name}: ${e && e.message}`, ms: Date.now() - t0 }
-  }
-}
-
-function expect(cond, msg) {
-  if (!cond) throw new Error(msg)
-}
-
-function eq(got, want, what) {
-  const g = JSON.stringify(got)
-  const w = JSON.stringify(want)
-  if (g !== w) throw new Error(`${what}: expected ${w}, got ${g}`)
-}
 
 const opts = { timeoutMs: 300_000, requestTimeoutMs: 60_000 }
 let sbx
@@ -224,9 +204,8 @@ if (!failedHard) {
   try {
     await sbx.kill()
   } catch (e) {
-    results.kill = { ok: false, error: `${e.name}: ${e.message}` }
+    fail('kill', e)
   }
 }
 
-// Exit now: a failed SDK call can leave its request timers pending for a minute.
-process.stdout.write(JSON.stringify({ results }) + '\n', () => process.exit(0))
+finish()

@@ -7,28 +7,7 @@
 // Prints one JSON object: {"results": {"<check>": {"ok": true} | {"ok": false,
 // "error": "..."}}}, so each check is its own spec.
 import { Sandbox } from '@e2b/code-interpreter'
-
-const results = {}
-
-async function check(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    results[name] = { ok: true, ms: Date.now() - t0 }
-  } catch (e) {
-    results[name] = { ok: false, error: `${e && e.name}: ${e && e.message}`, ms: Date.now() - t0 }
-  }
-}
-
-function expect(cond, msg) {
-  if (!cond) throw new Error(msg)
-}
-
-function eq(got, want, what) {
-  const g = JSON.stringify(got)
-  const w = JSON.stringify(want)
-  if (g !== w) throw new Error(`${what}: expected ${w}, got ${g}`)
-}
+import { check, eq, expect, fail, finish } from './harness.mjs'
 
 const opts = { timeoutMs: 300_000, requestTimeoutMs: 60_000 }
 let sbx
@@ -44,7 +23,7 @@ try {
   if (res.status !== 201) throw new Error(`create: ${res.status} ${await res.text()}`)
   sbx = await Sandbox.connect((await res.json()).sandboxID, opts)
 } catch (e) {
-  results.create = { ok: false, error: `${e && e.name}: ${e && e.message}` }
+  fail('create', e)
 }
 
 if (sbx) {
@@ -141,9 +120,8 @@ if (sbx) {
   try {
     await sbx.kill()
   } catch (e) {
-    results.kill = { ok: false, error: `${e.name}: ${e.message}` }
+    fail('kill', e)
   }
 }
 
-// Exit now: a failed SDK call can leave its request timers pending for a minute.
-process.stdout.write(JSON.stringify({ results }) + '\n', () => process.exit(0))
+finish()

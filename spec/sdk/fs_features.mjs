@@ -7,37 +7,7 @@
 // Prints one JSON object: {"results": {"<check>": {"ok": true} | {"ok": false,
 // "error": "..."}}}, so each check is its own spec.
 import { Sandbox, FileNotFoundError, FilesystemEventType, FileType, SandboxError } from 'e2b'
-
-const results = {}
-
-async function check(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    results[name] = { ok: true, ms: Date.now() - t0 }
-  } catch (e) {
-    results[name] = { ok: false, error: `${e && e.name}: ${e && e.message}`, ms: Date.now() - t0 }
-  }
-}
-
-function expect(cond, msg) {
-  if (!cond) throw new Error(msg)
-}
-
-// JSON with object keys sorted: the order of keys is not a difference.
-function canon(v) {
-  if (Array.isArray(v)) return `[${v.map(canon).join(',')}]`
-  if (v && typeof v === 'object') {
-    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canon(v[k])}`).join(',')}}`
-  }
-  return JSON.stringify(v)
-}
-
-function eq(got, want, what) {
-  const g = canon(got)
-  const w = canon(want)
-  if (g !== w) throw new Error(`${what}: expected ${w}, got ${g}`)
-}
+import { check, eq, expect, fail, finish } from './harness.mjs'
 
 // Resolves with the first event `pred` accepts; rejects after `ms`.
 function waitFor(ms) {
@@ -54,7 +24,7 @@ let sbx
 try {
   sbx = await Sandbox.create('base', opts)   // secure: e2b 2.51 always secures
 } catch (e) {
-  results.create = { ok: false, error: `${e && e.name}: ${e && e.message}` }
+  fail('create', e)
 }
 
 if (sbx) {
@@ -260,9 +230,8 @@ if (sbx) {
   try {
     await sbx.kill()
   } catch (e) {
-    results.kill = { ok: false, error: `${e.name}: ${e.message}` }
+    fail('kill', e)
   }
 }
 
-// Exit now: a failed SDK call can leave its request timers pending for a minute.
-process.stdout.write(JSON.stringify({ results }) + '\n', () => process.exit(0))
+finish()

@@ -8,37 +8,15 @@
 // Prints one JSON object: {"results": {"<check>": {"ok": true} | {"ok": false,
 // "error": "..."}}}, so each check is its own spec.
 import { Sandbox, CommandExitError } from 'e2b'
+import { check, eq, expect, fail, finish, sleep } from './harness.mjs'
 
-const results = {}
-
-async function check(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    results[name] = { ok: true, ms: Date.now() - t0 }
-  } catch (e) {
-    results[name] = { ok: false, error: `${e && e.name}: ${e && e.message}`, ms: Date.now() - t0 }
-  }
-}
-
-function expect(cond, msg) {
-  if (!cond) throw new Error(msg)
-}
-
-function eq(got, want, what) {
-  const g = JSON.stringify(got)
-  const w = JSON.stringify(want)
-  if (g !== w) throw new Error(`${what}: expected ${w}, got ${g}`)
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const enc = (s) => new Uint8Array(Buffer.from(s))
 const opts = { timeoutMs: 300_000, requestTimeoutMs: 60_000 }
 let sbx
 try {
   sbx = await Sandbox.create('base', opts)
 } catch (e) {
-  results.create = { ok: false, error: `${e && e.name}: ${e && e.message}` }
+  fail('create', e)
 }
 
 if (sbx) {
@@ -124,9 +102,8 @@ if (sbx) {
   try {
     await sbx.kill()
   } catch (e) {
-    results.kill = { ok: false, error: `${e.name}: ${e.message}` }
+    fail('kill', e)
   }
 }
 
-// Exit now: a failed SDK call can leave its request timers pending for a minute.
-process.stdout.write(JSON.stringify({ results }) + '\n', () => process.exit(0))
+finish()
