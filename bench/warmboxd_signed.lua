@@ -8,37 +8,25 @@
 -- Usage (from the repository root, after scripts/setup):
 --   lua5.4 bench/warmboxd_signed.lua [requests=200] [sizes=0,10000,100000]
 -- WARMBOX_BUILD_DIR selects the build (default build/), WARMBOXD_BIN the server.
-local root = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$")) or "."
-local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/?.lua;" .. package.path
-package.cpath = root .. "/" .. build .. "/?.so;" .. package.cpath
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local core = require "warmbox.core"
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
+-- A signature as it goes in a URL.
+local function sign(raw) return envd.urlencode(envd.sign(raw)) end
 
 local N = tonumber(arg[1]) or 200
 local SIZES = {}
 for s in (arg[2] or "0,10000,100000"):gmatch("%d+") do SIZES[#SIZES + 1] = tonumber(s) end
-
-local function sign(raw)
-  local tmp = os.tmpname()
-  local f = assert(io.open(tmp, "wb"))
-  f:write(raw)
-  f:close()
-  local p = assert(io.popen("openssl dgst -sha256 -binary " .. wbd.sh_quote(tmp) .. " | base64 -w0"))
-  local b64 = p:read("a")
-  p:close()
-  os.remove(tmp)
-  return ("v1_" .. b64:gsub("=+$", "")):gsub("[+/=]", function(c) return string.format("%%%02X", c:byte()) end)
-end
 
 local function pct(t, p)
   table.sort(t)
   return t[math.max(1, math.ceil(#t * p))]
 end
 
-local srv = wbd.start{ bin = os.getenv("WARMBOXD_BIN") or (root .. "/" .. build .. "/warmboxd") }
+local srv = wbd.start{ bin = env.warmboxd }
 local h = core.http{ timeout = 120 }
 local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", secure = true, timeout = 3600 })
 assert(res.status == 201, res.body)

@@ -6,12 +6,10 @@
 -- the sandbox show up too.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
 
-local RPC = { ["Connect-Protocol-Version"] = "1" }
-
-local function urlencode(s)
-  return (s:gsub("[^%w%-%._~/]", function(c) return string.format("%%%02X", c:byte()) end))
-end
+local RPC = envd.RPC
+local urlencode = envd.urlencode
 
 describe("warmboxd envd file metadata", function()
   local srv, sb

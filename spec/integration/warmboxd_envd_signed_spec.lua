@@ -6,34 +6,10 @@
 -- of another team, never a sandbox without a token).
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
 
 -- "v1_" .. base64-no-padding(sha256(raw)), as the SDK signs file URLs.
-local function sign(raw)
-  local tmp = os.tmpname()
-  local f = assert(io.open(tmp, "wb"))
-  f:write(raw)
-  f:close()
-  local p = assert(io.popen("openssl dgst -sha256 -binary " .. wbd.sh_quote(tmp) .. " | base64 -w0"))
-  local b64 = p:read("a")
-  p:close()
-  os.remove(tmp)
-  return "v1_" .. b64:gsub("=+$", "")
-end
-
-local function urlencode(s)
-  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
-
--- The URL the SDK builds: path, op ("read"/"write"), user (or nil), the
--- sandbox's token, and an expiration (unix seconds, or nil for none).
-local function signed_url(srv, path, op, user, token, exp)
-  local raw = path .. ":" .. op .. ":" .. (user or "") .. ":" .. token .. (exp and (":" .. exp) or "")
-  local url = srv.url .. "/files?path=" .. urlencode(path)
-  if user then url = url .. "&username=" .. user end
-  url = url .. "&signature=" .. urlencode(sign(raw))
-  if exp then url = url .. "&signature_expiration=" .. exp end
-  return url
-end
+local function signed_url(srv, ...) return envd.signed_url(srv.url, ...) end
 
 describe("warmboxd signed /files URLs without routing headers", function()
   local srv, a, b, other, open
@@ -46,7 +22,7 @@ describe("warmboxd signed /files URLs without routing headers", function()
   end
 
   local function read(sb, path)
-    return http.sandbox(srv, sb, 49983, "GET", "/files?path=" .. urlencode(path))
+    return http.sandbox(srv, sb, 49983, "GET", "/files?path=" .. envd.urlencode(path))
   end
 
   local function post(url, data, headers)

@@ -2,57 +2,13 @@
 -- and Process Connect-RPC services, and path confinement.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
 local cjson = http.cjson
 
 local RPC = { ["Connect-Protocol-Version"] = "1" }
 local UNAUTHORIZED = "unauthorized access, please provide a valid access token or method signing if supported"
-
-local function b64decode(s)
-  local chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-  s = s:gsub("[^%w%+/]", "")
-  local out, acc, bits = {}, 0, 0
-  for c in s:gmatch(".") do
-    acc = (acc << 6) | (chars:find(c, 1, true) - 1)
-    bits = bits + 6
-    if bits >= 8 then
-      bits = bits - 8
-      out[#out + 1] = string.char((acc >> bits) & 0xff)
-    end
-  end
-  return table.concat(out)
-end
-
--- "v1_" .. base64-no-padding(sha256(raw)), as the SDK signs file URLs.
-local function sign(raw)
-  local tmp = os.tmpname()
-  local f = assert(io.open(tmp, "wb"))
-  f:write(raw)
-  f:close()
-  local p = assert(io.popen("openssl dgst -sha256 -binary " .. wbd.sh_quote(tmp) .. " | base64 -w0"))
-  local b64 = p:read("a")
-  p:close()
-  os.remove(tmp)
-  return "v1_" .. b64:gsub("=+$", "")
-end
-
-local function urlencode(s)
-  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
-
-local function envelope(flag, t)
-  local json = type(t) == "string" and t or assert(cjson.encode(t))
-  return string.pack(">I1I4", flag, #json) .. json
-end
-
-local function envelopes(body)
-  local out, pos = {}, 1
-  while pos <= #body do
-    local flag, len = string.unpack(">I1I4", body, pos)
-    out[#out + 1] = { flag = flag, msg = cjson.decode(body:sub(pos + 5, pos + 4 + len)) }
-    pos = pos + 5 + len
-  end
-  return out
-end
+local b64decode, sign, urlencode = envd.b64decode, envd.sign, envd.urlencode
+local envelope, envelopes = envd.envelope, envd.envelopes
 
 describe("warmboxd envd", function()
   local srv, sb, open

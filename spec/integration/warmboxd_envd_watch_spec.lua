@@ -7,25 +7,13 @@
 -- and a symlink out of the sandbox is never watched.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
 local cjson = http.cjson
 
 local q = wbd.sh_quote
-local RPC = { ["Connect-Protocol-Version"] = "1" }
-
-local function envelope(t)
-  local json = assert(cjson.encode(t))
-  return string.pack(">I1I4", 0, #json) .. json
-end
-
-local function envelopes(body)
-  local out, pos = {}, 1
-  while pos + 4 <= #body do
-    local flag, len = string.unpack(">I1I4", body, pos)
-    out[#out + 1] = { flag = flag, msg = cjson.decode(body:sub(pos + 5, pos + 4 + len)) }
-    pos = pos + 5 + len
-  end
-  return out
-end
+local RPC = envd.RPC
+local envelopes = envd.envelopes
+local function envelope(t) return envd.envelope(0, t) end
 
 local function read_file(path)
   local f = io.open(path, "rb")

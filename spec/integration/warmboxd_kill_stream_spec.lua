@@ -4,14 +4,10 @@
 -- sandbox answers 502: what the SDK reads as "the sandbox was killed".
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
+local envelope = envd.envelope
 
-local cjson = http.cjson
 local q = wbd.sh_quote
-
-local function envelope(flag, msg)
-  local s = cjson.encode(msg)
-  return string.char(flag) .. string.pack(">I4", #s) .. s
-end
 
 local function read(path)
   local f = io.open(path, "rb")

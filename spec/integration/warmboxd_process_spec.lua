@@ -4,55 +4,12 @@
 -- and the containment a pty process keeps.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
+local envd = require "spec.helpers.envd"
 local cjson = http.cjson
 
 local RPC = { ["Connect-Protocol-Version"] = "1" }
-local STREAM = { ["Content-Type"] = "application/connect+json", ["Connect-Protocol-Version"] = "1" }
-
-local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-local function b64decode(s)
-  s = s:gsub("[^%w%+/]", "")
-  local out, acc, bits = {}, 0, 0
-  for c in s:gmatch(".") do
-    acc = (acc << 6) | (B64:find(c, 1, true) - 1)
-    bits = bits + 6
-    if bits >= 8 then
-      bits = bits - 8
-      out[#out + 1] = string.char((acc >> bits) & 0xff)
-    end
-  end
-  return table.concat(out)
-end
-
-local function b64encode(s)
-  return ((s:gsub(".", function(x)
-    local r, b = "", x:byte()
-    for i = 8, 1, -1 do r = r .. (b % 2 ^ i - b % 2 ^ (i - 1) > 0 and "1" or "0") end
-    return r
-  end) .. "0000"):gsub("%d%d%d?%d?%d?%d?", function(x)
-    if #x < 6 then return "" end
-    local c = 0
-    for i = 1, 6 do c = c + (x:sub(i, i) == "1" and 2 ^ (6 - i) or 0) end
-    return B64:sub(c + 1, c + 1)
-  end) .. ({ "", "==", "=" })[#s % 3 + 1])
-end
-
-local function envelope(flag, t)
-  local json = type(t) == "string" and t or assert(cjson.encode(t))
-  return string.pack(">I1I4", flag, #json) .. json
-end
-
-local function envelopes(body)
-  local out, pos = {}, 1
-  while pos + 4 <= #body do
-    local flag, len = string.unpack(">I1I4", body, pos)
-    if pos + 4 + len > #body then break end   -- a partial envelope (still streaming)
-    out[#out + 1] = { flag = flag, msg = cjson.decode(body:sub(pos + 5, pos + 4 + len)) }
-    pos = pos + 5 + len
-  end
-  return out
-end
+local STREAM = envd.STREAM
+local b64decode, b64encode, envelope, envelopes = envd.b64decode, envd.b64encode, envd.envelope, envd.envelopes
 
 -- A stream body, decoded: { start, end_, trailer, stdout, stderr, pty, events }.
 local function decode(body)
