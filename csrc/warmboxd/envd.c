@@ -1143,14 +1143,8 @@ static ssize_t ps_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct pstream *ps = cls;
   (void)pos;
   for (;;) {
-    if (ps->buf.off < ps->buf.len) {
-      size_t n = ps->buf.len - ps->buf.off;
-      if (n > max) n = max;
-      memcpy(out, ps->buf.data + ps->buf.off, n);
-      ps->buf.off += n;
-      if (ps->buf.off == ps->buf.len) ps->buf.off = ps->buf.len = 0;
-      return (ssize_t)n;
-    }
+    size_t n = wbd_buf_take(&ps->buf, out, max);
+    if (n) return (ssize_t)n;
     if (ps->phase == PS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
     if (ps->phase == PS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
     ps_step(ps);

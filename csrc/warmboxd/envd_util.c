@@ -25,6 +25,16 @@ int wbd_buf_add(struct wbd_buf *b, const void *data, size_t len) {
   return 0;
 }
 
+size_t wbd_buf_take(struct wbd_buf *b, char *out, size_t max) {
+  size_t n = b->len - b->off;
+  if (n > max) n = max;
+  if (n == 0) return 0;
+  memcpy(out, b->data + b->off, n);
+  b->off += n;
+  if (b->off == b->len) b->off = b->len = 0;
+  return n;
+}
+
 void wbd_buf_free(struct wbd_buf *b) {
   free(b->data);
   memset(b, 0, sizeof *b);

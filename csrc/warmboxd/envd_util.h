@@ -17,6 +17,9 @@ struct wbd_buf {
 
 int  wbd_buf_add(struct wbd_buf *b, const void *data, size_t len);   /* 0 or -1 (ENOMEM) */
 void wbd_buf_free(struct wbd_buf *b);
+/* Moves up to `max` unread bytes to `out` (a stream's reader); the buffer is
+ * emptied once all is read. Returns how many (0: nothing unread). */
+size_t wbd_buf_take(struct wbd_buf *b, char *out, size_t max);
 
 /* Standard base64 with padding; returns a malloc'd NUL-terminated string. */
 char *wbd_b64_encode(const void *data, size_t len);

@@ -544,14 +544,8 @@ static ssize_t ws_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct wstream *ws = cls;
   (void)pos;
   for (;;) {
-    if (ws->buf.off < ws->buf.len) {
-      size_t n = ws->buf.len - ws->buf.off;
-      if (n > max) n = max;
-      memcpy(out, ws->buf.data + ws->buf.off, n);
-      ws->buf.off += n;
-      if (ws->buf.off == ws->buf.len) ws->buf.off = ws->buf.len = 0;
-      return (ssize_t)n;
-    }
+    size_t n = wbd_buf_take(&ws->buf, out, max);
+    if (n) return (ssize_t)n;
     if (ws->phase == WS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
     if (ws->phase == WS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
     ws_step(ws);
