@@ -45,6 +45,39 @@ local Warmbox = {}
 Warmbox.__index = Warmbox
 Warmbox.__name = "warmbox.Warmbox"
 
+-- Without a client: an E2B client for the key (or the API URL) given, else an
+-- embedded warmboxd and a client for it. Sets `client`, `origin` (and `server`).
+local function connect_backend(self, o)
+  local key = o.api_key or os_getenv("E2B_API_KEY")
+  if key == "" then key = nil end
+  local e2b = require "warmbox.e2b"
+  if key or o.api_url then
+    if not key then error("option 'api_url' to 'new' needs 'api_key' (or E2B_API_KEY)", 3) end
+    local sandbox_url = o.sandbox_url or os_getenv("E2B_SANDBOX_URL")
+    local api_url = o.api_url or os_getenv("E2B_API_URL")
+    if (sandbox_url == nil or sandbox_url == "") and api_url and (api_url:match("^https?://127%.")
+      or api_url:match("^https?://localhost[:/]") or api_url:match("^https?://localhost$")
+      or api_url:match("^https?://%[::1%]")) then
+      -- A loopback API URL is a local warmboxd: it serves the data plane on the same port.
+      sandbox_url = api_url
+    end
+    if sandbox_url == "" then sandbox_url = nil end
+    self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = sandbox_url, domain = o.domain,
+      request_timeout = o.request_timeout }
+    self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
+  else
+    local server = require "warmbox.server"
+    local srv, serr, scode = server.start{ bin = o.warmboxd, args = o.warmboxd_args }
+    if not srv then return nil, serr, scode end
+    self.server = srv
+    self.client = e2b.new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url,
+      request_timeout = o.request_timeout }
+    self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
+  end
+  self.owns_client = true
+  return true
+end
+
 --- Make a warmbox object.
 -- @tparam[opt] table opts `template` ("code-interpreter-v1"), `exec_timeout` (300),
 --   `idle_timeout` (300), `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
@@ -96,33 +129,8 @@ function _M.new(opts)
   if o.client then
     self.client = o.client
   else
-    local key = o.api_key or os_getenv("E2B_API_KEY")
-    if key == "" then key = nil end
-    local e2b = require "warmbox.e2b"
-    if key or o.api_url then
-      if not key then error("option 'api_url' to 'new' needs 'api_key' (or E2B_API_KEY)", 2) end
-      local sandbox_url = o.sandbox_url or os_getenv("E2B_SANDBOX_URL")
-      local api_url = o.api_url or os_getenv("E2B_API_URL")
-      if (sandbox_url == nil or sandbox_url == "") and api_url and (api_url:match("^https?://127%.")
-        or api_url:match("^https?://localhost[:/]") or api_url:match("^https?://localhost$")
-        or api_url:match("^https?://%[::1%]")) then
-        -- A loopback API URL is a local warmboxd: it serves the data plane on the same port.
-        sandbox_url = api_url
-      end
-      if sandbox_url == "" then sandbox_url = nil end
-      self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = sandbox_url, domain = o.domain,
-        request_timeout = o.request_timeout }
-      self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
-    else
-      local server = require "warmbox.server"
-      local srv, serr, scode = server.start{ bin = o.warmboxd, args = o.warmboxd_args }
-      if not srv then return nil, serr, scode end
-      self.server = srv
-      self.client = e2b.new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url,
-        request_timeout = o.request_timeout }
-      self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
-    end
-    self.owns_client = true
+    local ok, err, code = connect_backend(self, o)
+    if not ok then return nil, err, code end
   end
   self:_install_transport()
   return self
