@@ -564,6 +564,8 @@ function _M.simulate(S)
   -- ----------------------------------------------------------------
 
   local gc_hook = policy.gc
+  -- The built-in default hook, played without a call per listed sandbox.
+  local default_gc = gc_hook == require("warmbox.policy.default").gc and not S.gc_full
   local tenant_of = type(policy.tenant) == "function" and policy.tenant or gc_mod.default_tenant
   local max_age = S.max_age
   local gctx = { max_age = max_age, retention = max_age, tag = tag, dry_run = false,
@@ -647,6 +649,35 @@ function _M.simulate(S)
     local b = model.newest
     local nlisted = 0
     gctx.now = T
+    if default_gc then
+      -- The default policy's hook (warmbox.policy.default.gc: orphans kept,
+      -- kill when now - last_activity > max_age; it reads nothing else, and
+      -- nothing but its kills is booked): only sandboxes whose last activity
+      -- is older than the cut can be killed, and a listed last activity is
+      -- never before the start (ms(started_at) for a running one, ms(end_at)
+      -- >= it for a paused one), so they are all at the list's oldest end.
+      -- Walk from there up to the cut (with a second of slack), then act on
+      -- them newest first, the order of the full listing.
+      nlisted = model.nlive
+      local mage = max_age or 86400
+      local cut = T - mage + 1
+      local found = {}
+      b = model.oldest
+      while b and b.started_at <= cut do
+        local info = b.gc_info
+        local tv = info and info.tv or b.metadata[tag]
+        if info or (type(tv) == "string" and tv ~= "") then
+          local it = item_of(b, tv)
+          local last = it.last_activity
+          if not it.orphan and last and T - last > mage then
+            found[#found + 1] = { item = copy(it), action = "kill", b = b }
+          end
+        end
+        b = b.newer
+      end
+      for i = #found, 1, -1 do acts[#acts + 1] = found[i] end
+      b = nil
+    end
     while b do
       nlisted = nlisted + 1
       local info = b.gc_info       -- a sandbox's metadata never changes: its tag value is known
