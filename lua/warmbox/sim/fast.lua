@@ -79,7 +79,7 @@ local function ms(t) return math_floor(t * 1000 + 0.5) / 1000 end
 -- `max_age`, `gc_every` (or false), `tail`, `prewarm`, `fail(code, msg)`,
 -- `note_error(code, msg)`. Fills the report's counts and returns the time
 -- the simulation ended (its horizon).
-function _M.simulate(S)
+local function simulate(S)
   local model, policy, report = S.model, S.policy, S.report
   local events = report.events
   local stats, cfg, live = model.stats, model.cfg, model.live
@@ -936,6 +936,21 @@ function _M.simulate(S)
   report.prewarms, report.prewarms_unused, report.prewarms_failed = prewarms.done, prewarms.unused, prewarms.failed
   report.prewarm_requests = prewarms.requests
   report.prewarm_creates, report.prewarm_resumes = prewarms.created or 0, prewarms.resumed or 0
+  return h
+end
+
+-- The Lua collector's pause while a simulation plays: the heap holds every
+-- live sandbox's and conversation's record (270 MiB at 100,000
+-- conversations), so a cycle starting when the heap is twice that (the
+-- default, 200) traverses them again and again for little garbage; at 400 the
+-- 1,000,000-run bench spends about 5 % less CPU time for 10 % more peak RSS.
+_M.GC_PAUSE = 400
+
+function _M.simulate(S)
+  local pause = collectgarbage("setpause", _M.GC_PAUSE)
+  local ok, h = pcall(simulate, S)
+  collectgarbage("setpause", pause)
+  if not ok then error(h, 0) end
   return h
 end
 
