@@ -100,6 +100,16 @@ local function simulate(S)
   local lease_hook, refresh_hook, order_hook, create_hook = policy.lease, policy.should_refresh, policy.order,
     policy.create_params
   local by_tv = {}                       -- tag value -> conversation (GC's locks)
+  -- Every conversation's tag value has the same fingerprint (an HMAC of the
+  -- template and env): computed once, not once per conversation.
+  local core = require "warmbox.core"
+  local hmac, hmacs = core.hmac_sha256, {}
+  local tv_opts = { template = template, env = env, sha256 = core.sha256, hmac = function(k, m)
+    local key = k .. "\0" .. m
+    local v = hmacs[key]
+    if not v then v = hmac(k, m); hmacs[key] = v end
+    return v
+  end }
   -- Counters kept in locals while the loop runs (added to the books at the end).
   local nreq, nruns, nconnect = 0, 0, 0
   local r_runs, r_ok, r_warm_hits, r_resumes, r_cold_starts, r_turns = 0, 0, 0, 0, 0, 0
@@ -790,7 +800,7 @@ local function simulate(S)
       c.due, c.duration, c.timeout, c.language, c.runs = due, duration, timeout, language, runs ~= false
       if per_call then
         c.skey = c.key .. "#" .. c.n
-        c.stv = tag_mod.tag_value(c.skey, { template = template, env = env })
+        c.stv = tag_mod.tag_value(c.skey, tv_opts)
         c.st = {}
       end
       if prewarm_on then
@@ -901,7 +911,7 @@ local function simulate(S)
         lock_until = T, had_box = false, lost = false }
       c.st = c
       if not per_call then
-        c.stv = tag_mod.tag_value(conv.key, { template = template, env = env })
+        c.stv = tag_mod.tag_value(conv.key, tv_opts)
         by_tv[c.stv] = c
       end
       next_turn(c)
