@@ -162,6 +162,7 @@ function _M.new(opts, sched)
     boxes = {},                -- id -> record (killed ones too while keep_history)
     keep_history = true,       -- false: forget killed sandboxes (large simulations)
     live = {},                 -- id -> record (running or paused)
+    nlive = 0,                 -- how many live records (the list's length)
     by_md = {},                -- metadata key -> value -> { [record] = true } (live ones)
     leases = new_heap(),       -- timer heap of running sandboxes' lease ends
     tseq = 0,
@@ -301,7 +302,8 @@ end
 -- Live sandboxes in a list ordered by started_at (then creation order),
 -- newest at `self.newest`: the order E2B lists them in, kept without a sort
 -- (a sandbox that starts moves to the newest end; the walk back is short
--- because starts come in nearly increasing time).
+-- because starts come in nearly increasing time); `self.oldest` is its
+-- other end.
 local function newer_than(a, b)
   return a.started_at > b.started_at or (a.started_at == b.started_at and a.n > b.n)
 end
@@ -309,7 +311,7 @@ end
 local function unlink(self, b)
   local o, w = b.older, b.newer
   if w then w.older = o else if self.newest == b then self.newest = o end end
-  if o then o.newer = w end
+  if o then o.newer = w else if self.oldest == b then self.oldest = w end end
   b.older, b.newer = nil, nil
 end
 
@@ -319,7 +321,7 @@ local function touch(self, b)
   local o = self.newest
   while o and not newer_than(b, o) do w, o = o, o.older end
   b.older, b.newer = o, w
-  if o then o.newer = b end
+  if o then o.newer = b else self.oldest = b end
   if w then w.older = b else self.newest = b end
 end
 
@@ -349,7 +351,10 @@ local function remove(self, b, t)
     end_paused(self, b, t)
   end
   b.state, b.killed_at = "killed", t
-  self.live[b.id] = nil
+  if self.live[b.id] then
+    self.live[b.id] = nil
+    self.nlive = self.nlive - 1
+  end
   unlink(self, b)
   if not self.keep_history then self.boxes[b.id] = nil end
   for k, v in pairs(b.metadata) do
@@ -602,6 +607,7 @@ local function add_box(self, params, timeout, t)
   }
   b.end_at = cap(self, b, t + timeout)
   self.boxes[b.id], self.live[b.id] = b, b
+  self.nlive = self.nlive + 1
   local by_md = self.by_md
   for k, v in pairs(md) do
     local vals = by_md[k]
