@@ -320,6 +320,29 @@ describe("warmbox.sim", function()
       both{ trace = FIXTURE, exec_timeout = 60, idle_timeout = 120 }
     end)
 
+    it("a fast GC pass over the old end only gives the same report as the full pass", function()
+      -- The fast path's default-policy GC walks from the oldest sandbox up to the
+      -- retention cut-off; gc_full makes it ask the policy about every sandbox.
+      for _, o in ipairs{
+        { workload = { sessions = 80, turns = { 1, 20 }, gap = 200, seed = 5, span = 7200 }, max_age = 600,
+          gc_every = 300 },
+        { workload = { sessions = 60, turns = { 1, 8 }, gap = 900, seed = 3, span = 7200, lead = 3 },
+          max_age = 1200, gc_every = 120, prewarm = true },
+        { workload = { sessions = 40, turns = { 1, 4 }, gap = 60, seed = 8, span = 1800 }, max_age = 60,
+          gc_every = 30, exec_timeout = 20, idle_timeout = 20 },
+      } do
+        o.exact = false
+        local short = assert(sim.run(o))
+        o.gc_full = true
+        local full = assert(sim.run(o))
+        assert.is_true(short.gc_kills > 0, tostring(short.gc_kills))
+        local sv, fv = {}, {}
+        for _, k in ipairs(KEYS) do sv[k], fv[k] = short[k], full[k] end
+        assert.same(fv, sv)
+        assert.same(full.failures, short.failures)
+      end
+    end)
+
     it("are chosen by 'exact'; the fast one is the default unless the cap or the rate limit is set", function()
       local o = { trace = turns("a", { 0, 10 }) }
       assert.equal("fast", assert(sim.run(o)).path)

@@ -486,7 +486,7 @@ _M.parse_csv_trace = parse_csv_trace
 
 local RUN_KEYS = { trace = true, workload = true, policy = true, exec_timeout = true, idle_timeout = true,
   template = true, tag = true, prices = true, model = true, gc_every = true, max_age = true, tail = true,
-  details = true, code = true, builtin = true, exact = true, prewarm = true }
+  details = true, code = true, builtin = true, exact = true, prewarm = true, gc_full = true }
 
 local function copy(t)
   local o = {}
@@ -695,7 +695,7 @@ local function run(o)
     horizon = fast_mod.simulate{ convs = convs, policy = policy, per_call = per_call, model = model,
       report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
       idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
-      gc_every = gc_every, tail = tail, prewarm = o.prewarm and true or false, fail = fail,
+      gc_every = gc_every, tail = tail, prewarm = o.prewarm and true or false, gc_full = o.gc_full == true, fail = fail,
       note_error = note_error }
     nlat = #latencies
   else
