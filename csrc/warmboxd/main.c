@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* The one place handlers are wired to the server: server.c calls through
@@ -28,6 +30,17 @@ static const struct wbd_routes routes = {
   .admin_config = wbd_knob_config,
   .admin_seed = wbd_knob_seed,
 };
+
+/* A pidfd for `pid` (Linux 5.3 and later), or -1 with errno. */
+static int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
 
 /* A signal handler may only write(2); the main thread waits on this pipe. */
 static int sig_pipe[2] = { -1, -1 };
@@ -62,6 +75,8 @@ static void usage(FILE *f) {
           "  --max-conns-per-ip N  connections from one client address (default 128)\n"
           "  --max-upload-mb N     largest envd file upload body (default 100)\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
+          "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
+          "                        server does not outlive its host, even one killed by SIGKILL\n"
           "  --verbose             log requests to stderr\n"
           "  --version             print the version\n"
           "  --help                this text\n\n"
@@ -124,7 +139,8 @@ static int make_admin_token(char out[65]) {
 
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
-         O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP };
+         O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
+         O_EXITWITH };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -142,12 +158,13 @@ int main(int argc, char **argv) {
     { "max-conns", required_argument, 0, O_MAXCONN },
     { "max-conns-per-ip", required_argument, 0, O_MAXCONNIP },
     { "max-upload-mb", required_argument, 0, O_MAXUP },
+    { "exit-with", required_argument, 0, O_EXITWITH },
     { "verbose", no_argument, 0, O_VERBOSE },
     { "version", no_argument, 0, O_VERSION },
     { "help", no_argument, 0, O_HELP },
     { 0, 0, 0, 0 },
   };
-  int c, rc = 0;
+  int c, rc = 0, exit_with = 0;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (c) {
     case O_PORT: rc = parse_int("--port", optarg, 0, 65535, &wbd_opt.port); break;
@@ -172,6 +189,7 @@ int main(int argc, char **argv) {
     case O_MAXCONN: rc = parse_int("--max-conns", optarg, 1, 1 << 20, &wbd_lim.max_conns); break;
     case O_MAXCONNIP: rc = parse_int("--max-conns-per-ip", optarg, 1, 1 << 20, &wbd_lim.max_conns_per_ip); break;
     case O_MAXUP: rc = parse_int("--max-upload-mb", optarg, 1, 1 << 20, &wbd_lim.max_upload_mb); break;
+    case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &exit_with); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;
@@ -183,6 +201,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "warmboxd: unexpected argument '%s'\n", argv[optind]);
     usage(stderr);
     return 2;
+  }
+
+  /* The host to end with: a pidfd when the kernel has them (no pid reuse),
+   * else kill(pid, 0) at each turn of the wait below. */
+  int host_fd = -1;
+  if (exit_with > 0) {
+    host_fd = open_pidfd((pid_t)exit_with);
+    if ((host_fd < 0 && errno == ESRCH) || (host_fd < 0 && kill((pid_t)exit_with, 0) != 0 && errno == ESRCH)) {
+      fprintf(stderr, "warmboxd: --exit-with %d: no such process\n", exit_with);
+      return 2;
+    }
   }
 
   char *made_dir = NULL;
@@ -252,12 +281,18 @@ int main(int argc, char **argv) {
    * handlers to the next intercepted call still see the signal. */
   unsigned char b = 0;
   for (;;) {
-    struct pollfd pfd = { .fd = sig_pipe[0], .events = POLLIN };
-    int n = poll(&pfd, 1, 250);
+    struct pollfd pfd[2] = { { .fd = sig_pipe[0], .events = POLLIN }, { .fd = host_fd, .events = POLLIN } };
+    int n = poll(pfd, host_fd >= 0 ? 2 : 1, 250);
     if (n < 0 && errno != EINTR) break;
-    if (n > 0 && read(sig_pipe[0], &b, 1) == 1) break;
+    if (n > 0 && (pfd[0].revents & POLLIN) && read(sig_pipe[0], &b, 1) == 1) break;
+    if (n > 0 && host_fd >= 0 && pfd[1].revents) break;   /* the host ended */
+    if (exit_with > 0 && host_fd < 0 && kill((pid_t)exit_with, 0) != 0 && errno == ESRCH) break;
   }
-  if (wbd_opt.verbose) fprintf(stderr, "warmboxd: signal %d, shutting down\n", b);
+  if (wbd_opt.verbose) {
+    if (b) fprintf(stderr, "warmboxd: signal %d, shutting down\n", b);
+    else fprintf(stderr, "warmboxd: process %d ended, shutting down\n", exit_with);
+  }
+  if (host_fd >= 0) close(host_fd);
 
   /* Stop accepting, stop expiring leases, let the runtime end every
    * sandbox's processes (so streams that wait on them finish), then join the

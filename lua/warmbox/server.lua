@@ -122,6 +122,12 @@ function _M.kill(pid, grace)
   return true
 end
 
+-- This process's pid (Linux: /proc/self is whoever opens it), or nil.
+local function own_pid()
+  local stat = read_file("/proc/self/stat")
+  return stat and tonumber(stat:match("^(%d+)"))
+end
+
 local Server = {}
 Server.__index = Server
 Server.__name = "warmbox.Server"
@@ -131,8 +137,10 @@ Server.__name = "warmbox.Server"
 -- before it prints its address; it is read into `srv.admin_token` (the header
 -- `X-Warmboxd-Token` of the admin API `/_warmboxd/*`). An `--admin-token` in
 -- `opts.args` is used instead.
+-- Unless `opts.detach`, warmboxd gets `--exit-with <this process's pid>`: it shuts
+-- down when this process ends, however it ends.
 -- @tparam[opt] table opts `bin`, `args` (extra arguments), `start_timeout` (seconds, 15),
---   `api_key` (default a fresh `e2b_<40 hex>`: its own team)
+--   `api_key` (default a fresh `e2b_<40 hex>`: its own team), `detach` (outlive this process)
 -- @treturn[1] warmbox.Server `{ url, port, pid, api_key, admin_token, dir }`
 -- @return[2] nil, message, code ("NOT_FOUND" | "TRANSPORT")
 function _M.start(opts)
@@ -154,6 +162,13 @@ function _M.start(opts)
   end
   local logf = dir .. "/warmboxd.log"
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
+  -- An embedded server ends with this process, even one killed by SIGKILL
+  -- (whose Server object never gets to stop it); a detached one outlives it.
+  local host = not opts.detach and own_pid()
+  if host then
+    args[#args + 1] = "--exit-with"
+    args[#args + 1] = tostring(host)
+  end
   local admin_token
   for i, a in ipairs(opts.args or {}) do
     args[#args + 1] = a

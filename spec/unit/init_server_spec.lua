@@ -26,7 +26,10 @@ describe("warmbox.server", function()
     local f = io.open(argsfile)
     local args = f:read("a")
     f:close()
-    assert.matches("^%-%-port 0 %-%-data%-dir /tmp/warmboxd%.%w+/data %-%-rtt%-ms 20\n$", args)
+    -- --exit-with names this process (it reads its own /proc/self/stat)
+    local me = tonumber(io.open("/proc/self/stat"):read("a"):match("^(%d+)"))
+    assert.matches("^%-%-port 0 %-%-data%-dir /tmp/warmboxd%.%w+/data %-%-exit%-with " .. me .. " %-%-rtt%-ms 20\n$",
+      args)
     assert.is_true(alive(srv.pid))
     local dir = srv.dir
     assert.is_true(srv:stop())
