@@ -119,6 +119,12 @@ function M.start(opts)
   assert(os.execute("mkdir -p " .. sh_quote(dir)))
   local logf = dir .. "/warmboxd.log"
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
+  -- It ends with this busted process, even one killed before its teardown.
+  local me = tonumber((read_all("/proc/self/stat") or ""):match("^(%d+)"))
+  if me and opts.exit_with ~= false then
+    args[#args + 1] = "--exit-with"
+    args[#args + 1] = tostring(me)
+  end
   local admin_token
   for i, a in ipairs(opts.args or {}) do
     args[#args + 1] = a
