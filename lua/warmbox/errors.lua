@@ -156,6 +156,19 @@ function Detail.__tostring(d)
   return ("http %s: %s"):format(tostring(d.status), tostring(d.message))
 end
 
+--- lua.c's ^C raises "interrupted!" from a hook at the next call, which can be
+-- a call under a pcall (cjson.safe's, a policy hook's): such a pcall must not
+-- turn the interrupt into an ordinary failure. Raises it again when `e` (an
+-- error value, possibly with a traceback appended) is that interrupt;
+-- otherwise returns `e`.
+function _M.reraise_interrupt(e)
+  if type(e) == "string" and (e == "interrupted!" or e:match("^interrupted!\n") or e:match("^[^\n]*: interrupted!$")
+    or e:match("^[^\n]*: interrupted!\n")) then
+    error("interrupted!", 0)
+  end
+  return e
+end
+
 --- A detail table `{ status, message }` (E2B's status and message kept).
 function _M.detail(status, message, extra)
   local d = setmetatable({ status = status, message = message }, Detail)

@@ -236,6 +236,7 @@ local function make_item(d, tag, tenant_of)
   item.demoted = state_codec.looks_demoted(d) -- (paused within seconds of its resume)
   if enc then
     local ok, t = pcall(tenant_of, key or tv, item)
+    if not ok then errors.reraise_interrupt(t) end
     item.tenant = ok and type(t) == "string" and t or _M.default_tenant(key or tv)
   end
   return item
@@ -405,7 +406,7 @@ function _M.run(opts)
                   totals = { seen = totals.seen, kept = totals.kept, kill = totals.kill, demote = totals.demote },
                   max_kills = max_kills, dry_run = dry_run }
     local ok, action, reason = xpcall(policy.gc, traceback, copy(item), ctx)
-    if not ok then return nil, "gc policy failed: " .. tostring(action) end
+    if not ok then return nil, "gc policy failed: " .. tostring(errors.reraise_interrupt(action)) end
     if not ACTIONS[action] then
       return nil, "gc policy returned " .. tostring(action) .. " (expected \"keep\", \"kill\" or \"demote\")"
     end

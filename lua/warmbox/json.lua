@@ -3,6 +3,7 @@
 -- application's `cjson`; `null` and empty arrays handled explicitly.
 -- @module warmbox.json
 local cjson = require "cjson.safe"
+local reraise_interrupt = require("warmbox.errors").reraise_interrupt
 
 local type, pairs, next, setmetatable, getmetatable = type, pairs, next, setmetatable, getmetatable
 local tostring = tostring
@@ -86,7 +87,7 @@ end
 function _M.decode(s)
   if type(s) ~= "string" then return nil, "expected a string, got " .. type(s) end
   local v, err = codec.decode(s)
-  if v == nil then return nil, tostring(err) end
+  if v == nil then return nil, reraise_interrupt(tostring(err)) end
   return v
 end
 
@@ -168,8 +169,12 @@ function _M.decode_lossless(s)
   if not string_find(s, "\\u[dD][89a-fA-F]") then return nil, err end
   local fixed, n = _M.repair_surrogates(s)
   if n == 0 then return nil, err end
-  v = codec.decode(fixed)
-  if v == nil then return nil, err end
+  local err2
+  v, err2 = codec.decode(fixed)
+  if v == nil then
+    reraise_interrupt(tostring(err2))
+    return nil, err
+  end
   return v, n
 end
 

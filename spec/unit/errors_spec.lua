@@ -130,3 +130,37 @@ describe("warmbox.errors", function()
     end)
   end)
 end)
+
+describe("errors.reraise_interrupt", function()
+  it("raises lua.c's ^C again, bare, positioned or with a traceback, and passes other errors back", function()
+    for _, e in ipairs{ "interrupted!", "?: interrupted!", "interrupted!\nstack traceback:\n\t[C]: in ?" } do
+      assert.has_error(function() errors.reraise_interrupt(e) end, "interrupted!")
+    end
+    assert.equal("boom: not interrupted! at all", errors.reraise_interrupt("boom: not interrupted! at all"))
+    assert.equal(42, errors.reraise_interrupt(42))
+  end)
+
+  it("keeps json.decode from turning an interrupt under cjson.safe's pcall into a decode error", function()
+    local json = require "warmbox.json"
+    -- lua.c's way: a call hook raises at a call; here the call cjson.safe's
+    -- decode makes under its own pcall (the second C call json.decode makes
+    -- that is not one of these).
+    local skip = { [pcall] = true, [type] = true, [tostring] = true, [debug.sethook] = true }
+    local n = 0
+    debug.sethook(function()
+      local f = debug.getinfo(2, "fS")
+      if f and f.what == "C" and not skip[f.func] then
+        n = n + 1
+        if n == 2 then
+          debug.sethook()
+          error("interrupted!")
+        end
+      end
+    end, "c")
+    local ok, err = pcall(json.decode, "[1, 2]")
+    debug.sethook()
+    assert.equal(2, n)
+    assert.is_false(ok)
+    assert.matches("interrupted!$", tostring(err))
+  end)
+end)

@@ -147,6 +147,7 @@ function _M.call(p, hook, ...)
   end
   local ok, v = xpcall(fn, traceback, ...)
   if not ok then
+    v = errors.reraise_interrupt(v)
     return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, tostring(v)), "POLICY"
   end
   return v
