@@ -27,4 +27,30 @@ function M.hmac(k, s)
   return M.hash(k .. "\0" .. s)
 end
 
+--- A lock module for GC's unit specs: `m.new()` makes locks over one shared
+-- table; `m.held`, `m.n` (held now), `m.max` (most held at once), `m.state`
+-- (per-key state), and `m.busy[key] = true` makes a key look held elsewhere.
+function M.counting_lock()
+  local m = { held = {}, n = 0, max = 0, state = {}, busy = {} }
+  function m.new()
+    local lk = {}
+    function lk:try_lock(key)
+      if m.held[key] or m.busy[key] then return nil, "busy" end
+      m.held[key], self.k = true, key
+      m.n = m.n + 1
+      if m.n > m.max then m.max = m.n end
+      return true
+    end
+    function lk:unlock()
+      m.held[self.k] = nil
+      m.n = m.n - 1
+      return true
+    end
+    function lk:get_state() return m.state[self.k] end
+    function lk:set_state(s) m.state[self.k] = s return true end
+    return lk
+  end
+  return m
+end
+
 return M

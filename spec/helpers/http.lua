@@ -17,13 +17,7 @@ local wbd = require "spec.helpers.warmboxd"
 local M = { cjson = cjson }
 local q = wbd.sh_quote
 
-local function read_all(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local function read_all(path) return wbd.read_all(path) or "" end
 
 local function write_all(path, data)
   local f = assert(io.open(path, "wb"))

@@ -59,13 +59,8 @@ function M.eventually(fn, seconds)
   return fn()
 end
 
-local function read_all(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+-- A file's bytes, or nil (warmbox.util's reader, without its error message).
+local function read_all(path) return (require("warmbox.util").read_file(path)) end
 M.read_all = read_all
 
 local function alive(pid)

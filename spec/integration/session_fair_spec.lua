@@ -44,13 +44,7 @@ describe("sessions: a back-to-back runner does not starve others (warmboxd)", fu
     return pid
   end
 
-  local function read(path)
-    local f = io.open(path)
-    if not f then return "" end
-    local s = f:read("a")
-    f:close()
-    return s
-  end
+  local function read(path) return wbd.read_all(path) or "" end
 
   local function contend(lock_src)
     local looper_out, ready = os.tmpname(), os.tmpname()

@@ -10,13 +10,7 @@ local q = wbd.sh_quote
 
 local function eventually(fn, seconds) return wbd.eventually(fn, seconds or 30) end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local function read(path) return wbd.read_all(path) or "" end
 
 describe("warmboxd control plane with code running", function()
   local srv

@@ -37,9 +37,7 @@ describe("warmboxd envd gzip /files", function()
 
   lazy_setup(function()
     srv = wbd.start{ args = { "--max-upload-mb", "1" } }
-    local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", secure = true, timeout = 600 })
-    assert.are.equal(201, res.status, res.body)
-    sb = res.json
+    sb = http.create(srv, { templateID = "base", secure = true, timeout = 600 })
   end)
 
   lazy_teardown(function()

@@ -15,13 +15,7 @@ local RPC = envd.RPC
 local envelopes = envd.envelopes
 local function envelope(t) return envd.envelope(0, t) end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local function read_file(path) return wbd.read_all(path) or "" end
 
 describe("warmboxd envd directory watchers", function()
   local srv, sb
@@ -105,9 +99,7 @@ describe("warmboxd envd directory watchers", function()
 
   lazy_setup(function()
     srv = wbd.start{}
-    local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", secure = true, timeout = 600 })
-    assert.are.equal(201, res.status, res.body)
-    sb = res.json
+    sb = http.create(srv, { templateID = "base", secure = true, timeout = 600 })
   end)
 
   lazy_teardown(function()

@@ -32,9 +32,7 @@ describe("warmboxd javascript/typescript kernel", function()
 
   lazy_setup(function()
     srv = wbd.start{}
-    local res = http.api(srv, "POST", "/sandboxes", { templateID = "code-interpreter-v1", timeout = 600 })
-    assert.are.equal(201, res.status, res.body)
-    sb = res.json
+    sb = http.create(srv, { templateID = "code-interpreter-v1", timeout = 600 })
   end)
 
   lazy_teardown(function()

@@ -9,13 +9,7 @@ local envelope = envd.envelope
 
 local q = wbd.sh_quote
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local function read(path) return wbd.read_all(path) or "" end
 
 describe("warmboxd kill under a running command", function()
   local srv

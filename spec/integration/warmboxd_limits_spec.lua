@@ -170,9 +170,7 @@ describe("warmboxd limits", function()
     describe("on the data plane", function()
       local sb
       lazy_setup(function()
-        local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", secure = true, timeout = 600 })
-        assert.are.equal(201, res.status, res.body)
-        sb = res.json
+        sb = http.create(srv, { templateID = "base", secure = true, timeout = 600 })
       end)
 
       it("takes uploads up to --max-upload-mb, and 64 KiB without the access token", function()

@@ -32,13 +32,7 @@ local function decode(body)
   return r
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local function read_file(path) return wbd.read_all(path) or "" end
 
 describe("warmboxd envd processes", function()
   local srv, sb
@@ -118,9 +112,7 @@ describe("warmboxd envd processes", function()
 
   lazy_setup(function()
     srv = wbd.start{}
-    local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", secure = true, timeout = 600 })
-    assert.are.equal(201, res.status, res.body)
-    sb = res.json
+    sb = http.create(srv, { templateID = "base", secure = true, timeout = 600 })
   end)
 
   lazy_teardown(function()

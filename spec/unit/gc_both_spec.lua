@@ -98,28 +98,6 @@ local function e2b_fake(o)
   return c
 end
 
-local function file_lock()
-  local m = { held = {}, n = 0, state = {} }
-  function m.new()
-    local lk = {}
-    function lk:try_lock(key)
-      if m.held[key] then return nil, "busy" end
-      m.held[key], self.k = true, key
-      m.n = m.n + 1
-      return true
-    end
-    function lk:unlock()
-      m.held[self.k] = nil
-      m.n = m.n - 1
-      return true
-    end
-    function lk:get_state() return m.state[self.k] end
-    function lk:set_state(s) m.state[self.k] = s return true end
-    return lk
-  end
-  return m
-end
-
 -- n sandboxes with startedAt spread over 40 days (deterministic), paused an
 -- hour after their start; `ties`: all started in the same microsecond.
 -- Returns the fake and the set of expired ids.
@@ -151,7 +129,7 @@ end
 local function run(c, o)
   o = o or {}
   o.client, o.clock, o.max_age = c, function() return NOW end, RETENTION
-  o.lock = o.lock or file_lock()
+  o.lock = o.lock or require("spec.helpers.fakes").counting_lock()
   return gc.run(o)
 end
 

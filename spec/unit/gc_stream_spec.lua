@@ -65,29 +65,7 @@ local function fake_client(items, o)
   return c
 end
 
--- A lock module counting the sessions held at once.
-local function counting_lock()
-  local m = { held = {}, n = 0, max = 0, state = {}, busy = {} }
-  function m.new()
-    local lk = {}
-    function lk:try_lock(key)
-      if m.held[key] or m.busy[key] then return nil, "busy" end
-      m.held[key], self.k = true, key
-      m.n = m.n + 1
-      if m.n > m.max then m.max = m.n end
-      return true
-    end
-    function lk:unlock()
-      m.held[self.k] = nil
-      m.n = m.n - 1
-      return true
-    end
-    function lk:get_state() return m.state[self.k] end
-    function lk:set_state(s) m.state[self.k] = s return true end
-    return lk
-  end
-  return m
-end
+local counting_lock = require("spec.helpers.fakes").counting_lock
 
 local function seed(n, o)
   o = o or {}
