@@ -9,38 +9,17 @@
 //
 // Uses $WARMBOXD_BIN or build/warmboxd, a scratch --data-dir, and the SDK
 // pinned in spec/sdk/node_modules (scripts/setup installs it).
-import { spawn } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { randomBytes } from 'node:crypto'
+import { key, opt, start } from './warmboxd.mjs'
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const { Sandbox } = await import(join(root, 'spec/sdk/node_modules/e2b/dist/index.mjs'))
-const args = process.argv.slice(2)
-function opt(name, dflt) {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 ? Number(args[i + 1]) : dflt
-}
 const RUNS = opt('runs', 30)
 const MB = opt('mb', 50)
-const bin = process.env.WARMBOXD_BIN || join(root, 'build', 'warmboxd')
 const dir = mkdtempSync(join(tmpdir(), 'wbd-bench-'))
-
-function start() {
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, ['--port', '0', '--data-dir', join(dir, 'data'), '--admin-token',
-      randomBytes(24).toString('hex')], { stdio: ['ignore', 'pipe', 'inherit'] })
-    let buf = ''
-    child.stdout.on('data', (d) => {
-      buf += d
-      const m = buf.match(/warmboxd listening on (http:\/\/[\d.]+:\d+)/)
-      if (m) resolve({ child, url: m[1] })
-    })
-    child.on('exit', (code) => reject(new Error(`warmboxd exited with ${code}`)))
-  })
-}
 
 function stats(name, ms) {
   const s = [...ms].sort((a, b) => a - b)
@@ -54,11 +33,11 @@ function hwmKb(pid) {
   return m ? Number(m[1]) : 0
 }
 
-const { child, url } = await start()
+const { child, url } = await start(['--data-dir', join(dir, 'data')])
 process.env.E2B_API_URL = url
 process.env.E2B_SANDBOX_URL = url
 process.env.E2B_DOMAIN = 'localhost'
-process.env.E2B_API_KEY = 'e2b_' + randomBytes(20).toString('hex')
+process.env.E2B_API_KEY = key()
 try {
   const sbx = await Sandbox.create('base', { timeoutMs: 600_000 })
   await sbx.commands.run('true')   // the sandbox's namespaces exist from here
