@@ -44,6 +44,22 @@ const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len) {
   return buf;
 }
 
+int wbd_rt_isolated(void) { return 0; }
+
+/* As an unisolated runtime: home and /tmp in the scratch directory, nothing else. */
+int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest) {
+  static const char *const trees[][2] = { { "/home/user", "home" }, { "/tmp", "tmp" } };
+  (void)sb;
+  for (int i = 0; i < 2; i++) {
+    size_t n = strlen(trees[i][0]);
+    if (strncmp(jail, trees[i][0], n) != 0 || (jail[n] != 0 && jail[n] != '/')) continue;
+    snprintf(host, hlen, "%s/%s", fuzz_scratch, trees[i][1]);
+    *rest = jail[n] ? jail + n + 1 : ".";
+    return WBD_TREE_OWN;
+  }
+  return -EACCES;
+}
+
 int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,
                  int *stdin_fd, int *stdout_fd, int *stderr_fd) {
   (void)sb; (void)argv; (void)envs; (void)cwd; (void)pid; (void)stdin_fd; (void)stdout_fd; (void)stderr_fd;

@@ -106,21 +106,23 @@ static int known_user(const char *u) {
   return !u || !*u || strcmp(u, "user") == 0 || strcmp(u, "root") == 0;
 }
 
-/* RPCs carry the user as Authorization: Basic base64("<user>:"). Returns 0,
- * or -1 with the user's name in `bad`. */
-static int rpc_user(struct wbd_req *req, char *bad, size_t badlen) {
+/* RPCs carry the user as Authorization: Basic base64("<user>:"). Returns 0
+ * with the user's name in `name` ("" when none is given), or -1 with the
+ * unknown name there. */
+static int rpc_user(struct wbd_req *req, char *name, size_t len) {
+  name[0] = 0;
   const char *auth = wbd_req_header(req, "Authorization");
   if (!auth || strncasecmp(auth, "Basic ", 6) != 0) return 0;
   size_t n;
   unsigned char *dec = wbd_b64_decode(auth + 6, &n);
   if (!dec) {
-    snprintf(bad, badlen, "%s", "(malformed)");
+    snprintf(name, len, "%s", "(malformed)");
     return -1;
   }
   char *colon = strchr((char *)dec, ':');
   if (colon) *colon = 0;
   int ok = known_user((char *)dec);
-  if (!ok) snprintf(bad, badlen, "%s", (char *)dec);
+  snprintf(name, len, "%s", (char *)dec);
   free(dec);
   return ok ? 0 : -1;
 }
@@ -335,7 +337,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (!known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
 
   struct wbd_fspath p;
-  int rc = wbd_fs_resolve(sb, path, &p);
+  int rc = wbd_fs_resolve_as(sb, path, user, &p);
   if (rc < 0) {
     wbd_fs_release(&p);
     return files_path_error(req, rc, path);
@@ -418,6 +420,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
 
 struct upload {
   struct wbd_sandbox *sb;
+  const char *user;          /* the username query parameter: whose home a relative path is in */
   const char *qpath;         /* the `path` query parameter, or NULL */
   int fd;                    /* file being written, -1 */
   json_t *entries;           /* [EntryInfo] answered */
@@ -467,7 +470,7 @@ static int upload_begin(struct upload *u, const char *dest) {
     return -1;
   }
   struct wbd_fspath p;
-  int rc = wbd_fs_resolve(u->sb, dest, &p);
+  int rc = wbd_fs_resolve_as(u->sb, dest, u->user, &p);
   if (rc < 0) {
     wbd_fs_release(&p);
     upload_path_fail(u, rc, dest);
@@ -589,7 +592,7 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     wbd_buf_free(&plain);
     return wbd_reply_error(req, 400, "invalid metadata: %s", merr);
   }
-  struct upload u = { .sb = sb, .qpath = path, .fd = -1, .entries = json_array(), .meta = meta };
+  struct upload u = { .sb = sb, .user = user, .qpath = path, .fd = -1, .entries = json_array(), .meta = meta };
   if (content_type_is(req, "multipart/form-data")) {
     struct MHD_PostProcessor *pp = MHD_create_post_processor(req->conn, 64 * 1024, upload_part, &u);
     if (!pp) {
@@ -636,13 +639,15 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
   int rc;
   enum MHD_Result r;
   p.root = q.root = -1;
+  char user[64];
+  rpc_user(req, user, sizeof user);   /* checked by unary_rpc */
 
   if (strcmp(method, "Move") == 0) {
     const char *src = jstr(in, "source", NULL), *dst = jstr(in, "destination", NULL);
     if (!src || !dst) return rpc_error(req, "invalid_argument", "source and destination are required");
-    if ((rc = wbd_fs_resolve(sb, src, &p)) < 0) {
+    if ((rc = wbd_fs_resolve_as(sb, src, user, &p)) < 0) {
       r = rpc_fs_error(req, rc, src);
-    } else if ((rc = wbd_fs_resolve(sb, dst, &q)) < 0) {
+    } else if ((rc = wbd_fs_resolve_as(sb, dst, user, &q)) < 0) {
       r = rpc_fs_error(req, rc, dst);
     } else if ((rc = wbd_fs_move(&p, &q)) < 0) {
       r = rpc_fs_error(req, rc, rc == -ENOENT ? p.jail : q.jail);
@@ -659,7 +664,7 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
               strcmp(method, "ListDir") == 0 || strcmp(method, "Remove") == 0;
   if (!known) return rpc_error(req, "unimplemented", "filesystem.Filesystem/%s is not implemented", method);
   if (!path) return rpc_error(req, "invalid_argument", "path is required");
-  if ((rc = wbd_fs_resolve(sb, path, &p)) < 0) {
+  if ((rc = wbd_fs_resolve_as(sb, path, user, &p)) < 0) {
     wbd_fs_release(&p);
     return rpc_fs_error(req, rc, path);
   }
@@ -1262,13 +1267,24 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   json_t *pty = json_object_get(in, "pty");
   if (pty && !json_is_object(pty)) pty = NULL;
   const char *cwd_in = jstr(proc, "cwd", NULL);
-  char cwd[PATH_MAX + 16];
+  char cwd[PATH_MAX + 16], user[64];
+  /* E2B's root starts in (and has HOME at) /root; the jail has no other
+   * uid to give it, so only the directory differs. */
+  rpc_user(req, user, sizeof user);   /* checked by stream_request */
+  const char *home = strcmp(user, "root") == 0 && wbd_rt_isolated() ? "/root" : ENVD_HOME;
+  if (strcmp(home, ENVD_HOME) != 0 && json_is_object(proc)) {
+    if (!json_is_object(envs)) {
+      envs = json_object();
+      json_object_set_new(proc, "envs", envs);
+    }
+    if (!json_object_get(envs, "HOME")) json_object_set_new(envs, "HOME", json_string(home));
+  }
   if (!cwd_in || !*cwd_in)
-    snprintf(cwd, sizeof cwd, "%s", ENVD_HOME);
+    snprintf(cwd, sizeof cwd, "%s", home);
   else if (cwd_in[0] == '~' && (cwd_in[1] == 0 || cwd_in[1] == '/'))
-    snprintf(cwd, sizeof cwd, ENVD_HOME "%s", cwd_in + 1);
+    snprintf(cwd, sizeof cwd, "%s%s", home, cwd_in + 1);
   else if (cwd_in[0] != '/')
-    snprintf(cwd, sizeof cwd, ENVD_HOME "/%s", cwd_in);
+    snprintf(cwd, sizeof cwd, "%s/%s", home, cwd_in);
   else
     snprintf(cwd, sizeof cwd, "%s", cwd_in);
 

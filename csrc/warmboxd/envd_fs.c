@@ -25,24 +25,15 @@
 #include <unistd.h>
 
 #define HOME "/home/user"
-#define TMP "/tmp"
+#define ROOT_HOME "/root"
 
 /* ------------------------------------------------------------------ */
 /* Resolution                                                          */
 /* ------------------------------------------------------------------ */
 
-static int under(const char *path, const char *prefix, const char **rest) {
-  size_t n = strlen(prefix);
-  if (strncmp(path, prefix, n) != 0 || (path[n] != 0 && path[n] != '/')) return 0;
-  *rest = path + n;
-  return 1;
-}
-
 /* Cleans an absolute path as the sandbox sees it (Go's filepath.Clean: "."
- * dropped, ".." pops, never above "/") into `jail`, and finds its tree:
- * 0 /home/user, 1 /tmp; `rel` is the rest ("." for the tree's root).
- * -EACCES for anything outside both. */
-static int jail_map(const char *abs_in, char *jail, size_t jlen, char *rel, size_t rlen, int *tree) {
+ * dropped, ".." pops, never above "/") into `jail`. */
+static int clean_path(const char *abs_in, char *jail, size_t jlen) {
   char abs[2 * PATH_MAX];
   if (strlen(abs_in) >= sizeof abs) return -ENAMETOOLONG;
   strcpy(abs, abs_in);
@@ -65,48 +56,75 @@ static int jail_map(const char *abs_in, char *jail, size_t jlen, char *rel, size
     jail[ol] = 0;
   }
   if (ol == 0) snprintf(jail, jlen, "/");
-  const char *rest;
-  if (under(jail, HOME, &rest))
-    *tree = 0;
-  else if (under(jail, TMP, &rest))
-    *tree = 1;
-  else
-    return -EACCES;
-  if ((size_t)snprintf(rel, rlen, "%s", *rest ? rest + 1 : ".") >= rlen) return -ENAMETOOLONG;
   return 0;
 }
 
-static int open_tree(struct wbd_sandbox *sb, int tree) {
-  char dir[PATH_MAX];
-  if (tree == 0)
-    wbd_rt_home(sb, dir, sizeof dir);
-  else
-    wbd_rt_tmp(sb, dir, sizeof dir);
-  int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? -ESTALE : -errno;
+/* A read-only view of a host tree: a detached clone of its mounts, made
+ * read-only by the kernel (root only: open_tree needs CAP_SYS_ADMIN), so
+ * nothing done through it can write, whatever a caller forgets. Without it
+ * the tree is opened as it is; `ro` makes every writing call refuse first. */
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef MOUNT_ATTR_RDONLY
+#define MOUNT_ATTR_RDONLY 0x00000001
+struct mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+static int open_ro_tree(const char *host) {
+#if defined(SYS_open_tree) && defined(SYS_mount_setattr)
+  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, host, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE);
+  if (fd >= 0) {
+    struct mount_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.attr_set = MOUNT_ATTR_RDONLY;
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) == 0) return fd;
+    close(fd);
+  }
+#endif
+  return open(host, O_PATH | O_DIRECTORY | O_CLOEXEC);
+}
+
+/* Opens the tree that holds jail path `jail` (wbd_rt_locate): its root fd,
+ * the rest into `rel`, *ro for a host tree. -EACCES: not served. */
+static int tree_open(struct wbd_sandbox *sb, const char *jail, char *rel, size_t rlen, int *ro) {
+  char host[PATH_MAX];
+  const char *rest;
+  int kind = wbd_rt_locate(sb, jail, host, sizeof host, &rest);
+  if (kind < 0) return kind;
+  if ((size_t)snprintf(rel, rlen, "%s", rest) >= rlen) return -ENAMETOOLONG;
+  *ro = kind == WBD_TREE_HOST;
+  int fd = *ro ? open_ro_tree(host) : open(host, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT && !*ro ? -ESTALE : -errno;
   return fd;
 }
 
-int wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *p) {
+int wbd_fs_resolve_as(struct wbd_sandbox *sb, const char *path, const char *user, struct wbd_fspath *p) {
   char abs[2 * PATH_MAX];
-  int n, tree;
+  int n;
+  const char *home = user && strcmp(user, "root") == 0 && wbd_rt_isolated() ? ROOT_HOME : HOME;
   p->sb = sb;
   p->root = -1;
+  p->ro = 0;
   p->jail[0] = p->rel[0] = 0;
   if (!path) path = "";
   if (path[0] == '~' && (path[1] == 0 || path[1] == '/'))
-    n = snprintf(abs, sizeof abs, HOME "%s", path + 1);
+    n = snprintf(abs, sizeof abs, "%s%s", home, path + 1);
   else if (path[0] == '/')
     n = snprintf(abs, sizeof abs, "%s", path);
   else
-    n = snprintf(abs, sizeof abs, HOME "/%s", path);
+    n = snprintf(abs, sizeof abs, "%s/%s", home, path);
   if (n < 0 || (size_t)n >= sizeof abs) return -ENAMETOOLONG;
-  int rc = jail_map(abs, p->jail, sizeof p->jail, p->rel, sizeof p->rel, &tree);
+  int rc = clean_path(abs, p->jail, sizeof p->jail);
   if (rc < 0) return rc;
-  p->root = open_tree(sb, tree);
+  p->root = tree_open(sb, p->jail, p->rel, sizeof p->rel, &p->ro);
   if (p->root < 0) return p->root;
+  /* What envd creates belongs to the sandbox's user, wherever it is. */
+  char own[PATH_MAX];
   struct stat st;
-  if (fstat(p->root, &st) == 0) {
+  if (wbd_rt_home(sb, own, sizeof own) && stat(own, &st) == 0) {
     p->uid = st.st_uid;
     p->gid = st.st_gid;
   } else {
@@ -116,23 +134,49 @@ int wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *
   return 0;
 }
 
+int wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *p) {
+  return wbd_fs_resolve_as(sb, path, NULL, p);
+}
+
 void wbd_fs_release(struct wbd_fspath *p) {
   if (p->root >= 0) close(p->root);
   p->root = -1;
 }
 
-/* Resolution one component at a time, each opened with O_NOFOLLOW, never
- * above the tree's root. Used where openat2 is missing (old kernels,
- * valgrind) and for what RESOLVE_BENEATH refuses but the sandbox would
- * follow: an absolute symlink to somewhere under /home/user or /tmp, which is
- * resolved again from that tree's root (anything else stays refused). */
+/* Appends "/name" to the jail path `j` (of capacity PATH_MAX; "" is "/"). */
+static int jail_push(char *j, const char *name, size_t nlen) {
+  size_t l = strlen(j);
+  if (l + 1 + nlen + 1 > PATH_MAX) return -ENAMETOOLONG;
+  j[l] = '/';
+  memcpy(j + l + 1, name, nlen);
+  j[l + 1 + nlen] = 0;
+  return 0;
+}
+
+/* Resolution one component at a time, each opened with O_NOFOLLOW from the
+ * one before, as the sandbox's own processes would see it: the jail path
+ * of each step is kept, and whenever a step leaves the tree it is in (a
+ * symlink, absolute or relative, a ".." above the tree's root, or a name
+ * that the jail mounts another tree on, like a root's /usr) the rest is
+ * resolved again from the tree wbd_rt_locate gives for it. So what a
+ * sandbox's link points at is what envd serves, and a link can never lead
+ * where the jail cannot see, or make a read-only tree written (`mutate`).
+ * Used for whatever openat2's kernel resolution below cannot do. */
 #define WALK_MAX_DEPTH 256
-static int walk_beneath(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode) {
+static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate) {
   int stack[WALK_MAX_DEPTH];
-  int depth = 0, links = 0, rc, owned_root = -1;
-  char todo[2 * PATH_MAX], next[2 * PATH_MAX];
+  int depth = 0, links = 0, rc, owned_root = -1, ro = p->ro;
+  char todo[2 * PATH_MAX], next[2 * PATH_MAX], here[PATH_MAX], tree_host[PATH_MAX], jail[PATH_MAX];
   if (strlen(rel) >= sizeof todo) return -ENAMETOOLONG;
   strcpy(todo, rel);
+  /* the jail path of p->root: p->jail without p->rel ("" for "/") */
+  size_t jl = strlen(p->jail), rl = strcmp(p->rel, ".") == 0 ? 0 : strlen(p->rel) + 1;
+  snprintf(here, sizeof here, "%.*s", (int)(jl >= rl ? jl - rl : 0), p->jail);
+  if (strcmp(here, "/") == 0) here[0] = 0;
+  {
+    const char *r;
+    if (wbd_rt_locate(p->sb, p->jail, tree_host, sizeof tree_host, &r) < 0) tree_host[0] = 0;
+  }
   stack[0] = p->root;
   char *cur = todo;
   for (;;) {
@@ -146,54 +190,91 @@ static int walk_beneath(const struct wbd_fspath *p, const char *rel, int flags, 
     char *rest = cur + clen;
     while (*rest == '/') rest++;
     int last = *rest == 0;
+    const char *again = NULL;   /* a jail path to resolve from its own tree */
     if (clen == 0 || strcmp(comp, ".") == 0) {
       if (!last) { cur = rest; continue; }
+      if (mutate && ro) { rc = -EROFS; goto out; }
       rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
       rc = rc < 0 ? -errno : rc;
       goto out;
     }
     if (strcmp(comp, "..") == 0) {
-      if (depth == 0) { rc = -EACCES; goto out; }
-      close(stack[depth--]);
-      if (!last) { cur = rest; continue; }
-      rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
-      rc = rc < 0 ? -errno : rc;
-      goto out;
-    }
-    int fd = openat(stack[depth], comp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) != 0) {
-      rc = -errno;
-      close(fd);
-      goto out;
-    }
-    if (fd >= 0 && S_ISLNK(st.st_mode) && !(last && (flags & O_NOFOLLOW))) {
-      char target[PATH_MAX];
-      ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
-      close(fd);
-      if (n < 0) { rc = -errno; goto out; }
-      target[n] = 0;
-      if (++links > 40) { rc = -ELOOP; goto out; }
-      int w = snprintf(next, sizeof next, "%s/%s", target, rest);
-      if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
-      if (target[0] == '/') {
-        char jail[PATH_MAX];
-        int tree;
-        if ((rc = jail_map(next, jail, sizeof jail, todo, sizeof todo, &tree)) < 0) goto out;
-        int nr = open_tree(p->sb, tree);
-        if (nr < 0) { rc = nr; goto out; }
-        while (depth > 0) close(stack[depth--]);
-        if (owned_root >= 0) close(owned_root);
-        stack[0] = owned_root = nr;
+      if (depth == 0) {
+        /* above the tree's root: its parent, as the jail has it */
+        int w = snprintf(next, sizeof next, "%s/../%s", here, rest);
+        if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
+        again = next;
       } else {
-        strcpy(todo, next);
+        close(stack[depth--]);
+        char *slash = strrchr(here, '/');
+        if (slash) *slash = 0;
+        if (!last) { cur = rest; continue; }
+        if (mutate && ro) { rc = -EROFS; goto out; }
+        rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
+        rc = rc < 0 ? -errno : rc;
+        goto out;
       }
+    }
+    int fd = -1;
+    struct stat st;
+    if (!again) {
+      /* A name the jail mounts another tree on is that tree's. */
+      char host[PATH_MAX];
+      const char *r;
+      snprintf(jail, sizeof jail, "%s", here);
+      if ((rc = jail_push(jail, comp, clen)) < 0) goto out;
+      int kind = wbd_rt_locate(p->sb, jail, host, sizeof host, &r);
+      if (kind < 0 || strcmp(host, tree_host) != 0) {
+        int w = snprintf(next, sizeof next, "%s/%s", jail, rest);
+        if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
+        again = next;
+      }
+    }
+    if (!again) {
+      fd = openat(stack[depth], comp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+      if (fd >= 0 && fstat(fd, &st) != 0) {
+        rc = -errno;
+        close(fd);
+        goto out;
+      }
+      if (fd >= 0 && S_ISLNK(st.st_mode) && !(last && (flags & O_NOFOLLOW))) {
+        char target[PATH_MAX];
+        ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
+        close(fd);
+        if (n < 0) { rc = -errno; goto out; }
+        target[n] = 0;
+        int w = target[0] == '/' ? snprintf(next, sizeof next, "%s/%s", target, rest)
+                                 : snprintf(next, sizeof next, "%s/%s/%s", here, target, rest);
+        if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
+        again = next;
+      }
+    }
+    if (again) {
+      char clean[PATH_MAX], nrel[PATH_MAX];
+      int nro;
+      if (++links > 40) { rc = -ELOOP; goto out; }
+      if ((rc = clean_path(again, clean, sizeof clean)) < 0) goto out;   /* `again` is absolute */
+      int nr = tree_open(p->sb, clean, nrel, sizeof nrel, &nro);
+      if (nr < 0) { rc = nr; goto out; }
+      if (mutate && nro) { close(nr); rc = -EROFS; goto out; }
+      /* the new tree's own jail path and host root */
+      size_t cl = strlen(clean), nl = strcmp(nrel, ".") == 0 ? 0 : strlen(nrel) + 1;
+      snprintf(here, sizeof here, "%.*s", (int)(cl >= nl ? cl - nl : 0), clean);
+      if (strcmp(here, "/") == 0) here[0] = 0;
+      const char *r;
+      if (wbd_rt_locate(p->sb, clean, tree_host, sizeof tree_host, &r) < 0) tree_host[0] = 0;
+      while (depth > 0) close(stack[depth--]);
+      if (owned_root >= 0) close(owned_root);
+      stack[0] = owned_root = nr;
+      ro = nro;
+      strcpy(todo, nrel);
       cur = todo;
       continue;
     }
     if (last) {
       if (fd >= 0) close(fd);
       else if (errno != ENOENT || !(flags & O_CREAT)) { rc = -errno; goto out; }
+      if (mutate && ro) { rc = -EROFS; goto out; }
       rc = openat(stack[depth], comp, flags | O_NOFOLLOW | O_CLOEXEC, mode);
       rc = rc < 0 ? -errno : rc;
       goto out;
@@ -210,6 +291,7 @@ static int walk_beneath(const struct wbd_fspath *p, const char *rel, int flags, 
       goto out;
     }
     stack[++depth] = fd;
+    snprintf(here, sizeof here, "%s", jail);
     cur = rest;
   }
 out:
@@ -220,38 +302,53 @@ out:
 
 static int have_openat2 = 1;
 
-int wbd_fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode) {
+#define WRITING (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND)
+
+/* `mutate`: the fd is for a change (a write, or a directory to change
+ * entries of): refused in a read-only tree, however it is reached. */
+static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate) {
+  if (flags & WRITING) mutate = 1;
+  if (mutate && p->ro) return -EROFS;
   if (__atomic_load_n(&have_openat2, __ATOMIC_RELAXED)) {
+    /* The kernel's resolution, for a path without symlinks: it stays in
+     * the tree, and no name in it is mounted over in the jail (the tree
+     * was chosen for the whole path). Anything else is walk's. */
     struct open_how how;
     memset(&how, 0, sizeof how);
     how.flags = (uint64_t)(flags | O_CLOEXEC);
     how.mode = (flags & O_CREAT) ? mode : 0;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
     long fd;
     do {
       fd = syscall(SYS_openat2, p->root, rel, &how, sizeof how);
     } while (fd < 0 && errno == EAGAIN);
     if (fd >= 0) return (int)fd;
-    if (errno != ENOSYS && errno != EXDEV) return -errno;
+    if (errno != ENOSYS && errno != EXDEV && errno != ELOOP) return -errno;
     if (errno == ENOSYS) __atomic_store_n(&have_openat2, 0, __ATOMIC_RELAXED);
   }
-  return walk_beneath(p, rel, flags, mode);
+  return walk(p, rel, flags, mode, mutate);
 }
 
-int wbd_fs_parent(const struct wbd_fspath *p, const char **base) {
+int wbd_fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode) {
+  return fs_open(p, rel, flags, mode, 0);
+}
+
+static int parent_fd(const struct wbd_fspath *p, const char **base, int mutate) {
   if (strcmp(p->rel, ".") == 0) return -EPERM;
   const char *slash = strrchr(p->rel, '/');
   if (!slash) {
     *base = p->rel;
-    return wbd_fs_open(p, ".", O_PATH | O_DIRECTORY, 0);
+    return fs_open(p, ".", O_PATH | O_DIRECTORY, 0, mutate);
   }
   char dir[PATH_MAX];
   size_t n = (size_t)(slash - p->rel);
   memcpy(dir, p->rel, n);
   dir[n] = 0;
   *base = slash + 1;
-  return wbd_fs_open(p, dir, O_PATH | O_DIRECTORY, 0);
+  return fs_open(p, dir, O_PATH | O_DIRECTORY, 0, mutate);
 }
+
+int wbd_fs_parent(const struct wbd_fspath *p, const char **base) { return parent_fd(p, base, 0); }
 
 void wbd_fs_chown(const struct wbd_fspath *p, int fd) {
   if (geteuid() != 0) return;
@@ -265,6 +362,7 @@ static void chown_at(const struct wbd_fspath *p, int dirfd, const char *name) {
 
 int wbd_fs_mkdirs(const struct wbd_fspath *p, int self) {
   if (strcmp(p->rel, ".") == 0) return self ? -EEXIST : 0;
+  if (p->ro) return -EROFS;
   char prefix[PATH_MAX];
   size_t len = strlen(p->rel);
   int existed = 0;
@@ -278,9 +376,9 @@ int wbd_fs_mkdirs(const struct wbd_fspath *p, int self) {
     int dfd;
     if (slash) {
       *slash = 0;
-      dfd = wbd_fs_open(p, prefix, O_PATH | O_DIRECTORY, 0);
+      dfd = fs_open(p, prefix, O_PATH | O_DIRECTORY, 0, 1);
     } else {
-      dfd = wbd_fs_open(p, ".", O_PATH | O_DIRECTORY, 0);
+      dfd = fs_open(p, ".", O_PATH | O_DIRECTORY, 0, 1);
     }
     if (dfd < 0) return dfd;
     if (mkdirat(dfd, name, 0755) == 0) {
@@ -330,7 +428,7 @@ static int rm_tree(int dirfd, const char *name, int depth) {
 
 int wbd_fs_remove(const struct wbd_fspath *p) {
   const char *base;
-  int dfd = wbd_fs_parent(p, &base);
+  int dfd = parent_fd(p, &base, 1);
   if (dfd == -ENOENT || dfd == -ENOTDIR) return 0;   /* RemoveAll: nothing there */
   if (dfd < 0) return dfd;
   int rc = rm_tree(dfd, base, 0);
@@ -340,14 +438,14 @@ int wbd_fs_remove(const struct wbd_fspath *p) {
 
 int wbd_fs_move(const struct wbd_fspath *src, const struct wbd_fspath *dst) {
   const char *sbase, *dbase;
-  int sfd = wbd_fs_parent(src, &sbase);
+  int sfd = parent_fd(src, &sbase, 1);
   if (sfd < 0) return sfd;
   int rc = wbd_fs_mkdirs(dst, 0);
   if (rc < 0) {
     close(sfd);
     return rc;
   }
-  int dfd = wbd_fs_parent(dst, &dbase);
+  int dfd = parent_fd(dst, &dbase, 1);
   if (dfd < 0) {
     close(sfd);
     return dfd;
@@ -644,8 +742,29 @@ static int cmp_names(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A child the jail mounts another tree on (a root's /usr, /tmp, /home/user):
+ * resolved as its own path, so it is listed as the jail sees it. NULL: an
+ * ordinary child of the tree (*fd untouched), else *fd is the child's tree
+ * opened as a directory (or -1) and the result its entry (or a json null). */
+static json_t *mounted_child(const struct wbd_fspath *p, const char *tree_host, const char *child, int *fd) {
+  char host[PATH_MAX];
+  const char *r;
+  if (wbd_rt_locate(p->sb, child, host, sizeof host, &r) >= 0 && strcmp(host, tree_host) == 0) return NULL;
+  struct wbd_fspath q;
+  json_t *e = NULL;
+  *fd = -1;
+  if (wbd_fs_resolve(p->sb, child, &q) == 0) {
+    e = wbd_fs_entry(&q);
+    *fd = wbd_fs_open(&q, q.rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+    if (*fd < 0) *fd = -1;
+  }
+  wbd_fs_release(&q);
+  return e ? e : json_null();
+}
+
 /* Lexical order per directory, parents before children: Go's WalkDir. */
-static int list_level(int fd, const char *jailpath, int level, int depth, json_t *out) {
+static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd, const char *jailpath, int level,
+                      int depth, json_t *out) {
   int dfd = dup(fd);
   if (dfd < 0) return -errno;
   DIR *d = fdopendir(dfd);
@@ -674,18 +793,28 @@ static int list_level(int fd, const char *jailpath, int level, int depth, json_t
     int w = snprintf(child, sizeof child, "%s%s%s", jailpath,
                      jailpath[strlen(jailpath) - 1] == '/' ? "" : "/", names[i]);
     if (w < 0 || (size_t)w >= sizeof child) continue;
-    json_t *e = entry_at(fd, names[i], child);
-    if (!e) continue;   /* vanished meanwhile */
+    int sub = -1;
+    json_t *e = mounted_child(p, tree_host, child, &sub);
+    int mounted = e != NULL;
+    if (!e) e = entry_at(fd, names[i], child);
+    if (!e || json_is_null(e)) {   /* vanished meanwhile */
+      json_decref(e);
+      if (sub >= 0) close(sub);
+      continue;
+    }
     const char *etype = json_string_value(json_object_get(e, "type"));
     int is_dir = etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0;
     json_array_append_new(out, e);
     if (is_dir && level < depth) {
-      int sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (!mounted) sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (sub >= 0) {
-        list_level(sub, child, level + 1, depth, out);
-        close(sub);
+        char host[PATH_MAX];
+        const char *r;
+        if (!mounted || wbd_rt_locate(p->sb, child, host, sizeof host, &r) < 0) snprintf(host, sizeof host, "%s", tree_host);
+        list_level(p, host, sub, child, level + 1, depth, out);
       }
     }
+    if (sub >= 0) close(sub);
   }
   for (size_t i = 0; i < n; i++) free(names[i]);
   free(names);
@@ -699,7 +828,10 @@ json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {
     return NULL;
   }
   json_t *arr = json_array();
-  int rc = list_level(fd, p->jail, 1, depth < 1 ? 1 : depth, arr);
+  char host[PATH_MAX];
+  const char *r;
+  if (wbd_rt_locate(p->sb, p->jail, host, sizeof host, &r) < 0) host[0] = 0;
+  int rc = list_level(p, host, fd, p->jail, 1, depth < 1 ? 1 : depth, arr);
   close(fd);
   if (rc < 0) {
     json_decref(arr);
@@ -716,7 +848,8 @@ json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {
 
 const char *wbd_fs_strerror(int err) {
   switch (err) {
-    case -EACCES: return "path is outside the sandbox (only /home/user and /tmp are reachable)";
+    case -EACCES: return "path is not served (outside the sandbox, or its per-process /proc, /dev, /sys)";
+    case -EROFS: return "read-only file system";
     case -ELOOP: return "too many levels of symbolic links";
     case -ESTALE: return "the sandbox's filesystem is gone";
     case -EPERM: return "operation not permitted on the sandbox's root directory";

@@ -1,16 +1,21 @@
 /*
  * envd_fs.h: the sandbox's filesystem as envd sees it, confined.
  *
- * A sandbox sees two writable trees: /home/user (<data_dir>/<id>/home) and
- * /tmp (<data_dir>/<id>/tmp). Every path from a request is made absolute
- * (relative and "~" against /home/user), cleaned lexically, and must fall in
- * one of them; everything after that is resolved by the kernel with
- * openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS) from an fd of that root,
- * so neither "..", nor a symlink planted by the sandbox's own code, can reach
- * a host file. An absolute symlink is followed only when it points into one
- * of the two trees (resolved again from that tree's root, component by
- * component with O_NOFOLLOW). Final components that are modified (remove,
- * move, mkdir) are never followed.
+ * envd serves the jail's filesystem as the sandbox's processes see it, tree
+ * by tree, as jail_args mounts them (wbd_rt_locate): the sandbox's own
+ * writable trees (/home/user, /tmp, and its root `/` for every other path:
+ * <data_dir>/<id>/{home,tmp,root}), and the host trees the jail binds
+ * read-only (/usr, /lib..., /etc's bound entries). The per-process /proc,
+ * /dev and /sys are not served. Every path from a request is made absolute
+ * (relative and "~" against the user's home), cleaned lexically, and mapped
+ * to its tree; the rest is resolved by the kernel with openat2(RESOLVE_BENEATH
+ * | RESOLVE_NO_SYMLINKS) from an fd of that tree's root, or, when a symlink or
+ * a mount point is on the way, one component at a time with O_NOFOLLOW,
+ * switching trees where the jail would: neither "..", nor a symlink planted by
+ * the sandbox's own code, can reach a host file the jail does not show, or
+ * write a read-only one (host trees are kernel-read-only clones when
+ * warmboxd is root, and every change is refused in them first). Final
+ * components that are modified (remove, move, mkdir) are never followed.
  */
 #ifndef WBD_ENVD_FS_H
 #define WBD_ENVD_FS_H
@@ -24,13 +29,17 @@ struct wbd_fspath {
   int root;              /* O_PATH fd of the tree's root, -1 when not open */
   char jail[PATH_MAX];   /* the cleaned path as the sandbox sees it */
   char rel[PATH_MAX];    /* relative to root; "." for the root itself */
-  uid_t uid;             /* owner of the root: new files get it */
+  int ro;                /* a host tree the jail has read-only: every change is -EROFS */
+  uid_t uid;             /* the sandbox user's: new files get it */
   gid_t gid;
 };
 
 /* Errors are -errno; -EACCES: outside the sandbox's trees (or a symlink
  * that leads out); -EINVAL: empty or malformed. */
 int  wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *p);
+/* As wbd_fs_resolve, for envd's `user`: relative paths and "~" are from
+ * its home (/root for "root" in a jail, else /home/user). */
+int  wbd_fs_resolve_as(struct wbd_sandbox *sb, const char *path, const char *user, struct wbd_fspath *p);
 void wbd_fs_release(struct wbd_fspath *p);
 
 /* openat2 beneath the root (follows symlinks only inside it); fd or -errno. */

@@ -65,6 +65,7 @@ static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
 struct jail_src {
   const char *home, *tmp, *passwd, *group;
   const char *resolv;     /* slirp4netns's DNS (10.0.2.3), or NULL: the host's resolv.conf */
+  const char *root;       /* the sandbox's persistent `/` (root_prepare), or NULL: a tmpfs per process */
 };
 
 /* As root, bubblewrap runs as the sandbox's uid, which must not traverse
@@ -72,8 +73,8 @@ struct jail_src {
  * own on /tmp (in a mount namespace of its own) and binds what the jail
  * needs there, before it drops root. */
 #define STAGE "/tmp"
-#define N_STAGED 5
-static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r" };
+#define N_STAGED 6
+static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r", STAGE "/R" };
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
@@ -454,7 +455,7 @@ struct spawn_job {
   int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
   int userns_fd, net_fd;    /* joined before exec, or -1 */
   int stage;                /* bind stage_src (home, tmp, passwd, group, resolv) under STAGE */
-  const char *stage_src[N_STAGED];   /* host paths; resolv may be NULL */
+  const char *stage_src[N_STAGED];   /* host paths, as struct jail_src; resolv may be NULL */
   int setid;                /* become uid/gid (warmboxd is root) */
   uid_t uid;
   gid_t gid;
@@ -581,19 +582,21 @@ static int stage_binds(const struct spawn_job *j) {
   for (int i = 0; i < N_STAGED; i++) {
     src[i] = -1;
     if (!j->stage_src[i]) {
-      if (i < 4) return errno = EINVAL, -1;
+      if (i != 4) return errno = EINVAL, -1;
       continue;
     }
     src[i] = open(j->stage_src[i], O_PATH | O_CLOEXEC);
     if (src[i] < 0) return -1;
   }
   if (mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0711") != 0) return -1;
-  const char *dst[N_STAGED] = { g_staged.home, g_staged.tmp, g_staged.passwd, g_staged.group, g_staged.resolv };
+  const char *dst[N_STAGED] = { g_staged.home,   g_staged.tmp,    g_staged.passwd,
+                                g_staged.group,  g_staged.resolv, g_staged.root };
   for (int i = 0; i < N_STAGED; i++) {
     if (src[i] < 0) continue;
     char from[64];
     snprintf(from, sizeof from, "/proc/self/fd/%d", src[i]);
-    int r = i < 2 ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    int is_dir = i < 2 || i == 5;
+    int r = is_dir ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
     if (r != 0 || mount(from, dst[i], "none", MS_BIND, NULL) != 0) return -1;
     close(src[i]);
   }
@@ -821,6 +824,10 @@ static int seccomp_pipe(void) {
   return data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf);
 }
 
+/* The host's top-level trees the jail binds read-only (or re-creates as the
+ * same symlinks, /bin -> usr/bin on a merged-/usr system), besides /usr. */
+static const char *const top_dirs[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL };
+
 /* shared_net: the process already is in the sandbox's network namespace. */
 /* boot_fd: bubblewrap's fd holding the boot id, or -1; sudo_fd: holding
  * embed/sudo, or -1. keep_tty: the process was given a pty of its own as
@@ -850,16 +857,20 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
   sv_add(a, "1000");
   sv_add(a, "--hostname");
   sv_add(a, "e2b.local");
+  /* The sandbox's own `/`, the same for every process and kept across
+   * pauses; everything below is mounted on top of it, on mount points
+   * root_prepare made (the jail's user may not create them there). */
+  if (f->root) sv_add3(a, "--bind", f->root, "/");
   sv_add(a, "--ro-bind");
   sv_add(a, "/usr");
   sv_add(a, "/usr");
-  static const char *const top[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL };
-  for (int i = 0; top[i]; i++) {
+  for (int i = 0; top_dirs[i]; i++) {
     char p[64], target[PATH_MAX];
-    snprintf(p, sizeof p, "/%s", top[i]);
+    snprintf(p, sizeof p, "/%s", top_dirs[i]);
     struct stat st;
     if (lstat(p, &st) != 0) continue;
     if (S_ISLNK(st.st_mode)) {
+      if (f->root) continue;   /* root_prepare made it */
       ssize_t n = readlink(p, target, sizeof target - 1);
       if (n <= 0) continue;
       target[n] = 0;
@@ -911,12 +922,14 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
   }
   sv_add(a, "--dev");
   sv_add(a, "/dev");
-  sv_add(a, "--size");
-  sv_add(a, "16777216");
-  sv_add(a, "--tmpfs");
-  sv_add(a, "/run");
-  sv_add(a, "--dir");
-  sv_add(a, "/var/tmp");
+  if (!f->root) {
+    sv_add(a, "--size");
+    sv_add(a, "16777216");
+    sv_add(a, "--tmpfs");
+    sv_add(a, "/run");
+    sv_add(a, "--dir");
+    sv_add(a, "/var/tmp");
+  }   /* else the root's own /run and /var/tmp */
   /* bubblewrap mounts binds nosuid (and nodev, without --dev-bind). */
   if (f->home) {
     sv_add3(a, "--bind", f->home, "/home/user");
@@ -1092,6 +1105,77 @@ static void new_boot_id(char *buf, size_t len) {
            b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
+/* The sandbox's `/` (<dir>/root, in the sandbox's tmpfs with home and
+ * /tmp): what bubblewrap binds as the jail's root before mounting the rest
+ * on it, so a file written anywhere else (/opt/app, /root, /etc/myapp, /run)
+ * is the same for every process and kept across pauses, as on E2B's VM. Its
+ * skeleton belongs to warmboxd, not to the jail's user, who can therefore
+ * not swap a mount point for a symlink: every mount point jail_args uses
+ * (host trees, /etc's bound files, /proc, /dev, /home/user, /tmp), the
+ * host's top-level symlinks, and the user's own /root, /run and /var/tmp.
+ * Without root, warmboxd and the jail's user are one uid: the user owns it
+ * all (and can only break its own jail). */
+static int root_prepare(const struct wbd_rt *rt, const char *root) {
+  static const char *const dirs[] = { "", "usr", "proc", "dev", "etc", "home", "home/user", "tmp", "var", NULL };
+  char p[PATH_MAX + 256];
+  for (int i = 0; dirs[i]; i++) {
+    snprintf(p, sizeof p, "%s/%s", root, dirs[i]);
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+  }
+  for (int i = 0; top_dirs[i]; i++) {
+    char hp[64], target[PATH_MAX];
+    snprintf(hp, sizeof hp, "/%s", top_dirs[i]);
+    struct stat st;
+    if (lstat(hp, &st) != 0) continue;
+    snprintf(p, sizeof p, "%s/%s", root, top_dirs[i]);
+    if (S_ISLNK(st.st_mode)) {
+      ssize_t n = readlink(hp, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      if (symlink(target, p) != 0 && errno != EEXIST) return -1;
+    } else if (S_ISDIR(st.st_mode) && mkdir(p, 0755) != 0 && errno != EEXIST) {
+      return -1;
+    }
+  }
+  static const char *const etc_own[] = { "passwd", "group", "resolv.conf", NULL };
+  for (int pass = 0; pass < 2; pass++) {
+    const char *const *list = pass ? etc_own : etc_ro;
+    for (int i = 0; list[i]; i++) {
+      int is_dir = 0;
+      if (!pass) {   /* --ro-bind-try: only what the host has */
+        char hp[PATH_MAX];
+        struct stat st;
+        snprintf(hp, sizeof hp, "/etc/%s", list[i]);
+        if (stat(hp, &st) != 0) continue;
+        is_dir = S_ISDIR(st.st_mode);
+      }
+      snprintf(p, sizeof p, "%s/etc/%s", root, list[i]);
+      char *slash = strrchr(p, '/');
+      *slash = 0;
+      int rc = mkdir_p(p, 0755);
+      *slash = '/';
+      if (rc != 0) return -1;
+      if (is_dir) {
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+      } else {
+        int fd = open(p, O_CREAT | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd < 0) return -1;
+        close(fd);
+      }
+    }
+  }
+  static const struct { const char *name; mode_t mode; } own[] = {
+    { "root", 0700 }, { "run", 0755 }, { "var/tmp", 01777 },
+  };
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+    snprintf(p, sizeof p, "%s/%s", root, own[i].name);
+    if ((mkdir(p, own[i].mode) != 0 && errno != EEXIST) || chown(p, rt->uid, rt->gid) != 0 ||
+        chmod(p, own[i].mode) != 0)
+      return -1;
+  }
+  return 0;
+}
+
 static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   struct wbd_rt *rt = calloc(1, sizeof *rt);
   if (!rt) return NULL;
@@ -1132,6 +1216,11 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
          chmod(home, 0700) == 0 && chmod(tmp, 01777) == 0;
   } else if (ok) {
     chmod(tmp, 01777);
+  }
+  if (ok && g_isolated) {
+    char root[PATH_MAX + 128];
+    rt_sub(rt, "root", root, sizeof root);
+    ok = root_prepare(rt, root) == 0;
   }
   if (ok && g_isolated) {
     int rc = net_make(rt);
@@ -1281,6 +1370,74 @@ const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len) {
   return buf;
 }
 
+/* Path `p` is `prefix` or below it; *rest: what follows ("." for itself). */
+static int path_under(const char *p, const char *prefix, const char **rest) {
+  size_t n = strlen(prefix);
+  if (strncmp(p, prefix, n) != 0 || (p[n] != 0 && p[n] != '/')) return 0;
+  *rest = p[n] ? p + n + 1 : ".";
+  return 1;
+}
+
+int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest) {
+  const char *data = g_data[0] ? g_data : wbd_opt.data_dir;
+  const char *r;
+  int n = -1, kind = WBD_TREE_OWN;
+  if (path_under(jail, "/home/user", &r)) {
+    n = snprintf(host, hlen, "%s/%s/home", data, sb->id);
+  } else if (path_under(jail, "/tmp", &r)) {
+    n = snprintf(host, hlen, "%s/%s/tmp", data, sb->id);
+  } else if (!g_isolated || path_under(jail, "/proc", &r) || path_under(jail, "/dev", &r) ||
+             path_under(jail, "/sys", &r) || path_under(jail, "/usr/local/bin", &r)) {
+    /* Not the sandbox's, or a view of its own per process (jail_args). */
+    return -EACCES;
+  } else if (path_under(jail, "/usr", &r)) {
+    kind = WBD_TREE_HOST;
+    n = snprintf(host, hlen, "/usr");
+  } else {
+    for (int i = 0; top_dirs[i] && n < 0; i++) {
+      char top[16];
+      struct stat st;
+      snprintf(top, sizeof top, "/%s", top_dirs[i]);
+      if (path_under(jail, top, &r) && lstat(top, &st) == 0 && S_ISDIR(st.st_mode)) {
+        kind = WBD_TREE_HOST;
+        n = snprintf(host, hlen, "%s", top);
+      }
+    }
+    if (n < 0 && path_under(jail, "/etc", &r) && strcmp(r, ".") != 0) {
+      /* The generated files, then the host's bound ones: a directory is its
+       * own tree (nothing beside it in the host's /etc is reachable), a file
+       * is served from the host's /etc by its one name. */
+      static const char *const own[] = { "passwd", "group", NULL };
+      for (int i = 0; own[i] && n < 0; i++)
+        if (strcmp(r, own[i]) == 0) n = snprintf(host, hlen, "%s", g_etc);
+      if (n < 0 && strcmp(r, "resolv.conf") == 0)
+        n = sb->allow_internet ? snprintf(host, hlen, "%s", g_etc) : snprintf(host, hlen, "/etc");
+      for (int i = 0; etc_ro[i] && n < 0; i++) {
+        char e[PATH_MAX];
+        const char *below;
+        struct stat st;
+        snprintf(e, sizeof e, "/etc/%s", etc_ro[i]);
+        if (!path_under(jail, e, &below) || stat(e, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+          r = below;
+          n = snprintf(host, hlen, "%s", e);
+        } else if (strcmp(below, ".") == 0) {
+          r = strrchr(jail, '/') + 1;
+          n = snprintf(host, hlen, "%.*s", (int)(r - 1 - jail), jail);
+        }
+      }
+      if (n >= 0) kind = WBD_TREE_HOST;
+    }
+    if (n < 0) {   /* everything else is the sandbox's own root */
+      r = jail[1] ? jail + 1 : ".";
+      n = snprintf(host, hlen, "%s/%s/root", data, sb->id);
+    }
+  }
+  if (n < 0 || (size_t)n >= hlen) return -ENAMETOOLONG;
+  *rest = r;
+  return kind;
+}
+
 /* ------------------------------------------------------------------ */
 /* Spawn, signal, wait                                                 */
 /* ------------------------------------------------------------------ */
@@ -1356,7 +1513,9 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   snprintf(gr, sizeof gr, "%s/group", g_etc);
   char rs[PATH_MAX + 64];
   snprintf(rs, sizeof rs, "%s/resolv.conf", g_etc);
-  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL };
+  char root[PATH_MAX + 128];
+  rt_sub(rt, "root", root, sizeof root);
+  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL, root };
   struct jail_src staged = g_staged;
   if (!rt->allow_net) staged.resolv = NULL;
   /* The filter reaches bubblewrap as fd 3 (spawn_job.pass). */
@@ -1424,6 +1583,7 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
       j.stage_src[2] = pw;
       j.stage_src[3] = gr;
       j.stage_src[4] = rt->allow_net ? rs : NULL;
+      j.stage_src[5] = root;
     }
     j.net_fd = rt->net_fd;
     j.userns_fd = rt->userns_fd;
@@ -1898,7 +2058,7 @@ static int check_bwrap(char *why, size_t len) {
     return -1;
   }
   struct sv a = { 0 };
-  struct jail_src none = { NULL, NULL, NULL, NULL, NULL };
+  struct jail_src none = { NULL, NULL, NULL, NULL, NULL, NULL };
   jail_args(&a, "check", &none, 0, -1, -1, -1, 0, "/");
   sv_add(&a, "/bin/true");
   int ep[2];

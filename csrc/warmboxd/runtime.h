@@ -4,6 +4,7 @@
  *
  * Layout on disk, per sandbox: <data_dir>/<id>/home  (the jail's /home/user)
  *                              <data_dir>/<id>/tmp   (the jail's /tmp)
+ *                              <data_dir>/<id>/root  (the jail's /, under the rest)
  */
 #ifndef WBD_RUNTIME_H
 #define WBD_RUNTIME_H
@@ -14,6 +15,20 @@
 /* Host path of the sandbox's /home/user or /tmp; returns buf. */
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len);
 const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len);
+
+/* Where the jail's path `jail` (absolute, clean) lives on the host, as
+ * jail_args mounts it: `host` gets the directory of the tree that holds it,
+ * *rest the path below that ("." for the tree itself, else a suffix of
+ * `jail`). Returns WBD_TREE_OWN (the sandbox's own writable trees: home,
+ * /tmp, and its root for every path not mounted over), WBD_TREE_HOST (a
+ * host tree the jail binds read-only: /usr, /lib..., /etc's bound entries,
+ * the generated /etc/passwd and group), or -EACCES: not served (the
+ * per-process /proc, /dev and /sys, the jail's /usr/local/bin; without
+ * isolation, everything outside /home/user and /tmp). */
+enum { WBD_TREE_OWN = 0, WBD_TREE_HOST = 1 };
+/* Sandboxes run in jails (not --unisolated). */
+int wbd_rt_isolated(void);
+int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest);
 
 /* Starts argv inside the sandbox's jail (bubblewrap, or unisolated when
  * wbd_opt.unisolated), cwd and paths as the jail sees them, environment =

@@ -1,5 +1,5 @@
 -- SDK conformance of the filesystem features of issue 14 (file metadata,
--- directory watching, signed file URLs): the official e2b 2.51.0 JS SDK
+-- directory watching, signed file URLs, the sandbox's whole filesystem): the official e2b 2.51.0 JS SDK
 -- (spec/sdk/node_modules) against warmboxd. spec/sdk/fs_features.mjs runs
 -- every check and prints their results; each becomes one spec here.
 local sdk = require "spec.helpers.sdk"
@@ -13,6 +13,8 @@ local CHECKS = {
   "watch: a file is a SandboxError",
   "signing: download with a valid signature", "signing: download as root", "signing: an expired signature",
   "signing: upload with a valid signature", "signing: upload with an expired signature",
+  "paths: upload as root lands in /root", "paths: outside /home/user and /tmp, seen by commands",
+  "paths: the read-only system is refused, not written",
 }
 
 sdk.checks(_ENV, "official JS SDK against warmboxd's filesystem features", "fs_features.mjs", CHECKS,

@@ -530,35 +530,127 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("path confinement", function()
-    it("refuses .. out of /home/user on every route", function()
-      local res = download("../../etc/passwd")
-      assert.are.equal(400, res.status)
-      assert.not_matches("root:", res.body)
-      res = download("/home/user/../../etc/passwd")
-      assert.are.equal(400, res.status)
-      for _, m in ipairs({ "Stat", "ListDir", "Remove", "MakeDir" }) do
-        res = rpc(sb, "filesystem.Filesystem/" .. m, { path = "../../etc", depth = 1 })
-        assert.are.equal(403, res.status, m)
-        assert.are.equal("permission_denied", res.json.code, m)
+  describe("the jail's filesystem", function()
+    -- What a process in the sandbox prints for `cat path` (nil when it fails).
+    local function jail_cat(path, s)
+      local r = sh("cat " .. path, s)
+      if r.end_ and r.end_.exitCode then return nil end
+      return r.stdout
+    end
+    local function host_file(path)
+      local f = io.open(path, "r")
+      if not f then return nil end
+      local d = f:read("a")
+      f:close()
+      return d
+    end
+
+    it("serves every path as the sandbox's processes see it, never the host's", function()
+      local mine = jail_cat("/etc/passwd")
+      assert.matches("user:x:1000:1000", mine)
+      assert.are_not.equal(host_file("/etc/passwd"), mine)   -- the jail's generated one
+      for _, p in ipairs({ "/etc/passwd", "../../etc/passwd", "/home/user/../../etc/passwd", "/tmp/../etc/passwd" }) do
+        local res = download(p)
+        assert.are.equal(200, res.status, p)
+        assert.are.equal(mine, res.body, p)
       end
-      res = rpc(sb, "filesystem.Filesystem/Move", { source = "fs/a.txt", destination = "/etc/moved" })
-      assert.are.equal(403, res.status)
+      -- a host tree the jail binds read-only, through its /bin -> usr/bin link too
+      assert.are.equal(host_file("/usr/bin/env"), download("/usr/bin/env").body)
+      assert.are.equal(host_file("/usr/bin/env"), download("/bin/env").body)
+      assert.are.equal(jail_cat("/etc/hosts"), download("/etc/hosts").body)
+      local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "/", depth = 1 })
+      assert.are.equal(200, res.status, res.body)
+      local names = {}
+      for _, e in ipairs(res.json.entries) do names[e.name] = e end
+      for _, n in ipairs({ "etc", "home", "tmp", "usr", "root" }) do assert.is_table(names[n], n) end
+      -- /tmp as the jail has it (the sandbox's own, sticky), not the mount point under it
+      assert.are.equal("dtrwxrwxrwx", names.tmp.permissions)
     end)
 
-    it("refuses absolute paths outside /home/user and /tmp", function()
-      for _, p in ipairs({ "/etc/passwd", "/", "/home", "/proc/self/environ", "/tmpx/a" }) do
+    it("does not serve the per-process /proc, /dev and /sys", function()
+      for _, p in ipairs({ "/proc/self/environ", "/proc/1/root/etc/shadow", "/dev/null", "/sys/kernel" }) do
         local res = download(p)
         assert.are.equal(400, res.status, p)
-        assert.not_matches("root:", res.body)
+        res = rpc(sb, "filesystem.Filesystem/Stat", { path = p })
+        assert.are.equal(403, res.status, p)
+        assert.are.equal("permission_denied", res.json.code, p)
       end
-      local res = upload("/etc/warmbox-evil", "x")
-      assert.are.equal(400, res.status)
-      assert.is_nil(io.open("/etc/warmbox-evil", "r"))
-      res = rpc(sb, "filesystem.Filesystem/Stat", { path = "/etc/passwd" })
-      assert.are.equal(403, res.status)
-      assert.are.equal("permission_denied", res.json.code)
-      assert.matches("outside the sandbox", res.json.message)
+    end)
+
+    it("writes outside /home/user and /tmp to the sandbox's own root, seen by its processes", function()
+      assert.are.equal(200, upload("/opt/app/x.txt", "in opt").status)
+      assert.are.equal("in opt", jail_cat("/opt/app/x.txt"))
+      assert.is_nil(host_file("/opt/app/x.txt"))
+      assert.are.equal(200, upload("/etc/warmbox-evil", "mine").status)
+      assert.are.equal("mine", jail_cat("/etc/warmbox-evil"))
+      assert.is_nil(host_file("/etc/warmbox-evil"))
+      -- and the other way round: a process's file outside home and /tmp
+      local r = sh("mkdir -p /root/made && echo by-process > /root/made/f && echo run > /run/marker")
+      assert.is_nil(r.end_.exitCode, r.stderr)
+      assert.are.equal("by-process\n", download("/root/made/f").body)
+      assert.are.equal("run\n", download("/run/marker").body)
+      local res = rpc(sb, "filesystem.Filesystem/MakeDir", { path = "/srv/data" })
+      assert.are.equal(200, res.status, res.body)
+      assert.is_nil(sh("test -d /srv/data").end_.exitCode)
+      res = rpc(sb, "filesystem.Filesystem/Move", { source = "/opt/app/x.txt", destination = "/srv/data/x.txt" })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("in opt", jail_cat("/srv/data/x.txt"))
+      assert.are.equal(200, rpc(sb, "filesystem.Filesystem/Remove", { path = "/srv/data" }).status)
+      assert.is_nil(jail_cat("/srv/data/x.txt"))
+    end)
+
+    it("keeps another sandbox's root apart", function()
+      assert.are.equal(200, upload("/opt/only-here", "a").status)
+      assert.are.equal(404, download("/opt/only-here", open).status)
+      assert.is_nil(jail_cat("/opt/only-here", open))
+    end)
+
+    it("keeps the root across a pause, with memory and without", function()
+      local s = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 }).json
+      assert.are.equal(200, upload("/opt/kept", "kept", s).status)
+      local path = "/sandboxes/" .. s.sandboxID
+      for _, memory in ipairs({ true, false }) do
+        assert.are.equal(204, http.api(srv, "POST", path .. "/pause", { memory = memory }).status)
+        assert.are.equal(201, http.api(srv, "POST", path .. "/connect", { timeout = 60 }).status)
+        assert.are.equal("kept", jail_cat("/opt/kept", s), tostring(memory))
+        assert.are.equal("kept", download("/opt/kept", s).body)
+      end
+      http.api(srv, "DELETE", path)
+    end)
+
+    it("refuses every change to the host trees the jail has read-only", function()
+      local env = host_file("/usr/bin/env")
+      assert.are_not.equal(200, upload("/usr/bin/env", "pwned").status)
+      assert.are_not.equal(200, upload("/usr/warmbox-evil", "x").status)
+      assert.are_not.equal(200, upload("/etc/passwd", "pwned").status)
+      assert.are_not.equal(200, upload("/etc/hosts", "pwned").status)
+      for _, m in ipairs({ { "MakeDir", { path = "/usr/lib/warmbox-evil" } },
+                           { "Remove", { path = "/usr/bin/env" } },
+                           { "Remove", { path = "/etc/hosts" } },
+                           { "Move", { source = "/usr/bin/env", destination = "/tmp/env" } },
+                           { "Move", { source = "/tmp/x", destination = "/usr/bin/x" } } }) do
+        local res = rpc(sb, "filesystem.Filesystem/" .. m[1], m[2])
+        assert.are.equal(403, res.status, m[1] .. " " .. res.body)
+        assert.are.equal("permission_denied", res.json.code)
+      end
+      assert.are.equal(env, host_file("/usr/bin/env"))
+      assert.is_nil(host_file("/usr/warmbox-evil"))
+      assert.is_nil(io.open("/usr/lib/warmbox-evil", "r"))
+      assert.matches("user:x:1000", jail_cat("/etc/passwd"))
+    end)
+
+    it("answers relative paths of user root from /root, and starts its processes there", function()
+      local res = http.sandbox(srv, sb, 49983, "POST", "/files?username=root&path=hello.txt",
+        { body = "as root", headers = { ["Content-Type"] = "application/octet-stream" } })
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("/root/hello.txt", res.json[1].path)
+      assert.are.equal("as root", jail_cat("/root/hello.txt"))
+      res = http.sandbox(srv, sb, 49983, "GET", "/files?username=root&path=hello.txt")
+      assert.are.equal("as root", res.body)
+      local r = start(sb, { cmd = "/bin/bash", args = { "-c", "pwd; echo $HOME" } },
+        { Authorization = "Basic " .. "cm9vdDo=" })   -- "root:"
+      assert.are.equal("/root\n/root\n", r.stdout)
+      assert.are.equal("/home/user\n", sh("pwd").stdout)
     end)
 
     it("refuses to remove the sandbox's home itself", function()
@@ -578,32 +670,49 @@ describe("warmboxd envd", function()
         assert.is_nil(r.end_.exitCode, r.stderr)
       end)
 
-      it("does not serve host files through them", function()
+      it("serves what they point at in the jail, never a host file", function()
+        local mine = jail_cat("/etc/passwd")
         for _, p in ipairs({ "links/abs", "links/rel", "links/etcdir/passwd", "links/reldir/passwd",
           "links/sneaky/passwd", "links/sneaky2" }) do
           local res = download(p)
-          assert.are_not.equal(200, res.status, p)
-          assert.not_matches("root:", res.body)
+          assert.are.equal(200, res.status, p)
+          assert.are.equal(mine, res.body, p)
+          assert.are.equal(mine, jail_cat("/home/user/" .. p), p)
         end
-      end)
-
-      it("does not write, list or make directories through them", function()
-        for _, p in ipairs({ "links/etcdir/warmbox-evil", "links/reldir/warmbox-evil" }) do
-          assert.are_not.equal(200, upload(p, "x").status, p)
-          assert.are_not.equal(200, rpc(sb, "filesystem.Filesystem/MakeDir", { path = p }).status, p)
-        end
-        assert.is_nil(io.open("/etc/warmbox-evil", "r"))
         local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links/etcdir", depth = 1 })
-        assert.are_not.equal(200, res.status)
-        assert.not_matches("passwd", res.body)
-        res = rpc(sb, "filesystem.Filesystem/Stat", { path = "links/etcdir/passwd" })
-        assert.are_not.equal(200, res.status)
+        assert.are.equal(200, res.status)
+        assert.matches("links/etcdir/passwd", res.body)
+        assert.not_matches("shadow", res.body)   -- the host's /etc is not the jail's
+        -- listed directly, a bound file is the file, not the mount point under it
+        res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "/etc", depth = 1 })
+        for _, e in ipairs(res.json.entries) do
+          if e.name == "passwd" then assert.are.equal(tostring(#mine), e.size) end
+        end
       end)
 
-      it("does not overwrite a host file through a planted link", function()
-        local before = io.open("/etc/passwd"):read("a")
+      it("writes through them where the jail would: the sandbox's own root", function()
+        for _, p in ipairs({ "links/etcdir/warmbox-evil", "links/reldir/warmbox-evil2" }) do
+          assert.are.equal(200, upload(p, "x").status, p)
+          assert.are.equal("x", jail_cat("/home/user/" .. p), p)
+        end
+        assert.is_nil(host_file("/etc/warmbox-evil"))
+        assert.is_nil(host_file("/etc/warmbox-evil2"))
+      end)
+
+      it("does not overwrite a read-only file through a planted link", function()
+        local before, mine = host_file("/etc/passwd"), jail_cat("/etc/passwd")
         assert.are_not.equal(200, upload("links/abs", "pwned").status)
-        assert.are.equal(before, io.open("/etc/passwd"):read("a"))
+        assert.are.equal(before, host_file("/etc/passwd"))
+        assert.are.equal(mine, jail_cat("/etc/passwd"))
+        local r = sh("ln -s /usr/lib links/usrlib && ln -s ../../../usr/bin links/relusr")
+        assert.is_nil(r.end_.exitCode, r.stderr)
+        for _, p in ipairs({ "links/usrlib/warmbox-evil", "links/relusr/warmbox-evil" }) do
+          assert.are_not.equal(200, upload(p, "x").status, p)
+          local res = rpc(sb, "filesystem.Filesystem/MakeDir", { path = p })
+          assert.are.equal(403, res.status, p)
+        end
+        assert.is_nil(host_file("/usr/lib/warmbox-evil"))
+        assert.is_nil(host_file("/usr/bin/warmbox-evil"))
       end)
 
       it("lists and stats the links themselves", function()

@@ -227,6 +227,40 @@ if (sbx) {
     eq(JSON.parse(await res.text()), { code: 401, message: 'signature is already expired' }, 'body')
   })
 
+  // ------------------------------------------------ the whole filesystem
+  await check('paths: upload as root lands in /root', async () => {
+    const form = new FormData()
+    form.append('file', 'root content')
+    const res = await fetch(await sbx.uploadUrl('hello.txt', { user: 'root', useSignatureExpiration: 10_000 }),
+      { method: 'POST', body: form })
+    eq(res.status, 200, 'status')
+    eq(JSON.parse(await res.text()), [{ name: 'hello.txt', path: '/root/hello.txt', type: 'file' }], 'body')
+    eq(await sbx.files.read('/root/hello.txt'), 'root content', 'stored')
+  })
+
+  await check('paths: outside /home/user and /tmp, seen by commands', async () => {
+    await sbx.files.write('/opt/app/config.json', '{"a":1}', { user: 'root' })
+    const r = await sbx.commands.run('cat /opt/app/config.json')
+    eq(r.stdout, '{"a":1}', 'cat')
+    await sbx.commands.run('mkdir -p /root/out && echo made > /root/out/f')
+    eq(await sbx.files.read('/root/out/f'), 'made\n', 'read')
+    const names = (await sbx.files.list('/')).map((e) => e.name)
+    for (const n of ['etc', 'home', 'opt', 'root', 'tmp', 'usr']) expect(names.includes(n), `/ lists ${n}: ${names}`)
+    expect(await sbx.files.exists('/usr/bin/env'), '/usr/bin/env exists')
+    eq(await sbx.files.read('/etc/passwd'), (await sbx.commands.run('cat /etc/passwd')).stdout, '/etc/passwd')
+  })
+
+  await check('paths: the read-only system is refused, not written', async () => {
+    let err
+    try {
+      await sbx.files.write('/usr/bin/warmbox-evil', 'x')
+    } catch (e) {
+      err = e
+    }
+    expect(err, 'a write to /usr is refused')
+    expect(!(await sbx.files.exists('/usr/bin/warmbox-evil')), 'nothing written')
+  })
+
   try {
     await sbx.kill()
   } catch (e) {
