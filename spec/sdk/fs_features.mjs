@@ -239,7 +239,10 @@ if (sbx) {
   })
 
   await check('paths: outside /home/user and /tmp, seen by commands', async () => {
-    await sbx.files.write('/opt/app/config.json', '{"a":1}', { user: 'root' })
+    // as E2B's write test: envd (root there) makes the directories, for the default user too
+    const infos = await sbx.files.write([{ path: '/0/multi.txt', data: 'zero' }, { path: '/opt/app/config.json', data: '{"a":1}' }])
+    eq(infos.map((i) => i.path), ['/0/multi.txt', '/opt/app/config.json'], 'paths')
+    eq(await sbx.files.read('/0/multi.txt'), 'zero', 'read back')
     const r = await sbx.commands.run('cat /opt/app/config.json')
     eq(r.stdout, '{"a":1}', 'cat')
     await sbx.commands.run('mkdir -p /root/out && echo made > /root/out/f')
