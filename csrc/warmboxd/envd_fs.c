@@ -163,16 +163,22 @@ static int jail_push(char *j, const char *name, size_t nlen) {
  * where the jail cannot see, or make a read-only tree written (`mutate`).
  * Used for whatever openat2's kernel resolution below cannot do. */
 #define WALK_MAX_DEPTH 256
-static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate) {
+
+/* The jail path of p's tree root: p->jail without p->rel ("" for "/"). */
+static void tree_root_jail(const struct wbd_fspath *p, char *out, size_t len) {
+  size_t jl = strlen(p->jail), rl = strcmp(p->rel, ".") == 0 ? 0 : strlen(p->rel) + 1;
+  snprintf(out, len, "%.*s", (int)(jl >= rl ? jl - rl : 0), p->jail);
+  if (strcmp(out, "/") == 0) out[0] = 0;
+}
+
+/* `resolved` (PATH_MAX, or NULL): the jail path the fd is for, after links. */
+static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate, char *resolved) {
   int stack[WALK_MAX_DEPTH];
   int depth = 0, links = 0, rc, owned_root = -1, ro = p->ro;
   char todo[2 * PATH_MAX], next[2 * PATH_MAX], here[PATH_MAX], tree_host[PATH_MAX], jail[PATH_MAX];
   if (strlen(rel) >= sizeof todo) return -ENAMETOOLONG;
   strcpy(todo, rel);
-  /* the jail path of p->root: p->jail without p->rel ("" for "/") */
-  size_t jl = strlen(p->jail), rl = strcmp(p->rel, ".") == 0 ? 0 : strlen(p->rel) + 1;
-  snprintf(here, sizeof here, "%.*s", (int)(jl >= rl ? jl - rl : 0), p->jail);
-  if (strcmp(here, "/") == 0) here[0] = 0;
+  tree_root_jail(p, here, sizeof here);
   {
     const char *r;
     if (wbd_rt_locate(p->sb, p->jail, tree_host, sizeof tree_host, &r) < 0) tree_host[0] = 0;
@@ -196,6 +202,7 @@ static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t m
       if (mutate && ro) { rc = -EROFS; goto out; }
       rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
       rc = rc < 0 ? -errno : rc;
+      if (resolved) snprintf(resolved, PATH_MAX, "%s", here[0] ? here : "/");
       goto out;
     }
     if (strcmp(comp, "..") == 0) {
@@ -212,6 +219,7 @@ static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t m
         if (mutate && ro) { rc = -EROFS; goto out; }
         rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
         rc = rc < 0 ? -errno : rc;
+        if (resolved) snprintf(resolved, PATH_MAX, "%s", here[0] ? here : "/");
         goto out;
       }
     }
@@ -277,6 +285,7 @@ static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t m
       if (mutate && ro) { rc = -EROFS; goto out; }
       rc = openat(stack[depth], comp, flags | O_NOFOLLOW | O_CLOEXEC, mode);
       rc = rc < 0 ? -errno : rc;
+      if (resolved) snprintf(resolved, PATH_MAX, "%s", jail);
       goto out;
     }
     if (fd < 0) { rc = -errno; goto out; }
@@ -306,7 +315,8 @@ static int have_openat2 = 1;
 
 /* `mutate`: the fd is for a change (a write, or a directory to change
  * entries of): refused in a read-only tree, however it is reached. */
-static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate) {
+static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate,
+                   char *resolved) {
   if (flags & WRITING) mutate = 1;
   if (mutate && p->ro) return -EROFS;
   if (__atomic_load_n(&have_openat2, __ATOMIC_RELAXED)) {
@@ -322,15 +332,23 @@ static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_
     do {
       fd = syscall(SYS_openat2, p->root, rel, &how, sizeof how);
     } while (fd < 0 && errno == EAGAIN);
-    if (fd >= 0) return (int)fd;
+    if (fd >= 0) {
+      if (resolved) {   /* no link on the way: the path itself */
+        char top[PATH_MAX], joined[2 * PATH_MAX];
+        tree_root_jail(p, top, sizeof top);
+        snprintf(joined, sizeof joined, "%s/%s", top, rel);
+        if (clean_path(joined, resolved, PATH_MAX) < 0) snprintf(resolved, PATH_MAX, "%s", p->jail);
+      }
+      return (int)fd;
+    }
     if (errno != ENOSYS && errno != EXDEV && errno != ELOOP) return -errno;
     if (errno == ENOSYS) __atomic_store_n(&have_openat2, 0, __ATOMIC_RELAXED);
   }
-  return walk(p, rel, flags, mode, mutate);
+  return walk(p, rel, flags, mode, mutate, resolved);
 }
 
 int wbd_fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode) {
-  return fs_open(p, rel, flags, mode, 0);
+  return fs_open(p, rel, flags, mode, 0, NULL);
 }
 
 static int parent_fd(const struct wbd_fspath *p, const char **base, int mutate) {
@@ -338,14 +356,14 @@ static int parent_fd(const struct wbd_fspath *p, const char **base, int mutate) 
   const char *slash = strrchr(p->rel, '/');
   if (!slash) {
     *base = p->rel;
-    return fs_open(p, ".", O_PATH | O_DIRECTORY, 0, mutate);
+    return fs_open(p, ".", O_PATH | O_DIRECTORY, 0, mutate, NULL);
   }
   char dir[PATH_MAX];
   size_t n = (size_t)(slash - p->rel);
   memcpy(dir, p->rel, n);
   dir[n] = 0;
   *base = slash + 1;
-  return fs_open(p, dir, O_PATH | O_DIRECTORY, 0, mutate);
+  return fs_open(p, dir, O_PATH | O_DIRECTORY, 0, mutate, NULL);
 }
 
 int wbd_fs_parent(const struct wbd_fspath *p, const char **base) { return parent_fd(p, base, 0); }
@@ -376,9 +394,9 @@ int wbd_fs_mkdirs(const struct wbd_fspath *p, int self) {
     int dfd;
     if (slash) {
       *slash = 0;
-      dfd = fs_open(p, prefix, O_PATH | O_DIRECTORY, 0, 1);
+      dfd = fs_open(p, prefix, O_PATH | O_DIRECTORY, 0, 1, NULL);
     } else {
-      dfd = fs_open(p, ".", O_PATH | O_DIRECTORY, 0, 1);
+      dfd = fs_open(p, ".", O_PATH | O_DIRECTORY, 0, 1, NULL);
     }
     if (dfd < 0) return dfd;
     if (mkdirat(dfd, name, 0755) == 0) {
@@ -742,29 +760,36 @@ static int cmp_names(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* A child the jail mounts another tree on (a root's /usr, /tmp, /home/user):
- * resolved as its own path, so it is listed as the jail sees it. NULL: an
- * ordinary child of the tree (*fd untouched), else *fd is the child's tree
- * opened as a directory (or -1) and the result its entry (or a json null). */
-static json_t *mounted_child(const struct wbd_fspath *p, const char *tree_host, const char *child, int *fd) {
+/* How a directory's child `real` (its jail path, links resolved) is listed.
+ * CHILD_OWN: an entry of the directory's own tree; CHILD_HIDDEN: a mount
+ * point of a view envd does not serve (/proc, /dev): listed, never entered;
+ * CHILD_MOUNTED: the jail mounts another tree there (a root's /usr, /tmp):
+ * *e is that tree's entry (NULL: gone) and *fd (or -1) that tree opened. */
+enum { CHILD_OWN, CHILD_HIDDEN, CHILD_MOUNTED };
+static int mounted_child(const struct wbd_fspath *p, const char *tree_host, const char *real, json_t **e, int *fd) {
   char host[PATH_MAX];
   const char *r;
-  if (wbd_rt_locate(p->sb, child, host, sizeof host, &r) >= 0 && strcmp(host, tree_host) == 0) return NULL;
+  int kind = wbd_rt_locate(p->sb, real, host, sizeof host, &r);
+  if (kind < 0) return CHILD_HIDDEN;
+  if (strcmp(host, tree_host) == 0) return CHILD_OWN;
   struct wbd_fspath q;
-  json_t *e = NULL;
+  *e = NULL;
   *fd = -1;
-  if (wbd_fs_resolve(p->sb, child, &q) == 0) {
-    e = wbd_fs_entry(&q);
+  if (wbd_fs_resolve(p->sb, real, &q) == 0) {
+    *e = wbd_fs_entry(&q);
     *fd = wbd_fs_open(&q, q.rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
     if (*fd < 0) *fd = -1;
   }
   wbd_fs_release(&q);
-  return e ? e : json_null();
+  return CHILD_MOUNTED;
 }
 
-/* Lexical order per directory, parents before children: Go's WalkDir. */
-static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd, const char *jailpath, int level,
-                      int depth, json_t *out) {
+/* Lexical order per directory, parents before children: Go's WalkDir.
+ * `shown` is the directory's path as asked for (entries are named from it),
+ * `real` its jail path once links are resolved (what the jail mounts there
+ * is decided from it). */
+static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd, const char *shown, const char *real,
+                      int level, int depth, json_t *out) {
   int dfd = dup(fd);
   if (dfd < 0) return -errno;
   DIR *d = fdopendir(dfd);
@@ -789,29 +814,34 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
   closedir(d);
   if (n) qsort(names, n, sizeof *names, cmp_names);
   for (size_t i = 0; i < n; i++) {
-    char child[PATH_MAX];
-    int w = snprintf(child, sizeof child, "%s%s%s", jailpath,
-                     jailpath[strlen(jailpath) - 1] == '/' ? "" : "/", names[i]);
-    if (w < 0 || (size_t)w >= sizeof child) continue;
+    char child[PATH_MAX], real_child[PATH_MAX];
+    int w = snprintf(child, sizeof child, "%s%s%s", shown, shown[strlen(shown) - 1] == '/' ? "" : "/", names[i]);
+    int w2 = snprintf(real_child, sizeof real_child, "%s%s%s", real, real[strlen(real) - 1] == '/' ? "" : "/",
+                      names[i]);
+    if (w < 0 || (size_t)w >= sizeof child || w2 < 0 || (size_t)w2 >= sizeof real_child) continue;
     int sub = -1;
-    json_t *e = mounted_child(p, tree_host, child, &sub);
-    int mounted = e != NULL;
-    if (!e) e = entry_at(fd, names[i], child);
-    if (!e || json_is_null(e)) {   /* vanished meanwhile */
-      json_decref(e);
+    json_t *e = NULL;
+    int how = mounted_child(p, tree_host, real_child, &e, &sub);
+    if (how == CHILD_MOUNTED) {
+      if (e) json_object_set_new(e, "path", wbd_json_str(child));
+    } else {
+      e = entry_at(fd, names[i], child);
+    }
+    if (!e) {   /* vanished meanwhile */
       if (sub >= 0) close(sub);
       continue;
     }
     const char *etype = json_string_value(json_object_get(e, "type"));
     int is_dir = etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0;
     json_array_append_new(out, e);
-    if (is_dir && level < depth) {
-      if (!mounted) sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (is_dir && level < depth && how != CHILD_HIDDEN) {
+      if (how == CHILD_OWN) sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (sub >= 0) {
         char host[PATH_MAX];
         const char *r;
-        if (!mounted || wbd_rt_locate(p->sb, child, host, sizeof host, &r) < 0) snprintf(host, sizeof host, "%s", tree_host);
-        list_level(p, host, sub, child, level + 1, depth, out);
+        if (how == CHILD_OWN || wbd_rt_locate(p->sb, real_child, host, sizeof host, &r) < 0)
+          snprintf(host, sizeof host, "%s", tree_host);
+        list_level(p, host, sub, child, real_child, level + 1, depth, out);
       }
     }
     if (sub >= 0) close(sub);
@@ -822,7 +852,8 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
 }
 
 json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {
-  int fd = wbd_fs_open(p, p->rel, O_RDONLY | O_DIRECTORY, 0);
+  char real[PATH_MAX];
+  int fd = fs_open(p, p->rel, O_RDONLY | O_DIRECTORY, 0, 0, real);
   if (fd < 0) {
     *err = fd;
     return NULL;
@@ -830,8 +861,8 @@ json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {
   json_t *arr = json_array();
   char host[PATH_MAX];
   const char *r;
-  if (wbd_rt_locate(p->sb, p->jail, host, sizeof host, &r) < 0) host[0] = 0;
-  int rc = list_level(p, host, fd, p->jail, 1, depth < 1 ? 1 : depth, arr);
+  if (wbd_rt_locate(p->sb, real, host, sizeof host, &r) < 0) host[0] = 0;
+  int rc = list_level(p, host, fd, p->jail, real, 1, depth < 1 ? 1 : depth, arr);
   close(fd);
   if (rc < 0) {
     json_decref(arr);

@@ -562,9 +562,21 @@ describe("warmboxd envd", function()
       assert.are.equal(200, res.status, res.body)
       local names = {}
       for _, e in ipairs(res.json.entries) do names[e.name] = e end
-      for _, n in ipairs({ "etc", "home", "tmp", "usr", "root" }) do assert.is_table(names[n], n) end
+      for _, n in ipairs({ "etc", "home", "tmp", "usr", "root", "proc", "dev" }) do assert.is_table(names[n], n) end
       -- /tmp as the jail has it (the sandbox's own, sticky), not the mount point under it
       assert.are.equal("dtrwxrwxrwx", names.tmp.permissions)
+      -- two levels: into the mounted trees, never into /proc or /dev
+      assert.are.equal(200, upload("/tmp/level2.txt", "x").status)
+      res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "/", depth = 2 })
+      local paths = {}
+      for _, e in ipairs(res.json.entries) do paths[e.path] = true end
+      for _, want in ipairs({ "/home/user", "/usr/bin", "/tmp/level2.txt", "/etc/passwd" }) do
+        assert.is_true(paths[want], want)
+      end
+      for path in pairs(paths) do
+        assert.not_matches("^/proc/.", path)
+        assert.not_matches("^/dev/.", path)
+      end
     end)
 
     it("does not serve the per-process /proc, /dev and /sys", function()
@@ -681,12 +693,19 @@ describe("warmboxd envd", function()
         end
         local res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "links/etcdir", depth = 1 })
         assert.are.equal(200, res.status)
-        assert.matches("links/etcdir/passwd", res.body)
         assert.not_matches("shadow", res.body)   -- the host's /etc is not the jail's
-        -- listed directly, a bound file is the file, not the mount point under it
-        res = rpc(sb, "filesystem.Filesystem/ListDir", { path = "/etc", depth = 1 })
-        for _, e in ipairs(res.json.entries) do
-          if e.name == "passwd" then assert.are.equal(tostring(#mine), e.size) end
+        -- a bound file is listed as the file, not as the mount point under it,
+        -- through the link as directly
+        for _, dir in ipairs({ "links/etcdir", "/etc" }) do
+          res = rpc(sb, "filesystem.Filesystem/ListDir", { path = dir, depth = 1 })
+          local seen
+          for _, e in ipairs(res.json.entries) do
+            if e.name == "passwd" then
+              seen = e
+              assert.are.equal(tostring(#mine), e.size, dir)
+            end
+          end
+          assert.are.equal(dir == "/etc" and "/etc/passwd" or "/home/user/links/etcdir/passwd", seen.path)
         end
       end)
 
