@@ -611,6 +611,21 @@ describe("warmboxd envd", function()
       assert.is_nil(jail_cat("/srv/data/x.txt"))
     end)
 
+    it("keeps its root's skeleton out of the sandbox user's reach (warmboxd as root)", function()
+      local id = io.popen("id -u"):read("l")
+      if id ~= "0" then return end   -- without root the jail's user is warmboxd's own uid
+      for _, cmd in ipairs({ "touch /x", "rmdir /usr", "mv /etc /etc2", "ln -s / /l", "rm /bin",
+                             "echo x > /etc/passwd", "echo x > /usr/x" }) do
+        local r = sh(cmd)
+        assert.is_number(r.end_.exitCode, cmd)
+      end
+      local link = io.popen("readlink /bin"):read("l")   -- the host's (merged /usr), or nil
+      if link then assert.are.equal(link .. "\n", sh("readlink /bin").stdout) end
+      -- the parts that are the user's own
+      local r = sh("touch /root/a /run/a /var/tmp/a /tmp/a /home/user/a")
+      assert.is_nil(r.end_.exitCode, r.stderr)
+    end)
+
     it("keeps another sandbox's root apart", function()
       assert.are.equal(200, upload("/opt/only-here", "a").status)
       assert.are.equal(404, download("/opt/only-here", open).status)
