@@ -110,10 +110,10 @@ local function check_opts(opts, known, fname)
   end
 end
 
-local function positive_int(v, name, fname, allow_nil)
+local function positive_int(v, name, fname, allow_nil, level)
   if v == nil and allow_nil then return end
   if math.type(v) ~= "integer" or v < 1 then
-    error(fmt("bad argument #1 to '%s' (option '%s': a positive integer expected)", fname, name), 4)
+    error(fmt("bad argument #1 to '%s' (option '%s': a positive integer expected)", fname, name), level or 4)
   end
 end
 
@@ -297,6 +297,60 @@ local function tasks_for(client)
   return { runner = r, client = setmetatable(tc, e2b.Client) }
 end
 
+-- run's option checks after check_opts, in their order (errors name run's
+-- caller); returns the policy, clock, concurrency and max_age, defaults applied.
+local function run_settings(opts)
+  local policy = opts.policy or require "warmbox.policy.default"
+  if type(policy) ~= "table" or type(policy.gc) ~= "function" then
+    error("bad argument #1 to 'run' (option 'policy': a table with a 'gc' function expected)", 3)
+  end
+  local clock = opts.clock or os_time
+  if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock': a function expected)", 3) end
+  local concurrency = opts.concurrency or 8
+  -- (level 5: the frame these checks have always named, one above run's caller)
+  positive_int(concurrency, "concurrency", "run", nil, 5)
+  positive_int(opts.max_kills, "max_kills", "run", true, 5)
+  positive_int(opts.pages, "pages", "run", true, 5)
+  positive_int(opts.limit, "limit", "run", true, 5)
+  local max_age = opts.max_age or 86400
+  if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age': a number expected)", 3) end
+  if opts.next_token ~= nil and type(opts.next_token) ~= "string" then
+    error("bad argument #1 to 'run' (option 'next_token': a string expected)", 3)
+  end
+  for _, k in ipairs({ "on_action", "on_page" }) do
+    if opts[k] ~= nil and type(opts[k]) ~= "function" then
+      error(fmt("bad argument #1 to 'run' (option '%s': a function expected)", k), 3)
+    end
+  end
+  return policy, clock, concurrency, max_age
+end
+
+-- Checks run's `order` and `next_token` (errors name run's caller); returns
+-- whether the pass lists from both ends, and the two-ended token's sides.
+local function listing_ends(opts, pipelined, policy)
+  local order = opts.order
+  if order ~= nil and order ~= "newest" and order ~= "both" then
+    error("bad argument #1 to 'run' (option 'order': \"newest\" or \"both\" expected)", 3)
+  end
+  -- Two cursors (newest first and oldest first) when the client batches and the
+  -- policy's decisions do not depend on the listing order (no caps), or when
+  -- asked; a two-ended pass's resume token resumes both.
+  local both, resume_from = false, nil
+  local nt = opts.next_token
+  if nt and nt:sub(1, #TOKEN_PREFIX) == TOKEN_PREFIX then
+    resume_from = decode_token(nt)
+    if not resume_from then
+      error("bad argument #1 to 'run' (option 'next_token': not a valid GC resume token)", 3)
+    end
+    if not pipelined then
+      error("bad argument #1 to 'run' (option 'next_token': a two-ended pass's token needs a client with batch)", 3)
+    end
+    both = true
+  elseif nt == nil and pipelined then
+    both = order == "both" or (order == nil and rules.is_any_order(policy.gc))
+  end
+  return both, resume_from
+end
 
 --- One GC pass. See the module comment.
 -- @treturn[1] table report `{ listed, tagged, orphans, kept, killed, demoted, busy, skipped,
@@ -307,27 +361,7 @@ function _M.run(opts)
   check_opts(opts, RUN_OPTS, "run")
   local client = opts.client
   local tag = opts.tag or "warmboxSessionId"
-  local policy = opts.policy or require "warmbox.policy.default"
-  if type(policy) ~= "table" or type(policy.gc) ~= "function" then
-    error("bad argument #1 to 'run' (option 'policy': a table with a 'gc' function expected)", 2)
-  end
-  local clock = opts.clock or os_time
-  if type(clock) ~= "function" then error("bad argument #1 to 'run' (option 'clock': a function expected)", 2) end
-  local concurrency = opts.concurrency or 8
-  positive_int(concurrency, "concurrency", "run")
-  positive_int(opts.max_kills, "max_kills", "run", true)
-  positive_int(opts.pages, "pages", "run", true)
-  positive_int(opts.limit, "limit", "run", true)
-  local max_age = opts.max_age or 86400
-  if type(max_age) ~= "number" then error("bad argument #1 to 'run' (option 'max_age': a number expected)", 2) end
-  if opts.next_token ~= nil and type(opts.next_token) ~= "string" then
-    error("bad argument #1 to 'run' (option 'next_token': a string expected)", 2)
-  end
-  for _, k in ipairs({ "on_action", "on_page" }) do
-    if opts[k] ~= nil and type(opts[k]) ~= "function" then
-      error(fmt("bad argument #1 to 'run' (option '%s': a function expected)", k), 2)
-    end
-  end
+  local policy, clock, concurrency, max_age = run_settings(opts)
   local dry_run = opts.dry_run and true or false
   local new_lock = lock_factory(opts.lock, "run")
   local limit = min(opts.limit or 100, 100)
@@ -335,27 +369,7 @@ function _M.run(opts)
   local on_action, on_page = opts.on_action, opts.on_page
   local tenant_of = type(policy.tenant) == "function" and policy.tenant or _M.default_tenant
   local pipelined = type(client.batch) == "function"
-  local order = opts.order
-  if order ~= nil and order ~= "newest" and order ~= "both" then
-    error("bad argument #1 to 'run' (option 'order': \"newest\" or \"both\" expected)", 2)
-  end
-  -- Two cursors (newest first and oldest first) when the client batches and the
-  -- policy's decisions do not depend on the listing order (no caps), or when
-  -- asked; a two-ended pass's resume token resumes both.
-  local both, resume_from = false, nil
-  local nt = opts.next_token
-  if nt and nt:sub(1, #TOKEN_PREFIX) == TOKEN_PREFIX then
-    resume_from = decode_token(nt)
-    if not resume_from then
-      error("bad argument #1 to 'run' (option 'next_token': not a valid GC resume token)", 2)
-    end
-    if not pipelined then
-      error("bad argument #1 to 'run' (option 'next_token': a two-ended pass's token needs a client with batch)", 2)
-    end
-    both = true
-  elseif nt == nil and pipelined then
-    both = order == "both" or (order == nil and rules.is_any_order(policy.gc))
-  end
+  local both, resume_from = listing_ends(opts, pipelined, policy)
   local list_opts = { state = { "running", "paused" }, limit = limit }
 
   local report = { listed = 0, tagged = 0, orphans = 0, kept = 0, killed = 0, demoted = 0, busy = 0, skipped = 0,
