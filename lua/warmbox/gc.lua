@@ -772,12 +772,23 @@ function _M.run(opts)
     return taken
   end
 
+  -- The next page of a client without batch (its listing made on first use,
+  -- from the first direction's token).
+  local function seq_page()
+    if not seq_pages then
+      seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
+    end
+    return seq_pages()
+  end
+
   local function list_op(d, token)
     return { op = "list", opts = { state = list_opts.state, limit = limit, next_token = token or nil,
                                    order = d.asc and "asc" or nil } }
   end
 
-  if dry_run then
+  -- A dry run: list and decide every page, count what would be done, act on
+  -- nothing; returns what run returns.
+  local function dry_pass()
     while not listing_done() do
       local ops, which = {}, {}
       for _, d in ipairs(dirs) do
@@ -791,10 +802,7 @@ function _M.run(opts)
       if pipelined then
         res = client:batch(ops, { concurrency = #ops })
       else
-        if not seq_pages then
-          seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
-        end
-        local items, a, b = seq_pages()
+        local items, a, b = seq_page()
         res = { items == nil and { done = true } or { items, a, b } }
       end
       for i, d in ipairs(which) do
@@ -819,6 +827,7 @@ function _M.run(opts)
     report.resume_token = report.next_token
     return report
   end
+  if dry_run then return dry_pass() end
 
   local list_error
   local backlog = max(concurrency * DRAIN_ROUNDS, limit)
