@@ -896,6 +896,74 @@ function _M.run(opts)
     end
   end
 
+  -- Moves up to n queued kills into a batch's ops; returns how many it moved.
+  local function take_kills(ops, kinds, n)
+    local nkills = 0
+    while qhead <= qtail and nkills < n do
+      local e = queue[qhead]
+      queue[qhead] = nil
+      qhead = qhead + 1
+      nkills = nkills + 1
+      ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
+      kinds[#ops] = "kill"
+    end
+    return nkills
+  end
+
+  -- A batch's results from a client without batch: each list from its listing,
+  -- then the kills (with its kill_many when it has one).
+  local function seq_results(ops, kinds)
+    local results = {}
+    local kill_ids, kill_at = {}, {}
+    for i, o in ipairs(ops) do
+      if kinds[i] == "list" then
+        local items, a, b, c, d = seq_page()
+        results[i] = items == nil and { done = true } or { items, a, b, c, d }
+      else
+        kill_ids[#kill_ids + 1] = o.id
+        kill_at[#kill_at + 1] = i
+      end
+    end
+    if #kill_ids > 0 then
+      local kr = type(client.kill_many) == "function"
+        and client:kill_many(kill_ids, { concurrency = concurrency })
+      for j, i in ipairs(kill_at) do
+        results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
+      end
+    end
+    return results
+  end
+
+  -- The pending page's re-check with `info` (a client without batch): an entry
+  -- whose sandbox cannot be read fails, the others are re-checked.
+  local function recheck_by_info()
+    local pending = dirs[1].pending
+    dirs[1].pending = nil
+    local current = {}
+    for _, e in ipairs(pending.entries) do
+      local info, ierr, icode = client:info(e.item.sandbox_id)
+      if info then
+        current[e.item.sandbox_id] = info
+      elseif icode == "NOT_FOUND" then
+        current[e.item.sandbox_id] = false
+      else
+        current[e.item.sandbox_id] = { metadata = {}, failed = { ierr, icode } }
+      end
+    end
+    local kept = {}
+    for _, e in ipairs(pending.entries) do
+      local cur = current[e.item.sandbox_id]
+      if cur and cur.failed then
+        undo(e.item, e.action, true)
+        fail(e.item, e.action, cur.failed[1], cur.failed[2])
+        done_with(e)
+      else
+        kept[#kept + 1] = e
+      end
+    end
+    rechecked(kept, current)
+  end
+
   local ok, err
   local tasks = tasks_for(client)
   if tasks then
@@ -984,42 +1052,14 @@ function _M.run(opts)
         -- several rounds at `concurrency` (h:batch refills a freed slot at once).
         local busy_listing = nreq > 0 or listing_active()
         local max_kills_now = busy_listing and concurrency or concurrency * DRAIN_ROUNDS
-        local nkills = 0
-        while qhead <= qtail and nkills < max_kills_now do
-          local e = queue[qhead]
-          queue[qhead] = nil
-          qhead = qhead + 1
-          nkills = nkills + 1
-          ops[#ops + 1] = { op = "kill", id = e.item.sandbox_id, entry = e }
-          kinds[#ops] = "kill"
-        end
+        local nkills = take_kills(ops, kinds, max_kills_now)
         local pending_seq = not pipelined and dirs[1].pending
         if #ops == 0 and not pending_seq then break end
         local results
         if pipelined then
           results = client:batch(ops, { concurrency = (nkills > 0 and concurrency or 0) + nreq })
         else
-          results = {}
-          local kill_ids, kill_at = {}, {}
-          for i, o in ipairs(ops) do
-            if kinds[i] == "list" then
-              if not seq_pages then
-                seq_pages = pages_of(client, { state = list_opts.state, limit = limit, next_token = dirs[1].token })
-              end
-              local items, a, b, c, d = seq_pages()
-              results[i] = items == nil and { done = true } or { items, a, b, c, d }
-            else
-              kill_ids[#kill_ids + 1] = o.id
-              kill_at[#kill_at + 1] = i
-            end
-          end
-          if #kill_ids > 0 then
-            local kr = type(client.kill_many) == "function"
-              and client:kill_many(kill_ids, { concurrency = concurrency })
-            for j, i in ipairs(kill_at) do
-              results[i] = kr and kr[j] or { client:kill(kill_ids[j]) }
-            end
-          end
+          results = seq_results(ops, kinds)
         end
         -- 1. kills
         for i, o in ipairs(ops) do
@@ -1032,31 +1072,7 @@ function _M.run(opts)
         if pipelined then
           after_rechecks(ops, kinds, which, results)
         elseif pending_seq then
-          local pending = dirs[1].pending
-          dirs[1].pending = nil
-          local current = {}
-          for _, e in ipairs(pending.entries) do
-            local info, ierr, icode = client:info(e.item.sandbox_id)
-            if info then
-              current[e.item.sandbox_id] = info
-            elseif icode == "NOT_FOUND" then
-              current[e.item.sandbox_id] = false
-            else
-              current[e.item.sandbox_id] = { metadata = {}, failed = { ierr, icode } }
-            end
-          end
-          local kept = {}
-          for _, e in ipairs(pending.entries) do
-            local cur = current[e.item.sandbox_id]
-            if cur and cur.failed then
-              undo(e.item, e.action, true)
-              fail(e.item, e.action, cur.failed[1], cur.failed[2])
-              done_with(e)
-            else
-              kept[#kept + 1] = e
-            end
-          end
-          rechecked(kept, current)
+          recheck_by_info()
         end
         -- 3. the pages just listed
         after_lists(nlists, which, results)
