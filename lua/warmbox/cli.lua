@@ -297,6 +297,35 @@ local function traceback_of(e, plain)
   return traceback_lines(tb)
 end
 
+-- Writes `run --json`'s document of a run r that returned (`tb`: its error's
+-- traceback; t0, t1, t2: start, session ready, run done).
+local function write_run_json(out, r, tb, saved, t0, t1, t2)
+  local e = r.error
+  local json = require "warmbox.json"
+  local results = {}
+  for _, res in ipairs(r.results) do results[#results + 1] = json_result(res) end
+  local doc = {
+    ok = true, stdout = r.stdout, stderr = r.stderr,
+    error = e and { name = e.name, value = type(e.value) == "string" and strip_ansi(e.value) or e.value,
+      traceback = tb } or json.null,
+    results = json.array(results), files = json.array(saved),
+    reused = r.reused, resumed = r.resumed, sandbox_id = r.sandbox_id, execution_count = r.execution_count,
+    truncated = r.truncated,
+    timings = { total_ms = math.floor((t2 - t0) * 1000 + 0.5), setup_ms = math.floor((t1 - t0) * 1000 + 0.5),
+      run_ms = math.floor((t2 - t1) * 1000 + 0.5) },
+  }
+  out:write(assert(json.encode(doc)), "\n")
+end
+
+-- Writes `run`'s text output of a run r that returned: its results' text on out, the
+-- traceback `tb` of its error on err.
+local function write_run_text(out, err, r, tb)
+  for _, res in ipairs(r.results) do
+    if res.text then out:write(res.text, "\n") end
+  end
+  if tb then err:write(tb, tb:sub(-1) == "\n" and "" or "\n") end
+end
+
 local function cmd_run(o, args, io_)
   local out, err = io_.stdout, io_.stderr
   local key, language, timeout, outdir, actor, code, as_json, start
@@ -349,25 +378,9 @@ local function cmd_run(o, args, io_)
   local e = r.error
   local tb = e and traceback_of(e, as_json or not colour_ok(io_, 2))
   if as_json then
-    local json = require "warmbox.json"
-    local results = {}
-    for _, res in ipairs(r.results) do results[#results + 1] = json_result(res) end
-    local doc = {
-      ok = true, stdout = r.stdout, stderr = r.stderr,
-      error = e and { name = e.name, value = type(e.value) == "string" and strip_ansi(e.value) or e.value,
-        traceback = tb } or json.null,
-      results = json.array(results), files = json.array(saved),
-      reused = r.reused, resumed = r.resumed, sandbox_id = r.sandbox_id, execution_count = r.execution_count,
-      truncated = r.truncated,
-      timings = { total_ms = math.floor((t2 - t0) * 1000 + 0.5), setup_ms = math.floor((t1 - t0) * 1000 + 0.5),
-        run_ms = math.floor((t2 - t1) * 1000 + 0.5) },
-    }
-    out:write(assert(json.encode(doc)), "\n")
+    write_run_json(out, r, tb, saved, t0, t1, t2)
   else
-    for _, res in ipairs(r.results) do
-      if res.text then out:write(res.text, "\n") end
-    end
-    if tb then err:write(tb, tb:sub(-1) == "\n" and "" or "\n") end
+    write_run_text(out, err, r, tb)
   end
   wb:close()
   return e and 1 or 0
