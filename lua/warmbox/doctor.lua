@@ -131,6 +131,30 @@ function _M.embedded(opts)
   return list
 end
 
+-- Looks template up among the team's templates (GET /templates, by id or
+-- alias); returns whether it is there, whether they were listed, the response.
+local function find_template(client, key, template)
+  local http = client.http
+  local res = http and http:request{ method = "GET", url = client.api_url .. "/templates",
+    headers = { ["X-API-Key"] = key }, timeout = 10 }
+  local found, listed = false, false
+  if res and res.status == 200 then
+    local t = require("warmbox.json").decode(res.body)
+    if type(t) == "table" then
+      listed = true
+      for _, tp in ipairs(t) do
+        if type(tp) == "table" then
+          if tp.templateID == template then found = true end
+          for _, a in ipairs(type(tp.aliases) == "table" and tp.aliases or {}) do
+            if a == template then found = true end
+          end
+        end
+      end
+    end
+  end
+  return found, listed, res
+end
+
 --- The checks of an E2B setup.
 -- @tparam[opt] table opts `api_key` (default $E2B_API_KEY), `api_url`, `template`
 --   (default code-interpreter-v1)
@@ -164,24 +188,7 @@ function _M.e2b(opts)
   end
   add(check("E2B API", "ok", tostring(client.api_url) .. " answers and accepts the key"))
   local template = opts.template or "code-interpreter-v1"
-  local http = client.http
-  local res = http and http:request{ method = "GET", url = client.api_url .. "/templates",
-    headers = { ["X-API-Key"] = key }, timeout = 10 }
-  local found, listed = false, false
-  if res and res.status == 200 then
-    local t = require("warmbox.json").decode(res.body)
-    if type(t) == "table" then
-      listed = true
-      for _, tp in ipairs(t) do
-        if type(tp) == "table" then
-          if tp.templateID == template then found = true end
-          for _, a in ipairs(type(tp.aliases) == "table" and tp.aliases or {}) do
-            if a == template then found = true end
-          end
-        end
-      end
-    end
-  end
+  local found, listed, res = find_template(client, key, template)
   local public = { ["code-interpreter-v1"] = true, base = true, desktop = true }
   if found then
     add(check("template", "ok", template .. " is one of the team's templates"))
