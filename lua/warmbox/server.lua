@@ -128,6 +128,43 @@ local function own_pid()
   return stat and tonumber(stat:match("^(%d+)"))
 end
 
+-- The server's directory: `opts.dir` (made 0700), else a fresh one in /tmp;
+-- returns it, or nil, message, "TRANSPORT".
+local function server_dir(opts)
+  local dir, p
+  if opts.dir then
+    dir = opts.dir
+    if os_execute("mkdir -p -m 0700 " .. sh_quote(dir)) ~= true then
+      return nil, "cannot make the directory " .. dir, "TRANSPORT"
+    end
+  else
+    p = io_popen("mktemp -d /tmp/warmboxd.XXXXXX")
+    dir = p and p:read("l")
+    if p then p:close() end
+    if not dir or dir == "" then return nil, "cannot make a temporary directory", "TRANSPORT" end
+  end
+  return dir
+end
+
+-- warmboxd's arguments for a server in dir, `opts.args` last; returns them and
+-- the `--admin-token` given there, if any.
+local function server_args(opts, dir)
+  local args = { "--port", "0", "--data-dir", dir .. "/data" }
+  -- An embedded server ends with this process, even one killed by SIGKILL
+  -- (whose Server object never gets to stop it); a detached one outlives it.
+  local host = not opts.detach and own_pid()
+  if host then
+    args[#args + 1] = "--exit-with"
+    args[#args + 1] = tostring(host)
+  end
+  local admin_token
+  for i, a in ipairs(opts.args or {}) do
+    args[#args + 1] = a
+    if a == "--admin-token" then admin_token = opts.args[i + 1] end
+  end
+  return args, admin_token
+end
+
 local Server = {}
 Server.__index = Server
 Server.__name = "warmbox.Server"
@@ -148,38 +185,16 @@ function _M.start(opts)
   if type(opts) ~= "table" then error("bad argument #1 to 'start' (table expected, got " .. type(opts) .. ")", 2) end
   local bin, err, code = _M.find_bin(opts.bin)
   if not bin then return nil, err, code end
-  local dir, p
-  if opts.dir then
-    dir = opts.dir
-    if os_execute("mkdir -p -m 0700 " .. sh_quote(dir)) ~= true then
-      return nil, "cannot make the directory " .. dir, "TRANSPORT"
-    end
-  else
-    p = io_popen("mktemp -d /tmp/warmboxd.XXXXXX")
-    dir = p and p:read("l")
-    if p then p:close() end
-    if not dir or dir == "" then return nil, "cannot make a temporary directory", "TRANSPORT" end
-  end
+  local dir, derr, dcode = server_dir(opts)
+  if not dir then return nil, derr, dcode end
   local logf = dir .. "/warmboxd.log"
-  local args = { "--port", "0", "--data-dir", dir .. "/data" }
-  -- An embedded server ends with this process, even one killed by SIGKILL
-  -- (whose Server object never gets to stop it); a detached one outlives it.
-  local host = not opts.detach and own_pid()
-  if host then
-    args[#args + 1] = "--exit-with"
-    args[#args + 1] = tostring(host)
-  end
-  local admin_token
-  for i, a in ipairs(opts.args or {}) do
-    args[#args + 1] = a
-    if a == "--admin-token" then admin_token = opts.args[i + 1] end
-  end
+  local args, admin_token = server_args(opts, dir)
   local parts = {}
   for i, a in ipairs(args) do parts[i] = sh_quote(a) end
   -- detached: in a session of its own, so the terminal's hang-up or Ctrl-C does not reach it
   local cmd = string_format("%s%s %s >%s 2>&1 </dev/null & echo $!",
     opts.detach and "exec setsid " or "", sh_quote(bin), table_concat(parts, " "), sh_quote(logf))
-  p = io_popen(cmd)
+  local p = io_popen(cmd)
   local pid = p and tonumber(p:read("l"))
   if p then p:close() end
   if not pid then
