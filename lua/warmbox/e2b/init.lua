@@ -44,6 +44,25 @@ local client_fields = { api_key = "string", api_url = "string", sandbox_url = "s
   request_timeout = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
   ca_file = "string", user_agent = "string", max_connections = "number" }
 
+-- new's range checks of `retries`, the timeouts and `max_connections` (errors
+-- name new's caller); returns `retries`, 3 by default.
+local function check_ranges(opts)
+  local retries = opts.retries or 3
+  if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
+    bad_option(1, "new", "retries", "integer 0..100 expected, got " .. tostring(retries), 3)
+  end
+  for _, k in ipairs({ "request_timeout", "connect_timeout" }) do
+    local t = opts[k]
+    if t ~= nil and not (t > 0 and t <= 86400) then
+      bad_option(1, "new", k, "seconds in (0, 86400] expected, got " .. tostring(t), 3)
+    end
+  end
+  if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
+    bad_option(1, "new", "max_connections", "1..10000 expected, got " .. tostring(opts.max_connections), 3)
+  end
+  return retries
+end
+
 --- Creates a client.
 -- @tparam[opt] table opts `api_key` (default `E2B_API_KEY`), `api_url` (`E2B_API_URL`, else
 --   `https://api.<domain>`), `sandbox_url` (`E2B_SANDBOX_URL`, else the per-port host
@@ -65,19 +84,7 @@ function _M.new(opts)
   local domain = opts.domain or env("E2B_DOMAIN") or DEFAULT_DOMAIN
   local api_url = opts.api_url or env("E2B_API_URL") or ("https://api." .. domain)
   local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
-  local retries = opts.retries or 3
-  if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
-    bad_option(1, "new", "retries", "integer 0..100 expected, got " .. tostring(retries))
-  end
-  for _, k in ipairs({ "request_timeout", "connect_timeout" }) do
-    local t = opts[k]
-    if t ~= nil and not (t > 0 and t <= 86400) then
-      bad_option(1, "new", k, "seconds in (0, 86400] expected, got " .. tostring(t))
-    end
-  end
-  if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
-    bad_option(1, "new", "max_connections", "1..10000 expected, got " .. tostring(opts.max_connections))
-  end
+  local retries = check_ranges(opts)
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
     proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
