@@ -262,6 +262,23 @@ end
 local command_fields = { envs = "map", cwd = "string", timeout = "number", on_stdout = "function",
   on_stderr = "function", user = "string" }
 
+-- The headers of run_command's Process.Start stream (timeout: seconds, 0 for none).
+local function command_headers(self, opts, timeout)
+  local headers = util.copy(self.envd_headers)
+  headers["Content-Type"] = "application/connect+json"
+  headers["Connect-Protocol-Version"] = "1"
+  headers["Keepalive-Ping-Interval"] = "50"
+  if timeout > 0 then headers["Connect-Timeout-Ms"] = tostring(math_ceil(timeout * 1000)) end
+  local user = opts.user or self.user
+  if user then
+    -- Basic base64("<user>:"), the envd way of choosing the Linux user.
+    local raw = user .. ":"
+    local enc = util.b64_encode(raw)
+    headers["Authorization"] = "Basic " .. enc
+  end
+  return headers
+end
+
 --- Runs a shell command (`/bin/bash -l -c cmd`) through envd's Process.Start.
 -- @tparam string cmd
 -- @tparam[opt] table opts `envs`, `cwd`, `timeout` (60 s; 0: none), `on_stdout(text)`,
@@ -277,18 +294,7 @@ function Sandbox:run_command(cmd, opts)
   if opts.envs then process.envs = util.copy(opts.envs) end
   if opts.cwd then process.cwd = opts.cwd end
   local body = assert(json.encode({ process = process, stdin = false }))
-  local headers = util.copy(self.envd_headers)
-  headers["Content-Type"] = "application/connect+json"
-  headers["Connect-Protocol-Version"] = "1"
-  headers["Keepalive-Ping-Interval"] = "50"
-  if timeout > 0 then headers["Connect-Timeout-Ms"] = tostring(math_ceil(timeout * 1000)) end
-  local user = opts.user or self.user
-  if user then
-    -- Basic base64("<user>:"), the envd way of choosing the Linux user.
-    local raw = user .. ":"
-    local enc = util.b64_encode(raw)
-    headers["Authorization"] = "Basic " .. enc
-  end
+  local headers = command_headers(self, opts, timeout)
   local what = ("run command in sandbox '%s'"):format(self.sandbox_id)
   local out, errs = {}, {}
   local result = { exit_code = nil }
