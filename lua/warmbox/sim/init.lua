@@ -175,6 +175,24 @@ end
 local DISTS = { exp = { mean = true }, lognormal = { median = true, sigma = true, max = true },
   pareto = { alpha = true, min = true, max = true } }
 
+-- Raises unless `v` is a valid distribution table for the value `name` (check_value's part).
+local function check_dist(v, name)
+  local keys = DISTS[v.dist]
+  if not keys then bad("workload", "'" .. name .. ".dist' must be exp, lognormal or pareto", 5) end
+  for k, x in pairs(v) do
+    if k ~= "dist" then
+      if not keys[k] then bad("workload", "unknown parameter '" .. name .. "." .. tostring(k) .. "'", 5) end
+      if not is_num(x) or x < 0 then bad("workload", "'" .. name .. "." .. k .. "' must be a number >= 0", 5) end
+    end
+  end
+  local need = v.dist == "exp" and { "mean" } or v.dist == "lognormal" and { "median", "sigma" }
+    or { "alpha", "min" }
+  for _, k in ipairs(need) do
+    if v[k] == nil then bad("workload", "'" .. name .. "' needs '" .. k .. "'", 5) end
+  end
+  if v.dist == "pareto" and v.alpha <= 0 then bad("workload", "'" .. name .. ".alpha' must be > 0", 5) end
+end
+
 -- A value spec: a number, a {min, max} uniform range, or a distribution
 -- table `{ dist = "exp" | "lognormal" | "pareto", ... }`. Raises on misuse.
 local function check_value(v, name, integer)
@@ -187,20 +205,7 @@ local function check_value(v, name, integer)
       return
     end
   elseif type(v) == "table" then
-    local keys = DISTS[v.dist]
-    if not keys then bad("workload", "'" .. name .. ".dist' must be exp, lognormal or pareto", 4) end
-    for k, x in pairs(v) do
-      if k ~= "dist" then
-        if not keys[k] then bad("workload", "unknown parameter '" .. name .. "." .. tostring(k) .. "'", 4) end
-        if not is_num(x) or x < 0 then bad("workload", "'" .. name .. "." .. k .. "' must be a number >= 0", 4) end
-      end
-    end
-    local need = v.dist == "exp" and { "mean" } or v.dist == "lognormal" and { "median", "sigma" }
-      or { "alpha", "min" }
-    for _, k in ipairs(need) do
-      if v[k] == nil then bad("workload", "'" .. name .. "' needs '" .. k .. "'", 4) end
-    end
-    if v.dist == "pareto" and v.alpha <= 0 then bad("workload", "'" .. name .. ".alpha' must be > 0", 4) end
+    check_dist(v, name)  -- not a tail call: the error levels count this frame
     return
   end
   bad("workload", "'" .. name .. "' must be a number >= 0, a {min, max} range or a distribution", 4)
