@@ -240,6 +240,21 @@ end
 local WORKLOAD_KEYS = { sessions = true, turns = true, gap = true, think = true, duration = true, span = true,
   seed = true, prefix = true, arrival = true, abandon = true, lead = true, no_run = true }
 
+-- Raises unless a workload's optional seed, prefix, arrival, abandon and no_run are valid.
+local function check_workload_options(w, level)
+  if w.seed ~= nil and math_type(w.seed) ~= "integer" then bad("workload", "'seed' must be an integer", level) end
+  if w.prefix ~= nil and type(w.prefix) ~= "string" then bad("workload", "'prefix' must be a string", level) end
+  if w.arrival ~= nil and w.arrival ~= "uniform" and w.arrival ~= "poisson" then
+    bad("workload", "'arrival' must be \"uniform\" or \"poisson\"", level)
+  end
+  if w.abandon ~= nil and (not is_num(w.abandon) or w.abandon < 0 or w.abandon >= 1) then
+    bad("workload", "'abandon' must be a probability in [0, 1)", level)
+  end
+  if w.no_run ~= nil and (not is_num(w.no_run) or w.no_run < 0 or w.no_run > 1) then
+    bad("workload", "'no_run' must be a probability in [0, 1]", level)
+  end
+end
+
 local function check_workload(w, level)
   if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", level) end
   errors.check_options(w, WORKLOAD_KEYS, "workload", 1, level)
@@ -252,17 +267,7 @@ local function check_workload(w, level)
   check_value(w.lead or 0, "lead")
   local span = w.span or 3600
   if not is_num(span) or span < 0 then bad("workload", "'span' must be a number >= 0", level) end
-  if w.seed ~= nil and math_type(w.seed) ~= "integer" then bad("workload", "'seed' must be an integer", level) end
-  if w.prefix ~= nil and type(w.prefix) ~= "string" then bad("workload", "'prefix' must be a string", level) end
-  if w.arrival ~= nil and w.arrival ~= "uniform" and w.arrival ~= "poisson" then
-    bad("workload", "'arrival' must be \"uniform\" or \"poisson\"", level)
-  end
-  if w.abandon ~= nil and (not is_num(w.abandon) or w.abandon < 0 or w.abandon >= 1) then
-    bad("workload", "'abandon' must be a probability in [0, 1)", level)
-  end
-  if w.no_run ~= nil and (not is_num(w.no_run) or w.no_run < 0 or w.no_run > 1) then
-    bad("workload", "'no_run' must be a probability in [0, 1]", level)
-  end
+  check_workload_options(w, level + 1)  -- not a tail call: the error levels count this frame
 end
 
 -- The conversations of a workload in order of arrival: a list of
