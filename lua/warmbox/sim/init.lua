@@ -513,15 +513,8 @@ function _M.percentile(sorted, p)
   return sorted[k]
 end
 
-local function check_run_opts(o, fname, level)
-  if type(o) ~= "table" then bad(fname, "table expected, got " .. type(o), level) end
-  errors.check_options(o, RUN_KEYS, fname, 1, level)
-  if (o.trace == nil) == (o.workload == nil) then
-    bad(fname, "exactly one of 'trace' and 'workload' expected", level)
-  end
-  if o.trace ~= nil and type(o.trace) ~= "string" and type(o.trace) ~= "table" then
-    bad(fname, "'trace' must be a path or a table of turns", level)
-  end
+-- Raises unless run options' timeouts, max_age, tail, gc_every, template, tag and code are valid.
+local function check_run_scalars(o, fname, level)
   for _, k in ipairs{ "exec_timeout", "idle_timeout" } do
     if o[k] ~= nil and (not is_num(o[k]) or o[k] <= 0) then
       bad(fname, "'" .. k .. "' must be a positive number", level)
@@ -538,6 +531,10 @@ local function check_run_opts(o, fname, level)
       bad(fname, "'" .. k .. "' must be a non-empty string", level)
     end
   end
+end
+
+-- Raises unless run options' prices, model and workload tables are valid.
+local function check_run_tables(o, fname, level)
   if o.prices ~= nil then
     if type(o.prices) ~= "table" then bad(fname, "'prices' must be a table", level) end
     for k, v in pairs(o.prices) do
@@ -554,6 +551,10 @@ local function check_run_opts(o, fname, level)
     local ok, err = pcall(check_workload, o.workload, 1)
     if not ok then error((tostring(err):gsub("^[^:]*:%d+: ", "")), level) end
   end
+end
+
+-- Raises unless run options' builtin, policy, exact and prewarm are valid.
+local function check_run_choices(o, fname, level)
   if o.builtin ~= nil then
     if not _M.POLICIES[o.builtin] then
       bad(fname, "'builtin' must be one of " .. table_concat(_M.POLICY_ORDER, ", "), level)
@@ -566,6 +567,21 @@ local function check_run_opts(o, fname, level)
   for _, k in ipairs{ "exact", "prewarm" } do
     if o[k] ~= nil and type(o[k]) ~= "boolean" then bad(fname, "'" .. k .. "' must be a boolean", level) end
   end
+end
+
+local function check_run_opts(o, fname, level)
+  if type(o) ~= "table" then bad(fname, "table expected, got " .. type(o), level) end
+  errors.check_options(o, RUN_KEYS, fname, 1, level)
+  if (o.trace == nil) == (o.workload == nil) then
+    bad(fname, "exactly one of 'trace' and 'workload' expected", level)
+  end
+  if o.trace ~= nil and type(o.trace) ~= "string" and type(o.trace) ~= "table" then
+    bad(fname, "'trace' must be a path or a table of turns", level)
+  end
+  -- the helpers' errors count their own frame: level + 1 (and none is a tail call)
+  check_run_scalars(o, fname, level + 1)
+  check_run_tables(o, fname, level + 1)
+  check_run_choices(o, fname, level + 1)
 end
 
 local function trace_turns(o)
