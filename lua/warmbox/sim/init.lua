@@ -642,13 +642,88 @@ local function resolve_policy(o)
   return p, e, c
 end
 
+-- A run's settings, defaults filled: exec_timeout, idle_timeout, template, tag, max_age, gc_every (false: none), code.
+local function run_settings(o)
+  local gc_every = o.gc_every
+  if gc_every == nil then gc_every = 3600 end
+  if gc_every == 0 then gc_every = false end
+  return o.exec_timeout or 300, o.idle_timeout or 300, o.template or "code-interpreter-v1",
+    o.tag or "warmboxSessionId", o.max_age or 86400, gc_every, o.code or "x = 1"
+end
+
+-- A run's prices: `PRICES` with the run's `prices` overrides.
+local function run_prices(o)
+  local prices = copy(_M.PRICES)
+  for k, v in pairs(o.prices or {}) do prices[k] = v end
+  return prices
+end
+
+-- Fills a finished run's report: latency percentiles, costs, the model's counts, and details when asked.
+local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
+  local alive = model:close_books()
+
+  table_sort(latencies)
+  local sum = 0
+  for i = 1, nlat do sum = sum + latencies[i] end
+  report.p50_ms = _M.percentile(latencies, 50) or 0
+  report.p95_ms = _M.percentile(latencies, 95) or 0
+  report.p99_ms = _M.percentile(latencies, 99) or 0
+  report.max_ms = latencies[nlat] or 0
+  report.mean_ms = nlat > 0 and sum / nlat or 0
+  local st = model.stats
+  report.compute_seconds = st.running_seconds
+  report.compute_cost = st.running_seconds * (prices.vcpus * prices.vcpu_second + prices.memory_gib * prices.gib_second)
+  report.paused_seconds = st.paused_seconds
+  report.paused_hours = st.paused_seconds / 3600
+  report.storage_cost = st.paused_seconds * prices.paused_second
+  report.cost = report.compute_cost + report.storage_cost
+  report.created = st.creates
+  report.model_resumes = st.resumes
+  report.pauses = st.pauses
+  report.kills = st.kills
+  report.timeout_kills = st.timeout_kills
+  report.requests = st.requests
+  report.requests_per_run = report.runs > 0 and st.requests / report.runs or 0
+  report.auto_pauses = st.auto_pauses
+  report.paused_during_run = st.paused_during_run
+  report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
+  report.retry_after_waits = st.retry_after_waits
+  report.prewarm = o.prewarm and true or false
+  report.prewarms = report.prewarms or 0
+  report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
+  report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
+  report.peak_running = st.peak_running
+  report.alive_running, report.alive_paused = alive.running, alive.paused
+  report.alive = alive.running + alive.paused
+  report.simulated_seconds = model.now - t0
+  if o.details then
+    report.sandboxes = model:sandboxes()
+    report.latencies_ms = latencies
+    report.log = log
+  end
+  return report
+end
+
+-- The path a run takes (true: exact, false: fast), or nil, message, "BAD_REQUEST" when its options rule it out.
+local function run_path(o)
+  local exact = o.exact
+  if exact == nil then exact = not fast_mod.supports(o.model) end
+  if o.prewarm and exact then
+    return nil, "prewarm is modelled by the fast path only (give exact = false, and no max_running or "
+      .. "rate_per_s)", "BAD_REQUEST"
+  end
+  if not exact and not fast_mod.supports(o.model) then
+    return nil, "the fast path does not model max_running or rate_per_s: use the exact path", "BAD_REQUEST"
+  end
+  return exact
+end
+
 local function run(o)
   local convs, terr, tcode = conversations_of(o)
   if not convs then return nil, terr, tcode end
   local policy, perr, pcode, per_call = resolve_policy(o)
   if not policy then return nil, perr, pcode end
-  local prices = copy(_M.PRICES)
-  for k, v in pairs(o.prices or {}) do prices[k] = v end
+  local prices = run_prices(o)
   local start = (o.model and o.model.start) or model_mod.DEFAULTS.start
   local sched = task_mod.scheduler{ backend = task_mod.virtual(start) }
   local model = model_mod.new(o.model, sched)
@@ -656,13 +731,7 @@ local function run(o)
   local clock = model:clock()
   local t0 = model.now
   local new_lock = sim_lock.factory(sched)
-  local exec_timeout, idle_timeout = o.exec_timeout or 300, o.idle_timeout or 300
-  local template, tag = o.template or "code-interpreter-v1", o.tag or "warmboxSessionId"
-  local max_age = o.max_age or 86400
-  local gc_every = o.gc_every
-  if gc_every == nil then gc_every = 3600 end
-  if gc_every == 0 then gc_every = false end
-  local code = o.code or "x = 1"
+  local exec_timeout, idle_timeout, template, tag, max_age, gc_every, code = run_settings(o)
 
   local report = {
     turns = 0, runs = 0, ok = 0, failed = 0, failures = {}, errors = {},
@@ -707,17 +776,10 @@ local function run(o)
     end
   end
 
-  local exact = o.exact
-  if exact == nil then exact = not fast_mod.supports(o.model) end
-  if o.prewarm and exact then
-    return nil, "prewarm is modelled by the fast path only (give exact = false, and no max_running or "
-      .. "rate_per_s)", "BAD_REQUEST"
-  end
+  local exact, xerr, xcode = run_path(o)
+  if exact == nil then return nil, xerr, xcode end
   report.path = exact and "exact" or "fast"
   if not exact then
-    if not fast_mod.supports(o.model) then
-      return nil, "the fast path does not model max_running or rate_per_s: use the exact path", "BAD_REQUEST"
-    end
     horizon = fast_mod.simulate{ convs = convs, policy = policy, per_call = per_call, model = model,
       report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
       idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
@@ -848,48 +910,7 @@ local function run(o)
     horizon = horizon or math_max(last_end + tail, clock())
   end
   model:advance_to(math_max(horizon, clock()))
-  local alive = model:close_books()
-
-  table_sort(latencies)
-  local sum = 0
-  for i = 1, nlat do sum = sum + latencies[i] end
-  report.p50_ms = _M.percentile(latencies, 50) or 0
-  report.p95_ms = _M.percentile(latencies, 95) or 0
-  report.p99_ms = _M.percentile(latencies, 99) or 0
-  report.max_ms = latencies[nlat] or 0
-  report.mean_ms = nlat > 0 and sum / nlat or 0
-  local st = model.stats
-  report.compute_seconds = st.running_seconds
-  report.compute_cost = st.running_seconds * (prices.vcpus * prices.vcpu_second + prices.memory_gib * prices.gib_second)
-  report.paused_seconds = st.paused_seconds
-  report.paused_hours = st.paused_seconds / 3600
-  report.storage_cost = st.paused_seconds * prices.paused_second
-  report.cost = report.compute_cost + report.storage_cost
-  report.created = st.creates
-  report.model_resumes = st.resumes
-  report.pauses = st.pauses
-  report.kills = st.kills
-  report.timeout_kills = st.timeout_kills
-  report.requests = st.requests
-  report.requests_per_run = report.runs > 0 and st.requests / report.runs or 0
-  report.auto_pauses = st.auto_pauses
-  report.paused_during_run = st.paused_during_run
-  report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
-  report.retry_after_waits = st.retry_after_waits
-  report.prewarm = o.prewarm and true or false
-  report.prewarms = report.prewarms or 0
-  report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
-  report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
-  report.peak_running = st.peak_running
-  report.alive_running, report.alive_paused = alive.running, alive.paused
-  report.alive = alive.running + alive.paused
-  report.simulated_seconds = model.now - t0
-  if o.details then
-    report.sandboxes = model:sandboxes()
-    report.latencies_ms = latencies
-    report.log = log
-  end
-  return report
+  return finish_report(report, o, model, prices, latencies, nlat, log, t0)
 end
 
 --- Simulate a trace or a workload.
