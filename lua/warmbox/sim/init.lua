@@ -718,6 +718,14 @@ local function run_path(o)
   return exact
 end
 
+-- The exact path's `details` log record of one run (times in seconds from the start, t0).
+local function log_record(key, due, start, finish, t0, ok, r, ecode, mark)
+  return { session = key, due = due, start = start, finish = finish,
+    code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
+    code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
+    created = mark.created or false, resumed = mark.resumed or false }
+end
+
 local function run(o)
   local convs, terr, tcode = conversations_of(o)
   if not convs then return nil, terr, tcode end
@@ -815,12 +823,7 @@ local function run(o)
         report.runs = report.runs + 1
         local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
         local mark = data.mark
-        if log then
-          log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
-            code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
-            code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
-            created = mark.created or false, resumed = mark.resumed or false }
-        end
+        if log then log[#log + 1] = log_record(conv.key, due - t0, began - t0, clock() - t0, t0, ok, r, ecode, mark) end
         if not ok then
           fail("ERROR", tostring(r))
         elseif not r then
