@@ -1100,32 +1100,21 @@ function _M.csv(rows)
   return table_concat(out, "\n") .. "\n"
 end
 
---- Format reports (or sweep rows) as a text table, one line per row.
--- @tparam table rows a report or a list of them
--- @treturn string
-function _M.format(rows)
-  if type(rows) ~= "table" then error("bad argument #1 to 'format' (table expected, got " .. type(rows) .. ")", 2) end
-  if rows.runs then rows = { rows } end
-  local header = { rows[1] and rows[1].param or "policy" }
-  local columns = COLUMNS
+-- The columns `format` shows: COLUMNS, plus the prewarm counts when a row prewarmed.
+local function format_columns(rows)
   for _, r in ipairs(rows) do
     if r.prewarm then
-      columns = { table.unpack(COLUMNS) }
+      local columns = { table.unpack(COLUMNS) }
       columns[#columns + 1] = { "prewarms", "prewarms", "%d" }
       columns[#columns + 1] = { "unused", "prewarms_unused", "%d" }
-      break
+      return columns
     end
   end
-  for _, c in ipairs(columns) do header[#header + 1] = c[1] end
-  local lines = { header }
-  for _, r in ipairs(rows) do
-    local line = { r.param and tostring(r.value) or tostring(r.policy) }
-    for _, c in ipairs(columns) do
-      local v = r[c[2]] or 0
-      line[#line + 1] = string_format(c[3], c[3] == "%d" and math_floor(v) or v)
-    end
-    lines[#lines + 1] = line
-  end
+  return COLUMNS
+end
+
+-- Lines of cells as text lines: the first column left-aligned, the others right-aligned.
+local function align(lines)
   local widths = {}
   for _, l in ipairs(lines) do
     for i, cell in ipairs(l) do widths[i] = math_max(widths[i] or 0, #cell) end
@@ -1138,6 +1127,11 @@ function _M.format(rows)
     end
     out[#out + 1] = table_concat(cells, "  ")
   end
+  return out
+end
+
+-- One "failures (...): CODE=n, ..." line per row that had failures.
+local function failure_lines(rows)
   local failures = {}
   for _, r in ipairs(rows) do
     local codes = {}
@@ -1148,6 +1142,29 @@ function _M.format(rows)
         tostring(r.param and r.value or r.policy), table_concat(codes, ", "))
     end
   end
+  return failures
+end
+
+--- Format reports (or sweep rows) as a text table, one line per row.
+-- @tparam table rows a report or a list of them
+-- @treturn string
+function _M.format(rows)
+  if type(rows) ~= "table" then error("bad argument #1 to 'format' (table expected, got " .. type(rows) .. ")", 2) end
+  if rows.runs then rows = { rows } end
+  local header = { rows[1] and rows[1].param or "policy" }
+  local columns = format_columns(rows)
+  for _, c in ipairs(columns) do header[#header + 1] = c[1] end
+  local lines = { header }
+  for _, r in ipairs(rows) do
+    local line = { r.param and tostring(r.value) or tostring(r.policy) }
+    for _, c in ipairs(columns) do
+      local v = r[c[2]] or 0
+      line[#line + 1] = string_format(c[3], c[3] == "%d" and math_floor(v) or v)
+    end
+    lines[#lines + 1] = line
+  end
+  local out = align(lines)
+  local failures = failure_lines(rows)
   local price = rows[1] and rows[1].prices and rows[1].prices.paused_second or 0
   local note = string_format("storage price assumed: $%g per paused sandbox-hour (E2B publishes none)\n",
     price * 3600)
