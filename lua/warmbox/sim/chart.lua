@@ -51,6 +51,54 @@ end
 
 local KEYS = { x = true, y = true, title = true, width = true, height = true }
 
+-- The rows' points `{ x, y, label, name }`; raises at error level `level` when a row lacks a number.
+local function chart_points(rows, xk, yk, level)
+  local pts = {}
+  for i, r in ipairs(rows) do
+    local x, y = r[xk], r[yk]
+    if type(x) ~= "number" or type(y) ~= "number" then
+      error(string_format("bad argument #1 to 'chart' (row %d has no number '%s' and '%s')", i, xk, yk), level)
+    end
+    pts[i] = { x = x, y = y, label = r.param and tostring(r.value) or tostring(r.policy or i),
+               name = r.param and string_format("%s=%s", r.param, tostring(r.value)) or tostring(r.policy or i) }
+  end
+  return pts
+end
+
+-- The axes' ranges and tick steps for the points: x0, x1, y0, y1, xstep, ystep (y starts at 0 or below).
+local function chart_bounds(pts)
+  local x0, x1, y0, y1 = math.huge, -math.huge, 0, -math.huge
+  for _, p in ipairs(pts) do
+    x0, x1 = math_min(x0, p.x), math_max(x1, p.x)
+    y0, y1 = math_min(y0, p.y), math_max(y1, p.y)
+  end
+  if #pts == 0 then x0, x1, y1 = 0, 1, 1 end
+  if x1 - x0 <= 0 then x0, x1 = x0 - math_max(math_abs(x0) * 0.1, 1e-9), x1 + math_max(math_abs(x1) * 0.1, 1e-9) end
+  if y1 - y0 <= 0 then y1 = y0 + math_max(math_abs(y0) * 0.1, 1) end
+  local padx = (x1 - x0) * 0.08
+  x0, x1, y1 = x0 - padx, x1 + padx, y1 + (y1 - y0) * 0.08
+  local xstep, ystep = nice_step((x1 - x0) / 5), nice_step((y1 - y0) / 5)
+  x0, x1 = math_floor(x0 / xstep) * xstep, math_ceil(x1 / xstep) * xstep
+  y0, y1 = math_floor(y0 / ystep) * ystep, math_ceil(y1 / ystep) * ystep
+  return x0, x1, y0, y1, xstep, ystep
+end
+
+-- Adds the points to the SVG: a line joining them in row order, then a titled, labelled circle each.
+local function draw_points(add, pts, sx, sy, ml, pw, xl, yl)
+  if #pts > 1 then
+    local path = {}
+    for i, p in ipairs(pts) do path[i] = string_format("%.1f,%.1f", sx(p.x), sy(p.y)) end
+    add('<polyline points="%s" fill="none" stroke="#1f77b4" stroke-opacity="0.5"/>', table_concat(path, " "))
+  end
+  for _, p in ipairs(pts) do
+    add('<circle cx="%.1f" cy="%.1f" r="5" fill="#1f77b4"><title>%s: %s %s, %s %s</title></circle>',
+      sx(p.x), sy(p.y), esc(p.name), esc(xl), esc(num(p.x)), esc(yl), esc(num(p.y)))
+    local right = sx(p.x) > ml + pw * 0.85
+    add('<text x="%.1f" y="%.1f" font-size="11"%s>%s</text>', sx(p.x) + (right and -8 or 8), sy(p.y) - 8,
+      right and ' text-anchor="end"' or "", esc(p.label))
+  end
+end
+
 --- Build the SVG.
 -- @tparam table rows sweep rows (or reports); each needs numbers under `x` and `y`
 -- @tparam[opt] table opts `x` ("compute_cost"), `y` ("p95_ms"), `title`, `width` (640), `height` (420)
@@ -65,28 +113,8 @@ function _M.chart(rows, opts, level)
   local xk, yk = opts.x or "compute_cost", opts.y or "p95_ms"
   local W, H = opts.width or 640, opts.height or 420
   local ml, mr, mt, mb = 80, 30, 40, 56
-  local pts = {}
-  for i, r in ipairs(rows) do
-    local x, y = r[xk], r[yk]
-    if type(x) ~= "number" or type(y) ~= "number" then
-      error(string_format("bad argument #1 to 'chart' (row %d has no number '%s' and '%s')", i, xk, yk), level)
-    end
-    pts[i] = { x = x, y = y, label = r.param and tostring(r.value) or tostring(r.policy or i),
-               name = r.param and string_format("%s=%s", r.param, tostring(r.value)) or tostring(r.policy or i) }
-  end
-  local x0, x1, y0, y1 = math.huge, -math.huge, 0, -math.huge
-  for _, p in ipairs(pts) do
-    x0, x1 = math_min(x0, p.x), math_max(x1, p.x)
-    y0, y1 = math_min(y0, p.y), math_max(y1, p.y)
-  end
-  if #pts == 0 then x0, x1, y1 = 0, 1, 1 end
-  if x1 - x0 <= 0 then x0, x1 = x0 - math_max(math_abs(x0) * 0.1, 1e-9), x1 + math_max(math_abs(x1) * 0.1, 1e-9) end
-  if y1 - y0 <= 0 then y1 = y0 + math_max(math_abs(y0) * 0.1, 1) end
-  local padx = (x1 - x0) * 0.08
-  x0, x1, y1 = x0 - padx, x1 + padx, y1 + (y1 - y0) * 0.08
-  local xstep, ystep = nice_step((x1 - x0) / 5), nice_step((y1 - y0) / 5)
-  x0, x1 = math_floor(x0 / xstep) * xstep, math_ceil(x1 / xstep) * xstep
-  y0, y1 = math_floor(y0 / ystep) * ystep, math_ceil(y1 / ystep) * ystep
+  local pts = chart_points(rows, xk, yk, level + 1)
+  local x0, x1, y0, y1, xstep, ystep = chart_bounds(pts)
   local pw, ph = W - ml - mr, H - mt - mb
   local function sx(x) return ml + (x - x0) / (x1 - x0) * pw end
   local function sy(y) return mt + ph - (y - y0) / (y1 - y0) * ph end
@@ -117,19 +145,7 @@ function _M.chart(rows, opts, level)
   add('<text x="%d" y="%d" text-anchor="middle">%s</text>', ml + pw // 2, H - 12, esc(xl))
   add('<text x="16" y="%d" text-anchor="middle" transform="rotate(-90 16 %d)">%s</text>', mt + ph // 2,
     mt + ph // 2, esc(yl))
-  -- the points
-  if #pts > 1 then
-    local path = {}
-    for i, p in ipairs(pts) do path[i] = string_format("%.1f,%.1f", sx(p.x), sy(p.y)) end
-    add('<polyline points="%s" fill="none" stroke="#1f77b4" stroke-opacity="0.5"/>', table_concat(path, " "))
-  end
-  for _, p in ipairs(pts) do
-    add('<circle cx="%.1f" cy="%.1f" r="5" fill="#1f77b4"><title>%s: %s %s, %s %s</title></circle>',
-      sx(p.x), sy(p.y), esc(p.name), esc(xl), esc(num(p.x)), esc(yl), esc(num(p.y)))
-    local right = sx(p.x) > ml + pw * 0.85
-    add('<text x="%.1f" y="%.1f" font-size="11"%s>%s</text>', sx(p.x) + (right and -8 or 8), sy(p.y) - 8,
-      right and ' text-anchor="end"' or "", esc(p.label))
-  end
+  draw_points(add, pts, sx, sy, ml, pw, xl, yl)
   add("</svg>")
   return table_concat(out, "\n") .. "\n"
 end

@@ -175,6 +175,24 @@ end
 local DISTS = { exp = { mean = true }, lognormal = { median = true, sigma = true, max = true },
   pareto = { alpha = true, min = true, max = true } }
 
+-- Raises unless `v` is a valid distribution table for the value `name` (check_value's part).
+local function check_dist(v, name)
+  local keys = DISTS[v.dist]
+  if not keys then bad("workload", "'" .. name .. ".dist' must be exp, lognormal or pareto", 5) end
+  for k, x in pairs(v) do
+    if k ~= "dist" then
+      if not keys[k] then bad("workload", "unknown parameter '" .. name .. "." .. tostring(k) .. "'", 5) end
+      if not is_num(x) or x < 0 then bad("workload", "'" .. name .. "." .. k .. "' must be a number >= 0", 5) end
+    end
+  end
+  local need = v.dist == "exp" and { "mean" } or v.dist == "lognormal" and { "median", "sigma" }
+    or { "alpha", "min" }
+  for _, k in ipairs(need) do
+    if v[k] == nil then bad("workload", "'" .. name .. "' needs '" .. k .. "'", 5) end
+  end
+  if v.dist == "pareto" and v.alpha <= 0 then bad("workload", "'" .. name .. ".alpha' must be > 0", 5) end
+end
+
 -- A value spec: a number, a {min, max} uniform range, or a distribution
 -- table `{ dist = "exp" | "lognormal" | "pareto", ... }`. Raises on misuse.
 local function check_value(v, name, integer)
@@ -187,20 +205,7 @@ local function check_value(v, name, integer)
       return
     end
   elseif type(v) == "table" then
-    local keys = DISTS[v.dist]
-    if not keys then bad("workload", "'" .. name .. ".dist' must be exp, lognormal or pareto", 4) end
-    for k, x in pairs(v) do
-      if k ~= "dist" then
-        if not keys[k] then bad("workload", "unknown parameter '" .. name .. "." .. tostring(k) .. "'", 4) end
-        if not is_num(x) or x < 0 then bad("workload", "'" .. name .. "." .. k .. "' must be a number >= 0", 4) end
-      end
-    end
-    local need = v.dist == "exp" and { "mean" } or v.dist == "lognormal" and { "median", "sigma" }
-      or { "alpha", "min" }
-    for _, k in ipairs(need) do
-      if v[k] == nil then bad("workload", "'" .. name .. "' needs '" .. k .. "'", 4) end
-    end
-    if v.dist == "pareto" and v.alpha <= 0 then bad("workload", "'" .. name .. ".alpha' must be > 0", 4) end
+    check_dist(v, name)  -- not a tail call: the error levels count this frame
     return
   end
   bad("workload", "'" .. name .. "' must be a number >= 0, a {min, max} range or a distribution", 4)
@@ -235,6 +240,21 @@ end
 local WORKLOAD_KEYS = { sessions = true, turns = true, gap = true, think = true, duration = true, span = true,
   seed = true, prefix = true, arrival = true, abandon = true, lead = true, no_run = true }
 
+-- Raises unless a workload's optional seed, prefix, arrival, abandon and no_run are valid.
+local function check_workload_options(w, level)
+  if w.seed ~= nil and math_type(w.seed) ~= "integer" then bad("workload", "'seed' must be an integer", level) end
+  if w.prefix ~= nil and type(w.prefix) ~= "string" then bad("workload", "'prefix' must be a string", level) end
+  if w.arrival ~= nil and w.arrival ~= "uniform" and w.arrival ~= "poisson" then
+    bad("workload", "'arrival' must be \"uniform\" or \"poisson\"", level)
+  end
+  if w.abandon ~= nil and (not is_num(w.abandon) or w.abandon < 0 or w.abandon >= 1) then
+    bad("workload", "'abandon' must be a probability in [0, 1)", level)
+  end
+  if w.no_run ~= nil and (not is_num(w.no_run) or w.no_run < 0 or w.no_run > 1) then
+    bad("workload", "'no_run' must be a probability in [0, 1]", level)
+  end
+end
+
 local function check_workload(w, level)
   if type(w) ~= "table" then error("bad argument #1 to 'workload' (table expected, got " .. type(w) .. ")", level) end
   errors.check_options(w, WORKLOAD_KEYS, "workload", 1, level)
@@ -247,17 +267,7 @@ local function check_workload(w, level)
   check_value(w.lead or 0, "lead")
   local span = w.span or 3600
   if not is_num(span) or span < 0 then bad("workload", "'span' must be a number >= 0", level) end
-  if w.seed ~= nil and math_type(w.seed) ~= "integer" then bad("workload", "'seed' must be an integer", level) end
-  if w.prefix ~= nil and type(w.prefix) ~= "string" then bad("workload", "'prefix' must be a string", level) end
-  if w.arrival ~= nil and w.arrival ~= "uniform" and w.arrival ~= "poisson" then
-    bad("workload", "'arrival' must be \"uniform\" or \"poisson\"", level)
-  end
-  if w.abandon ~= nil and (not is_num(w.abandon) or w.abandon < 0 or w.abandon >= 1) then
-    bad("workload", "'abandon' must be a probability in [0, 1)", level)
-  end
-  if w.no_run ~= nil and (not is_num(w.no_run) or w.no_run < 0 or w.no_run > 1) then
-    bad("workload", "'no_run' must be a probability in [0, 1]", level)
-  end
+  check_workload_options(w, level + 1)  -- not a tail call: the error levels count this frame
 end
 
 -- The conversations of a workload in order of arrival: a list of
@@ -503,15 +513,8 @@ function _M.percentile(sorted, p)
   return sorted[k]
 end
 
-local function check_run_opts(o, fname, level)
-  if type(o) ~= "table" then bad(fname, "table expected, got " .. type(o), level) end
-  errors.check_options(o, RUN_KEYS, fname, 1, level)
-  if (o.trace == nil) == (o.workload == nil) then
-    bad(fname, "exactly one of 'trace' and 'workload' expected", level)
-  end
-  if o.trace ~= nil and type(o.trace) ~= "string" and type(o.trace) ~= "table" then
-    bad(fname, "'trace' must be a path or a table of turns", level)
-  end
+-- Raises unless run options' timeouts, max_age, tail, gc_every, template, tag and code are valid.
+local function check_run_scalars(o, fname, level)
   for _, k in ipairs{ "exec_timeout", "idle_timeout" } do
     if o[k] ~= nil and (not is_num(o[k]) or o[k] <= 0) then
       bad(fname, "'" .. k .. "' must be a positive number", level)
@@ -528,6 +531,10 @@ local function check_run_opts(o, fname, level)
       bad(fname, "'" .. k .. "' must be a non-empty string", level)
     end
   end
+end
+
+-- Raises unless run options' prices, model and workload tables are valid.
+local function check_run_tables(o, fname, level)
   if o.prices ~= nil then
     if type(o.prices) ~= "table" then bad(fname, "'prices' must be a table", level) end
     for k, v in pairs(o.prices) do
@@ -544,6 +551,10 @@ local function check_run_opts(o, fname, level)
     local ok, err = pcall(check_workload, o.workload, 1)
     if not ok then error((tostring(err):gsub("^[^:]*:%d+: ", "")), level) end
   end
+end
+
+-- Raises unless run options' builtin, policy, exact and prewarm are valid.
+local function check_run_choices(o, fname, level)
   if o.builtin ~= nil then
     if not _M.POLICIES[o.builtin] then
       bad(fname, "'builtin' must be one of " .. table_concat(_M.POLICY_ORDER, ", "), level)
@@ -556,6 +567,21 @@ local function check_run_opts(o, fname, level)
   for _, k in ipairs{ "exact", "prewarm" } do
     if o[k] ~= nil and type(o[k]) ~= "boolean" then bad(fname, "'" .. k .. "' must be a boolean", level) end
   end
+end
+
+local function check_run_opts(o, fname, level)
+  if type(o) ~= "table" then bad(fname, "table expected, got " .. type(o), level) end
+  errors.check_options(o, RUN_KEYS, fname, 1, level)
+  if (o.trace == nil) == (o.workload == nil) then
+    bad(fname, "exactly one of 'trace' and 'workload' expected", level)
+  end
+  if o.trace ~= nil and type(o.trace) ~= "string" and type(o.trace) ~= "table" then
+    bad(fname, "'trace' must be a path or a table of turns", level)
+  end
+  -- the helpers' errors count their own frame: level + 1 (and none is a tail call)
+  check_run_scalars(o, fname, level + 1)
+  check_run_tables(o, fname, level + 1)
+  check_run_choices(o, fname, level + 1)
 end
 
 local function trace_turns(o)
@@ -616,13 +642,96 @@ local function resolve_policy(o)
   return p, e, c
 end
 
+-- A run's settings, defaults filled: exec_timeout, idle_timeout, template, tag, max_age, gc_every (false: none), code.
+local function run_settings(o)
+  local gc_every = o.gc_every
+  if gc_every == nil then gc_every = 3600 end
+  if gc_every == 0 then gc_every = false end
+  return o.exec_timeout or 300, o.idle_timeout or 300, o.template or "code-interpreter-v1",
+    o.tag or "warmboxSessionId", o.max_age or 86400, gc_every, o.code or "x = 1"
+end
+
+-- A run's prices: `PRICES` with the run's `prices` overrides.
+local function run_prices(o)
+  local prices = copy(_M.PRICES)
+  for k, v in pairs(o.prices or {}) do prices[k] = v end
+  return prices
+end
+
+-- Fills a finished run's report: latency percentiles, costs, the model's counts, and details when asked.
+local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
+  local alive = model:close_books()
+
+  table_sort(latencies)
+  local sum = 0
+  for i = 1, nlat do sum = sum + latencies[i] end
+  report.p50_ms = _M.percentile(latencies, 50) or 0
+  report.p95_ms = _M.percentile(latencies, 95) or 0
+  report.p99_ms = _M.percentile(latencies, 99) or 0
+  report.max_ms = latencies[nlat] or 0
+  report.mean_ms = nlat > 0 and sum / nlat or 0
+  local st = model.stats
+  report.compute_seconds = st.running_seconds
+  report.compute_cost = st.running_seconds * (prices.vcpus * prices.vcpu_second + prices.memory_gib * prices.gib_second)
+  report.paused_seconds = st.paused_seconds
+  report.paused_hours = st.paused_seconds / 3600
+  report.storage_cost = st.paused_seconds * prices.paused_second
+  report.cost = report.compute_cost + report.storage_cost
+  report.created = st.creates
+  report.model_resumes = st.resumes
+  report.pauses = st.pauses
+  report.kills = st.kills
+  report.timeout_kills = st.timeout_kills
+  report.requests = st.requests
+  report.requests_per_run = report.runs > 0 and st.requests / report.runs or 0
+  report.auto_pauses = st.auto_pauses
+  report.paused_during_run = st.paused_during_run
+  report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
+  report.retry_after_waits = st.retry_after_waits
+  report.prewarm = o.prewarm and true or false
+  report.prewarms = report.prewarms or 0
+  report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
+  report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
+  report.peak_running = st.peak_running
+  report.alive_running, report.alive_paused = alive.running, alive.paused
+  report.alive = alive.running + alive.paused
+  report.simulated_seconds = model.now - t0
+  if o.details then
+    report.sandboxes = model:sandboxes()
+    report.latencies_ms = latencies
+    report.log = log
+  end
+  return report
+end
+
+-- The path a run takes (true: exact, false: fast), or nil, message, "BAD_REQUEST" when its options rule it out.
+local function run_path(o)
+  local exact = o.exact
+  if exact == nil then exact = not fast_mod.supports(o.model) end
+  if o.prewarm and exact then
+    return nil, "prewarm is modelled by the fast path only (give exact = false, and no max_running or "
+      .. "rate_per_s)", "BAD_REQUEST"
+  end
+  if not exact and not fast_mod.supports(o.model) then
+    return nil, "the fast path does not model max_running or rate_per_s: use the exact path", "BAD_REQUEST"
+  end
+  return exact
+end
+
+-- The exact path's `details` log record of one run (times in seconds from the start, t0).
+local function log_record(key, due, start, finish, t0, ok, r, ecode, mark)
+  return { session = key, due = due, start = start, finish = finish,
+    code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
+    code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
+    created = mark.created or false, resumed = mark.resumed or false }
+end
+
 local function run(o)
   local convs, terr, tcode = conversations_of(o)
   if not convs then return nil, terr, tcode end
   local policy, perr, pcode, per_call = resolve_policy(o)
   if not policy then return nil, perr, pcode end
-  local prices = copy(_M.PRICES)
-  for k, v in pairs(o.prices or {}) do prices[k] = v end
+  local prices = run_prices(o)
   local start = (o.model and o.model.start) or model_mod.DEFAULTS.start
   local sched = task_mod.scheduler{ backend = task_mod.virtual(start) }
   local model = model_mod.new(o.model, sched)
@@ -630,13 +739,7 @@ local function run(o)
   local clock = model:clock()
   local t0 = model.now
   local new_lock = sim_lock.factory(sched)
-  local exec_timeout, idle_timeout = o.exec_timeout or 300, o.idle_timeout or 300
-  local template, tag = o.template or "code-interpreter-v1", o.tag or "warmboxSessionId"
-  local max_age = o.max_age or 86400
-  local gc_every = o.gc_every
-  if gc_every == nil then gc_every = 3600 end
-  if gc_every == 0 then gc_every = false end
-  local code = o.code or "x = 1"
+  local exec_timeout, idle_timeout, template, tag, max_age, gc_every, code = run_settings(o)
 
   local report = {
     turns = 0, runs = 0, ok = 0, failed = 0, failures = {}, errors = {},
@@ -681,17 +784,10 @@ local function run(o)
     end
   end
 
-  local exact = o.exact
-  if exact == nil then exact = not fast_mod.supports(o.model) end
-  if o.prewarm and exact then
-    return nil, "prewarm is modelled by the fast path only (give exact = false, and no max_running or "
-      .. "rate_per_s)", "BAD_REQUEST"
-  end
+  local exact, xerr, xcode = run_path(o)
+  if exact == nil then return nil, xerr, xcode end
   report.path = exact and "exact" or "fast"
   if not exact then
-    if not fast_mod.supports(o.model) then
-      return nil, "the fast path does not model max_running or rate_per_s: use the exact path", "BAD_REQUEST"
-    end
     horizon = fast_mod.simulate{ convs = convs, policy = policy, per_call = per_call, model = model,
       report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
       idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
@@ -727,12 +823,7 @@ local function run(o)
         report.runs = report.runs + 1
         local ok, r, err, ecode = pcall(run_s.run, run_s, code, { timeout = timeout, language = language })
         local mark = data.mark
-        if log then
-          log[#log + 1] = { session = conv.key, due = due - t0, start = began - t0, finish = clock() - t0,
-            code_started = mark.code_started and mark.code_started - t0, ok = ok and r and true or false,
-            code = not (ok and r) and (ok and tostring(ecode) or "ERROR") or nil,
-            created = mark.created or false, resumed = mark.resumed or false }
-        end
+        if log then log[#log + 1] = log_record(conv.key, due - t0, began - t0, clock() - t0, t0, ok, r, ecode, mark) end
         if not ok then
           fail("ERROR", tostring(r))
         elseif not r then
@@ -822,48 +913,7 @@ local function run(o)
     horizon = horizon or math_max(last_end + tail, clock())
   end
   model:advance_to(math_max(horizon, clock()))
-  local alive = model:close_books()
-
-  table_sort(latencies)
-  local sum = 0
-  for i = 1, nlat do sum = sum + latencies[i] end
-  report.p50_ms = _M.percentile(latencies, 50) or 0
-  report.p95_ms = _M.percentile(latencies, 95) or 0
-  report.p99_ms = _M.percentile(latencies, 99) or 0
-  report.max_ms = latencies[nlat] or 0
-  report.mean_ms = nlat > 0 and sum / nlat or 0
-  local st = model.stats
-  report.compute_seconds = st.running_seconds
-  report.compute_cost = st.running_seconds * (prices.vcpus * prices.vcpu_second + prices.memory_gib * prices.gib_second)
-  report.paused_seconds = st.paused_seconds
-  report.paused_hours = st.paused_seconds / 3600
-  report.storage_cost = st.paused_seconds * prices.paused_second
-  report.cost = report.compute_cost + report.storage_cost
-  report.created = st.creates
-  report.model_resumes = st.resumes
-  report.pauses = st.pauses
-  report.kills = st.kills
-  report.timeout_kills = st.timeout_kills
-  report.requests = st.requests
-  report.requests_per_run = report.runs > 0 and st.requests / report.runs or 0
-  report.auto_pauses = st.auto_pauses
-  report.paused_during_run = st.paused_during_run
-  report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
-  report.retry_after_waits = st.retry_after_waits
-  report.prewarm = o.prewarm and true or false
-  report.prewarms = report.prewarms or 0
-  report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
-  report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
-  report.peak_running = st.peak_running
-  report.alive_running, report.alive_paused = alive.running, alive.paused
-  report.alive = alive.running + alive.paused
-  report.simulated_seconds = model.now - t0
-  if o.details then
-    report.sandboxes = model:sandboxes()
-    report.latencies_ms = latencies
-    report.log = log
-  end
-  return report
+  return finish_report(report, o, model, prices, latencies, nlat, log, t0)
 end
 
 --- Simulate a trace or a workload.
@@ -1050,32 +1100,21 @@ function _M.csv(rows)
   return table_concat(out, "\n") .. "\n"
 end
 
---- Format reports (or sweep rows) as a text table, one line per row.
--- @tparam table rows a report or a list of them
--- @treturn string
-function _M.format(rows)
-  if type(rows) ~= "table" then error("bad argument #1 to 'format' (table expected, got " .. type(rows) .. ")", 2) end
-  if rows.runs then rows = { rows } end
-  local header = { rows[1] and rows[1].param or "policy" }
-  local columns = COLUMNS
+-- The columns `format` shows: COLUMNS, plus the prewarm counts when a row prewarmed.
+local function format_columns(rows)
   for _, r in ipairs(rows) do
     if r.prewarm then
-      columns = { table.unpack(COLUMNS) }
+      local columns = { table.unpack(COLUMNS) }
       columns[#columns + 1] = { "prewarms", "prewarms", "%d" }
       columns[#columns + 1] = { "unused", "prewarms_unused", "%d" }
-      break
+      return columns
     end
   end
-  for _, c in ipairs(columns) do header[#header + 1] = c[1] end
-  local lines = { header }
-  for _, r in ipairs(rows) do
-    local line = { r.param and tostring(r.value) or tostring(r.policy) }
-    for _, c in ipairs(columns) do
-      local v = r[c[2]] or 0
-      line[#line + 1] = string_format(c[3], c[3] == "%d" and math_floor(v) or v)
-    end
-    lines[#lines + 1] = line
-  end
+  return COLUMNS
+end
+
+-- Lines of cells as text lines: the first column left-aligned, the others right-aligned.
+local function align(lines)
   local widths = {}
   for _, l in ipairs(lines) do
     for i, cell in ipairs(l) do widths[i] = math_max(widths[i] or 0, #cell) end
@@ -1088,6 +1127,11 @@ function _M.format(rows)
     end
     out[#out + 1] = table_concat(cells, "  ")
   end
+  return out
+end
+
+-- One "failures (...): CODE=n, ..." line per row that had failures.
+local function failure_lines(rows)
   local failures = {}
   for _, r in ipairs(rows) do
     local codes = {}
@@ -1098,6 +1142,29 @@ function _M.format(rows)
         tostring(r.param and r.value or r.policy), table_concat(codes, ", "))
     end
   end
+  return failures
+end
+
+--- Format reports (or sweep rows) as a text table, one line per row.
+-- @tparam table rows a report or a list of them
+-- @treturn string
+function _M.format(rows)
+  if type(rows) ~= "table" then error("bad argument #1 to 'format' (table expected, got " .. type(rows) .. ")", 2) end
+  if rows.runs then rows = { rows } end
+  local header = { rows[1] and rows[1].param or "policy" }
+  local columns = format_columns(rows)
+  for _, c in ipairs(columns) do header[#header + 1] = c[1] end
+  local lines = { header }
+  for _, r in ipairs(rows) do
+    local line = { r.param and tostring(r.value) or tostring(r.policy) }
+    for _, c in ipairs(columns) do
+      local v = r[c[2]] or 0
+      line[#line + 1] = string_format(c[3], c[3] == "%d" and math_floor(v) or v)
+    end
+    lines[#lines + 1] = line
+  end
+  local out = align(lines)
+  local failures = failure_lines(rows)
   local price = rows[1] and rows[1].prices and rows[1].prices.paused_second or 0
   local note = string_format("storage price assumed: $%g per paused sandbox-hour (E2B publishes none)\n",
     price * 3600)
