@@ -385,7 +385,8 @@ local CREATED_KEY = "warmboxCreatedAt"
 -- * `no-reuse`: a fresh sandbox per call, killed after it (as before the
 --   reference change); nothing survives a turn.
 -- * `keep-alive`: one sandbox per conversation kept running
---   `max(exec_timeout, idle_timeout)` after each run, then killed (no pause).
+--   `max(exec_timeout, idle_timeout)` after each run (at least the run's timeout
+--   + `LEASE_MARGIN`, as every lease), then killed (no pause).
 -- * `default`: warmbox's default policy (pause after the idle window, GC by
 --   last activity).
 _M.POLICIES = {
