@@ -434,8 +434,11 @@ function Session:_acquire(st, run_timeout, eager)
   local ctx = self:_ctx(st, run_timeout)
   local lease, err, code = self:_lease(ctx)
   if not lease then return nil, err, code end
-  -- A run allowed to take longer than the lease must not be paused underneath itself.
-  if run_timeout > lease then lease = math.ceil(run_timeout) end
+  -- A run allowed to take as long as the lease, or longer, must not be paused
+  -- underneath itself: the lease starts a round trip before the cell does, and
+  -- the server interrupts the cell at its timeout, so the lease covers the run
+  -- and LEASE_MARGIN more.
+  if run_timeout + _M.LEASE_MARGIN > lease then lease = math.ceil(run_timeout + _M.LEASE_MARGIN) end
   ctx.lease = lease
   local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease, eager)
   if not got then return nil, gerr, gcode, gdetail end

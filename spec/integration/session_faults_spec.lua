@@ -191,11 +191,15 @@ describe("sessions under faults (warmboxd)", function()
     it("keeps the remembered sandbox when its refresh (connect) fails transiently", function()
       local s, id = warm("faults:refresh")
       local lease_end = s:state().lease_end
+      -- exec_timeout = idle_timeout: the lease is the run's timeout + LEASE_MARGIN
+      -- (65 s), so a run in a later second (wb's clock is os.time) refreshes.
+      local set_at = lease_end - (60 + require("warmbox.session").LEASE_MARGIN)
+      while os.time() <= set_at do require("warmbox.core").sleep(0.05) end
       srv:reset_stats()
       srv:fault{ route = "POST /sandboxes/{id}/connect", count = 9, status = 503 }
-      -- exec_timeout = lease: every run refreshes. The remembered lease has a
-      -- safe margin, so the extension goes alongside the execute (issue 11):
-      -- the run goes on while it fails; the lease stays what it was.
+      -- The remembered lease has a safe margin, so the extension goes alongside
+      -- the execute (issue 11): the run goes on while it fails; the lease stays
+      -- what it was.
       local r = assert(s:run("x"))
       assert.equal(id, r.sandbox_id)
       assert.is_true(srv:count("POST /sandboxes/{id}/connect") >= 1)

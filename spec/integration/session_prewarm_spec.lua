@@ -37,7 +37,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
 
   -- A paused sandbox whose lease ended (autoResume set at creation), as E2B
   -- leaves it between turns: paused by hand while the session's clock jumps
-  -- past the lease end.
+  -- past the lease end. Also returns advance(s), which moves that clock on.
   local function paused_session(key, log, o)
     local now = os.time()
     o = o or {}
@@ -47,7 +47,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert(wb.client:pause(first.sandbox_id))
     now = now + 300 + 60
     for i = #log, 1, -1 do log[i] = nil end
-    return s, first.sandbox_id
+    return s, first.sandbox_id, function(secs) now = now + secs end
   end
 
   local function after(log, mark)
@@ -62,12 +62,15 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
   it("a paused session prewarmed from blocking code: the connect leaves at once, the run 2 s later "
     .. "is one round trip and resumes nothing", function()
     local log = {}
-    local s, id = paused_session("pw:paused-blocking", log)
+    local s, id, advance = paused_session("pw:paused-blocking", log)
     env:reset_stats()
     local waits = wb:stats().prewarm_waits
     local p = s:prewarm()
     assert.is_false(p:done())              -- returned at once: the resume takes 1 s
     core.sleep(2)                          -- the model thinks; nothing calls warmbox
+    -- The session's clock too: the prewarm's lease (the 300 s `within` + LEASE_MARGIN)
+    -- no longer covers a 300 s run, so the run refreshes it.
+    advance(2)
     -- The resume was asked for during s:prewarm itself.
     assert.equal(1, env:route("POST /sandboxes/{id}/connect"))
     local r = assert(s:run("x + 1"))       -- finishes the prewarm first, then runs
@@ -89,12 +92,13 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
 
   it("a paused session prewarmed in a task: the run 2 s later is one round trip, no resume", function()
     local log = {}
-    local s, id = paused_session("pw:paused-task", log)
+    local s, id, advance = paused_session("pw:paused-task", log)
     env:reset_stats()
     local on_path
     local t = wb:spawn(function()
       local p = s:prewarm()
       wb.runner.sched:sleep(2)
+      advance(2)                           -- as in the blocking case
       assert.is_true(p:done())
       assert.equal("resumed", (p:result()).action)
       on_path = env:stats()                -- what the prewarm cost, off the run's path
@@ -133,6 +137,11 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal(1, st.requests["POST /sandboxes"])
     -- the kernel was started and given its output hook by a cell of its own
     assert.equal(1, st.requests["interp POST /execute"])
+    -- The run comes in a later second (the session's clock is os.time), as a turn
+    -- does: the prewarm's 305 s lease (the 300 s `within` + LEASE_MARGIN) no longer
+    -- covers a 300 s run, so the run extends it alongside its execute.
+    local set_at = s:state().lease_end - (300 + session.LEASE_MARGIN)
+    while os.time() <= set_at do core.sleep(0.05) end
     env:reset_stats()
     local r = assert(s:run("6 * 7"))
     assert.equal("42", r.results[1].text)

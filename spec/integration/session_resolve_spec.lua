@@ -7,6 +7,9 @@ local http = require "spec.helpers.http"
 local TEMPLATE = "code-interpreter-v1"
 
 local utc = sessions.utc
+-- exec_timeout 600, idle_timeout 300: the policy's lease, max(600, 300), raised to the
+-- run's 600 s timeout + session.LEASE_MARGIN (5): 605 s
+local LEASE = 600 + require("warmbox.session").LEASE_MARGIN
 
 describe("sessions: finding the sandbox (warmboxd)", function()
   local env = sessions.new()
@@ -56,7 +59,7 @@ describe("sessions: finding the sandbox (warmboxd)", function()
     wb:close()
   end)
 
-  it("1. reuses the existing sandbox and extends its lease to max(exec_timeout, idle_timeout)", function()
+  it("1. reuses the existing sandbox and extends its lease to its timeout + LEASE_MARGIN", function()
     local s = wb:session("workspace-1:thread-1")
     local id = tagged(s.tag_value)[1]
     reset_stats()
@@ -71,7 +74,7 @@ describe("sessions: finding the sandbox (warmboxd)", function()
     local info = assert(wb.client:info(id))
     assert.equal("running", info.state)
     local end_at = utc(info.end_at)
-    assert.is_true(end_at >= before + 600 - 2 and end_at <= os.time() + 600 + 2, "lease end " .. info.end_at)
+    assert.is_true(end_at >= before + LEASE - 2 and end_at <= os.time() + LEASE + 2, "lease end " .. info.end_at)
   end)
 
   it("2. creates a tagged sandbox with onTimeout=pause, autoResume and the lease", function()
@@ -85,7 +88,7 @@ describe("sessions: finding the sandbox (warmboxd)", function()
     assert.same({ on_timeout = "pause", auto_resume = true }, info.lifecycle)
     assert.same({ warmboxSessionId = s.tag_value }, info.metadata)
     local end_at = utc(info.end_at)
-    assert.is_true(end_at >= before + 600 - 2 and end_at <= os.time() + 600 + 2)
+    assert.is_true(end_at >= before + LEASE - 2 and end_at <= os.time() + LEASE + 2, "lease end " .. info.end_at)
     assert.equal("hi\n", r.stdout)
   end)
 

@@ -1,31 +1,35 @@
 -- The simulator agrees with a real server: one small trace (20 conversations,
 -- 200 turns, warm hits, pauses and resumes, then one GC pass that kills the
 -- conversations idle for long) runs against the virtual-time model and
--- against a real warmboxd in real time, scaled down (4 s leases, --rtt-ms,
+-- against a real warmboxd in real time, scaled down (9 s leases, --rtt-ms,
 -- --create-ms, --resume-ms). The model runs it twice: on its fast path
 -- (warmbox.sim.fast: the session's decisions played on the model) and on
 -- its exact path (the real warmbox.session code). All three give the same
 -- counts of creates, resumes, pauses, kills and ok/failed runs.
 --
 -- The trace keeps every gap far from the lease: a conversation's turns come
--- in bursts of 4 turns 0.2 s apart (warm), its bursts 6.4 s apart or more
+-- in bursts of 4 turns 0.2 s apart (warm), its bursts 11.4 s apart or more
 -- (paused, then resumed), and no two bursts overlap. The real run follows the
 -- trace in order and, when a turn starts late (a cold start of a bash cell
 -- takes about 0.2 s, more under sanitizers), shifts everything after it by as much:
 -- gaps only grow, so a warm gap stays far below the lease (one cold start at
--- most) and a long one stays above it. GC's max_age (15 s) is far from the
--- idle ages at GC time (at most ~8 s or at least ~22 s).
+-- most) and a long one stays above it. A lease is a 4 s run + LEASE_MARGIN: 9 s,
+-- refreshed by a turn unless one in the same second (the real clock is os.time)
+-- already did, so a sandbox pauses 8-9 s after its burst's last turn: the early
+-- ones (last turns 12.6-23.4 s) by 32.4 s, the late ones (48.6-59.4 s) from 56.6 s
+-- on. At the GC pass (72.5 s) their idle ages are at least 40.1 s and at most
+-- 15.9 s: far from GC's max_age (27 s) on both sides.
 local wbd = require "spec.helpers.warmboxd"
 local sim = require "warmbox.sim"
 local core = require "warmbox.core"
 
-local LEASE = 4                        -- exec_timeout = idle_timeout
-local MAX_AGE, GC_AT = 15, 40.5        -- one GC pass GC_AT s after the start
+local TIMEOUT = 4                      -- exec_timeout = idle_timeout (lease: 4 + LEASE_MARGIN)
+local MAX_AGE, GC_AT = 27, 72.5        -- one GC pass GC_AT s after the start
 local RTT, CREATE, RESUME = 5, 50, 50  -- ms, the same on both sides
-local WINDOW = 0.7                     -- seconds per burst
+local WINDOW = 1.2                     -- seconds per burst
 
 -- 10 "early" conversations (2 bursts, windows 0-9 then 10-19) and 10 "late"
--- ones (3 bursts, windows 20-29, 30-39, 40-49): 200 turns in 35 s.
+-- ones (3 bursts, windows 20-29, 30-39, 40-49): 200 turns in 60 s.
 local function trace()
   local turns = {}
   local function burst(name, window)
@@ -62,8 +66,9 @@ describe("the simulator against a real warmboxd", function()
 
     -- 1. The model, on both paths.
     local function model_run(exact)
-      local m = assert(sim.run{ trace = turns, exec_timeout = LEASE, idle_timeout = LEASE,
-        template = "code-interpreter-v1", code = "true", max_age = MAX_AGE, gc_every = GC_AT, tail = 12,
+      -- tail: the horizon (59.4 + 16 s) after the GC pass and every lease end
+      local m = assert(sim.run{ trace = turns, exec_timeout = TIMEOUT, idle_timeout = TIMEOUT,
+        template = "code-interpreter-v1", code = "true", max_age = MAX_AGE, gc_every = GC_AT, tail = 16,
         model = { rtt_ms = RTT, create_ms = CREATE, resume_ms = RESUME, kernel_ms = 100 }, exact = exact })
       assert.equal(1, m.gc_passes)
       assert.equal(exact and "exact" or "fast", m.path)
@@ -76,7 +81,7 @@ describe("the simulator against a real warmboxd", function()
     -- 2. The real server, in real time: turns run in time order; a late turn
     -- shifts the rest of the trace.
     local wb = assert(require("warmbox").new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      exec_timeout = LEASE, idle_timeout = LEASE, lock = { backend = "file", dir = lockdir } })
+      exec_timeout = TIMEOUT, idle_timeout = TIMEOUT, lock = { backend = "file", dir = lockdir } })
     local c = wb.client
     local real = { creates = 0, resumes = 0, pauses = 0, kills = 0, ok = 0, failed = 0 }
     local create, connect, pause = c.create, c.connect, c.pause

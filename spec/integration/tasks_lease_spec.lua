@@ -1,5 +1,7 @@
 -- Issue 11, one round trip per warm run in the default configuration
--- (exec_timeout = idle_timeout: every run extends the lease): when the
+-- (exec_timeout = idle_timeout: the lease is the run's timeout +
+-- LEASE_MARGIN, so every run in a later second than the last extension
+-- extends it; the clock is os.time): when the
 -- remembered lease still has a safe margin, the extension (connect) goes out
 -- alongside the execute, in a task or in a blocking call alike; a failing
 -- extension is retried while the cell runs; when it cannot be secured before
@@ -7,6 +9,7 @@
 -- underneath (warmboxd's pause_during_run stays 0, checked by env:stop).
 local sessions = require "spec.helpers.sessions"
 local session = require "warmbox.session"
+local core = require "warmbox.core"
 
 describe("tasks: the lease extension goes alongside the execute (warmboxd)", function()
   local env = sessions.new()
@@ -30,6 +33,13 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
 
   local CELL = "import time\nprint('started', flush=True)\ntime.sleep(1)\n'done'"
 
+  -- Waits until the clock (os.time) passed the second s's lease (of `lease` s) was
+  -- set: until then it covers a run of the lease less LEASE_MARGIN, which makes no request.
+  local function next_second(s, lease)
+    local set_at = s:state().lease_end - (lease or 300 + session.LEASE_MARGIN)
+    while os.time() <= set_at do core.sleep(0.05) end
+  end
+
   local function order_of(log, what)
     for i, v in ipairs(log) do if v == what then return i end end
     return nil
@@ -41,6 +51,7 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
       local s = logged("lease:" .. how, log)
       assert(s:run("0"))    -- created
       local before = s:state().lease_end
+      next_second(s)
       env.srv:fault{ route = "POST /sandboxes/{id}/connect", count = 1, delay_ms = 600 }
       env:reset_stats()
       local opts = { on_stdout = function(text)
@@ -70,6 +81,7 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     local log = {}
     local s = logged("lease:retry", log)
     assert(s:run("0"))
+    next_second(s)
     env:fault("POST /sandboxes/{id}/connect", { status = 503, count = 3 })
     env:reset_stats()
     local r = assert(s:run("import time\ntime.sleep(2)\n'ok'"))
@@ -79,9 +91,9 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
   end)
 
   it("interrupts and reports the run when the lease cannot be secured before it ends", function()
-    -- Remembered lease 25 s: alongside (>= 20 s left); the extension always
-    -- fails, so the cell (50 s, timeout 60) is interrupted ~5 s before the
-    -- old lease would pause it underneath.
+    -- Remembered lease 30 s (the 25 s timeout + LEASE_MARGIN): alongside (>= 20 s
+    -- left); the extension always fails, so the cell (50 s, timeout 60) is
+    -- interrupted ~5 s before the old lease would pause it underneath.
     local log = {}
     local s = logged("lease:interrupt", log, { exec_timeout = 25, idle_timeout = 25 })
     local first = assert(s:run("x = 1"))

@@ -49,17 +49,19 @@ end
 
 describe("warmbox.session", function()
   describe(":run() resolving the sandbox (the reference's cases)", function()
-    it("reuses an existing sandbox and extends its lease to max(exec_timeout, idle_timeout)", function()
+    it("reuses an existing sandbox and extends its lease to cover the run and LEASE_MARGIN", function()
       local e = setup()
       local s = e.new("workspace-1:thread-1")
       e.client:add("sb1", s.tag_value, "running")
       local r = assert(s:run("x = 1"))
       assert.same({ "sb1" }, e.client:ids("connect"))
-      assert.equal(600, e.client.calls[2][3])
+      -- the policy says max(exec_timeout, idle_timeout) = 600, but the run may take its
+      -- whole 600 s timeout: the lease is that + LEASE_MARGIN (5) = 605
+      assert.equal(605, e.client.calls[2][3])
       assert.same({ "sb1" }, e.client:ids("set_timeout"))
       assert.equal(0, e.client:count("create"))
       assert.equal(0, e.client:count("kill"))
-      assert.equal(e.t.now + 600, e.client.sb.sb1.lease_end)
+      assert.equal(e.t.now + 605, e.client.sb.sb1.lease_end)
       assert.is_true(r.reused)
       assert.equal("sb1", r.sandbox_id)
       local list = e.client.calls[1]
@@ -75,7 +77,7 @@ describe("warmbox.session", function()
       local p = e.client.calls[2][2]
       assert.same({ warmboxSessionId = s.tag_value }, p.metadata)
       assert.same({ on_timeout = "pause", auto_resume = true }, p.lifecycle)
-      assert.equal(600, p.timeout)
+      assert.equal(605, p.timeout) -- the run's 600 s timeout + LEASE_MARGIN (5)
       assert.equal("code-interpreter-v1", p.template)
       assert.is_false(r.reused)
       assert.is_false(r.resumed)
@@ -584,6 +586,24 @@ describe("warmbox.session", function()
       assert.equal("base", p.template)
       assert.equal(42, p.timeout)
       assert.same({ owner = "x", warmboxSessionId = s.tag_value }, p.metadata)
+    end)
+
+    it("raises a policy's lease to the run's timeout + LEASE_MARGIN, never lowers it", function()
+      -- The lease is set a round trip before the cell starts and the server ends the
+      -- cell at its timeout: a lease of just the timeout would pause the sandbox first.
+      for _, case in ipairs({
+        { 10, 42 },   -- 10 + 5 <= 42: the policy's lease as it is
+        { 37, 42 },   -- 37 + 5 = 42: exactly covered, kept
+        { 40, 45 },   -- 40 + 5 > 42: raised to 45
+        { 42, 47 },   -- the timeout equal to the lease: 47, not 42
+        { 37.5, 43 }, -- ceil(37.5 + 5): leases are whole seconds
+      }) do
+        local e = setup({ policy = { lease = function() return 42 end } })
+        local s = e.new("w:t")
+        assert(s:run("1", { timeout = case[1] }))
+        assert.equal(case[2], e.client.calls[2][2].timeout, "timeout " .. case[1])
+        assert.equal(e.t.now + case[2], s:state().lease_end, "timeout " .. case[1])
+      end
     end)
 
     it("recycles a sandbox whose run would cross E2B's maximum run length: pause, then connect", function()

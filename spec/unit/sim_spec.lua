@@ -109,6 +109,19 @@ describe("warmbox.sim", function()
       assert.is_true(none1.paused_seconds > short.paused_seconds)
     end)
 
+    it("simulates, by default, long enough for GC to reclaim a sandbox whatever the phase", function()
+      -- Passes every 3600 s from 0; max_age 86400; a 305 s lease (the 300 s timeout +
+      -- LEASE_MARGIN). a's sandbox: ready at 3296.53 s, paused at 3601.53 s, inactive more
+      -- than max_age only at the pass at 93600 s. a's run ends at 3297.58 s (list 20 ms,
+      -- create 520, hooks cell 1020, run 20). The default tail, max(300 + 5, 300) + 86400 +
+      -- 3600, ends the simulation at 93602.58 s, after that pass (a tail counting a 300 s
+      -- lease ended at 93597.58 s, before it, with a's sandbox still alive).
+      local r = assert(sim.run{ trace = { { t = 0, session = "z", duration = 0 },
+        { t = 3296, session = "a", duration = 0 } } })
+      assert.same({ 0, 2 }, { r.alive, r.gc_kills })
+      assert.near(93602.58, r.simulated_seconds, 1e-6)
+    end)
+
     it("gives the same report for the same seed (and another for another seed)", function()
       local w = { sessions = 15, turns = { 1, 6 }, gap = 200, duration = { 0.5, 5 }, seed = 42 }
       local a = assert(sim.run{ workload = w, details = true })
@@ -177,7 +190,8 @@ describe("warmbox.sim", function()
         prices = { paused_second = 0.001 } })
       local per_s = 2 * 0.000014 + 0.5 * 0.0000045
       assert.near(r.compute_seconds * per_s, r.compute_cost, 1e-12)
-      assert.near(300, r.compute_seconds, 5) -- created with a 300 s lease, then paused
+      -- created with a 305 s lease (the 300 s timeout + LEASE_MARGIN), then paused
+      assert.near(305, r.compute_seconds, 1e-6)
       assert.near(r.paused_seconds * 0.001, r.storage_cost, 1e-12)
       assert.near(r.compute_cost + r.storage_cost, r.cost, 1e-12)
     end)
@@ -306,15 +320,25 @@ describe("warmbox.sim", function()
       -- Demotes take the exact path's GC pass seconds (a resume and a pause each, under
       -- the session's lock): a run due meanwhile waits for it there, not in the fast path,
       -- whose pass takes no time. The counts agree; a few latencies do not.
+      -- The exact pass also asks the gc hook after its listing (a round trip, 20 ms, into
+      -- the pass), the fast one at the pass's start: a sandbox whose idle time crosses
+      -- demote_after inside that window is demoted by one and not the other. Seed 2 has
+      -- one since leases cover the timeout + LEASE_MARGIN (305 s, was 300 s): a sandbox
+      -- paused at 8400.013 s is 599.987 s idle at the fast pass (9000 s) and 600.007 s at
+      -- the exact one (9000.02 s). Seed 3 has no sandbox in such a window.
       local policy = { gc = require("warmbox.policy.rules").gc{ demote_after = "10m", kill_after = "2h" } }
-      e = both({ workload = { sessions = 40, turns = { 2, 10 }, gap = 900, seed = 2, span = 3600 }, policy = policy,
+      e = both({ workload = { sessions = 40, turns = { 2, 10 }, gap = 900, seed = 3, span = 3600 }, policy = policy,
         gc_every = 600 }, true)
       assert.is_true(e.gc_demoted > 0, tostring(e.gc_demoted))
-      e = both{ workload = { sessions = 20, turns = { 2, 6 }, gap = 100, duration = { 1, 90 }, seed = 4, span = 600 },
-        exec_timeout = 60, idle_timeout = 60 }
-      -- cells of up to 90 s under a 60 s timeout and a 60 s lease: the lease (taken a
-      -- round trip before the cell starts) runs out just before the timeout would fire
-      assert.is_true(e.failed > 0 and e.failures.STREAM_BROKEN == e.failed, tostring(e.failed))
+      local f
+      e, f = both{ workload = { sessions = 20, turns = { 2, 6 }, gap = 100, duration = { 1, 90 }, seed = 4,
+        span = 600 }, exec_timeout = 60, idle_timeout = 60 }
+      -- cells of up to 90 s under a 60 s timeout: the lease, taken a round trip before the
+      -- cell starts, is the timeout + LEASE_MARGIN (65 s), so it outlasts the cell's
+      -- timeout: every cell over 60 s ends TIMEOUT and no sandbox pauses under a run (with a
+      -- lease of just 60 s they all ended STREAM_BROKEN, the sandbox paused first)
+      assert.is_true(e.failed > 0 and e.failures.TIMEOUT == e.failed, tostring(e.failed))
+      assert.same({ 0, 0 }, { e.paused_during_run, f.paused_during_run })
       both{ workload = { sessions = 30, turns = { 1, 5 }, gap = 100, seed = 9, span = 600 }, code = "true",
         exec_timeout = 4, idle_timeout = 4 }
       both{ trace = FIXTURE, exec_timeout = 60, idle_timeout = 120 }
@@ -360,8 +384,8 @@ describe("warmbox.sim", function()
 
   describe("prewarm (issue 16)", function()
     -- A conversation's turns start 3 s before their runs (the model thinks); the third
-    -- turn runs no code. Lease 60 s (exec = idle = 60), model defaults: rtt 20 ms,
-    -- create 500 ms, kernel start 1000 ms, resume 1000 ms.
+    -- turn runs no code. exec = idle = 60: lease 65 s (the 60 s timeout + LEASE_MARGIN),
+    -- model defaults: rtt 20 ms, create 500 ms, kernel start 1000 ms, resume 1000 ms.
     local trace = { { t = 10, session = "a", duration = 1, lead = 3 },
       { t = 200, session = "a", duration = 1, lead = 3 },
       { t = 400, session = "a", duration = 1, lead = 3, run = false } }
@@ -370,12 +394,13 @@ describe("warmbox.sim", function()
     it("without it: the cold start and the resume sit on the run's path", function()
       local r = assert(sim.run(base))
       -- run 1 at 10 s: list 20, create 20 + 500, hooks cell 20 + 1000 (kernel), half a round trip: 1570 ms
-      -- run 2 at 200 s (paused at 70.53 s): connect 20 + 1000 (resume), half a round trip: 1030 ms
+      -- run 2 at 200 s (paused at 75.53 s): connect 20 + 1000 (resume), half a round trip: 1030 ms
       assert.same({ 1030, 1570 }, r.latencies_ms)
       assert.same({ 1030, 1570 }, { r.p50_ms, r.p95_ms })
       assert.same({ 3, 2, 1, 1, 0 }, { r.turns, r.runs, r.cold_starts, r.resumes, r.prewarms })
-      -- running 10.53..70.53 and 201.01..261.01
-      assert.near(120, r.compute_seconds, 1e-6)
+      -- running 10.53..75.53 (created at 10.03 + 500 ms, a 65 s lease from there) and
+      -- 201.01..266.01 (resumed at 200.01 + 1 s): 65 + 65
+      assert.near(130, r.compute_seconds, 1e-6)
     end)
 
     it("with it: each run finds its sandbox warm; an unused prewarm is counted and costs compute", function()
@@ -390,8 +415,10 @@ describe("warmbox.sim", function()
       -- prewarms at 7 s (create + kernel), 197 s (resume) and 397 s (resume, then no run)
       assert.same({ 3, 1, 1, 2, 0 }, { r.prewarms, r.prewarms_unused, r.prewarm_creates, r.prewarm_resumes,
         r.prewarms_failed })
-      -- running 7.53..70.01, 198.01..260.01 and 398.01..458.01 (the unused one's whole lease)
-      assert.near(62.48 + 62 + 60, r.compute_seconds, 1e-5)
+      -- running 7.53..75.01 (created at 7.53; run 1's connect at 10.01 moves the lease end
+      -- to 10.01 + 65), 198.01..265.01 (resumed at 198.01; run 2's connect at 200.01 + 65)
+      -- and 398.01..463.01 (the unused one's whole 65 s lease)
+      assert.near(67.48 + 67 + 65, r.compute_seconds, 1e-5)
       assert.equal(1, r.created)
     end)
 
@@ -418,10 +445,10 @@ describe("warmbox.sim", function()
 
   describe("Retry-After in a simulation", function()
     it("a create refused by the cap waits what the 429 says, in virtual time, then succeeds", function()
-      -- keep-alive: a's sandbox runs until its lease ends (created at 0.53 s, lease 10 s:
-      -- killed at 10.53 s). b's create at 9.03 s and 10.05 s gets 429 + Retry-After 1 s;
-      -- the third attempt, at 11.07 s, finds the slot free.
-      local trace = { { t = 0, session = "a", duration = 0 }, { t = 9, session = "b", duration = 0 } }
+      -- keep-alive: a's sandbox runs until its lease ends (created at 0.53 s, lease 15 s:
+      -- the 10 s timeout + LEASE_MARGIN; killed at 15.53 s). b's create at 14.03 s and
+      -- 15.05 s gets 429 + Retry-After 1 s; the third attempt, at 16.07 s, finds the slot free.
+      local trace = { { t = 0, session = "a", duration = 0 }, { t = 14, session = "b", duration = 0 } }
       local r = assert(sim.run{ trace = trace, builtin = "keep-alive", exec_timeout = 10, idle_timeout = 10,
         model = { max_running = 1 }, gc_every = false, tail = 0, details = true })
       assert.same({ 2, 0 }, { r.ok, r.failed })
@@ -431,7 +458,7 @@ describe("warmbox.sim", function()
       -- list 20 ms, two refused creates 20 ms + 1 s each, create 20 + 500 ms, hooks cell
       -- 20 + 1000 ms (kernel start), half a round trip: 3610 ms before b's code ran
       assert.near(3.61, b.code_started - b.start, 1e-6)
-      -- without the header the client backs off 0.1-0.4 s: all four attempts fail before 10.53 s
+      -- without the header the client backs off 0.1-0.4 s: all four attempts fail before 15.53 s
       local r2 = assert(sim.run{ trace = trace, builtin = "keep-alive", exec_timeout = 10, idle_timeout = 10,
         model = { max_running = 1, retry_after = 0 }, gc_every = false, tail = 0 })
       assert.same({ 1, 1, 4 }, { r2.ok, r2.failed, r2.rejected_cap })

@@ -455,7 +455,7 @@ local function simulate(S)
         tostring(lease)), "POLICY"
     end
     lease = math_ceil(lease)
-    if run_timeout > lease then lease = math_ceil(run_timeout) end
+    if run_timeout + LEASE_MARGIN > lease then lease = math_ceil(run_timeout + LEASE_MARGIN) end
     ctx.lease = lease
     local id, reused
     local sid = st.sandbox_id

@@ -395,7 +395,8 @@ local CREATED_KEY = "warmboxCreatedAt"
 -- * `no-reuse`: a fresh sandbox per call, killed after it (as before the
 --   reference change); nothing survives a turn.
 -- * `keep-alive`: one sandbox per conversation kept running
---   `max(exec_timeout, idle_timeout)` after each run, then killed (no pause).
+--   `max(exec_timeout, idle_timeout)` after each run (at least the run's timeout
+--   + `LEASE_MARGIN`, as every lease), then killed (no pause).
 -- * `default`: warmbox's default policy (pause after the idle window, GC by
 --   last activity).
 _M.POLICIES = {
@@ -773,7 +774,10 @@ local function run(o)
   local active, arrived_all = 0, false
   local horizon = nil
   local tail = o.tail
-  if tail == nil then tail = math_max(exec_timeout, idle_timeout) + max_age + (gc_every or 0) end
+  if tail == nil then
+    -- The default lease: max(exec_timeout, idle_timeout), at least the run's timeout + LEASE_MARGIN.
+    tail = math_max(exec_timeout + session_mod.LEASE_MARGIN, idle_timeout) + max_age + (gc_every or 0)
+  end
   -- The GC task, while it sleeps until its next pass (gc_next): the simulation
   -- ends at the horizon, not at the first pass after it.
   local gc_task, gc_next, gc_sleeping = nil, nil, false
@@ -930,8 +934,9 @@ end
 --   `pause_ms`, `max_length_hours`, `max_running`, `rate_per_s`, ...); `gc_every`
 --   (3600 s of virtual time; 0 or false: no GC), `max_age` (86400, given to GC),
 --   `tail` (seconds simulated after the last run ends, default
---   `max(exec_timeout, idle_timeout) + max_age + gc_every`: long enough for the
---   default GC policy to reclaim every abandoned sandbox), `details` (add
+--   `max(exec_timeout + 5, idle_timeout) + max_age + gc_every` (the default lease,
+--   the age and one GC period): long enough for the default GC policy to reclaim
+--   every abandoned sandbox), `details` (add
 --   `sandboxes`, `latencies_ms` and `log`: one record per run in the order runs
 --   ended, `{ session, due, start, code_started, finish, ok, code, created, resumed }`,
 --   times in seconds from the start)

@@ -1,0 +1,68 @@
+-- The lease covers the run's whole timeout, against a real warmboxd: with
+-- exec_timeout = idle_timeout (the lease the default policy asks for is the
+-- run's timeout), a cell that uses its whole timeout is interrupted by the
+-- server at its timeout and ends TIMEOUT. The lease is set a round trip (and
+-- the hooks cell) before the cell starts, so a lease of just the timeout ran
+-- out first: the sandbox paused under the cell and the run ended
+-- STREAM_BROKEN. The lease is the timeout + session.LEASE_MARGIN.
+-- On loopback that round trip takes a few ms, less than warmboxd's lease timer
+-- (100 ms ticks) may lag; each execute is delayed 500 ms (a WAN's round trips
+-- to E2B and the hooks cell), so the cell starts well after the lease was set.
+local sessions = require "spec.helpers.sessions"
+local session_mod = require "warmbox.session"
+
+describe("the lease of a run (warmboxd)", function()
+  local env = sessions.new()
+  local srv, wb
+
+  lazy_setup(function()
+    srv = env:start()
+    wb = env:warmbox{ exec_timeout = 2, idle_timeout = 2 }
+  end)
+  lazy_teardown(function() env:stop() end)
+
+  local SLEEP = "import time\ntime.sleep(30)"
+
+  -- The next execute (the hooks cell or the user's) is served 500 ms late.
+  local function slow_execute()
+    srv:fault{ route = "interp POST /execute", count = 1, delay_ms = 500 }
+  end
+
+  it("outlasts the run's timeout: a cell sleeping past it ends TIMEOUT, the sandbox kept running", function()
+    local s = wb:session("lease:timeout")
+    -- A kernel with x = 41 (a long timeout: its start is not what this spec is about).
+    local id = assert(s:run("x = 41", { timeout = 30 })).sandbox_id
+    -- Forgotten: the next run resolves it again, and its set_timeout replaces the
+    -- warm-up's 35 s lease with the run's own.
+    assert(s:forget())
+    env:reset_stats()
+    slow_execute()
+    local before = os.time()
+    local r, msg, ecode, detail = s:run(SLEEP)
+    assert.is_nil(r)
+    assert.equal("TIMEOUT", ecode, msg)
+    assert.is_true(detail.started)
+    local st = env:stats()
+    assert.equal(1, env:route("POST /sandboxes/{id}/connect", st))
+    assert.equal(1, env:route("POST /sandboxes/{id}/timeout", st))
+    assert.equal(0, st.counters.pause_during_run or 0)
+    -- The lease the run got: 2 s + LEASE_MARGIN from the set_timeout.
+    local lease = 2 + session_mod.LEASE_MARGIN
+    local info = assert(wb.client:info(id))
+    assert.equal("running", info.state)
+    local end_at = sessions.utc(info.end_at)
+    assert.is_true(end_at >= before + lease - 1 and end_at <= before + lease + 2, "lease end " .. info.end_at)
+    -- Again on the remembered sandbox: its refresh (connect) extends the lease
+    -- to the timeout + LEASE_MARGIN from now, as long as the run may take.
+    slow_execute()
+    r, msg, ecode = s:run(SLEEP)
+    assert.is_nil(r)
+    assert.equal("TIMEOUT", ecode, msg)
+    -- Still running, never paused: the same kernel, x kept.
+    r = assert(s:run("x + 1"))
+    assert.equal(id, r.sandbox_id)
+    assert.is_false(r.resumed)
+    assert.equal("42", r.results[1] and r.results[1].text)
+    assert.equal(0, env:stats().counters.pause_during_run or 0)
+  end)
+end)
