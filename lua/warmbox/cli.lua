@@ -946,7 +946,8 @@ local function demo(o, io_)
   local abandoned
   if ok then
     show("other session", function()
-      -- a conversation that goes quiet at once (a 2 s lease): GC reclaims it below
+      -- a conversation that goes quiet at once (a 7 s lease: its 2 s timeout + LEASE_MARGIN):
+      -- GC reclaims it below
       local quick = require("warmbox").new{ client = wb.client, exec_timeout = 2, idle_timeout = 2, lock = o.lock }
       local r, msg, code = quick:session("demo-workspace:abandoned"):run("echo bye", { language = "bash" })
       if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
