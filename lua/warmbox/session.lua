@@ -163,6 +163,13 @@ function _M.lock_defaults(exec_timeout)
   return { timeout = exec_timeout + 60, exptime = exec_timeout + 120 }
 end
 
+-- Whether `new`'s policy option is a complete policy (a table with a name
+-- and every hook), used as it is rather than resolved by warmbox.policy.
+local function complete_policy(policy)
+  return type(policy) == "table" and policy.name and policy.order and policy.lease
+    and policy.should_refresh and policy.create_params and policy.gc and true or false
+end
+
 --- Make a session object.
 -- @tparam string key the session key (any bytes)
 -- @tparam table opts parts and settings: `client` (a `warmbox.e2b` client,
@@ -217,8 +224,7 @@ function _M.new(key, opts)
   _M.check_settings(self, "new", 2)
   if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
   self.env = opts.env and util.copy(opts.env) or {}
-  if type(opts.policy) == "table" and opts.policy.name and opts.policy.order and opts.policy.lease
-    and opts.policy.should_refresh and opts.policy.create_params and opts.policy.gc then
+  if complete_policy(opts.policy) then
     self.policy = opts.policy
   else
     local p, perr = policy_mod.resolve(opts.policy)
@@ -295,11 +301,6 @@ local function is_gone(code)
 end
 _M.is_gone = is_gone
 
--- Finds or creates the session's sandbox and secures its lease (the reference
--- flow: list, exact re-check, connect + set_timeout per candidate in policy
--- order, reap the others only after one is secured, else create). Only a
--- candidate that is gone (404) is passed over; any other failure fails the
--- run and touches nothing, so a transient fault never destroys state.
 -- Whether a listed sandbox is known to have lost its memory: the remembered
 -- state says so (GC demoted it: `memory_lost`), or it was paused within
 -- seconds of its resume, as only a demote (connect + pause without memory) does.
@@ -308,10 +309,11 @@ local function memory_lost(it, avoid)
   return state_codec.looks_demoted(it)
 end
 
-function Session:_resolve(st, lease, avoid)
-  avoid = avoid or {}
-  local client, tv, tag = self.client, self.tag_value, self.tag
-  local items, err, code = client:list_all{ state = { "running", "paused" }, metadata = { [tag] = tv } }
+-- The session's listed sandboxes (running or paused) that pass the exact
+-- re-check of the tag. → cands, by_id | nil, msg, code
+local function list_candidates(self)
+  local tv, tag = self.tag_value, self.tag
+  local items, err, code = self.client:list_all{ state = { "running", "paused" }, metadata = { [tag] = tv } }
   if not items then return nil, err, code end
   local cands, by_id = {}, {}
   for _, it in ipairs(items) do
@@ -322,28 +324,38 @@ function Session:_resolve(st, lease, avoid)
       by_id[it.sandbox_id] = it
     end
   end
-  local ordered = cands
-  if #cands > 0 then
-    local copy = {}
-    for i, c in ipairs(cands) do copy[i] = c end
-    local o, perr, pcode = policy_mod.call(self.policy, "order", copy, self:_ctx(st))
-    if pcode then return nil, perr, pcode end
-    if type(o) ~= "table" then
-      return nil, string_format("policy '%s' hook 'order' returned %s (table expected)",
-        tostring(self.policy.name), type(o)), "POLICY"
-    end
-    ordered = {}
-    local seen = {}
-    for _, c in ipairs(o) do
-      local id = type(c) == "table" and c.sandbox_id or c
-      -- Only candidates that passed the exact re-check can be tried.
-      if type(id) == "string" and by_id[id] and not seen[id] then
-        seen[id] = true
-        ordered[#ordered + 1] = by_id[id]
-      end
+  return cands, by_id
+end
+
+-- The candidates in the policy's `order` (a copy of the list goes to the
+-- hook; only re-checked candidates, each once). → ordered | nil, msg, code
+local function order_candidates(self, st, cands, by_id)
+  local copy = {}
+  for i, c in ipairs(cands) do copy[i] = c end
+  local o, perr, pcode = policy_mod.call(self.policy, "order", copy, self:_ctx(st))
+  if pcode then return nil, perr, pcode end
+  if type(o) ~= "table" then
+    return nil, string_format("policy '%s' hook 'order' returned %s (table expected)",
+      tostring(self.policy.name), type(o)), "POLICY"
+  end
+  local ordered = {}
+  local seen = {}
+  for _, c in ipairs(o) do
+    local id = type(c) == "table" and c.sandbox_id or c
+    -- Only candidates that passed the exact re-check can be tried.
+    if type(id) == "string" and by_id[id] and not seen[id] then
+      seen[id] = true
+      ordered[#ordered + 1] = by_id[id]
     end
   end
-  local kept, resumed, gone = nil, false, {}
+  return ordered
+end
+
+-- Tries the ordered candidates (connect + set_timeout) until one is secured;
+-- the gone ones are marked in `gone`. → kept sandbox, resumed | nil, false
+-- (none) | false, msg, code, detail (a failure that fails the run)
+local function secure_candidate(self, st, ordered, lease, avoid, gone)
+  local client = self.client
   for _, it in ipairs(ordered) do
     if self.require_memory and memory_lost(it, avoid) then
       -- Not usable for a session that needs its kernel's memory; killed below
@@ -357,67 +369,97 @@ function Session:_resolve(st, lease, avoid)
       self:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
         code = not sb and ccode or nil })
       if not sb then
-        if not is_gone(ccode) then return nil, res, ccode, cdetail end
+        if not is_gone(ccode) then return false, res, ccode, cdetail end
         gone[it.sandbox_id] = true
       else
         local ok, terr, tcode, tdetail = client:set_timeout(it.sandbox_id, lease)
         if ok then
           if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
-          kept, resumed = sb, res == true
+          local resumed = res == true
           self:_remember(st, sb, t0 + lease, resumed and t0 or parse_utc(it.started_at))
           local lc = it.lifecycle
           st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
-          break
+          return sb, resumed
         end
         if not is_gone(tcode) then
           -- Its lease could not be set: it is not used for this run (it might
           -- pause underneath it), and it is left alone: the next run tries again.
           self:_event("lease_failed", { sandbox_id = it.sandbox_id, code = tcode })
-          return nil, terr, tcode, tdetail
+          return false, terr, tcode, tdetail
         end
         gone[it.sandbox_id] = true
       end
     end
     ::continue::
   end
+  return nil, false
+end
+
+-- Creates the session's sandbox with the policy's `create_params` (the tag
+-- and a lease at least `lease` imposed). → sb | nil, msg, code, detail
+local function create_sandbox(self, st, lease)
+  local ctx = self:_ctx(st)
+  ctx.lease = lease
+  local p, perr, pcode = policy_mod.call(self.policy, "create_params", ctx)
+  if pcode then return nil, perr, pcode end
+  if type(p) ~= "table" then
+    return nil, string_format("policy '%s' hook 'create_params' returned %s (table expected)",
+      tostring(self.policy.name), type(p)), "POLICY"
+  end
+  local params = {}
+  for k, v in pairs(p) do params[k] = v end
+  params.template = params.template or self.template
+  if params.timeout ~= nil and not is_positive_number(params.timeout) then
+    return nil, string_format("policy '%s' hook 'create_params' returned timeout %s (positive number expected)",
+      tostring(self.policy.name), tostring(params.timeout)), "POLICY"
+  end
+  -- Never shorter than the lease: the first run must not be paused underneath itself.
+  params.timeout = math.max(params.timeout or lease, lease)
+  params.lifecycle = params.lifecycle or { on_timeout = "pause", auto_resume = true }
+  local md = {}
+  for k, v in pairs(params.metadata or {}) do md[k] = v end
+  md[self.tag] = self.tag_value -- the tag is not negotiable: it is what keeps tenants apart
+  params.metadata = md
+  if next(self.env) and params.env_vars == nil then params.env_vars = self.env end
+  local t0 = self.clock()
+  local sb, cerr, ccode, cdetail = self.client:create(params)
+  if not sb then return nil, cerr, ccode, cdetail end
+  self:_event("create", { sandbox_id = sb.sandbox_id })
+  self:_remember(st, sb, t0 + params.timeout, t0)
+  local lc = params.lifecycle
+  st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
+  return sb
+end
+
+-- Finds or creates the session's sandbox and secures its lease (the reference
+-- flow: list, exact re-check, connect + set_timeout per candidate in policy
+-- order, reap the others only after one is secured, else create). Only a
+-- candidate that is gone (404) is passed over; any other failure fails the
+-- run and touches nothing, so a transient fault never destroys state.
+function Session:_resolve(st, lease, avoid)
+  avoid = avoid or {}
+  local cands, by_id, code = list_candidates(self)
+  if not cands then return nil, by_id, code end
+  local ordered = cands
+  if #cands > 0 then
+    local perr, pcode
+    ordered, perr, pcode = order_candidates(self, st, cands, by_id)
+    if not ordered then return nil, perr, pcode end
+  end
+  local gone = {}
+  local kept, resumed, ccode, cdetail = secure_candidate(self, st, ordered, lease, avoid, gone)
+  if kept == false then return nil, resumed, ccode, cdetail end -- resumed: the failure's message
   local created = false
   if not kept then
-    local ctx = self:_ctx(st)
-    ctx.lease = lease
-    local p, perr, pcode = policy_mod.call(self.policy, "create_params", ctx)
-    if pcode then return nil, perr, pcode end
-    if type(p) ~= "table" then
-      return nil, string_format("policy '%s' hook 'create_params' returned %s (table expected)",
-        tostring(self.policy.name), type(p)), "POLICY"
-    end
-    local params = {}
-    for k, v in pairs(p) do params[k] = v end
-    params.template = params.template or self.template
-    if params.timeout ~= nil and not is_positive_number(params.timeout) then
-      return nil, string_format("policy '%s' hook 'create_params' returned timeout %s (positive number expected)",
-        tostring(self.policy.name), tostring(params.timeout)), "POLICY"
-    end
-    -- Never shorter than the lease: the first run must not be paused underneath itself.
-    params.timeout = math.max(params.timeout or lease, lease)
-    params.lifecycle = params.lifecycle or { on_timeout = "pause", auto_resume = true }
-    local md = {}
-    for k, v in pairs(params.metadata or {}) do md[k] = v end
-    md[tag] = tv -- the tag is not negotiable: it is what keeps tenants apart
-    params.metadata = md
-    if next(self.env) and params.env_vars == nil then params.env_vars = self.env end
-    local t0 = self.clock()
-    local sb, cerr, ccode, cdetail = client:create(params)
-    if not sb then return nil, cerr, ccode, cdetail end
-    self:_event("create", { sandbox_id = sb.sandbox_id })
-    kept, created = sb, true
-    self:_remember(st, sb, t0 + params.timeout, t0)
-    local lc = params.lifecycle
-    st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
+    local cerr
+    kept, cerr, ccode, cdetail = create_sandbox(self, st, lease)
+    if not kept then return nil, cerr, ccode, cdetail end
+    created = true
   end
   -- Reap duplicates only now that one sandbox is secured (the gone ones need nothing).
   for _, it in ipairs(cands) do
     if it.sandbox_id ~= kept.sandbox_id and not gone[it.sandbox_id] then
-      client:kill(it.sandbox_id)
+      self.client:kill(it.sandbox_id)
       self:_event("kill", { sandbox_id = it.sandbox_id, reason = "duplicate" })
     end
   end
@@ -463,6 +505,47 @@ function Session:_acquire(st, run_timeout, eager)
   return got
 end
 
+-- The remembered sandbox (same tag value) for one run: as it is when
+-- `should_refresh` says so, extended alongside the execute, or refreshed by
+-- `connect`; gone: forgotten and resolved again (see _secure).
+local function secure_remembered(self, st, ctx, lease, eager)
+  local refresh, perr, pcode = policy_mod.call(self.policy, "should_refresh", ctx)
+  if pcode then return nil, perr, pcode end
+  if not refresh then
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
+  end
+  -- The remembered lease still has a safe margin: extend it alongside the
+  -- execute (one round trip). Paused (its lease ended) with autoResume: the
+  -- execute resumes it, and when the lease that gives cannot cover the run
+  -- the extension follows alongside. See _execute_alongside. Both need
+  -- `parallel` (warmbox.new gives it; without it: connect first).
+  -- A prewarm (`eager`) connects now instead: the sandbox is made ready before the run.
+  local now = self.clock()
+  local deferred = self.parallel and not eager
+  if deferred and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
+  end
+  if deferred and st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
+    local how = ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE and "auto_resume"
+      or "auto_resume_alongside"
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = how, lease = lease }
+  end
+  local t0 = self.clock()
+  local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
+  self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
+    code = not sb and ccode or nil })
+  if sb then
+    if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
+    self:_remember(st, sb, t0 + lease, res == true and t0 or nil)
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
+  end
+  -- A transient fault fails the run and keeps what is remembered (the next
+  -- run tries again); only a sandbox that is gone is forgotten.
+  if not is_gone(ccode) then return nil, res, ccode, cdetail end
+  forget(st)
+  return self:_resolve(st, lease)
+end
+
 -- The three ways to a sandbox for one run (see _acquire).
 function Session:_secure(st, ctx, lease, eager)
   if self.require_memory and st.sandbox_id and st.memory_lost == st.sandbox_id then
@@ -472,40 +555,7 @@ function Session:_secure(st, ctx, lease, eager)
     return self:_resolve(st, lease, { [stale] = true })
   end
   if st.sandbox_id and st.tag == self.tag_value then
-    local refresh, perr, pcode = policy_mod.call(self.policy, "should_refresh", ctx)
-    if pcode then return nil, perr, pcode end
-    if not refresh then
-      return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
-    end
-    -- The remembered lease still has a safe margin: extend it alongside the
-    -- execute (one round trip). Paused (its lease ended) with autoResume: the
-    -- execute resumes it, and when the lease that gives cannot cover the run
-    -- the extension follows alongside. See _execute_alongside. Both need
-    -- `parallel` (warmbox.new gives it; without it: connect first).
-    -- A prewarm (`eager`) connects now instead: the sandbox is made ready before the run.
-    local now = self.clock()
-    local deferred = self.parallel and not eager
-    if deferred and st.lease_end and st.lease_end - now >= _M.ALONGSIDE_MARGIN then
-      return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "alongside", lease = lease }
-    end
-    if deferred and st.auto_resume and st.lease_end and st.lease_end + _M.PAUSE_GRACE <= now then
-      local how = ctx.run_timeout + _M.LEASE_MARGIN <= _M.AUTO_RESUME_LEASE and "auto_resume"
-        or "auto_resume_alongside"
-      return { sandbox_id = st.sandbox_id, reused = true, resumed = true, how = how, lease = lease }
-    end
-    local t0 = self.clock()
-    local sb, res, ccode, cdetail = self.client:connect(st.sandbox_id, { timeout = lease })
-    self:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
-      code = not sb and ccode or nil })
-    if sb then
-      if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
-      self:_remember(st, sb, t0 + lease, res == true and t0 or nil)
-      return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
-    end
-    -- A transient fault fails the run and keeps what is remembered (the next
-    -- run tries again); only a sandbox that is gone is forgotten.
-    if not is_gone(ccode) then return nil, res, ccode, cdetail end
-    forget(st)
+    return secure_remembered(self, st, ctx, lease, eager)
   elseif st.sandbox_id then
     forget(st)
   end
@@ -551,30 +601,85 @@ function Session._hook(_, sbx, st, id, run_timeout, on_line)
   return true
 end
 
+-- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
+-- → nil, msg, code, detail, retryable (as _execute)
+local function before(err, ecode, detail)
+  return nil, err, ecode, detail, ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND"
+end
+
+-- Uploads the run's input files into the home directory. → true | nil, msg, code, detail
+local function upload_files(sbx, files)
+  local list = {}
+  for i, f in ipairs(files) do list[i] = { path = HOME .. "/" .. f.name, data = f.content } end
+  local ok, err, ecode, detail = sbx:write_files(list)
+  if not ok then return nil, err, ecode, detail end
+  return true
+end
+
+-- The output directory for a cell of another language than python: emptied
+-- on a reused sandbox; made on a new one, so the cell can write there.
+-- → true | nil, msg, code, detail
+local function ready_output_dir(sbx, reused)
+  if reused then
+    local ok, err, ecode, detail = sbx:remove(OUTPUT_DIR)
+    if ok == nil and ecode ~= "NOT_FOUND" then return nil, err, ecode, detail end
+  end
+  local ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
+  if ok == nil and ecode ~= "CONFLICT" then return nil, err, ecode, detail end
+  return true
+end
+
+-- The files the run left in the output directory: from the output hook's
+-- report, else (another language, or a kernel that lost its hooks) listed
+-- through envd; what the kernel is known to have hooked is noted in st.
+-- → files, files_error ({ msg, code } when only part of them came)
+local function output_files(sbx, st, id, report, python, cap)
+  local out_files, files_error
+  if report then
+    st.hooked = id
+    local ferr, fcode, partial
+    out_files, ferr, fcode, partial = files_from_report(sbx, report, cap)
+    if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
+  else
+    -- No report: another language, or the kernel lost its hooks (restarted).
+    if python then st.hooked = nil end
+    local ferr, fcode, partial
+    out_files, ferr, fcode, partial = collect_envd(sbx, cap)
+    if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
+  end
+  return out_files, files_error
+end
+
+-- The result of a run that ran (see _execute).
+local function run_result(out, info, results, out_files, files_error, cap, lock_error)
+  local e = out.error
+  if e == json.null then e = nil end
+  return {
+    stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
+    error = e, results = results, files = out_files, files_error = files_error,
+    truncated = (out.truncated or #cap.dropped > 0) or false,
+    dropped_files = #cap.dropped > 0 and cap.dropped or nil,
+    undecoded = out.undecoded and #out.undecoded > 0 and out.undecoded or nil,
+    replaced = out.replaced,
+    lock_error = lock_error,
+    reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
+    execution_count = out.execution_count,
+  }
+end
+
 -- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
 -- code, detail, retryable (true only when the cell cannot have run).
 function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   local sbx = self:_handle(st, info.sandbox_id)
-  -- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
-  local function before(err, ecode, detail)
-    return nil, err, ecode, detail, ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND"
-  end
   if #files > 0 then
-    local list = {}
-    for i, f in ipairs(files) do list[i] = { path = HOME .. "/" .. f.name, data = f.content } end
-    local ok, err, ecode, detail = sbx:write_files(list)
+    local ok, err, ecode, detail = upload_files(sbx, files)
     if not ok then return before(err, ecode, detail) end
   end
   local language = opts.language or "python"
   local python = language == "python"
   if not python then
-    -- Emptied on a reused sandbox; made on a new one, so the cell can write there.
-    if info.reused then
-      local ok, err, ecode, detail = sbx:remove(OUTPUT_DIR)
-      if ok == nil and ecode ~= "NOT_FOUND" then return before(err, ecode, detail) end
-    end
-    local ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
-    if ok == nil and ecode ~= "CONFLICT" then return before(err, ecode, detail) end
+    local ok, err, ecode, detail = ready_output_dir(sbx, info.reused)
+    if not ok then return before(err, ecode, detail) end
   end
   local report
   local user_on_result = opts.on_result
@@ -616,32 +721,8 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     if rep then report = report or rep else results[#results + 1] = res end
   end
   local cap = { left = self.max_files_bytes, dropped = {} }
-  local out_files, files_error
-  if report then
-    st.hooked = info.sandbox_id
-    local ferr, fcode, partial
-    out_files, ferr, fcode, partial = files_from_report(sbx, report, cap)
-    if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
-  else
-    -- No report: another language, or the kernel lost its hooks (restarted).
-    if python then st.hooked = nil end
-    local ferr, fcode, partial
-    out_files, ferr, fcode, partial = collect_envd(sbx, cap)
-    if not out_files then out_files, files_error = partial or {}, { ferr, fcode } end
-  end
-  local e = out.error
-  if e == json.null then e = nil end
-  return {
-    stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
-    error = e, results = results, files = out_files, files_error = files_error,
-    truncated = (out.truncated or #cap.dropped > 0) or false,
-    dropped_files = #cap.dropped > 0 and cap.dropped or nil,
-    undecoded = out.undecoded and #out.undecoded > 0 and out.undecoded or nil,
-    replaced = out.replaced,
-    lock_error = lock_error,
-    reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
-    execution_count = out.execution_count,
-  }
+  local out_files, files_error = output_files(sbx, st, info.sandbox_id, report, python, cap)
+  return run_result(out, info, results, out_files, files_error, cap, lock_error)
 end
 
 local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }

@@ -330,12 +330,9 @@ local function simulate(S)
 
   local listed = ops.detail_of
 
-  -- The resolve (list, order, connect + set_timeout, else create, reap) at t.
-  -- → t_after, id, reused | t_after, nil, msg, code
-  local function resolve(c, st, lease, t)
-    local tv = c.stv
-    nreq = nreq + 1
-    local a = t + rtt2
+  -- The listed candidates of tag value tv at a (running or paused), newest
+  -- first; nil when the pool is empty.
+  local function candidates(tv, a)
     local pool = by_md_tag and by_md_tag[tv]
     local cands
     if pool and next(pool) then
@@ -347,92 +344,119 @@ local function simulate(S)
       table_sort(cands, function(x, y) return x.started_at > y.started_at
         or (x.started_at == y.started_at and x.n > y.n) end)
     end
+    return cands
+  end
+
+  -- The candidates in `order`'s order, each tried with connect + set_timeout
+  -- until one is secured. → t_after, kept id (or nil), gone | t_after, false, msg, code
+  local function secure_candidate(c, st, lease, t, cands)
+    local items, by_id, rec = {}, {}, {}
+    for i, b in ipairs(cands) do
+      local d = listed(b)
+      items[i], by_id[b.id], rec[b.id] = d, d, b
+    end
+    local copy = {}
+    for i, d in ipairs(items) do copy[i] = d end
+    local ok, o = pcall(order_hook, copy, fill(c, st, t))
+    if not ok then return t, false, hook_failed("order", o), "POLICY" end
+    if type(o) ~= "table" then
+      return t, false, string_format("policy '%s' hook 'order' returned %s (table expected)", pname, type(o)),
+        "POLICY"
+    end
+    local seen = {}
+    local gone = {}
+    for _, it in ipairs(o) do
+      local id = type(it) == "table" and it.sandbox_id or it
+      if type(id) == "string" and by_id[id] and not seen[id] then
+        seen[id] = true
+        local d = by_id[id]
+        local t1 = t
+        local t2, resumed, cerr, ccode = connect(id, lease, t, rec[id])
+        t = t2
+        nconnect = nconnect + 1
+        if resumed == nil then
+          if ccode ~= "NOT_FOUND" then return t, false, cerr, ccode end
+          gone[id] = true
+        else
+          local t3, ok2, terr, tcode = set_timeout(id, lease, t, rec[id])
+          t = t3
+          if ok2 then
+            remember(st, rec[id], t1 + lease, resumed and t1 or parse_time(d.started_at))
+            local lc = d.lifecycle
+            st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
+            return t, id, gone
+          end
+          if tcode ~= "NOT_FOUND" then return t, false, terr, tcode end
+          gone[id] = true
+        end
+      end
+    end
+    return t, nil, gone
+  end
+
+  -- A new sandbox with `create_params` at t. → t_after, id | t_after, nil, msg, code
+  local function create(c, st, lease, t)
+    fill(c, st, t)
+    ctx.lease = lease
+    local ok, p = pcall(create_hook, ctx)
+    if not ok then return t, nil, hook_failed("create_params", p), "POLICY" end
+    if type(p) ~= "table" then
+      return t, nil, string_format("policy '%s' hook 'create_params' returned %s (table expected)", pname,
+        type(p)), "POLICY"
+    end
+    local timeout = p.timeout
+    if timeout ~= nil and not (type(timeout) == "number" and timeout > 0 and timeout < math_huge) then
+      return t, nil, string_format("policy '%s' hook 'create_params' returned timeout %s (positive number "
+        .. "expected)", pname, tostring(timeout)), "POLICY"
+    end
+    timeout = math_max(timeout or lease, lease)
+    local md = {}
+    for k, v in pairs(p.metadata or {}) do md[k] = v end
+    md[tag] = c.stv
+    local lc = p.lifecycle or { on_timeout = "pause", auto_resume = true }
+    local t1 = t
+    nreq = nreq + 1
+    local a = t + rtt2
+    if timeout > max_length then
+      return a + rtt2, nil, string_format("timeout cannot be greater than %g hours", cfg.max_length_hours),
+        "BAD_REQUEST"
+    end
+    local r = a + create_s
+    running_delta(model, a, 1.5)           -- booting counts as running, not towards the peak
+    running_delta(model, r, -1.5)
+    local b = add_box(model, { template = p.template or template, metadata = md, lifecycle = lc }, timeout, r)
+    if not by_md_tag then by_md_tag = model.by_md[tag] end
+    by_tv[c.stv] = by_tv[c.stv] or c
+    t = r + rtt2
+    events.create = events.create + 1
+    m_created = true
+    remember(st, b, t1 + timeout, t1)
+    st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
+    return t, b.id
+  end
+
+  -- The resolve (list, order, connect + set_timeout, else create, reap) at t.
+  -- → t_after, id, reused | t_after, nil, msg, code
+  local function resolve(c, st, lease, t)
+    local tv = c.stv
+    nreq = nreq + 1
+    local a = t + rtt2
+    local cands = candidates(tv, a)
     if not by_md_tag then by_md_tag = model.by_md[tag] end
     t = a + rtt2
     local kept, gone = nil, nil
     if cands and #cands > 0 then
-      local items, by_id, rec = {}, {}, {}
-      for i, b in ipairs(cands) do
-        local d = listed(b)
-        items[i], by_id[b.id], rec[b.id] = d, d, b
-      end
-      local copy = {}
-      for i, d in ipairs(items) do copy[i] = d end
-      local ok, o = pcall(order_hook, copy, fill(c, st, t))
-      if not ok then return t, nil, hook_failed("order", o), "POLICY" end
-      if type(o) ~= "table" then
-        return t, nil, string_format("policy '%s' hook 'order' returned %s (table expected)", pname, type(o)),
-          "POLICY"
-      end
-      local seen = {}
-      gone = {}
-      for _, it in ipairs(o) do
-        local id = type(it) == "table" and it.sandbox_id or it
-        if type(id) == "string" and by_id[id] and not seen[id] then
-          seen[id] = true
-          local d = by_id[id]
-          local t1 = t
-          local t2, resumed, cerr, ccode = connect(id, lease, t, rec[id])
-          t = t2
-          nconnect = nconnect + 1
-          if resumed == nil then
-            if ccode ~= "NOT_FOUND" then return t, nil, cerr, ccode end
-            gone[id] = true
-          else
-            local t3, ok2, terr, tcode = set_timeout(id, lease, t, rec[id])
-            t = t3
-            if ok2 then
-              remember(st, rec[id], t1 + lease, resumed and t1 or parse_time(d.started_at))
-              local lc = d.lifecycle
-              st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
-              kept = id
-              break
-            end
-            if tcode ~= "NOT_FOUND" then return t, nil, terr, tcode end
-            gone[id] = true
-          end
-        end
-      end
+      local t2, k, g, code = secure_candidate(c, st, lease, t, cands)
+      t = t2
+      if k == false then return t, nil, g, code end
+      kept, gone = k, g
     end
     local created = false
     if not kept then
-      fill(c, st, t)
-      ctx.lease = lease
-      local ok, p = pcall(create_hook, ctx)
-      if not ok then return t, nil, hook_failed("create_params", p), "POLICY" end
-      if type(p) ~= "table" then
-        return t, nil, string_format("policy '%s' hook 'create_params' returned %s (table expected)", pname,
-          type(p)), "POLICY"
-      end
-      local timeout = p.timeout
-      if timeout ~= nil and not (type(timeout) == "number" and timeout > 0 and timeout < math_huge) then
-        return t, nil, string_format("policy '%s' hook 'create_params' returned timeout %s (positive number "
-          .. "expected)", pname, tostring(timeout)), "POLICY"
-      end
-      timeout = math_max(timeout or lease, lease)
-      local md = {}
-      for k, v in pairs(p.metadata or {}) do md[k] = v end
-      md[tag] = c.stv
-      local lc = p.lifecycle or { on_timeout = "pause", auto_resume = true }
-      local t1 = t
-      nreq = nreq + 1
-      a = t + rtt2
-      if timeout > max_length then
-        return a + rtt2, nil, string_format("timeout cannot be greater than %g hours", cfg.max_length_hours),
-          "BAD_REQUEST"
-      end
-      local r = a + create_s
-      running_delta(model, a, 1.5)           -- booting counts as running, not towards the peak
-      running_delta(model, r, -1.5)
-      local b = add_box(model, { template = p.template or template, metadata = md, lifecycle = lc }, timeout, r)
-      if not by_md_tag then by_md_tag = model.by_md[tag] end
-      by_tv[c.stv] = by_tv[c.stv] or c
-      t = r + rtt2
-      events.create = events.create + 1
-      m_created = true
-      remember(st, b, t1 + timeout, t1)
-      st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
-      kept, created = b.id, true
+      local t2, id, err, code = create(c, st, lease, t)
+      t = t2
+      if not id then return t, nil, err, code end
+      kept, created = id, true
     end
     if cands then
       for _, b in ipairs(cands) do
@@ -629,6 +653,94 @@ local function simulate(S)
     return o
   end
 
+  -- The default policy's kills at T (see gc_pass), appended to acts newest first.
+  local function gc_default_kills(T, acts)
+    local mage = max_age or 86400
+    local cut = T - mage + 1
+    local found = {}
+    local b = model.oldest
+    while b and b.started_at <= cut do
+      local info = b.gc_info
+      local tv = info and info.tv or b.metadata[tag]
+      if info or (type(tv) == "string" and tv ~= "") then
+        local it = item_of(b, tv)
+        local last = it.last_activity
+        if not it.orphan and last and T - last > mage then
+          found[#found + 1] = { item = copy(it), action = "kill", b = b }
+        end
+      end
+      b = b.newer
+    end
+    for i = #found, 1, -1 do acts[#acts + 1] = found[i] end
+  end
+
+  -- The policy's gc hook on every tagged sandbox listed from b (newest) on,
+  -- counted into tenants and totals, what it does not keep appended to acts.
+  -- → the number listed, the number of hook errors
+  local function gc_list(b, tenants, totals, acts)
+    local nlisted, errs = 0, 0
+    while b do
+      nlisted = nlisted + 1
+      local info = b.gc_info       -- a sandbox's metadata never changes: its tag value is known
+      local tv = info and info.tv or b.metadata[tag]
+      if info or (type(tv) == "string" and tv ~= "") then
+        -- decide(item) and count(item, action, 1), inlined; the context's
+        -- counts and totals are the pass's own tables (read-only for the hook)
+        local it, group = item_of(b, tv)
+        local cc = tenants[group]
+        if not cc then cc = { kept = 0, kill = 0, demote = 0 }; tenants[group] = cc end
+        totals.seen = totals.seen + 1
+        gctx.counts, gctx.totals, gctx.tag_value, gctx.tenant = cc, totals, tv, it.tenant
+        local ok, action = pcall(gc_hook, it, gctx)
+        if ok and action == "keep" then
+          cc.kept = cc.kept + 1
+          totals.kept = totals.kept + 1
+        elseif ok and ACTIONS[action] then
+          cc[action] = cc[action] + 1
+          totals[action] = totals[action] + 1
+          acts[#acts + 1] = { item = copy(it), action = action, b = b }
+        else
+          errs = errs + 1
+          S.note_error("POLICY", ok and ("gc policy returned " .. tostring(action)) or ("gc policy failed: "
+            .. tostring(action)))
+        end
+      end
+      b = b.older
+    end
+    return nlisted, errs
+  end
+
+  -- GC's kill of sandbox bx at T (st: its conversation's memory, or nil).
+  local function gc_kill(bx, st, T)
+    remove(model, bx, T)
+    stats.kills = stats.kills + 1
+    nreq = nreq + 1
+    -- the session forgets it (its next run resolves at once)
+    if st and st.sandbox_id == bx.id then forget(st) end
+  end
+
+  -- GC's demote of sandbox bx at T (paused without its memory; st: its
+  -- conversation's memory, or nil).
+  local function gc_demote(bx, st, T)
+    if bx.state == "paused" then
+      nreq = nreq + 1
+      end_paused(model, bx, T)
+      bx.started_at = T
+      touch(model, bx)
+      stats.resumes = stats.resumes + 1
+    else
+      stop_running(model, bx, T)
+    end
+    nreq = nreq + 1
+    start_paused(bx, T)
+    bx.memory, bx.kernel, bx.hooked = false, false, false
+    stats.pauses = stats.pauses + 1
+    if st and st.sandbox_id == bx.id then
+      st.hooked = nil
+      st.memory_lost = bx.id
+    end
+  end
+
   local function gc_pass(T)
     local tenants, totals = {}, { seen = 0, kept = 0, kill = 0, demote = 0 }
     local function count(item, action, d)
@@ -669,53 +781,11 @@ local function simulate(S)
       -- Walk from there up to the cut (with a second of slack), then act on
       -- them newest first, the order of the full listing.
       nlisted = model.nlive
-      local mage = max_age or 86400
-      local cut = T - mage + 1
-      local found = {}
-      b = model.oldest
-      while b and b.started_at <= cut do
-        local info = b.gc_info
-        local tv = info and info.tv or b.metadata[tag]
-        if info or (type(tv) == "string" and tv ~= "") then
-          local it = item_of(b, tv)
-          local last = it.last_activity
-          if not it.orphan and last and T - last > mage then
-            found[#found + 1] = { item = copy(it), action = "kill", b = b }
-          end
-        end
-        b = b.newer
-      end
-      for i = #found, 1, -1 do acts[#acts + 1] = found[i] end
+      gc_default_kills(T, acts)
       b = nil
     end
-    while b do
-      nlisted = nlisted + 1
-      local info = b.gc_info       -- a sandbox's metadata never changes: its tag value is known
-      local tv = info and info.tv or b.metadata[tag]
-      if info or (type(tv) == "string" and tv ~= "") then
-        -- decide(item) and count(item, action, 1), inlined; the context's
-        -- counts and totals are the pass's own tables (read-only for the hook)
-        local it, group = item_of(b, tv)
-        local cc = tenants[group]
-        if not cc then cc = { kept = 0, kill = 0, demote = 0 }; tenants[group] = cc end
-        totals.seen = totals.seen + 1
-        gctx.counts, gctx.totals, gctx.tag_value, gctx.tenant = cc, totals, tv, it.tenant
-        local ok, action = pcall(gc_hook, it, gctx)
-        if ok and action == "keep" then
-          cc.kept = cc.kept + 1
-          totals.kept = totals.kept + 1
-        elseif ok and ACTIONS[action] then
-          cc[action] = cc[action] + 1
-          totals[action] = totals[action] + 1
-          acts[#acts + 1] = { item = copy(it), action = action, b = b }
-        else
-          errs = errs + 1
-          S.note_error("POLICY", ok and ("gc policy returned " .. tostring(action)) or ("gc policy failed: "
-            .. tostring(action)))
-        end
-      end
-      b = b.older
-    end
+    local nl, nerrs = gc_list(b, tenants, totals, acts)
+    nlisted, errs = nlisted + nl, errs + nerrs
     nreq = nreq + math_max(1, math_ceil(nlisted / 100))   -- the listing's pages
     local killed, demoted, busy = 0, 0, 0
     for _, e in ipairs(acts) do
@@ -736,31 +806,11 @@ local function simulate(S)
           if action then count(item, action, 1) else count(item, "keep", 1) end
         end
         if action == "kill" then
-          remove(model, bx, T)
-          stats.kills = stats.kills + 1
-          nreq = nreq + 1
+          gc_kill(bx, st, T)
           killed = killed + 1
-          -- the session forgets it (its next run resolves at once)
-          if st and st.sandbox_id == bx.id then forget(st) end
         elseif action == "demote" then
-          if bx.state == "paused" then
-            nreq = nreq + 1
-            end_paused(model, bx, T)
-            bx.started_at = T
-            touch(model, bx)
-            stats.resumes = stats.resumes + 1
-          else
-            stop_running(model, bx, T)
-          end
-          nreq = nreq + 1
-          start_paused(bx, T)
-          bx.memory, bx.kernel, bx.hooked = false, false, false
-          stats.pauses = stats.pauses + 1
+          gc_demote(bx, st, T)
           demoted = demoted + 1
-          if st and st.sandbox_id == bx.id then
-            st.hooked = nil
-            st.memory_lost = bx.id
-          end
         end
       end
     end
@@ -875,6 +925,53 @@ local function simulate(S)
 
   local convs = S.convs
   local gen_of = convs.gen_of
+
+  -- A conversation arriving at T: its record, then its first turn.
+  local function arrive(conv, T)
+    local c = { key = conv.key, skey = conv.key, gen = gen_of(conv), n = 0,
+      free = T, prev_end = T,
+      lock_until = T, had_box = false, lost = false }
+    c.st = c
+    if not per_call then
+      c.stv = tag_mod.tag_value(conv.key, tv_opts)
+      by_tv[c.stv] = c
+    end
+    next_turn(c)
+  end
+
+  -- The model's clock to T: the leases that ran out and the running counts
+  -- that changed up to T booked.
+  local function advance(T)
+    if T > model.now then
+      model.backend.t = T
+      local lh = leases
+      if lh.n > 0 and lh.t[1] <= T then settle(model, T) end
+      model.now = T
+    end
+    local dh = deltas
+    if dh.n > 0 and dh.k[1] <= T then drain_running(model, T) end
+  end
+
+  -- The end of the simulation at horizon: the model settled there, the
+  -- loop's counters added to the books. → the time it ended
+  local function finish(horizon)
+    local h = math_max(horizon, model.now)
+    model.backend.t = h
+    settle(model, h)
+    model.now = h
+    drain_running(model, h)
+    model.deltas = nil
+    stats.requests, stats.runs = stats.requests + nreq, stats.runs + nruns
+    events.connect = events.connect + nconnect
+    report.runs, report.ok, report.warm_hits = report.runs + r_runs, report.ok + r_ok, report.warm_hits + r_warm_hits
+    report.resumes, report.cold_starts = report.resumes + r_resumes, report.cold_starts + r_cold_starts
+    report.turns = report.turns + r_turns
+    report.prewarms, report.prewarms_unused, report.prewarms_failed = prewarms.done, prewarms.unused, prewarms.failed
+    report.prewarm_requests = prewarms.requests
+    report.prewarm_creates, report.prewarm_resumes = prewarms.created or 0, prewarms.resumed or 0
+    return h
+  end
+
   local ci = 1
   local gc_every = S.gc_every
   local next_gc = gc_every and t0 + gc_every or math_huge
@@ -892,29 +989,14 @@ local function simulate(S)
     local T = tc
     if ta < T then T = ta end
     if next_gc < T then T = next_gc end
-    if T > model.now then
-      model.backend.t = T
-      local lh = leases
-      if lh.n > 0 and lh.t[1] <= T then settle(model, T) end
-      model.now = T
-    end
-    local dh = deltas
-    if dh.n > 0 and dh.k[1] <= T then drain_running(model, T) end
+    advance(T)
     if T == next_gc then
       gc_pass(T)
       next_gc = next_gc + gc_every
     elseif T == ta then
       ci = ci + 1
       convs[ci - 1] = nil                     -- what is left of it lives in c
-      local c = { key = conv.key, skey = conv.key, gen = gen_of(conv), n = 0,
-        free = T, prev_end = T,
-        lock_until = T, had_box = false, lost = false }
-      c.st = c
-      if not per_call then
-        c.stv = tag_mod.tag_value(conv.key, tv_opts)
-        by_tv[c.stv] = c
-      end
-      next_turn(c)
+      arrive(conv, T)
     else
       heap_pop(heap)
       if top.phase == "prewarm" then
@@ -931,22 +1013,7 @@ local function simulate(S)
       end
     end
   end
-  horizon = horizon or math_max(last_end + tail, model.now)
-  local h = math_max(horizon, model.now)
-  model.backend.t = h
-  settle(model, h)
-  model.now = h
-  drain_running(model, h)
-  model.deltas = nil
-  stats.requests, stats.runs = stats.requests + nreq, stats.runs + nruns
-  events.connect = events.connect + nconnect
-  report.runs, report.ok, report.warm_hits = report.runs + r_runs, report.ok + r_ok, report.warm_hits + r_warm_hits
-  report.resumes, report.cold_starts = report.resumes + r_resumes, report.cold_starts + r_cold_starts
-  report.turns = report.turns + r_turns
-  report.prewarms, report.prewarms_unused, report.prewarms_failed = prewarms.done, prewarms.unused, prewarms.failed
-  report.prewarm_requests = prewarms.requests
-  report.prewarm_creates, report.prewarm_resumes = prewarms.created or 0, prewarms.resumed or 0
-  return h
+  return finish(horizon or math_max(last_end + tail, model.now))
 end
 
 -- The Lua collector's pause while a simulation plays: the heap holds every
