@@ -171,6 +171,16 @@ static void tree_root_jail(const struct wbd_fspath *p, char *out, size_t len) {
   if (strcmp(out, "/") == 0) out[0] = 0;
 }
 
+/* Opens the directory a walk stands in (a path that ends in "." or ".."),
+ * whose jail path is `here` ("" for "/"); -EROFS when `refuse`. */
+static int open_here(int dirfd, int flags, mode_t mode, int refuse, const char *here, char *resolved) {
+  if (refuse) return -EROFS;
+  int fd = openat(dirfd, ".", flags | O_CLOEXEC, mode);
+  if (fd < 0) return -errno;
+  if (resolved) snprintf(resolved, PATH_MAX, "%s", here[0] ? here : "/");
+  return fd;
+}
+
 /* `resolved` (PATH_MAX, or NULL): the jail path the fd is for, after links. */
 static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate, char *resolved) {
   int stack[WALK_MAX_DEPTH];
@@ -199,10 +209,7 @@ static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t m
     const char *again = NULL;   /* a jail path to resolve from its own tree */
     if (clen == 0 || strcmp(comp, ".") == 0) {
       if (!last) { cur = rest; continue; }
-      if (mutate && ro) { rc = -EROFS; goto out; }
-      rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
-      rc = rc < 0 ? -errno : rc;
-      if (resolved) snprintf(resolved, PATH_MAX, "%s", here[0] ? here : "/");
+      rc = open_here(stack[depth], flags, mode, mutate && ro, here, resolved);
       goto out;
     }
     if (strcmp(comp, "..") == 0) {
@@ -216,10 +223,7 @@ static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t m
         char *slash = strrchr(here, '/');
         if (slash) *slash = 0;
         if (!last) { cur = rest; continue; }
-        if (mutate && ro) { rc = -EROFS; goto out; }
-        rc = openat(stack[depth], ".", flags | O_CLOEXEC, mode);
-        rc = rc < 0 ? -errno : rc;
-        if (resolved) snprintf(resolved, PATH_MAX, "%s", here[0] ? here : "/");
+        rc = open_here(stack[depth], flags, mode, mutate && ro, here, resolved);
         goto out;
       }
     }
