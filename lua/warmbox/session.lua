@@ -260,13 +260,17 @@ function Session:_ctx(st, run_timeout)
   }
 end
 
+-- The error for a policy hook that returned what it must not (`shown`: the
+-- value or its type, as the message gives it). → nil, msg, "POLICY"
+local function bad_hook(self, hook, shown, want)
+  return nil, string_format("policy '%s' hook '%s' returned %s (%s expected)", tostring(self.policy.name), hook,
+    shown, want), "POLICY"
+end
+
 function Session:_lease(ctx)
   local lease, err, code = policy_mod.call(self.policy, "lease", ctx)
   if code then return nil, err, code end
-  if not is_positive_number(lease) then
-    return nil, string_format("policy '%s' hook 'lease' returned %s (positive number expected)",
-      tostring(self.policy.name), tostring(lease)), "POLICY"
-  end
+  if not is_positive_number(lease) then return bad_hook(self, "lease", tostring(lease), "positive number") end
   return math.ceil(lease)
 end
 
@@ -334,10 +338,7 @@ local function order_candidates(self, st, cands, by_id)
   for i, c in ipairs(cands) do copy[i] = c end
   local o, perr, pcode = policy_mod.call(self.policy, "order", copy, self:_ctx(st))
   if pcode then return nil, perr, pcode end
-  if type(o) ~= "table" then
-    return nil, string_format("policy '%s' hook 'order' returned %s (table expected)",
-      tostring(self.policy.name), type(o)), "POLICY"
-  end
+  if type(o) ~= "table" then return bad_hook(self, "order", type(o), "table") end
   local ordered = {}
   local seen = {}
   for _, c in ipairs(o) do
@@ -402,10 +403,7 @@ local function create_sandbox(self, st, lease)
   ctx.lease = lease
   local p, perr, pcode = policy_mod.call(self.policy, "create_params", ctx)
   if pcode then return nil, perr, pcode end
-  if type(p) ~= "table" then
-    return nil, string_format("policy '%s' hook 'create_params' returned %s (table expected)",
-      tostring(self.policy.name), type(p)), "POLICY"
-  end
+  if type(p) ~= "table" then return bad_hook(self, "create_params", type(p), "table") end
   local params = {}
   for k, v in pairs(p) do params[k] = v end
   params.template = params.template or self.template
