@@ -673,6 +673,8 @@ static void expire_once(void) {
   free(pause);
 }
 
+void wbd_lifecycle_expire_now(void) { expire_once(); }
+
 static void *lifecycle_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&lc_mu);

@@ -457,7 +457,7 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
     return wbd_reply_error(req, 400, "Template tags are not supported when filtering sandboxes");
   if (tmpl && !*tmpl) tmpl = NULL;
   int64_t cur_ts = 0;
-  char cur_id[64];
+  char cur_id[sizeof ((struct wbd_sandbox *)0)->id]; /* a longer id in a token is refused, never cut */
   int has_cursor = 0;
   if (token) {
     if (wbd_parse_token(token, asc, &cur_ts, cur_id, sizeof cur_id) != 0)

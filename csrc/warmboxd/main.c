@@ -28,6 +28,7 @@ static const struct wbd_routes routes = {
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
   .admin_config = wbd_knob_config,
+  .admin_clock = wbd_knob_clock,
   .admin_seed = wbd_knob_seed,
 };
 

@@ -32,10 +32,20 @@ void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
 /* Time                                                                */
 /* ------------------------------------------------------------------ */
 
+/* The server's clock: the wall clock plus what the admin API moved it
+ * forward (POST /_warmboxd/clock), so a test can make leases, auto-pause and
+ * endAt pass without waiting for them. Only ever moves forward. */
+static _Atomic int64_t clock_offset_us;
+
 int64_t wbd_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 + clock_offset_us;
+}
+
+int64_t wbd_clock_advance(int64_t us) {
+  if (us > 0) clock_offset_us += us;
+  return clock_offset_us;
 }
 
 void wbd_format_time(int64_t us, char *buf, size_t len) {
@@ -370,6 +380,7 @@ static enum MHD_Result knob_handle(struct wbd_req *req) {
   }
   if (strcmp(p, "/config") == 0 && strcmp(m, "POST") == 0 && routes_.admin_config) return routes_.admin_config(req);
   if (strcmp(p, "/seed") == 0 && strcmp(m, "POST") == 0 && routes_.admin_seed) return routes_.admin_seed(req);
+  if (strcmp(p, "/clock") == 0 && routes_.admin_clock) return routes_.admin_clock(req);
   return wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", m, req->path);
 }
 

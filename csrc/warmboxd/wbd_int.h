@@ -97,6 +97,7 @@ void wbd_store_free_all(void);
 enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
 enum MHD_Result wbd_knob_config(struct wbd_req *req);   /* knobs.c */
 enum MHD_Result wbd_knob_seed(struct wbd_req *req);     /* knobs.c */
+enum MHD_Result wbd_knob_clock(struct wbd_req *req);    /* knobs.c */
 /* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
 const char *wbd_control_route(const char *method, const char *path);
 /* Whether X-API-Key names a team (the same test the handlers make). */
@@ -106,6 +107,9 @@ int wbd_control_key_ok(const char *key);
 enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port);
 int wbd_lifecycle_start(void);
 void wbd_lifecycle_stop(void);
+/* Pauses or kills every sandbox past its end now (what the lifecycle thread
+ * does every 100 ms), in the calling thread. */
+void wbd_lifecycle_expire_now(void);
 
 /* ---- server.c ---- */
 
@@ -120,6 +124,7 @@ struct wbd_routes {
   int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
   enum MHD_Result (*admin_config)(struct wbd_req *req);
   enum MHD_Result (*admin_seed)(struct wbd_req *req);
+  enum MHD_Result (*admin_clock)(struct wbd_req *req);
 };
 void wbd_server_routes(const struct wbd_routes *r);
 

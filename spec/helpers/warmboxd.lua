@@ -63,9 +63,9 @@ end
 local function read_all(path) return (require("warmbox.util").read_file(path)) end
 M.read_all = read_all
 
-local function alive(pid)
-  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true
-end
+-- warmbox.server's check: a zombie (exited, not yet reaped) is not alive, where
+-- `kill -0` would say it is until its parent reaps it.
+local alive = require("warmbox.server").alive
 M.alive = alive
 
 local counter = 0
@@ -185,6 +185,14 @@ function Server:clear_faults() expect_204(self:admin("DELETE", "/faults"), "clea
 function Server:config(t) expect_204(self:admin("POST", "/config", t), "config") end
 function Server:reset_stats() expect_204(self:admin("POST", "/stats/reset"), "reset stats") end
 function Server:stats() return assert(self:admin("GET", "/stats").json, "stats") end
+--- Moves the server's clock `seconds` forward (leases, auto-pause, endAt);
+-- what that makes due is paused or killed before it returns. Returns the
+-- server's total offset in seconds.
+function Server:advance(seconds)
+  local res = self:admin("POST", "/clock", { advance_ms = math.floor(seconds * 1000 + 0.5) })
+  if res.status ~= 200 then error("clock: http " .. tostring(res.status) .. ": " .. tostring(res.body), 2) end
+  return res.json.offset_ms / 1000
+end
 --- How many requests `route` got since the last reset.
 function Server:count(route) return (self:stats().requests or {})[route] or 0 end
 
@@ -212,8 +220,8 @@ function Server:stop()
   os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
   local waited = 0
   while alive(self.pid) and waited < 30 do
-    sleep(0.05)
-    waited = waited + 0.05
+    sleep(0.02)
+    waited = waited + 0.02
   end
   if alive(self.pid) then
     os.execute("kill -KILL " .. self.pid .. " 2>/dev/null")

@@ -29,7 +29,8 @@ describe("warmbox smoke (warmboxd)", function()
     local h = {}
     function h.output() return wbd.read_all(tmp) or "" end
     function h.wait()
-      local rc = wbd.eventually(function() return wbd.read_all(tmp .. ".rc") end, 120)
+      -- The shell creates the file before echo writes to it: wait for the digits.
+      local rc = wbd.eventually(function() return (wbd.read_all(tmp .. ".rc") or ""):match("%d+") end, 120)
       local out = h.output()
       os.remove(tmp)
       os.remove(tmp .. ".rc")

@@ -267,6 +267,50 @@ describe("warmboxd knobs", function()
   end)
 end)
 
+describe("warmboxd clock (POST /_warmboxd/clock)", function()
+  -- A server of its own: moving the clock moves it for every sandbox there.
+  local srv
+  lazy_setup(function() srv = wbd.start() end)
+  lazy_teardown(function() if srv then srv:stop() end end)
+
+  it("moves leases forward: what is due is paused or killed when the call returns", function()
+    local keep = create(srv, { templateID = "base", timeout = 900, autoPause = true })
+    local paused = create(srv, { templateID = "base", timeout = 300, autoPause = true })
+    local killed = create(srv, { templateID = "base", timeout = 300 })
+    local before = ts(info(srv, keep.sandboxID).json.endAt)
+    local res = knob(srv, "POST", "/clock", { advance_ms = 301000 })
+    assert.are.equal(200, res.status)
+    assert.are.equal(301000, res.json.offset_ms)
+    -- No polling: the move expires what it made due before it answers.
+    assert.are.equal("paused", info(srv, paused.sandboxID).json.state)
+    assert.are.equal(404, info(srv, killed.sandboxID).status)
+    assert.are.equal("running", info(srv, keep.sandboxID).json.state)
+    assert.are.equal(before, ts(info(srv, keep.sandboxID).json.endAt))
+    -- A connect sets its lease from the moved clock.
+    local res2 = http.api(srv, "POST", "/sandboxes/" .. paused.sandboxID .. "/connect", { timeout = 60 })
+    assert.are.equal(201, res2.status)
+    local now = ts(knob(srv, "GET", "/clock").json.now)
+    local end_at = ts(info(srv, paused.sandboxID).json.endAt)
+    assert.is_true(end_at - now > 50 and end_at - now <= 60, tostring(end_at - now))
+    assert.is_true(now - os.time() > 300, "the server's now is ahead of the wall clock")
+    assert.are.equal(200, knob(srv, "POST", "/clock", { advance_ms = 600000 }).status)
+    assert.are.equal("paused", info(srv, paused.sandboxID).json.state)
+    assert.are.equal("paused", info(srv, keep.sandboxID).json.state)
+  end)
+
+  it("adds up moves, and answers 400 for anything but a whole advance_ms >= 0", function()
+    local o0 = knob(srv, "GET", "/clock").json.offset_ms
+    assert.are.equal(200, knob(srv, "POST", "/clock", { advance_ms = 0 }).status)
+    assert.are.equal(o0 + 1500, knob(srv, "POST", "/clock", { advance_ms = 1500 }).json.offset_ms)
+    for _, bad in ipairs({ { advance_ms = -1 }, { advance_ms = 1.5 }, { advance_ms = "1" }, { back_ms = 1 },
+      { advance_ms = 1, other = 2 } }) do
+      assert.are.equal(400, knob(srv, "POST", "/clock", bad).status)
+    end
+    assert.are.equal(405, knob(srv, "DELETE", "/clock").status)
+    assert.are.equal(o0 + 1500, knob(srv, "GET", "/clock").json.offset_ms)
+  end)
+end)
+
 describe("warmboxd process", function()
   local function run(args)
     local p = assert(io.popen(wbd.sh_quote(wbd.bin()) .. " " .. args .. " 2>&1"))

@@ -297,6 +297,21 @@ describe("warmboxd GET /v2/sandboxes", function()
       end
     end)
 
+    it("refuses a token whose id is longer than any sandbox id, rather than cutting it", function()
+      local util = require "warmbox.util"
+      local tok = list(srv, "limit=2").headers["x-next-token"]
+      local raw = assert(util.b64_decode((tok:gsub("[-_]", { ["-"] = "+", ["_"] = "/" }))))
+      local ts, id = raw:match("^(.-)__([a-z0-9]+)$")
+      assert.is_string(id)
+      -- 41 characters: it fitted the old 64-byte buffer and was cut to 31 in the walk.
+      local long = util.b64_encode(ts .. "__" .. id .. string.rep("z", 20)):gsub("[+/]", { ["+"] = "-", ["/"] = "_" })
+      local res = list(srv, "limit=2&nextToken=" .. uri_component(long))
+      assert.are.equal(400, res.status)
+      assert.are.same({ code = 400, message = "Invalid next token" }, res.json)
+      -- The token as minted still pages.
+      assert.are.equal(200, list(srv, "limit=2&nextToken=" .. uri_component(tok)).status)
+    end)
+
     it("answers 400 for limit outside 1..100 and a bad order", function()
       for _, q in ipairs({ "limit=0", "limit=101", "limit=-1", "limit=abc", "order=up" }) do
         local res = list(srv, q)
