@@ -47,22 +47,26 @@ enum MHD_Result wbd_knob_config(struct wbd_req *req) {
   return wbd_reply_json(req, 204, NULL, NULL);
 }
 
-/* GET /_warmboxd/clock: {"now", "offset_ms"}. POST {"advance_ms": N}: moves
- * the server's clock N ms forward (leases, auto-pause, endAt, listings'
- * times), then expires what that made due before answering, so the caller
- * sees the result of the move when the call returns. */
+/* GET /_warmboxd/clock: {"now", "offset_ms", "frozen"}. POST {"advance_ms":
+ * N, "freeze": bool} (either or both): moves the server's clock N ms forward
+ * (leases, auto-pause, endAt, listings' times) and freezes or thaws it, then
+ * expires what that made due before answering, so the caller sees the
+ * result of the move when the call returns. */
 enum MHD_Result wbd_knob_clock(struct wbd_req *req) {
   enum MHD_Result r = MHD_NO;
   if (strcmp(req->method, "POST") == 0) {
     json_t *o = wbd_ctl_body_object(req, 1, &r);
     if (!o) return r;
-    json_t *adv = json_object_get(o, "advance_ms");
-    if (json_object_size(o) != 1 || !json_is_integer(adv) || json_integer_value(adv) < 0 ||
-        json_integer_value(adv) > (json_int_t)10 * 365 * 86400 * 1000) {
+    json_t *adv = json_object_get(o, "advance_ms"), *fr = json_object_get(o, "freeze");
+    size_t known = (adv != NULL) + (fr != NULL);
+    if (known == 0 || json_object_size(o) != known || (fr && !json_is_boolean(fr)) ||
+        (adv && (!json_is_integer(adv) || json_integer_value(adv) < 0 ||
+                 json_integer_value(adv) > (json_int_t)10 * 365 * 86400 * 1000))) {
       json_decref(o);
-      return wbd_reply_error(req, 400, "clock: expected {\"advance_ms\": a whole number of ms >= 0}");
+      return wbd_reply_error(req, 400,
+                             "clock: expected {\"advance_ms\": a whole number of ms >= 0, \"freeze\": true|false}");
     }
-    wbd_clock_advance((int64_t)json_integer_value(adv) * 1000);
+    wbd_clock_advance(adv ? (int64_t)json_integer_value(adv) * 1000 : 0, fr ? json_is_true(fr) : -1);
     json_decref(o);
     wbd_lifecycle_expire_now();
   } else if (strcmp(req->method, "GET") != 0) {
@@ -70,8 +74,9 @@ enum MHD_Result wbd_knob_clock(struct wbd_req *req) {
   }
   char now[48];
   wbd_format_time(wbd_now_us(), now, sizeof now);
-  return wbd_reply_json(req, 200, json_pack("{s:s,s:I}", "now", now, "offset_ms",
-                                            (json_int_t)(wbd_clock_advance(0) / 1000)), NULL);
+  return wbd_reply_json(req, 200, json_pack("{s:s,s:I,s:b}", "now", now, "offset_ms",
+                                            (json_int_t)(wbd_clock_advance(0, -1) / 1000), "frozen",
+                                            wbd_clock_frozen()), NULL);
 }
 
 enum MHD_Result wbd_knob_seed(struct wbd_req *req) {

@@ -34,18 +34,46 @@ void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
 
 /* The server's clock: the wall clock plus what the admin API moved it
  * forward (POST /_warmboxd/clock), so a test can make leases, auto-pause and
- * endAt pass without waiting for them. Only ever moves forward. */
-static _Atomic int64_t clock_offset_us;
+ * endAt pass without waiting for them; frozen, it stands still between two
+ * moves. Only ever moves forward. */
+static pthread_mutex_t clock_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t clock_offset_us, clock_frozen_us; /* frozen: the time it stands at, else 0 */
 
-int64_t wbd_now_us(void) {
+static int64_t wall_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 + clock_offset_us;
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-int64_t wbd_clock_advance(int64_t us) {
-  if (us > 0) clock_offset_us += us;
-  return clock_offset_us;
+int64_t wbd_now_us(void) {
+  pthread_mutex_lock(&clock_mu);
+  int64_t now = clock_frozen_us ? clock_frozen_us : wall_us() + clock_offset_us;
+  pthread_mutex_unlock(&clock_mu);
+  return now;
+}
+
+int64_t wbd_clock_advance(int64_t us, int freeze) {
+  pthread_mutex_lock(&clock_mu);
+  if (freeze == 1 && !clock_frozen_us) clock_frozen_us = wall_us() + clock_offset_us;
+  if (us > 0) {
+    clock_offset_us += us;
+    if (clock_frozen_us) clock_frozen_us += us;
+  }
+  if (freeze == 0 && clock_frozen_us) {   /* thawed: goes on from where it stood */
+    int64_t w = wall_us();
+    if (clock_frozen_us > w + clock_offset_us) clock_offset_us = clock_frozen_us - w;
+    clock_frozen_us = 0;
+  }
+  int64_t off = clock_offset_us;
+  pthread_mutex_unlock(&clock_mu);
+  return off;
+}
+
+int wbd_clock_frozen(void) {
+  pthread_mutex_lock(&clock_mu);
+  int f = clock_frozen_us != 0;
+  pthread_mutex_unlock(&clock_mu);
+  return f;
 }
 
 void wbd_format_time(int64_t us, char *buf, size_t len) {

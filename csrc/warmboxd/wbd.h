@@ -149,8 +149,10 @@ struct wbd_options {
 extern struct wbd_options wbd_opt;
 
 int64_t wbd_now_us(void);
-/* Moves the server's clock forward by us (>= 0); returns the total offset. */
-int64_t wbd_clock_advance(int64_t us);
+/* Moves the server's clock forward by us (>= 0); freeze 1 stops it between
+ * moves, 0 lets it run on, -1 leaves that as it is. Returns the total offset. */
+int64_t wbd_clock_advance(int64_t us, int freeze);
+int wbd_clock_frozen(void);
 /* RFC 3339 with nanoseconds, UTC ("2026-08-21T20:00:00.123456000Z"); buf >= 40 */
 void wbd_format_time(int64_t us, char *buf, size_t len);
 

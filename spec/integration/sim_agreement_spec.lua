@@ -1,30 +1,27 @@
 -- The simulator agrees with a real server: one small trace (20 conversations,
 -- 200 turns, warm hits, pauses and resumes, then one GC pass that kills the
 -- conversations idle for long) runs against the virtual-time model and
--- against a real warmboxd whose clock the spec moves (POST /_warmboxd/clock:
--- the server's leases, auto-pauses and endAt, and the library's `clock`, move
--- together), scaled down (9 s leases, --rtt-ms, --create-ms, --resume-ms). The model runs it twice: on its fast path
--- (warmbox.sim.fast: the session's decisions played on the model) and on
--- its exact path (the real warmbox.session code). All three give the same
+-- against a real warmboxd whose clock stands still and moves only when the
+-- spec moves it (POST /_warmboxd/clock, frozen: the server's leases,
+-- auto-pauses and endAt, and the library's `clock`, move together to each
+-- turn's time), scaled down (9 s leases, --rtt-ms, --create-ms, --resume-ms).
+-- The model runs it twice: on its fast path (warmbox.sim.fast: the session's
+-- decisions played on the model) and on its exact path (the real warmbox.session code). All three give the same
 -- counts of creates, resumes, pauses, kills and ok/failed runs.
 --
 -- The trace keeps every gap far from the lease: a conversation's turns come
 -- in bursts of 4 turns 0.2 s apart (warm), its bursts 11.4 s apart or more
 -- (paused, then resumed), and no two bursts overlap. The real run follows the
--- trace in order, moving both clocks to each turn's time instead of waiting
--- for it; the time the runs really take passes on both clocks too, so when a
--- turn starts late (a cold start of a bash cell takes about 0.2 s, more under
--- sanitizers or a loaded machine), everything after it shifts by as much:
--- gaps only grow, so a warm gap stays far below the lease (one cold start at
--- most) and a long one stays above it. A lease is a 4 s run + LEASE_MARGIN: 9 s,
--- refreshed by a turn unless one in the same second (the clock counts whole seconds)
--- already did, so a sandbox pauses 8-9 s after its burst's last turn: the early
--- ones (last turns 12.6-23.4 s) by 32.4 s, the late ones (48.6-59.4 s) from 56.6 s
--- on. At the GC pass (72.5 s) their idle ages are at least 40.1 s and at most
--- 15.9 s: far from GC's max_age (27 s) on both sides.
+-- trace in order on the frozen clock, so the time a run really takes (a cold
+-- start, a sanitizer build, a loaded machine) passes on neither clock. A
+-- lease is a 4 s run + LEASE_MARGIN: 9 s, refreshed by a turn unless one in
+-- the same second (the clock counts whole seconds) already did, so a sandbox
+-- pauses 8-9 s after its burst's last turn: the early ones (last turns
+-- 12.6-23.4 s) by 32.4 s, the late ones (48.6-59.4 s) from 56.6 s on. At
+-- the GC pass (72.5 s) their idle ages are at least 40.1 s and at most 15.9 s:
+-- far from GC's max_age (27 s) on both sides.
 local wbd = require "spec.helpers.warmboxd"
 local sim = require "warmbox.sim"
-local core = require "warmbox.core"
 
 local TIMEOUT = 4                      -- exec_timeout = idle_timeout (lease: 4 + LEASE_MARGIN)
 local MAX_AGE, GC_AT = 27, 72.5        -- one GC pass GC_AT s after the start
@@ -81,22 +78,21 @@ describe("the simulator against a real warmboxd", function()
     local model_counts = model_run(false)
     assert.same(model_counts, model_run(true))
 
-    -- 2. The real server, in real time: turns run in time order; a late turn
-    -- shifts the rest of the trace.
-    -- The library's clock is the server's: the wall clock plus what the spec moved it.
-    local moved = 0
-    local function clock() return math.floor(os.time() + moved) end
+    -- 2. The real server, on its frozen clock: turns run in time order.
+    -- The server's clock stands still (frozen) and moves only when the spec
+    -- moves it, to each turn's time; the library's clock is the same one. So
+    -- the run sees the trace's times exactly, however slow the machine is.
+    local frozen = assert(srv:admin("POST", "/clock", { freeze = true }).json)
+    local start, moved = wbd.utc(frozen.now), 0
+    local function clock() return math.floor(start + moved) end
     local wb = assert(require("warmbox").new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
       exec_timeout = TIMEOUT, idle_timeout = TIMEOUT, lock = { backend = "file", dir = lockdir }, clock = clock })
-    -- Moves both clocks to `t` s after the start (real time that passed counts).
-    local t0 = core.now()
     local function move_to(t)
-      local ahead = t - (core.now() - t0 + moved)
-      if ahead <= 0 then return -ahead end
-      local ms = math.ceil(ahead * 1000)
-      srv:advance(ms / 1000)
-      moved = moved + ms / 1000
-      return 0
+      local ms = math.floor((t - moved) * 1000 + 0.5)
+      if ms > 0 then
+        srv:advance(ms / 1000)
+        moved = moved + ms / 1000
+      end
     end
     local c = wb.client
     local real = { creates = 0, resumes = 0, pauses = 0, kills = 0, ok = 0, failed = 0 }
@@ -117,9 +113,8 @@ describe("the simulator against a real warmboxd", function()
       return r, e1, e2
     end
     local sessions, errs = {}, {}
-    local late = 0
     for _, turn in ipairs(turns) do
-      late = late + move_to(turn.t + late)
+      move_to(turn.t)
       sessions[turn.session] = sessions[turn.session] or wb:session(turn.session)
       local r, err, code = sessions[turn.session]:run("true", { language = turn.language })
       if r then
@@ -129,9 +124,8 @@ describe("the simulator against a real warmboxd", function()
         errs[#errs + 1] = tostring(code) .. ": " .. tostring(err)
       end
     end
-    local drift = late
     -- Every lease has run out by GC time: each sandbox paused once more than it resumed.
-    move_to(GC_AT + late)
+    move_to(GC_AT)
     local paused = 0
     for item, err in c:list{ state = { "paused" } } do
       assert(item, err)
@@ -142,7 +136,7 @@ describe("the simulator against a real warmboxd", function()
     real.kills = g.killed
     wb:close()
 
-    assert.same(model_counts, real, string.format("shifted by %.2f s; failures: %s", drift, table.concat(errs, "; ")))
+    assert.same(model_counts, real, "failures: " .. table.concat(errs, "; "))
     -- and the counts are the ones the trace was built for
     assert.same({ creates = 20, resumes = 10 * 1 + 10 * 2, pauses = 20 + 30, kills = 10, ok = 200, failed = 0 },
       model_counts)

@@ -298,6 +298,26 @@ describe("warmboxd clock (POST /_warmboxd/clock)", function()
     assert.are.equal("paused", info(srv, keep.sandboxID).json.state)
   end)
 
+  it("stands still when frozen, moves only by advance_ms, and runs on from there when thawed", function()
+    local f = knob(srv, "POST", "/clock", { freeze = true })
+    assert.are.equal(200, f.status)
+    assert.is_true(f.json.frozen)
+    local sb = create(srv, { templateID = "base", timeout = 2, autoPause = true })
+    wbd.sleep(2.5) -- past its lease in wall time: a frozen clock does not expire it
+    local now = knob(srv, "GET", "/clock").json.now
+    assert.are.equal(f.json.now, now)
+    assert.are.equal("running", info(srv, sb.sandboxID).json.state)
+    local moved = knob(srv, "POST", "/clock", { advance_ms = 2500 }).json
+    assert.are.equal(2.5, ts(moved.now) - ts(now))
+    assert.are.equal("paused", info(srv, sb.sandboxID).json.state)
+    local thawed = knob(srv, "POST", "/clock", { freeze = false }).json
+    assert.is_false(thawed.frozen)
+    assert.is_true(ts(thawed.now) >= ts(moved.now))
+    wbd.sleep(0.2)
+    assert.is_true(ts(knob(srv, "GET", "/clock").json.now) > ts(thawed.now))
+    assert.are.equal(400, knob(srv, "POST", "/clock", { freeze = "yes" }).status)
+  end)
+
   it("adds up moves, and answers 400 for anything but a whole advance_ms >= 0", function()
     local o0 = knob(srv, "GET", "/clock").json.offset_ms
     assert.are.equal(200, knob(srv, "POST", "/clock", { advance_ms = 0 }).status)
