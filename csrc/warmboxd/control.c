@@ -184,6 +184,8 @@ json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jty
       json_object_foreach(v, k, x) {
         if (!json_is_string(x)) want = "value must be a string";
         else if (strlen(k) > WBD_MAP_MAX_KEY) want = "a key is longer than 256 bytes";
+        else if (max == WBD_ENV_MAX_BYTES && wbd_env_refused(k))
+          want = "a loader variable (LD_*, GCONV_PATH, GLIBC_TUNABLES, ...) is not allowed";
         else bytes += strlen(k) + json_string_length(x);
       }
       if (!want && json_object_size(v) > WBD_MAP_MAX_KEYS) want = "more than 1000 entries";

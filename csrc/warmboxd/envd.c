@@ -1264,6 +1264,17 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
     return stream_fail(req, trailer_error("invalid_argument", "tag is longer than %d bytes", PROC_TAG_MAX));
   }
   json_t *args = json_object_get(proc, "args"), *envs = json_object_get(proc, "envs");
+  if (json_is_object(envs)) {
+    const char *ek;
+    json_t *ev;
+    json_object_foreach(envs, ek, ev) {
+      (void)ev;
+      if (!wbd_env_refused(ek)) continue;
+      json_t *t = trailer_error("invalid_argument", "process.envs: '%s' is a loader variable, not allowed", ek);
+      json_decref(in);
+      return stream_fail(req, t);
+    }
+  }
   json_t *pty = json_object_get(in, "pty");
   if (pty && !json_is_object(pty)) pty = NULL;
   const char *cwd_in = jstr(proc, "cwd", NULL);

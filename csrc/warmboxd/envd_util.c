@@ -278,3 +278,15 @@ int wbd_str_eq_ct(const char *a, const char *b) {
   for (size_t i = 0; i < la; i++) d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
   return d == 0;
 }
+
+int wbd_env_refused(const char *name) {
+  /* glibc's unsecure-envvars list (what ld.so drops for setuid programs),
+   * plus GLIBC_TUNABLES and every LD_ name. */
+  static const char *const names[] = { "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN",
+                                       "LOCPATH", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_TRACE",
+                                       "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS" };
+  if (strncmp(name, "LD_", 3) == 0) return 1;
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (strcmp(name, names[i]) == 0) return 1;
+  return 0;
+}

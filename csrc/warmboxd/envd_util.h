@@ -68,4 +68,10 @@ void wbd_files_signature(const char *path, const char *op, const char *user, con
 /* Constant-time string comparison (tokens). */
 int wbd_str_eq_ct(const char *a, const char *b);
 
+/* 1 when an environment variable's name is one the dynamic loader or libc
+ * reads to load code or data from a path (LD_*, GCONV_PATH, ...): refused
+ * at the API, for the sandbox's envVars and a process's envs alike, and
+ * never given to bubblewrap or a jail. */
+int wbd_env_refused(const char *name);
+
 #endif

@@ -15,6 +15,7 @@
  * crashed warmboxd still takes its jails down.
  */
 #include "rt_priv.h"
+#include "envd_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +28,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -819,6 +821,37 @@ static int data_pipe(const void *data, size_t len) {
   return p[0];
 }
 
+/* A file of NUL-separated bubblewrap arguments setting exactly the
+ * environment in `ev` ("K=V" strings): --clearenv, then --setenv K V each.
+ * A memfd, as the environment may be larger than a pipe holds. Returns its
+ * fd at offset 0, or -1. */
+static int env_args_fd(const struct sv *ev) {
+  int fd = memfd_create("wbd-env", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  FILE *f = fdopen(dup(fd), "w");
+  if (!f) {
+    close(fd);
+    return -1;
+  }
+  fputs("--clearenv", f);
+  fputc(0, f);
+  for (size_t i = 0; i < ev->n; i++) {
+    const char *kv = ev->v[i], *eq = strchr(kv, '=');
+    fputs("--setenv", f);
+    fputc(0, f);
+    fwrite(kv, 1, (size_t)(eq - kv), f);
+    fputc(0, f);
+    fputs(eq + 1, f);
+    fputc(0, f);
+  }
+  int bad = ferror(f);
+  if (fclose(f) != 0 || bad || lseek(fd, 0, SEEK_SET) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 static int seccomp_pipe(void) {
   if (!g_bpf_len) return -1;
   return data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf);
@@ -1442,7 +1475,8 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
 /* Spawn, signal, wait                                                 */
 /* ------------------------------------------------------------------ */
 
-static int valid_env_key(const char *k) { return k[0] && !strchr(k, '='); }
+static int valid_env_key(const char *k) { return k[0] && !strchr(k, '=') && !wbd_env_refused(k); }
+
 
 static void env_set_from(json_t *env, json_t *src) {
   const char *k;
@@ -1529,6 +1563,7 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   const unsigned char *sudo_src = wbd_embedded("sudo", &sudo_len);
   int ufd = g_isolated && sudo_src ? data_pipe(sudo_src, sudo_len) : -1;
   int rc = g_isolated && (bfd < 0 || (sudo_src && ufd < 0)) ? -EMFILE : 0;
+  int efd = -1;
   if (g_isolated) {
     /* bubblewrap gets them as fds 3, 4, ... in this order (j.pass below). */
     int next = 3;
@@ -1536,6 +1571,21 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     int bfd_n = bfd >= 0 ? next++ : -1;
     int ufd_n = ufd >= 0 ? next++ : -1;
     jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd_n, bfd_n, ufd_n, tty_fd >= 0, cwd);
+    /* The tenant's environment is the jailed command's alone: bubblewrap
+     * itself runs with a fixed one (bwrap_env), so nothing a tenant sets
+     * (LD_PRELOAD, LD_AUDIT, ...) reaches ld.so before the namespaces, the
+     * pivot and the seccomp filter exist. It reaches bubblewrap as
+     * --clearenv and --setenv arguments read from a file (--args FD), not
+     * its command line, which every host user can read. */
+    efd = env_args_fd(&ev);
+    if (efd < 0) rc = -EMFILE;
+    char n[16];
+    snprintf(n, sizeof n, "%d", next++);
+    free(av.v[--av.n]);   /* jail_args' closing "--": the arguments go before it */
+    av.v[av.n] = NULL;
+    sv_add(&av, "--args");
+    sv_add(&av, n);
+    sv_add(&av, "--");
   }
   for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
   if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
@@ -1547,8 +1597,9 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
 
   struct spawn_job j;
   job_init(&j);
+  static char *bwrap_env[] = { "PATH=" JAIL_PATH, NULL };
   j.argv = av.v;
-  j.envp = ev.v;
+  j.envp = g_isolated ? bwrap_env : ev.v;
   j.chdir_to = g_isolated ? NULL : hcwd;
   j.fds[0] = stdin_fd ? pin[0] : -1;
   j.fds[1] = stdout_fd ? pout[1] : -1;
@@ -1576,6 +1627,7 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     if (sfd >= 0) j.pass[j.npass++] = sfd;
     if (bfd >= 0) j.pass[j.npass++] = bfd;
     if (ufd >= 0) j.pass[j.npass++] = ufd;
+    if (efd >= 0) j.pass[j.npass++] = efd;
     if (g_root) {
       j.stage = 1;
       j.stage_src[0] = home;
@@ -1618,6 +1670,7 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   if (sfd >= 0) close(sfd);
   if (bfd >= 0) close(bfd);
   if (ufd >= 0) close(ufd);
+  if (efd >= 0) close(efd);
   if (pin[0] >= 0) close(pin[0]);
   if (pout[1] >= 0) close(pout[1]);
   if (perr[1] >= 0) close(perr[1]);

@@ -28,6 +28,7 @@ const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len);
 enum { WBD_TREE_OWN = 0, WBD_TREE_HOST = 1 };
 /* Sandboxes run in jails (not --unisolated). */
 int wbd_rt_isolated(void);
+
 int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest);
 
 /* Starts argv inside the sandbox's jail (bubblewrap, or unisolated when

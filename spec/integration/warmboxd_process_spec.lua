@@ -120,6 +120,50 @@ describe("warmboxd envd processes", function()
     if srv then srv:stop() end
   end)
 
+  describe("the tenant's environment", function()
+    -- bubblewrap is not setuid, so ld.so would honour LD_PRELOAD & co. for
+    -- bwrap itself, before any namespace or seccomp filter exists.
+    it("refuses loader variables in a create's envVars (400) and in Start's envs (invalid_argument)", function()
+      for _, name in ipairs({ "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GCONV_PATH", "GLIBC_TUNABLES" }) do
+        local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", envVars = { [name] = "/home/user/x.so" } })
+        assert.are.equal(400, res.status, name)
+        assert.matches("loader variable", res.json.message, 1, true)
+        local r = stream("Start", { process = { cmd = "/bin/true", envs = { [name] = "/home/user/x.so" } } })
+        assert.are.equal("invalid_argument", r.trailer and r.trailer.error and r.trailer.error.code, name)
+        assert.is_nil(r.start, name)
+      end
+    end)
+
+    it("reaches the jailed command, never bubblewrap's own environment", function()
+      local box = http.create(srv, { templateID = "base", secure = true, timeout = 600,
+        envVars = { WB_SBVAR = "from-create" } })
+      local poll = background("Start", { process = { cmd = "/bin/sh",
+        args = { "-c", "echo \"$WB_SBVAR $WB_PROBE\"; sleep 5" }, envs = { WB_PROBE = "from-start" } } }, box)
+      assert(wait_for(function() return poll().stdout:find("from-create from-start", 1, true) end),
+        "the command got its environment: " .. poll().stdout)
+      -- The host's bwrap process of that command (its script names $WB_PROBE):
+      -- its environ is the fixed one, and no value is on its command line,
+      -- which every host user can read.
+      local environ, cmdline
+      local ls = io.popen("ls /proc")
+      for pid in ls:read("a"):gmatch("%d+") do
+        local c = wbd.read_all("/proc/" .. pid .. "/cmdline") or ""
+        if c:find("^/usr/bin/bwrap%z") and c:find(box.sandboxID, 1, true) and c:find("$WB_PROBE", 1, true) then
+          environ, cmdline = wbd.read_all("/proc/" .. pid .. "/environ"), c
+          break
+        end
+      end
+      ls:close()
+      assert.is_string(environ, "found the bwrap process")
+      assert.is_nil(cmdline:find("from-start", 1, true), cmdline)
+      assert.is_nil(cmdline:find("from-create", 1, true), cmdline)
+      assert.is_nil(environ:find("WB_", 1, true), environ)
+      assert.is_nil(environ:find("E2B_", 1, true), environ)
+      assert.matches("^PATH=[^%z]*%z$", environ)
+      assert.are.equal(204, http.api(srv, "DELETE", "/sandboxes/" .. box.sandboxID).status)
+    end)
+  end)
+
   describe("Connect", function()
     it("reattaches by pid: the start event, then the further output and the end", function()
       local poll = background("Start", { process = { cmd = "/bin/bash",
