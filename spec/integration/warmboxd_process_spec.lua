@@ -125,7 +125,8 @@ describe("warmboxd envd processes", function()
     -- bwrap itself, before any namespace or seccomp filter exists.
     it("refuses loader variables in a create's envVars (400) and in Start's envs (invalid_argument)", function()
       for _, name in ipairs({ "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GCONV_PATH", "GLIBC_TUNABLES" }) do
-        local res = http.api(srv, "POST", "/sandboxes", { templateID = "base", envVars = { [name] = "/home/user/x.so" } })
+        local res = http.api(srv, "POST", "/sandboxes",
+          { templateID = "base", envVars = { [name] = "/home/user/x.so" } })
         assert.are.equal(400, res.status, name)
         assert.matches("loader variable", res.json.message, 1, true)
         local r = stream("Start", { process = { cmd = "/bin/true", envs = { [name] = "/home/user/x.so" } } })
