@@ -103,6 +103,27 @@ printf '%s %s %d.%d\n' "$f" "$rc" $((ms / 1000)) $((ms % 1000 / 100))]]
   end
   p:close()
 
+  -- WARMBOX_TEST_RETRY=1 (CI): a file that failed alongside others runs once
+  -- more, alone. One that passes then is reported as flaky under load (a
+  -- defect to fix: its first output is kept as .log.first), not hidden.
+  local flaky = {}
+  if os.getenv("WARMBOX_TEST_RETRY") == "1" then
+    for _, r in ipairs(results) do
+      if r.rc ~= 0 then
+        local log = logdir .. "/" .. r.file:gsub("/", "_") .. ".log"
+        os.rename(log, log .. ".first")
+        io.write("  retrying alone: ", r.file, "\n")
+        io.flush()
+        local rp = assert(io.popen("bash -c " .. sh_quote(one) .. " _ " .. sh_quote(r.file), "r"))
+        local line = rp:read("l") or ""
+        rp:close()
+        local rc, secs = line:match("^%S+ (%d+) ([%d%.]+)$")
+        r.rc, r.secs = tonumber(rc) or 1, tonumber(secs) or r.secs
+        if r.rc == 0 then flaky[#flaky + 1] = r.file end
+      end
+    end
+  end
+
   local S, F, E, P, bad = 0, 0, 0, 0, {}
   local df = io.open(build .. "/test-durations.tsv", "w")
   for _, r in ipairs(results) do
@@ -122,6 +143,10 @@ printf '%s %s %d.%d\n' "$f" "$rc" $((ms / 1000)) $((ms % 1000 / 100))]]
   if df then df:close() end
   for _, b in ipairs(bad) do
     io.write("\n======== ", b.file, " ========\n", b.text, "\n")
+  end
+  if #flaky > 0 then
+    io.write("\nFLAKY: failed alongside others, passed alone (first output in ", logdir, "/*.log.first):\n")
+    for _, f in ipairs(flaky) do io.write("  ", f, "\n") end
   end
   table.sort(results, function(a, b) return a.secs > b.secs end)
   io.write("\nslowest files:\n")

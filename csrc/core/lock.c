@@ -61,18 +61,58 @@ static int warmbox_flock_open(lua_State *L) {
   lua_setiuservalue(L, -2, 1); /* the path, for fl:stale() and __tostring */
   /* O_CLOEXEC: a child started while we hold the lock (io.popen, a kernel)
    * must not inherit the open file description and with it the lock. */
+  /* O_NOFOLLOW: a symlink planted where the lock file goes is never
+   * followed; a file someone else owns, or that others may write, is never
+   * used (it holds the session's sandbox id and access token). */
   do {
-    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW, 0600);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     int e = errno;
     luaL_pushfail(L);
-    lua_pushfstring(L, "cannot open lock file '%s': %s", path, strerror(e));
+    lua_pushfstring(L, "cannot open lock file '%s': %s", path,
+                    e == ELOOP ? "it is a symbolic link (refused)" : strerror(e));
     lua_pushliteral(L, "IO");
     return 3;
   }
+  {
+    struct stat st;
+    const char *why = NULL;
+    if (fstat(fd, &st) != 0) why = strerror(errno);
+    else if (!S_ISREG(st.st_mode)) why = "not a regular file";
+    else if (st.st_uid != geteuid()) why = "owned by another user";
+    else if (st.st_mode & 022) why = "writable by others";
+    if (why) {
+      close(fd);
+      luaL_pushfail(L);
+      lua_pushfstring(L, "refusing lock file '%s': %s", path, why);
+      lua_pushliteral(L, "IO");
+      return 3;
+    }
+  }
   f->fd = fd;
   return 1;
+}
+
+/* core.private_dir(path) -> true | nil, msg, "IO": path is a directory
+ * (not a symlink) owned by this user that no one else may write to. */
+static int warmbox_private_dir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct stat st;
+  const char *why = NULL;
+  if (lstat(path, &st) != 0) why = strerror(errno);
+  else if (S_ISLNK(st.st_mode)) why = "it is a symbolic link";
+  else if (!S_ISDIR(st.st_mode)) why = "not a directory";
+  else if (st.st_uid != geteuid()) why = "owned by another user";
+  else if (st.st_mode & 022) why = "writable by others";
+  if (!why) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  luaL_pushfail(L);
+  lua_pushfstring(L, "refusing directory '%s': %s (it must be yours, mode 0700)", path, why);
+  lua_pushliteral(L, "IO");
+  return 3;
 }
 
 /* Returns 1 when acquired, 0 when busy, -1 with errno on error. */
@@ -270,6 +310,11 @@ static int warmbox_lock_getpid(lua_State *L) {
   return 1;
 }
 
+static int warmbox_lock_geteuid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)geteuid());
+  return 1;
+}
+
 void warmbox_lock_register(lua_State *L) {
   if (luaL_newmetatable(L, WARMBOX_FLOCK_MT)) {
     luaL_setfuncs(L, warmbox_flock_meta, 0);
@@ -281,4 +326,8 @@ void warmbox_lock_register(lua_State *L) {
   lua_setfield(L, -2, "flock_open");
   lua_pushcfunction(L, warmbox_lock_getpid);
   lua_setfield(L, -2, "getpid");
+  lua_pushcfunction(L, warmbox_private_dir);
+  lua_setfield(L, -2, "private_dir");
+  lua_pushcfunction(L, warmbox_lock_geteuid);
+  lua_setfield(L, -2, "geteuid");
 }

@@ -32,8 +32,9 @@ local function listener(host)
     .. "s.bind((" .. string.format("%q", host) .. ", 0))\ns.listen(64)\n"
     .. "open(" .. string.format("%q", tmp) .. ", 'w').write(str(s.getsockname()[1]))\n"
     .. "while True:\n    s.accept()[0].close()\n"
-  local pid = tonumber(sh("python3 -c " .. q(code) .. " >/dev/null 2>&1 & echo $!"))
-  local port = wbd.eventually(function() return tonumber(wbd.read_all(tmp) or "") end, 10)
+  -- env -u LD_PRELOAD: the sanitizer run preloads ASan into lua5.4 only.
+  local pid = tonumber(sh("env -u LD_PRELOAD python3 -c " .. q(code) .. " >/dev/null 2>&1 & echo $!"))
+  local port = wbd.eventually(function() return tonumber(wbd.read_all(tmp) or "") end, 60)
   os.remove(tmp)
   return assert(port), pid
 end

@@ -325,7 +325,8 @@ describe("warmboxd control plane", function()
       assert.are.equal(before, info(srv, id).json.endAt)
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. id .. "/refreshes", { duration = 1200 }).status)
       assert.is_true(ts(info(srv, id).json.endAt) - os.time() > 1100)
-      local id2 = create(srv, { templateID = "base", timeout = 1 }).sandboxID
+      -- 10 s (under the 15 s floor), so a loaded machine's slow refresh still finds it
+      local id2 = create(srv, { templateID = "base", timeout = 10 }).sandboxID
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. id2 .. "/refreshes").status)
       local d = info(srv, id2).json
       assert.is_true(ts(d.endAt) - ts(d.startedAt) >= 14.9)

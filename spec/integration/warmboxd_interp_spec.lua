@@ -527,7 +527,11 @@ describe("warmboxd code interpreter", function()
     it("drops a stream in flight at a pause; the cell continues after resume", function()
       local box = create()
       run(box, "1")
-      local a = exec_bg(box, { code = "import time\nprint('started', flush=True)\ntime.sleep(1.5)\nfinished = 'yes'" })
+      -- The cell runs until the spec lets it finish (a file in its home, made
+      -- from the host after the resume), so the pause lands while it runs
+      -- however slow the machine is.
+      local a = exec_bg(box, { code = "import time, os\nprint('started', flush=True)\n"
+        .. "while not os.path.exists('/home/user/go'):\n    time.sleep(0.05)\nfinished = 'yes'" })
       a.started("started")
       local before = stats().counters.pause_during_run
       pause(box, true)
@@ -535,6 +539,8 @@ describe("warmboxd code interpreter", function()
       local body = a.wait()
       assert.is_falsy(body:find("end_of_execution", 1, true))
       connect(box)
+      local go = assert(io.open(srv:sandbox_home(box.sandboxID) .. "/go", "w"))
+      go:close()
       -- waits for the cell that was running when the sandbox paused
       assert.are.equal("yes", main_result(run(box, "finished")).text)
       http.api(srv, "DELETE", "/sandboxes/" .. box.sandboxID)

@@ -1,0 +1,130 @@
+-- The file lock's directory and files cannot be squatted by another local
+-- user: a lock file holds the session's sandbox id and access token, so the
+-- directory must be the user's own (0700), a lock file is never a symlink,
+-- never another user's, never writable by others. Another user is played by
+-- `nobody` (chown needs root, as CI runs; as a user the ownership cases are
+-- shown by a directory that others may write, which any user can make).
+local lock = require "warmbox.lock"
+local core = require "warmbox.core"
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  return d .. "-locks"
+end
+
+local function sh(cmd) return os.execute(cmd .. " 2>/dev/null") == true end
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Takes and releases `key` in `dir`, writing a remembered sandbox; returns
+-- what lock:lock answered.
+local function use(dir, key)
+  local lk = lock.new{ backend = "file", dir = dir, timeout = 1 }
+  local ok, err, code = lk:lock(key or "conv:1")
+  if ok then
+    assert(lk:set_state('{"sandbox_id":"sbx-secret","access_token":"tok-secret"}'))
+    lk:unlock()
+  end
+  return ok, err, code
+end
+
+local is_root = core.geteuid() == 0
+
+describe("warmbox.lock's directory", function()
+  local dirs = {}
+  local function fresh()
+    local d = tmpdir()
+    dirs[#dirs + 1] = d
+    return d
+  end
+  after_each(function()
+    for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
+    dirs = {}
+  end)
+
+  it("is one per user by default: $XDG_RUNTIME_DIR/warmbox/locks, else /tmp/warmbox-locks-<uid>", function()
+    local dflt = lock.default_dir()
+    local run = os.getenv("XDG_RUNTIME_DIR")
+    if run and run ~= "" then
+      assert.are.equal(run .. "/warmbox/locks", dflt)
+    else
+      assert.are.equal("/tmp/warmbox-locks-" .. core.geteuid(), dflt)
+    end
+    assert.are.equal(dflt, lock.new{ backend = "file" }.dir)
+  end)
+
+  it("is made owner-only when missing, and used", function()
+    local d = fresh()
+    assert.is_true(use(d))
+    local p = io.popen("stat -c %a '" .. d .. "'")
+    assert.are.equal("700", p:read("l"))
+    p:close()
+  end)
+
+  it("is refused when others may write to it, and nothing is written there", function()
+    local d = fresh()
+    assert(sh("mkdir -m 0777 '" .. d .. "' && chmod 0777 '" .. d .. "'"))
+    local ok, err, code = use(d)
+    assert.is_nil(ok)
+    assert.are.equal("IO", code)
+    assert.matches("writable by others", err, 1, true)
+    local p = io.popen("ls -A '" .. d .. "'")
+    assert.are.equal("", p:read("a"))
+    p:close()
+  end)
+
+  it("is refused when it is a symbolic link", function()
+    local d, target = fresh(), fresh()
+    assert(sh("mkdir -m 0700 '" .. target .. "' && ln -s '" .. target .. "' '" .. d .. "'"))
+    local ok, err = use(d)
+    assert.is_nil(ok)
+    assert.matches("symbolic link", err, 1, true)
+  end)
+
+  describe("as root, against another user's squat", function()
+    if not is_root then
+      it("needs root to chown to nobody (CI runs as root)", function()
+        assert.is_false(is_root) -- the cases below are shown in CI
+      end)
+      return
+    end
+
+    it("refuses a directory another user owns", function()
+      local d = fresh()
+      assert(sh("mkdir -m 0700 '" .. d .. "' && chown nobody '" .. d .. "'"))
+      local ok, err = use(d)
+      assert.is_nil(ok)
+      assert.matches("owned by another user", err, 1, true)
+    end)
+
+    it("refuses a lock file another user planted (0666), and writes no token into it", function()
+      local d = fresh()
+      assert(use(d))  -- the directory is ours
+      local name = lock._file_name("conv:2")
+      local path = d .. "/" .. name
+      assert(sh("touch '" .. path .. "' && chmod 0666 '" .. path .. "' && chown nobody '" .. path .. "'"))
+      local ok, err = use(d, "conv:2")
+      assert.is_nil(ok)
+      assert.matches("refusing lock file", err, 1, true)
+      assert.are.equal("", read(path))
+    end)
+
+    it("never follows a symlink planted as the lock file", function()
+      local d, victim = fresh(), fresh()
+      assert(use(d))
+      assert(sh("printf keep > '" .. victim .. "' && ln -s '" .. victim .. "' '" .. d .. "/" ..
+        lock._file_name("conv:3") .. "'"))
+      local ok, err = use(d, "conv:3")
+      assert.is_nil(ok)
+      assert.matches("symbolic link", err, 1, true)
+      assert.are.equal("keep", read(victim))
+    end)
+  end)
+end)
