@@ -100,8 +100,14 @@ static int warmbox_private_dir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   struct stat st;
   const char *why = NULL;
-  if (lstat(path, &st) != 0) why = strerror(errno);
-  else if (S_ISLNK(st.st_mode)) why = "it is a symbolic link";
+  if (lstat(path, &st) != 0) {
+    int e = errno;
+    luaL_pushfail(L);
+    lua_pushfstring(L, "cannot use directory '%s': %s", path, strerror(e));
+    lua_pushliteral(L, "IO");
+    return 3;
+  }
+  if (S_ISLNK(st.st_mode)) why = "it is a symbolic link";
   else if (!S_ISDIR(st.st_mode)) why = "not a directory";
   else if (st.st_uid != geteuid()) why = "owned by another user";
   else if (st.st_mode & 022) why = "writable by others";

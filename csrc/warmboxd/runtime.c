@@ -1611,6 +1611,11 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
 
   pthread_mutex_lock(&rt->mu);
   if (!rc && rt->dead) rc = -ESRCH;
+  /* A frozen sandbox (a pause that won the race with this request) gets no
+   * new process: the child would join the frozen group before its exec and
+   * the spawner would wait for it forever, holding up every sandbox. A pause
+   * takes rt->mu to freeze, so it waits for a spawn in flight instead. */
+  if (!rc && rt->frozen) rc = -EAGAIN;
   if (!rc) {
     const char *groups[CG_N] = { rt->cg, rt->cgx[CG_MEMORY], rt->cgx[CG_PIDS], rt->cgx[CG_CPU] };
     for (int i = 0; i < CG_N; i++)

@@ -261,17 +261,32 @@ local function file_name(key)
 end
 _M._file_name = file_name
 
-local function open_in(dir, name)
-  local path = dir .. "/" .. name
-  local fl, err, code = core.flock_open(path)
-  if not fl and not made_dirs[dir] then
-    -- Create the directory (owner-only) once, then retry.
+-- The lock directory is used only when it is this user's and no one else
+-- may write to it (its files hold sessions' sandbox ids and access tokens):
+-- made owner-only when missing, checked once per directory and process.
+local function private_dir(dir)
+  if made_dirs[dir] then return true end
+  if not core.private_dir(dir) then
     os.execute("mkdir -p -m 0700 " .. sh_quote(dir) .. " 2>/dev/null")
-    made_dirs[dir] = true
-    fl, err, code = core.flock_open(path)
   end
-  if fl then made_dirs[dir] = true end
-  return fl, err, code
+  local ok, err, code = core.private_dir(dir)
+  if not ok then return nil, "lock directory: " .. err, code end
+  made_dirs[dir] = true
+  return true
+end
+
+local function open_in(dir, name)
+  local ok, err, code = private_dir(dir)
+  if not ok then return nil, err, code end
+  return core.flock_open(dir .. "/" .. name)
+end
+
+--- The default directory of the file lock: `$XDG_RUNTIME_DIR/warmbox/locks`
+-- when set, else `/tmp/warmbox-locks-<uid>`: one per user, never shared.
+function _M.default_dir()
+  local run = os.getenv("XDG_RUNTIME_DIR")
+  if run and run ~= "" then return run .. "/warmbox/locks" end
+  return "/tmp/warmbox-locks-" .. tostring(core.geteuid())
 end
 
 local function break_lock(dir)
@@ -671,7 +686,7 @@ local RANGES = {
 }
 
 --- Creates a lock object (holds at most one key at a time).
--- @tparam[opt] table opts backend ("file"), dir ("/tmp/warmbox-locks"),
+-- @tparam[opt] table opts backend ("file"), dir (`lock.default_dir()`: per user),
 --   redis {host="127.0.0.1", port=6379, timeout=5, prefix="warmbox:"},
 --   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5),
 --   wait (function(seconds); default lock.wait), state_ttl (604800, redis),
@@ -680,7 +695,7 @@ function _M.new(opts)
   opts = errors.check_options(opts, OPTS, "new", 1)
   local self = {
     backend = opts.backend or "file",
-    dir = opts.dir or "/tmp/warmbox-locks",
+    dir = opts.dir or _M.default_dir(),
     timeout = opts.timeout or 30,
     exptime = opts.exptime or 600,
     step = opts.step or 0.01,

@@ -278,9 +278,22 @@ end
 --- The running per-user server.
 -- @treturn[1] table its state `{ url, pid, api_key, admin_token, dir }`
 -- @return[2] nil, why ("not running" or "stale state file (pid N is gone)")
+-- The state directory holds the server's API key and admin token: it is used
+-- only when it is this user's and no one else may write to it (another local
+-- user could otherwise plant a state file naming their own server).
+local function private_state_dir(dir)
+  local ok, core = pcall(require, "warmbox.core")
+  if not ok or type(core) ~= "table" or not core.private_dir then return true end
+  local fine, err = core.private_dir(dir)
+  if fine then return true end
+  return nil, "state directory: " .. err
+end
+
 function _M.local_server()
   local text = read_file(_M.state_path())
   if not text then return nil, "not running" end
+  local private, perr = private_state_dir(_M.state_dir())
+  if not private then return nil, perr end
   local st = require("warmbox.json").decode(text)
   if type(st) ~= "table" or type(st.url) ~= "string" or math.tointeger(st.pid) == nil
     or type(st.api_key) ~= "string" then
@@ -321,6 +334,8 @@ function _M.start_local(opts)
   if os_execute("mkdir -p -m 0700 " .. sh_quote(sdir)) ~= true then
     return nil, "cannot make the directory " .. sdir, "TRANSPORT"
   end
+  local private, perr = private_state_dir(sdir)
+  if not private then return nil, perr, "TRANSPORT" end
   local dir = sdir .. "/warmboxd"
   os_execute("rm -rf " .. sh_quote(dir))
   local srv, err, code = _M.start{ bin = opts.bin, args = opts.args, start_timeout = opts.start_timeout,

@@ -165,7 +165,8 @@ describe("warmbox.Engine against warmboxd", function()
   describe("the pollable fd", function()
     it("turns readable when a response arrives", function()
       local eng <close> = core.engine()
-      fault{ route = ROUTE, count = 1, delay_ms = 500 }
+      -- 3 s: the answer must still be on its way at the checks below, on a loaded machine too
+      fault{ route = ROUTE, count = 1, delay_ms = 3000 }
       local tr = eng:start(h, list_req())
       drive(eng, function() return count(ROUTE) == 1 end)
       eng:step(0)

@@ -50,8 +50,10 @@ describe("warmboxd in a host with a LAN address", function()
       .. "s.bind(('0.0.0.0', 0))\ns.listen(64)\n"
       .. "open(" .. string.format("%q", portfile) .. ", 'w').write(str(s.getsockname()[1]))\n"
       .. "while True:\n    s.accept()[0].close()\n"
-    listener_pid = tonumber((sh("ip netns exec " .. ns .. " python3 -c " .. q(code) .. " >/dev/null 2>&1 & echo $!")))
-    port = wbd.eventually(function() return tonumber(wbd.read_all(portfile) or "") end, 10)
+    -- env -u LD_PRELOAD: the sanitizer run preloads ASan into lua5.4 only.
+    listener_pid = tonumber((sh("ip netns exec " .. ns .. " env -u LD_PRELOAD python3 -c " .. q(code)
+      .. " >/dev/null 2>&1 & echo $!")))
+    port = wbd.eventually(function() return tonumber(wbd.read_all(portfile) or "") end, 60)
     os.remove(portfile)
     assert(port, "the listener did not start")
   end)

@@ -165,6 +165,29 @@ describe("warmboxd envd processes", function()
     end)
   end)
 
+  describe("a Start racing a pause", function()
+    -- A Start that passed the router's RUNNING check while a pause froze the
+    -- sandbox used to spawn into the frozen group and hang the one spawner:
+    -- then every sandbox's Start, resume and kill waited forever.
+    it("never hangs the server: the pause, the resume and other sandboxes go on", function()
+      for round = 1, 5 do
+        local box = http.create(srv, { templateID = "base", secure = true, timeout = 600 })
+        for _ = 1, 4 do background("Start", { process = { cmd = "/bin/true" } }, box) end
+        assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. box.sandboxID .. "/pause", {}).status)
+        local res = http.api(srv, "POST", "/sandboxes/" .. box.sandboxID .. "/connect", { timeout = 60 })
+        assert.are.equal(201, res.status, "round " .. round .. ": " .. tostring(res.body))
+        -- (A racing Start either ran before the pause, was refused, or had its
+        -- stream dropped by the pause, as E2B drops streams at a pause.)
+        local r = stream("Start", { process = { cmd = "/bin/echo", args = { "after" } } }, nil, box)
+        assert.are.equal("after\n", r.stdout, "round " .. round)
+        local other = http.create(srv, { templateID = "base", timeout = 60 }, nil)
+        assert.is_string(other.sandboxID)
+        http.api(srv, "DELETE", "/sandboxes/" .. other.sandboxID)
+        http.api(srv, "DELETE", "/sandboxes/" .. box.sandboxID)
+      end
+    end)
+  end)
+
   describe("Connect", function()
     it("reattaches by pid: the start event, then the further output and the end", function()
       local poll = background("Start", { process = { cmd = "/bin/bash",

@@ -62,7 +62,7 @@ describe("warmbox.lock's directory", function()
 
   it("is made owner-only when missing, and used", function()
     local d = fresh()
-    assert.is_true(use(d))
+    assert.is_number((use(d)))
     local p = io.popen("stat -c %a '" .. d .. "'")
     assert.are.equal("700", p:read("l"))
     p:close()
@@ -126,5 +126,42 @@ describe("warmbox.lock's directory", function()
       assert.matches("symbolic link", err, 1, true)
       assert.are.equal("keep", read(victim))
     end)
+  end)
+end)
+
+describe("warmbox.server's state directory", function()
+  -- A lua5.4 that sees XDG_RUNTIME_DIR = dir and asks for the user's server.
+  local function local_server(dir)
+    local build = core.module_path():match("^(.*)/warmbox/[^/]*$")
+    local code = "local st, err = require('warmbox.server').local_server() print(st and st.url or err)"
+    local p = io.popen(string.format("XDG_RUNTIME_DIR='%s' LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' "
+      .. "lua5.4 -e \"%s\" 2>&1", dir, build, code))
+    local out = p:read("a")
+    p:close()
+    return out
+  end
+
+  it("is not trusted when others may write to it: a planted state file is refused", function()
+    local run = tmpdir()
+    assert(sh("mkdir -p -m 0777 '" .. run .. "/warmbox' && chmod 0777 '" .. run .. "/warmbox'"))
+    local f = assert(io.open(run .. "/warmbox/server.json", "w"))
+    f:write('{"url":"http://127.0.0.1:1","pid":1,"api_key":"e2b_planted"}')
+    f:close()
+    local out = local_server(run)
+    os.execute("rm -rf '" .. run .. "'")
+    assert.matches("state directory: refusing directory", out, 1, true)
+    assert.matches("writable by others", out, 1, true)
+  end)
+
+  it("is read when it is the user's own (0700)", function()
+    local run = tmpdir()
+    assert(sh("mkdir -p -m 0700 '" .. run .. "/warmbox'"))
+    local f = assert(io.open(run .. "/warmbox/server.json", "w"))
+    f:write('{"url":"http://127.0.0.1:1","pid":1,"api_key":"e2b_mine"}')
+    f:close()
+    local out = local_server(run)
+    os.execute("rm -rf '" .. run .. "'")
+    -- pid 1 is no warmboxd: the file was read and judged stale, not refused
+    assert.matches("stale state file", out, 1, true)
   end)
 end)
