@@ -286,7 +286,13 @@ end
 function _M.default_dir()
   local run = os.getenv("XDG_RUNTIME_DIR")
   if run and run ~= "" then return run .. "/warmbox/locks" end
-  return "/tmp/warmbox-locks-" .. tostring(core.geteuid())
+  local uid = core.geteuid and core.geteuid()
+  if not uid then -- a stand-in core (unit specs) without it
+    local p = io.popen("id -u")
+    uid = p and tonumber(p:read("l"))
+    if p then p:close() end
+  end
+  return "/tmp/warmbox-locks-" .. tostring(uid)
 end
 
 local function break_lock(dir)
@@ -695,7 +701,7 @@ function _M.new(opts)
   opts = errors.check_options(opts, OPTS, "new", 1)
   local self = {
     backend = opts.backend or "file",
-    dir = opts.dir or _M.default_dir(),
+    dir = opts.dir or ((opts.backend or "file") == "file" and _M.default_dir() or "-"),
     timeout = opts.timeout or 30,
     exptime = opts.exptime or 600,
     step = opts.step or 0.01,
