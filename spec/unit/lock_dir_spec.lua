@@ -15,13 +15,7 @@ end
 
 local function sh(cmd) return os.execute(cmd .. " 2>/dev/null") == true end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = require("spec.helpers.warmboxd").read_all
 
 -- Takes and releases `key` in `dir`, writing a remembered sandbox; returns
 -- what lock:lock answered.
@@ -141,26 +135,26 @@ describe("warmbox.server's state directory", function()
     return out
   end
 
-  it("is not trusted when others may write to it: a planted state file is refused", function()
+  -- A state directory of that mode holding a state file; what local_server says of it.
+  local function planted(mode)
     local run = tmpdir()
-    assert(sh("mkdir -p -m 0777 '" .. run .. "/warmbox' && chmod 0777 '" .. run .. "/warmbox'"))
+    assert(sh("mkdir -p -m " .. mode .. " '" .. run .. "/warmbox' && chmod " .. mode .. " '" .. run .. "/warmbox'"))
     local f = assert(io.open(run .. "/warmbox/server.json", "w"))
     f:write('{"url":"http://127.0.0.1:1","pid":1,"api_key":"e2b_planted"}')
     f:close()
     local out = local_server(run)
     os.execute("rm -rf '" .. run .. "'")
+    return out
+  end
+
+  it("is not trusted when others may write to it: a planted state file is refused", function()
+    local out = planted("0777")
     assert.matches("state directory: refusing directory", out, 1, true)
     assert.matches("writable by others", out, 1, true)
   end)
 
   it("is read when it is the user's own (0700)", function()
-    local run = tmpdir()
-    assert(sh("mkdir -p -m 0700 '" .. run .. "/warmbox'"))
-    local f = assert(io.open(run .. "/warmbox/server.json", "w"))
-    f:write('{"url":"http://127.0.0.1:1","pid":1,"api_key":"e2b_mine"}')
-    f:close()
-    local out = local_server(run)
-    os.execute("rm -rf '" .. run .. "'")
+    local out = planted("0700")
     -- pid 1 is no warmboxd: the file was read and judged stale, not refused
     assert.matches("stale state file", out, 1, true)
   end)
