@@ -129,7 +129,9 @@ printf '%s %s %d.%d\n' "$f" "$rc" $((ms / 1000)) $((ms % 1000 / 100))]]
   end
 
   local S, F, E, P, bad = 0, 0, 0, 0, {}
-  local df = io.open(build .. "/test-durations.tsv", "w")
+  -- This run's durations replace those of the files it ran; the others stay.
+  local merged = {}
+  read_durations(build .. "/test-durations.tsv", merged)
   for _, r in ipairs(results) do
     local log = io.open(logdir .. "/" .. r.file:gsub("/", "_") .. ".log", "r")
     local text = log and log:read("a") or ""
@@ -142,9 +144,16 @@ printf '%s %s %d.%d\n' "$f" "$rc" $((ms / 1000)) $((ms % 1000 / 100))]]
     end
     S, F, E, P = S + s, F + f, E + e, P + pend
     if f + e + pend > 0 then bad[#bad + 1] = { file = r.file, text = text } end
-    if df then df:write(r.file, "\t", string.format("%.1f", r.secs), "\n") end
+    merged[r.file] = r.secs
   end
-  if df then df:close() end
+  local names = {}
+  for f in pairs(merged) do names[#names + 1] = f end
+  table.sort(names)
+  local df = io.open(build .. "/test-durations.tsv", "w")
+  if df then
+    for _, f in ipairs(names) do df:write(f, "\t", string.format("%.1f", merged[f]), "\n") end
+    df:close()
+  end
   for _, b in ipairs(bad) do
     io.write("\n======== ", b.file, " ========\n", b.text, "\n")
   end
