@@ -273,19 +273,22 @@ describe("sessions under faults (warmboxd)", function()
       survived(s, id) -- the kernel is free again, its state kept
     end)
 
-    it("interrupts a bash cell at the run's timeout too", function()
+    it("interrupts a bash cell at the run's timeout too, every time (20 runs)", function()
+      -- issue 22 item 15: once a successful, empty result came back
       local s = wb:session("faults:timeout-bash")
       assert(s:run("echo warm", { language = "bash" }))
-      local t0 = os.time()
-      local r, _, ecode, detail = s:run("sleep 30", { language = "bash", timeout = 1 })
-      assert.is_nil(r)
-      assert.equal("TIMEOUT", ecode)
-      assert.is_true(detail.started)
-      assert.is_true(os.time() - t0 < 10)
-      assert.equal("again\n", assert(s:run("echo again", { language = "bash" })).stdout)
+      for i = 1, 20 do
+        local t0 = os.time()
+        local r, _, ecode, detail = s:run("sleep 30", { language = "bash", timeout = 1 })
+        assert.is_nil(r, "run " .. i)
+        assert.equal("TIMEOUT", ecode, "run " .. i)
+        assert.is_true(detail.started, "run " .. i)
+        assert.is_true(os.time() - t0 < 10, "run " .. i)
+        assert.equal("again\n", assert(s:run("echo again", { language = "bash" })).stdout, "run " .. i)
+      end
     end)
 
-    it("says started = false when the run timed out before the cell started", function()
+    it("says started = true when the run timed out before any answer: the request reached the server", function()
       local s, id = warm("faults:timeout-before")
       local grace = sandbox_mod.EXEC_GRACE
       sandbox_mod.EXEC_GRACE = 0.5
@@ -295,7 +298,9 @@ describe("sessions under faults (warmboxd)", function()
       sandbox_mod.EXEC_GRACE = grace
       assert.is_nil(r)
       assert.equal("TIMEOUT", ecode)
-      assert.is_false(detail.started)
+      -- issue 26 item 7: nothing came back yet, but the cell may run (a proxy
+      -- or a slow answer): never "not started" once the request left
+      assert.is_true(detail.started)
       -- the delayed request is served after the client left: the cell may start, at most once
       assert.is_true(executions(id, mark) <= 1)
       survived(s, id)

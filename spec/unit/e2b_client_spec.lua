@@ -620,11 +620,40 @@ insulate("warmbox.e2b", function()
       assert.equals("KeyboardInterrupt", detail.partial.error.name)
     end)
 
-    it("run_code: a client-side timeout says whether the cell started", function()
-      push{ frames = {}, fail = { "operation timed out", "TIMEOUT" } }
+    it("run_code: a run that reached its timeout is TIMEOUT whatever the kernel says of the cell", function()
+      -- issue 22 item 15: an interrupt can land where the kernel ends the cell
+      -- without an error (an empty, "successful" cell), or with another error
+      for _, err in ipairs({ false, { name = "TimeoutError", value = "restarted" } }) do
+        local now = 0
+        package.loaded["warmbox.core"].now = function() now = now + 1 return now end
+        local frames = { line{ type = "number_of_executions", execution_count = 1 } }
+        if err then frames[#frames + 1] = line{ type = "error", name = err.name, value = err.value, traceback = "" } end
+        frames[#frames + 1] = '{"type": "end_of_execution"}'
+        push{ frames = frames }
+        local r, _, code, detail = s:run_code("sleep 30", { language = "bash", timeout = 1 })
+        package.loaded["warmbox.core"].now = nil
+        assert.is_nil(r)
+        assert.equals("TIMEOUT", code)
+        assert.is_true(detail.started)
+      end
+      -- the same stream ended before the timeout: a result
+      push{ frames = { line{ type = "number_of_executions", execution_count = 1 }, '{"type": "end_of_execution"}' } }
+      assert(s:run_code("true", { language = "bash", timeout = 1000 }))
+    end)
+
+    it("run_code: a client-side timeout says started whenever the request may have reached the kernel", function()
+      -- issue 26 item 7: an answer that trickles (no line yet) is a cell that may run
+      push{ frames = {}, fail = { "operation timed out", "TIMEOUT", true } }
       local _, _, code, detail = s:run_code("x", { timeout = 1 })
       assert.equals("TIMEOUT", code)
+      assert.is_true(detail.started)
+      assert.is_true(detail.sent)
+      -- only a request the core knows never left (a connect timeout) did not start
+      push{ frames = {}, fail = { "connection timed out", "TIMEOUT", false } }
+      _, _, code, detail = s:run_code("x", { timeout = 1 })
+      assert.equals("TIMEOUT", code)
       assert.is_false(detail.started)
+      assert.is_false(detail.sent)
       push{ frames = { line{ type = "number_of_executions", execution_count = 1 } },
         fail = { "operation timed out", "TIMEOUT" } }
       _, _, code, detail = s:run_code("x", { timeout = 1 })

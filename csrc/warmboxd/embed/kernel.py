@@ -535,6 +535,15 @@ def bash_main():
     start()
     count = [1]
     ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # An interrupt only raises a flag that the wait loop below polls: an
+    # exception could land anywhere between writing the cell and reading its
+    # status, and end the cell with neither its status nor an error.
+    intr = threading.Event()
+
+    def on_sigint(signum, frame):
+        if _running.is_set():
+            intr.set()
+    signal.signal(signal.SIGINT, on_sigint)
 
     def quote(s):
         return "'" + str(s).replace("'", "'\\''") + "'"
@@ -565,6 +574,7 @@ def bash_main():
             script = "\n".join(["trap - INT; trap 'return 130 2>/dev/null' INT"] + pre + ["source %s; __wb_rc=$?" % quote(path)] + post
                                + ["echo $__wb_rc >&%d" % status_w, ""])
             p = proc[0]
+            intr.clear()
             _running.set()
             rc = None
             try:
@@ -573,9 +583,9 @@ def bash_main():
                 buf = b""
                 intr_at = None
                 while rc is None:
-                    try:
-                        r, _, _ = select.select([status_r], [], [], 0.2)
-                    except KeyboardInterrupt:
+                    r, _, _ = select.select([status_r], [], [], 0.2)
+                    if intr.is_set():
+                        intr.clear()
                         _interrupt_bash(p)
                         intr_at = intr_at or time.monotonic()
                         continue

@@ -470,9 +470,13 @@ local function execute_outcome(st, what, timeout, elapsed, res, msg, ecode, sent
   local exec, started = st.exec, st.started
   if not res then
     if ecode == "TIMEOUT" then
-      return nil, what .. ": the run timed out" .. (started and " (the cell had started)" or
-        " before the cell started") .. ": " .. tostring(msg), "TIMEOUT",
-        errors.detail(nil, msg, { started = started, sent = true, output_started = started, partial = exec })
+      -- The request may have reached the kernel unless the core knows it never
+      -- left (a connect timeout): then the cell may be running, output or not.
+      local may_run = started or sent ~= false
+      return nil, what .. ": the run timed out" .. (may_run and " (the cell may have started)" or
+        " before the request was sent") .. ": " .. tostring(msg), "TIMEOUT",
+        errors.detail(nil, msg, { started = may_run, sent = sent ~= false, output_started = started,
+          partial = exec })
     end
     if started then
       return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
@@ -498,10 +502,10 @@ local function execute_outcome(st, what, timeout, elapsed, res, msg, ecode, sent
     return nil, what .. ": the stream ended without any output", "STREAM_BROKEN",
       errors.detail(200, "empty stream", { started = false, sent = true })
   end
-  local e = exec.error
-  if timeout > 0 and e and elapsed >= timeout and (e.name == "KeyboardInterrupt"
-    or (e.name == "BashError" and e.value == "exit status 130")) then
-    -- The server interrupted the cell at its timeout.
+  if timeout > 0 and elapsed >= timeout then
+    -- The run reached its timeout: the server interrupted the cell then,
+    -- whatever the kernel says about it (an error, or none: an interrupt can
+    -- land where the kernel ends the cell without one).
     return nil, ("%s: the run timed out after %gs (the cell was interrupted)"):format(what, timeout), "TIMEOUT",
       errors.detail(200, "interrupted at the timeout", { started = true, sent = true, output_started = true,
         partial = exec })
@@ -531,8 +535,8 @@ end
 --   replaced = n (characters replaced by U+FFFD) }`
 -- @return[2] nil, msg, code, detail: "SANDBOX_GONE" for the proxy's 502 before any output,
 --   "STREAM_BROKEN" when the stream broke after output started (never retried), "TIMEOUT" with
---   `detail.started` (whether the cell started) and `detail.partial`; `detail.sent` says whether
---   the request may have reached the server
+--   `detail.started` (whether the cell may have started: true once the request may have left)
+--   and `detail.partial`; `detail.sent` says whether the request may have reached the server
 function Sandbox:run_code(code, opts)
   check_sandbox(self, "run_code")
   argcheck(type(code) == "string", 1, "run_code", "string expected, got " .. type(code))
