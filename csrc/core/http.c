@@ -158,6 +158,8 @@ struct warmbox_xfer {
   int own_easy;                 /* batch handles are ours to clean up */
   struct curl_slist *headers;
   warmbox_buf body;             /* response body (streamed 2xx bodies are not kept) */
+  size_t max_body;              /* 0: no limit; else a longer body aborts the transfer */
+  int too_large;                /* the body went past max_body */
   warmbox_buf head;             /* header lines of the last response */
   char errbuf[CURL_ERROR_SIZE];
   char method[16];
@@ -267,6 +269,11 @@ static size_t warmbox_on_write(char *p, size_t size, size_t n, void *ud) {
       return 0;  /* anything but len aborts the transfer */
     }
   }
+  if (x->max_body && len > x->max_body - x->body.len) {
+    /* Counted on the bytes that arrive, whatever the answer said its size is. */
+    x->too_large = 1;
+    return 0;
+  }
   if (warmbox_buf_append(&x->body, p, len)) {
     x->oom = 1;
     return 0;
@@ -340,7 +347,7 @@ static void warmbox_xfer_free(warmbox_xfer *x) {
 
 /* Pass 1: validate a request table (raises on misuse; allocates nothing). */
 static const char *const warmbox_req_fields[] = {"method", "url", "headers", "body", "timeout",
-  "connect_timeout", "retry", "stream", "on_chunk", "max_frame", NULL};
+  "connect_timeout", "retry", "stream", "on_chunk", "max_frame", "max_body", NULL};
 static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", "statuses",
   "refused", NULL};
 
@@ -396,6 +403,7 @@ static void warmbox_check_request(lua_State *L, int idx, int arg, int mode) {
   warmbox_opt_number(L, idx, arg, "timeout", 0, "");
   warmbox_opt_number(L, idx, arg, "connect_timeout", 0, "");
   warmbox_opt_number(L, idx, arg, "max_frame", 1, "");
+  warmbox_opt_number(L, idx, arg, "max_body", 0, "");
   lua_getfield(L, idx, "headers");
   if (!lua_isnil(L, -1)) {
     int t = lua_gettop(L);
@@ -577,6 +585,8 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
     if (mf > (double)WARMBOX_MAX_FRAME) mf = (double)WARMBOX_MAX_FRAME;
     if (mf < 1) mf = 1;
     warmbox_stream_init(&x->parser, x->stream_mode, (size_t)mf);
+    mf = warmbox_opt_number(L, idx, arg, "max_body", 0, "");
+    x->max_body = mf >= (double)SIZE_MAX ? SIZE_MAX : (size_t)mf;
   }
 
   curl_easy_setopt(easy, CURLOPT_URL, url);
@@ -595,6 +605,9 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   if (h->proxy) curl_easy_setopt(easy, CURLOPT_PROXY, h->proxy);
   if (h->user_agent) curl_easy_setopt(easy, CURLOPT_USERAGENT, h->user_agent);
   if (h->ca_file) curl_easy_setopt(easy, CURLOPT_CAINFO, h->ca_file);
+  /* A Content-Length past max_body is refused before any byte of the body. */
+  if (x->max_body && x->stream_mode == WARMBOX_STREAM_NONE)
+    curl_easy_setopt(easy, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(x->max_body > INT64_MAX ? INT64_MAX : x->max_body));
   t = warmbox_opt_number(L, idx, arg, "timeout", -1, "");
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, t >= 0 ? warmbox_ms(t) : h->timeout_ms);
   t = warmbox_opt_number(L, idx, arg, "connect_timeout", -1, "");
@@ -637,6 +650,7 @@ static void warmbox_xfer_reset_attempt(warmbox_xfer *x) {
   x->errbuf[0] = '\0';
   x->status = 0;
   x->oom = 0;
+  x->too_large = 0;
   x->parse_error = 0;
   x->send_pos = 0;
 }
@@ -730,7 +744,7 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
   f.max_attempts = x->max_attempts;
   f.idempotent = x->idempotent;
   f.delivered = x->delivered > 0;
-  f.local_failure = x->cb_state || x->oom || x->parse_error;
+  f.local_failure = x->cb_state || x->oom || x->parse_error || x->too_large || x->rc == CURLE_FILESIZE_EXCEEDED;
   f.completed = x->rc == CURLE_OK;
   f.status = x->status;
   f.statuses = x->statuses;
@@ -862,6 +876,7 @@ static void warmbox_push_headers(lua_State *L, const warmbox_xfer *x) {
 static int warmbox_push_outcome(lua_State *L, warmbox_xfer *x) {
   if (x->cb_state == 1) return warmbox_push_error(L, x, "aborted by the on_chunk callback", "ABORTED");
   if (x->oom) return warmbox_push_error(L, x, "out of memory", "TRANSPORT");
+  if (x->too_large || x->rc == CURLE_FILESIZE_EXCEEDED) return warmbox_push_error(L, x, "response body larger than max_body", "TOO_LARGE");
   if (x->parse_error == WARMBOX_STREAM_TOOBIG)
     return warmbox_push_error(L, x, "stream frame larger than the limit", "TRANSPORT");
   if (x->parse_error == WARMBOX_STREAM_TRUNCATED)

@@ -27,6 +27,10 @@ _M.codes = {
     .. "warmboxd did not start",
   ABORTED = "a transfer cancelled (by its on_chunk callback, tr:cancel() or the engine's close)",
   HTTP = "any other HTTP status, or an answer that is not what E2B sends",
+  PROTOCOL = "an answer of the wrong shape: a list that is not an array of objects, a file read shorter than "
+    .. "its reported size, an output file name that climbs out of the output directory",
+  TOO_LARGE = "a body longer than the request's limit (the core's max_body, read_file's max_bytes): cut off "
+    .. "while it downloaded",
   IO = "a local file or descriptor operation failed (the file lock, the engine's poll)",
   REDIS = "Redis answered a command with an error",
   TASK = "a warmbox.task task raised (its result carries the error)",

@@ -145,22 +145,62 @@ local function is_dir_entry(e)
   return e.type == "dir" or e.type == "directory" or e.type == "FILE_TYPE_DIRECTORY"
 end
 
+--- Checks an output file's name (from the output report or envd's listing,
+-- both written by code in the sandbox): a relative path below the output
+-- directory. Empty names, NUL, an absolute path and "", "." or ".." parts
+-- are refused, so no name the caller may join to a directory climbs out.
+-- @treturn[1] string the name
+-- @return[2] nil, message
+function _M.check_output_name(name)
+  if type(name) ~= "string" or name == "" or name:find("%z") or name:sub(1, 1) == "/" or #name > 4096 then
+    return nil, string_format("output file name %q is not a relative path", tostring(name))
+  end
+  for part in (name .. "/"):gmatch("([^/]*)/") do
+    if part == "" or part == "." or part == ".." then
+      return nil, string_format("output file name %q climbs out of the output directory", name)
+    end
+  end
+  return name
+end
+local check_output_name = _M.check_output_name
+
+local function protocol_error(msg) return nil, msg, "PROTOCOL" end
+
 -- Adds one output file within the run's byte budget `cap` (a table with
--- `left`); a file past it is dropped (listed in `cap.dropped`).
+-- `left`); a file past it is dropped (listed in `cap.dropped`). `size` is
+-- what the sandbox reported: `read(max)` reads at most `max` bytes (the cap
+-- holds on what is read, not on what is reported), and a file read shorter
+-- than its report is a PROTOCOL error, never a complete file.
 local function take_file(files, cap, name, size, mime, read)
+  local ok, nerr = check_output_name(name)
+  if not ok then return protocol_error(nerr) end
   if size > cap.left then
     cap.dropped[#cap.dropped + 1] = { name = name, size = size }
     return true
   end
-  local data, err, code = read()
+  local data, err, code = read(cap.left)
+  if not data and code == "TOO_LARGE" then
+    cap.dropped[#cap.dropped + 1] = { name = name, size = math.max(size, cap.left + 1) }
+    return true
+  end
   if not data then return nil, err, code end
   if #data > cap.left then
     cap.dropped[#cap.dropped + 1] = { name = name, size = #data }
     return true
   end
+  if #data < size then
+    return protocol_error(string_format("output file %q: read %d bytes of the %d reported", name, #data, size))
+  end
   cap.left = cap.left - #data
   files[#files + 1] = { name = name, content = data, mime = mime }
   return true
+end
+
+-- The reported size of an output file: a whole number >= 0, or nil.
+local function size_of(x)
+  local n = tonumber(x)
+  if n and n >= 0 and n == math.floor(n) and n < 2 ^ 53 then return n end
+  return nil
 end
 
 -- Files left in /home/user/output, over envd (languages without the hooks).
@@ -207,8 +247,8 @@ local function collect_envd(sbx, cap)
   for _, e in ipairs(entries) do
     if type(e) == "table" and type(e.name) == "string" and not is_dir_entry(e) and e.type ~= "symlink"
       and e.type ~= "FILE_TYPE_SYMLINK" then
-      local ok, rerr, rcode = take_file(files, cap, e.name, tonumber(e.size) or 0, mime_of(e.name),
-        function() return sbx:read_file(OUTPUT_DIR .. "/" .. e.name) end)
+      local ok, rerr, rcode = take_file(files, cap, e.name, size_of(e.size) or 0, mime_of(e.name),
+        function(max) return sbx:read_file(OUTPUT_DIR .. "/" .. e.name, { max_bytes = max }) end)
       if not ok then return nil, rerr, rcode, files end
     end
   end
@@ -218,18 +258,23 @@ end
 local function files_from_report(sbx, report, cap)
   local files = {}
   for _, f in ipairs(report.files) do
-    if type(f) == "table" and type(f.name) == "string" then
+    if type(f) ~= "table" or type(f.name) ~= "string" then
+      return nil, "the output report lists an entry that is not a file", "PROTOCOL", files
+    else
       -- The name's bytes as they are (a name that is not UTF-8 included).
       local name = f.name
       if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) or name end
       local mime = type(f.mime) == "string" and f.mime or mime_of(name)
       local content = type(f.b64) == "string" and b64_decode(f.b64) or nil
       local ok, err, code
-      if content then
+      local size = size_of(f.size)
+      if not size then
+        ok, err, code = protocol_error(string_format("output file %q: no valid size in the report", name))
+      elseif content then
         ok, err, code = take_file(files, cap, name, #content, mime, function() return content end)
       else
-        ok, err, code = take_file(files, cap, name, tonumber(f.size) or 0, mime,
-          function() return sbx:read_file(OUTPUT_DIR .. "/" .. name) end)
+        ok, err, code = take_file(files, cap, name, size, mime,
+          function(max) return sbx:read_file(OUTPUT_DIR .. "/" .. name, { max_bytes = max }) end)
       end
       if not ok then return nil, err, code, files end
     end

@@ -92,6 +92,11 @@ local function handle(c, req, conn_id)
     c:send("0\r\n\r\n")
   elseif path == "/big" then
     send(c, 200, {}, string.rep("0123456789", 100000))
+  elseif path == "/big_chunked" then
+    -- no Content-Length: only the bytes that arrive tell the size
+    send(c, 200, { ["Transfer-Encoding"] = "chunked" })
+    for _ = 1, 100 do chunk(c, string.rep("0123456789", 1000)) end
+    c:send("0\r\n\r\n")
   elseif path == "/status" then
     send(c, tonumber(q.code), {}, "status " .. q.code)
   else
@@ -260,6 +265,21 @@ describe("warmbox.Http against a raw server", function()
     it("reads a large body", function()
       local res = assert(get("/big"))
       assert.equals(1000000, #res.body)
+    end)
+
+    it("cuts a body past max_body off while it downloads (TOO_LARGE), with or without a Content-Length", function()
+      for _, path in ipairs({ "/big", "/big_chunked" }) do
+        local res, msg, code = get(path, { max_body = 4096 })
+        assert.is_nil(res, path)
+        assert.equals("TOO_LARGE", code, path)
+        assert.truthy(msg:find("max_body", 1, true), path)
+        -- exactly the size fits
+        res = assert(get(path, { max_body = 1000000 }))
+        assert.equals(1000000, #res.body, path)
+      end
+      -- a small body under the limit, and the client still works after a cut
+      assert.equals("hello", assert(get("/hello", { max_body = 5 })).body)
+      assert.has_error(function() h:request{ url = srv.url .. "/hello", max_body = -1 } end)
     end)
 
     it("returns non-2xx statuses as responses", function()

@@ -64,6 +64,67 @@ describe("sessions: inputs and outputs (warmboxd)", function()
     assert.equal("\0\1\2\3", r.files[1].content:sub(1, 4))
   end)
 
+  describe("an output report forged by the sandbox's code (issue 22 item 11, issue 26 item 9)", function()
+    -- The cell removes warmbox's report hook and displays a report of its own.
+    local function forge(entries, setup)
+      local list = {}
+      for _, e in ipairs(entries) do
+        list[#list + 1] = ("{'name': %q, 'size': %d, 'name_b64': base64.b64encode(%q.encode()).decode()%s}")
+          :format(e.name, e.size, e.name, e.b64 and (", 'b64': %q"):format(e.b64) or "")
+      end
+      return table.concat({ "import base64, os", "get_ipython().events.callbacks['post_run_cell'][:] = []",
+        setup or "", "from IPython.display import display",
+        ("display({%q: {'v': 1, 'files': [%s]}}, raw=True)"):format(session.OUTPUTS_MIME, table.concat(list, ", ")),
+      }, "\n")
+    end
+    -- The largest body of a GET /files (an output file read) the client downloaded during fn.
+    local function biggest_read(s, fn)
+      local tp, biggest = s.client.transport, 0
+      tp.request = function(self, req)
+        local res, m, c, d = getmetatable(self).__index.request(self, req)
+        if res and req.method == "GET" and req.url:find("/files?", 1, true) then
+          biggest = math.max(biggest, #res.body)
+        end
+        return res, m, c, d
+      end
+      local ok, r = pcall(fn)
+      tp.request = nil
+      assert(ok, r)
+      return r, biggest
+    end
+
+    it("never downloads more than max_files_bytes of a file its report says is small", function()
+      local s = wb:session("out:forged-size", { max_files_bytes = 1048576 })
+      local r, biggest = biggest_read(s, function()
+        return assert(s:run(forge({ { name = "big.bin", size = 10 } },
+          "open('/home/user/output/big.bin', 'wb').write(b'x' * (3 << 20))")))
+      end)
+      assert.is_true(biggest <= 1048576, "downloaded " .. biggest .. " bytes")
+      assert.same({}, r.files)
+      assert.is_true(r.truncated)
+      assert.equal("big.bin", r.dropped_files[1].name)
+    end)
+
+    it("refuses names that climb out of the output directory (PROTOCOL), never returns them", function()
+      local s = wb:session("out:forged-names")
+      for _, name in ipairs({ "../../../home/victim/.bashrc", "/etc/passwd", "a/../../x", "./x", "a//b" }) do
+        local r = assert(s:run(forge({ { name = name, size = 2, b64 = "aGk=" } })))
+        assert.same({}, r.files, name)
+        assert.equal("PROTOCOL", r.files_error[2], name)
+        assert.matches("output file name", r.files_error[1])
+      end
+    end)
+
+    it("says PROTOCOL for a file read shorter than its reported size, never returns it as complete", function()
+      local s = wb:session("out:forged-short")
+      local r = assert(s:run(forge({ { name = "short.txt", size = 100 } },
+        "open('/home/user/output/short.txt', 'w').write('five!')")))
+      assert.same({}, r.files)
+      assert.equal("PROTOCOL", r.files_error[2])
+      assert.matches("read 5 bytes of the 100 reported", r.files_error[1])
+    end)
+  end)
+
   it("empties the output directory and lists it over envd for other languages", function()
     local s = wb:session("out:bash")
     assert(s:run("mkdir -p /home/user/output && echo old > /home/user/output/old.txt", { language = "bash" }))

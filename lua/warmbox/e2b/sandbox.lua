@@ -95,18 +95,31 @@ local function files_query(self, path)
 end
 
 --- Reads a file.
+-- @tparam string path
+-- @tparam[opt] table opts `max_bytes`: a file longer than this is not read past it (the
+--   transfer is cut off while it downloads, whatever size the answer announced): `TOO_LARGE`
 -- @treturn[1] string the bytes
 -- @return[2] nil, msg, code, detail
-function Sandbox:read_file(path)
+function Sandbox:read_file(path, opts)
   check_sandbox(self, "read_file")
   check_path(path, 1, "read_file")
+  opts = check_options(opts, { max_bytes = "number" }, "read_file", 2)
+  if opts.max_bytes and (opts.max_bytes ~= opts.max_bytes or opts.max_bytes < 0) then
+    errors.bad_option(2, "read_file", "max_bytes", "a number >= 0 expected")
+  end
   local what = ("read '%s' in sandbox '%s'"):format(path, self.sandbox_id)
+  -- max_body 0 is "no limit" to the core: a cap of 0 bytes allows 1 byte, then refuses the file
+  local max_body = opts.max_bytes and math.max(1, math.floor(opts.max_bytes)) or nil
   local res, msg, code, d = dp_request(self, { method = "GET",
     url = self.envd_url .. "/files" .. files_query(self, path), headers = self.envd_headers,
-    retry = self.client.dp_retry }, what)
+    retry = self.client.dp_retry, max_body = max_body }, what)
   if not res then return nil, msg, code, d end
   if res.status ~= 200 then
     return http_failure(res, what, true, ("file '%s' not found in sandbox '%s'"):format(path, self.sandbox_id))
+  end
+  if opts.max_bytes and #res.body > opts.max_bytes then
+    return nil, what .. ": longer than max_bytes (" .. tostring(opts.max_bytes) .. ")", "TOO_LARGE",
+      errors.detail(200, "longer than max_bytes")
   end
   return res.body
 end

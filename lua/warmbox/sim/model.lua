@@ -889,7 +889,7 @@ function Sandbox:write_file(path, data)
   return r[1]
 end
 
-function Sandbox:read_file(path)
+function Sandbox:read_file(path, _)
   return dp(self.model, self.sandbox_id, function()
     return nil, string_format("file '%s' not found", tostring(path)), "NOT_FOUND"
   end)
