@@ -84,10 +84,11 @@ end
 --   lock options), `policy` (nil | table | path), `api_key` (default `$E2B_API_KEY`),
 --   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
 --   server), `warmboxd_args`, `clock` (function returning seconds), `client` (an E2B
---   client to use as is), `secret` (HMAC key of the session fingerprints), `request_timeout`
---   (seconds, (0, 3600]), `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of
---   stdout, stderr and results kept per run, default 16 MiB), `max_files_bytes` (bytes of output
---   files returned per run, default 64 MiB); timeouts must be finite, positive and at most
+--   client to use as is), `secret` (HMAC key of the session fingerprints; default
+--   `warmbox.tag.installation_secret()`), `request_timeout` (seconds, (0, 3600]),
+--   `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of stdout, stderr and
+--   results kept per run, default 16 MiB), `max_files_bytes` (bytes of output files
+--   returned per run, default 64 MiB); timeouts must be finite, positive and at most
 --   `max_run_length`
 -- @treturn[1] warmbox.Warmbox
 -- @return[2] nil, message, code (the embedded warmboxd did not start, the policy did not load)

@@ -31,6 +31,79 @@ local function fp_field(s)
   return #s .. ":" .. s
 end
 
+-- ------------------------------------------------------------------
+-- The installation's fingerprint secret (issue 22 item 12)
+-- ------------------------------------------------------------------
+
+local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
+
+--- Where the installation's secret lives: `$XDG_STATE_HOME/warmbox/secret`, else
+-- `~/.local/state/warmbox/secret` (persistent: a secret that changed would give every
+-- session a new fingerprint, so a new sandbox).
+-- @treturn string
+function _M.secret_path()
+  local st = nonempty(os.getenv("XDG_STATE_HOME"))
+  local dir = st and st .. "/warmbox" or (nonempty(os.getenv("HOME")) or "/nonexistent") .. "/.local/state/warmbox"
+  return dir .. "/secret", dir
+end
+
+local installation = {} -- path -> secret, read once per process
+
+local function random_hex(n)
+  local f, err = io.open("/dev/urandom", "rb")
+  if not f then return nil, "cannot read /dev/urandom: " .. tostring(err) end
+  local b = f:read(n)
+  f:close()
+  if not b or #b ~= n then return nil, "short read from /dev/urandom" end
+  return (b:gsub(".", function(c) return string_format("%02x", string_byte(c)) end))
+end
+
+-- Reads the secret under the file's lock, writing a new one when the file is
+-- empty: every process of the user gets the one that was written first.
+local function read_or_make(core, path)
+  local fl, err, code = core.flock_open(path)
+  if not fl then return nil, err, code end
+  local ok, lerr = fl:lock(30)
+  if not ok then
+    fl:close()
+    return nil, "cannot lock " .. path .. ": " .. tostring(lerr), "IO"
+  end
+  local s, rerr = fl:read()
+  if s and not (#s >= 32 and s:match("^%x+$")) then s = nil end
+  if not s and not rerr then
+    s, rerr = random_hex(32)
+    if s then
+      local w, werr = fl:write(s)
+      if not w then s, rerr = nil, werr end
+    end
+  end
+  fl:unlock()
+  fl:close()
+  if not s then return nil, "session secret " .. path .. ": " .. tostring(rerr), "IO" end
+  return s
+end
+
+--- The installation's fingerprint secret (the default of `secret`): 32 random bytes
+-- (hex), made once per user in `secret_path()` (mode 0600, in a directory of
+-- this user that no one else may write to, created 0700), shared by every
+-- process of the user, read once per process.
+-- @treturn[1] string
+-- @return[2] nil, msg, "IO"
+function _M.installation_secret()
+  local path, dir = _M.secret_path()
+  if installation[path] then return installation[path] end
+  local core = require "warmbox.core"
+  if not core.private_dir(dir) then
+    os.execute("mkdir -p -m 0700 " .. require("warmbox.util").sh_quote(dir) .. " 2>/dev/null")
+  end
+  local ok, err, code = core.private_dir(dir)
+  if not ok then return nil, "session secret: " .. err, code end
+  local s, serr, scode = read_or_make(core, path)
+  if not s then return nil, serr, scode end
+  installation[path] = s
+  return s
+end
+
 --- The session tag value for a key: `wb1.<fingerprint>.<encoded key>`.
 -- The fingerprint is an HMAC-SHA-256 (first 16 hex digits) of what is baked
 -- into a sandbox at creation (template, env vars and their values, actor), so
@@ -39,7 +112,8 @@ end
 -- longer than `MAX_ENCODED_KEY` bytes is replaced by `~h<sha256>`.
 -- @tparam string key the session key, any bytes
 -- @tparam[opt] table opts `template`, `env`, `actor`, `secret` (HMAC key,
---   default "warmbox"), `hmac` (function(key, s) -> hex), `sha256`
+--   default `installation_secret()`; raises when that cannot be had),
+--   `hmac` (function(key, s) -> hex), `sha256`
 -- @treturn string
 function _M.tag_value(key, opts)
   if type(key) ~= "string" or key == "" then
@@ -61,7 +135,13 @@ function _M.tag_value(key, opts)
     parts[#parts + 1] = fp_field(k)
     parts[#parts + 1] = fp_field(opts.env[k])
   end
-  local fp = hmac(opts.secret or "warmbox", table_concat(parts, "\n")):sub(1, FP_LEN)
+  local secret = opts.secret
+  if not secret then
+    local err
+    secret, err = _M.installation_secret()
+    if not secret then error(err, 2) end
+  end
+  local fp = hmac(secret, table_concat(parts, "\n")):sub(1, FP_LEN)
   local enc = encode_key(key)
   if #enc > _M.MAX_ENCODED_KEY then enc = "~h" .. sha256(key) end
   return TAG_PREFIX .. fp .. "." .. enc

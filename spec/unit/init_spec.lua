@@ -39,6 +39,8 @@ local function fake_lock()
 end
 
 local function fake_client(items) return require("spec.helpers.fake_e2b").new{ items = items } end
+-- The fake core has no state files: sessions get their fingerprint secret here.
+local SECRET = "spec-secret"
 
 insulate("warmbox", function()
   it("adds no globals", function()
@@ -84,12 +86,14 @@ insulate("warmbox", function()
         assert.is_false(ok, "accepted " .. tostring(k) .. " = " .. tostring(o[k]))
         assert.matches("^bad argument #1 to 'new' %(option '" .. k .. "': ", err:gsub("^[^:]*:%d+: ", ""))
       end
-      local wb = assert(warmbox.new{ client = fake_client({}), exec_timeout = 3600, max_run_length = 3600,
+      local wb = assert(warmbox.new{ client = fake_client({}), secret = SECRET, exec_timeout = 3600,
+        max_run_length = 3600,
         max_output = 1024, max_files_bytes = 2048 })
       local s = wb:session("k")
       assert.equal(1024, s.max_output)
       assert.equal(2048, s.max_files_bytes)
-      assert.equal(16 * 1048576, assert(warmbox.new{ client = fake_client({}) }):session("k").max_output)
+      local wb16 = assert(warmbox.new{ client = fake_client({}), secret = SECRET })
+      assert.equal(16 * 1048576, wb16:session("k").max_output)
       for _, o in ipairs({ { exec_timeout = math.huge }, { idle_timeout = 0 / 0 }, { exec_timeout = 7200 },
         { max_output = 0 }, { max_files_bytes = 2.5 }, { exec_timeout = "1" } }) do
         local k = next(o)
@@ -146,9 +150,9 @@ insulate("warmbox", function()
     it("kill and list only the sandboxes whose tag decodes to the key, any fingerprint", function()
       local warmbox = fresh_warmbox()
       local session = require "warmbox.session"
-      local o = { hmac = fakes.hmac, sha256 = fake_hash }
+      local o = { hmac = fakes.hmac, sha256 = fake_hash, secret = SECRET }
       local a1 = session.tag_value("w:1", o)
-      local a2 = session.tag_value("w:1", { hmac = o.hmac, sha256 = o.sha256, actor = "bob" })
+      local a2 = session.tag_value("w:1", { hmac = o.hmac, sha256 = o.sha256, actor = "bob", secret = SECRET })
       local b = session.tag_value("w:10", o)
       local items = {
         { sandbox_id = "s1", metadata = { warmboxSessionId = a1 }, state = "running" },
@@ -160,7 +164,7 @@ insulate("warmbox", function()
       local client = fake_client(items)
       local lk = fake_lock()
       lk.state[a1] = '{"v":1,"sandbox_id":"s1"}'
-      local wb = warmbox.new{ client = client, lock = lk }
+      local wb = warmbox.new{ client = client, lock = lk, secret = SECRET }
       local list = assert(wb:sessions())
       assert.equal(3, #list)
       assert.same({ "w:1", "w:1", "w:10" }, { list[1].key, list[2].key, list[3].key })
@@ -174,12 +178,12 @@ insulate("warmbox", function()
     it("returns BUSY while a run holds the session", function()
       local warmbox = fresh_warmbox()
       local session = require "warmbox.session"
-      local o = { hmac = fakes.hmac, sha256 = fake_hash }
+      local o = { hmac = fakes.hmac, sha256 = fake_hash, secret = SECRET }
       local a1 = session.tag_value("w:1", o)
       local client = fake_client({ { sandbox_id = "s1", metadata = { warmboxSessionId = a1 } } })
       local lk = fake_lock()
       lk.held[a1] = true
-      local wb = warmbox.new{ client = client, lock = lk }
+      local wb = warmbox.new{ client = client, lock = lk, secret = SECRET }
       local n, err, code = wb:release("w:1")
       assert.is_nil(n)
       assert.matches("busy", err)

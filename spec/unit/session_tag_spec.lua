@@ -91,3 +91,63 @@ describe("warmbox.session base64", function()
     assert.equal("aGVsbG8=", session.b64_encode("hello"))
   end)
 end)
+
+-- Issue 22 item 12: the fingerprint's default key was the public "warmbox".
+describe("warmbox.tag installation secret", function()
+  local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
+  local dir
+
+  before_each(function()
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -m 0700 " .. dir))
+  end)
+  after_each(function() os.execute("rm -rf " .. dir) end)
+
+  -- Runs `code` in a fresh lua5.4 with XDG_STATE_HOME = dir (its output, its status).
+  local function child(code, background)
+    local cmd = ("XDG_STATE_HOME='%s' LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' lua5.4 -e %q 2>&1")
+      :format(dir, build, code)
+    if background then return io.popen(cmd) end
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    local ok = p:close()
+    return out, ok
+  end
+  local TV = "io.write(require('warmbox.tag').tag_value('k'))"
+
+  it("makes one random secret per user (0600, in a 0700 directory) that every process uses", function()
+    -- four processes at once on a state directory without a secret: they agree
+    local ps = {}
+    for i = 1, 4 do ps[i] = child(TV, true) end
+    local values = {}
+    for i, p in ipairs(ps) do
+      values[i] = p:read("a")
+      assert.is_true(p:close(), values[i])
+    end
+    for i = 2, 4 do assert.equal(values[1], values[i]) end
+    assert.matches("^wb1%.%x+%.k$", values[1])
+    local f = assert(io.open(dir .. "/warmbox/secret", "rb"))
+    local secret = f:read("a")
+    f:close()
+    assert.matches("^" .. ("%x"):rep(64) .. "$", secret)
+    assert.equal("600", io.popen("stat -c %a " .. dir .. "/warmbox/secret"):read("l"))
+    assert.equal("700", io.popen("stat -c %a " .. dir .. "/warmbox"):read("l"))
+    -- it is that secret, not the public default; a configured secret still wins
+    local tag = require "warmbox.tag"
+    assert.equal(tag.tag_value("k", { secret = secret }), values[1])
+    assert.are_not.equal(tag.tag_value("k", { secret = "warmbox" }), values[1])
+    assert.equal(tag.tag_value("k", { secret = "mine" }),
+      child("io.write(require('warmbox.tag').tag_value('k', { secret = 'mine' }))"))
+    -- a later process reads the same one
+    assert.equal(values[1], child(TV))
+  end)
+
+  it("refuses a state directory others may write to, with a clear error", function()
+    assert(os.execute("mkdir -m 0777 " .. dir .. "/warmbox && chmod 0777 " .. dir .. "/warmbox"))
+    local out, ok = child(TV)
+    assert.is_falsy(ok)
+    assert.matches("session secret", out)
+    assert.matches("writable by others", out)
+  end)
+end)
