@@ -165,6 +165,9 @@ describe("sessions under faults (warmboxd)", function()
       { "POST /sandboxes/{id}/timeout", { status = 500 }, "HTTP" },
       { "POST /sandboxes/{id}/timeout", { status = 429, count = 9, headers = { ["Retry-After"] = "0" } },
         "RATE_LIMITED" },
+      -- issue 26 item 9: a list of the wrong shape is no "no sandboxes" (that made a duplicate)
+      { "GET /v2/sandboxes", { status = 200, body = "{}" }, "PROTOCOL" },
+      { "GET /v2/sandboxes", { status = 200, body = "[1, 2]" }, "PROTOCOL" },
     }
     for i, c in ipairs(cases) do
       local route, fault, want = c[1], c[2], c[3]
@@ -258,6 +261,18 @@ describe("sessions under faults (warmboxd)", function()
     assert.equal("plain.txt", r.files[2].name)
     assert.equal("ok\n", r.files[2].content)
     assert.is_nil(r.files_error)
+  end)
+
+  it("says PROTOCOL in files_error when the output listing has the wrong shape, never no files", function()
+    -- issue 26 item 9: a ListDir answer whose entries are no list read as an empty directory
+    local s = wb:session("faults:listdir-shape")
+    assert(s:run("echo warm", { language = "bash" }))
+    srv:fault{ route = "envd POST /filesystem.Filesystem/ListDir", count = 1, status = 200,
+      body = '{"entries": "x"}' }
+    local r = assert(s:run("echo ok > /home/user/output/a.txt", { language = "bash" }))
+    assert.same({}, r.files)
+    assert.equal("PROTOCOL", r.files_error and r.files_error[2])
+    assert.matches("not a list of objects", r.files_error[1])
   end)
 
   describe("timeouts", function()

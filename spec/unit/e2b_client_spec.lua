@@ -272,6 +272,22 @@ insulate("warmbox.e2b", function()
       assert.equals("list sandboxes: refused", msg)
     end)
 
+    it("says PROTOCOL for a list answer of the wrong shape, never an empty list (issue 26 item 9)", function()
+      for _, body in ipairs({ "{}", '{"sandboxes":[]}', "[1, 2]", '["a"]', "[{}]", '[{"sandboxID": 7}]',
+        '[{"sandboxID":"a"}, null]' }) do
+        push{ body = body }
+        local items, msg, code = c:list_all()
+        assert.is_nil(items, body)
+        assert.equals("PROTOCOL", code, body)
+        assert.matches("^list sandboxes: ", msg)
+      end
+      push{ body = "[]" }
+      assert.same({}, assert(c:list_all()))
+      push{ body = "not json" }
+      local _, _, code = c:list_all()
+      assert.equals("HTTP", code)
+    end)
+
     it("pages expose the next token", function()
       push{ body = cjson.encode({ item("a") }), headers = { ["x-next-token"] = "n1" } }
       local it = c:list_pages{ limit = 1 }
@@ -699,6 +715,27 @@ insulate("warmbox.e2b", function()
         "bad argument #2 to 'run_code' (options 'language' and 'context_id' are mutually exclusive)")
       assert.has_error(function() s:run_code(1) end)
       assert.has_error(function() s:run_code("1", { on_stdout = 1 }) end)
+    end)
+
+    it("says PROTOCOL for a data-plane list of the wrong shape (ListDir, contexts, uploads)", function()
+      for _, body in ipairs({ '{"entries":"x"}', '{"entries":[1]}', '{"entries":{"a":{}}}', "[]", "oops" }) do
+        push{ body = body }
+        local r, _, code = s:list_dir("/home/user/output")
+        assert.is_nil(r, body)
+        assert.equals("PROTOCOL", code, body)
+      end
+      push{ body = '{"entries":[{"name":"a","type":"FILE_TYPE_FILE","size":"1"}]}' }
+      assert.equals("a", assert(s:list_dir("/d"))[1].name)
+      for _, body in ipairs({ "{}", "[1]" }) do
+        push{ body = body }
+        local r, _, code = s:list_contexts()
+        assert.is_nil(r, body)
+        assert.equals("PROTOCOL", code, body)
+        push{ body = body }
+        r, _, code = s:write_files{ { path = "a", data = "x" } }
+        assert.is_nil(r, body)
+        assert.equals("PROTOCOL", code, body)
+      end
     end)
 
     it("contexts", function()

@@ -33,7 +33,8 @@ local Client = { __name = "warmbox.e2b.Client" }
 Client.__index = Client
 local argcheck, check_options, bad_option = errors.argcheck, errors.check_options, errors.bad_option
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
-local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
+local to_sandbox, to_detail, decode_body, decode_array = wire.to_sandbox, wire.to_detail, wire.decode_body,
+  wire.decode_array
 local sandbox_new = sandbox_mod.new
 
 -- ======================================================================
@@ -274,6 +275,8 @@ local function page_path(opts, token)
   return path
 end
 
+local function has_sandbox_id(t) return type(json.value(t.sandboxID)) == "string" end
+
 -- One list page from h:request's answer: items, token_used, next_token |
 -- false, msg, code, token_used, detail.
 local function list_page(res, msg, code, sent, used, filter)
@@ -284,11 +287,9 @@ local function list_page(res, msg, code, sent, used, filter)
     _, m, c, d = http_failure(res, "list sandboxes")
   end
   if m then return false, m, c, used, d end
-  local arr, err = json.decode(res.body)
-  if type(arr) ~= "table" then
-    return false, "list sandboxes: invalid json in the response: " .. tostring(err), "HTTP", used,
-      errors.detail(res.status, res.body)
-  end
+  local arr
+  arr, m, c, d = decode_array(res, "list sandboxes", has_sandbox_id)
+  if not arr then return false, m, c, used, d end
   local items = {}
   for _, t in ipairs(arr) do
     local dt = to_detail(t)

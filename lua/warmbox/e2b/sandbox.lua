@@ -16,7 +16,7 @@ local math_ceil, math_type = math.ceil, math.type
 local argcheck, check_options = errors.argcheck, errors.check_options
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
 local to_entry, to_context, multipart, envelope = wire.to_entry, wire.to_context, wire.multipart, wire.envelope
-local decode_body, lower = wire.decode_body, wire.lower
+local decode_body, decode_array, lower = wire.decode_body, wire.decode_array, wire.lower
 local CONNECT_CODES, RESULT_KEYS, cut_utf8, clean_tree = wire.CONNECT_CODES, wire.RESULT_KEYS, wire.cut_utf8,
   wire.clean_tree
 local v, clean = json.value, json.utf8_clean
@@ -125,10 +125,8 @@ function Sandbox:read_file(path, opts)
 end
 
 local function entries_of(res, what)
-  local arr, err = json.decode(res.body)
-  if type(arr) ~= "table" then
-    return nil, what .. ": invalid json in the response: " .. tostring(err), "HTTP", errors.detail(res.status, res.body)
-  end
+  local arr, m, c, d = decode_array(res, what)
+  if not arr then return nil, m, c, d end
   local out = {}
   for i, e in ipairs(arr) do out[i] = to_entry(e) end
   return out
@@ -196,7 +194,8 @@ local function rpc(self, method, body, what, idempotent, not_found_msg)
     return n, m2, c2, d2
   end
   local t = json.decode(res.body)
-  if type(t) ~= "table" then t = {} end
+  -- 2nd value: the answer was no JSON object (only ListDir's caller cares)
+  if type(t) ~= "table" or not res.body:match("^%s*{") then return {}, true end
   return t
 end
 
@@ -240,10 +239,21 @@ function Sandbox:list_dir(path, depth)
     ("list directory '%s'"):format(path), true,
     ("directory '%s' not found in sandbox '%s'"):format(path, self.sandbox_id))
   if not t then return nil, msg, code, d end
-  local out = {}
-  for _, e in ipairs(v(t.entries) or {}) do
-    local entry = to_entry(e)
-    if entry then out[#out + 1] = entry end
+  -- Connect's JSON leaves an empty list out; anything else must be a list of objects.
+  local entries = v(t.entries) or {}
+  local out, n, not_object = {}, 0, msg
+  if type(entries) == "table" and not not_object then
+    for _ in pairs(entries) do n = n + 1 end
+  else
+    out = nil
+  end
+  for i = 1, n do
+    out[i] = to_entry(entries[i])
+    if not out[i] then out = nil break end
+  end
+  if not out then
+    return nil, ("list directory '%s': the answer's entries are not a list of objects"):format(path), "PROTOCOL",
+      errors.detail(200, "bad entries")
   end
   return out
 end
@@ -631,7 +641,7 @@ function Sandbox:list_contexts()
   local what = ("list contexts in sandbox '%s'"):format(self.sandbox_id)
   local res, msg, code, d = interp_call(self, "GET", "/contexts", nil, what, nil, true)
   if not res then return nil, msg, code, d end
-  local t, m2, c2, d2 = decode_body(res, what)
+  local t, m2, c2, d2 = decode_array(res, what)
   if not t then return nil, m2, c2, d2 end
   local out = {}
   for i, c in ipairs(t) do out[i] = to_context(c) end

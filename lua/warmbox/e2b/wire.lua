@@ -99,9 +99,31 @@ local function decode_body(res, what)
   return t
 end
 
+-- The decoded JSON array of objects of a success answer, or nil, msg,
+-- "PROTOCOL" (an object, or an item that is no object: never an empty list),
+-- or nil, msg, "HTTP" for a body that is not JSON. `want(item)` may say an
+-- item lacks what it must have.
+local function decode_array(res, what, want)
+  local arr, m, c, d = decode_body(res, what)
+  if not arr then return nil, m, c, d end
+  if not res.body:match("^%s*%[") then
+    return nil, what .. ": the answer is not a JSON array", "PROTOCOL", errors.detail(res.status, res.body)
+  end
+  local n = 0
+  for _ in pairs(arr) do n = n + 1 end
+  for i = 1, n do
+    if type(arr[i]) ~= "table" or (want and not want(arr[i])) then
+      return nil, ("%s: item %d of the answer is not the object it should be"):format(what, i), "PROTOCOL",
+        errors.detail(res.status, res.body)
+    end
+  end
+  return arr
+end
+
 _M.lower = lower
 _M.body_message = body_message
 _M.decode_body = decode_body
+_M.decode_array = decode_array
 _M.http_failure = http_failure
 _M.transport_failure = transport_failure
 
