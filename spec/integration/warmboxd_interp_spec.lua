@@ -425,6 +425,17 @@ describe("warmboxd code interpreter", function()
       assert.are.equal(1, #of_type(lines, "error"))
       assert.are.equal("9\n", stdout_text(run(sb, { code = "echo $KEEP", language = "bash" })))
     end)
+
+    it("ends a bash cell with an error when the interrupt lands while the cell is handed over", function()
+      -- issue 22 item 15: 15 MB of env_vars take the kernel seconds to write to
+      -- the shell, so the timeout's interrupt lands in that write; it used to
+      -- end the cell with no error (an empty success) and a half-written shell
+      local lines = run(sb, { code = "while :; do :; done", language = "bash", timeout = 1,
+        env_vars = { BIG = ("x"):rep(15 * 1048576) } })
+      local errs = of_type(lines, "error")
+      assert.are.equal(1, #errs, cjson.encode(lines))
+      assert.are.equal("ok\n", stdout_text(run(sb, { code = "echo ok", language = "bash" })))
+    end)
   end)
 
   describe("serialization", function()
