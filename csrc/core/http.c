@@ -876,7 +876,8 @@ static void warmbox_push_headers(lua_State *L, const warmbox_xfer *x) {
 static int warmbox_push_outcome(lua_State *L, warmbox_xfer *x) {
   if (x->cb_state == 1) return warmbox_push_error(L, x, "aborted by the on_chunk callback", "ABORTED");
   if (x->oom) return warmbox_push_error(L, x, "out of memory", "TRANSPORT");
-  if (x->too_large || x->rc == CURLE_FILESIZE_EXCEEDED) return warmbox_push_error(L, x, "response body larger than max_body", "TOO_LARGE");
+  if (x->too_large || x->rc == CURLE_FILESIZE_EXCEEDED)
+    return warmbox_push_error(L, x, "response body larger than max_body", "TOO_LARGE");
   if (x->parse_error == WARMBOX_STREAM_TOOBIG)
     return warmbox_push_error(L, x, "stream frame larger than the limit", "TRANSPORT");
   if (x->parse_error == WARMBOX_STREAM_TRUNCATED)
