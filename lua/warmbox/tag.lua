@@ -40,11 +40,13 @@ local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
 --- Where the installation's secret lives: `$XDG_STATE_HOME/warmbox/secret`, else
 -- `~/.local/state/warmbox/secret` (persistent: a secret that changed would give every
 -- session a new fingerprint, so a new sandbox).
--- @treturn string
+-- @treturn[1] string
+-- @return[2] nil when neither `XDG_STATE_HOME` nor `HOME` is set
 function _M.secret_path()
-  local st = nonempty(os.getenv("XDG_STATE_HOME"))
-  local dir = st and st .. "/warmbox" or (nonempty(os.getenv("HOME")) or "/nonexistent") .. "/.local/state/warmbox"
-  return dir .. "/secret", dir
+  local st, home = nonempty(os.getenv("XDG_STATE_HOME")), nonempty(os.getenv("HOME"))
+  if not st and not home then return nil end
+  local dir = st and st .. "/warmbox" or home .. "/.local/state/warmbox"
+  return dir .. "/secret", dir, st or home
 end
 
 local installation = {} -- path -> secret, read once per process
@@ -90,11 +92,14 @@ end
 -- @treturn[1] string
 -- @return[2] nil, msg, "IO"
 function _M.installation_secret()
-  local path, dir = _M.secret_path()
+  local path, dir, base = _M.secret_path()
+  if not path then return nil, "session secret: neither XDG_STATE_HOME nor HOME is set", "IO" end
   if installation[path] then return installation[path] end
   local core = require "warmbox.core"
-  if not core.private_dir(dir) then
-    os.execute("mkdir -p -m 0700 " .. require("warmbox.util").sh_quote(dir) .. " 2>/dev/null")
+  local q = require("warmbox.util").sh_quote
+  if not core.private_dir(dir) and os.execute("test -d " .. q(base)) then
+    -- made below an existing XDG_STATE_HOME or HOME only (never a HOME that is not there)
+    os.execute("mkdir -p -m 0700 " .. q(dir) .. " 2>/dev/null")
   end
   local ok, err, code = core.private_dir(dir)
   if not ok then return nil, "session secret: " .. err, code end
@@ -139,7 +144,7 @@ function _M.tag_value(key, opts)
   if not secret then
     local err
     secret, err = _M.installation_secret()
-    if not secret then error(err, 2) end
+    if not secret then error(err .. " (or configure `secret`)", 2) end
   end
   local fp = hmac(secret, table_concat(parts, "\n")):sub(1, FP_LEN)
   local enc = encode_key(key)

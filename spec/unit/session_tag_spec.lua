@@ -149,5 +149,11 @@ describe("warmbox.tag installation secret", function()
     assert.is_falsy(ok)
     assert.matches("session secret", out)
     assert.matches("writable by others", out)
+    -- nowhere to keep it: an error that says so, nothing made
+    local p = io.popen(("env -u HOME -u XDG_STATE_HOME LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' "
+      .. "lua5.4 -e %q 2>&1"):format(build, TV))
+    out = p:read("a")
+    assert.is_falsy(p:close())
+    assert.matches("neither XDG_STATE_HOME nor HOME is set %(or configure `secret`%)", out)
   end)
 end)
