@@ -16,6 +16,7 @@
  */
 #include "rt_priv.h"
 #include "envd_util.h"
+#include "jail.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -32,9 +33,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <linux/audit.h>
 #include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <stddef.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -766,43 +765,11 @@ static const char *const etc_ro[] = {
 /* Seccomp                                                             */
 /* ------------------------------------------------------------------ */
 
-/* Syscalls a sandbox never needs that widen the kernel surface it can reach
- * (keyrings, eBPF, perf, userfaultfd, io_uring, handles, modules, clocks):
- * they fail with EPERM. x86-64 only; other ABIs on it (i386, x32) are
- * refused whole. */
-#ifdef __x86_64__
-static const int seccomp_deny[] = {
-  SYS_keyctl, SYS_add_key, SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd,
-  SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register, SYS_open_by_handle_at, SYS_name_to_handle_at,
-  SYS_kexec_load, SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_acct,
-  SYS_swapon, SYS_swapoff, SYS_reboot, SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex,
-  SYS_quotactl, SYS_lookup_dcookie, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_setns, SYS_unshare,
-};
-#define N_DENY (sizeof seccomp_deny / sizeof *seccomp_deny)
-static struct sock_filter g_bpf[N_DENY + 8];
+/* The program (seccomp.c), built once at init. */
+static struct sock_filter g_bpf[WBD_SECCOMP_MAX];
 static size_t g_bpf_len;
 
-static void seccomp_build(void) {
-  size_t n = 0;
-  struct sock_filter *f = g_bpf;
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
-  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
-  /* x32 (bit 30): deny */
-  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, (unsigned char)(N_DENY + 1), 0);
-  for (size_t i = 0; i < N_DENY; i++)
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)seccomp_deny[i],
-                                          (unsigned char)(N_DENY - i), 0);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
-  g_bpf_len = n;
-}
-#else
-static struct sock_filter g_bpf[1];
-static size_t g_bpf_len;
-static void seccomp_build(void) { g_bpf_len = 0; }
-#endif
+static void seccomp_build(void) { g_bpf_len = wbd_seccomp_build(g_bpf, WBD_SECCOMP_MAX); }
 
 /* A pipe holding the program for bubblewrap's --seccomp, or -1. */
 const unsigned char *wbd_embedded(const char *name, size_t *len);
