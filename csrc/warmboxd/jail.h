@@ -16,4 +16,12 @@
  * where there is none (not x86-64). */
 size_t wbd_seccomp_build(struct sock_filter *f, size_t cap);
 
+/* A host uid range of `slots` uids for this instance's jails (warmboxd is
+ * root): `want` exactly when nonzero, else the first free one of the
+ * default ranges from `base`. Free: no account of /etc/passwd or group in
+ * it, no process running as one of its uids, and no other warmboxd holding
+ * its lock (an flock on <lock_dir>/uids-<first>.lock, kept until exit).
+ * Returns the first uid, or 0 with why filled. */
+uid_t wbd_uid_range_take(const char *lock_dir, uid_t base, uid_t want, unsigned slots, char *why, size_t len);
+
 #endif

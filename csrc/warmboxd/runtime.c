@@ -54,6 +54,8 @@
 /* One host uid per live sandbox when warmboxd is root: base + slot. */
 #define UID_SLOTS 4096
 #define UID_BASE_DEFAULT 1900000000u
+/* Where a root warmboxd locks its uid range (uidmap.c). */
+#define UID_LOCK_DIR "/run/warmboxd"
 #define PIDS_MAX_DEFAULT 256
 #define MEMORY_MB_DEFAULT 512
 #define DISK_MB_DEFAULT 1024
@@ -2148,7 +2150,17 @@ int wbd_rt_init(void) {
   }
   g_root = geteuid() == 0;
   const char *e;
-  if ((e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0) g_uid_base = (uid_t)atol(e);
+  uid_t want = (e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0 ? (uid_t)atol(e) : 0;
+  if (g_root && !wbd_opt.unisolated) {
+    char why[512];
+    g_uid_base = wbd_uid_range_take(UID_LOCK_DIR, UID_BASE_DEFAULT, want, UID_SLOTS, why, sizeof why);
+    if (!g_uid_base) {
+      fprintf(stderr, "warmboxd: no host uid range for the jails: %s\n", why);
+      return -1;
+    }
+    if (wbd_opt.verbose) fprintf(stderr, "warmboxd: jails run as host uids %lu-%lu\n", (unsigned long)g_uid_base,
+                                 (unsigned long)g_uid_base + UID_SLOTS - 1);
+  }
   if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
   g_have_slirp = access(SLIRP, X_OK) == 0;
   seccomp_build();

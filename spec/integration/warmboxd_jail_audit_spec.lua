@@ -54,4 +54,29 @@ describe("warmboxd jail audit", function()
       kill(srv, box)
     end)
   end)
+
+  describe("host uids (as root)", function()
+    local function home_uid(server, box)
+      -- the first sandbox of a server runs in slot 0: the range's first uid
+      assert.are.equal("", py(server, box, "open('/home/user/.probe', 'w').close()\n''"))
+      local p = assert(io.popen("stat -c %u " .. wbd.sh_quote(server:sandbox_home(box.sandboxID) .. "/.probe")))
+      local uid = tonumber(p:read("a"))
+      p:close()
+      return assert(uid)
+    end
+
+    it("gives a second instance a range of its own, and refuses one another instance holds", function()
+      local other = wbd.start{}
+      local a, b = http.create_interp(srv), http.create_interp(other)
+      local ua, ub = home_uid(srv, a), home_uid(other, b)
+      assert.is_true(math.abs(ua - ub) >= 4096, ua .. " and " .. ub .. " are in one range")
+      kill(other, b)
+      other:stop()
+      -- an explicit base inside a range that is taken: the server does not start
+      local ok, err = pcall(wbd.start, { wrapper = "env WARMBOXD_JAIL_UID_BASE=" .. ua })
+      assert.is_false(ok)
+      assert.matches("no host uid range for the jails: uids " .. ua .. "%-%d+ are ", err)
+      kill(srv, a)
+    end)
+  end)
 end)
