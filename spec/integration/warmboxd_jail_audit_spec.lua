@@ -6,6 +6,7 @@
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local nd = require "spec.helpers.ndjson"
+local envd = require "spec.helpers.envd"
 
 local main_text, error_of = nd.main_text, nd.error_in
 
@@ -77,6 +78,62 @@ describe("warmboxd jail audit", function()
       assert.is_false(ok)
       assert.matches("no host uid range for the jails: uids " .. ua .. "%-%d+ are ", err)
       kill(srv, a)
+    end)
+  end)
+
+  describe("directory watchers", function()
+    local function watcher(box, path, recursive)
+      return http.sandbox(srv, box, 49983, "POST", "/filesystem.Filesystem/CreateWatcher",
+        { json = { path = path, recursive = recursive }, headers = envd.RPC })
+    end
+
+    local function inotify_fds(pid)
+      local p = assert(io.popen("ls -l /proc/" .. pid .. "/fd 2>/dev/null | grep -c inotify"))
+      local n = tonumber(p:read("a"))
+      p:close()
+      return n
+    end
+
+    it("share one inotify instance for every sandbox (the host allows a uid 128)", function()
+      local boxes = {}
+      for i = 1, 3 do
+        boxes[i] = http.create_interp(srv)
+        for _ = 1, 4 do
+          local res = watcher(boxes[i], "/home/user", false)
+          assert.are.equal(200, res.status, res.body)
+        end
+      end
+      assert.are.equal(1, inotify_fds(srv.pid))
+      -- and each still sees its own sandbox's events only
+      local res = watcher(boxes[1], "/home/user", false)
+      local id = res.json.watcherId
+      assert.are.equal("", py(srv, boxes[1], "open('/home/user/mine.txt', 'w').close()\n''"))
+      assert.are.equal("", py(srv, boxes[2], "open('/home/user/theirs.txt', 'w').close()\n''"))
+      local names = {}
+      wbd.eventually(function()
+        local ev = http.sandbox(srv, boxes[1], 49983, "POST", "/filesystem.Filesystem/GetWatcherEvents",
+          { json = { watcherId = id }, headers = envd.RPC })
+        for _, e in ipairs(ev.json.events or {}) do names[e.name] = true end
+        return names["mine.txt"]
+      end)
+      assert.is_true(names["mine.txt"])
+      assert.is_nil(names["theirs.txt"])
+      for _, b in ipairs(boxes) do kill(srv, b) end
+    end)
+
+    it("bound the directories all of a sandbox's watchers hold, with a clear error", function()
+      local box = http.create_interp(srv)
+      assert.are.equal("3000", py(srv, box, "import os\nfor i in range(3000):\n"
+        .. "    os.makedirs('/home/user/t/%d' % i)\nstr(len(os.listdir('/home/user/t')))"))
+      assert.are.equal(200, watcher(box, "/home/user/t", true).status)
+      assert.are.equal(200, watcher(box, "/home/user/t", true).status)
+      local res = watcher(box, "/home/user/t", true)
+      assert.are.equal(429, res.status, res.body)
+      assert.are.equal("resource_exhausted", res.json.code)
+      assert.matches("8192 for all of a sandbox's watchers", res.json.message, 1, true)
+      -- a watcher of a plain directory still fits
+      assert.are.equal(200, watcher(box, "/tmp", false).status)
+      kill(srv, box)
     end)
   end)
 end)
