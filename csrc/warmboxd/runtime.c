@@ -12,7 +12,8 @@
  * Children are forked by one long-lived spawner thread: PR_SET_PDEATHSIG
  * fires when the *thread* that forked exits, and connection threads come and
  * go, so forking from them would kill kernels at random. With the spawner, a
- * crashed warmboxd still takes its jails down.
+ * crashed warmboxd still takes its jails down. The spawner only forks; the
+ * requesting thread waits (bounded) for its own child's exec.
  */
 #include "rt_priv.h"
 #include "envd_util.h"
@@ -140,6 +141,13 @@ static int g_private_mnt;         /* warmboxd has its own mount namespace: homes
 static int g_have_slirp;
 static long g_pids_max = PIDS_MAX_DEFAULT, g_memory_mb = MEMORY_MB_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
+/* How long a request waits for its jail's child to exec (or fail) before it
+ * kills it: WARMBOXD_SPAWN_TIMEOUT_MS. */
+#define SPAWN_TIMEOUT_MS_DEFAULT 30000
+static int g_spawn_timeout_ms = SPAWN_TIMEOUT_MS_DEFAULT;
+/* For tests (WARMBOXD_TEST_SPAWN_STALL): a child whose argv holds this
+ * string hangs before its exec, as one stuck in the kernel would. */
+static const char *g_stall;
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -464,6 +472,7 @@ struct spawn_job {
   gid_t gid;
   long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
   pid_t pid;
+  int errfd;                /* the child's error pipe, until job_finish */
   int err;
   int done;
   int out_net, out_userns;  /* JOB_NETNS: the namespaces made */
@@ -482,7 +491,7 @@ static void job_init(struct spawn_job *j) {
   memset(j, 0, sizeof *j);
   for (int i = 0; i < 3; i++) j->fds[i] = -1;
   for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
-  j->userns_fd = j->net_fd = j->out_net = j->out_userns = -1;
+  j->userns_fd = j->net_fd = j->out_net = j->out_userns = j->errfd = -1;
 }
 
 static void child_fail(int errpipe, int e) {
@@ -606,9 +615,16 @@ static int stage_binds(const struct spawn_job *j) {
   return 0;
 }
 
+static void child_stall(char **argv) {
+  for (int i = 0; g_stall && argv[i]; i++)
+    if (strcmp(argv[i], g_stall) == 0)
+      for (;;) pause();
+}
+
 static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   for (int i = 0; i < CG_N; i++)
     if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {}
+  child_stall(j->argv);
   setsid();
   /* A pty process: its own fresh terminal becomes the new session's
    * controlling one (job control, ^C, SIGWINCH on a resize). */
@@ -664,6 +680,8 @@ static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   child_fail(errpipe, errno);
 }
 
+/* The spawner thread's part: the fork alone (j->pid, j->errfd: the read end
+ * of the child's error pipe), so that it never waits for a child. */
 static void run_job(struct spawn_job *j) {
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {
@@ -684,11 +702,41 @@ static void run_job(struct spawn_job *j) {
     child_exec(j, parent, ep[1]);
   }
   close(ep[1]);
-  int e = 0;
+  j->pid = pid;
+  j->errfd = ep[0];
+}
+
+/* The child's word on its error pipe: 0 and *e set, 1 at EOF (it exec'd),
+ * -ETIMEDOUT when it said nothing within the spawn timeout. */
+static int errpipe_read(int fd, int *e) {
+  struct pollfd pf = { fd, POLLIN, 0 };
+  int pr;
+  while ((pr = poll(&pf, 1, g_spawn_timeout_ms)) < 0 && errno == EINTR) {}
+  if (pr == 0) return -ETIMEDOUT;
   ssize_t r;
-  do r = read(ep[0], &e, sizeof e);
+  do r = read(fd, e, sizeof *e);
   while (r < 0 && errno == EINTR);
-  close(ep[0]);
+  return r == (ssize_t)sizeof *e ? 0 : 1;
+}
+
+/* The caller's part, in its own thread: waits (at most the spawn timeout)
+ * for the child to exec or fail, so a child that hangs before its exec holds
+ * up its own sandbox's request only; it is then killed. */
+static void job_finish(struct spawn_job *j) {
+  pid_t pid = j->pid;
+  int e = 0;
+  int rd = errpipe_read(j->errfd, &e);
+  close(j->errfd);
+  j->errfd = -1;
+  if (rd == -ETIMEDOUT) {
+    fprintf(stderr, "warmboxd: a jail did not start within %d ms: killed\n", g_spawn_timeout_ms);
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    j->pid = 0;
+    j->err = -ETIMEDOUT;
+    return;
+  }
+  ssize_t r = rd == 0 ? (ssize_t)sizeof e : 0;
   if (j->kind == JOB_NETNS) {
     if (r == (ssize_t)sizeof e && e == 0) {
       char p[64];
@@ -709,10 +757,9 @@ static void run_job(struct spawn_job *j) {
   if (r == (ssize_t)sizeof e) {
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    j->pid = 0;
     j->err = -e;
-    return;
   }
-  j->pid = pid;
 }
 
 static void *spawner(void *arg) {
@@ -747,6 +794,7 @@ static int spawn_via_thread(struct spawn_job *j) {
   pthread_cond_broadcast(&sp_cond);
   while (!j->done) pthread_cond_wait(&sp_cond, &sp_mu);
   pthread_mutex_unlock(&sp_mu);
+  if (!j->err) job_finish(j);
   return j->err;
 }
 
@@ -1174,6 +1222,31 @@ static int root_prepare(const struct wbd_rt *rt, const char *root) {
     if ((mkdir(p, own[i].mode) != 0 && errno != EEXIST) || chown(p, rt->uid, rt->gid) != 0 ||
         chmod(p, own[i].mode) != 0)
       return -1;
+  }
+  return 0;
+}
+
+/* jail is `s` or one of its ancestors. */
+static int holds(const char *jail, const char *s) {
+  size_t n = strlen(jail);
+  if (strcmp(jail, "/") == 0) return 1;
+  return strncmp(s, jail, n) == 0 && (s[n] == 0 || s[n] == '/');
+}
+
+int wbd_rt_skeleton(const char *jail) {
+  static const char *const fixed[] = { "/usr", "/proc", "/dev", "/home/user", "/tmp", "/root", "/run",
+                                       "/var/tmp", "/etc/passwd", "/etc/group", "/etc/resolv.conf", NULL };
+  if (!g_isolated || !jail || !*jail) return 0;
+  for (int i = 0; fixed[i]; i++)
+    if (holds(jail, fixed[i])) return 1;
+  char p[PATH_MAX];
+  for (int i = 0; top_dirs[i]; i++) {
+    snprintf(p, sizeof p, "/%s", top_dirs[i]);
+    if (holds(jail, p)) return 1;
+  }
+  for (int i = 0; etc_ro[i]; i++) {
+    snprintf(p, sizeof p, "/etc/%s", etc_ro[i]);
+    if (holds(jail, p)) return 1;
   }
   return 0;
 }
@@ -2162,6 +2235,8 @@ int wbd_rt_init(void) {
                                  (unsigned long)g_uid_base + UID_SLOTS - 1);
   }
   if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
+  if ((e = getenv("WARMBOXD_SPAWN_TIMEOUT_MS")) && atoi(e) > 0) g_spawn_timeout_ms = atoi(e);
+  g_stall = (e = getenv("WARMBOXD_TEST_SPAWN_STALL")) && *e ? e : NULL;
   g_have_slirp = access(SLIRP, X_OK) == 0;
   seccomp_build();
   if (!wbd_opt.unisolated && g_root) {

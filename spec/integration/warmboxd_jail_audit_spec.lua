@@ -136,4 +136,108 @@ describe("warmboxd jail audit", function()
       kill(srv, box)
     end)
   end)
+
+  describe("spawning", function()
+    local stalled
+    lazy_setup(function()
+      stalled = wbd.start{ wrapper = "env WARMBOXD_TEST_SPAWN_STALL=/wbd-stall WARMBOXD_SPAWN_TIMEOUT_MS=8000 "
+        .. (os.getenv("WARMBOXD_WRAPPER") or "") }
+    end)
+    lazy_teardown(function() if stalled then stalled:stop() end end)
+
+    local function start_body(cmd)
+      local json = assert(http.cjson.encode({ process = { cmd = cmd, args = {} } }))
+      return string.pack(">I1I4", 0, #json) .. json
+    end
+
+    local function start(box, cmd)
+      return http.sandbox(stalled, box, 49983, "POST", "/process.Process/Start",
+        { body = start_body(cmd), headers = envd.STREAM, timeout = 60 })
+    end
+
+    -- Children of the server that are still warmboxd (forked, not exec'd).
+    local function unexeced()
+      local p = assert(io.popen("for d in /proc/[0-9]*; do s=$(cat $d/stat 2>/dev/null) || continue; "
+        .. "set -- $s; [ \"$4\" = " .. stalled.pid .. " ] && [ \"$2\" = '(warmboxd)' ] && echo ${d#/proc/}; "
+        .. "done"))
+      local out = p:read("a")
+      p:close()
+      return out:match("%d+")
+    end
+
+    it("a child that never execs holds up its own request only, and is killed at the spawn timeout", function()
+      local a, b = http.create(stalled), http.create(stalled)
+      local out, done = os.tmpname(), os.tmpname() .. ".rc"
+      local body = os.tmpname()
+      local f = assert(io.open(body, "wb"))
+      f:write(start_body("/wbd-stall"))
+      f:close()
+      local cmd = table.concat({ "env -u LD_PRELOAD curl -sS --max-time 60 -o", wbd.sh_quote(out),
+        "-H", wbd.sh_quote("E2b-Sandbox-Id: " .. a.sandboxID), "-H", wbd.sh_quote("E2b-Sandbox-Port: 49983"),
+        "-H", wbd.sh_quote("Content-Type: application/connect+json"),
+        a.envdAccessToken and ("-H " .. wbd.sh_quote("X-Access-Token: " .. a.envdAccessToken)) or "",
+        "--data-binary", wbd.sh_quote("@" .. body), wbd.sh_quote(stalled.url .. "/process.Process/Start") }, " ")
+      os.execute("( " .. cmd .. " 2>/dev/null; echo $? > " .. wbd.sh_quote(done) .. " ) &")
+      local child = wbd.eventually(unexeced, 30)
+      assert.is_truthy(child, "the stalled child never appeared")
+      -- another sandbox starts a process meanwhile
+      local res = start(b, "/bin/true")
+      assert.are.equal(200, res.status, res.body)
+      assert.matches('"exited":true', res.body)
+      assert.is_nil(wbd.read_all(done), "the stalled request ended before the other sandbox's")
+      assert.are.equal(child, unexeced())
+      -- the stalled one fails cleanly, its child killed and reaped
+      assert.is_truthy(wbd.eventually(function() return wbd.read_all(done) end, 60))
+      local got = wbd.read_all(out) or ""
+      assert.matches("timed out", got)
+      assert.is_nil(unexeced())
+      os.remove(out)
+      os.remove(done)
+      os.remove(body)
+      -- and its sandbox starts processes again
+      res = start(a, "/bin/true")
+      assert.are.equal(200, res.status, res.body)
+      assert.matches('"exited":true', res.body)
+    end)
+  end)
+
+  describe("the jail's skeleton", function()
+    local ROOT = { ["Connect-Protocol-Version"] = "1", Authorization = "Basic cm9vdDo=" }   -- root:
+
+    local function fs(box, method, body)
+      return http.sandbox(srv, box, 49983, "POST", "/filesystem.Filesystem/" .. method,
+        { json = body, headers = ROOT })
+    end
+
+    it("is never removed, renamed or replaced through envd, even as root", function()
+      local box = http.create_interp(srv)
+      assert.are.equal("", py(srv, box, "open('/home/user/f', 'w').close()\n''"))
+      local refused = {
+        { "Remove", { path = "/bin" } }, { "Remove", { path = "/proc" } }, { "Remove", { path = "/home" } },
+        { "Remove", { path = "/etc" } }, { "Remove", { path = "/var" } }, { "Remove", { path = "/var/tmp" } },
+        { "Remove", { path = "/run" } }, { "Remove", { path = "/etc/ssl" } }, { "Remove", { path = "/" } },
+        { "Move", { source = "/dev", destination = "/home/user/dev" } },
+        { "Move", { source = "/lib64", destination = "/opt/lib64" } },
+        { "Move", { source = "/home/user/f", destination = "/proc" } },
+        { "Move", { source = "/etc", destination = "/etc2" } },
+      }
+      for _, c in ipairs(refused) do
+        local res = fs(box, c[1], c[2])
+        assert.are.equal(403, res.status, c[1] .. " " .. http.cjson.encode(c[2]) .. ": " .. res.body)
+        assert.are.equal("permission_denied", res.json.code)
+        -- /proc and /dev are not served at all; the rest names the skeleton
+        if not res.json.message:find("not served", 1, true) then assert.matches("skeleton", res.json.message) end
+      end
+      -- nothing changed: the jail still starts processes through its /bin, /proc and /dev
+      assert.are.equal("ok", py(srv, box, "import subprocess\nsubprocess.run(['/bin/sh', '-c', "
+        .. "'test -d /proc/self && test -c /dev/null && test -d /var/tmp && test -d /run && test -f /home/user/f "
+        .. "&& echo ok'], capture_output=True, text=True).stdout.strip()"))
+      -- the rest of the sandbox's own root is root's to change
+      assert.are.equal(200, fs(box, "MakeDir", { path = "/opt/a" }).status)
+      assert.are.equal(200, fs(box, "Move", { source = "/opt/a", destination = "/opt/b" }).status)
+      assert.are.equal(200, fs(box, "Remove", { path = "/opt/b" }).status)
+      assert.are.equal(200, fs(box, "Remove", { path = "/run/x" }).status)
+      kill(srv, box)
+    end)
+  end)
 end)
