@@ -24,4 +24,10 @@ size_t wbd_seccomp_build(struct sock_filter *f, size_t cap);
  * Returns the first uid, or 0 with why filled. */
 uid_t wbd_uid_range_take(const char *lock_dir, uid_t base, uid_t want, unsigned slots, char *why, size_t len);
 
+/* Without root: moves the (still single-threaded) process into a user
+ * namespace of its own that maps only its uid and gid to themselves, where
+ * it may make a mount namespace and size-limited tmpfs mounts. 0 or -1
+ * (errno). */
+int wbd_userns_enter(void);
+
 #endif

@@ -61,6 +61,9 @@
 #define MEMORY_MB_DEFAULT 512
 #define DISK_MB_DEFAULT 1024
 #define CPU_COUNT_DEFAULT 2
+/* Without root: a sandbox's share of the user's inotify quota. */
+#define USERNS_INOTIFY_INSTANCES 16
+#define USERNS_INOTIFY_WATCHES 8192
 enum { CG_FREEZER, CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
 static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
 #define JAIL_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -568,6 +571,15 @@ static void child_netns(pid_t parent, int errpipe) {
     if (write_at("/proc/self/uid_map", m) != 0) child_fail(errpipe, errno);
     snprintf(m, sizeof m, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
     if (write_at("/proc/self/gid_map", m) != 0) child_fail(errpipe, errno);
+    /* Every sandbox runs as warmboxd's own uid here, so the kernel's per-uid
+     * inotify quota (128 instances host-wide) would be one for all of them:
+     * this namespace's own limits give each sandbox a share (the kernel
+     * charges every level of nested user namespaces). */
+    char lim[24];
+    snprintf(lim, sizeof lim, "%d", USERNS_INOTIFY_INSTANCES);
+    if (write_at("/proc/sys/user/max_inotify_instances", lim) != 0) child_fail(errpipe, errno);
+    snprintf(lim, sizeof lim, "%d", USERNS_INOTIFY_WATCHES);
+    if (write_at("/proc/sys/user/max_inotify_watches", lim) != 0) child_fail(errpipe, errno);
   }
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   struct ifreq ifr;
@@ -972,6 +984,17 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
   }
   sv_add(a, "--dev");
   sv_add(a, "/dev");
+  /* /dev/shm: a tmpfs of its own (bubblewrap's /dev has no size limit),
+   * half the memory limit as on a VM; in the user namespace of the jail, so
+   * without root too. */
+  char shm[32];
+  snprintf(shm, sizeof shm, "%lld", (long long)g_memory_mb << 19);
+  sv_add(a, "--perms");
+  sv_add(a, "01777");
+  sv_add(a, "--size");
+  sv_add(a, shm);
+  sv_add(a, "--tmpfs");
+  sv_add(a, "/dev/shm");
   if (!f->root) {
     sv_add(a, "--size");
     sv_add(a, "16777216");
@@ -2239,11 +2262,14 @@ int wbd_rt_init(void) {
   g_stall = (e = getenv("WARMBOXD_TEST_SPAWN_STALL")) && *e ? e : NULL;
   g_have_slirp = access(SLIRP, X_OK) == 0;
   seccomp_build();
-  if (!wbd_opt.unisolated && g_root) {
+  if (!wbd_opt.unisolated) {
     /* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live
      * and die with it, and the host's mount table does not see them. First, so
-     * that every descriptor warmboxd opens is on one of its own mounts. */
-    if (unshare(CLONE_NEWNS) == 0 && mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0) g_private_mnt = 1;
+     * that every descriptor warmboxd opens is on one of its own mounts.
+     * Without root, in a user namespace of its own (before any thread). */
+    if ((g_root || wbd_userns_enter() == 0) && unshare(CLONE_NEWNS) == 0 &&
+        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0)
+      g_private_mnt = 1;
     else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
   }
   /* Absolute, for bubblewrap's binds and HOME in unisolated mode. */

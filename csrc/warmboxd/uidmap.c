@@ -5,6 +5,9 @@
  * read the /proc of another's. A range is taken with an flock of its own
  * file, held for the life of the process, and only when no account and no
  * running process already uses one of its uids.
+ *
+ * Without root, warmboxd enters a user namespace of its own instead
+ * (wbd_userns_enter), its uid mapped to itself, to own a mount namespace.
  */
 #include "jail.h"
 
@@ -12,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,4 +117,26 @@ uid_t wbd_uid_range_take(const char *lock_dir, uid_t base, uid_t want, unsigned 
     if (try_range(lock_dir, first, slots, why, len) == 0) return first;
   }
   return 0;
+}
+
+static int write_str(const char *path, const char *s) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = write(fd, s, strlen(s));
+  int e = errno;
+  close(fd);
+  errno = e;
+  return n == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+int wbd_userns_enter(void) {
+  uid_t uid = geteuid();
+  gid_t gid = getegid();
+  if (unshare(CLONE_NEWUSER) != 0) return -1;
+  char m[64];
+  if (write_str("/proc/self/setgroups", "deny") != 0 && errno != ENOENT) return -1;
+  snprintf(m, sizeof m, "%lu %lu 1\n", (unsigned long)uid, (unsigned long)uid);
+  if (write_str("/proc/self/uid_map", m) != 0) return -1;
+  snprintf(m, sizeof m, "%lu %lu 1\n", (unsigned long)gid, (unsigned long)gid);
+  return write_str("/proc/self/gid_map", m);
 }

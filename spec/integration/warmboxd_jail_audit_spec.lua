@@ -240,4 +240,112 @@ describe("warmboxd jail audit", function()
       kill(srv, box)
     end)
   end)
+
+  describe("limits", function()
+    local SHM = "import os\nv = os.statvfs('/dev/shm')\nstr(v.f_blocks * v.f_frsize // 1048576)"
+
+    it("/dev/shm is a tmpfs of half the memory limit (root)", function()
+      local box = http.create_interp(srv)
+      assert.are.equal("256", py(srv, box, SHM))
+      kill(srv, box)
+    end)
+
+    describe("without root", function()
+      local nr, data
+      lazy_setup(function()
+        -- as user nobody, with a data directory of its own
+        data = os.tmpname()
+        os.remove(data)
+        assert(os.execute("mkdir -m 0700 " .. wbd.sh_quote(data) .. " && chown nobody " .. wbd.sh_quote(data)))
+        nr = wbd.start{ wrapper = "setpriv --reuid=65534 --regid=65534 --clear-groups env WARMBOXD_PIDS_MAX=40 "
+          .. (os.getenv("WARMBOXD_WRAPPER") or ""), args = { "--data-dir", data .. "/d" } }
+      end)
+      lazy_teardown(function()
+        if nr then nr:stop() end
+        if data then os.execute("rm -rf " .. wbd.sh_quote(data)) end
+      end)
+
+      it("runs as that user, /dev/shm limited as with root", function()
+        local box = http.create_interp(nr)
+        assert.are.equal("256", py(nr, box, SHM))
+        kill(nr, box)
+      end)
+
+      it("home and /tmp share one tmpfs of diskSizeMB, as with root; writes beyond it fail", function()
+        local box = http.create_interp(nr)
+        local size = "import os\nv = os.statvfs('%s')\nstr(v.f_blocks * v.f_frsize // 1048576)"
+        assert.are.equal("1024", py(nr, box, size:format("/home/user")))
+        assert.are.equal("1024", py(nr, box, size:format("/tmp")))
+        -- 1100 MB into home: ENOSPC before the end, and the space comes back
+        assert.are.equal("28", py(nr, box, table.concat({
+          "import errno, os",
+          "chunk = b'x' * (1 << 20)",
+          "try:",
+          "    with open('/home/user/big', 'wb') as f:",
+          "        for _ in range(1100):",
+          "            f.write(chunk)",
+          "    r = 'written'",
+          "except OSError as e:",
+          "    r = str(e.errno)",
+          "os.remove('/home/user/big')",
+          "r",
+        }, "\n")))
+        -- warmboxd's own files stay outside: the data directory on the host is empty of them
+        local p = assert(io.popen("ls -A " .. wbd.sh_quote(data .. "/d/" .. box.sandboxID) .. " 2>&1"))
+        local listed = p:read("a")
+        p:close()
+        assert.are.equal("", listed)
+        kill(nr, box)
+      end)
+
+      it("counts processes per sandbox (WARMBOXD_PIDS_MAX), not for all sandboxes of the user", function()
+        local fork = table.concat({
+          "import os, time",
+          "kids = []",
+          "while len(kids) < 100:",
+          "    try:",
+          "        pid = os.fork()",
+          "    except OSError:",
+          "        break",
+          "    if pid == 0:",
+          "        time.sleep(30)",
+          "        os._exit(0)",
+          "    kids.append(pid)",
+          "n = len(kids)",
+          "for k in kids:",
+          "    os.kill(k, 9)",
+          "    os.waitpid(k, 0)",
+          "str(n >= 30 and n < 40)",
+        }, "\n")
+        local a, b = http.create_interp(nr), http.create_interp(nr)
+        -- a's kernel holds its children while b forks
+        local hold = "import os, time\nkids = []\nfor _ in range(30):\n    pid = os.fork()\n"
+          .. "    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n    kids.append(pid)\nstr(len(kids))"
+        assert.are.equal("30", py(nr, a, hold))
+        assert.are.equal("True", py(nr, b, fork))
+        kill(nr, a)
+        kill(nr, b)
+      end)
+
+      it("gives each sandbox a share of the user's inotify instances", function()
+        local probe = table.concat({
+          "import ctypes",
+          "libc = ctypes.CDLL(None, use_errno=True)",
+          "fds = []",
+          "while len(fds) < 200:",
+          "    fd = libc.inotify_init1(0)",
+          "    if fd < 0:",
+          "        break",
+          "    fds.append(fd)",
+          "str(len(fds))",
+        }, "\n")
+        local a, b = http.create_interp(nr), http.create_interp(nr)
+        -- a keeps its instances (its kernel holds them) while b asks for its own
+        assert.are.equal("16", py(nr, a, probe))
+        assert.are.equal("16", py(nr, b, probe))
+        kill(nr, a)
+        kill(nr, b)
+      end)
+    end)
+  end)
 end)
