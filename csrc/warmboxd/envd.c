@@ -633,6 +633,12 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
 /* filesystem.Filesystem                                               */
 /* ------------------------------------------------------------------ */
 
+/* The jail's mount points and what holds them stay, whoever asks. */
+static enum MHD_Result skeleton_error(struct wbd_req *req, const char *jail) {
+  return rpc_error(req, "permission_denied", "'%s' is part of the sandbox's filesystem skeleton: it cannot be "
+                   "removed, renamed or replaced", jail);
+}
+
 static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in) {
   const char *path = jstr(in, "path", NULL);
   struct wbd_fspath p, q;
@@ -649,6 +655,8 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
       r = rpc_fs_error(req, rc, src);
     } else if ((rc = wbd_fs_resolve_as(sb, dst, user, &q)) < 0) {
       r = rpc_fs_error(req, rc, dst);
+    } else if (wbd_rt_skeleton(p.jail) || wbd_rt_skeleton(q.jail)) {
+      r = skeleton_error(req, wbd_rt_skeleton(p.jail) ? p.jail : q.jail);
     } else if ((rc = wbd_fs_move(&p, &q)) < 0) {
       r = rpc_fs_error(req, rc, rc == -ENOENT ? p.jail : q.jail);
     } else {
@@ -707,7 +715,9 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
       else
         r = rpc_fs_error(req, err, p.jail);
     }
-  } else {   /* Remove */
+  } else if (wbd_rt_skeleton(p.jail)) {   /* Remove */
+    r = skeleton_error(req, p.jail);
+  } else {
     rc = wbd_fs_remove(&p);
     r = rc < 0 ? rpc_fs_error(req, rc, p.jail) : rpc_ok(req, NULL);
   }

@@ -15,6 +15,13 @@
  * Directories are opened beneath the watched one (envd_fs.c's openat2) and
  * watched through /proc/self/fd/N, so a symlink swapped in by the sandbox
  * never makes warmboxd watch a host directory.
+ *
+ * Every watcher of every sandbox shares one inotify instance (the kernel
+ * allows a uid 128 of them, host-wide): a reader thread reads it and copies
+ * each event to the queue of every watcher holding its watch descriptor
+ * (two watchers of one directory share it: counted references), bounded by
+ * WATCH_QUEUE_MAX bytes per watcher (then the watcher has overflowed, as
+ * inotify's own queue would), and wakes the watcher's eventfd.
  */
 #include "envd_watch.h"
 #include "envd_fs.h"
@@ -40,6 +47,7 @@
 #define WATCH_MASK (IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB | IN_MODIFY | IN_DELETE | \
                     IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
 #define WALK_MAX_DEPTH 256
+#define WATCH_QUEUE_MAX (1 << 20)
 
 struct wd_ent {
   int wd;
@@ -51,9 +59,10 @@ struct watcher {
   char sbid[32];
   char id[24];               /* "w" + 20 random characters; polled watchers only */
   int stream;
-  int ifd;                   /* inotify */
-  int wake;                  /* eventfd: written when the sandbox stops running */
+  int wake;                  /* eventfd: events queued, or the sandbox stopped running */
   int gone;                  /* the sandbox stopped running (under mu) */
+  struct wbd_buf queue;      /* raw inotify events for this watcher (under mu) */
+  int overflow;              /* the queue was full: events were lost (under mu) */
   int recursive, include_entry;
   struct wbd_fspath base;    /* root: the watched directory (O_PATH); jail: its path */
   struct wd_ent *wds;
@@ -62,9 +71,21 @@ struct watcher {
   char error_msg[256];
 };
 
+/* mu guards the registry, every watcher's wds, queue and flags, and the
+ * shared instance's references. */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct watcher *watchers;
+static struct watcher *g_pending;   /* being made: not yet counted or found, but fed events */
 static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
+static int g_ifd = -1;       /* the shared inotify instance, -1 when it cannot be made */
+static int g_ifd_errno;
+
+/* Watch descriptors of the shared instance and how many watchers hold each. */
+struct wd_ref {
+  int wd, refs;
+};
+static struct wd_ref *g_refs;
+static size_t g_nrefs, g_caprefs;
 
 /* ------------------------------------------------------------------ */
 /* Connect replies                                                     */
@@ -163,12 +184,48 @@ static const char *jstr(json_t *o, const char *camel, const char *snake) {
 /* Watchers                                                            */
 /* ------------------------------------------------------------------ */
 
+static struct wd_ref *ref_find(int wd) {
+  for (size_t i = 0; i < g_nrefs; i++)
+    if (g_refs[i].wd == wd) return &g_refs[i];
+  return NULL;
+}
+
+static void ref_take(int wd) {
+  struct wd_ref *r = ref_find(wd);
+  if (r) {
+    r->refs++;
+    return;
+  }
+  if (g_nrefs == g_caprefs) {
+    size_t nc = g_caprefs ? g_caprefs * 2 : 64;
+    struct wd_ref *nv = realloc(g_refs, nc * sizeof *nv);
+    if (!nv) abort();
+    g_refs = nv;
+    g_caprefs = nc;
+  }
+  g_refs[g_nrefs].wd = wd;
+  g_refs[g_nrefs++].refs = 1;
+}
+
+/* The watcher no longer holds wd; the last holder removes the kernel watch
+ * (rm_watch 0) or knows it is gone already (the directory went). */
+static void ref_drop(int wd, int rm_watch) {
+  struct wd_ref *r = ref_find(wd);
+  if (!r || --r->refs > 0) return;
+  if (rm_watch) inotify_rm_watch(g_ifd, wd);
+  *r = g_refs[--g_nrefs];
+}
+
+/* Under mu (a watcher being made holds it too). */
 static void watcher_free(struct watcher *w) {
-  if (w->ifd >= 0) close(w->ifd);
   if (w->wake >= 0) close(w->wake);
   wbd_fs_release(&w->base);
-  for (size_t i = 0; i < w->nwds; i++) free(w->wds[i].rel);
+  for (size_t i = 0; i < w->nwds; i++) {
+    ref_drop(w->wds[i].wd, 1);
+    free(w->wds[i].rel);
+  }
   free(w->wds);
+  wbd_buf_free(&w->queue);
   free(w);
 }
 
@@ -194,7 +251,68 @@ static void on_leave(struct wbd_sandbox *sb) {
   pthread_mutex_unlock(&mu);
 }
 
-static void set_hook(void) { wbd_store_set_leave_hook(on_leave); }
+static const char *wd_rel(struct watcher *w, int wd);
+
+/* Copies one event to every watcher holding its wd (all of them on an
+ * overflow of the shared queue). Under mu. */
+static void dispatch_to(struct watcher *list, const struct inotify_event *ev) {
+  size_t sz = sizeof *ev + ev->len;
+  for (struct watcher *w = list; w; w = w->next) {
+    if (!(ev->mask & IN_Q_OVERFLOW) && !wd_rel(w, ev->wd)) continue;
+    if ((ev->mask & IN_Q_OVERFLOW) || w->queue.len - w->queue.off + sz > WATCH_QUEUE_MAX) w->overflow = 1;
+    else if (wbd_buf_add(&w->queue, ev, sz) != 0) abort();
+    uint64_t one = 1;
+    if (write(w->wake, &one, sizeof one) < 0) { /* the counter cannot overflow here */ }
+  }
+}
+
+static void dispatch(const struct inotify_event *ev) {
+  dispatch_to(watchers, ev);
+  dispatch_to(g_pending, ev);
+  /* The directory went: its wd is no more, whoever still lists it. */
+  if (ev->mask & IN_IGNORED) {
+    struct wd_ref *r = ref_find(ev->wd);
+    if (r) *r = g_refs[--g_nrefs];
+  }
+}
+
+static void *reader(void *arg) {
+  (void)arg;
+  char buf[65536] __attribute__((aligned(__alignof__(struct inotify_event))));
+  for (;;) {
+    ssize_t n = read(g_ifd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      struct pollfd pf = { .fd = g_ifd, .events = POLLIN };
+      poll(&pf, 1, -1);
+      continue;
+    }
+    pthread_mutex_lock(&mu);
+    for (char *p = buf; p < buf + n;) {
+      const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+      p += sizeof *ev + ev->len;
+      dispatch(ev);
+    }
+    pthread_mutex_unlock(&mu);
+  }
+  return NULL;
+}
+
+static void set_hook(void) {
+  wbd_store_set_leave_hook(on_leave);
+  g_ifd = inotify_init1(IN_CLOEXEC);
+  g_ifd_errno = errno;
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  if (g_ifd >= 0 && pthread_create(&t, &a, reader, NULL) != 0) {
+    g_ifd_errno = errno;
+    close(g_ifd);
+    g_ifd = -1;
+  }
+  pthread_attr_destroy(&a);
+}
 
 static void set_error(struct watcher *w, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void set_error(struct watcher *w, const char *code, const char *fmt, ...) {
@@ -215,21 +333,32 @@ static const char *wd_rel(struct watcher *w, int wd) {
 static void wd_forget(struct watcher *w, int wd) {
   for (size_t i = 0; i < w->nwds; i++)
     if (w->wds[i].wd == wd) {
+      ref_drop(wd, 0);
       free(w->wds[i].rel);
       w->wds[i] = w->wds[--w->nwds];
       return;
     }
 }
 
+/* Directories the sandbox's watchers hold, w's included. Under mu. */
+static size_t sandbox_dirs(const struct watcher *w) {
+  size_t n = w->nwds;
+  for (const struct watcher *o = watchers; o; o = o->next)
+    if (o != w && strcmp(o->sbid, w->sbid) == 0) n += o->nwds;
+  return n;
+}
+
 /* Watches the open directory `fd` (relative path `rel`); with `recursive`,
- * every directory below too. 0, or -errno (-ENOSPC: over the limit). */
+ * every directory below too. 0, or -errno (-EDQUOT: over the watcher's or
+ * the sandbox's limit; -ENOSPC: the host's). Under mu. */
 static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
-  if (w->nwds >= WBD_WATCH_MAX_DIRS) return -ENOSPC;
+  if (w->nwds >= WBD_WATCH_MAX_DIRS || sandbox_dirs(w) >= WBD_WATCH_SANDBOX_DIRS) return -EDQUOT;
   char proc[64];
   snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-  int wd = inotify_add_watch(w->ifd, proc, WATCH_MASK);
+  int wd = inotify_add_watch(g_ifd, proc, WATCH_MASK);
   if (wd < 0) return -errno;
   if (!wd_rel(w, wd)) {   /* the same directory again (a move): keep its first name */
+    ref_take(wd);
     if (w->nwds == w->cap) {
       size_t nc = w->cap ? w->cap * 2 : 16;
       struct wd_ent *nv = realloc(w->wds, nc * sizeof *nv);
@@ -267,6 +396,14 @@ static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
   return rc;
 }
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static const char *limit_msg(int rc) {
+  if (rc == -ENOSPC) return "the host's inotify watch limit is reached";
+  return "more than " STR(WBD_WATCH_MAX_DIRS) " directories to watch for one watcher, or " STR(
+      WBD_WATCH_SANDBOX_DIRS) " for all of a sandbox's watchers";
+}
+
 /* A directory created or moved in below a recursive watch. */
 static void watch_new_dir(struct watcher *w, struct wbd_sandbox *sb, const char *rel) {
   w->base.sb = sb;
@@ -274,8 +411,7 @@ static void watch_new_dir(struct watcher *w, struct wbd_sandbox *sb, const char 
   if (fd < 0) return;   /* gone again, or replaced by something else */
   int rc = watch_tree(w, fd, rel, 1);
   close(fd);
-  if (rc == -ENOSPC)
-    set_error(w, "resource_exhausted", "watcher error: more than %d directories to watch", WBD_WATCH_MAX_DIRS);
+  if (rc == -EDQUOT || rc == -ENOSPC) set_error(w, "resource_exhausted", "watcher error: %s", limit_msg(rc));
 }
 
 static json_t *event_json(struct watcher *w, struct wbd_sandbox *sb, const char *name, const char *type) {
@@ -297,45 +433,72 @@ static json_t *event_json(struct watcher *w, struct wbd_sandbox *sb, const char 
   return ev;
 }
 
-/* Reads what inotify has (never blocks) and appends FilesystemEvents to
- * `out`; sets the watcher's error on overflow. */
+/* Takes the events queued for the watcher (never blocks) and appends
+ * FilesystemEvents to `out`; sets the watcher's error on overflow. Under mu. */
 static void drain(struct watcher *w, struct wbd_sandbox *sb, json_t *out) {
-  char buf[65536] __attribute__((aligned(__alignof__(struct inotify_event))));
-  for (;;) {
-    ssize_t n = read(w->ifd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;   /* EAGAIN: nothing more now */
-    for (char *p = buf; p < buf + n;) {
-      const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
-      p += sizeof *ev + ev->len;
-      if (ev->mask & IN_Q_OVERFLOW) {
-        set_error(w, "internal", "watcher error: fsnotify: queue or buffer overflow");
-        continue;
-      }
-      const char *rel = wd_rel(w, ev->wd);
-      if (!rel) continue;
-      if (ev->mask & IN_IGNORED) {
-        wd_forget(w, ev->wd);
-        continue;
-      }
-      char name[2 * PATH_MAX];
-      if (ev->len && ev->name[0])
-        snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", ev->name);
-      else if (!*rel)
-        snprintf(name, sizeof name, ".");   /* the watched directory itself */
-      else
-        continue;   /* a subdirectory's own event: its parent reported it */
-      static const struct { uint32_t mask; const char *type; } ops[] = {
-        { IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE" }, { IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME" },
-        { IN_ATTRIB, "EVENT_TYPE_CHMOD" }, { IN_MODIFY, "EVENT_TYPE_WRITE" },
-        { IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE" },
-      };
-      for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
-        if (ev->mask & ops[i].mask) json_array_append_new(out, event_json(w, sb, name, ops[i].type));
-      if (w->recursive && (ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && strcmp(name, ".") != 0)
-        watch_new_dir(w, sb, name);
+  struct wbd_buf q = w->queue;   /* what the reader queued so far; it waits for mu */
+  memset(&w->queue, 0, sizeof w->queue);
+  if (w->overflow) set_error(w, "internal", "watcher error: fsnotify: queue or buffer overflow");
+  for (char *p = q.data + q.off; p < q.data + q.len;) {
+    const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+    p += sizeof *ev + ev->len;
+    const char *rel = wd_rel(w, ev->wd);
+    if (!rel) continue;
+    if (ev->mask & IN_IGNORED) {
+      wd_forget(w, ev->wd);
+      continue;
     }
+    char name[2 * PATH_MAX];
+    if (ev->len && ev->name[0])
+      snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", ev->name);
+    else if (!*rel)
+      snprintf(name, sizeof name, ".");   /* the watched directory itself */
+    else
+      continue;   /* a subdirectory's own event: its parent reported it */
+    static const struct { uint32_t mask; const char *type; } ops[] = {
+      { IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE" }, { IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME" },
+      { IN_ATTRIB, "EVENT_TYPE_CHMOD" }, { IN_MODIFY, "EVENT_TYPE_WRITE" },
+      { IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE" },
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+      if (ev->mask & ops[i].mask) json_array_append_new(out, event_json(w, sb, name, ops[i].type));
+    if (w->recursive && (ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && strcmp(name, ".") != 0)
+      watch_new_dir(w, sb, name);
   }
+  wbd_buf_free(&q);
+}
+
+static void unlink_from(struct watcher **head, struct watcher *w) {
+  for (struct watcher **pp = head; *pp; pp = &(*pp)->next)
+    if (*pp == w) {
+      *pp = w->next;
+      return;
+    }
+}
+
+/* Frees a watcher that is not registered (pending: still on g_pending). */
+static void watcher_discard(struct watcher *w, int pending) {
+  pthread_mutex_lock(&mu);
+  if (pending) unlink_from(&g_pending, w);
+  watcher_free(w);
+  pthread_mutex_unlock(&mu);
+}
+
+static struct watcher *watcher_alloc(struct wbd_sandbox *sb, json_t *in, int stream, const struct wbd_fspath *p) {
+  struct watcher *w = calloc(1, sizeof *w);
+  if (!w) abort();
+  w->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  w->stream = stream;
+  w->recursive = jbool(in, "recursive", "recursive");
+  w->include_entry = jbool(in, "includeEntry", "include_entry");
+  snprintf(w->sbid, sizeof w->sbid, "%s", sb->id);
+  w->base.sb = sb;
+  w->base.root = -1;
+  snprintf(w->base.jail, sizeof w->base.jail, "%s", p->jail);
+  snprintf(w->base.rel, sizeof w->base.rel, ".");
+  w->base.uid = p->uid;
+  w->base.gid = p->gid;
+  return w;
 }
 
 /* A new watcher on `path`, registered for sb; NULL with the reply sent. */
@@ -372,43 +535,34 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
     wbd_fs_release(&p);
     return NULL;
   }
-  struct watcher *w = calloc(1, sizeof *w);
-  if (!w) abort();
-  w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  w->wake = stream ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
-  w->stream = stream;
-  w->recursive = jbool(in, "recursive", "recursive");
-  w->include_entry = jbool(in, "includeEntry", "include_entry");
-  snprintf(w->sbid, sizeof w->sbid, "%s", sb->id);
-  w->base.sb = sb;
-  w->base.root = -1;
-  snprintf(w->base.jail, sizeof w->base.jail, "%s", p.jail);
-  snprintf(w->base.rel, sizeof w->base.rel, ".");
-  w->base.uid = p.uid;
-  w->base.gid = p.gid;
+  struct watcher *w = watcher_alloc(sb, in, stream, &p);
   wbd_fs_release(&p);
-  if (w->ifd < 0 || (stream && w->wake < 0)) {
-    int e = errno;
+  pthread_once(&hook_once, set_hook);
+  if (g_ifd < 0 || w->wake < 0) {
+    int e = g_ifd < 0 ? g_ifd_errno : errno;
     close(fd);
-    watcher_free(w);
+    watcher_discard(w, 0);
     *r = fail(req, "internal", "error creating watcher: %s", strerror(e));
     return NULL;
   }
   w->base.root = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  /* Pending while its directories are added: the reader queues their events. */
+  pthread_mutex_lock(&mu);
+  w->next = g_pending;
+  g_pending = w;
   rc = w->base.root < 0 ? -errno : watch_tree(w, fd, "", 0);
+  pthread_mutex_unlock(&mu);
   close(fd);
   if (rc < 0) {
-    if (rc == -ENOSPC)
-      *r = fail(req, "resource_exhausted", "more than %d directories to watch under %s", WBD_WATCH_MAX_DIRS,
-                w->base.jail);
+    if (rc == -EDQUOT || rc == -ENOSPC)
+      *r = fail(req, "resource_exhausted", "cannot watch %s: %s", w->base.jail, limit_msg(rc));
     else
       *r = fail(req, "internal", "error adding path %s to watcher: %s", w->base.jail, strerror(-rc));
-    watcher_free(w);
+    watcher_discard(w, 1);
     return NULL;
   }
   /* Registered only while the sandbox runs; the count is per sandbox. The
    * store lock comes first, as when the store calls on_leave. */
-  pthread_once(&hook_once, set_hook);
   unsigned char rnd[20];
   static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) abort();
@@ -418,6 +572,7 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
   wbd_store_lock();
   int running = sb->state == WBD_RUNNING, count = 0;
   pthread_mutex_lock(&mu);
+  unlink_from(&g_pending, w);
   for (struct watcher *o = watchers; o; o = o->next) count += strcmp(o->sbid, sb->id) == 0;
   if (running && count < WBD_WATCH_MAX) {
     w->next = watchers;
@@ -426,7 +581,7 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
   pthread_mutex_unlock(&mu);
   wbd_store_unlock();
   if (!running || count >= WBD_WATCH_MAX) {
-    watcher_free(w);
+    watcher_discard(w, 0);
     *r = !running ? fail(req, "unavailable", "the sandbox is not running")
                   : fail(req, "resource_exhausted", "too many watchers in this sandbox (at most %d)", WBD_WATCH_MAX);
     return NULL;
@@ -434,15 +589,6 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
   return w;
 }
 
-static void watcher_unregister(struct watcher *w) {
-  pthread_mutex_lock(&mu);
-  for (struct watcher **pp = &watchers; *pp; pp = &(*pp)->next)
-    if (*pp == w) {
-      *pp = w->next;
-      break;
-    }
-  pthread_mutex_unlock(&mu);
-}
 
 /* ------------------------------------------------------------------ */
 /* WatchDir: the stream                                                */
@@ -483,9 +629,8 @@ static void ws_step(struct wstream *ws) {
     return;
   }
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ws->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  struct pollfd fds[3] = {
-    { .fd = w->ifd, .events = POLLIN }, { .fd = w->wake, .events = POLLIN },
-    { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP },
+  struct pollfd fds[2] = {
+    { .fd = w->wake, .events = POLLIN }, { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP },
   };
   for (;;) {
     pthread_mutex_lock(&mu);
@@ -510,20 +655,23 @@ static void ws_step(struct wstream *ws) {
       return;
     }
     if (due - now < wait_us) wait_us = due - now;
-    int n = poll(fds, 3, (int)((wait_us + 999) / 1000));
+    int n = poll(fds, 2, (int)((wait_us + 999) / 1000));
     if (n < 0 && errno != EINTR) {
       ws->phase = WS_ABORT;
       return;
     }
     if (n <= 0) continue;
-    if (fds[2].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+    if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
       ws->phase = WS_ABORT;   /* the client went away */
       return;
     }
-    if (fds[1].revents) continue;   /* `gone` is set: seen above */
-    if (fds[0].revents) {
+    if (fds[0].revents) {   /* events queued, or `gone` (seen at the top) */
+      uint64_t cnt;
+      if (read(w->wake, &cnt, sizeof cnt) < 0) { /* EAGAIN: already read */ }
       json_t *evs = json_array();
+      pthread_mutex_lock(&mu);
       drain(w, ws->sb, evs);
+      pthread_mutex_unlock(&mu);
       size_t i;
       json_t *ev;
       json_array_foreach(evs, i, ev) envelope_add(&ws->buf, 0, json_pack("{s:O}", "filesystem", ev));
@@ -554,8 +702,10 @@ static ssize_t ws_read(void *cls, uint64_t pos, char *out, size_t max) {
 
 static void ws_done(void *cls) {
   struct wstream *ws = cls;
-  watcher_unregister(ws->w);
+  pthread_mutex_lock(&mu);
+  unlink_from(&watchers, ws->w);
   watcher_free(ws->w);
+  pthread_mutex_unlock(&mu);
   wbd_sandbox_unref(ws->sb);
   wbd_buf_free(&ws->buf);
   free(ws);

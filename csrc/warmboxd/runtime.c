@@ -12,10 +12,12 @@
  * Children are forked by one long-lived spawner thread: PR_SET_PDEATHSIG
  * fires when the *thread* that forked exits, and connection threads come and
  * go, so forking from them would kill kernels at random. With the spawner, a
- * crashed warmboxd still takes its jails down.
+ * crashed warmboxd still takes its jails down. The spawner only forks; the
+ * requesting thread waits (bounded) for its own child's exec.
  */
 #include "rt_priv.h"
 #include "envd_util.h"
+#include "jail.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -32,9 +34,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <linux/audit.h>
 #include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <stddef.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -55,10 +55,15 @@
 /* One host uid per live sandbox when warmboxd is root: base + slot. */
 #define UID_SLOTS 4096
 #define UID_BASE_DEFAULT 1900000000u
+/* Where a root warmboxd locks its uid range (uidmap.c). */
+#define UID_LOCK_DIR "/run/warmboxd"
 #define PIDS_MAX_DEFAULT 256
 #define MEMORY_MB_DEFAULT 512
 #define DISK_MB_DEFAULT 1024
 #define CPU_COUNT_DEFAULT 2
+/* Without root: a sandbox's share of the user's inotify quota. */
+#define USERNS_INOTIFY_INSTANCES 16
+#define USERNS_INOTIFY_WATCHES 8192
 enum { CG_FREEZER, CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
 static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
 #define JAIL_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -139,6 +144,13 @@ static int g_private_mnt;         /* warmboxd has its own mount namespace: homes
 static int g_have_slirp;
 static long g_pids_max = PIDS_MAX_DEFAULT, g_memory_mb = MEMORY_MB_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
+/* How long a request waits for its jail's child to exec (or fail) before it
+ * kills it: WARMBOXD_SPAWN_TIMEOUT_MS. */
+#define SPAWN_TIMEOUT_MS_DEFAULT 30000
+static int g_spawn_timeout_ms = SPAWN_TIMEOUT_MS_DEFAULT;
+/* For tests (WARMBOXD_TEST_SPAWN_STALL): a child whose argv holds this
+ * string hangs before its exec, as one stuck in the kernel would. */
+static const char *g_stall;
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -463,6 +475,7 @@ struct spawn_job {
   gid_t gid;
   long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
   pid_t pid;
+  int errfd;                /* the child's error pipe, until job_finish */
   int err;
   int done;
   int out_net, out_userns;  /* JOB_NETNS: the namespaces made */
@@ -481,7 +494,7 @@ static void job_init(struct spawn_job *j) {
   memset(j, 0, sizeof *j);
   for (int i = 0; i < 3; i++) j->fds[i] = -1;
   for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
-  j->userns_fd = j->net_fd = j->out_net = j->out_userns = -1;
+  j->userns_fd = j->net_fd = j->out_net = j->out_userns = j->errfd = -1;
 }
 
 static void child_fail(int errpipe, int e) {
@@ -558,6 +571,15 @@ static void child_netns(pid_t parent, int errpipe) {
     if (write_at("/proc/self/uid_map", m) != 0) child_fail(errpipe, errno);
     snprintf(m, sizeof m, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
     if (write_at("/proc/self/gid_map", m) != 0) child_fail(errpipe, errno);
+    /* Every sandbox runs as warmboxd's own uid here, so the kernel's per-uid
+     * inotify quota (128 instances host-wide) would be one for all of them:
+     * this namespace's own limits give each sandbox a share (the kernel
+     * charges every level of nested user namespaces). */
+    char lim[24];
+    snprintf(lim, sizeof lim, "%d", USERNS_INOTIFY_INSTANCES);
+    if (write_at("/proc/sys/user/max_inotify_instances", lim) != 0) child_fail(errpipe, errno);
+    snprintf(lim, sizeof lim, "%d", USERNS_INOTIFY_WATCHES);
+    if (write_at("/proc/sys/user/max_inotify_watches", lim) != 0) child_fail(errpipe, errno);
   }
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   struct ifreq ifr;
@@ -605,9 +627,16 @@ static int stage_binds(const struct spawn_job *j) {
   return 0;
 }
 
+static void child_stall(char **argv) {
+  for (int i = 0; g_stall && argv[i]; i++)
+    if (strcmp(argv[i], g_stall) == 0)
+      for (;;) pause();
+}
+
 static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   for (int i = 0; i < CG_N; i++)
     if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {}
+  child_stall(j->argv);
   setsid();
   /* A pty process: its own fresh terminal becomes the new session's
    * controlling one (job control, ^C, SIGWINCH on a resize). */
@@ -663,6 +692,8 @@ static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   child_fail(errpipe, errno);
 }
 
+/* The spawner thread's part: the fork alone (j->pid, j->errfd: the read end
+ * of the child's error pipe), so that it never waits for a child. */
 static void run_job(struct spawn_job *j) {
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {
@@ -683,11 +714,41 @@ static void run_job(struct spawn_job *j) {
     child_exec(j, parent, ep[1]);
   }
   close(ep[1]);
-  int e = 0;
+  j->pid = pid;
+  j->errfd = ep[0];
+}
+
+/* The child's word on its error pipe: 0 and *e set, 1 at EOF (it exec'd),
+ * -ETIMEDOUT when it said nothing within the spawn timeout. */
+static int errpipe_read(int fd, int *e) {
+  struct pollfd pf = { fd, POLLIN, 0 };
+  int pr;
+  while ((pr = poll(&pf, 1, g_spawn_timeout_ms)) < 0 && errno == EINTR) {}
+  if (pr == 0) return -ETIMEDOUT;
   ssize_t r;
-  do r = read(ep[0], &e, sizeof e);
+  do r = read(fd, e, sizeof *e);
   while (r < 0 && errno == EINTR);
-  close(ep[0]);
+  return r == (ssize_t)sizeof *e ? 0 : 1;
+}
+
+/* The caller's part, in its own thread: waits (at most the spawn timeout)
+ * for the child to exec or fail, so a child that hangs before its exec holds
+ * up its own sandbox's request only; it is then killed. */
+static void job_finish(struct spawn_job *j) {
+  pid_t pid = j->pid;
+  int e = 0;
+  int rd = errpipe_read(j->errfd, &e);
+  close(j->errfd);
+  j->errfd = -1;
+  if (rd == -ETIMEDOUT) {
+    fprintf(stderr, "warmboxd: a jail did not start within %d ms: killed\n", g_spawn_timeout_ms);
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    j->pid = 0;
+    j->err = -ETIMEDOUT;
+    return;
+  }
+  ssize_t r = rd == 0 ? (ssize_t)sizeof e : 0;
   if (j->kind == JOB_NETNS) {
     if (r == (ssize_t)sizeof e && e == 0) {
       char p[64];
@@ -708,10 +769,9 @@ static void run_job(struct spawn_job *j) {
   if (r == (ssize_t)sizeof e) {
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    j->pid = 0;
     j->err = -e;
-    return;
   }
-  j->pid = pid;
 }
 
 static void *spawner(void *arg) {
@@ -746,6 +806,7 @@ static int spawn_via_thread(struct spawn_job *j) {
   pthread_cond_broadcast(&sp_cond);
   while (!j->done) pthread_cond_wait(&sp_cond, &sp_mu);
   pthread_mutex_unlock(&sp_mu);
+  if (!j->err) job_finish(j);
   return j->err;
 }
 
@@ -766,43 +827,11 @@ static const char *const etc_ro[] = {
 /* Seccomp                                                             */
 /* ------------------------------------------------------------------ */
 
-/* Syscalls a sandbox never needs that widen the kernel surface it can reach
- * (keyrings, eBPF, perf, userfaultfd, io_uring, handles, modules, clocks):
- * they fail with EPERM. x86-64 only; other ABIs on it (i386, x32) are
- * refused whole. */
-#ifdef __x86_64__
-static const int seccomp_deny[] = {
-  SYS_keyctl, SYS_add_key, SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd,
-  SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register, SYS_open_by_handle_at, SYS_name_to_handle_at,
-  SYS_kexec_load, SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_acct,
-  SYS_swapon, SYS_swapoff, SYS_reboot, SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex,
-  SYS_quotactl, SYS_lookup_dcookie, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_setns, SYS_unshare,
-};
-#define N_DENY (sizeof seccomp_deny / sizeof *seccomp_deny)
-static struct sock_filter g_bpf[N_DENY + 8];
+/* The program (seccomp.c), built once at init. */
+static struct sock_filter g_bpf[WBD_SECCOMP_MAX];
 static size_t g_bpf_len;
 
-static void seccomp_build(void) {
-  size_t n = 0;
-  struct sock_filter *f = g_bpf;
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
-  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
-  /* x32 (bit 30): deny */
-  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, (unsigned char)(N_DENY + 1), 0);
-  for (size_t i = 0; i < N_DENY; i++)
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)seccomp_deny[i],
-                                          (unsigned char)(N_DENY - i), 0);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
-  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
-  g_bpf_len = n;
-}
-#else
-static struct sock_filter g_bpf[1];
-static size_t g_bpf_len;
-static void seccomp_build(void) { g_bpf_len = 0; }
-#endif
+static void seccomp_build(void) { g_bpf_len = wbd_seccomp_build(g_bpf, WBD_SECCOMP_MAX); }
 
 /* A pipe holding the program for bubblewrap's --seccomp, or -1. */
 const unsigned char *wbd_embedded(const char *name, size_t *len);
@@ -955,6 +984,17 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
   }
   sv_add(a, "--dev");
   sv_add(a, "/dev");
+  /* /dev/shm: a tmpfs of its own (bubblewrap's /dev has no size limit),
+   * half the memory limit as on a VM; in the user namespace of the jail, so
+   * without root too. */
+  char shm[32];
+  snprintf(shm, sizeof shm, "%lld", (long long)g_memory_mb << 19);
+  sv_add(a, "--perms");
+  sv_add(a, "01777");
+  sv_add(a, "--size");
+  sv_add(a, shm);
+  sv_add(a, "--tmpfs");
+  sv_add(a, "/dev/shm");
   if (!f->root) {
     sv_add(a, "--size");
     sv_add(a, "16777216");
@@ -1205,6 +1245,31 @@ static int root_prepare(const struct wbd_rt *rt, const char *root) {
     if ((mkdir(p, own[i].mode) != 0 && errno != EEXIST) || chown(p, rt->uid, rt->gid) != 0 ||
         chmod(p, own[i].mode) != 0)
       return -1;
+  }
+  return 0;
+}
+
+/* jail is `s` or one of its ancestors. */
+static int holds(const char *jail, const char *s) {
+  size_t n = strlen(jail);
+  if (strcmp(jail, "/") == 0) return 1;
+  return strncmp(s, jail, n) == 0 && (s[n] == 0 || s[n] == '/');
+}
+
+int wbd_rt_skeleton(const char *jail) {
+  static const char *const fixed[] = { "/usr", "/proc", "/dev", "/home/user", "/tmp", "/root", "/run",
+                                       "/var/tmp", "/etc/passwd", "/etc/group", "/etc/resolv.conf", NULL };
+  if (!g_isolated || !jail || !*jail) return 0;
+  for (int i = 0; fixed[i]; i++)
+    if (holds(jail, fixed[i])) return 1;
+  char p[PATH_MAX];
+  for (int i = 0; top_dirs[i]; i++) {
+    snprintf(p, sizeof p, "/%s", top_dirs[i]);
+    if (holds(jail, p)) return 1;
+  }
+  for (int i = 0; etc_ro[i]; i++) {
+    snprintf(p, sizeof p, "/etc/%s", etc_ro[i]);
+    if (holds(jail, p)) return 1;
   }
   return 0;
 }
@@ -2181,15 +2246,30 @@ int wbd_rt_init(void) {
   }
   g_root = geteuid() == 0;
   const char *e;
-  if ((e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0) g_uid_base = (uid_t)atol(e);
+  uid_t want = (e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0 ? (uid_t)atol(e) : 0;
+  if (g_root && !wbd_opt.unisolated) {
+    char why[512];
+    g_uid_base = wbd_uid_range_take(UID_LOCK_DIR, UID_BASE_DEFAULT, want, UID_SLOTS, why, sizeof why);
+    if (!g_uid_base) {
+      fprintf(stderr, "warmboxd: no host uid range for the jails: %s\n", why);
+      return -1;
+    }
+    if (wbd_opt.verbose) fprintf(stderr, "warmboxd: jails run as host uids %lu-%lu\n", (unsigned long)g_uid_base,
+                                 (unsigned long)g_uid_base + UID_SLOTS - 1);
+  }
   if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
+  if ((e = getenv("WARMBOXD_SPAWN_TIMEOUT_MS")) && atoi(e) > 0) g_spawn_timeout_ms = atoi(e);
+  g_stall = (e = getenv("WARMBOXD_TEST_SPAWN_STALL")) && *e ? e : NULL;
   g_have_slirp = access(SLIRP, X_OK) == 0;
   seccomp_build();
-  if (!wbd_opt.unisolated && g_root) {
+  if (!wbd_opt.unisolated) {
     /* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live
      * and die with it, and the host's mount table does not see them. First, so
-     * that every descriptor warmboxd opens is on one of its own mounts. */
-    if (unshare(CLONE_NEWNS) == 0 && mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0) g_private_mnt = 1;
+     * that every descriptor warmboxd opens is on one of its own mounts.
+     * Without root, in a user namespace of its own (before any thread). */
+    if ((g_root || wbd_userns_enter() == 0) && unshare(CLONE_NEWNS) == 0 &&
+        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0)
+      g_private_mnt = 1;
     else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
   }
   /* Absolute, for bubblewrap's binds and HOME in unisolated mode. */

@@ -30,6 +30,12 @@ enum { WBD_TREE_OWN = 0, WBD_TREE_HOST = 1 };
 int wbd_rt_isolated(void);
 
 int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest);
+/* 1 when removing or renaming the cleaned jail path `jail` (or moving
+ * something onto it) would take away part of the jail's skeleton: a mount
+ * point or top-level symlink root_prepare made in the sandbox's `/`, /root,
+ * /run, /var/tmp, or a directory holding one. envd refuses those
+ * (permission_denied) for every user; 0 otherwise and when unisolated. */
+int wbd_rt_skeleton(const char *jail);
 
 /* Starts argv inside the sandbox's jail (bubblewrap, or unisolated when
  * wbd_opt.unisolated), cwd and paths as the jail sees them, environment =

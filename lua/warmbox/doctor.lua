@@ -49,6 +49,48 @@ local function check(name, status, detail, fix)
   return { name = name, status = status, detail = detail, fix = fix }
 end
 
+-- A cgroup v2 subtree this user may manage (systemd's user slice delegates
+-- one): its directory when it has the memory controller, or nil.
+local function delegated_cgroup2()
+  local f = io_open("/proc/self/cgroup", "rb")
+  local own = f and f:read("a"):match("\n?0::(/[^\n]*)")
+  if f then f:close() end
+  if not own then return nil end
+  for _, mnt in ipairs({ "/sys/fs/cgroup", "/sys/fs/cgroup/unified" }) do
+    local controllers = read_line(mnt .. "/cgroup.controllers")
+    if controllers then
+      local dir = (mnt .. own):gsub("/$", "")
+      local mine = read_line(dir .. "/cgroup.controllers") or ""
+      if mine:find("memory", 1, true) and os_execute("test -w " .. sh_quote(dir .. "/cgroup.subtree_control")) then
+        return dir
+      end
+      return nil
+    end
+  end
+  return nil
+end
+
+--- Which per-sandbox limits a warmboxd run by this user gets (HACKING.md,
+-- "Containment", Limits). "ok" as root with cgroup v1's memory controller,
+-- else "warn" naming what holds and what does not.
+local function limits_check()
+  local _, uid = run("id -u")
+  if uid == "0" and os_execute("test -w /sys/fs/cgroup/memory -a -w /sys/fs/cgroup/pids") then
+    return check("sandbox limits", "ok", "as root: per sandbox a memory cgroup (memoryMB, its files included), "
+      .. "pids (256) and cpu (2 cores) cgroups, one tmpfs of diskSizeMB for home and /tmp, /dev/shm of half "
+      .. "memoryMB, a host uid of its own (processes and inotify counted per sandbox)")
+  end
+  local cg = delegated_cgroup2()
+  return check("sandbox limits", "warn", (uid == "0" and "as root without cgroup v1 memory and pids" or
+    "without root") .. ": per sandbox one tmpfs of diskSizeMB for home and /tmp (in warmboxd's own user "
+    .. "and mount namespaces), 256 processes (counted in its user namespace), 16 inotify instances and "
+    .. "8192 watches; per process RLIMIT_DATA = memoryMB and /dev/shm of half memoryMB; NO limit on a "
+    .. "sandbox's total memory (its processes together) or cpu; "
+    .. (cg and ("a delegated cgroup v2 subtree (" .. cg .. ") is there, but warmboxd does not use one yet")
+      or "no delegated cgroup v2 subtree with the memory controller"),
+    "run warmboxd as root (with /sys/fs/cgroup/memory and pids) for per-sandbox memory and cpu limits")
+end
+
 --- The checks of the embedded server (warmboxd on this machine).
 -- @tparam table opts `find_bin` (`warmbox.server.find_bin`: given by the caller, so
 --   doctor and server do not require each other), `warmboxd` (the binary)
@@ -128,6 +170,7 @@ function _M.embedded(opts)
     add(check("cgroup freezer", "warn", "no writable cgroup-v1 freezer: a pause stops the sandbox with SIGSTOP "
       .. "(memory kept, no cgroup limits)", "run warmboxd as root with /sys/fs/cgroup/freezer mounted"))
   end
+  add(limits_check())
   return list
 end
 
