@@ -12,7 +12,7 @@ struct wbd_options wbd_opt = {
   .port = 0,
   .api_key = NULL,
   .max_length_hours = 24,
-  .max_running = 0,
+  .max_running = 20,
   .default_timeout_s = 15,
   .data_dir = NULL,
 };
@@ -23,6 +23,7 @@ struct wbd_limits wbd_lim = {
   .max_conns = 1024,
   .max_conns_per_ip = 128,
   .max_upload_mb = 100,
+  .body_timeout_s = 120,
 };
 
 /* POST /_warmboxd/config {"loose_metadata": true}: read with wbd_knob(). */

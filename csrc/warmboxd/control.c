@@ -95,7 +95,7 @@ static int key_team(const char *key, char *team, size_t len, const char **why) {
     return -1;
   }
   if (wbd_opt.api_key) {
-    if (strcmp(key, wbd_opt.api_key) != 0) {
+    if (!wbd_str_eq_ct(key, wbd_opt.api_key)) {
       *why = " invalid API key";
       return -1;
     }

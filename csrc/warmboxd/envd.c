@@ -28,6 +28,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -293,39 +294,73 @@ static int gzip_buf(const char *data, size_t len, struct wbd_buf *out) {
   return 0;
 }
 
-/* Inflates a gzip (or zlib) body into out, refusing more than cap bytes of
- * output (a decompression bomb): 0, -1 corrupt, -2 over the cap, -3 no memory. */
-static int gunzip_buf(const char *data, size_t len, size_t cap, struct wbd_buf *out) {
-  z_stream z = { 0 };
-  if (inflateInit2(&z, 32 + MAX_WBITS) != Z_OK) return -3;   /* 32: gzip or zlib header */
-  z.next_in = (Bytef *)(uintptr_t)data;
-  z.avail_in = (uInt)len;
+/* The request body, chunk by chunk, to a sink (0, or nonzero to stop). */
+typedef int (*body_sink)(void *cls, const char *data, size_t len);
+
+#define FEED_CORRUPT (-1)    /* not a gzip stream, or a truncated one */
+#define FEED_OVER_CAP (-2)   /* inflates to more than the cap: a decompression bomb */
+#define FEED_NO_MEMORY (-3)
+#define FEED_READ (-4)       /* the spooled body could not be read */
+#define FEED_SINK (-5)       /* the sink stopped */
+
+/* A gzip (or zlib) stream inflated on the way to the sink, at most cap bytes. */
+struct inflater {
+  z_stream z;
+  size_t out, cap;
+  int ended, err;           /* err: the FEED_* error that stopped it */
+  body_sink sink;
+  void *cls;
+};
+
+static int inflate_step(struct inflater *f, const char *data, size_t len) {
   char chunk[65536];
-  int rc = Z_OK, res = 0;
-  while (rc != Z_STREAM_END) {
-    z.next_out = (Bytef *)chunk;
-    z.avail_out = sizeof chunk;
-    rc = inflate(&z, Z_NO_FLUSH);
-    if (rc != Z_OK && rc != Z_STREAM_END) {
-      res = rc == Z_MEM_ERROR ? -3 : -1;
-      break;
-    }
-    size_t n = sizeof chunk - z.avail_out;
-    if (out->len + n > cap) {
-      res = -2;
-      break;
-    }
-    if (n && wbd_buf_add(out, chunk, n) != 0) {
-      res = -3;
-      break;
-    }
-    if (rc == Z_OK && n == 0 && z.avail_in == 0) {   /* truncated stream */
-      res = -1;
-      break;
-    }
+  f->z.next_in = (Bytef *)(uintptr_t)data;
+  f->z.avail_in = (uInt)len;
+  while (!f->ended && (f->z.avail_in || len == 0)) {
+    f->z.next_out = (Bytef *)chunk;
+    f->z.avail_out = sizeof chunk;
+    int rc = inflate(&f->z, len ? Z_NO_FLUSH : Z_FINISH);
+    if (rc == Z_MEM_ERROR) return FEED_NO_MEMORY;
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) return FEED_CORRUPT;
+    size_t n = sizeof chunk - f->z.avail_out;
+    if ((f->out += n) > f->cap) return FEED_OVER_CAP;
+    if (n && f->sink(f->cls, chunk, n) != 0) return FEED_SINK;
+    f->ended = rc == Z_STREAM_END;
+    if (n == 0 && (len == 0 || rc == Z_BUF_ERROR)) break;   /* needs more input */
   }
-  inflateEnd(&z);
-  return res;
+  return len == 0 && !f->ended ? FEED_CORRUPT : 0;
+}
+
+static int inflate_chunk(void *cls, const char *data, size_t len) {
+  struct inflater *f = cls;
+  return (f->err = inflate_step(f, data, len));
+}
+
+/* The raw body (in memory, or spooled to req->body_fd) to sink. */
+static int feed_raw(struct wbd_req *req, body_sink sink, void *cls) {
+  if (req->body_fd < 0) return req->body_len && sink(cls, req->body, req->body_len) != 0 ? FEED_SINK : 0;
+  char chunk[65536];
+  for (off_t off = 0; (size_t)off < req->body_len;) {
+    size_t want = req->body_len - (size_t)off < sizeof chunk ? req->body_len - (size_t)off : sizeof chunk;
+    ssize_t n = pread(req->body_fd, chunk, want, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return FEED_READ;
+    if (sink(cls, chunk, (size_t)n) != 0) return FEED_SINK;
+    off += n;
+  }
+  return 0;
+}
+
+/* The body to sink, inflated first when gz (at most cap bytes then): 0 or a FEED_* error. */
+static int feed_body(struct wbd_req *req, int gz, size_t cap, body_sink sink, void *cls) {
+  if (!gz) return feed_raw(req, sink, cls);
+  struct inflater f = { .cap = cap, .sink = sink, .cls = cls };
+  if (inflateInit2(&f.z, 32 + MAX_WBITS) != Z_OK) return FEED_NO_MEMORY;   /* 32: gzip or zlib header */
+  int rc = feed_raw(req, inflate_chunk, &f);
+  if (rc == FEED_SINK) rc = f.err;
+  if (rc == 0) rc = inflate_step(&f, "", 0);
+  inflateEnd(&f.z);
+  return rc;
 }
 
 static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
@@ -423,10 +458,15 @@ struct upload {
   const char *user;          /* the username query parameter: whose home a relative path is in */
   const char *qpath;         /* the `path` query parameter, or NULL */
   int fd;                    /* file being written, -1 */
+  size_t expect;             /* bytes a file may get (the body's size), 0: unknown (gzip) */
   json_t *entries;           /* [EntryInfo] answered */
-  char **paths;              /* the jail paths written so far (raw bytes: the JSON
-                              * copies may have U+FFFD where a path is not UTF-8) */
-  size_t npaths;
+  struct upfile {            /* the files written so far: the jail path (raw bytes: the
+                              * JSON copies may have U+FFFD where a path is not UTF-8) */
+    char *jail;
+    dev_t dev;
+    ino_t ino;
+  } *files;
+  size_t nfiles;
   json_t *meta;              /* X-Metadata-* headers: each file's user.e2b.* xattrs */
   unsigned status;           /* error to answer, 0 while fine */
   char msg[PATH_MAX + 128];
@@ -462,6 +502,47 @@ static void upload_close(struct upload *u) {
   }
 }
 
+/* Removes the file at p's path when it is still the one of st (never what
+ * the sandbox put there since, nor what a symlink there points at). */
+static void unlink_same(const struct wbd_fspath *p, dev_t dev, ino_t ino) {
+  const char *base;
+  int dfd = wbd_fs_parent(p, &base);
+  struct stat now;
+  if (dfd >= 0 && fstatat(dfd, base, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == dev && now.st_ino == ino)
+    unlinkat(dfd, base, 0);
+  if (dfd >= 0) close(dfd);
+}
+
+/* The destination, created or, when it exists, truncated; refused with
+ * -ENOSPC before anything changed when the body cannot fit in what its
+ * filesystem has left (the sandbox's disk: a tmpfs of its own). fd or -errno. */
+static int upload_open(struct upload *u, const struct wbd_fspath *p, struct stat *st) {
+  int fd = wbd_fs_open(p, p->rel, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK | O_NOCTTY, 0644);
+  int created = fd >= 0;
+  if (fd == -EEXIST) fd = wbd_fs_open(p, p->rel, O_WRONLY | O_NONBLOCK | O_NOCTTY, 0);
+  if (fd < 0) return fd;
+  struct statvfs vfs;
+  int rc = fstat(fd, st) != 0 ? -errno : !S_ISREG(st->st_mode) ? -EINVAL : 0;
+  if (rc == 0 && u->expect && fstatvfs(fd, &vfs) == 0 &&
+      u->expect > (uint64_t)vfs.f_bavail * vfs.f_frsize + (uint64_t)st->st_size)
+    rc = -ENOSPC;
+  if (rc == 0 && !created && ftruncate(fd, 0) != 0) rc = -errno;
+  if (rc < 0) {
+    if (created) unlink_same(p, st->st_dev, st->st_ino);
+    close(fd);
+  }
+  return rc < 0 ? rc : fd;
+}
+
+/* A failed upload leaves none of the files it wrote (nothing half-written). */
+static void upload_undo(struct upload *u) {
+  for (size_t i = 0; i < u->nfiles; i++) {
+    struct wbd_fspath p;
+    if (wbd_fs_resolve(u->sb, u->files[i].jail, &p) == 0) unlink_same(&p, u->files[i].dev, u->files[i].ino);
+    wbd_fs_release(&p);
+  }
+}
+
 /* Opens (truncating) the destination of one uploaded file; 0 or -1 with u->status set. */
 static int upload_begin(struct upload *u, const char *dest) {
   upload_close(u);
@@ -476,8 +557,8 @@ static int upload_begin(struct upload *u, const char *dest) {
     upload_path_fail(u, rc, dest);
     return -1;
   }
-  for (size_t i = 0; i < u->npaths; i++) {
-    if (strcmp(u->paths[i], p.jail) == 0) {
+  for (size_t i = 0; i < u->nfiles; i++) {
+    if (strcmp(u->files[i].jail, p.jail) == 0) {
       wbd_fs_release(&p);
       upload_fail(u, 400, "you cannot upload multiple files to the same path '%s' in one upload request", p.jail);
       return -1;
@@ -485,16 +566,8 @@ static int upload_begin(struct upload *u, const char *dest) {
   }
   if (strcmp(p.rel, ".") == 0) rc = -EISDIR;
   if (rc == 0) rc = wbd_fs_mkdirs(&p, 0);
-  if (rc == 0) {
-    rc = wbd_fs_open(&p, p.rel, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOCTTY, 0644);
-    if (rc >= 0) {
-      struct stat st;
-      if (fstat(rc, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(rc);
-        rc = -EINVAL;
-      }
-    }
-  }
+  struct stat st;
+  if (rc == 0) rc = upload_open(u, &p, &st);
   if (rc < 0) {
     upload_path_fail(u, rc, p.jail);
     wbd_fs_release(&p);
@@ -513,10 +586,12 @@ static int upload_begin(struct upload *u, const char *dest) {
     wbd_fs_release(&p);
     return -1;
   }
-  char **np = realloc(u->paths, (u->npaths + 1) * sizeof *np);
-  if (!np || !(np[u->npaths] = strdup(p.jail))) abort();
-  u->paths = np;
-  u->npaths++;
+  struct upfile *nf = realloc(u->files, (u->nfiles + 1) * sizeof *nf);
+  if (!nf || !(nf[u->nfiles].jail = strdup(p.jail))) abort();
+  nf[u->nfiles].dev = st.st_dev;
+  nf[u->nfiles].ino = st.st_ino;
+  u->files = nf;
+  u->nfiles++;
   json_t *e = json_object();
   const char *base = strrchr(p.jail, '/');
   json_object_set_new(e, "path", wbd_json_str(p.jail));
@@ -559,6 +634,38 @@ static enum MHD_Result upload_part(void *cls, enum MHD_ValueKind kind, const cha
   return upload_write(u, data, size) == 0 ? MHD_YES : MHD_NO;
 }
 
+static int multipart_sink(void *cls, const char *data, size_t len) {
+  return MHD_post_process(cls, data, len) == MHD_YES ? 0 : -1;
+}
+
+static int octet_sink(void *cls, const char *data, size_t len) { return upload_write(cls, data, len); }
+
+/* The status of a body that could not be fed (FEED_SINK: the sink's own). */
+static void upload_feed_fail(struct upload *u, int rc, size_t cap) {
+  if (rc == FEED_OVER_CAP) upload_fail(u, 413, "the decompressed body exceeds the upload limit (%zu bytes)", cap);
+  else if (rc == FEED_CORRUPT) upload_fail(u, 400, "invalid gzip body");
+  else if (rc == FEED_NO_MEMORY) upload_fail(u, 500, "out of memory");
+  else if (rc == FEED_READ) upload_fail(u, 500, "reading the spooled upload failed");
+}
+
+static void upload_multipart(struct wbd_req *req, struct upload *u, int gz, size_t cap) {
+  struct MHD_PostProcessor *pp = MHD_create_post_processor(req->conn, 64 * 1024, upload_part, u);
+  if (!pp) {
+    upload_fail(u, 400, "invalid multipart/form-data request (no boundary?)");
+    return;
+  }
+  int rc = feed_body(req, gz, cap, multipart_sink, pp);
+  int ok = MHD_destroy_post_processor(pp) == MHD_YES;
+  upload_close(u);
+  upload_feed_fail(u, rc, cap);
+  if (!u->status && (rc != 0 || !ok)) upload_fail(u, 400, "malformed multipart/form-data body");
+  if (!u->status && json_array_size(u->entries) == 0) upload_fail(u, 400, "no file part named 'file' in the request");
+}
+
+/* POST /files: the body (spooled to a file by the server) goes to the
+ * destination as it is read, inflated on the way for Content-Encoding: gzip
+ * (at most the upload limit's bytes, as for a plain body). On any failure
+ * the files it wrote are removed. */
 static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
   const char *path = wbd_req_query(req, "path");
   const char *user = wbd_req_query(req, "username");
@@ -566,51 +673,23 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (files_auth(req, sb, "write", path ? path : "", user, &why) != 0) return wbd_reply_error(req, 401, "%s", why);
   if (!known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
 
-  /* Content-Encoding: gzip: the body is inflated first (at most the upload
-   * limit's bytes, as for a plain body); the stored bytes are the inflated ones. */
   const char *enc = wbd_req_header(req, "Content-Encoding");
-  const char *body = req->body ? req->body : "";
-  size_t body_len = req->body_len;
-  struct wbd_buf plain = { 0 };
-  if (enc && *enc && strcasecmp(enc, "identity") != 0) {
-    if (strcasecmp(enc, "gzip") != 0 && strcasecmp(enc, "x-gzip") != 0)
-      return wbd_reply_error(req, 400, "unsupported Content-Encoding '%s'", enc);
-    size_t cap = (size_t)wbd_lim.max_upload_mb << 20;
-    int zrc = gunzip_buf(body, body_len, cap, &plain);
-    if (zrc != 0) {
-      wbd_buf_free(&plain);
-      if (zrc == -2) return wbd_reply_error(req, 413, "the decompressed body exceeds the upload limit (%zu bytes)", cap);
-      if (zrc == -3) return wbd_reply_error(req, 500, "out of memory");
-      return wbd_reply_error(req, 400, "invalid gzip body");
-    }
-    body = plain.data ? plain.data : "";
-    body_len = plain.len;
-  }
+  int gz = enc && *enc && strcasecmp(enc, "identity") != 0;
+  if (gz && strcasecmp(enc, "gzip") != 0 && strcasecmp(enc, "x-gzip") != 0)
+    return wbd_reply_error(req, 400, "unsupported Content-Encoding '%s'", enc);
+  size_t cap = (size_t)wbd_lim.max_upload_mb << 20;
   char merr[256];
   json_t *meta = wbd_fs_meta_headers(req, merr, sizeof merr);
-  if (!meta) {
-    wbd_buf_free(&plain);
-    return wbd_reply_error(req, 400, "invalid metadata: %s", merr);
-  }
-  struct upload u = { .sb = sb, .user = user, .qpath = path, .fd = -1, .entries = json_array(), .meta = meta };
+  if (!meta) return wbd_reply_error(req, 400, "invalid metadata: %s", merr);
+  struct upload u = { .sb = sb, .user = user, .qpath = path, .fd = -1, .expect = gz ? 0 : req->body_len,
+                      .entries = json_array(), .meta = meta };
   if (content_type_is(req, "multipart/form-data")) {
-    struct MHD_PostProcessor *pp = MHD_create_post_processor(req->conn, 64 * 1024, upload_part, &u);
-    if (!pp) {
-      json_decref(u.entries);
-      json_decref(meta);
-      wbd_buf_free(&plain);
-      return wbd_reply_error(req, 400, "invalid multipart/form-data request (no boundary?)");
-    }
-    enum MHD_Result ok = MHD_post_process(pp, body, body_len);
-    if (MHD_destroy_post_processor(pp) != MHD_YES) ok = MHD_NO;
-    upload_close(&u);
-    if (!u.status && ok != MHD_YES) upload_fail(&u, 400, "malformed multipart/form-data body");
-    if (!u.status && json_array_size(u.entries) == 0) upload_fail(&u, 400, "no file part named 'file' in the request");
+    upload_multipart(req, &u, gz, cap);
   } else if (content_type_is(req, "application/octet-stream")) {
     if (!path || !*path) {
       upload_fail(&u, 400, "path query parameter is required for raw body upload");
     } else if (upload_begin(&u, path) == 0) {
-      upload_write(&u, body, body_len);
+      upload_feed_fail(&u, feed_body(req, gz, cap, octet_sink, &u), cap);
       upload_close(&u);
     }
   } else {
@@ -618,10 +697,10 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
     upload_fail(&u, 400, "unsupported content type '%s': use multipart/form-data or application/octet-stream",
                 ct ? ct : "");
   }
-  wbd_buf_free(&plain);
   json_decref(meta);
-  for (size_t i = 0; i < u.npaths; i++) free(u.paths[i]);
-  free(u.paths);
+  if (u.status) upload_undo(&u);
+  for (size_t i = 0; i < u.nfiles; i++) free(u.files[i].jail);
+  free(u.files);
   if (u.status) {
     json_decref(u.entries);
     return wbd_reply_error(req, u.status, "%s", u.msg);
@@ -712,6 +791,9 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
         r = rpc_error(req, "invalid_argument", "path '%s' is not a directory", p.jail);
       else if (err == -ENOENT)
         r = rpc_error(req, "not_found", "directory '%s' does not exist", p.jail);
+      else if (err == -E2BIG)
+        r = rpc_error(req, "resource_exhausted", "directory '%s' has more than %d entries at depth %lld: "
+                      "list a smaller depth or a subdirectory", p.jail, WBD_LIST_MAX, (long long)depth);
       else
         r = rpc_fs_error(req, err, p.jail);
     }

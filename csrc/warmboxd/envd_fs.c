@@ -804,6 +804,7 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
   }
   char **names = NULL;
   size_t n = 0, cap = 0;
+  int rc = 0;
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
@@ -838,6 +839,11 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
     const char *etype = json_string_value(json_object_get(e, "type"));
     int is_dir = etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0;
     json_array_append_new(out, e);
+    if (json_array_size(out) > WBD_LIST_MAX) {
+      if (sub >= 0) close(sub);
+      rc = -E2BIG;
+      break;
+    }
     if (is_dir && level < depth && how != CHILD_HIDDEN) {
       if (how == CHILD_OWN) sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (sub >= 0) {
@@ -845,14 +851,15 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
         const char *r;
         if (how == CHILD_OWN || wbd_rt_locate(p->sb, real_child, host, sizeof host, &r) < 0)
           snprintf(host, sizeof host, "%s", tree_host);
-        list_level(p, host, sub, child, real_child, level + 1, depth, out);
+        rc = list_level(p, host, sub, child, real_child, level + 1, depth, out);
       }
     }
     if (sub >= 0) close(sub);
+    if (rc == -E2BIG) break;
   }
   for (size_t i = 0; i < n; i++) free(names[i]);
   free(names);
-  return 0;
+  return rc == -E2BIG ? rc : 0;
 }
 
 json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {

@@ -179,6 +179,16 @@ static void kern_put_locked(struct kern *k) {
   if (c) ctx_put_locked(c);
 }
 
+/* Contexts a sandbox may have at once (the two defaults included): each is
+ * a record, and a kernel once used. */
+#define CONTEXTS_MAX 128
+
+static size_t ctx_count_locked(const struct istate *ist) {
+  size_t n = 0;
+  for (const struct ictx *c = ist->ctxs; c; c = c->next) n++;
+  return n;
+}
+
 static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const char *cwd) {
   struct ictx *c = calloc(1, sizeof *c);
   if (!c) abort();
@@ -930,10 +940,12 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
         m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
       } else {
         struct istate *ist = ist_lock(rt);
-        struct ictx *c = ctx_new_locked(ist, lang, cwd ? cwd : "/home/user");
-        json_t *o = ctx_json(c);
+        int full = ctx_count_locked(ist) >= CONTEXTS_MAX;
+        json_t *o = full ? NULL : ctx_json(ctx_new_locked(ist, lang, cwd ? cwd : "/home/user"));
         ist_unlock(rt);
-        m = wbd_reply_json(req, 200, o, NULL);
+        m = full ? reply_text(req, 429, "Failed to create context: this sandbox has %d contexts, the most it "
+                              "may have (remove one first)", CONTEXTS_MAX)
+                 : wbd_reply_json(req, 200, o, NULL);
       }
       json_decref(body);
     } else if (is_get) {

@@ -61,8 +61,10 @@ static void usage(FILE *f) {
           "  --port N              listen port (0: a free one; default 0)\n"
           "  --host ADDR           listen address (default 127.0.0.1)\n"
           "  --api-key KEY         accept only this key (default: any e2b_<hex>, one team per key)\n"
+          "  --api-key-file PATH   accept only the key in PATH (a file of this user, mode 0600 or\n"
+          "                        stricter); warmbox.server and `warmbox server start` use it\n"
           "  --max-length-hours H  maximum run length (default 24)\n"
-          "  --max-running N       concurrent running sandboxes per team (default unlimited)\n"
+          "  --max-running N       concurrent running sandboxes per team (default 20; 0: unlimited)\n"
           "  --default-timeout S   lease when create gives none (default 15)\n"
           "  --rtt-ms MS           delay added to every request (default 0)\n"
           "  --create-ms MS        delay added to create (default 0)\n"
@@ -75,6 +77,8 @@ static void usage(FILE *f) {
           "  --max-conns N         connections in total (default 1024)\n"
           "  --max-conns-per-ip N  connections from one client address (default 128)\n"
           "  --max-upload-mb N     largest envd file upload body (default 100)\n"
+          "  --body-timeout S      close a connection whose request body is not in S seconds\n"
+          "                        after its head (default 120)\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
           "                        server does not outlive its host, even one killed by SIGKILL\n"
@@ -114,6 +118,35 @@ static void raise_fd_limit(void) {
   }
 }
 
+/* The key of --api-key-file: a regular file of this user that no one else
+ * may read or write, its first line (surrounding blanks dropped). */
+static const char *read_key_file(const char *path) {
+  static char key[257];
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  struct stat st;
+  const char *bad = NULL;
+  if (fd < 0 || fstat(fd, &st) != 0) bad = strerror(errno);
+  else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
+  else if (st.st_uid != geteuid()) bad = "owned by another user";
+  else if (st.st_mode & 077) bad = "readable or writable by others (chmod 600 it)";
+  ssize_t n = bad ? 0 : read(fd, key, sizeof key - 1);
+  if (fd >= 0) close(fd);
+  if (!bad && n < 0) bad = strerror(errno);
+  if (!bad) {
+    key[n] = 0;
+    key[strcspn(key, "\r\n")] = 0;
+    char *k = key + strspn(key, " \t");
+    size_t len = strlen(k);
+    while (len && (k[len - 1] == ' ' || k[len - 1] == '\t')) k[--len] = 0;
+    if (len < 16 || len >= 128) bad = "the key must be 16 to 127 characters";
+    for (size_t i = 0; !bad && i < len; i++)
+      if ((unsigned char)k[i] <= ' ' || (unsigned char)k[i] >= 127) bad = "the key must be printable ASCII";
+    if (!bad) return k;
+  }
+  fprintf(stderr, "warmboxd: --api-key-file %s: %s\n", path, bad);
+  return NULL;
+}
+
 /* A random admin token (32 bytes, hex) in DATA-DIR/admin-token, mode 0600. */
 static int make_admin_token(char out[65]) {
   unsigned char raw[32];
@@ -141,11 +174,13 @@ static int make_admin_token(char out[65]) {
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
-         O_EXITWITH };
+         O_EXITWITH, O_KEYFILE, O_BODYTO };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
     { "api-key", required_argument, 0, O_KEY },
+    { "api-key-file", required_argument, 0, O_KEYFILE },
+    { "body-timeout", required_argument, 0, O_BODYTO },
     { "max-length-hours", required_argument, 0, O_MAXLEN },
     { "max-running", required_argument, 0, O_MAXRUN },
     { "default-timeout", required_argument, 0, O_DEFTO },
@@ -171,6 +206,10 @@ int main(int argc, char **argv) {
     case O_PORT: rc = parse_int("--port", optarg, 0, 65535, &wbd_opt.port); break;
     case O_HOST: wbd_opt.host = optarg; break;
     case O_KEY: wbd_opt.api_key = optarg; break;
+    case O_KEYFILE:
+      if (!(wbd_opt.api_key = read_key_file(optarg))) return 2;
+      break;
+    case O_BODYTO: rc = parse_int("--body-timeout", optarg, 1, 86400, &wbd_lim.body_timeout_s); break;
     case O_MAXLEN: rc = parse_int("--max-length-hours", optarg, 1, 24 * 365, &wbd_opt.max_length_hours); break;
     case O_MAXRUN: rc = parse_int("--max-running", optarg, 0, 1 << 30, &wbd_opt.max_running); break;
     case O_DEFTO: rc = parse_int("--default-timeout", optarg, 1, 1 << 30, &wbd_opt.default_timeout_s); break;

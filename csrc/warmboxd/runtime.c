@@ -1301,9 +1301,13 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   int ok = mkdir_p(rt->dir, 0700) == 0;
   if (ok && g_private_mnt) {
     /* home and /tmp share one tmpfs of diskSizeMB, in warmboxd's own mount
-     * namespace (gone with it); its pages count toward the memory group. */
+     * namespace (gone with it); the pages the sandbox writes count toward its
+     * memory group, those envd's uploads write toward warmboxd's: so it is
+     * no larger than memoryMB either, and an upload cannot put more in it
+     * than the sandbox could itself (a full tmpfs refuses it, 507). */
     char opts[96];
-    snprintf(opts, sizeof opts, "size=%ldm,mode=0700,nr_inodes=262144", g_disk_mb);
+    long size_mb = g_disk_mb < g_memory_mb ? g_disk_mb : g_memory_mb;
+    snprintf(opts, sizeof opts, "size=%ldm,mode=0700,nr_inodes=262144", size_mb);
     rt->mounted = mount("tmpfs", rt->dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0;
     if (!rt->mounted) fprintf(stderr, "warmboxd: cannot mount a tmpfs on %s: %s\n", rt->dir, strerror(errno));
   }
@@ -2258,6 +2262,7 @@ int wbd_rt_init(void) {
                                  (unsigned long)g_uid_base + UID_SLOTS - 1);
   }
   if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
+  if ((e = getenv("WARMBOXD_MEMORY_MB")) && atol(e) > 0) g_memory_mb = atol(e);
   if ((e = getenv("WARMBOXD_SPAWN_TIMEOUT_MS")) && atoi(e) > 0) g_spawn_timeout_ms = atoi(e);
   g_stall = (e = getenv("WARMBOXD_TEST_SPAWN_STALL")) && *e ? e : NULL;
   g_have_slirp = access(SLIRP, X_OK) == 0;

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -430,40 +431,78 @@ static int peer_is_loopback(struct MHD_Connection *conn) {
   return 0;
 }
 
+/* The name of a Host header without its port ("[::1]" keeps its brackets),
+ * 0; -1 when malformed. */
+static int host_name(const char *host, char *h, size_t len) {
+  size_t n = strlen(host);
+  if (n == 0 || n >= len) return -1;
+  memcpy(h, host, n + 1);
+  char *colon = h[0] == '[' ? strchr(h, ']') : h;
+  if (!colon) return -1;
+  colon = strchr(colon, ':');
+  if (colon) {
+    if (!colon[1]) return -1;
+    for (char *c = colon + 1; *c; c++)
+      if (!isdigit((unsigned char)*c)) return -1;
+    *colon = 0;
+  }
+  return h[0] ? 0 : -1;
+}
+
 /* Host: localhost, 127.x.y.z or [::1], with an optional :port. A browser
  * tricked by DNS rebinding sends the attacker's name instead. */
 static int host_is_loopback(const char *host) {
   if (!host) return 1;   /* HTTP/1.0 without Host: no browser sends that */
   char h[128];
-  size_t n = strlen(host);
-  if (n == 0 || n >= sizeof h) return 0;
-  memcpy(h, host, n + 1);
-  if (h[0] == '[') {
-    char *end = strchr(h, ']');
-    if (!end) return 0;
-    *end = 0;
-    return strcmp(h + 1, "::1") == 0 && (end[1] == 0 || (end[1] == ':' && end[2]));
-  }
-  char *colon = strchr(h, ':');
-  if (colon) {
-    if (!colon[1]) return 0;
-    for (char *c = colon + 1; *c; c++)
-      if (!isdigit((unsigned char)*c)) return 0;
-    *colon = 0;
-  }
+  if (host_name(host, h, sizeof h) != 0) return 0;
+  if (h[0] == '[') return strcmp(h, "[::1]") == 0;
   if (strcasecmp(h, "localhost") == 0) return 1;
   struct in_addr a;
   return inet_pton(AF_INET, h, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* A Host that DNS rebinding cannot produce: an address literal, or a name a
+ * browser resolves to loopback itself (localhost and *.localhost, RFC 6761;
+ * PORT-ID.localhost routes to a sandbox). */
+static int host_is_ours(const char *host) {
+  char h[256];
+  if (!host) return 1;
+  if (host_name(host, h, sizeof h) != 0) return 0;
+  size_t n = strlen(h);
+  if (h[n - 1] == '.') h[--n] = 0;   /* "localhost." is localhost */
+  struct in_addr a4;
+  struct in6_addr a6;
+  if (inet_pton(AF_INET, h, &a4) == 1) return 1;
+  if (h[0] == '[' && h[n - 1] == ']') {
+    h[n - 1] = 0;
+    return inet_pton(AF_INET6, h + 1, &a6) == 1;
+  }
+  if (strcasecmp(h, "localhost") == 0) return 1;
+  return n > 10 && strcasecmp(h + n - 10, ".localhost") == 0;
+}
+
+/* Every route: no browser (an Origin header) and no foreign Host, so a web
+ * page cannot drive the server through DNS rebinding. Replies and returns -1
+ * when refused. */
+static int client_gate(struct wbd_req *req, enum MHD_Result *r) {
+  if (wbd_req_header(req, "Origin")) {
+    wbd_stat_add("foreign_origin", 1);
+    *r = wbd_reply_error(req, 403, "warmboxd refuses requests with an Origin header (a browser's)");
+    return -1;
+  }
+  if (!host_is_ours(wbd_req_header(req, MHD_HTTP_HEADER_HOST))) {
+    wbd_stat_add("foreign_host", 1);
+    *r = wbd_reply_error(req, 403, "warmboxd answers only a Host that is an address, localhost or "
+                                   "*.localhost (a DNS name could be rebound by a web page)");
+    return -1;
+  }
+  return 0;
 }
 
 /* Replies and returns -1 unless the admin request may go on. */
 static int admin_gate(struct wbd_req *req, enum MHD_Result *r) {
   if (!peer_is_loopback(req->conn)) {
     *r = wbd_reply_error(req, 403, "the warmboxd admin API answers loopback clients only");
-    return -1;
-  }
-  if (wbd_req_header(req, "Origin")) {
-    *r = wbd_reply_error(req, 403, "the warmboxd admin API refuses requests with an Origin header (browsers)");
     return -1;
   }
   if (!host_is_loopback(wbd_req_header(req, MHD_HTTP_HEADER_HOST))) {
@@ -591,21 +630,33 @@ static void dataplane_route(struct wbd_req *req, int port, char *buf, size_t len
 }
 
 /* ------------------------------------------------------------------ */
-/* Request heads have a deadline                                       */
+/* Requests have deadlines; slow connections make room                 */
 /* ------------------------------------------------------------------ */
 
 /* libmicrohttpd's connection timeout counts idle time only, so a client
- * that trickles a byte now and then keeps an unfinished request head open
- * for ever. Every connection is watched from when it opens (or its last
- * request ended) until its next request's head is complete; a reaper shuts
- * down those that took longer than --conn-timeout. The watch entry goes
- * away in the connection's CLOSED notice, which libmicrohttpd sends before
- * it closes the socket, so the reaper never shuts a descriptor that was
- * reused. */
+ * that trickles a byte now and then keeps a request open for ever. Every
+ * connection is watched: waiting for a request head (from when it opened or
+ * its last request ended) it has --conn-timeout, receiving a body (from when
+ * the head was complete) --body-timeout; a reaper shuts down those over
+ * their time. While a request is served (a handler runs or streams its
+ * answer) there is no deadline. The watch entry goes away in the
+ * connection's CLOSED notice, which libmicrohttpd sends before it closes
+ * the socket, so the reaper never shuts a descriptor that was reused.
+ *
+ * The connection caps (--max-conns-per-ip, --max-conns) are warmboxd's own
+ * (accept_policy): a new connection over a cap makes room by shutting the
+ * oldest connection of that address (or of all) that is not being served
+ * and has been waiting at least EVICT_GRACE_US, and is refused only when
+ * there is none. Local clients all share 127.0.0.1, so without this one of
+ * them holding its slots with slow requests would lock out the others. */
+enum { W_HEAD, W_BODY, W_SERVING };
+#define EVICT_GRACE_US (1000 * 1000)
+
 struct conn_watch {
   MHD_socket fd;
-  int64_t since_us;           /* monotonic: connection open or last request done */
-  int in_request;             /* head complete, request being served */
+  uint32_t addr;              /* IPv4 peer (host order), 0 when not IPv4 */
+  int64_t since_us;           /* monotonic: when the present state began */
+  int state;                  /* W_* */
   int shut;
   struct conn_watch *prev, *next;
 };
@@ -622,17 +673,67 @@ static int64_t mono_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+static uint32_t ipv4_of(const struct sockaddr *sa) {
+  if (!sa || sa->sa_family != AF_INET) return 0;
+  return ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr);
+}
+
+/* Under watch_mu. */
+static void watch_shut(struct conn_watch *w, const char *why) {
+  shutdown(w->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
+  w->shut = 1;
+  wbd_stat_add(why, 1);
+}
+
+/* Under watch_mu: room for one more connection from addr (1), shutting the
+ * oldest waiting connection over a cap, or 0 when there is none to shut. */
+static int make_room(uint32_t addr, int64_t now) {
+  long total = 0, mine = 0;
+  struct conn_watch *old_all = NULL, *old_mine = NULL;
+  for (struct conn_watch *w = watch_head; w; w = w->next) {
+    if (w->shut) continue;
+    total++;
+    mine += w->addr == addr;
+    if (w->state == W_SERVING || now - w->since_us < EVICT_GRACE_US) continue;
+    if (!old_all || w->since_us < old_all->since_us) old_all = w;
+    if (w->addr == addr && (!old_mine || w->since_us < old_mine->since_us)) old_mine = w;
+  }
+  if (mine >= wbd_lim.max_conns_per_ip) {
+    if (!old_mine) return 0;
+    watch_shut(old_mine, "evicted_waiting_conn");
+    total--;
+    if (old_all == old_mine) old_all = NULL;
+  }
+  if (total >= wbd_lim.max_conns) {
+    if (!old_all) return 0;
+    watch_shut(old_all, "evicted_waiting_conn");
+  }
+  return 1;
+}
+
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len) {
+  (void)cls;
+  (void)len;
+  pthread_mutex_lock(&watch_mu);
+  int ok = make_room(ipv4_of(addr), mono_us());
+  pthread_mutex_unlock(&watch_mu);
+  if (!ok) wbd_stat_add("refused_conn", 1);
+  return ok ? MHD_YES : MHD_NO;
+}
+
 static void notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                               enum MHD_ConnectionNotificationCode toe) {
   (void)cls;
   if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ai = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     struct conn_watch *w = calloc(1, sizeof *w);
     if (!w || !ci) {
       free(w);
       return;
     }
     w->fd = ci->connect_fd;
+    w->addr = ai ? ipv4_of(ai->client_addr) : 0;
     w->since_us = mono_us();
     pthread_mutex_lock(&watch_mu);
     w->next = watch_head;
@@ -653,14 +754,14 @@ static void notify_connection(void *cls, struct MHD_Connection *conn, void **soc
   }
 }
 
-/* A request's head is complete (1) or the request is over (0). */
-static void watch_mark(struct MHD_Connection *conn, int in_request) {
+/* The connection's request moved to `state` (W_*). */
+static void watch_mark(struct MHD_Connection *conn, int state) {
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
   struct conn_watch *w = ci ? ci->socket_context : NULL;
   if (!w) return;
   pthread_mutex_lock(&watch_mu);
-  w->in_request = in_request;
-  if (!in_request) w->since_us = mono_us();
+  w->state = state;
+  w->since_us = mono_us();
   pthread_mutex_unlock(&watch_mu);
 }
 
@@ -668,12 +769,12 @@ static void *reaper_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&watch_mu);
   while (!reaper_stop) {
-    int64_t limit = (int64_t)wbd_lim.conn_timeout_s * 1000000, now = mono_us();
+    int64_t head = (int64_t)wbd_lim.conn_timeout_s * 1000000, body = (int64_t)wbd_lim.body_timeout_s * 1000000;
+    int64_t now = mono_us();
     for (struct conn_watch *w = watch_head; w; w = w->next) {
-      if (w->in_request || w->shut || now - w->since_us < limit) continue;
-      shutdown(w->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
-      w->shut = 1;
-      wbd_stat_add("slow_request_head", 1);
+      if (w->shut || w->state == W_SERVING) continue;
+      if (w->state == W_HEAD && now - w->since_us >= head) watch_shut(w, "slow_request_head");
+      else if (w->state == W_BODY && now - w->since_us >= body) watch_shut(w, "slow_request_body");
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -713,6 +814,8 @@ struct req_ctx {
   char id[64];               /* data plane: sandbox id and port */
   int port;
   int bad_signature;         /* a signed /files URL that no sandbox signed */
+  int spool;                 /* the body goes to an unlinked file (envd's uploads) */
+  int spool_err;             /* errno of a failed spool write: the rest is dropped */
   char route[160];           /* the stats / faults name */
 };
 
@@ -726,8 +829,10 @@ static size_t dataplane_limit(struct req_ctx *ctx) {
                    ? !routes_.dataplane_body_ok || routes_.dataplane_body_ok(&ctx->req, sb) : 0;
   wbd_sandbox_unref(sb);
   if (!authed) return WBD_BODY_UNAUTH;
-  if (ctx->port == 49983 && strcmp(ctx->req.path, "/files") == 0)
+  if (ctx->port == 49983 && strcmp(ctx->req.path, "/files") == 0) {
+    ctx->spool = strcmp(ctx->req.method, "POST") == 0;
     return (size_t)wbd_lim.max_upload_mb << 20;
+  }
   return WBD_BODY_DATA;
 }
 
@@ -737,6 +842,7 @@ static size_t dataplane_limit(struct req_ctx *ctx) {
 static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   struct wbd_req *req = &ctx->req;
   int signed_kind;
+  if (client_gate(req, r) != 0) return -1;
   if (is_admin_path(req->path)) {
     ctx->kind = K_ADMIN;
     if (admin_gate(req, r) != 0) return -1;
@@ -821,6 +927,44 @@ static enum MHD_Result dispatch(struct req_ctx *ctx) {
   return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
 }
 
+/* An upload's body goes to an unlinked file in the data directory as it
+ * comes (not into memory); the handler reads it from req->body_fd. */
+static void spool_write(struct req_ctx *ctx, const char *data, size_t n) {
+  struct wbd_req *req = &ctx->req;
+  if (ctx->spool_err) return;
+  if (req->body_fd < 0) {
+    req->body_fd = open(wbd_opt.data_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (req->body_fd < 0) {
+      char path[PATH_MAX];
+      snprintf(path, sizeof path, "%s/.upload-XXXXXX", wbd_opt.data_dir);
+      req->body_fd = mkostemp(path, O_CLOEXEC);
+      if (req->body_fd >= 0) unlink(path);
+    }
+    if (req->body_fd < 0) {
+      ctx->spool_err = errno;
+      return;
+    }
+  }
+  while (n) {
+    ssize_t w = write(req->body_fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      ctx->spool_err = w < 0 ? errno : EIO;
+      return;
+    }
+    data += w;
+    n -= (size_t)w;
+    req->body_len += (size_t)w;
+  }
+}
+
+static enum MHD_Result spool_failed(struct req_ctx *ctx) {
+  int e = ctx->spool_err;
+  if (e == ENOSPC || e == EDQUOT)
+    return wbd_reply_error(&ctx->req, 507, "not enough space to take the upload: %s", strerror(e));
+  return wbd_reply_error(&ctx->req, 500, "cannot take the upload: %s", strerror(e));
+}
+
 static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, const char *url,
                                       const char *method, const char *version, const char *upload_data,
                                       size_t *upload_data_size, void **con_cls) {
@@ -840,8 +984,9 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
       return MHD_NO;
     }
     ctx->req.body[0] = 0;
+    ctx->req.body_fd = -1;
     *con_cls = ctx;
-    watch_mark(conn, 1);
+    watch_mark(conn, W_BODY);
     if (wbd_opt.verbose) fprintf(stderr, "warmboxd: %s %s\n", method, url);
     enum MHD_Result r = MHD_NO;
     if (classify(ctx, &r) != 0) return r;   /* answered before any body is read */
@@ -859,6 +1004,11 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
       wbd_stat_add("body_too_large", 1);
       return MHD_NO;
     }
+    if (ctx->spool) {
+      spool_write(ctx, upload_data, n);
+      *upload_data_size = 0;
+      return MHD_YES;
+    }
     if (ctx->req.body_len + n + 1 > ctx->cap) {
       size_t nc = ctx->cap;
       while (nc < ctx->req.body_len + n + 1) nc *= 2;
@@ -873,7 +1023,8 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
     *upload_data_size = 0;
     return MHD_YES;
   }
-  enum MHD_Result r = dispatch(ctx);
+  watch_mark(conn, W_SERVING);
+  enum MHD_Result r = ctx->spool_err ? spool_failed(ctx) : dispatch(ctx);
   if (r == MHD_YES && !ctx->req.replied) r = wbd_reply_error(&ctx->req, 500, "no reply");
   return r;
 }
@@ -882,9 +1033,10 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
   (void)cls;
   (void)toe;
-  watch_mark(conn, 0);
+  watch_mark(conn, W_HEAD);
   struct req_ctx *ctx = *con_cls;
   if (!ctx) return;
+  if (ctx->req.body_fd >= 0) close(ctx->req.body_fd);
   free(ctx->req.body);
   free(ctx);
   *con_cls = NULL;
@@ -909,6 +1061,7 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
 }
 
 int wbd_server_start(void) {
+  enum { CONN_SLACK = 64 };
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
@@ -919,9 +1072,11 @@ int wbd_server_start(void) {
     fprintf(stderr, "warmboxd: --host must be an IPv4 address, got '%s'\n", wbd_opt.host);
     return -1;
   }
+  /* The caps are accept_policy's; libmicrohttpd's own, a little higher, leave
+   * room for connections it shut that are not closed yet. */
   daemon_ = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                  MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                             0, NULL, NULL, access_handler, NULL,
+                             0, accept_policy, NULL, access_handler, NULL,
                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                              MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
                              MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
@@ -930,8 +1085,8 @@ int wbd_server_start(void) {
                              MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns,
-                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns_per_ip,
+                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns_per_ip + CONN_SLACK,
                              MHD_OPTION_END);
   if (!daemon_) {
     fprintf(stderr, "warmboxd: cannot listen on %s:%d: %s\n", wbd_opt.host, wbd_opt.port, strerror(errno));

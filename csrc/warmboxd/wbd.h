@@ -30,6 +30,8 @@ struct wbd_req {
   const char *path;         /* URL path, no query string */
   char *body;               /* whole request body, NUL-terminated (body[body_len] == 0) */
   size_t body_len;
+  int body_fd;              /* >= 0: the body (body_len bytes) is in this unlinked file, read from
+                             * offset 0, and `body` is ""; only envd's POST /files gets one */
   int replied;              /* set by the wbd_reply_* functions */
 };
 
@@ -139,7 +141,7 @@ struct wbd_options {
   int port;
   const char *api_key;      /* NULL: any e2b_<hex> key, one team per key */
   int max_length_hours;     /* default 24 */
-  int max_running;          /* 0: unlimited */
+  int max_running;          /* per team; 0: unlimited (default 20) */
   int default_timeout_s;    /* 15, E2B's server default */
   int rtt_ms, create_ms, resume_ms;
   const char *data_dir;     /* where sandbox directories live */

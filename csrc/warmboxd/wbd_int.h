@@ -137,6 +137,7 @@ struct wbd_limits {
   int max_conns;               /* connections in total, default 1024 */
   int max_conns_per_ip;        /* connections per client address, default 128 */
   int max_upload_mb;           /* envd POST /files body, default 100 */
+  int body_timeout_s;          /* a request body must be in within this, default 120 */
 };
 extern struct wbd_limits wbd_lim;
 #define WBD_ADMIN_HEADER "X-Warmboxd-Token"

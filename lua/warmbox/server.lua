@@ -146,9 +146,39 @@ local function server_dir(opts)
   return dir
 end
 
--- warmboxd's arguments for a server in dir, `opts.args` last; returns them and
--- the `--admin-token` given there, if any.
-local function server_args(opts, dir)
+local function write_private(path, text)
+  local p = io_popen("umask 077 && mktemp " .. sh_quote(path .. ".XXXXXX"))
+  local tmp = p and p:read("l")
+  if p then p:close() end
+  if not tmp or tmp == "" then return nil, "cannot write " .. path end
+  local f, err = io_open(tmp, "wb")
+  if not f then return nil, err end
+  f:write(text)
+  f:close()
+  if not os.rename(tmp, path) then
+    os.remove(tmp)
+    return nil, "cannot write " .. path
+  end
+  return true
+end
+
+-- The server's one API key (`opts.api_key`, else a fresh `e2b_<40 hex>`), in
+-- `<dir>/api-key` (0600, in the server's private directory) for warmboxd's
+-- `--api-key-file`, unless `opts.args` names a key itself. Returns the key and
+-- the arguments to add, or nil, message.
+local function key_args(opts, dir)
+  local key = opts.api_key or ("e2b_" .. random_hex(20))
+  for _, a in ipairs(opts.args or {}) do
+    if a == "--api-key" or a == "--api-key-file" then return key, {} end
+  end
+  local ok, err = write_private(dir .. "/api-key", key .. "\n")
+  if not ok then return nil, err end
+  return key, { "--api-key-file", dir .. "/api-key" }
+end
+
+-- warmboxd's arguments for a server in dir, `extra`, then `opts.args` last;
+-- returns them and the `--admin-token` given there, if any.
+local function server_args(opts, dir, extra)
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
   -- An embedded server ends with this process, even one killed by SIGKILL
   -- (whose Server object never gets to stop it); a detached one outlives it.
@@ -157,6 +187,7 @@ local function server_args(opts, dir)
     args[#args + 1] = "--exit-with"
     args[#args + 1] = tostring(host)
   end
+  for _, a in ipairs(extra) do args[#args + 1] = a end
   local admin_token
   for i, a in ipairs(opts.args or {}) do
     args[#args + 1] = a
@@ -176,8 +207,11 @@ Server.__name = "warmbox.Server"
 -- `opts.args` is used instead.
 -- Unless `opts.detach`, warmboxd gets `--exit-with <this process's pid>`: it shuts
 -- down when this process ends, however it ends.
+-- warmboxd accepts one API key only, `srv.api_key`: it is written to
+-- `<dir>/api-key` (0600) and passed as `--api-key-file`, so another local user
+-- (or a web page) cannot drive the server with a key of their own.
 -- @tparam[opt] table opts `bin`, `args` (extra arguments), `start_timeout` (seconds, 15),
---   `api_key` (default a fresh `e2b_<40 hex>`: its own team), `detach` (outlive this process)
+--   `api_key` (the server's only key; default a fresh `e2b_<40 hex>`), `detach` (outlive this process)
 -- @treturn[1] warmbox.Server `{ url, port, pid, api_key, admin_token, dir }`
 -- @return[2] nil, message, code ("NOT_FOUND" | "TRANSPORT")
 function _M.start(opts)
@@ -188,7 +222,12 @@ function _M.start(opts)
   local dir, derr, dcode = server_dir(opts)
   if not dir then return nil, derr, dcode end
   local logf = dir .. "/warmboxd.log"
-  local args, admin_token = server_args(opts, dir)
+  local api_key, kargs = key_args(opts, dir)
+  if not api_key then
+    os_execute("rm -rf " .. sh_quote(dir))
+    return nil, kargs, "TRANSPORT"
+  end
+  local args, admin_token = server_args(opts, dir, kargs)
   local parts = {}
   for i, a in ipairs(args) do parts[i] = sh_quote(a) end
   -- detached: in a session of its own, so the terminal's hang-up or Ctrl-C does not reach it
@@ -201,8 +240,7 @@ function _M.start(opts)
     os_execute("rm -rf " .. sh_quote(dir))
     return nil, "cannot start warmboxd", "TRANSPORT"
   end
-  local self = setmetatable({ pid = pid, dir = dir, log_path = logf, bin = bin,
-    api_key = opts.api_key or ("e2b_" .. random_hex(20)) }, Server)
+  local self = setmetatable({ pid = pid, dir = dir, log_path = logf, bin = bin, api_key = api_key }, Server)
   local deadline = os_time() + (opts.start_timeout or 15)
   while true do
     local log = read_file(logf) or ""
@@ -304,22 +342,6 @@ function _M.local_server()
     return nil, string_format("stale state file (pid %d is gone)", st.pid), st
   end
   return st
-end
-
-local function write_private(path, text)
-  local p = io_popen("umask 077 && mktemp " .. sh_quote(path .. ".XXXXXX"))
-  local tmp = p and p:read("l")
-  if p then p:close() end
-  if not tmp or tmp == "" then return nil, "cannot write " .. path end
-  local f, err = io_open(tmp, "wb")
-  if not f then return nil, err end
-  f:write(text)
-  f:close()
-  if not os.rename(tmp, path) then
-    os.remove(tmp)
-    return nil, "cannot write " .. path
-  end
-  return true
 end
 
 --- Start the per-user server in the background (it outlives this process).

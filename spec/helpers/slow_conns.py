@@ -4,11 +4,16 @@ unfinished request head, then asks GET /health from another loopback address
 (127.0.0.2) and prints one JSON line:
   {"opened": n, "held": n, "health_status": 200, "health_ms": 12.3, "closed_after_s": s}
 Bounded: every socket has a timeout, everything closes before it exits.
-  slow_conns.py PORT N [WAIT_CLOSE_S [TRICKLE_S]]
+  slow_conns.py PORT N [WAIT_CLOSE_S [TRICKLE_S [KIND [HEALTH_FROM]]]]
 WAIT_CLOSE_S > 0: afterwards, wait up to that long for the server to close
 every slow connection (the connection timeout) and report when it did;
 TRICKLE_S > 0: meanwhile send each one more byte of header every TRICKLE_S
-(a client that is never idle but never finishes its request head)."""
+(a client that is never idle but never finishes its request head).
+KIND "body" (default "head"): each sends a whole request head (a POST with
+Content-Length: 60000, under the 64 KiB a caller without a key may send) and
+then its body only as TRICKLE_S says;
+HEALTH_FROM (default 127.0.0.2): the address /health is asked from
+(127.0.0.1: the same one as the slow connections)."""
 import json
 import resource
 import socket
@@ -18,6 +23,11 @@ import time
 port, n = int(sys.argv[1]), int(sys.argv[2])
 wait_close = float(sys.argv[3]) if len(sys.argv) > 3 else 0
 trickle = float(sys.argv[4]) if len(sys.argv) > 4 else 0
+kind = sys.argv[5] if len(sys.argv) > 5 else "head"
+health_from = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.2"
+START = (b"POST /sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 60000\r\n\r\n{") if kind == "body" else \
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 want = n + 64
 if soft < want:
@@ -29,7 +39,7 @@ for _ in range(n):
     s.settimeout(2)
     try:
         s.connect(("127.0.0.1", port))
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        s.sendall(START)
         opened += 1
         socks.append(s)
     except OSError:
@@ -61,7 +71,7 @@ status = 0
 h = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 h.settimeout(5)
 try:
-    h.bind(("127.0.0.2", 0))
+    h.bind((health_from, 0))
     h.connect(("127.0.0.1", port))
     h.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     line = h.recv(64).split(b"\r\n")[0].split()

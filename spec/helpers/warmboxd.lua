@@ -11,6 +11,11 @@
 -- one); spec.helpers.http adds it to each request to that server's admin API
 -- (/_warmboxd/*), so specs call the admin API as before.
 --
+-- A spec file is one team that leaves its sandboxes running (600 s leases), many
+-- more than warmboxd's default per-team cap (--max-running 20): servers started
+-- here get --max-running 0 (no cap) unless opts.args gives one or
+-- opts.default_max_running keeps warmboxd's default.
+--
 -- WARMBOXD_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full")
 -- runs the server under a wrapper; WARMBOXD_BIN overrides the binary.
 local M = {}
@@ -120,10 +125,15 @@ function M.start(opts)
     args[#args + 1] = "--exit-with"
     args[#args + 1] = tostring(me)
   end
-  local admin_token
+  local admin_token, max_running = nil, opts.default_max_running
   for i, a in ipairs(opts.args or {}) do
     args[#args + 1] = a
     if a == "--admin-token" then admin_token = opts.args[i + 1] end
+    if a == "--max-running" then max_running = true end
+  end
+  if not max_running then
+    args[#args + 1] = "--max-running"
+    args[#args + 1] = "0"
   end
   if not admin_token then
     admin_token = random_token()

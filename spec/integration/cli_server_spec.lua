@@ -68,6 +68,10 @@ describe("warmbox server", function()
     local p = io.popen("stat -c %a " .. q(x.dir .. "/warmbox/server.json"))
     assert.equal("600", p:read("l"))
     p:close()
+    -- its one key: another local user's own key is refused
+    local http = require "spec.helpers.http"
+    assert.equal(200, http.api(st, "GET", "/sandboxes").status)
+    assert.equal(401, http.api({ url = st.url, api_key = wbd.new_key() }, "GET", "/sandboxes").status)
 
     code, out, err = warmbox(x.dir, "run --session demo:1 " .. q("x = 5; print(x*2)"))
     assert.equal(0, code, err)

@@ -7,10 +7,11 @@ local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cjson = http.cjson
 
-local function slow_conns(port, n, wait_close, trickle)
-  local cmd = string.format("timeout 60 python3 %s %d %d %s %s",
+-- kind "body": whole heads, slow bodies; health_from: the address /health is asked from.
+local function slow_conns(port, n, wait_close, trickle, kind, health_from)
+  local cmd = string.format("timeout 60 python3 %s %d %d %s %s %s %s",
     wbd.sh_quote(wbd.root() .. "/spec/helpers/slow_conns.py"), port, n, tostring(wait_close or 0),
-    tostring(trickle or 0))
+    tostring(trickle or 0), kind or "head", health_from or "127.0.0.2")
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   p:close()
@@ -271,6 +272,42 @@ describe("warmboxd limits", function()
       assert(ok, r)
       assert.are.equal(3, r.held)
       assert.is_number(r.closed_after_s)
+    end)
+
+    it("answer /health from the same address while 200 slow requests fill its slots", function()
+      -- Every local client is 127.0.0.1: a new connection makes room by closing
+      -- the oldest one that waits (not one being served), so one slow client
+      -- cannot lock out the others.
+      local r = slow_conns(srv.port, 200, 0, 0, "body", "127.0.0.1")
+      assert.are.equal(200, r.opened)
+      assert.is_true(r.held <= 128, cjson.encode(r))
+      assert.are.equal(200, r.health_status, cjson.encode(r))
+      assert.is_true((srv:stats().counters.evicted_waiting_conn or 0) >= 1)
+    end)
+
+    it("closes a connection that trickles its request body past --body-timeout", function()
+      local s = wbd.start{ args = { "--body-timeout", "4" } }
+      local ok, r = pcall(slow_conns, s.port, 3, 20, 0.3, "body")
+      local st = ok and s:stats()
+      s:stop()
+      assert(ok, r)
+      assert.are.equal(3, r.held)
+      assert.is_number(r.closed_after_s, cjson.encode(r))
+      assert.are.equal(3, st.counters.slow_request_body)
+    end)
+
+    it("keep a streamed answer going past --body-timeout: a request being served has no deadline", function()
+      local s = wbd.start{ args = { "--body-timeout", "1" } }
+      local ok, err = pcall(function()
+        local sb = http.create_interp(s)
+        local res = http.sandbox(s, sb, 49999, "POST", "/execute",
+          { json = { code = "import time; time.sleep(3); print('done')" }, timeout = 60 })
+        assert.are.equal(200, res.status, res.body)
+        assert.matches('"text": *"done', res.body)
+        assert.is_nil(s:stats().counters.slow_request_body)
+      end)
+      s:stop()
+      assert(ok, err)
     end)
 
     it("caps connections from one address (--max-conns-per-ip) and in all (--max-conns)", function()
