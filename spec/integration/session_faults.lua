@@ -4,6 +4,20 @@
 -- stream is decoded without loss, a transient fault never destroys the
 -- conversation's state, refusals are retried, timeouts say whether the cell
 -- started, and outputs are capped.
+
+-- Run in parts (spec.helpers.parts), one spec file a group: session_faults_<group>_spec.lua.
+local part = (...)({
+  transient = {
+    "a transient fault never destroys state",
+  },
+  once = {
+    "at most once",
+    "retrying what is safe",
+    "lossless decoding",
+    "timeouts",
+    "bounded output",
+  },
+})
 local sessions = require "spec.helpers.sessions"
 local sandbox_mod = require "warmbox.e2b.sandbox"
 
@@ -56,7 +70,7 @@ describe("sessions under faults (warmboxd)", function()
     assert.equal("42", r.results[1] and r.results[1].text)
   end
 
-  describe("at most once", function()
+  part("at most once", function()
     local BIG = "open('/home/user/output/big.bin', 'wb').write(b'z' * 600000)"
 
     for _, st in ipairs({ 502, 404 }) do
@@ -132,7 +146,7 @@ describe("sessions under faults (warmboxd)", function()
     end)
   end)
 
-  describe("retrying what is safe", function()
+  part("retrying what is safe", function()
     for _, st in ipairs({ 429, 503 }) do
       local real = st == 429 -- the 503 with Retry-After cut to 0 (wb_fast)
       it("retries an execute answered " .. st .. (real and " (Retry-After honoured)" or " (Retry-After capped at 0)")
@@ -161,7 +175,7 @@ describe("sessions under faults (warmboxd)", function()
     end)
   end)
 
-  describe("a transient fault never destroys state", function()
+  part("a transient fault never destroys state", function()
     local cases = {
       { "GET /v2/sandboxes", { status = 500 }, "HTTP" },
       { "GET /v2/sandboxes", { status = 429, count = 9, headers = { ["Retry-After"] = "0" } }, "RATE_LIMITED" },
@@ -217,7 +231,7 @@ describe("sessions under faults (warmboxd)", function()
     end)
   end)
 
-  describe("lossless decoding", function()
+  part("lossless decoding", function()
     it("keeps an error whose value holds a lone surrogate (U+FFFD), with name and traceback", function()
       local s = wb:session("faults:surrogate")
       local r = assert(s:run("raise ValueError('bad \\udcff value')"))
@@ -251,22 +265,22 @@ describe("sessions under faults (warmboxd)", function()
       assert.equal("small", r.files[2].content)
       assert.is_nil(r.files_error)
     end)
+
+    it("returns a bash run's output files whose names are not UTF-8 (listed again by a command)", function()
+      local s = wb:session("faults:names-bash")
+      local r = assert(s:run("printf small > $'/home/user/output/caf\\xe9.txt'; echo ok > /home/user/output/plain.txt",
+        { language = "bash" }))
+      table.sort(r.files, function(a, b) return a.name < b.name end)
+      assert.equal(2, #r.files)
+      assert.equal("caf\xe9.txt", r.files[1].name)
+      assert.equal("small", r.files[1].content)
+      assert.equal("plain.txt", r.files[2].name)
+      assert.equal("ok\n", r.files[2].content)
+      assert.is_nil(r.files_error)
+    end)
   end)
 
-  it("returns a bash run's output files whose names are not UTF-8 (listed again by a command)", function()
-    local s = wb:session("faults:names-bash")
-    local r = assert(s:run("printf small > $'/home/user/output/caf\\xe9.txt'; echo ok > /home/user/output/plain.txt",
-      { language = "bash" }))
-    table.sort(r.files, function(a, b) return a.name < b.name end)
-    assert.equal(2, #r.files)
-    assert.equal("caf\xe9.txt", r.files[1].name)
-    assert.equal("small", r.files[1].content)
-    assert.equal("plain.txt", r.files[2].name)
-    assert.equal("ok\n", r.files[2].content)
-    assert.is_nil(r.files_error)
-  end)
-
-  describe("timeouts", function()
+  part("timeouts", function()
     it("interrupts the cell server-side at the run's timeout and says it started", function()
       local s, id = warm("faults:timeout")
       local t0 = os.time()
@@ -308,7 +322,7 @@ describe("sessions under faults (warmboxd)", function()
     end)
   end)
 
-  describe("bounded output", function()
+  part("bounded output", function()
     it("keeps max_output bytes of stdout, drops the rest, says truncated", function()
       local s = wb:session("faults:cap", { max_output = 1048576 })
       local r = assert(s:run("import sys\nfor i in range(200):\n    sys.stdout.write('y' * 65535 + '\\n')\n"
