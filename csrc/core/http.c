@@ -174,6 +174,7 @@ struct warmbox_xfer {
   int nrefused;
   int max_attempts;
   double budget, base, cap;
+  double retry_after_max;  /* retry.retry_after_max; -1: Retry-After uncapped */
   int attempts;
   double t0;
   double not_before;
@@ -349,7 +350,7 @@ static void warmbox_xfer_free(warmbox_xfer *x) {
 static const char *const warmbox_req_fields[] = {"method", "url", "headers", "body", "timeout",
   "connect_timeout", "retry", "stream", "on_chunk", "max_frame", "max_body", NULL};
 static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", "statuses",
-  "refused", NULL};
+  "refused", "retry_after_max", NULL};
 
 static void warmbox_check_status_list(lua_State *L, int t, int arg, const char *name) {
   lua_getfield(L, t, name);
@@ -430,6 +431,7 @@ static void warmbox_check_request(lua_State *L, int idx, int arg, int mode) {
     warmbox_opt_number(L, t, arg, "budget", 0, "retry.");
     warmbox_opt_number(L, t, arg, "base", 0, "retry.");
     warmbox_opt_number(L, t, arg, "cap", 0, "retry.");
+    warmbox_opt_number(L, t, arg, "retry_after_max", 0, "retry.");
     warmbox_check_status_list(L, t, arg, "statuses");
     warmbox_check_status_list(L, t, arg, "refused");
   } else if (!lua_isnil(L, -1) && !(lua_isboolean(L, -1) && !lua_toboolean(L, -1))) {
@@ -485,6 +487,7 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   x->budget = 30;
   x->base = 0.1;
   x->cap = 2;
+  x->retry_after_max = -1;
   x->statuses[0] = 429;
   x->statuses[1] = 502;
   x->statuses[2] = 503;
@@ -508,6 +511,7 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
     x->budget = warmbox_opt_number(L, r, arg, "budget", 30, "retry.");
     x->base = warmbox_opt_number(L, r, arg, "base", 0.1, "retry.");
     x->cap = warmbox_opt_number(L, r, arg, "cap", 2, "retry.");
+    x->retry_after_max = warmbox_opt_number(L, r, arg, "retry_after_max", -1, "retry.");
     lua_getfield(L, r, "idempotent");
     if (!lua_isnil(L, -1)) x->idempotent = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -752,6 +756,7 @@ static double warmbox_retry_delay(warmbox_xfer *x) {
   f.refused = x->refused;
   f.nrefused = x->nrefused;
   f.retry_after = -1;
+  f.retry_after_max = x->retry_after_max;
   if (f.completed && (x->status == 429 || x->status == 503)) f.retry_after = warmbox_retry_after(x);
   if (!f.completed) {
     f.connection_error = warmbox_is_connection_error(x->rc);

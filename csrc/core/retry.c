@@ -9,8 +9,9 @@
  * is retried for an idempotent request, and for any request only when it
  * failed before a byte was sent: a body that is not idempotent is never
  * silently sent twice. The wait is a capped
- * exponential backoff with jitter in [d/2, d] (or Retry-After), and no retry
- * starts that would end past the budget. */
+ * exponential backoff with jitter in [d/2, d] (or Retry-After, capped at
+ * retry_after_max when that is >= 0), and no retry starts that would end
+ * past the budget. */
 #include <string.h>
 #include "warmbox_core.h"
 #include "warmbox_retry.h"
@@ -38,7 +39,7 @@ double warmbox_retry_decide(const warmbox_retry_facts *f) {
   delay = f->base * (double)(1u << shift);
   if (delay > f->cap) delay = f->cap;
   delay = delay / 2 + f->jitter * delay / 2;  /* jitter in [d/2, d] */
-  if (ra >= 0) delay = ra;
+  if (ra >= 0) delay = f->retry_after_max >= 0 && ra > f->retry_after_max ? f->retry_after_max : ra;
   if (f->elapsed + delay > f->budget) return -1;
   return delay;
 }
@@ -106,6 +107,7 @@ static int warmbox_retry_decide_lua(lua_State *L) {
   f.refused = refused;
   f.timed_out = warmbox_field_bool(L, "timed_out");
   f.retry_after = warmbox_field_number(L, "retry_after", -1);
+  f.retry_after_max = warmbox_field_number(L, "retry_after_max", -1);
   f.connection_error = warmbox_field_bool(L, "connection_error");
   f.before_send = warmbox_field_bool(L, "before_send");
   f.base = warmbox_field_number(L, "base", 0.1);

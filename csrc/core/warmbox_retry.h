@@ -20,6 +20,8 @@ typedef struct warmbox_retry_facts {
                           * 429 on create): retried for any request */
   int nrefused;
   double retry_after;    /* Retry-After in seconds, < 0 when absent/invalid */
+  double retry_after_max; /* the longest Retry-After honoured (a longer one
+                           * waits this long), < 0 for no cap */
   int connection_error;  /* the connection failed (refused, reset, cut...) */
   int before_send;       /* ... before any byte of the request was sent */
   int timed_out;         /* the attempt timed out */

@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +37,13 @@ void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
 /* The server's clock: the wall clock plus what the admin API moved it
  * forward (POST /_warmboxd/clock), so a test can make leases, auto-pause and
  * endAt pass without waiting for them; frozen, it stands still between two
- * moves. Only ever moves forward. */
+ * moves. Only ever moves forward. Read on every request and lifecycle pass,
+ * so reading takes no lock: a sequence count (odd while a writer changes the
+ * two words) lets a reader retry the rare read that overlapped a move;
+ * writers, as rare, take clock_mu among themselves. */
 static pthread_mutex_t clock_mu = PTHREAD_MUTEX_INITIALIZER;
-static int64_t clock_offset_us, clock_frozen_us; /* frozen: the time it stands at, else 0 */
+static atomic_uint clock_seq;
+static _Atomic int64_t clock_offset_us, clock_frozen_us; /* frozen: the time it stands at, else 0 */
 
 static int64_t wall_us(void) {
   struct timespec ts;
@@ -46,35 +51,50 @@ static int64_t wall_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* One consistent reading of the clock's two words (no lock); returns the
+ * time it shows. The wall clock is read inside the check, so a reading never
+ * runs ahead of a freeze that follows it. */
+static int64_t clock_read(int64_t *offset, int64_t *frozen) {
+  for (;;) {
+    unsigned seq = atomic_load(&clock_seq);
+    if (seq & 1u) continue;  /* a move under way */
+    *offset = atomic_load(&clock_offset_us);
+    *frozen = atomic_load(&clock_frozen_us);
+    int64_t now = *frozen ? *frozen : wall_us() + *offset;
+    if (atomic_load(&clock_seq) == seq) return now;
+  }
+}
+
 int64_t wbd_now_us(void) {
-  pthread_mutex_lock(&clock_mu);
-  int64_t now = clock_frozen_us ? clock_frozen_us : wall_us() + clock_offset_us;
-  pthread_mutex_unlock(&clock_mu);
-  return now;
+  int64_t off, fz;
+  return clock_read(&off, &fz);
 }
 
-int64_t wbd_clock_advance(int64_t us, int freeze) {
+void wbd_clock_state(int64_t *offset_us, int *frozen) {
+  int64_t off, fz;
+  clock_read(&off, &fz);
+  if (offset_us) *offset_us = off;
+  if (frozen) *frozen = fz != 0;
+}
+
+void wbd_clock_advance(int64_t us, int freeze) {
   pthread_mutex_lock(&clock_mu);
-  if (freeze == 1 && !clock_frozen_us) clock_frozen_us = wall_us() + clock_offset_us;
+  int64_t off = atomic_load(&clock_offset_us), fz = atomic_load(&clock_frozen_us);
+  if (freeze == 1 && !fz) fz = wall_us() + off;
   if (us > 0) {
-    clock_offset_us += us;
-    if (clock_frozen_us) clock_frozen_us += us;
+    off += us;
+    if (fz) fz += us;
   }
-  if (freeze == 0 && clock_frozen_us) {   /* thawed: goes on from where it stood */
+  if (freeze == 0 && fz) {   /* thawed: goes on from where it stood */
     int64_t w = wall_us();
-    if (clock_frozen_us > w + clock_offset_us) clock_offset_us = clock_frozen_us - w;
-    clock_frozen_us = 0;
+    if (fz > w + off) off = fz - w;
+    fz = 0;
   }
-  int64_t off = clock_offset_us;
+  atomic_fetch_add(&clock_seq, 1u);  /* odd: readers wait */
+  atomic_store(&clock_offset_us, off);
+  atomic_store(&clock_frozen_us, fz);
+  atomic_fetch_add(&clock_seq, 1u);
   pthread_mutex_unlock(&clock_mu);
-  return off;
-}
-
-int wbd_clock_frozen(void) {
-  pthread_mutex_lock(&clock_mu);
-  int f = clock_frozen_us != 0;
-  pthread_mutex_unlock(&clock_mu);
-  return f;
 }
 
 void wbd_format_time(int64_t us, char *buf, size_t len) {
@@ -308,6 +328,28 @@ enum MHD_Result wbd_reply_stream(struct wbd_req *req, unsigned status, const cha
 /* Knobs: stats and faults                                             */
 /* ------------------------------------------------------------------ */
 
+/* Bytes of heap the process holds in live allocations: what a memory bound
+ * is about. RSS is not that under ASan, whose quarantine keeps up to 256 MB
+ * of freed blocks mapped (RSS then grows with what was allocated and freed),
+ * so a sanitized build asks the sanitizer's allocator instead of malloc. */
+#if defined(__SANITIZE_ADDRESS__)
+#define WBD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WBD_ASAN 1
+#endif
+#endif
+#ifdef WBD_ASAN
+size_t __sanitizer_get_current_allocated_bytes(void); /* sanitizer/allocator_interface.h, not always installed */
+static long long heap_in_use(void) { return (long long)__sanitizer_get_current_allocated_bytes(); }
+#else
+#include <malloc.h>
+static long long heap_in_use(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return (long long)(mi.uordblks + mi.hblkhd);
+}
+#endif
+
 static enum MHD_Result knob_stats(struct wbd_req *req) {
   long running, paused;
   wbd_store_lock();
@@ -327,6 +369,7 @@ static enum MHD_Result knob_stats(struct wbd_req *req) {
   json_object_set_new(s, "running", json_integer(running));
   json_object_set_new(s, "paused", json_integer(paused));
   json_object_set_new(o, "sandboxes", s);
+  json_object_set_new(o, "heap_bytes", json_integer(heap_in_use()));
   return wbd_reply_json(req, 200, o, NULL);
 }
 

@@ -152,9 +152,11 @@ extern struct wbd_options wbd_opt;
 
 int64_t wbd_now_us(void);
 /* Moves the server's clock forward by us (>= 0); freeze 1 stops it between
- * moves, 0 lets it run on, -1 leaves that as it is. Returns the total offset. */
-int64_t wbd_clock_advance(int64_t us, int freeze);
-int wbd_clock_frozen(void);
+ * moves, 0 lets it run on, -1 leaves that as it is. */
+void wbd_clock_advance(int64_t us, int freeze);
+/* The clock's total offset (what it was moved forward) and whether it is
+ * frozen; either pointer may be NULL. */
+void wbd_clock_state(int64_t *offset_us, int *frozen);
 /* RFC 3339 with nanoseconds, UTC ("2026-08-21T20:00:00.123456000Z"); buf >= 40 */
 void wbd_format_time(int64_t us, char *buf, size_t len);
 

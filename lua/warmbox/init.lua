@@ -37,7 +37,7 @@ local OPTS = {
   template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
   sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
-  clock = "function", client = "table", secret = "string", request_timeout = "number",
+  clock = "function", client = "table", secret = "string", request_timeout = "number", retry_after_max = "number",
   max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
 }
 
@@ -63,7 +63,7 @@ local function connect_backend(self, o)
     end
     if sandbox_url == "" then sandbox_url = nil end
     self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = sandbox_url, domain = o.domain,
-      request_timeout = o.request_timeout }
+      request_timeout = o.request_timeout, retry_after_max = o.retry_after_max }
     self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
   else
     local server = require "warmbox.server"
@@ -71,7 +71,7 @@ local function connect_backend(self, o)
     if not srv then return nil, serr, scode end
     self.server = srv
     self.client = e2b.new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url,
-      request_timeout = o.request_timeout }
+      request_timeout = o.request_timeout, retry_after_max = o.retry_after_max }
     self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
   end
   self.owns_client = true
@@ -86,6 +86,7 @@ end
 --   server), `warmboxd_args`, `clock` (function returning seconds), `client` (an E2B
 --   client to use as is), `secret` (HMAC key of the session fingerprints; default
 --   `warmbox.tag.installation_secret()`), `request_timeout` (seconds, (0, 3600]),
+--   `retry_after_max` (seconds: the longest `Retry-After` honoured),
 --   `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of stdout, stderr and
 --   results kept per run, default 16 MiB), `max_files_bytes` (bytes of output files
 --   returned per run, default 64 MiB); timeouts must be finite, positive and at most
@@ -99,6 +100,10 @@ function _M.new(opts)
   local rt = o.request_timeout
   if rt ~= nil and not (rt > 0 and rt <= 3600) then
     bad_option(1, "new", "request_timeout", "seconds in (0, 3600] expected, got " .. tostring(rt))
+  end
+  local ram = o.retry_after_max
+  if ram ~= nil and not (ram >= 0 and ram <= 86400) then
+    bad_option(1, "new", "retry_after_max", "seconds in [0, 86400] expected, got " .. tostring(ram))
   end
   local lock = o.lock
   if type(lock) == "string" and lock ~= "file" and lock ~= "redis" and lock ~= "memory" then

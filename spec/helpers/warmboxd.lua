@@ -203,6 +203,11 @@ function Server:advance(seconds)
   if res.status ~= 200 then error("clock: http " .. tostring(res.status) .. ": " .. tostring(res.body), 2) end
   return res.json.offset_ms / 1000
 end
+--- warmboxd's heap in live allocations, in kB (its stats' heap_bytes). A
+-- memory bound reads this, not RSS: under ASan freed blocks stay mapped in
+-- its quarantine (up to 256 MB), so RSS grows with all the output that
+-- passed through, bounded or not.
+function Server:heap_kb() return self:stats().heap_bytes // 1024 end
 --- How many requests `route` got since the last reset.
 function Server:count(route) return (self:stats().requests or {})[route] or 0 end
 

@@ -207,6 +207,27 @@ describe("warmbox.Engine against warmboxd", function()
       assert.equals(2, count(ROUTE))
     end)
 
+    it("waits at most retry.retry_after_max of a longer Retry-After", function()
+      local eng <close> = core.engine()
+      fault{ route = ROUTE, count = 1, status = 503, headers = { ["Retry-After"] = "30" } }
+      local tr = eng:start(h, list_req{ retry = { attempts = 2, retry_after_max = 0.5 } })
+      drive(eng, function() return count(ROUTE) == 1 end)
+      -- the 503 is in: the engine's timer comes down to the cap (0.5 s), not
+      -- the header's 30 s, and the second attempt follows
+      local chosen
+      drive(eng, function()
+        chosen = eng:timeout()
+        return count(ROUTE) == 2 or (chosen and chosen <= 0.5)
+      end, 5)
+      assert.equals(1, count(ROUTE))
+      finish(eng, 5)
+      local res = assert(tr:result())
+      assert.equals(200, res.status)
+      assert.equals(2, res.attempts)
+      assert.has_error(function() eng:start(h, list_req{ retry = { retry_after_max = -1 } }) end,
+        "bad argument #2 to 'start' (option 'retry.retry_after_max': a number >= 0 expected)")
+    end)
+
     it("retries 503s with backoff while other transfers proceed", function()
       local eng <close> = core.engine()
       fault{ route = ROUTE, count = 2, status = 503 }

@@ -320,11 +320,22 @@ describe("warmbox.e2b control plane against warmboxd", function()
       assert.equals(3, count(srv, "GET /sandboxes/{id}"))
     end)
 
-    it("honours 429 with Retry-After", function()
+    it("retries a 429 with Retry-After (retry_after_max 0: at once)", function()
+      local c0 = e2b.new{ api_key = srv.api_key, api_url = srv.url, retry_after_max = 0 }
       knob(srv, "POST", "/stats/reset")
       fault(srv, { route = "GET /sandboxes/{id}", count = 1, status = 429, headers = { ["Retry-After"] = "1" } })
-      assert(c:info(sb.sandbox_id))
+      assert(c0:info(sb.sandbox_id))
       assert.equals(2, count(srv, "GET /sandboxes/{id}"))
+      c0:close()
+    end)
+
+    it("refuses a retry_after_max out of range", function()
+      for _, v in ipairs({ -1, 1 / 0, 0 / 0, 86401 }) do
+        local ok, err = pcall(e2b.new, { api_key = "k", api_url = srv.url, retry_after_max = v })
+        assert.is_false(ok)
+        assert.matches("bad argument #1 to 'new' (option 'retry_after_max': seconds in [0, 86400]", err, 1, true)
+      end
+      assert.has_error(function() e2b.new{ api_key = "k", retry_after_max = "1" } end)
     end)
 
     it("gives up after the attempts with the last status", function()

@@ -50,6 +50,19 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     return s, first.sandbox_id, function(secs) now = now + secs end
   end
 
+  -- Waits until warmboxd has the sandbox running again (the prewarm's resume
+  -- done there), asking through a client of its own: nothing calls wb.
+  local function until_running(id)
+    local c = require("warmbox.e2b").new{ api_url = env.srv.url, sandbox_url = env.srv.url,
+      api_key = env.srv.api_key }
+    local ok = wbd.eventually(function()
+      local info = c:info(id)
+      return info and info.state == "running"
+    end, 30)
+    c:close()
+    assert.truthy(ok, "sandbox " .. id .. " did not resume")
+  end
+
   local function after(log, mark)
     local out, seen = {}, false
     for _, e in ipairs(log) do
@@ -59,7 +72,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     return out
   end
 
-  it("a paused session prewarmed from blocking code: the connect leaves at once, the run 2 s later "
+  it("a paused session prewarmed from blocking code: the connect leaves at once, the run after the resume "
     .. "is one round trip and resumes nothing", function()
     local log = {}
     local s, id, advance = paused_session("pw:paused-blocking", log)
@@ -67,7 +80,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     local waits = wb:stats().prewarm_waits
     local p = s:prewarm()
     assert.is_false(p:done())              -- returned at once: the resume takes 1 s
-    core.sleep(2)                          -- the model thinks; nothing calls warmbox
+    until_running(id)                      -- the model thinks; nothing calls wb
     -- The session's clock too: the prewarm's lease (the 300 s `within` + LEASE_MARGIN)
     -- no longer covers a 300 s run, so the run refreshes it.
     advance(2)
@@ -90,14 +103,17 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal(0, st.requests["POST /sandboxes"] or 0)
   end)
 
-  it("a paused session prewarmed in a task: the run 2 s later is one round trip, no resume", function()
+  it("a paused session prewarmed in a task: the run after the resume is one round trip, no resume", function()
     local log = {}
     local s, id, advance = paused_session("pw:paused-task", log)
     env:reset_stats()
     local on_path
     local t = wb:spawn(function()
       local p = s:prewarm()
-      wb.runner.sched:sleep(2)
+      for _ = 1, 600 do                    -- the model thinks: the prewarm ends meanwhile
+        if p:done() then break end
+        wb.runner.sched:sleep(0.05)
+      end
       advance(2)                           -- as in the blocking case
       assert.is_true(p:done())
       assert.equal("resumed", (p:result()).action)
@@ -127,7 +143,8 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
 
   it("a new conversation prewarmed: sandbox and kernel are ready, no create on the run's path", function()
     local log = {}
-    local s = logged("pw:new", log)
+    local moved = 0
+    local s = logged("pw:new", log, { clock = function() return os.time() + moved end })
     env:reset_stats()
     local p = s:prewarm()
     assert(wb:loop())
@@ -137,11 +154,10 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal(1, st.requests["POST /sandboxes"])
     -- the kernel was started and given its output hook by a cell of its own
     assert.equal(1, st.requests["interp POST /execute"])
-    -- The run comes in a later second (the session's clock is os.time), as a turn
-    -- does: the prewarm's 305 s lease (the 300 s `within` + LEASE_MARGIN) no longer
-    -- covers a 300 s run, so the run extends it alongside its execute.
-    local set_at = s:state().lease_end - (300 + session.LEASE_MARGIN)
-    while os.time() <= set_at do core.sleep(0.05) end
+    -- The run comes in a later second (the session's clock, os.time moved on), as
+    -- a turn does: the prewarm's 305 s lease (the 300 s `within` + LEASE_MARGIN) no
+    -- longer covers a 300 s run, so the run extends it alongside its execute.
+    moved = s:state().lease_end - (300 + session.LEASE_MARGIN) + 1 - os.time()
     env:reset_stats()
     local r = assert(s:run("6 * 7"))
     assert.equal("42", r.results[1].text)

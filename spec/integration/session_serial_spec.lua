@@ -9,7 +9,7 @@ local PROCS, RUNS = 4, 5
 
 describe("sessions: serialization (warmboxd)", function()
   local env = sessions.new()
-  local srv, lockdir, wb
+  local srv, lockdir, wb, wb_busy
 
   local function stats() return env:stats() end
   local function script(body, lock_src)
@@ -66,6 +66,9 @@ describe("sessions: serialization (warmboxd)", function()
     srv = env:start()
     lockdir = env.lockdir
     wb = env:warmbox{ lock = { backend = "file", dir = lockdir, timeout = 5 }, exec_timeout = 60, idle_timeout = 60 }
+    -- For the runs that meet a held lock: BUSY after 0.5 s of waiting.
+    wb_busy = env:warmbox{ lock = { backend = "file", dir = lockdir, timeout = 0.5 }, exec_timeout = 60,
+      idle_timeout = 60 }
   end)
   lazy_teardown(function() env:stop() end)
 
@@ -105,8 +108,8 @@ describe("sessions: serialization (warmboxd)", function()
   end)
 
   it("lets a run on another key proceed while a key is held", function()
-    local held = wb:session("serial:held")
-    local other = wb:session("serial:other")
+    local held = wb_busy:session("serial:held")
+    local other = wb_busy:session("serial:other")
     local lk = lock.new{ backend = "file", dir = lockdir }
     assert(lk:lock(held.tag_value))
     local r, err, code = held:run("1")
@@ -120,7 +123,7 @@ describe("sessions: serialization (warmboxd)", function()
   end)
 
   it("gets the lock back when its holder dies", function()
-    local s = wb:session("serial:dies")
+    local s = wb_busy:session("serial:dies")
     local ready = os.tmpname()
     local holder = string.format([[
       package.path = %q

@@ -1,6 +1,8 @@
 -- `warmbox smoke` against a real warmboxd started with --resume-ms 1000
--- --rtt-ms 20: every step passes and nothing is left behind; with the
--- resume route failing, it exits 1 naming that step and still cleans up.
+-- --rtt-ms 20: every step passes and nothing is left behind (the idle pause
+-- in real time: the lease really ends); with the resume route failing, it
+-- exits 1 naming that step and still cleans up (warmboxd's clock is moved
+-- past the lease for the idle pause).
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 local core = require "warmbox.core"
@@ -85,6 +87,7 @@ describe("warmbox smoke (warmboxd)", function()
     assert.truthy(wbd.eventually(function() return h.output():find("3. output isolation", 1, true) end, 60),
       h.output())
     env:fault("POST /sandboxes/{id}/connect", { count = 100, status = 500 })
+    srv:advance(10) -- past the lease (the 4 s exec timeout + LEASE_MARGIN): warmboxd pauses the sandbox
     local status, out = h.wait()
     assert.equal(1, status, out)
     assert.matches("4. idle pause%s+%d+ ms  ok", out)

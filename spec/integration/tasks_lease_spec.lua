@@ -1,7 +1,7 @@
 -- Issue 11, one round trip per warm run in the default configuration
 -- (exec_timeout = idle_timeout: the lease is the run's timeout +
 -- LEASE_MARGIN, so every run in a later second than the last extension
--- extends it; the clock is os.time): when the
+-- extends it; the session's clock is os.time moved on by the spec): when the
 -- remembered lease still has a safe margin, the extension (connect) goes out
 -- alongside the execute, in a task or in a blocking call alike; a failing
 -- extension is retried while the cell runs; when it cannot be secured before
@@ -9,7 +9,6 @@
 -- underneath (warmboxd's pause_during_run stays 0, checked by env:stop).
 local sessions = require "spec.helpers.sessions"
 local session = require "warmbox.session"
-local core = require "warmbox.core"
 
 describe("tasks: the lease extension goes alongside the execute (warmboxd)", function()
   local env = sessions.new()
@@ -21,23 +20,30 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
   end)
   lazy_teardown(function() env:stop() end)
 
-  -- A session of wb that logs its events and the cell's first output, in order.
+  -- A session of wb that logs its events and the cell's first output, in
+  -- order. Its clock is os.time moved on by `s.moved` seconds (next_second,
+  -- o.on_failed_connect).
   local function logged(key, log, o)
-    return session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
-      exec_timeout = o and o.exec_timeout or 300, idle_timeout = o and o.idle_timeout or 300,
-      parallel = wb.parallel, origin = wb.origin,
+    o = o or {}
+    local s
+    s = session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
+      exec_timeout = o.exec_timeout or 300, idle_timeout = o.idle_timeout or 300,
+      parallel = wb.parallel, origin = wb.origin, clock = function() return os.time() + s.moved end,
       on_event = function(name, info)
         log[#log + 1] = name .. (info.alongside and "+" or "") .. (info.ok == false and "!" or "")
+        if name == "connect" and info.ok == false and o.on_failed_connect then o.on_failed_connect(s) end
       end })
+    s.moved = 0
+    return s
   end
 
   local CELL = "import time\nprint('started', flush=True)\ntime.sleep(1)\n'done'"
 
-  -- Waits until the clock (os.time) passed the second s's lease (of `lease` s) was
-  -- set: until then it covers a run of the lease less LEASE_MARGIN, which makes no request.
+  -- Moves s's clock past the second its lease (of `lease` s) was set: until
+  -- then it covers a run of the lease less LEASE_MARGIN, which makes no request.
   local function next_second(s, lease)
     local set_at = s:state().lease_end - (lease or 300 + session.LEASE_MARGIN)
-    while os.time() <= set_at do core.sleep(0.05) end
+    s.moved = s.moved + math.max(0, set_at + 1 - s.clock())
   end
 
   local function order_of(log, what)
@@ -92,10 +98,16 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
 
   it("interrupts and reports the run when the lease cannot be secured before it ends", function()
     -- Remembered lease 30 s (the 25 s timeout + LEASE_MARGIN): alongside (>= 20 s
-    -- left); the extension always fails, so the cell (50 s, timeout 60) is
-    -- interrupted ~5 s before the old lease would pause it underneath.
+    -- left); the extension always fails, each failed connect taking 5 s (the
+    -- session's clock and warmboxd's both move on by 5 s), so the cell (50 s,
+    -- timeout 60) is interrupted before the lease less LEASE_MARGIN: warmboxd,
+    -- whose clock moved alike, never paused it underneath.
     local log = {}
-    local s = logged("lease:interrupt", log, { exec_timeout = 25, idle_timeout = 25 })
+    local s = logged("lease:interrupt", log, { exec_timeout = 25, idle_timeout = 25,
+      on_failed_connect = function(sess)
+        sess.moved = sess.moved + 5
+        env.srv:advance(5)
+      end })
     local first = assert(s:run("x = 1"))
     env:fault("POST /sandboxes/{id}/connect", { status = 503, count = 100000 })
     local r, msg, code, detail = s:run("import time\ntime.sleep(50)\n'late'", { timeout = 60 })
@@ -103,6 +115,7 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     assert.matches("interrupted", msg)
     assert.equal("HTTP", code)
     assert.is_true(detail.interrupted)
+    assert.is_true(s.moved >= 20, "the clock moved " .. s.moved .. " s")
     local st = env:stats()
     assert.equal(0, (st.counters or {}).pause_during_run or 0)
     -- Cleared: the next run works on the same sandbox (resumed if it paused since).

@@ -296,6 +296,18 @@ describe("the retry rules (core._retry_decide)", function()
     assert.equals(0.05, d(facts{ idempotent = true, completed = true, status = 502, retry_after = 7 }))
   end)
 
+  it("caps the Retry-After it honours at retry_after_max", function()
+    local function ra(status, header, max)
+      return d(facts{ idempotent = true, completed = true, status = status, retry_after = header,
+        retry_after_max = max })
+    end
+    assert.equals(0.5, ra(429, 7, 0.5))
+    assert.equals(0, ra(503, 100, 0))      -- within the budget now: retried at once
+    assert.equals(3, ra(429, 3, 5))
+    -- no Retry-After: the backoff, whatever the cap
+    assert.equals(0.05, d(facts{ idempotent = true, completed = true, status = 503, retry_after_max = 0 }))
+  end)
+
   it("stops at the budget", function()
     assert.equals(-1, d(facts{ idempotent = true, completed = true, status = 429, retry_after = 100 }))
     assert.equals(-1, d(facts{ idempotent = true, completed = true, status = 503, elapsed = 29.99 }))

@@ -82,6 +82,22 @@ insulate("warmbox.e2b", function()
       assert.equals(7, fake.http_opts.timeout)
       assert.equals(2, fake.http_opts.connect_timeout)
     end)
+
+    it("gives retry_after_max to every retry of the client, none by default", function()
+      local function caps(cl)
+        local n, all = 0, {}
+        for k, v in pairs(cl) do
+          if type(v) == "table" and v.attempts then n = n + 1; all[k] = v.retry_after_max end
+        end
+        return n, all
+      end
+      local n, all = caps(e2b.new{ api_key = KEY, retry_after_max = 0.25 })
+      assert.is_true(n >= 6)
+      for k, v in pairs(all) do assert.equals(0.25, v, k) end
+      local n0, none = caps(e2b.new{ api_key = KEY })
+      assert.equals(n, n0)
+      assert.same({}, none)
+    end)
   end)
 
   describe("metadata encoding", function()

@@ -78,6 +78,7 @@ insulate("warmbox", function()
         { max_run_length = 0 }, { max_run_length = 31 * 86400 }, { max_output = 0 }, { max_output = 1.5 },
         { max_output = math.huge }, { max_files_bytes = -1 }, { max_files_bytes = 0 / 0 },
         { request_timeout = math.huge }, { request_timeout = 0 }, { request_timeout = 0 / 0 },
+        { retry_after_max = -1 }, { retry_after_max = 0 / 0 }, { retry_after_max = math.huge },
       }
       for _, o in ipairs(bad) do
         local k = o.max_run_length == 3600 and "exec_timeout" or next(o)

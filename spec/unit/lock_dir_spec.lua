@@ -7,11 +7,7 @@
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d .. "-locks"
-end
+local tmpdir = require("spec.helpers.lockdir").tmpdir
 
 local function sh(cmd) return os.execute(cmd .. " 2>/dev/null") == true end
 

@@ -5,11 +5,7 @@
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d .. "-locks"
-end
+local tmpdir = require("spec.helpers.lockdir").tmpdir
 
 describe("warmbox.lock fairness", function()
   for _, backend in ipairs{ "memory", "file" } do

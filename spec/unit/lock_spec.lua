@@ -2,15 +2,8 @@
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d .. "-locks"
-end
-
-local function rmrf(d)
-  if d and d:match("^/tmp/") then os.execute("rm -rf '" .. d .. "'") end
-end
+local lockdir = require "spec.helpers.lockdir"
+local tmpdir, rmrf = lockdir.tmpdir, lockdir.rmrf
 
 local function ls(dir)
   local p = io.popen("ls -A '" .. dir .. "' 2>/dev/null")

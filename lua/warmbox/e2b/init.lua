@@ -43,7 +43,7 @@ local sandbox_new = sandbox_mod.new
 
 local client_fields = { api_key = "string", api_url = "string", sandbox_url = "string", domain = "string",
   request_timeout = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
-  ca_file = "string", user_agent = "string", max_connections = "number" }
+  ca_file = "string", user_agent = "string", max_connections = "number", retry_after_max = "number" }
 
 -- new's range checks of `retries`, the timeouts and `max_connections` (errors
 -- name new's caller); returns `retries`, 3 by default.
@@ -61,6 +61,10 @@ local function check_ranges(opts)
   if opts.max_connections ~= nil and not (opts.max_connections >= 1 and opts.max_connections <= 10000) then
     bad_option(1, "new", "max_connections", "1..10000 expected, got " .. tostring(opts.max_connections), 3)
   end
+  local ram = opts.retry_after_max
+  if ram ~= nil and not (ram >= 0 and ram <= 86400) then
+    bad_option(1, "new", "retry_after_max", "seconds in [0, 86400] expected, got " .. tostring(ram), 3)
+  end
   return retries
 end
 
@@ -69,7 +73,9 @@ end
 --   `https://api.<domain>`), `sandbox_url` (`E2B_SANDBOX_URL`, else the per-port host
 --   `https://<port>-<id>.<domain>`), `domain` (`E2B_DOMAIN`, default `e2b.app`),
 --   `request_timeout` (60 s), `retries` (3: attempts after the first for idempotent calls),
---   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`.
+--   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`,
+--   `retry_after_max` (seconds: the longest `Retry-After` waited; a longer one waits this long;
+--   default none).
 -- @treturn warmbox.e2b.Client
 function _M.new(opts)
   opts = check_options(opts, client_fields, "new", 1)
@@ -116,6 +122,12 @@ function _M.new(opts)
     json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
       ["Content-Type"] = "application/json" },
   }
+  if opts.retry_after_max then
+    -- Every retry table of the client (those above) caps the Retry-After it honours.
+    for _, v in pairs(self) do
+      if type(v) == "table" and v.attempts then v.retry_after_max = opts.retry_after_max end
+    end
+  end
   return setmetatable(self, Client)
 end
 

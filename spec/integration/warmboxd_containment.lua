@@ -4,6 +4,26 @@
 -- own files as host root, exhaust processes, memory or disk, outlive its
 -- execute timeout, or grow warmboxd's memory with output nobody reads.
 -- Traffic goes only to loopback addresses or into namespaces warmboxd made.
+
+-- Run in parts (spec.helpers.parts), one spec file a group: warmboxd_containment_<group>_spec.lua.
+local part = (...)({
+  net = {
+    "network",
+    "one network per sandbox",
+    "the code interpreter's access token",
+    "descriptors",
+    "seccomp",
+    "identity",
+  },
+  limits = {
+    "limits",
+    "limits without cgroups (the rlimit fallback)",
+  },
+  output = {
+    "timeouts",
+    "output",
+  },
+})
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local nd = require "spec.helpers.ndjson"
@@ -73,7 +93,7 @@ describe("warmboxd containment", function()
     if srv then srv:stop() end
   end)
 
-  describe("network", function()
+  part("network", function()
     local p1, pid1, p2, pid2
     lazy_setup(function()
       p1, pid1 = listener("127.0.0.1")
@@ -132,7 +152,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("one network per sandbox", function()
+  part("one network per sandbox", function()
     -- envd's Process.Start (its own jail), synchronously; returns the exit code.
     local function proc(box, code)
       local json = cjson.encode({ process = { cmd = "/usr/bin/python3", args = { "-c", code } } })
@@ -164,7 +184,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("the code interpreter's access token", function()
+  part("the code interpreter's access token", function()
     it("is required on /execute and /contexts of a secure sandbox (401 without or wrong)", function()
       local sb = create()
       local anon = { sandboxID = sb.sandboxID }
@@ -187,7 +207,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("descriptors", function()
+  part("descriptors", function()
     -- A kernel holds its own pipes (requests, events, captured fds 1 and 2),
     -- /dev/null and IPython's history under /tmp/.ipython; nothing of
     -- warmboxd's: no socket, not its log.
@@ -216,7 +236,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("seccomp", function()
+  part("seccomp", function()
     it("keyrings, eBPF, perf, userfaultfd, io_uring and namespaces are refused with EPERM", function()
       local sb = create()
       local out = py(sb, table.concat({
@@ -241,7 +261,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("identity", function()
+  part("identity", function()
     it("files a cell makes belong to an unprivileged host uid; writable mounts are nosuid,nodev", function()
       local sb = create()
       py(sb, "import os\nopen('/home/user/mine', 'w').write('x')\nos.chmod('/home/user/mine', 0o4755)\n"
@@ -328,7 +348,7 @@ describe("warmboxd containment", function()
     kill(other)
   end
 
-  describe("limits", function()
+  part("limits", function()
     it("each sandbox has its memory, pids and cpu groups (cgroup v1) with the template's limits", function()
       local sb = create()
       py(sb, "1")
@@ -381,7 +401,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("limits without cgroups (the rlimit fallback)", function()
+  part("limits without cgroups (the rlimit fallback)", function()
     local main
     lazy_setup(function()
       main = srv
@@ -396,7 +416,7 @@ describe("warmboxd containment", function()
     it("RLIMIT_DATA turns a 1 GiB allocation into MemoryError", function() memory_hog("MemoryError") end)
   end)
 
-  describe("timeouts", function()
+  part("timeouts", function()
     it("a cell that catches KeyboardInterrupt is ended by a kernel restart; the error says state was lost", function()
       local sb = create()
       py(sb, "kept = 'before'")
@@ -433,7 +453,7 @@ describe("warmboxd containment", function()
     end)
   end)
 
-  describe("output", function()
+  part("output", function()
     it("a 200 MB kernel line without a newline is dropped past 16 MiB, in linear time", function()
       local sb = create()
       py(sb, "1")
@@ -462,7 +482,7 @@ describe("warmboxd containment", function()
     it("a cell printing forever to a slow reader keeps warmboxd's memory bounded", function()
       local sb = create()
       py(sb, "1")
-      local before = rss_kb(srv.pid)
+      local before = srv:heap_kb() -- the live heap, not RSS (see Server:heap_kb)
       local out = os.tmpname()
       local pid = tonumber(sh(string.format("curl -sS -N --limit-rate 20k --max-time 60 -X POST -H %s -H %s -H %s "
         .. "--data-binary %s %s >%s 2>&1 & echo $!", q("E2b-Sandbox-Id: " .. sb.sandboxID),
@@ -472,13 +492,13 @@ describe("warmboxd containment", function()
       local peak = before
       for _ = 1, 30 do
         wbd.sleep(0.2)
-        local r = rss_kb(srv.pid)
+        local r = srv:heap_kb()
         if r > peak then peak = r end
       end
       os.execute("kill " .. pid)
       assert.is_truthy((wbd.read_all(out) or ""):find("yyyy", 1, true))
       os.remove(out)
-      assert.is_true(peak - before < 48 * 1024, string.format("RSS grew by %d kB", peak - before))
+      assert.is_true(peak - before < 48 * 1024, string.format("the heap grew by %d kB", peak - before))
       -- the context is usable again once the interrupted cell ended
       assert.are.equal("2", py(sb, "1 + 1"))
       kill(sb)

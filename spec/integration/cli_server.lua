@@ -1,6 +1,17 @@
 -- The warmbox command as a newcomer meets it: the per-user server (`warmbox server`),
 -- the first cell's traceback, --json, output fit for a pipe, `warmbox doctor`.
 -- Every spec has its own XDG_RUNTIME_DIR and stops any server it started (also on failure).
+
+-- Run in parts (spec.helpers.parts), one spec file a group: cli_server_<group>_spec.lua.
+local part = (...)({
+  server = {
+    "warmbox server",
+  },
+  run = {
+    "warmbox run output",
+    "warmbox doctor",
+  },
+})
 local wbd = require "spec.helpers.warmboxd"
 local cjson = require "cjson"
 
@@ -46,7 +57,7 @@ local function private_xdg()
   return x
 end
 
-describe("warmbox server", function()
+part("warmbox server", function()
   local x
   before_each(function() x = private_xdg() end)
   after_each(function() x.cleanup() end)
@@ -200,7 +211,7 @@ describe("warmbox server", function()
   end)
 end)
 
-describe("warmbox run output", function()
+part("warmbox run output", function()
   local x
   lazy_setup(function()
     x = private_xdg()
@@ -293,7 +304,7 @@ describe("warmbox run output", function()
   end)
 end)
 
-describe("warmbox doctor", function()
+part("warmbox doctor", function()
   local pathdir
   lazy_setup(function()
     -- every program of /usr/bin except node and bwrap

@@ -1,5 +1,23 @@
 -- warmboxd's envd (port 49983) over real HTTP: auth, /files, the Filesystem
 -- and Process Connect-RPC services, and path confinement.
+
+-- Run in parts (spec.helpers.parts), one spec file a group: warmboxd_envd_<group>_spec.lua.
+local part = (...)({
+  files = {
+    "auth on a secure sandbox",
+    "signed /files URLs",
+    "GET /health and /envs",
+    "/files",
+  },
+  fs = {
+    "filesystem.Filesystem",
+    "the jail's filesystem",
+  },
+  process = {
+    "process.Process/Start",
+    "process.Process/List and SendSignal",
+  },
+})
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local envd = require "spec.helpers.envd"
@@ -76,7 +94,7 @@ describe("warmboxd envd", function()
     if srv then srv:stop() end
   end)
 
-  describe("auth on a secure sandbox", function()
+  part("auth on a secure sandbox", function()
     it("answers 401 with envd's plain JSON body without X-Access-Token", function()
       local res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49983, "POST", "/filesystem.Filesystem/Stat",
         { json = { path = "/home/user" }, headers = RPC })
@@ -128,7 +146,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("signed /files URLs", function()
+  part("signed /files URLs", function()
     local noauth
     lazy_setup(function()
       noauth = { sandboxID = sb.sandboxID }
@@ -195,7 +213,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("GET /health and /envs", function()
+  part("GET /health and /envs", function()
     it("/envs returns the sandbox's env vars", function()
       local res = http.sandbox(srv, sb, 49983, "GET", "/envs")
       assert.are.equal(200, res.status)
@@ -203,7 +221,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("/files", function()
+  part("/files", function()
     it("round-trips bytes with an octet-stream upload", function()
       local data = "bin\0ary\255data\n"
       local res = upload("/home/user/data/raw.bin", data)
@@ -397,7 +415,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("filesystem.Filesystem", function()
+  part("filesystem.Filesystem", function()
     lazy_setup(function()
       upload("fs/a.txt", "12345")
       upload("fs/sub/b.txt", "b")
@@ -530,7 +548,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("the jail's filesystem", function()
+  part("the jail's filesystem", function()
     -- What a process in the sandbox prints for `cat path` (nil when it fails).
     local function jail_cat(path, s)
       local r = sh("cat " .. path, s)
@@ -788,7 +806,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("process.Process/Start", function()
+  part("process.Process/Start", function()
     it("streams start, base64 stdout/stderr, end and the {} trailer", function()
       local r = sh("echo out; echo err >&2")
       assert.are.equal(200, r.status)
@@ -815,6 +833,7 @@ describe("warmboxd envd", function()
     end)
 
     it("applies envs over the sandbox's env vars, and cwd", function()
+      assert.is_nil(sh("mkdir -p /home/user/fs/sub").end_.exitCode) -- its own dirs (the part may run alone)
       local r = sh("echo $GREETING $SHARED $EXTRA", nil, { envs = { SHARED = "request", EXTRA = "x" } })
       assert.are.equal("hello request x\n", r.stdout)
       r = sh("pwd", nil, { cwd = "/home/user/fs/sub" })
@@ -899,7 +918,7 @@ describe("warmboxd envd", function()
     end)
   end)
 
-  describe("process.Process/List and SendSignal", function()
+  part("process.Process/List and SendSignal", function()
     local function background_start(cmd, out, tag, stdin)
       local body = envelope(0, { process = { cmd = "/bin/bash", args = { "-c", cmd } }, tag = tag or "bg",
         stdin = stdin or false })

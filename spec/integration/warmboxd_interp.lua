@@ -2,6 +2,23 @@
 -- stream line by line, python and bash kernels, contexts, env_vars per run,
 -- interrupts on timeout and disconnect, serialized runs and the overlap
 -- counter, and kernel state across pause/resume.
+
+-- Run in parts (spec.helpers.parts), one spec file a group: warmboxd_interp_<group>_spec.lua.
+local part = (...)({
+  execute = {
+    "POST /execute",
+  },
+  kernel = {
+    "a kernel that dies",
+    "bash",
+    "contexts",
+    "interrupts",
+  },
+  serial = {
+    "serialization",
+    "pause and resume",
+  },
+})
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local nd = require "spec.helpers.ndjson"
@@ -97,7 +114,7 @@ describe("warmboxd code interpreter", function()
     if srv then srv:stop() end
   end)
 
-  describe("POST /execute", function()
+  part("POST /execute", function()
     it("streams number_of_executions, stdout, the main result and end_of_execution", function()
       local lines, raw = run(sb, 'print("hi")\n1 + 1')
       assert.are.equal(4, #lines, table.concat(raw, "\n"))
@@ -288,7 +305,7 @@ describe("warmboxd code interpreter", function()
     end)
   end)
 
-  describe("a kernel that dies", function()
+  part("a kernel that dies", function()
     it("ends the run with an error and restarts on the next run, same context", function()
       local ctx = ctx_api(sb, "POST", "/contexts", { language = "python" }).json
       run(sb, { code = "doomed = 1", context_id = ctx.id })
@@ -302,7 +319,7 @@ describe("warmboxd code interpreter", function()
     end)
   end)
 
-  describe("bash", function()
+  part("bash", function()
     it("keeps variables and the working directory between runs", function()
       local lines = run(sb, { code = "X=5\ncd /tmp\necho hi", language = "bash" })
       assert.are.equal("hi\n", stdout_text(lines))
@@ -328,7 +345,7 @@ describe("warmboxd code interpreter", function()
     end)
   end)
 
-  describe("contexts", function()
+  part("contexts", function()
     it("lists the default python context", function()
       local res = ctx_api(sb, "GET", "/contexts")
       assert.are.equal(200, res.status)
@@ -396,7 +413,7 @@ describe("warmboxd code interpreter", function()
     end)
   end)
 
-  describe("interrupts", function()
+  part("interrupts", function()
     it("interrupts a run that exceeds its timeout, and the kernel stays usable", function()
       run(sb, "before_timeout = 7")
       local lines = run(sb, { code = "import time\ntime.sleep(600)", timeout = 1 })
@@ -438,7 +455,7 @@ describe("warmboxd code interpreter", function()
     end)
   end)
 
-  describe("serialization", function()
+  part("serialization", function()
     it("runs one cell at a time per context: a second run waits for the first", function()
       run(sb, "order = []")
       local a = exec_bg(sb, { code = "import time\norder.append('a1')\nprint('a1')\ntime.sleep(1)\n"
@@ -473,7 +490,7 @@ describe("warmboxd code interpreter", function()
     end)
   end)
 
-  describe("pause and resume", function()
+  part("pause and resume", function()
     local function pause(box, memory)
       local res = http.api(srv, "POST", "/sandboxes/" .. box.sandboxID .. "/pause", { memory = memory })
       assert.are.equal(204, res.status, res.body)
