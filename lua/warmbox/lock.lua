@@ -541,11 +541,16 @@ local SET_STATE = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
   .. "if ARGV[2] == '0' then redis.call('del', KEYS[2]) "
   .. "else redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4]) end return 1"
 
+-- core.so built without hiredis (CMake's WARMBOX_REDIS) has no core.redis.
+local REDIS_NOT_BUILT = "the redis lock is not built: warmbox.core was built without hiredis "
+  .. "(install libhiredis-dev and rebuild, or use lock = \"file\")"
+
 local function conn(self)
   local r = self.redis
   local id = fmt("%s:%d:%g", r.host, r.port, r.timeout)
   local c = redis_conns[id]
   if c then return c end
+  if not core.redis then return nil, REDIS_NOT_BUILT, "LOCK" end
   local err, code
   c, err, code = core.redis{ host = r.host, port = r.port, timeout = r.timeout }
   if not c then return nil, err, code end

@@ -352,6 +352,27 @@ describe("warmbox.lock", function()
     end)
   end
 
+  describe("(redis backend) in a core built without hiredis", function()
+    it("says the Redis lock is not built, for lock and try_lock", function()
+      local redis_new = core.redis
+      core.redis = nil -- what csrc/core/optional/redis_none.c leaves (WARMBOX_REDIS=OFF)
+      local ok, a, b = pcall(function()
+        -- a port no other spec uses: no connection of theirs is cached for it
+        local lk = lock.new{ backend = "redis", timeout = 1, redis = { port = 1 } }
+        local r1, m1, c1 = lk:lock("k")
+        local r2, m2, c2 = lk:try_lock("k")
+        return { r1, m1, c1 }, { r2, m2, c2 }
+      end)
+      core.redis = redis_new
+      assert(ok, a)
+      for _, r in ipairs({ a, b }) do
+        assert.is_nil(r[1])
+        assert.matches("the redis lock is not built: warmbox.core was built without hiredis", r[2], 1, true)
+        assert.equals("LOCK", r[3])
+      end
+    end)
+  end)
+
   describe("(file backend) keys", function()
     local dir
     before_each(function() dir = tmpdir() .. "/nested/dir" end)
