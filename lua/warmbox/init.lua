@@ -9,6 +9,10 @@
 --
 -- @module warmbox
 
+-- Before the C part: under another Lua, core.so fails to load with an
+-- undefined symbol (lua_newuserdatauv) that names nothing useful.
+if _VERSION ~= "Lua 5.4" then error("warmbox needs Lua 5.4, this is " .. tostring(_VERSION), 2) end
+
 local core = require "warmbox.core"
 local session = require "warmbox.session"
 local policy_mod = require "warmbox.policy"
