@@ -648,6 +648,14 @@ local function output_files(sbx, st, id, report, python, cap)
   return out_files, files_error
 end
 
+-- The main result's text (the cell's value), as E2B's SDKs' execution.text.
+local function main_text(results)
+  for _, res in ipairs(results) do
+    if res.is_main_result then return res.text end
+  end
+  return nil
+end
+
 -- The result of a run that ran (see _execute).
 local function run_result(out, info, results, out_files, files_error, cap, lock_error)
   local e = out.error
@@ -661,7 +669,7 @@ local function run_result(out, info, results, out_files, files_error, cap, lock_
     replaced = out.replaced,
     lock_error = lock_error,
     reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
-    execution_count = out.execution_count,
+    execution_count = out.execution_count, text = main_text(results),
   }
 end
 
@@ -849,7 +857,8 @@ end
 --   ("python"), `timeout` (seconds, default `exec_timeout`; the cell is interrupted then),
 --   `on_stdout(text)`, `on_stderr(text)`, `on_result(result)`
 -- @treturn[1] table `{ stdout, stderr, error = {name, value, traceback} | nil, results,
---   files = { {name, content, mime} }, reused, resumed, sandbox_id, execution_count,
+--   text (the main result's text, or nil), files = { {name, content, mime} }, reused, resumed,
+--   sandbox_id, execution_count,
 --   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
 --   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
 --   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`

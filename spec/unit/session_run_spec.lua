@@ -484,6 +484,20 @@ describe("warmbox.session", function()
       assert.same({ "new1" }, e.client:ids("read_file"))
     end)
 
+    it("gives r.text: the main result's text (as E2B's SDKs' execution.text), nil without one", function()
+      local e = setup()
+      local s = e.new("w:text")
+      e.client.exec = function(_, code, out)
+        out.results[1] = { text = "<Figure>", png = "iVBO", is_main_result = false, extra = {} }
+        if code == "x + 1" then out.results[2] = { text = "42", is_main_result = true, extra = {} } end
+      end
+      local r = assert(s:run("x + 1"))
+      assert.equal("42", r.text)
+      r = assert(s:run("plt.show()"))
+      assert.equal(1, #r.results)
+      assert.is_nil(r.text) -- a display result is not the cell's value
+    end)
+
     it("sends the hooks in a cell of their own until the kernel reports it has them", function()
       local e = setup()
       local s = e.new("w:t")
