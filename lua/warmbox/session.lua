@@ -180,7 +180,7 @@ end
 --   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
 --   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
 --   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
---   called on "connect", "create", "kill", "retry", "recycle", "prewarm"), `origin` (a string naming the
+--   called on "connect", "create", "kill", "retry", "recycle", "prewarm", "lease_floor"), `origin` (a string naming the
 --   E2B endpoint and account: remembered state written under another origin is ignored),
 --   `max_run_length` (seconds E2B lets one run of a sandbox last from its start:
 --   86400 on Pro, 3600 on Hobby; default 86400), `require_memory` (false: a sandbox
@@ -465,6 +465,16 @@ function Session:_resolve(st, lease, avoid)
     or "resolve" }
 end
 
+-- Once per session object: idle_timeout cannot take effect, as a run's lease
+-- covers the run's timeout and LEASE_MARGIN (the sandbox pauses `lease` s
+-- after the run starts, not idle_timeout s). Event "lease_floor".
+function Session:_warn_floor(run_timeout, lease)
+  if self.floor_warned or self.idle_timeout >= run_timeout then return end
+  self.floor_warned = true
+  self:_event("lease_floor", { idle_timeout = self.idle_timeout, run_timeout = run_timeout, lease = lease,
+    margin = _M.LEASE_MARGIN })
+end
+
 -- Secures a sandbox for one run: the remembered one when its lease provably
 -- covers the run (no request), the remembered one refreshed by `connect` (one
 -- request: resumes a paused one and extends the lease), else resolve.
@@ -478,7 +488,10 @@ function Session:_acquire(st, run_timeout, eager)
   -- underneath itself: the lease starts a round trip before the cell does, and
   -- the server interrupts the cell at its timeout, so the lease covers the run
   -- and LEASE_MARGIN more.
-  if run_timeout + _M.LEASE_MARGIN > lease then lease = math.ceil(run_timeout + _M.LEASE_MARGIN) end
+  if run_timeout + _M.LEASE_MARGIN > lease then
+    lease = math.ceil(run_timeout + _M.LEASE_MARGIN)
+    self:_warn_floor(run_timeout, lease)
+  end
   ctx.lease = lease
   local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease, eager)
   if not got then return nil, gerr, gcode, gdetail end
