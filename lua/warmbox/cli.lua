@@ -925,12 +925,28 @@ end
 -- demo
 -- ------------------------------------------------------------------
 
+-- The lease the demo's cold start sets (the default policy): the idle timeout,
+-- at least the run's timeout + LEASE_MARGIN.
+local function demo_lease(o)
+  return math.max(o.idle_timeout, math.ceil(o.exec_timeout + require("warmbox.session").LEASE_MARGIN))
+end
+
+-- The demo's header line when --idle-timeout cannot take effect (event lease_floor).
+local function demo_floor_note(o)
+  local margin = require("warmbox.session").LEASE_MARGIN
+  if o.idle_timeout >= o.exec_timeout then return "" end
+  return string_format("(idle timeout %gs is shorter than a run's %gs timeout: a run's lease covers the timeout + %ds, "
+    .. "so the sandbox pauses %gs after a run starts)\n", o.idle_timeout, o.exec_timeout, margin, demo_lease(o))
+end
+
 local function demo(o, io_)
   local out = io_.stdout
   local core = require "warmbox.core"
   local now = core.now
-  o.idle_timeout = o.idle_timeout or 3
+  -- The idle timeout takes effect only when no shorter than a run's timeout (a
+  -- run's lease covers its timeout + LEASE_MARGIN): 15 s, the 10 s timeout + 5.
   o.exec_timeout = o.exec_timeout or 10
+  o.idle_timeout = o.idle_timeout or o.exec_timeout + require("warmbox.session").LEASE_MARGIN
   o.lock = o.lock or "memory"
   -- The demo runs on its own warmboxd even when E2B_API_KEY is set (unless --api-url is given).
   local srv
@@ -955,8 +971,9 @@ local function demo(o, io_)
     local t = res and res.status == 200 and require("warmbox.json").decode(res.body)
     return t and t.total_requests
   end
-  out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n\n",
-    wb.server and ("an embedded warmboxd at " .. wb.server.url) or "E2B", o.exec_timeout, o.idle_timeout))
+  out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n%s\n",
+    wb.server and ("an embedded warmboxd at " .. wb.server.url) or "E2B", o.exec_timeout, o.idle_timeout,
+    demo_floor_note(o)))
   local key = "demo-workspace:thread-1"
   local s = wb:session(key)
   local step = 0
@@ -987,9 +1004,9 @@ local function demo(o, io_)
   local abandoned
   if ok then
     show("other session", function()
-      -- a conversation that goes quiet at once (a 7 s lease: its 2 s timeout + LEASE_MARGIN):
+      -- a conversation that goes quiet at once (a 7 s idle timeout: its 2 s timeout + LEASE_MARGIN):
       -- GC reclaims it below
-      local quick = require("warmbox").new{ client = wb.client, exec_timeout = 2, idle_timeout = 2, lock = o.lock }
+      local quick = require("warmbox").new{ client = wb.client, exec_timeout = 2, idle_timeout = 7, lock = o.lock }
       local r, msg, code = quick:session("demo-workspace:abandoned"):run("echo bye", { language = "bash" })
       if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
       abandoned = r.sandbox_id
@@ -1009,8 +1026,8 @@ local function demo(o, io_)
       while now() < deadline do
         local info = wb.client:info(sandbox_id)
         if info and info.state == "paused" then
-          return true, string_format("nobody ran anything; the lease ran out and sandbox %s paused (polled with info)",
-            sandbox_id)
+          return true, string_format("nobody ran anything; sandbox %s paused when its %gs lease (set at the "
+            .. "cold start) ran out (polled with info)", sandbox_id, demo_lease(o))
         end
         core.sleep(0.25)
       end
