@@ -35,19 +35,28 @@ dependencies = {
   "lua-cjson",
 }
 
--- A library check, not `header = "curl/curl.h"`: Debian keeps curl.h in the
--- multiarch directory /usr/include/x86_64-linux-gnu, which LuaRocks 3.8 does not
--- search for headers (it does for libraries). CMake finds the headers itself.
+-- The C libraries warmbox.core (curl, libcrypto) and warmboxd (libmicrohttpd,
+-- jansson, zlib) link. curl and libcrypto by library, not header: Debian keeps
+-- curl.h and opensslconf.h in the multiarch directory /usr/include/x86_64-linux-gnu,
+-- which LuaRocks 3.8 does not search for headers (it does for libraries). CMake
+-- finds the headers itself. hiredis is optional (not declared): CMake builds the
+-- Redis lock when it finds it, and without it `lock = "redis"` says it is not built.
 external_dependencies = {
   CURL = { library = "curl" },
+  CRYPTO = { library = "crypto" },
+  MICROHTTPD = { header = "microhttpd.h", library = "microhttpd" },
+  JANSSON = { header = "jansson.h", library = "jansson" },
+  ZLIB = { header = "zlib.h", library = "z" },
 }
 
-test_dependencies = {
-  "busted",
-}
-
+-- `luarocks test` runs the suite (scripts/test) on the build `luarocks make`
+-- left in build.luarocks/, building one first when there is none. It needs
+-- busted on PATH (Debian: lua-busted; or `luarocks install busted`), so no
+-- test_dependencies: apt's busted is not in a rocks tree, and LuaRocks would
+-- try to download one.
 test = {
-  type = "busted",
+  type = "command",
+  command = "scripts/luarocks-test",
 }
 
 build = {
@@ -62,5 +71,10 @@ build = {
     LIBDIR = "$(LIBDIR)",
     CURL_INCDIR = "$(CURL_INCDIR)",
     CURL_LIBDIR = "$(CURL_LIBDIR)",
+  },
+  -- core.so and warmboxd (beside it, where warmbox.server looks) are installed
+  -- by CMake; the command by LuaRocks, wrapped to find the tree's modules.
+  install = {
+    bin = { warmbox = "bin/warmbox" },
   },
 }

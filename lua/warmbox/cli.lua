@@ -14,12 +14,17 @@
 --                              [--chart out.svg] [--csv rows.csv]
 --   warmbox demo
 --   warmbox [options] smoke
+--   warmbox --version
 --
 -- Options: --api-url URL, --api-key KEY (default $E2B_API_KEY), --template T,
 -- --exec-timeout S, --idle-timeout S, --tag NAME, --lock file|redis|memory,
 -- --policy PATH, --warmboxd PATH. Without an API key and without --api-url, the
 -- per-user server of `warmbox server start` is used when it runs (said on stderr);
 -- else an embedded warmboxd is started for the command (its sandboxes end with it).
+-- `-q` drops warmbox's own notes from stderr (errors stay). Exit status: 0 ok,
+-- 1 the command ran and its result is negative (run: the cell raised; gc: an
+-- action failed; doctor: a check failed), 2 warmbox failed (bad command line,
+-- backend, transport), 3 `server status`: not running.
 -- @module warmbox.cli
 
 local tostring, tonumber, ipairs, pairs, type, pcall, next = tostring, tonumber, ipairs, pairs, type, pcall, next
@@ -99,11 +104,40 @@ options:
   --lock BACKEND     file (default), redis or memory
   --policy PATH      a policy file (Lua)
   --warmboxd PATH    the warmboxd binary for the embedded server
-  -h, --help         this help
+  -q, --quiet        no notes from warmbox on stderr (which server, saved files); errors stay
+  -h, --help         this help; COMMAND --help: that command's
+  --version          print the version
+
+exit status: 0 ok; 1 the command ran and its result is negative (run: the cell raised,
+gc: an action failed, doctor: a check failed); 2 warmbox failed (bad command line,
+backend or transport error); 3 server status: not running
 ]]
 
--- Commands whose --help is one line rather than the whole usage.
-local USAGE_OF = { smoke = "usage: warmbox [options] smoke\n", demo = "usage: warmbox demo\n" }
+-- `COMMAND --help`: the command's block of USAGE (its line and the lines
+-- indented under it), read from USAGE so that the two never disagree.
+local function usage_of(cmd)
+  local block, inside = {}, false
+  for line in USAGE:gmatch("([^\n]*)\n") do
+    local name = line:match("^  (%l+)")
+    if name or line == "" or line == "options:" then inside = name == cmd end
+    -- the command's own description wraps at column 34 (its options deeper)
+    if inside then block[#block + 1] = line:gsub("^" .. (" "):rep(33) .. "(%S)", "  %1") end
+  end
+  if #block == 0 then return nil end
+  block[1] = "usage: warmbox [options] " .. block[1]:gsub("^%s+", ""):gsub("%s%s+.*$", "")
+    .. "\n " .. block[1]:gsub("^%s+%S+.-%s%s+", " ", 1)
+  return table_concat(block, "\n") .. "\n\n(options before the command: warmbox --help)\n"
+end
+_M.usage_of = usage_of
+
+-- Whether warmbox's own notes on stderr are dropped (-q); set by main.
+local quiet_notes = false
+local version_line -- main's --version (below)
+
+-- A note on stderr (which server, saved files): not an error, dropped by -q.
+local function note(err, s)
+  if not quiet_notes then err:write(s) end
+end
 
 local GLOBAL = {
   ["--api-url"] = "api_url", ["--api-key"] = "api_key", ["--sandbox-url"] = "sandbox_url", ["--template"] = "template",
@@ -121,7 +155,7 @@ local function use_local_server(o, err)
   local st = require("warmbox.server").local_server()
   if not st then return false end
   o.api_url, o.api_key, o.sandbox_url = st.url, st.api_key, st.url
-  err:write(string_format("warmbox: using the local server at %s (pid %d; `warmbox server stop` ends it)\n",
+  note(err, string_format("warmbox: using the local server at %s (pid %d; `warmbox server stop` ends it)\n",
     st.url, st.pid))
   return true
 end
@@ -141,9 +175,12 @@ local function new_warmbox(o, err)
   return wb
 end
 
+-- warmbox failed (not the code it ran): exit status 2.
+local FAILED = 2
+
 local function fail(err, msg, code)
   err:write(string_format("warmbox: %s%s\n", tostring(msg), code and (" (" .. tostring(code) .. ")") or ""))
-  return 1
+  return FAILED
 end
 
 -- Reads a command's arguments against `flags`: flag -> function(value, flag)
@@ -254,7 +291,7 @@ local function ensure_local_server(o, io_, start)
     start = answer ~= nil and (answer == "" or answer:match("^%s*[yY]") ~= nil)
   end
   if not start then
-    err:write("warmbox: no local server (`warmbox server start`, or run --start): this command's sandbox "
+    note(err, "warmbox: no local server (`warmbox server start`, or run --start): this command's sandbox "
       .. "ends with it\n")
     return true
   end
@@ -263,7 +300,7 @@ local function ensure_local_server(o, io_, start)
     fail(err, "cannot start the local server: " .. tostring(msg), code)
     return false
   end
-  err:write(string_format("warmbox: started the local server at %s (pid %d)\n", st.url, st.pid))
+  note(err, string_format("warmbox: started the local server at %s (pid %d)\n", st.url, st.pid))
   return true
 end
 
@@ -280,9 +317,9 @@ local function save_files(files, outdir, say)
       fh:write(f.content)
       fh:close()
       entry.saved = outdir .. "/" .. name
-      if say then say:write(string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content)) end
+      if say then note(say, string_format("warmbox: saved %s/%s (%d bytes)\n", outdir, name, #f.content)) end
     elseif say then
-      say:write(string_format("warmbox: output file %s (%d bytes, %s)\n", f.name, #f.content, f.mime))
+      note(say, string_format("warmbox: output file %s (%d bytes, %s)\n", f.name, #f.content, f.mime))
     end
     saved[#saved + 1] = entry
   end
@@ -356,9 +393,9 @@ local function cmd_run(o, args, io_)
   if not code then code = io_.stdin:read("a") end
   local now = require("warmbox.core").now
   local t0 = now()
-  if not ensure_local_server(o, io_, start) then return 1 end
+  if not ensure_local_server(o, io_, start) then return FAILED end
   local wb = new_warmbox(o, err)
-  if not wb then return 1 end
+  if not wb then return FAILED end
   local t1 = now()
   local s = wb:session(key, { env = env, actor = actor })
   local r, msg, ecode = s:run(code, {
@@ -399,9 +436,9 @@ local function cmd_prewarm(o, args, io_)
   })
   if not key then error("prewarm needs --session KEY", 0) end
   local now = require("warmbox.core").now
-  if not ensure_local_server(o, io_, start) then return 1 end
+  if not ensure_local_server(o, io_, start) then return FAILED end
   local wb = new_warmbox(o, io_.stderr)
-  if not wb then return 1 end
+  if not wb then return FAILED end
   local t0 = now()
   local ok, t = pcall(function() return wb:session(key, { env = env, actor = actor }):prewarm{ within = within } end)
   if not ok then
@@ -429,7 +466,7 @@ end
 local function cmd_release(o, args, io_)
   if #args ~= 1 then error("release needs exactly one KEY", 0) end
   local wb = new_warmbox(o, io_.stderr)
-  if not wb then return 1 end
+  if not wb then return FAILED end
   local n, msg, code = wb:release(args[1])
   wb:close()
   if not n then return fail(io_.stderr, msg, code) end
@@ -511,7 +548,7 @@ local function cmd_sessions(o, args, io_)
     ["--json"] = { function() as_json = true end },
   })
   local wb = new_warmbox(o, io_.stderr)
-  if not wb then return 1 end
+  if not wb then return FAILED end
   local list, msg, code = wb:sessions()
   local gc = require "warmbox.gc"
   local now = wb.clock()
@@ -554,9 +591,11 @@ local function write_gc_report(out, r, as_json, failure, first)
     out:write(first and "" or "\n", "],", s:sub(2), "\n")
   elseif r then
     local resume = r.resume_token or r.next_token
-    out:write(string_format("%slisted %d, tagged %d, kept %d, killed %d, demoted %d, busy %d, skipped %d, "
-      .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, r.killed, r.demoted, r.busy,
-      r.skipped, r.failed, resume and (", resume with --next-token " .. resume) or ""))
+    local killed, demoted = "killed", "demoted"
+    if r.dry_run then killed, demoted = "would kill", "would demote" end
+    out:write(string_format("%slisted %d, tagged %d, kept %d, %s %d, %s %d, busy %d, skipped %d, "
+      .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, killed, r.killed, demoted,
+      r.demoted, r.busy, r.skipped, r.failed, resume and (", resume with --next-token " .. resume) or ""))
   end
 end
 
@@ -589,7 +628,9 @@ local function cmd_gc(o, args, io_)
         session = a.key or json.null, tenant = a.tenant or json.null, tag_value = a.session,
         reason = a.reason or json.null, code = a.code or json.null, failed = a.failed or json.null }))
     else
-      out:write(string_format("  %-7s %-24s %-30s %s\n", a.action, tostring(a.sandbox_id),
+      local action = opts.dry_run and (a.action == "kill" or a.action == "demote") and "would " .. a.action
+        or a.action
+      out:write(string_format("  %-7s %-24s %-30s %s\n", action, tostring(a.sandbox_id),
         tostring(a.key or ("(tag) " .. tostring(a.session))), tostring(a.reason or "")))
     end
     first = false
@@ -619,7 +660,7 @@ local function cmd_gc(o, args, io_)
   local wb = new_warmbox(o, err)
   if not wb then
     if as_json then out:write("]}\n") end
-    return 1
+    return FAILED
   end
   local ok, rep, msg, code, partial = pcall(wb.gc, wb, opts)
   wb:close()
@@ -628,7 +669,7 @@ local function cmd_gc(o, args, io_)
     if tty then err:write("\n") end
     err:write(string_format("warmbox: %s; %s\n", tostring(rep),
       resume and ("resume with --next-token " .. resume) or "nothing to skip: run it again"))
-    return 1
+    return FAILED
   end
   local r = rep or partial
   if tty and r then
@@ -705,7 +746,7 @@ local function cmd_doctor(o, args, io_)
   local e2b_selected = key ~= nil
   if which ~= "e2b" then
     local n = doctor.print(out, "embedded server (warmboxd on this machine):", doctor.embedded{ warmboxd = o.warmboxd,
-      find_bin = require("warmbox.server").find_bin })
+      find_bin = require("warmbox.server").find_bin, local_server = require("warmbox.server").local_server })
     if which == "embedded" or not e2b_selected then failed = failed + n end
   end
   if which ~= "embedded" then
@@ -869,12 +910,12 @@ local function cmd_simulate(o, args, io_)
     if not f then return fail(io_.stderr, "cannot write " .. csv .. ": " .. tostring(ferr), "IO") end
     f:write(sim.csv(rows))
     f:close()
-    io_.stderr:write(string_format("warmbox: rows written to %s\n", csv))
+    note(io_.stderr, string_format("warmbox: rows written to %s\n", csv))
   end
   if chart then
     local how, perr, pcode = sim.plot(rows, chart, { x = chart_x, y = chart_y })
     if not how then return fail(io_.stderr, perr, pcode) end
-    io_.stderr:write(string_format("warmbox: chart written to %s%s\n", chart,
+    note(io_.stderr, string_format("warmbox: chart written to %s%s\n", chart,
       how == "gnuplot" and " (gnuplot)" or ""))
   end
   return 0
@@ -884,12 +925,28 @@ end
 -- demo
 -- ------------------------------------------------------------------
 
+-- The lease the demo's cold start sets (the default policy): the idle timeout,
+-- at least the run's timeout + LEASE_MARGIN.
+local function demo_lease(o)
+  return math.max(o.idle_timeout, math.ceil(o.exec_timeout + require("warmbox.session").LEASE_MARGIN))
+end
+
+-- The demo's header line when --idle-timeout cannot take effect (event lease_floor).
+local function demo_floor_note(o)
+  local margin = require("warmbox.session").LEASE_MARGIN
+  if o.idle_timeout >= o.exec_timeout then return "" end
+  return string_format("(idle timeout %gs is shorter than a run's %gs timeout: a run's lease covers the timeout + %ds, "
+    .. "so the sandbox pauses %gs after a run starts)\n", o.idle_timeout, o.exec_timeout, margin, demo_lease(o))
+end
+
 local function demo(o, io_)
   local out = io_.stdout
   local core = require "warmbox.core"
   local now = core.now
-  o.idle_timeout = o.idle_timeout or 3
+  -- The idle timeout takes effect only when no shorter than a run's timeout (a
+  -- run's lease covers its timeout + LEASE_MARGIN): 15 s, the 10 s timeout + 5.
   o.exec_timeout = o.exec_timeout or 10
+  o.idle_timeout = o.idle_timeout or o.exec_timeout + require("warmbox.session").LEASE_MARGIN
   o.lock = o.lock or "memory"
   -- The demo runs on its own warmboxd even when E2B_API_KEY is set (unless --api-url is given).
   local srv
@@ -903,7 +960,7 @@ local function demo(o, io_)
   local wb = new_warmbox(o, io_.stderr)
   if not wb then
     if srv then srv:stop() end
-    return 1
+    return FAILED
   end
   wb.server = wb.server or srv -- stopped by wb:close()
   local http = wb.server and core.http{ timeout = 10 }
@@ -914,8 +971,9 @@ local function demo(o, io_)
     local t = res and res.status == 200 and require("warmbox.json").decode(res.body)
     return t and t.total_requests
   end
-  out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n\n",
-    wb.server and ("an embedded warmboxd at " .. wb.server.url) or "E2B", o.exec_timeout, o.idle_timeout))
+  out:write(string_format("warmbox demo: one conversation on %s (exec timeout %gs, idle timeout %gs)\n%s\n",
+    wb.server and ("an embedded warmboxd at " .. wb.server.url) or "E2B", o.exec_timeout, o.idle_timeout,
+    demo_floor_note(o)))
   local key = "demo-workspace:thread-1"
   local s = wb:session(key)
   local step = 0
@@ -946,9 +1004,9 @@ local function demo(o, io_)
   local abandoned
   if ok then
     show("other session", function()
-      -- a conversation that goes quiet at once (a 7 s lease: its 2 s timeout + LEASE_MARGIN):
+      -- a conversation that goes quiet at once (a 7 s idle timeout: its 2 s timeout + LEASE_MARGIN):
       -- GC reclaims it below
-      local quick = require("warmbox").new{ client = wb.client, exec_timeout = 2, idle_timeout = 2, lock = o.lock }
+      local quick = require("warmbox").new{ client = wb.client, exec_timeout = 2, idle_timeout = 7, lock = o.lock }
       local r, msg, code = quick:session("demo-workspace:abandoned"):run("echo bye", { language = "bash" })
       if not r then return false, "FAILED: " .. tostring(msg) .. " (" .. tostring(code) .. ")" end
       abandoned = r.sandbox_id
@@ -968,8 +1026,8 @@ local function demo(o, io_)
       while now() < deadline do
         local info = wb.client:info(sandbox_id)
         if info and info.state == "paused" then
-          return true, string_format("nobody ran anything; the lease ran out and sandbox %s paused (polled with info)",
-            sandbox_id)
+          return true, string_format("nobody ran anything; sandbox %s paused when its %gs lease (set at the "
+            .. "cold start) ran out (polled with info)", sandbox_id, demo_lease(o))
         end
         core.sleep(0.25)
       end
@@ -1044,12 +1102,22 @@ end
 -- main
 -- ------------------------------------------------------------------
 
+local COMMANDS = "run, prewarm, server, doctor, release, sessions, gc, simulate, demo, smoke"
+
+-- `warmbox --version`: warmbox's version and where its C part was loaded from.
+version_line = function()
+  local core = require "warmbox.core"
+  return string_format("warmbox %s (%s, warmbox.core %s)\n", require("warmbox")._VERSION, _VERSION,
+    core.module_path())
+end
+
 --- Run the command line.
 -- @tparam table argv the arguments (`arg`)
 -- @tparam[opt] table io_ `stdout`, `stderr`, `stdin`
 -- @treturn integer exit status
 function _M.main(argv, io_)
   io_ = io_ or { stdout = io.stdout, stderr = io.stderr, stdin = io.stdin }
+  quiet_notes = false
   local o = {}
   local i = 1
   local args = {}
@@ -1060,6 +1128,12 @@ function _M.main(argv, io_)
     if a == "-h" or a == "--help" then
       io_.stdout:write(USAGE)
       return 0
+    elseif a == "--version" then
+      io_.stdout:write(version_line())
+      return 0
+    elseif a == "-q" or a == "--quiet" then
+      quiet_notes = true
+      i = i + 1
     elseif GLOBAL[a] then
       local v = args[i + 1]
       if v == nil then
@@ -1077,7 +1151,7 @@ function _M.main(argv, io_)
       o[k] = v
       i = i + 2
     elseif a:sub(1, 1) == "-" then
-      io_.stderr:write("warmbox: unknown option " .. a .. "\n" .. USAGE)
+      io_.stderr:write("warmbox: unknown option " .. a .. " (warmbox --help lists the options)\n")
       return 2
     else
       cmd = a
@@ -1090,13 +1164,16 @@ function _M.main(argv, io_)
   local handlers = { run = cmd_run, prewarm = cmd_prewarm, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
     simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor, smoke = cmd_smoke, demo = cmd_demo }
   local h = handlers[cmd]
-  if not h then
-    io_.stderr:write((cmd and ("warmbox: unknown command " .. cmd .. "\n") or "") .. USAGE)
+  if not cmd then
+    io_.stderr:write(USAGE)
+    return 2
+  elseif not h then
+    io_.stderr:write("warmbox: unknown command " .. cmd .. " (commands: " .. COMMANDS .. "; warmbox --help)\n")
     return 2
   end
   for _, a in ipairs(rest) do
     if a == "-h" or a == "--help" then
-      io_.stdout:write(USAGE_OF[cmd] or USAGE)
+      io_.stdout:write(usage_of(cmd))
       return 0
     end
   end

@@ -49,6 +49,73 @@ local function check(name, status, detail, fix)
   return { name = name, status = status, detail = detail, fix = fix }
 end
 
+-- "ok" with `ok_detail` when test(1) passes `expr`, else "warn".
+local function test_check(name, expr, ok_detail, warn_detail, fix)
+  if os_execute("test " .. expr) then return check(name, "ok", ok_detail) end
+  return check(name, "warn", warn_detail, fix)
+end
+
+-- A program warmboxd runs at a fixed path: nil when it is on PATH and at
+-- `path`, else a check of `status` saying which is missing (`what`: the
+-- consequence, appended).
+local function missing(name, prog, path, status, what, fix)
+  local found = which(prog)
+  if not found then return check(name, status, prog .. " not found on PATH" .. what, fix) end
+  if not os_execute("test -x " .. path) then
+    return check(name, status, prog .. " is " .. found .. " but warmboxd runs " .. path .. what, fix)
+  end
+  return nil
+end
+
+-- python3 at /usr/bin/python3 (the kernel's) and the packages it imports there,
+-- whatever python3 PATH finds first.
+local function add_python_checks(add)
+  local m = missing("python3", "python3", "/usr/bin/python3", "fail", "", "apt-get install python3")
+  if m then
+    add(m)
+  else
+    add(check("python3", "ok", "/usr/bin/python3 (the kernel's)"))
+    -- the packages of the python the kernel runs, whatever python3 PATH finds first
+    local python = "/usr/bin/python3"
+    local ok, why = run(sh_quote(python) .. " -c 'import IPython; print(IPython.__version__)'")
+    add(ok and check("IPython", "ok", "IPython " .. why)
+      or check("IPython", "fail", "the python kernel needs IPython: " .. why, "apt-get install python3-ipython"))
+    ok, why = run(sh_quote(python) .. " -c 'import matplotlib; print(matplotlib.__version__)'")
+    add(ok and check("matplotlib", "ok", "matplotlib " .. why)
+      or check("matplotlib", "warn", "charts (plt.show, savefig) need matplotlib: " .. why,
+        "apt-get install python3-matplotlib"))
+    ok, why = run(sh_quote(python) .. " -c 'import pandas; print(pandas.__version__)'")
+    add(ok and check("pandas", "ok", "pandas " .. why .. " (DataFrames come back as e2b/data)")
+      or check("pandas", "warn", "cells cannot import pandas: " .. why, "apt-get install python3-pandas"))
+  end
+end
+
+-- node and the TypeScript package, which warmboxd's javascript and typescript
+-- kernel (embed/kernel.js) runs as /usr/bin/node and looks for where Debian puts it.
+local function add_node_checks(add)
+  local m = missing("node", "node", "/usr/bin/node", "warn", ": no javascript or typescript cells "
+    .. "(python and bash run)", "apt-get install nodejs")
+  if m then return add(m) end
+  add(check("node", "ok", "/usr/bin/node (javascript and typescript cells)"))
+  add(test_check("typescript", "-d /usr/share/nodejs/typescript -o -d /usr/lib/nodejs/typescript",
+    "the typescript package (the kernel parses every javascript and typescript cell)",
+    "no typescript package: javascript and typescript cells fail (the kernel parses them with it)",
+    "apt-get install node-typescript"))
+end
+
+-- The per-user server of `warmbox server start`, through `opts.local_server`
+-- (warmbox.server.local_server): the one every command uses when it runs.
+local function local_server_check(local_server)
+  local ok, st, why = pcall(local_server)
+  if ok and st then
+    return check("local server", "ok", string_format("running at %s (pid %s): commands without an E2B key use it",
+      tostring(st.url), tostring(st.pid)))
+  end
+  why = tostring(ok and why or st)
+  return check("local server", "warn", (why == "not running" and why or "not running (" .. why .. ")")
+    .. ": each command starts an embedded warmboxd whose sandboxes end with it", "warmbox server start")
+end
+
 -- A cgroup v2 subtree this user may manage (systemd's user slice delegates
 -- one): its directory when it has the memory controller, or nil.
 local function delegated_cgroup2()
@@ -93,7 +160,8 @@ end
 
 --- The checks of the embedded server (warmboxd on this machine).
 -- @tparam table opts `find_bin` (`warmbox.server.find_bin`: given by the caller, so
---   doctor and server do not require each other), `warmboxd` (the binary)
+--   doctor and server do not require each other), `warmboxd` (the binary),
+--   `local_server` (optional: `warmbox.server.local_server`, adds the "local server" check)
 -- @treturn table a list of checks
 function _M.embedded(opts)
   opts = opts or {}
@@ -108,11 +176,10 @@ function _M.embedded(opts)
     or check("warmboxd", "fail", berr, "build it (scripts/setup), or set WARMBOXD_BIN to its path"))
 
   local bwrap = which("bwrap")
-  if not bwrap then
-    add(check("bubblewrap", "fail", "bwrap not found on PATH", "apt-get install bubblewrap"))
-  elseif not os_execute("test -x /usr/bin/bwrap") then
-    add(check("bubblewrap", "fail", "bwrap is " .. bwrap .. " but warmboxd runs /usr/bin/bwrap",
-      "apt-get install bubblewrap (Debian's package installs /usr/bin/bwrap)"))
+  local m = missing("bubblewrap", "bwrap", "/usr/bin/bwrap", "fail", "",
+    "apt-get install bubblewrap (Debian's package installs /usr/bin/bwrap)")
+  if m then
+    add(m)
   else
     add(check("bubblewrap", "ok", bwrap))
     local ok, why = run(sh_quote(bwrap) .. " --unshare-all --die-with-parent --ro-bind / / --dev /dev "
@@ -135,41 +202,19 @@ function _M.embedded(opts)
     end
   end
 
-  local python = which("python3")
-  if not python then
-    add(check("python3", "fail", "python3 not found on PATH", "apt-get install python3"))
-  elseif not os_execute("test -x /usr/bin/python3") then
-    add(check("python3", "fail", "python3 is " .. python .. " but the kernel runs /usr/bin/python3",
-      "apt-get install python3"))
-  else
-    add(check("python3", "ok", "/usr/bin/python3 (the kernel's)"))
-    -- the packages of the python the kernel runs, whatever python3 PATH finds first
-    python = "/usr/bin/python3"
-    local ok, why = run(sh_quote(python) .. " -c 'import IPython; print(IPython.__version__)'")
-    add(ok and check("IPython", "ok", "IPython " .. why)
-      or check("IPython", "fail", "the python kernel needs IPython: " .. why, "apt-get install python3-ipython"))
-    ok, why = run(sh_quote(python) .. " -c 'import matplotlib; print(matplotlib.__version__)'")
-    add(ok and check("matplotlib", "ok", "matplotlib " .. why)
-      or check("matplotlib", "warn", "charts (plt.show, savefig) need matplotlib: " .. why,
-        "apt-get install python3-matplotlib"))
-  end
+  add_python_checks(add)
 
-  local node = which("node")
-  add(node and check("node", "ok", node .. " (warmboxd itself runs python and bash cells only)")
-    or check("node", "warn", "node not found on PATH: no JavaScript (warmboxd runs python and bash cells only)",
-      "apt-get install nodejs"))
+  add_node_checks(add)
 
-  local slirp = which("slirp4netns")
-  add(slirp and check("slirp4netns", "ok", slirp)
-    or check("slirp4netns", "warn", "slirp4netns not found on PATH: sandboxes have no network "
-      .. "(warmboxd jails have none today either)", "apt-get install slirp4netns"))
+  add(missing("slirp4netns", "slirp4netns", "/usr/bin/slirp4netns", "warn", ": sandboxes get no internet access",
+    "apt-get install slirp4netns")
+    or check("slirp4netns", "ok", "/usr/bin/slirp4netns: sandboxes that allow it reach the internet"))
 
-  if os_execute("test -d /sys/fs/cgroup/freezer -a -w /sys/fs/cgroup/freezer") then
-    add(check("cgroup freezer", "ok", "/sys/fs/cgroup/freezer is writable: a pause freezes the sandbox"))
-  else
-    add(check("cgroup freezer", "warn", "no writable cgroup-v1 freezer: a pause stops the sandbox with SIGSTOP "
-      .. "(memory kept, no cgroup limits)", "run warmboxd as root with /sys/fs/cgroup/freezer mounted"))
-  end
+  add(test_check("cgroup freezer", "-d /sys/fs/cgroup/freezer -a -w /sys/fs/cgroup/freezer",
+    "/sys/fs/cgroup/freezer is writable: a pause freezes the sandbox",
+    "no writable cgroup-v1 freezer: a pause stops the sandbox with SIGSTOP (memory kept, no cgroup limits)",
+    "run warmboxd as root with /sys/fs/cgroup/freezer mounted"))
+  if type(opts.local_server) == "function" then add(local_server_check(opts.local_server)) end
   add(limits_check())
   return list
 end

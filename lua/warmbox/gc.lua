@@ -129,6 +129,13 @@ local function copy(t)
   return o
 end
 
+-- A collected or released session's lock: its state forgotten and, with
+-- warmbox.lock, its files removed (lk:remove releases it; unlock after is a no-op).
+local function forget(lk)
+  if type(lk.remove) == "function" then return lk:remove() end
+  return lk:set_state(nil)
+end
+
 local function close_lock(lk)
   if type(lk.close) == "function" then pcall(lk.close, lk) end
 end
@@ -458,7 +465,7 @@ function _M.run(opts)
     h.refs = h.refs - 1
     if h.refs == 0 then
       if h.forget then
-        h.lk:set_state(nil)
+        forget(h.lk) -- the session's sandbox was collected
       elseif h.rewrite then
         h.lk:set_state(state_codec.encode(h.state))
       end
@@ -1176,7 +1183,7 @@ function _M.release(opts)
           kerr, kcode = r[2], r[3]
         end
       end
-      if not kerr then lk:set_state(nil) end
+      if not kerr then forget(lk) end
     end
     lk:unlock()
     close_lock(lk)

@@ -9,6 +9,10 @@
 --
 -- @module warmbox
 
+-- Before the C part: under another Lua, core.so fails to load with an
+-- undefined symbol (lua_newuserdatauv) that names nothing useful.
+if _VERSION ~= "Lua 5.4" then error("warmbox needs Lua 5.4, this is " .. tostring(_VERSION), 2) end
+
 local core = require "warmbox.core"
 local session = require "warmbox.session"
 local policy_mod = require "warmbox.policy"
@@ -457,9 +461,36 @@ function Warmbox:timeout()
   return self.runner:timeout()
 end
 
+-- close{ drain = seconds }: runs the tasks in flight (and prewarms) until
+-- they finish or `seconds` pass. → how many are still unfinished.
+local function drain(self, opts)
+  opts = check_options(opts, { drain = "number" }, "close", 1, 3)
+  local seconds = opts.drain
+  if seconds == nil then return 0 end
+  if not (seconds >= 0 and seconds < math.huge) then
+    bad_option(1, "close", "drain", "seconds >= 0 expected, got " .. tostring(seconds), 3)
+  end
+  local r = self.runner
+  if not r then return 0 end
+  if require("warmbox.runner").running() == r then
+    error("bad argument #1 to 'close' (option 'drain': called inside one of its tasks, which cannot wait "
+      .. "for themselves)", 3)
+  end
+  local deadline = core.now() + seconds
+  while r:count() > 0 do
+    local left = deadline - core.now()
+    if left <= 0 then break end
+    r:step(left)
+  end
+  return r:count()
+end
+
 --- Close: stop the embedded warmboxd (if any) and the client's connections. Idempotent.
-function Warmbox:close()
-  if self.closed then return true end
+-- With `{ drain = seconds }`, the tasks in flight first get up to `seconds` to
+-- finish; the rest are cancelled, as without it. → true, how many were cancelled.
+function Warmbox:close(opts)
+  if self.closed then return true, 0 end
+  local left = drain(self, opts)
   self.closed = true
   if self.runner then pcall(self.runner.close, self.runner) end
   if self.private_runner then pcall(self.private_runner.close, self.private_runner) end
@@ -468,7 +499,7 @@ function Warmbox:close()
     pcall(self.client.close, self.client)
   end
   if self.server then self.server:stop() end
-  return true
+  return true, left
 end
 
 function Warmbox:__gc() pcall(self.close, self) end

@@ -41,8 +41,11 @@
 --   file    one file per key under `dir`, locked with flock(2). File
 --           contents: a header line
 --           `warmbox-lock 1 <pid> <expires unix s> <token> <0|1>` then the
---           state. Lock files are never removed in normal operation (an
---           unlink racing a flock would let two holders in).
+--           state. A lock file is removed only by `lk:remove()` (the
+--           conversation is gone: release, GC) and by a break (below), both
+--           under `dir/.break` (exclusive) while its flock is held, so a
+--           locker that flocked the old inode sees it stale and retries;
+--           the queue file goes with it when no one is queued.
 --           exptime and hung holders: a holder that is alive but stuck past
 --           its expiry (header) may be broken by a waiter. Breaking happens
 --           under `dir/.break` (exclusive) and only if the path still names
@@ -421,7 +424,7 @@ end
 
 function file.release(_, _, e)
   if e.fl_taken then return true end
-  local was_broken = broken(e)
+  local was_broken = broken(e) and not e.removed
   e.fl:unlock()
   e.fl:close()
   if was_broken then return nil, "expired", "LOCK" end
@@ -490,6 +493,22 @@ function file.leave(self, key, _, token)
   with_queue(self, key, function(q) return q_leave(q, token) end)
 end
 
+-- lk:remove(): the lock file's path removed (under the break lock, while held),
+-- and the queue file when empty. Best effort: a busy break lock leaves them.
+function file.remove(self, key, e)
+  local bl = break_lock(self.dir)
+  if not bl or broken(e) or not bl:lock(min(self.timeout, 1)) then return end
+  local name = file_name(key)
+  e.removed = os.remove(self.dir .. "/" .. name) and true or nil
+  bl:unlock()
+  -- not under the break lock: lockers take the queue's flock, then the break lock
+  with_queue(self, key, function(q)
+    q_purge(q, now_ms())
+    if #q.list == 0 then os.remove(self.dir .. "/" .. name .. "q") end
+    return false
+  end)
+end
+
 function file.keepalive(_, _, e, t)
   e.next_check = t + 1
   if broken(e) then return nil, "expired", "LOCK" end
@@ -541,11 +560,16 @@ local SET_STATE = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
   .. "if ARGV[2] == '0' then redis.call('del', KEYS[2]) "
   .. "else redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4]) end return 1"
 
+-- core.so built without hiredis (CMake's WARMBOX_REDIS) has no core.redis.
+local REDIS_NOT_BUILT = "the redis lock is not built: warmbox.core was built without hiredis "
+  .. "(install libhiredis-dev and rebuild, or use lock = \"file\")"
+
 local function conn(self)
   local r = self.redis
   local id = fmt("%s:%d:%g", r.host, r.port, r.timeout)
   local c = redis_conns[id]
   if c then return c end
+  if not core.redis then return nil, REDIS_NOT_BUILT, "LOCK" end
   local err, code
   c, err, code = core.redis{ host = r.host, port = r.port, timeout = r.timeout }
   if not c then return nil, err, code end
@@ -887,6 +911,18 @@ function _M:set_state(s)
   local e, err = current(self)
   if not e then return nil, err or "unlocked", err and "LOCK" or nil end
   return self.impl.set_state(self, self._key, e, s)
+end
+
+--- Releases the lock and removes what its key left in the backend (the
+-- state; the file backend's lock and queue files): the key's conversation
+-- is gone (`wb:release`, GC). Nothing else may be done under the lock after.
+-- @return what unlock() returns
+function _M:remove()
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  self.impl.set_state(self, self._key, e, nil)
+  if self.impl.remove then self.impl.remove(self, self._key, e) end
+  return self:unlock()
 end
 
 --- The key this object holds, or nil.

@@ -180,7 +180,7 @@ end
 --   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
 --   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
 --   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
---   called on "connect", "create", "kill", "retry", "recycle", "prewarm"), `origin` (a string naming the
+--   called on "connect", "create", "kill", "retry", "recycle", "prewarm", "lease_floor"), `origin` (a string naming the
 --   E2B endpoint and account: remembered state written under another origin is ignored),
 --   `max_run_length` (seconds E2B lets one run of a sandbox last from its start:
 --   86400 on Pro, 3600 on Hobby; default 86400), `require_memory` (false: a sandbox
@@ -465,6 +465,16 @@ function Session:_resolve(st, lease, avoid)
     or "resolve" }
 end
 
+-- Once per session object: idle_timeout cannot take effect, as a run's lease
+-- covers the run's timeout and LEASE_MARGIN (the sandbox pauses `lease` s
+-- after the run starts, not idle_timeout s). Event "lease_floor".
+function Session:_warn_floor(run_timeout, lease)
+  if self.floor_warned or self.idle_timeout >= run_timeout then return end
+  self.floor_warned = true
+  self:_event("lease_floor", { idle_timeout = self.idle_timeout, run_timeout = run_timeout, lease = lease,
+    margin = _M.LEASE_MARGIN })
+end
+
 -- Secures a sandbox for one run: the remembered one when its lease provably
 -- covers the run (no request), the remembered one refreshed by `connect` (one
 -- request: resumes a paused one and extends the lease), else resolve.
@@ -478,7 +488,10 @@ function Session:_acquire(st, run_timeout, eager)
   -- underneath itself: the lease starts a round trip before the cell does, and
   -- the server interrupts the cell at its timeout, so the lease covers the run
   -- and LEASE_MARGIN more.
-  if run_timeout + _M.LEASE_MARGIN > lease then lease = math.ceil(run_timeout + _M.LEASE_MARGIN) end
+  if run_timeout + _M.LEASE_MARGIN > lease then
+    lease = math.ceil(run_timeout + _M.LEASE_MARGIN)
+    self:_warn_floor(run_timeout, lease)
+  end
   ctx.lease = lease
   local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease, eager)
   if not got then return nil, gerr, gcode, gdetail end
@@ -648,6 +661,14 @@ local function output_files(sbx, st, id, report, python, cap)
   return out_files, files_error
 end
 
+-- The main result's text (the cell's value), as E2B's SDKs' execution.text.
+local function main_text(results)
+  for _, res in ipairs(results) do
+    if res.is_main_result then return res.text end
+  end
+  return nil
+end
+
 -- The result of a run that ran (see _execute).
 local function run_result(out, info, results, out_files, files_error, cap, lock_error)
   local e = out.error
@@ -661,7 +682,7 @@ local function run_result(out, info, results, out_files, files_error, cap, lock_
     replaced = out.replaced,
     lock_error = lock_error,
     reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
-    execution_count = out.execution_count,
+    execution_count = out.execution_count, text = main_text(results),
   }
 end
 
@@ -849,7 +870,8 @@ end
 --   ("python"), `timeout` (seconds, default `exec_timeout`; the cell is interrupted then),
 --   `on_stdout(text)`, `on_stderr(text)`, `on_result(result)`
 -- @treturn[1] table `{ stdout, stderr, error = {name, value, traceback} | nil, results,
---   files = { {name, content, mime} }, reused, resumed, sandbox_id, execution_count,
+--   text (the main result's text, or nil), files = { {name, content, mime} }, reused, resumed,
+--   sandbox_id, execution_count,
 --   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
 --   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
 --   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`

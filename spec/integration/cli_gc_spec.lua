@@ -56,6 +56,19 @@ describe("warmbox gc / sessions", function()
     assert.equal("", err) -- not a terminal: no progress line
   end)
 
+  it("--dry-run in text says what it would kill, line by line and in the summary", function()
+    local code, out, err = warmbox(g() .. "gc --dry-run --retention 7d")
+    assert.equal(0, code, err)
+    local n = 0
+    for line in out:gmatch("[^\n]+") do
+      if line:match("^  would kill ") then n = n + 1 end
+      assert.is_nil(line:match("^  kill "), out)
+    end
+    assert.equal(4, n, out)
+    assert.matches("dry run: listed 7, tagged 7, kept 3, would kill 4, would demote 0,", out, 1, true)
+    assert.equal(0, kills())
+  end)
+
   it("--max-kills bounds a pass; the next pass does the rest; --concurrency is taken", function()
     local code, out, err = warmbox(g() .. "gc --retention 7d --max-kills 2 --concurrency 3")
     assert.equal(0, code, err)

@@ -39,6 +39,18 @@ describe("bin/warmbox", function()
     assert.equal("15\n", out)
   end)
 
+  it("-q: nothing but the cell's own output, no note about the embedded server on stderr", function()
+    local code, _, err = warmbox("run --session cli:q " .. wbd.sh_quote("print(6 * 7)"))
+    assert.equal(0, code, err)
+    assert.matches("warmbox: no local server", err, 1, true)
+    local out
+    code, out, err = warmbox("-q run --session cli:q "
+      .. wbd.sh_quote("import sys; print(6 * 7); print('e', file=sys.stderr)"))
+    assert.equal(0, code, err)
+    assert.equal("42\n", out)
+    assert.equal("e\n", err)
+  end)
+
   it("exits 1 and prints the traceback when the code raises", function()
     local code, _, err = warmbox("run --session cli:err " .. wbd.sh_quote("1/0"))
     assert.equal(1, code)

@@ -345,6 +345,77 @@ describe("warmbox.lock", function()
     end)
   end
 
+  describe(":remove()", function()
+    local dir
+    before_each(function() dir = tmpdir() end)
+    after_each(function() rmrf(dir) end)
+
+    it("(file) releases the lock and leaves no file of the key; the next locker starts afresh", function()
+      local lk = lock.new{ backend = "file", dir = dir, timeout = 1 }
+      assert(lk:lock("ws:gone"))
+      assert.is_true(lk:set_state("remembered"))
+      local other = lock.new{ backend = "file", dir = dir, timeout = 0 }
+      assert(other:lock("ws:kept"))
+      assert.same({ ".break", "ws%3Agone.lock", "ws%3Agone.lockq", "ws%3Akept.lock", "ws%3Akept.lockq" }, ls(dir))
+      assert.is_true(lk:remove())
+      assert.same({ ".break", "ws%3Akept.lock", "ws%3Akept.lockq" }, ls(dir))
+      assert.is_nil(lk:key())
+      assert.same({ nil, "unlocked" }, { lk:remove() })
+      -- the key works as before, with no state
+      local again = lock.new{ backend = "file", dir = dir, timeout = 1 }
+      assert(again:lock("ws:gone"))
+      assert.is_nil(again:get_state())
+      assert.is_true(again:unlock())
+      assert.is_true(other:unlock())
+    end)
+
+    it("(file) is safe against a locker that opened the old file: it retries on the fresh one", function()
+      local lk = lock.new{ backend = "file", dir = dir, timeout = 1 }
+      assert(lk:lock("k"))
+      -- another process's view: the old inode opened, its flock waited for
+      local old = assert(core.flock_open(dir .. "/k.lock"))
+      assert.is_true(lk:remove())
+      assert.is_true(old:try_lock())
+      assert.is_true(old:stale()) -- what a locker checks (under the break lock) before it writes
+      old:close()
+      local b = lock.new{ backend = "file", dir = dir, timeout = 1 }
+      assert(b:lock("k"))
+      assert.is_true(b:set_state("fresh"))
+      assert.is_true(b:unlock())
+    end)
+
+    it("(memory) forgets the state", function()
+      local lk = lock.new{ backend = "memory" }
+      assert(lk:lock("m:gone"))
+      assert.is_true(lk:set_state("s"))
+      assert.is_true(lk:remove())
+      assert(lk:lock("m:gone"))
+      assert.is_nil(lk:get_state())
+      assert.is_true(lk:unlock())
+    end)
+  end)
+
+  describe("(redis backend) in a core built without hiredis", function()
+    it("says the Redis lock is not built, for lock and try_lock", function()
+      local redis_new = core.redis
+      core.redis = nil -- what csrc/core/optional/redis_none.c leaves (WARMBOX_REDIS=OFF)
+      local ok, a, b = pcall(function()
+        -- a port no other spec uses: no connection of theirs is cached for it
+        local lk = lock.new{ backend = "redis", timeout = 1, redis = { port = 1 } }
+        local r1, m1, c1 = lk:lock("k")
+        local r2, m2, c2 = lk:try_lock("k")
+        return { r1, m1, c1 }, { r2, m2, c2 }
+      end)
+      core.redis = redis_new
+      assert(ok, a)
+      for _, r in ipairs({ a, b }) do
+        assert.is_nil(r[1])
+        assert.matches("the redis lock is not built: warmbox.core was built without hiredis", r[2], 1, true)
+        assert.equals("LOCK", r[3])
+      end
+    end)
+  end)
+
   describe("(file backend) keys", function()
     local dir
     before_each(function() dir = tmpdir() .. "/nested/dir" end)

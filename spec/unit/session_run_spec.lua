@@ -69,6 +69,29 @@ describe("warmbox.session", function()
       assert.same({ warmboxSessionId = s.tag_value }, list[2].metadata)
     end)
 
+    it("says once (event lease_floor) when idle_timeout is shorter than the run's timeout and cannot apply",
+      function()
+      local e = setup{ exec_timeout = 10, idle_timeout = 3 }
+      local events = {}
+      local s = e.new("w:floor", { on_event = function(name, info)
+        if name == "lease_floor" then events[#events + 1] = info end
+      end })
+      assert(s:run("1"))
+      -- the policy asks max(10, 3) = 10; the lease is the run's 10 s + 5: idle_timeout 3 never applies
+      assert.equal(15, e.client.calls[2][2].timeout) -- the create's
+      assert.same({ { idle_timeout = 3, run_timeout = 10, lease = 15, margin = 5 } }, events)
+      assert(s:run("2", { timeout = 30 }))
+      assert.equal(1, #events) -- once per session object
+      -- warmbox.new's defaults (300 and 300): the lease is 305 s, not worth a warning
+      local quiet = setup{ exec_timeout = 300, idle_timeout = 300 }
+      local none = true
+      local s2 = quiet.new("w:nofloor", { on_event = function(name)
+        if name == "lease_floor" then none = false end
+      end })
+      assert(s2:run("1"))
+      assert.is_true(none)
+    end)
+
     it("creates a tagged, auto-pausing, auto-resuming sandbox when none exists", function()
       local e = setup()
       local s = e.new("workspace-1:thread-1")
@@ -482,6 +505,20 @@ describe("warmbox.session", function()
       assert.same({ { name = "big.bin", content = string.rep("x", 100), mime = "image/png" },
         { name = "small.png", content = "PNG", mime = "image/png" } }, r.files)
       assert.same({ "new1" }, e.client:ids("read_file"))
+    end)
+
+    it("gives r.text: the main result's text (as E2B's SDKs' execution.text), nil without one", function()
+      local e = setup()
+      local s = e.new("w:text")
+      e.client.exec = function(_, code, out)
+        out.results[1] = { text = "<Figure>", png = "iVBO", is_main_result = false, extra = {} }
+        if code == "x + 1" then out.results[2] = { text = "42", is_main_result = true, extra = {} } end
+      end
+      local r = assert(s:run("x + 1"))
+      assert.equal("42", r.text)
+      r = assert(s:run("plt.show()"))
+      assert.equal(1, #r.results)
+      assert.is_nil(r.text) -- a display result is not the cell's value
     end)
 
     it("sends the hooks in a cell of their own until the kernel reports it has them", function()

@@ -34,10 +34,59 @@ describe("the version", function()
     assert.same({ "lua/warmbox/init.lua" }, carriers)
   end)
 
-  it("matches the rockspec", function()
+  local function rockspec(file)
     local env = {}
-    local chunk = assert(load(read("warmbox-scm-1.rockspec"), "=rockspec", "t", env))
-    chunk()
+    assert(load(read(file), "=" .. file, "t", env))()
+    return env
+  end
+
+  it("has a released rockspec, the scm one's twin but for its version and source tag", function()
+    local file = "warmbox-" .. cmake_version .. "-1.rockspec"
+    local rel, scm = rockspec(file), rockspec("warmbox-scm-1.rockspec")
+    assert.equals(cmake_version .. "-1", rel.version)
+    assert.equals("v" .. cmake_version, rel.source.tag)
+    assert.equals(scm.source.url, rel.source.url)
+    -- the same text once the version, the tag and the make line's rockspec are set aside
+    local function body(f)
+      return (read(f):gsub('local package_version = "[^"]*"', ""):gsub('\n  tag = [^\n]*', "")
+        :gsub("make %-%-deps%-mode=none[^\n]*", "make --deps-mode=none"))
+    end
+    assert.equals(body("warmbox-scm-1.rockspec"), body(file))
+  end)
+
+  it("declares what an installed tree needs: the command, every C library, a test step", function()
+    local env = rockspec("warmbox-scm-1.rockspec")
+    assert.same({ warmbox = "bin/warmbox" }, env.build.install.bin)
+    local libs = {}
+    for _, d in pairs(env.external_dependencies) do libs[#libs + 1] = d.library end
+    table.sort(libs)
+    -- libcurl, libcrypto (warmbox.core); libmicrohttpd, jansson, zlib (warmboxd); hiredis is optional
+    assert.same({ "crypto", "curl", "jansson", "microhttpd", "z" }, libs)
+    assert.equals("command", env.test.type)
+    assert.is_true(os.execute("test -x " .. env.test.command))
+    assert.is_nil(env.test_dependencies) -- apt's busted is not in a rocks tree
+    for _, f in ipairs({ "LICENSE", "CHANGELOG.md" }) do assert.truthy(io.open(f, "rb"), f) end
+    assert.matches("^MIT License", read("LICENSE"))
+    assert.truthy(read("CHANGELOG.md"):find("## " .. cmake_version, 1, true))
+    assert.truthy(read(".gitignore"):find("/build.luarocks/", 1, true))
+  end)
+
+  it("refuses a Lua other than 5.4 with a clear message, before loading the C part", function()
+    assert.is_true(os.execute("command -v lua5.3 >/dev/null"), "lua5.3 is not installed (scripts/setup installs it)")
+    for _, mod in ipairs({ "warmbox", "warmbox.e2b" }) do
+      -- without the sanitizer runtime CI preloads: lua5.3 is not built with it
+      local p = assert(io.popen(string.format("env -u LD_PRELOAD lua5.3 -e %q -e %q 2>&1",
+        "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; package.cpath = '" .. package.cpath .. "'",
+        "require '" .. mod .. "'")))
+      local out = p:read("a")
+      p:close()
+      assert.matches("warmbox needs Lua 5.4, this is Lua 5.3", out, 1, true)
+      assert.is_nil(out:find("undefined symbol", 1, true), out)
+    end
+  end)
+
+  it("matches the rockspec", function()
+    local env = rockspec("warmbox-scm-1.rockspec")
     assert.equals("warmbox", env.package)
     assert.equals("scm-1", env.version)
     assert.equals("3.0", env.rockspec_format)

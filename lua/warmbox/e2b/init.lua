@@ -11,6 +11,7 @@
 -- The data plane lives in `warmbox.e2b.sandbox`, the wire encodings in
 -- `warmbox.e2b.wire`; this module is the client and the control plane.
 -- @module warmbox.e2b
+if _VERSION ~= "Lua 5.4" then error("warmbox needs Lua 5.4, this is " .. tostring(_VERSION), 2) end
 local core = require "warmbox.core"
 local json = require "warmbox.json"
 local errors = require "warmbox.errors"

@@ -12,7 +12,7 @@ local wire = require "warmbox.e2b.wire"
 local type, pairs, ipairs, tostring, tonumber, setmetatable, getmetatable, error =
   type, pairs, ipairs, tostring, tonumber, setmetatable, getmetatable, error
 local table_concat = table.concat
-local math_ceil, math_type = math.ceil, math.type
+local math_ceil, math_type, math_tointeger = math.ceil, math.type, math.tointeger
 local argcheck, check_options = errors.argcheck, errors.check_options
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
 local to_entry, to_context, multipart, envelope = wire.to_entry, wire.to_context, wire.multipart, wire.envelope
@@ -451,10 +451,15 @@ local function error_line(st, _, t)
   if st.on_error then st.on_error(e) end
 end
 
+-- lua-cjson decodes every number as a float: a count of 2 is 2, not 2.0.
+local function count(n)
+  return math_type(n) == "float" and math_tointeger(n) or n
+end
+
 -- Unknown types are ignored, as the SDKs do.
 local LINE_KINDS = {
   stdout = text_line, stderr = text_line, result = result_line, error = error_line,
-  number_of_executions = function(st, _, t) st.exec.execution_count = v(t.execution_count) end,
+  number_of_executions = function(st, _, t) st.exec.execution_count = count(v(t.execution_count)) end,
   end_of_execution = function(st) st.finished = true end,
 }
 

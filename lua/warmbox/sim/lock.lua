@@ -1,7 +1,7 @@
 --- warmbox.sim.lock: session locks for one simulation.
 --
 -- The methods of a `warmbox.lock` object (`lock`, `try_lock`, `unlock`,
--- `expire`, `keepalive`, `get_state`, `set_state`, `key`, `close`) over a table owned by one
+-- `expire`, `keepalive`, `get_state`, `set_state`, `remove`, `key`, `close`) over a table owned by one
 -- simulation. `warmbox.lock`'s memory backend is not used because its
 -- per-key state is process-wide (two simulations in one process, or a host
 -- that also uses the memory backend, would share remembered sandboxes) and
@@ -96,6 +96,14 @@ function Lock:set_state(s)
   if not self._key then return nil, "unlocked" end
   self.world.state[self._key] = s
   return true
+end
+
+--- Forgets the key's state and releases the lock (warmbox.lock's `remove`):
+-- true | nil, "unlocked".
+function Lock:remove()
+  if not self._key then return nil, "unlocked" end
+  self.world.state[self._key] = nil
+  return self:unlock()
 end
 
 --- The key held, or nil.
