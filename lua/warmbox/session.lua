@@ -55,6 +55,9 @@ _M.ALONGSIDE_MARGIN = 20
 -- sandbox counts as paused (E2B's pause takes a moment).
 _M.AUTO_RESUME_LEASE = 300
 _M.PAUSE_GRACE = 10
+--- The longest Retry-After (seconds) a run waits before it sends a cell again
+-- (only a cell its sandbox said it never accepted).
+_M.RETRY_AFTER_MAX = 30
 
 -- ------------------------------------------------------------------
 -- Re-exported from the modules this one was cut from (warmbox.util,
@@ -249,6 +252,13 @@ function Session:_event(name, info)
   if self.on_event then self.on_event(name, info) end
 end
 
+-- Writes what is remembered to the lock held now (a create is recorded
+-- before it is sent).
+function Session:_save(st)
+  local lk = self._held
+  if lk then lk:set_state(_M.encode_state(st)) end
+end
+
 -- The context every hook gets.
 function Session:_ctx(st, run_timeout)
   return {
@@ -293,8 +303,12 @@ end
 -- Unix seconds of an RFC 3339 time (the listed `started_at`).
 local parse_utc = util.parse_time
 
+-- Forgets the remembered sandbox; the creates in flight stay recorded (their
+-- orphans are recognised later, see `create_sandbox`).
 local function forget(st)
+  local creating = st.creating
   for k in pairs(st) do st[k] = nil end
+  st.creating = creating
 end
 
 -- Whether a failed control-plane call says the sandbox is definitively gone
@@ -396,6 +410,62 @@ local function secure_candidate(self, st, ordered, lease, avoid, gone)
   return nil, false
 end
 
+-- Creates in flight (issue 26): each create carries a fresh id in its
+-- metadata (`CREATE_TAG`), recorded in the remembered state before the create
+-- is sent and dropped once its answer came. A listed sandbox whose id is still
+-- recorded is an orphan (its create was given up: a timeout, a crash, a
+-- cancelled task): never preferred to another, collected once a sandbox is secured.
+_M.CREATE_TAG = tag_mod.CREATE_TAG
+--- How many creates in flight are remembered, and for how long (seconds of the session clock).
+_M.CREATES_KEPT, _M.CREATE_WINDOW = 8, 300
+local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
+local create_seq = 0
+
+local function new_id()
+  create_seq = create_seq + 1
+  return string_format("%08x%08x%x", math.random(0, 0x7fffffff), math.random(0, 0x7fffffff), create_seq)
+end
+
+-- The recorded creates younger than CREATE_WINDOW (a create given up longer
+-- ago has long made its sandbox or failed).
+local function recent_creates(st, now)
+  local list = {}
+  for _, c in ipairs(st.creating or {}) do
+    if type(c) == "table" and type(c.at) == "number" and now - c.at < _M.CREATE_WINDOW then list[#list + 1] = c end
+  end
+  return list
+end
+
+local function record_create(self, st)
+  local id, now = new_id(), self.clock()
+  local list = recent_creates(st, now)
+  list[#list + 1] = { id = id, at = now }
+  st.tag, st.origin = self.tag_value, self.origin
+  while #list > _M.CREATES_KEPT do table.remove(list, 1) end
+  st.creating = list
+  self:_save(st)
+  return id
+end
+
+local function settle_create(st, id)
+  local list = st.creating
+  if not list then return end
+  for i = #list, 1, -1 do
+    if type(list[i]) ~= "table" or list[i].id == id then table.remove(list, i) end
+  end
+  if #list == 0 then st.creating = nil end
+end
+
+-- The create id of a listed sandbox whose create is still recorded (an orphan), else nil.
+local function orphan_of(st, it)
+  local id = type(it.metadata) == "table" and it.metadata[_M.CREATE_TAG]
+  if type(id) ~= "string" then return nil end
+  for _, c in ipairs(st.creating or {}) do
+    if type(c) == "table" and c.id == id then return id end
+  end
+  return nil
+end
+
 -- Creates the session's sandbox with the policy's `create_params` (the tag
 -- and a lease at least `lease` imposed). → sb | nil, msg, code, detail
 local function create_sandbox(self, st, lease)
@@ -419,14 +489,53 @@ local function create_sandbox(self, st, lease)
   md[self.tag] = self.tag_value -- the tag is not negotiable: it is what keeps tenants apart
   params.metadata = md
   if next(self.env) and params.env_vars == nil then params.env_vars = self.env end
+  local nonce = record_create(self, st)
+  md[_M.CREATE_TAG] = nonce
   local t0 = self.clock()
   local sb, cerr, ccode, cdetail = self.client:create(params)
-  if not sb then return nil, cerr, ccode, cdetail end
+  if not sb then
+    -- An answer of the API itself that refused the create: nothing was made.
+    if REFUSED_CREATE[ccode] or type(cdetail) ~= "table" then settle_create(st, nonce) end
+    self:_save(st)
+    return nil, cerr, ccode, cdetail
+  end
+  settle_create(st, nonce)
   self:_event("create", { sandbox_id = sb.sandbox_id })
   self:_remember(st, sb, t0 + params.timeout, t0)
   local lc = params.lifecycle
   st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
   return sb
+end
+
+-- The candidates in `ordered`, the orphans (see `orphan_of`) moved last: an
+-- empty sandbox whose create was given up never wins over one in use.
+local function orphans_last(st, ordered)
+  if not st.creating then return ordered end
+  local out, tail = {}, {}
+  for _, it in ipairs(ordered) do
+    local t = orphan_of(st, it) and tail or out
+    t[#t + 1] = it
+  end
+  for _, it in ipairs(tail) do out[#out + 1] = it end
+  return out
+end
+
+-- After a run: the orphans of the creates still recorded (listed by tag) are
+-- killed, their records dropped. One list, only while a create is recorded.
+function Session:_collect_orphans(st)
+  local cands = list_candidates(self)
+  if not cands then return end
+  for _, it in ipairs(cands) do
+    local orphan = orphan_of(st, it)
+    if orphan then
+      if it.sandbox_id ~= st.sandbox_id and self.client:kill(it.sandbox_id) ~= nil then
+        self:_event("kill", { sandbox_id = it.sandbox_id, reason = "orphan" })
+      end
+      settle_create(st, orphan)
+    end
+  end
+  local left = recent_creates(st, self.clock())
+  st.creating = #left > 0 and left or nil
 end
 
 -- Finds or creates the session's sandbox and secures its lease (the reference
@@ -443,6 +552,7 @@ function Session:_resolve(st, lease, avoid)
     local perr, pcode
     ordered, perr, pcode = order_candidates(self, st, cands, by_id)
     if not ordered then return nil, perr, pcode end
+    ordered = orphans_last(st, ordered)
   end
   local gone = {}
   local kept, resumed, ccode, cdetail = secure_candidate(self, st, ordered, lease, avoid, gone)
@@ -456,10 +566,12 @@ function Session:_resolve(st, lease, avoid)
   end
   -- Reap duplicates only now that one sandbox is secured (the gone ones need nothing).
   for _, it in ipairs(cands) do
+    local orphan = orphan_of(st, it)
     if it.sandbox_id ~= kept.sandbox_id and not gone[it.sandbox_id] then
       self.client:kill(it.sandbox_id)
-      self:_event("kill", { sandbox_id = it.sandbox_id, reason = "duplicate" })
+      self:_event("kill", { sandbox_id = it.sandbox_id, reason = orphan and "orphan" or "duplicate" })
     end
+    if orphan then settle_create(st, orphan) end
   end
   return { sandbox_id = kept.sandbox_id, reused = not created, resumed = resumed, how = created and "create"
     or "resolve" }
@@ -568,16 +680,39 @@ end
 
 local outputs_of, collect_envd, files_from_report = outputs.outputs_of, outputs.collect_envd, outputs.files_from_report
 
--- Whether a failed execute was refused before it was accepted (nothing can
--- have reached the kernel): a 404/502 answer (run_code gives these codes only
--- for an HTTP answer with no stream byte), or a connection that failed before
--- anything was sent. Only then may the run be sent again.
-local function refused_before_accept(code, detail)
+-- The answers with no stream byte after which the session asks the sandbox
+-- whether the cell arrived (the statuses a sandbox, its proxy or E2B's edge
+-- give for "not accepted"; an intermediary may give them after forwarding).
+local ASK_AFTER = { SANDBOX_GONE = true, NOT_FOUND = true, RATE_LIMITED = true, [503] = true }
+
+-- Whether a failed execute was answered without a stream byte by a status
+-- after which the sandbox is asked (see `_never_arrived`).
+local function unanswered(code, detail)
   if type(detail) == "table" and detail.started then return false end
-  if code == "SANDBOX_GONE" or code == "NOT_FOUND" then return true end
-  return code == "TRANSPORT" and type(detail) == "table" and detail.sent == false
+  return ASK_AFTER[code] or (type(detail) == "table" and ASK_AFTER[detail.status]) or false
 end
-_M.refused_before_accept = refused_before_accept
+
+-- Whether a failed execute provably never reached a kernel, so the run may be
+-- sent again (at most once): "again" (same sandbox) when nothing of it left
+-- (a connection refused before anything was sent) or when its kernel never
+-- accepted the cell and now never will (the session gave the cell's id up
+-- first, see `outputs.cell_marked`); "gone" when its sandbox no longer exists
+-- (control plane: 404); false otherwise (the failure is reported).
+function Session:_never_arrived(sbx, id, cell_id, code, detail)
+  if type(detail) == "table" and detail.started then return false end
+  if code == "TRANSPORT" then return type(detail) == "table" and detail.sent == false and "again" end
+  if not unanswered(code, detail) then return false end
+  if cell_id then
+    local claimed = sbx:make_dir(outputs.CELLS_DIR .. "/" .. cell_id)
+    if claimed then return "again" end
+    if claimed == false then
+      if type(detail) == "table" then detail.accepted = true end
+      return false
+    end
+  end
+  local _, _, icode = self.client:info(id)
+  return icode == "NOT_FOUND" and "gone" or false
+end
 
 -- The data-plane handle of the remembered sandbox `id`.
 function Session:_handle(st, id)
@@ -602,7 +737,7 @@ end
 -- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
 -- → nil, msg, code, detail, retryable (as _execute)
 local function before(err, ecode, detail)
-  return nil, err, ecode, detail, ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND"
+  return nil, err, ecode, detail, (ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND") and "gone" or false
 end
 
 -- Uploads the run's input files into the home directory. → true | nil, msg, code, detail
@@ -665,6 +800,13 @@ local function run_result(out, info, results, out_files, files_error, cap, lock_
   }
 end
 
+-- Whether a marked cell failed on its mark (a kernel without the hooks).
+local function hooks_lost(out)
+  local e = out.error
+  return type(e) == "table" and e.name == "NameError" and type(e.value) == "string"
+    and e.value:find("__warmbox_cell__", 1, true) ~= nil
+end
+
 -- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
 -- code, detail, retryable (true only when the cell cannot have run).
 function Session:_execute(info, st, code, opts, files, run_timeout, lk)
@@ -696,6 +838,11 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
       keepalive and on_line or nil)
     if not ok then return before(herr, hcode, hdetail) end
   end
+  local cell_id
+  if python and st.hooked == info.sandbox_id then
+    cell_id = new_id()
+    code = outputs.cell_marked(code, cell_id)
+  end
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
@@ -710,7 +857,13 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   })
   if not out then
     if detail and lock_error then detail.lock_error = lock_error end
-    return nil, err, ecode, detail, refused_before_accept(ecode, detail)
+    return nil, err, ecode, detail, self:_never_arrived(sbx, info.sandbox_id, cell_id, ecode, detail)
+  end
+  if cell_id and hooks_lost(out) then
+    -- The kernel lost the hooks (restarted): the cell failed on its first line, before anything ran.
+    st.hooked = nil
+    return nil, "run in sandbox '" .. info.sandbox_id .. "': its kernel lost warmbox's hooks", "HOOKS_LOST",
+      { started = false }, "again"
   end
   -- The cell ran: whatever fails from here on is reported in the result, never re-run.
   local results = {}
@@ -820,17 +973,23 @@ function Session:_run_locked(lk, code, opts, files)
       st.last_run = self.clock()
       -- It has run since it lost its memory: what its kernel holds now is kept.
       st.memory_lost = nil
+      if st.creating then self:_collect_orphans(st) end
       lk:set_state(_M.encode_state(st))
       return r
     end
     if retryable and attempt == 1 then
-      -- At most once: the execute was refused before it was accepted (the
-      -- sandbox is gone or unreachable), so nothing ran: forget the sandbox,
-      -- resolve again, and send the run once more.
+      -- At most once: the cell provably never reached a kernel (see
+      -- _never_arrived): send the run once more, to the same sandbox while it
+      -- exists (its kernel and files are the conversation's), else resolve again.
       self:_event("retry", { sandbox_id = info.sandbox_id, code = ecode })
-      forget(st)
-      lk:set_state(nil)
+      if retryable == "gone" then forget(st) end
+      lk:set_state(_M.encode_state(st))
+      local wait = type(detail) == "table" and detail.retry_after
+      if wait and wait > 0 then locks().wait(math.min(wait, _M.RETRY_AFTER_MAX)) end
     else
+      -- Not retried: the next run refreshes the lease first (a sandbox paused
+      -- under its remembered lease is resumed by that connect).
+      if unanswered(ecode, detail) then st.lease_end = nil end
       lk:set_state(_M.encode_state(st))
       return nil, err, ecode, detail
     end
@@ -1097,7 +1256,10 @@ function Session:_with_lock(fn, try)
     _, lerr = lk:lock(self.tag_value)
   end
   if lerr then return locks().failure("session '" .. self.key .. "'", lerr) end
+  local held = self._held
+  self._held = lk
   local ok, r, err, ecode, detail = xpcall(fn, traceback, lk)
+  self._held = held
   local uok, uerr, ucode = lk:unlock()
   if not ok then error(r, 0) end
   return r, err, ecode, detail, uok == nil and { tostring(uerr), ucode } or nil

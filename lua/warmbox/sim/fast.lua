@@ -202,6 +202,15 @@ local function simulate(S)
     return a + rtt2, true
   end
 
+  -- c:info(id) sent at t → t_after, whether the sandbox exists (running or paused)
+  local function cp_info(id, t, bx)
+    nreq = nreq + 1
+    local a = t + rtt2
+    local b = find(id, bx)
+    if b then at(b, a) end
+    return a + rtt2, b ~= nil and b.state ~= "killed"
+  end
+
   -- c:kill(id) sent at t → t_after
   local function kill(id, t, bx)
     nreq = nreq + 1
@@ -529,6 +538,22 @@ local function simulate(S)
     return t, id, reused
   end
 
+  -- The run's own cell sent at t → t_after, b | nil, msg, code, asked: when its
+  -- execute was answered 502/404, what the session's asking the sandbox gave
+  -- (Session:_never_arrived: give a marked cell's id up over envd, else the
+  -- control plane's info): "again", "gone" or false.
+  local function send_cell(id, st, python, duration, run_timeout, t, box)
+    local marked = python and st.hooked == id
+    local t2, b, err, code_ = run_code(id, false, duration, run_timeout, t, box)
+    if b or (code_ ~= "SANDBOX_GONE" and code_ ~= "NOT_FOUND") then return t2, b, err, code_ end
+    local claimed
+    if marked then t2, claimed = dp(id, t2, box) end
+    if claimed then return t2, nil, err, code_, "again" end
+    local exists
+    t2, exists = cp_info(id, t2, box)
+    return t2, nil, err, code_, not exists and "gone" or false
+  end
+
   -- One run (Session:run) starting at t → t_after, ok, msg, code
   local function run(c, st, t, duration, timeout, language)
     local run_timeout = timeout or exec_timeout
@@ -554,9 +579,8 @@ local function simulate(S)
         t, b, err, code_ = run_code(id, true, 0, run_timeout, t, box)
         if b and b.hooked then st.hooked = id end
       end
-      if b then
-        t, b, err, code_ = run_code(id, false, duration, run_timeout, t, box)
-      end
+      local asked
+      if b then t, b, err, code_, asked = send_cell(id, st, python, duration, run_timeout, t, box) end
       if b then
         if python and b.hooked then
           st.hooked = id
@@ -568,11 +592,13 @@ local function simulate(S)
         st.memory_lost = nil
         return t, true
       end
-      local retryable = code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND"
+      local retryable = asked
+      if asked == nil then retryable = (code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND") and "gone" end
       if retryable and attempt == 1 then
         events.retry = events.retry + 1
-        forget(st)
+        if retryable == "gone" then forget(st) end
       else
+        if asked == false then st.lease_end = nil end
         return t, false, err, code_
       end
     end
