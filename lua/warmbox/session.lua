@@ -800,27 +800,92 @@ local function run_result(out, info, results, out_files, files_error, cap, lock_
   }
 end
 
--- Whether a marked cell failed on its mark (a kernel without the hooks).
-local function hooks_lost(out)
+-- Whether the kernel refused a marked cell before anything of it ran:
+-- "hooks" (no hooks: the mark failed), "fenced" (a run with a higher fencing
+-- number had run there), else nil.
+local function refusal(out)
   local e = out.error
-  return type(e) == "table" and e.name == "NameError" and type(e.value) == "string"
-    and e.value:find("__warmbox_cell__", 1, true) ~= nil
+  if type(e) ~= "table" or type(e.value) ~= "string" then return nil end
+  if e.name == "NameError" and e.value:find("__warmbox_cell__", 1, true) then return "hooks" end
+  if e.name == "RuntimeError" and e.value:find("^warmbox: fenced: ") then return "fenced" end
+  return nil
 end
 
--- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
--- code, detail, retryable (true only when the cell cannot have run).
-function Session:_execute(info, st, code, opts, files, run_timeout, lk)
-  local sbx = self:_handle(st, info.sandbox_id)
+local function fenced_msg(id, why)
+  return string_format("run in sandbox '%s' refused: its lock was taken over by a later run (%s)", id,
+    tostring(why):gsub("^warmbox: fenced: ", ""))
+end
+
+-- Whether output files were read over envd (after the cell: another run may
+-- have changed the output directory meanwhile), not all inline in the report.
+local function read_over_envd(report, files)
+  if #files == 0 then return false end
+  if not report then return true end
+  for _, f in ipairs(type(report.files) == "table" and report.files or {}) do
+    if type(f) == "table" and f.b64 == nil then return true end
+  end
+  return false
+end
+
+-- Fencing of an output collection: no run with a higher fencing number than
+-- `fence` has had a cell accepted in the sandbox (its output directory is this
+-- run's). → true | nil, msg, "FENCED" | nil, msg, code (it could not be read)
+local function fence_holds(sbx, id, fence)
+  local s, err, code = sbx:read_file(outputs.FENCE_FILE)
+  if not s then
+    if code == "NOT_FOUND" then return true end
+    return nil, err, code
+  end
+  local high = tonumber((tostring(s):match("^%s*(%d+)")))
+  if high and high > fence then
+    return nil, fenced_msg(id, string_format("run %d collected its outputs after run %d", fence, high)), "FENCED"
+  end
+  return true
+end
+
+-- Before the cell: inputs uploaded, the output directory ready (not python)
+-- or the hooks registered (python). → true | as `before`
+function Session:_prepare(sbx, info, st, files, python, run_timeout, on_line)
   if #files > 0 then
     local ok, err, ecode, detail = upload_files(sbx, files)
     if not ok then return before(err, ecode, detail) end
   end
-  local language = opts.language or "python"
-  local python = language == "python"
   if not python then
     local ok, err, ecode, detail = ready_output_dir(sbx, info.reused)
     if not ok then return before(err, ecode, detail) end
+  elseif st.hooked ~= info.sandbox_id then
+    -- A kernel that may not have the output hooks gets them in a cell of their
+    -- own, so the user's cell is sent as it is (its tracebacks and line numbers
+    -- are the user's). Idempotent (guarded in the kernel), and the user's cell
+    -- is not sent yet: a failure here is one before the run.
+    local ok, herr, hcode, hdetail = self:_hook(sbx, st, info.sandbox_id, run_timeout, on_line)
+    if not ok then return before(herr, hcode, hdetail) end
   end
+  return true
+end
+
+-- A marked cell the kernel refused before anything of it ran (see `refusal`):
+-- the failure (as _execute's), else nil.
+local function refused_run(out, info, st)
+  local refused = refusal(out)
+  if refused == "hooks" then
+    -- The kernel lost the hooks (restarted): the cell failed on its first line.
+    st.hooked = nil
+    return nil, "run in sandbox '" .. info.sandbox_id .. "': its kernel lost warmbox's hooks", "HOOKS_LOST",
+      { started = false }, "again"
+  elseif refused == "fenced" then
+    return nil, fenced_msg(info.sandbox_id, out.error.value), "FENCED", { started = false }, false
+  end
+  return nil
+end
+
+-- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
+-- code, detail, retryable ("again" | "gone" only when the cell cannot have run, see
+-- _never_arrived).
+function Session:_execute(info, st, code, opts, files, run_timeout, lk)
+  local sbx = self:_handle(st, info.sandbox_id)
+  local language = opts.language or "python"
+  local python = language == "python"
   local report
   local user_on_result = opts.on_result
   local lock_error
@@ -829,19 +894,16 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     local ok, kerr, kcode = keepalive(lk)
     if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
   end
-  if python and st.hooked ~= info.sandbox_id then
-    -- A kernel that may not have the output hooks gets them in a cell of their
-    -- own, so the user's cell is sent as it is (its tracebacks and line numbers
-    -- are the user's). Idempotent (guarded in the kernel), and the user's cell
-    -- is not sent yet: a failure here is one before the run.
-    local ok, herr, hcode, hdetail = self:_hook(sbx, st, info.sandbox_id, run_timeout,
+  do
+    local ok, perr, pcode, pdetail, pretry = self:_prepare(sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
-    if not ok then return before(herr, hcode, hdetail) end
+    if not ok then return nil, perr, pcode, pdetail, pretry end
   end
   local cell_id
+  local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
   if python and st.hooked == info.sandbox_id then
     cell_id = new_id()
-    code = outputs.cell_marked(code, cell_id)
+    code = outputs.cell_marked(code, cell_id, fence)
   end
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
@@ -859,11 +921,9 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     if detail and lock_error then detail.lock_error = lock_error end
     return nil, err, ecode, detail, self:_never_arrived(sbx, info.sandbox_id, cell_id, ecode, detail)
   end
-  if cell_id and hooks_lost(out) then
-    -- The kernel lost the hooks (restarted): the cell failed on its first line, before anything ran.
-    st.hooked = nil
-    return nil, "run in sandbox '" .. info.sandbox_id .. "': its kernel lost warmbox's hooks", "HOOKS_LOST",
-      { started = false }, "again"
+  if cell_id then
+    local _, rerr, rcode, rdetail, rretry = refused_run(out, info, st)
+    if rcode then return nil, rerr, rcode, rdetail, rretry end
   end
   -- The cell ran: whatever fails from here on is reported in the result, never re-run.
   local results = {}
@@ -873,6 +933,13 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local cap = { left = self.max_files_bytes, dropped = {} }
   local out_files, files_error = output_files(sbx, st, info.sandbox_id, report, python, cap)
+  if fence and read_over_envd(report, out_files) then
+    local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
+    if not ok then
+      if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end
+      out_files, files_error = {}, { ferr, fcode }
+    end
+  end
   return run_result(out, info, results, out_files, files_error, cap, lock_error)
 end
 

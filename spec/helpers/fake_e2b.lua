@@ -214,7 +214,7 @@ function M.new(o)
     function h.run_code(_, code, ro)
       -- The kernel's side of a marked cell (warmbox.outputs.cell_marked): the
       -- mark is stripped by the hooks; calls and codes() show the cell as the user wrote it.
-      local cell, rest = code:match("^__warmbox_cell__%('(%x+)'%)\n(.*)$")
+      local cell, rest = code:match("^__warmbox_cell__%('(%x+)'[, %d]*%)\n(.*)$")
       rec("run_code", h.id, rest or code, ro)
       local s = client.sb[h.id]
       if not s or s.killed or s.state ~= "running" then
