@@ -55,6 +55,10 @@ _M.ALONGSIDE_MARGIN = 20
 -- sandbox counts as paused (E2B's pause takes a moment).
 _M.AUTO_RESUME_LEASE = 300
 _M.PAUSE_GRACE = 10
+--- Seconds the lease must still have beyond the cell's timeout when the cell
+-- is sent (after uploads and the hooks cell), or it is extended first (the
+-- server interrupts the cell at its timeout; this covers the request's way there).
+_M.COVER_MARGIN = 2
 --- The longest Retry-After (seconds) a run waits before it sends a cell again
 -- (only a cell its sandbox said it never accepted).
 _M.RETRY_AFTER_MAX = 30
@@ -864,6 +868,28 @@ function Session:_prepare(sbx, info, st, files, python, run_timeout, on_line)
   return true
 end
 
+-- The ways to a sandbox whose lease the execute's side task extends (see _execute_alongside).
+local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
+
+-- The lease covers the whole run: after the uploads, the output directory and
+-- the hooks cell (which took time of the lease set before them), a lease that
+-- no longer covers the cell's timeout + COVER_MARGIN is extended (to the
+-- timeout + LEASE_MARGIN) before the cell is sent (one request, only then).
+-- → true | as `before`
+function Session:_cover(st, info, run_timeout)
+  if ALONGSIDE[info.how] or not st.lease_end then return true end
+  local t0 = self.clock()
+  if t0 + run_timeout + _M.COVER_MARGIN <= st.lease_end then return true end
+  local want = math.ceil(run_timeout + _M.LEASE_MARGIN)
+  local ok, err, code, detail = self.client:set_timeout(info.sandbox_id, want)
+  self:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
+  if not ok then return before(err, code, detail) end
+  local lease_end = t0 + want
+  if st.run_started then lease_end = math.min(lease_end, st.run_started + self.max_run_length) end
+  st.lease_end = math.max(st.lease_end, lease_end)
+  return true
+end
+
 -- A marked cell the kernel refused before anything of it ran (see `refusal`):
 -- the failure (as _execute's), else nil.
 local function refused_run(out, info, st)
@@ -897,6 +923,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   do
     local ok, perr, pcode, pdetail, pretry = self:_prepare(sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
+    if ok then ok, perr, pcode, pdetail, pretry = self:_cover(st, info, run_timeout) end
     if not ok then return nil, perr, pcode, pdetail, pretry end
   end
   local cell_id
@@ -942,8 +969,6 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   return run_result(out, info, results, out_files, files_error, cap, lock_error)
 end
-
-local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
 
 -- Issue 11: the execute and the lease extension (connect) at once, on the
 -- engine. A failed extension is retried while the cell runs; when it cannot

@@ -65,4 +65,35 @@ describe("the lease of a run (warmboxd)", function()
     assert.equal("42", r.results[1] and r.results[1].text)
     assert.equal(0, env:stats().counters.pause_during_run or 0)
   end)
+
+  -- Issue 26, item 4: the lease covers the whole run. The uploads, the output
+  -- directory and the hooks cell come after the lease is set, so a slow one
+  -- (held 6 s, longer than the 2 s + LEASE_MARGIN lease) used it up and the
+  -- sandbox paused under its own cell (STREAM_BROKEN); the session extends a
+  -- lease that no longer covers the cell's timeout before sending it.
+  local function times_out_running(s, opts)
+    local r, msg, ecode, detail = s:run(SLEEP, opts)
+    assert.is_nil(r)
+    assert.equal("TIMEOUT", ecode, msg)
+    assert.is_true(detail.started)
+    assert.equal(0, env:stats().counters.pause_during_run or 0, "the sandbox paused under its run")
+  end
+
+  it("covers the whole run: a slow upload before the cell", function()
+    srv:clear_faults()
+    local s = wb:session("cover:upload")
+    assert(s:run("x = 41", { timeout = 30 }))
+    -- forgotten: the next run's resolve sets the lease (2 s + LEASE_MARGIN) before its upload
+    assert(s:forget())
+    srv:fault{ route = "envd POST /files", count = 1, delay_ms = 6000 }
+    times_out_running(s, { files = { ["in.txt"] = "data" } })
+    local r = assert(s:run("x + 1"))
+    assert.equal("42", r.results[1] and r.results[1].text)
+  end)
+
+  it("covers the whole run: a slow hooks cell on a new sandbox", function()
+    srv:clear_faults()
+    srv:fault{ route = "interp POST /execute", count = 1, delay_ms = 6000 }
+    times_out_running(wb:session("cover:hooks"))
+  end)
 end)
