@@ -37,7 +37,7 @@ local OPTS = {
   template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
   sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
-  clock = "function", client = "table", secret = "string", request_timeout = "number",
+  clock = "function", mono = "function", client = "table", secret = "string", request_timeout = "number",
   max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
 }
 
@@ -83,7 +83,8 @@ end
 --   `idle_timeout` (300), `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
 --   lock options), `policy` (nil | table | path), `api_key` (default `$E2B_API_KEY`),
 --   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
---   server), `warmboxd_args`, `clock` (function returning seconds), `client` (an E2B
+--   server), `warmboxd_args`, `clock` (function returning unix seconds), `mono` (a monotonic
+--   clock, seconds: lease durations; default `warmbox.core.now` unless `clock` is given), `client` (an E2B
 --   client to use as is), `secret` (HMAC key of the session fingerprints), `request_timeout`
 --   (seconds, (0, 3600]), `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of
 --   stdout, stderr and results kept per run, default 16 MiB), `max_files_bytes` (bytes of output
@@ -123,6 +124,8 @@ function _M.new(opts)
     lock = lock or "file",
     policy = p,
     clock = o.clock or os.time,
+    -- Lease durations: the monotonic clock, unless a clock was given (virtual time).
+    mono = o.mono or (o.clock == nil and core.now or nil),
     secret = o.secret,
     counters = {}, -- s:prewarm's, shared by every session of this object (wb:stats())
   }, Warmbox)
@@ -158,7 +161,7 @@ function Warmbox:session(key, opts)
   session.check_settings(settings, "session", 2, 2)
   return session.new(key, {
     client = self.client, lock = self:_lock_factory(settings.exec_timeout), clock = self.clock,
-    policy = self.policy,
+    mono = self.mono, policy = self.policy,
     template = opts.template or self.template, exec_timeout = settings.exec_timeout,
     idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,

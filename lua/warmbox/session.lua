@@ -154,10 +154,32 @@ Session.__name = "warmbox.Session"
 _M.Session = Session
 
 local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts = "table", clock = "function",
+  mono = "function",
   policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
   parallel = "function", require_memory = "boolean", runner = "function", counters = "table" }
+
+-- Lease bookkeeping on a monotonic clock: unix seconds as the wall clock said
+-- when this process first asked, moved on by the monotonic clock since (one
+-- anchor per pair of clocks, so every session of a process agrees). A step of
+-- the wall clock never moves a lease end.
+local anchors = setmetatable({}, { __mode = "k" })
+local function lease_clock(wall, mono)
+  local by_wall = anchors[mono]
+  if not by_wall then
+    by_wall = setmetatable({}, { __mode = "k" })
+    anchors[mono] = by_wall
+  end
+  local a = by_wall[wall]
+  if not a then
+    local w0, m0 = wall(), mono()
+    a = function() return w0 + (mono() - m0) end
+    by_wall[wall] = a
+  end
+  return a
+end
+_M.lease_clock = lease_clock
 
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
@@ -182,8 +204,9 @@ end
 -- @tparam table opts parts and settings: `client` (a `warmbox.e2b` client,
 --   required), `lock` ("file" | "redis" | "memory" | lock options | a lock
 --   module with `new` | a function returning a lock object; default "file"),
---   `lock_opts` (options for a lock module), `clock` (function returning
---   seconds, default `os.time`), `policy` (nil | table | path), `template`
+--   `lock_opts` (options for a lock module), `clock` (function returning unix
+--   seconds, default `os.time`), `mono` (a monotonic clock: lease durations follow
+--   it, immune to wall-clock steps; nil: they follow `clock`), `policy` (nil | table | path), `template`
 --   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
 --   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
 --   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
@@ -207,7 +230,10 @@ function _M.new(key, opts)
   local self = {
     key = key,
     client = opts.client,
-    clock = opts.clock or os_time,
+    -- `clock`: lease bookkeeping (durations); `wall`: unix seconds (last_run, which GC
+    -- compares with E2B's times). With `mono` the first follows the monotonic clock.
+    wall = opts.clock or os_time,
+    clock = opts.mono and lease_clock(opts.clock or os_time, opts.mono) or opts.clock or os_time,
     template = opts.template or "code-interpreter-v1",
     exec_timeout = opts.exec_timeout or 300,
     idle_timeout = opts.idle_timeout or 300,
@@ -1062,7 +1088,7 @@ function Session:_run_locked(lk, code, opts, files)
       r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
     end
     if r then
-      st.last_run = self.clock()
+      st.last_run = self.wall()
       -- It has run since it lost its memory: what its kernel holds now is kept.
       st.memory_lost = nil
       if st.creating then self:_collect_orphans(st) end
