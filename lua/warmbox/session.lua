@@ -722,6 +722,13 @@ local function unanswered(code, detail)
   return ASK_AFTER[code] or (type(detail) == "table" and ASK_AFTER[detail.status]) or false
 end
 
+-- Whether sandbox `id` exists (running or paused) as the control plane says:
+-- false only on its 404 (a transient failure is no proof of anything).
+function Session:_exists(id)
+  local _, _, code = self.client:info(id)
+  return code ~= "NOT_FOUND"
+end
+
 -- Whether a failed execute provably never reached a kernel, so the run may be
 -- sent again (at most once): "again" (same sandbox) when nothing of it left
 -- (a connection refused before anything was sent) or when its kernel never
@@ -740,8 +747,7 @@ function Session:_never_arrived(sbx, id, cell_id, code, detail)
       return false
     end
   end
-  local _, _, icode = self.client:info(id)
-  return icode == "NOT_FOUND" and "gone" or false
+  return not self:_exists(id) and "gone" or false
 end
 
 -- The data-plane handle of the remembered sandbox `id`.
@@ -916,6 +922,17 @@ function Session:_cover(st, info, run_timeout)
   return true
 end
 
+-- Everything before the cell (_prepare, then _cover). Unreachable there: the
+-- remembered sandbox wins while it exists (the run is sent to it again, after a
+-- connect); only one that is gone is forgotten. → true | as `before`
+function Session:_ready(sbx, info, st, files, python, run_timeout, on_line)
+  local ok, err, code, detail, retry = self:_prepare(sbx, info, st, files, python, run_timeout, on_line)
+  if ok then ok, err, code, detail, retry = self:_cover(st, info, run_timeout) end
+  if ok then return true end
+  if retry == "gone" then retry = self:_exists(info.sandbox_id) and "again" or "gone" end
+  return nil, err, code, detail, retry
+end
+
 -- A marked cell the kernel refused before anything of it ran (see `refusal`):
 -- the failure (as _execute's), else nil.
 local function refused_run(out, info, st)
@@ -947,9 +964,8 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
   end
   do
-    local ok, perr, pcode, pdetail, pretry = self:_prepare(sbx, info, st, files, python, run_timeout,
+    local ok, perr, pcode, pdetail, pretry = self:_ready(sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
-    if ok then ok, perr, pcode, pdetail, pretry = self:_cover(st, info, run_timeout) end
     if not ok then return nil, perr, pcode, pdetail, pretry end
   end
   local cell_id
@@ -1100,7 +1116,11 @@ function Session:_run_locked(lk, code, opts, files)
       -- _never_arrived): send the run once more, to the same sandbox while it
       -- exists (its kernel and files are the conversation's), else resolve again.
       self:_event("retry", { sandbox_id = info.sandbox_id, code = ecode })
-      if retryable == "gone" then forget(st) end
+      if retryable == "gone" then
+        forget(st)
+      elseif unanswered(ecode, detail) then
+        st.lease_end = nil -- unreachable a moment ago: connect first (resumes a paused one)
+      end
       lk:set_state(_M.encode_state(st))
       local wait = type(detail) == "table" and detail.retry_after
       if wait and wait > 0 then locks().wait(math.min(wait, _M.RETRY_AFTER_MAX)) end

@@ -87,4 +87,18 @@ describe("sessions: an orphan of a create given up (warmboxd)", function()
     assert.truthy(left[real])
     assert.is_nil(left[orphan])
   end)
+
+  it("keeps the remembered sandbox through a 502 before the cell, even with a newer tagged one", function()
+    local s = wb:session("orphan:upload")
+    local real = assert(s:run("x = 41")).sandbox_id
+    -- a newer tagged sandbox nobody recorded (another process's, its state lost)
+    local other = assert(wb.client:create{ template = s.template, timeout = 60,
+      metadata = { [s.tag] = s.tag_value }, lifecycle = { on_timeout = "pause", auto_resume = true } })
+    srv:fault{ route = "envd POST /files", count = 1, status = 502 }
+    local r = assert(s:run("x + 1", { files = { ["in.txt"] = "data" } }))
+    assert.equal(real, r.sandbox_id)
+    assert.equal("42", r.results[1] and r.results[1].text)
+    assert.truthy(tagged(s)[real])
+    wb.client:kill(other.sandbox_id)
+  end)
 end)

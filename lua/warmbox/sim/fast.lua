@@ -596,7 +596,12 @@ local function simulate(S)
       local box = st.box
       local b, err, code_, asked
       t, b, err, code_ = prepare(id, st, python, reused, run_timeout, t, box)
-      if b then t, b, err, code_, asked = send_cell(id, st, python, duration, run_timeout, t, box) end
+      if not b and (code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND") then
+        -- unreachable before the cell (Session:_execute): sent again while it exists
+        local exists
+        t, exists = cp_info(id, t, box)
+        asked = exists and "again" or "gone"
+      elseif b then t, b, err, code_, asked = send_cell(id, st, python, duration, run_timeout, t, box) end
       if b then
         if python and b.hooked then
           st.hooked = id
@@ -612,7 +617,11 @@ local function simulate(S)
       if asked == nil then retryable = (code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND") and "gone" end
       if retryable and attempt == 1 then
         events.retry = events.retry + 1
-        if retryable == "gone" then forget(st) end
+        if retryable == "gone" then
+          forget(st)
+        elseif code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND" or code_ == "RATE_LIMITED" then
+          st.lease_end = nil
+        end
       else
         if asked == false then st.lease_end = nil end
         return t, false, err, code_
