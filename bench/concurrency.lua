@@ -17,13 +17,7 @@ local root = env.root
 local cjson = require("cjson.safe").new()
 local CELL = "import time\ntime.sleep(0.5)\nn = globals().get('n', 0) + 1\nn"
 
-local function vmhwm_kb()
-  local f = io.open("/proc/self/status")
-  if not f then return 0 end
-  local s = f:read("a")
-  f:close()
-  return tonumber(s:match("VmHWM:%s*(%d+)")) or 0
-end
+local function vmhwm_kb() return env.status_kb("VmHWM") end
 
 -- Worker mode: `lua5.4 bench/concurrency.lua --worker MODE URL KEY LOCKDIR PREFIX FIRST COUNT RUNS [BARRIER]`
 -- prints one JSON line { starts, ends, times, rss_kb }.

@@ -5,6 +5,15 @@
 --
 --   lua5.4 bench/faults.lua [CELLS] [ROUTE]     (after scripts/setup)
 --
+-- ROUTE "intermediary": only the rows of a proxy in front of the data plane
+-- (spec/helpers/after_proxy.py) that answers 502/503/429/404 after forwarding
+-- the execute, before forwarding it, or at once with a late copy forwarded
+-- 0.5 s later; "stale holder": only the rows of a run whose lock expired
+-- under it (its execute held 1.5 s by warmboxd, the lock's exptime 0.5 s)
+-- while a second run of the conversation took the lock over, with the
+-- overlaps (warmboxd's count of two executes of one sandbox at once, plus
+-- stale cells that ran after the later run's): only 0 is right.
+--
 -- Prints one row per route x fault: ok, errors by code (and, for ok runs whose
 -- output files could not be read, "files_error CODE"), how many cells
 -- executed 0 and 1 times (anything else is a broken at-most-once promise and
@@ -130,6 +139,7 @@ end
 
 local rows, any_bad = {}, false
 local t0 = os.time()
+if ONLY == "intermediary" or ONLY == "stale holder" then ROUTES = {} end
 for _, r in ipairs(ROUTES) do
   if not ONLY or ONLY == r[1] then
     for _, f in ipairs(FAULTS) do
@@ -140,6 +150,114 @@ for _, r in ipairs(ROUTES) do
     end
   end
 end
+
+-- executions per cell: "0x:n 1x:m" (and whether any ran twice).
+local function histogram(counts, marks)
+  local hist, twice = {}, false
+  for _, mark in ipairs(marks) do
+    local n = counts[mark] or 0
+    hist[n] = (hist[n] or 0) + 1
+    if n > 1 then twice = true end
+  end
+  local hl = {}
+  for n, k in pairs(hist) do hl[#hl + 1] = n .. "x:" .. k end
+  table.sort(hl)
+  return table.concat(hl, " "), twice
+end
+
+local function code_list(codes)
+  local cl = {}
+  for c, n in pairs(codes) do cl[#cl + 1] = c .. " " .. n end
+  table.sort(cl)
+  return table.concat(cl, ", ")
+end
+
+-- Rows of the intermediary: a proxy that answers the execute itself.
+local function proxy_rows()
+  local proxy = require("spec.helpers.after_proxy").start(srv.url)
+  local pwb = assert(warmbox.new{ api_url = srv.url, sandbox_url = proxy.url, api_key = srv.api_key,
+    lock = { backend = "file", dir = lockdir }, exec_timeout = 60, idle_timeout = 60,
+    request_timeout = REQUEST_TIMEOUT })
+  for _, mode in ipairs({ "after", "before", "late" }) do
+    for _, st in ipairs({ 502, 503, 429, 404 }) do
+      local s = pwb:session("bench-faults:proxy:" .. mode .. ":" .. st)
+      local id = assert(s:run("n = 0")).sandbox_id
+      local ok, codes, marks, oks = 0, {}, {}, {}
+      for i = 1, CELLS do
+        local code, mark = cell()
+        marks[i] = mark
+        local done = proxy:stats().late_done
+        proxy:plan{ { mode = mode, status = st, delay = 0.5 } }
+        local r, _, ecode = s:run(code, { timeout = RUN_TIMEOUT })
+        if r then ok, oks[i] = ok + 1, true else codes[ecode] = (codes[ecode] or 0) + 1 end
+        if mode == "late" then
+          while proxy:stats().late_done <= done do wbd.sleep(0.05) end
+        end
+      end
+      local counts = executions()
+      local hist, twice = histogram(counts, marks)
+      local total, bad = 0, twice
+      for i, mark in ipairs(marks) do
+        total = total + (counts[mark] or 0)
+        if oks[i] and (counts[mark] or 0) ~= 1 then bad = true end
+      end
+      local r = s:run("n")
+      local n = r and r.results[1] and tonumber(r.results[1].text)
+      local survived = (r and r.sandbox_id == id and n == total) and "yes" or "NO"
+      local line = { "execute via intermediary", st .. " " .. mode .. (mode == "late" and " (copy 0.5 s later)" or
+        " forwarding"), ok, code_list(codes), hist, survived }
+      rows[#rows + 1] = line
+      any_bad = any_bad or bad or survived ~= "yes"
+      io.stderr:write(table.concat(line, " | "), "\n")
+    end
+  end
+  pwb:close()
+  proxy:stop()
+end
+
+-- Rows of a stale holder: its lock (exptime 0.5 s) expires while its execute
+-- is held 1.5 s; a second run takes the lock over and runs first.
+local function stale_rows()
+  local n_iter = math.min(CELLS, 10)
+  for _, backend in ipairs({ "memory", "file" }) do
+    local lock = { backend = backend, exptime = 0.5, dir = backend == "file" and lockdir or nil }
+    local swb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
+      lock = lock, exec_timeout = 60, idle_timeout = 60, request_timeout = REQUEST_TIMEOUT })
+    local key = "bench-faults:stale:" .. backend
+    assert(swb:session(key):run("n = 0"))
+    local ok, codes, marks = 0, {}, {}
+    local overlaps = 0
+    local before = (srv:stats().counters or {}).exec_overlap or 0
+    for i = 1, n_iter do
+      local code_a, mark_a = cell()
+      local code_b, mark_b = cell()
+      marks[#marks + 1], marks[#marks + 2] = mark_a, mark_b
+      srv:fault{ route = "interp POST /execute", count = 1, delay_ms = 1500 }
+      local a, b
+      swb:spawn(function() a = table.pack(swb:session(key):run(code_a, { timeout = RUN_TIMEOUT })) end)
+      swb:spawn(function() b = table.pack(swb:session(key):run(code_b, { timeout = RUN_TIMEOUT })) end)
+      assert(swb:loop())
+      for _, res in ipairs({ a, b }) do
+        if res[1] then ok = ok + 1 else codes[res[3]] = (codes[res[3]] or 0) + 1 end
+      end
+      local counts = executions()
+      if (counts[mark_a] or 0) > 0 and (counts[mark_b] or 0) > 0 then overlaps = overlaps + 1 end
+      if i == n_iter then
+        local hist, twice = histogram(counts, marks)
+        overlaps = overlaps + ((srv:stats().counters or {}).exec_overlap or 0) - before
+        local line = { "stale holder (" .. backend .. " lock)", "lock expired under a held execute",
+          ok .. "/" .. 2 * n_iter, code_list(codes), hist .. ", overlaps " .. ("%d"):format(overlaps), "-" }
+        rows[#rows + 1] = line
+        any_bad = any_bad or twice or overlaps > 0
+        io.stderr:write(table.concat(line, " | "), "\n")
+      end
+    end
+    swb:close()
+  end
+end
+
+if not ONLY or ONLY == "intermediary" then proxy_rows() end
+if not ONLY or ONLY == "stale holder" then stale_rows() end
 
 local head = { "route", "fault", "ok", "errors by code", "executions per cell", "state survived" }
 local w = {}
@@ -162,6 +280,6 @@ wb:close()
 srv:stop()
 os.execute("rm -rf " .. wbd.sh_quote(lockdir))
 if any_bad then
-  print("FAILED: a cell executed more than once, an ok cell not exactly once, or state was lost")
+  print("FAILED: a cell executed more than once, an ok cell not exactly once, state was lost, or runs overlapped")
   os.exit(1)
 end

@@ -17,7 +17,11 @@ _M.codes = {
   BAD_REQUEST = "bad input: an input file name that could escape /home/user; E2B's 400/422",
   TIMEOUT = "a request or the run exceeded its timeout (for a run, detail.started says whether the cell "
     .. "had started)",
-  SANDBOX_GONE = "the sandbox refused the run (the proxy's 502 before it was accepted), twice in a row",
+  SANDBOX_GONE = "the sandbox proxy answered 502 (gone or paused); a run is sent again only when its sandbox "
+    .. "says the cell never arrived",
+  FENCED = "the run's lock was taken over by a later run (its holder was paused past the lock's expiry): "
+    .. "the sandbox refused its cell, or its outputs, which may be the later run's",
+  HOOKS_LOST = "a python kernel lost warmbox's hooks (restarted) before the run's cell, twice: nothing of it ran",
   STREAM_BROKEN = "a run's or a command's stream broke after output started (not re-run)",
   NOT_FOUND = "E2B's 404; the warmboxd binary not found",
   CONFLICT = "E2B's 409",

@@ -41,7 +41,8 @@ local OPTS = {
   template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
   sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
-  clock = "function", client = "table", secret = "string", request_timeout = "number", retry_after_max = "number",
+  clock = "function", mono = "function", client = "table", secret = "string", request_timeout = "number",
+  retry_after_max = "number",
   max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
 }
 
@@ -82,12 +83,29 @@ local function connect_backend(self, o)
   return true
 end
 
+-- The client's settings `new` checks itself (misuse raises at the caller's level).
+local function check_client_options(o)
+  local rt = o.request_timeout
+  if rt ~= nil and not (rt > 0 and rt <= 3600) then
+    bad_option(1, "new", "request_timeout", "seconds in (0, 3600] expected, got " .. tostring(rt), 3)
+  end
+  local ram = o.retry_after_max
+  if ram ~= nil and not (ram >= 0 and ram <= 86400) then
+    bad_option(1, "new", "retry_after_max", "seconds in [0, 86400] expected, got " .. tostring(ram), 3)
+  end
+  local lock = o.lock
+  if type(lock) == "string" and lock ~= "file" and lock ~= "redis" and lock ~= "memory" then
+    bad_option(1, "new", "lock", '"file", "redis" or "memory" expected, got "' .. lock .. '"', 3)
+  end
+end
+
 --- Make a warmbox object.
 -- @tparam[opt] table opts `template` ("code-interpreter-v1"), `exec_timeout` (300),
 --   `idle_timeout` (300), `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
 --   lock options), `policy` (nil | table | path), `api_key` (default `$E2B_API_KEY`),
 --   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
---   server), `warmboxd_args`, `clock` (function returning seconds), `client` (an E2B
+--   server), `warmboxd_args`, `clock` (function returning unix seconds), `mono` (a monotonic
+--   clock, seconds: lease durations; default `warmbox.core.now` unless `clock` is given), `client` (an E2B
 --   client to use as is), `secret` (HMAC key of the session fingerprints; default
 --   `warmbox.tag.installation_secret()`), `request_timeout` (seconds, (0, 3600]),
 --   `retry_after_max` (seconds: the longest `Retry-After` honoured),
@@ -101,18 +119,8 @@ function _M.new(opts)
   local o = util.copy(check_options(opts, OPTS, "new", 1))
   -- Non-finite or out-of-range settings are misuse, refused here rather than at the first session.
   session.check_settings(o, "new", 1, 2)
-  local rt = o.request_timeout
-  if rt ~= nil and not (rt > 0 and rt <= 3600) then
-    bad_option(1, "new", "request_timeout", "seconds in (0, 3600] expected, got " .. tostring(rt))
-  end
-  local ram = o.retry_after_max
-  if ram ~= nil and not (ram >= 0 and ram <= 86400) then
-    bad_option(1, "new", "retry_after_max", "seconds in [0, 86400] expected, got " .. tostring(ram))
-  end
+  check_client_options(o)
   local lock = o.lock
-  if type(lock) == "string" and lock ~= "file" and lock ~= "redis" and lock ~= "memory" then
-    bad_option(1, "new", "lock", '"file", "redis" or "memory" expected, got "' .. lock .. '"')
-  end
   local pol = o.policy
   local p, perr, pcode
   if type(pol) == "table" then
@@ -133,6 +141,8 @@ function _M.new(opts)
     lock = lock or "file",
     policy = p,
     clock = o.clock or os.time,
+    -- Lease durations: the monotonic clock, unless a clock was given (virtual time).
+    mono = o.mono or (o.clock == nil and core.now or nil),
     secret = o.secret,
     counters = {}, -- s:prewarm's, shared by every session of this object (wb:stats())
   }, Warmbox)
@@ -168,7 +178,7 @@ function Warmbox:session(key, opts)
   session.check_settings(settings, "session", 2, 2)
   return session.new(key, {
     client = self.client, lock = self:_lock_factory(settings.exec_timeout), clock = self.clock,
-    policy = self.policy,
+    mono = self.mono, policy = self.policy,
     template = opts.template or self.template, exec_timeout = settings.exec_timeout,
     idle_timeout = settings.idle_timeout, tag = self.tag, env = opts.env, actor = opts.actor,
     secret = self.secret, origin = self.origin, max_run_length = self.max_run_length,

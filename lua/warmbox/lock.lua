@@ -40,12 +40,13 @@
 --   memory  this Lua state only (the in-process table below).
 --   file    one file per key under `dir`, locked with flock(2). File
 --           contents: a header line
---           `warmbox-lock 1 <pid> <expires unix s> <token> <0|1>` then the
+--           `warmbox-lock 1 <pid> <expires, monotonic s> <token> <0|1> <fence>` then the
 --           state. A lock file is removed only by `lk:remove()` (the
 --           conversation is gone: release, GC) and by a break (below), both
 --           under `dir/.break` (exclusive) while its flock is held, so a
 --           locker that flocked the old inode sees it stale and retries;
---           the queue file goes with it when no one is queued.
+--           the queue file goes with it when no one is queued. A fence count
+--           lost with the file starts again from the clock (see next_fence).
 --           exptime and hung holders: a holder that is alive but stuck past
 --           its expiry (header) may be broken by a waiter. Breaking happens
 --           under `dir/.break` (exclusive) and only if the path still names
@@ -55,8 +56,11 @@
 --           keeps a lock on an orphan inode. Every locker, after taking
 --           flock, checks under `dir/.break` (shared) that its file is still
 --           the one at the path before writing its header, so a break can
---           never race a fresh holder. Expiry uses the wall clock in whole
---           seconds (a lock is breakable once now > expires).
+--           never race a fresh holder. Expiry uses CLOCK_MONOTONIC (which
+--           all processes of a host share) in whole seconds (a lock is
+--           breakable once now > expires): a step of the wall clock never
+--           lets a second holder in. A holder broken past its expiry is
+--           fenced (`lk:fence()`: the next holder's number is higher).
 --           The queue file `<name>q`: a line `warmbox-queue 1 <next seq>`,
 --           then one line `<seq> <deadline ms> <ttl ms> <token>` per waiter
 --           (deadline on CLOCK_MONOTONIC, which all processes of a host
@@ -111,7 +115,7 @@ local HEAD_STEP = 0.01
 -- The in-process table: namespace .. key -> entry { token, expires, ... }.
 local held = {}
 -- memory backend state: key -> string; queues: pkey -> queue
-local mem_state, mem_queues = {}, {}
+local mem_state, mem_queues, mem_fence = {}, {}, {}
 -- created directories, break-lock handles per dir, redis connections
 local made_dirs, break_locks, redis_conns = {}, {}, {}
 
@@ -123,6 +127,16 @@ local function new_token()
 end
 
 local function now_ms() return floor(now() * 1000) end
+
+-- Fencing: every acquisition of a key gets a number greater than any its
+-- earlier holders got (`lk:fence()`); a key whose count was lost starts again
+-- from the wall clock in ms, above any number an earlier count can have reached.
+local function next_fence(prev)
+  local base = os.time() * 1000
+  if type(prev) ~= "number" or prev < base - 86400000 * 366 then return base end
+  return prev + 1
+end
+_M._next_fence = next_fence
 
 -- ---------------------------------------------------------------------------
 -- option checking (misuse raises)
@@ -228,7 +242,11 @@ function memory.ns() return "memory\0" end
 function memory.acquire(self, _, e, _, mode, local_busy)
   local q = mem_queues[e.pkey] or q_new()
   mem_queues[e.pkey] = q
-  local _, got, err, code, head = q_step(self, q, e, mode, local_busy, function() return e end)
+  local _, got, err, code, head = q_step(self, q, e, mode, local_busy, function()
+    e.fence = next_fence(mem_fence[e.pkey])
+    mem_fence[e.pkey] = e.fence
+    return e
+  end)
   if #q.list == 0 then mem_queues[e.pkey] = nil end
   return got, err, code, head
 end
@@ -309,15 +327,15 @@ local function break_lock(dir)
 end
 
 local function parse(content)
-  local pid, exp, token, has, pos = content:match("^warmbox%-lock 1 (%d+) (%d+) (%x+) ([01])\n()")
+  local pid, exp, token, has, fence, pos = content:match("^warmbox%-lock 1 (%d+) (%d+) (%x+) ([01]) ?(%d*)\n()")
   if not pid then return nil end
-  return { pid = tonumber(pid), expires = tonumber(exp), token = token,
+  return { pid = tonumber(pid), expires = tonumber(exp), token = token, fence = tonumber(fence),
            state = has == "1" and content:sub(pos) or nil }
 end
 
 local function header(e, state)
-  return fmt("warmbox-lock 1 %d %d %s %s\n", core.getpid(), e.wall_expires, e.token,
-    state and "1" or "0") .. (state or "")
+  return fmt("warmbox-lock 1 %d %d %s %s %d\n", core.getpid(), e.expires_at, e.token,
+    state and "1" or "0", e.fence or 0) .. (state or "")
 end
 
 function file.ns(self) return "file\0" .. self.dir .. "\0" end
@@ -332,15 +350,15 @@ local function try_break(self, fl, seen)
   local stale = fl:stale()
   if stale == false and not fl:try_lock() then
     local cur = parse(fl:read() or "")
-    if cur and cur.token == seen.token and cur.expires < os.time() then
+    if cur and cur.token == seen.token and cur.expires < now() then
       local name = file_name(seen.key)
       broke = os.remove(self.dir .. "/" .. name) and true or false
-      if broke and cur.state then
+      if broke then
         -- Carry the state over into the fresh file (no one can have written
         -- a header there yet: that needs the break lock we hold).
         local nfl = open_in(self.dir, name)
-        if nfl and nfl:try_lock() then
-          nfl:write(header({ token = cur.token, wall_expires = 0 }, cur.state))
+        if nfl and nfl:try_lock() and (cur.state or cur.fence) then
+          nfl:write(header({ token = cur.token, expires_at = 0, fence = cur.fence }, cur.state))
         end
         if nfl then nfl:close() end
       end
@@ -357,8 +375,8 @@ local function file_grab(self, key, e, prev)
     -- This process still holds the flock for an entry that overran its
     -- exptime: take the handle over.
     prev.fl_taken = true
-    e.fl, e.state = prev.fl, prev.state
-    e.wall_expires = os.time() + ceil(self.exptime)
+    e.fl, e.state, e.fence = prev.fl, prev.state, next_fence(prev.fence)
+    e.expires_at = ceil(now() + self.exptime)
     local ok, err, code = e.fl:write(header(e, e.state))
     if not ok then return nil, err, code end
     return e
@@ -375,7 +393,7 @@ local function file_grab(self, key, e, prev)
         return nil, err, code
       end
       local cur = parse(fl:read() or "")
-      if cur and cur.expires < os.time() then
+      if cur and cur.expires < now() then
         cur.key = key
         if try_break(self, fl, cur) then
           fl:close()
@@ -401,8 +419,8 @@ local function file_grab(self, key, e, prev)
         goto continue
       end
       local cur = parse(fl:read() or "")
-      e.fl, e.state = fl, cur and cur.state
-      e.wall_expires = os.time() + ceil(self.exptime)
+      e.fl, e.state, e.fence = fl, cur and cur.state, next_fence(cur and cur.fence)
+      e.expires_at = ceil(now() + self.exptime)
       ok, err, code = fl:write(header(e, e.state))
       if shared then bl:unlock() end
       if not ok then
@@ -433,7 +451,7 @@ end
 
 function file.expire(self, _, e, t)
   if broken(e) then return nil, "expired", "LOCK" end
-  e.wall_expires = os.time() + ceil(t or self.exptime)
+  e.expires_at = ceil(now() + (t or self.exptime))
   return e.fl:write(header(e, e.state))
 end
 
@@ -521,12 +539,20 @@ end
 
 local redis = {}
 
--- KEYS: lock, queue, deadlines, seq; ARGV: token, lock PX ms, ticket ms, mode
--- ("wait" | "try" | "hold" = only refresh the ticket). Returns 1 taken,
--- 2 head but the lock is held, 0 waiting behind others.
+-- KEYS: lock, queue, deadlines, seq, fence; ARGV: token, lock PX ms, ticket ms, mode
+-- ("wait" | "try" | "hold" = only refresh the ticket). Returns { 1, fence } taken,
+-- 2 head but the lock is held, 0 waiting behind others. The fence counter
+-- starts from the server's clock in ms when missing (see next_fence) and
+-- lives a year after its last use.
 local ACQUIRE = [[
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function taken()
+  redis.call('set', KEYS[5], now, 'NX')
+  local f = redis.call('incr', KEYS[5])
+  redis.call('pexpire', KEYS[5], 31622400000)
+  return { 1, f }
+end
 local tms = tonumber(ARGV[3])
 local dead = redis.call('zrangebyscore', KEYS[3], '-inf', '(' .. now)
 for i = 1, #dead do
@@ -535,7 +561,7 @@ for i = 1, #dead do
 end
 if ARGV[4] == 'try' then
   if redis.call('zcard', KEYS[2]) > 0 then return 0 end
-  if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+  if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return taken() end
   return 0
 end
 if not redis.call('zscore', KEYS[2], ARGV[1]) then
@@ -548,7 +574,7 @@ if ARGV[4] == 'hold' then return 2 end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('zrem', KEYS[2], ARGV[1])
   redis.call('zrem', KEYS[3], ARGV[1])
-  return 1
+  return taken()
 end
 return 2
 ]]
@@ -586,7 +612,7 @@ end
 
 local function rkeys(self, key)
   local p = self.redis.prefix
-  return p .. "lock:" .. key, p .. "queue:" .. key, p .. "qdl:" .. key, p .. "qseq:" .. key
+  return p .. "lock:" .. key, p .. "queue:" .. key, p .. "qdl:" .. key, p .. "qseq:" .. key, p .. "fence:" .. key
 end
 
 -- The keeper's longest cap (core's limit; ~31 years).
@@ -603,17 +629,18 @@ function redis.acquire(self, key, e, prev, mode, local_busy)
   if mode == "try" and local_busy then return nil, "busy" end
   local c, err, code = conn(self)
   if not c then return nil, err, code end
-  local lkey, qkey, dkey, seqkey = rkeys(self, key)
+  local lkey, qkey, dkey, seqkey, fkey = rkeys(self, key)
   if prev and prev.token and not local_busy then
     -- Our own in-process holder overran exptime: drop its key if still there.
     stop_keeper(prev)
     c:command("EVAL", UNLOCK, 1, lkey, prev.token)
   end
   local res
-  res, err, code = c:command("EVAL", ACQUIRE, 4, lkey, qkey, dkey, seqkey, e.token, ms(self.ttl),
+  res, err, code = c:command("EVAL", ACQUIRE, 5, lkey, qkey, dkey, seqkey, fkey, e.token, ms(self.ttl),
     ms(self.ticket_ttl), local_busy and "hold" or mode)
   if res == nil then return nil, err, code end
-  if res ~= 1 then return nil, "busy", nil, res == 2 end
+  if type(res) ~= "table" then return nil, "busy", nil, res == 2 end
+  e.fence = tonumber(res[2])
   e.lkey, e.skey = lkey, self.redis.prefix .. "state:" .. key
   if self.use_keeper then
     -- nil when the thread cannot start: keepalive() then refreshes the key
@@ -923,6 +950,15 @@ function _M:remove()
   self.impl.set_state(self, self._key, e, nil)
   if self.impl.remove then self.impl.remove(self, self._key, e) end
   return self:unlock()
+end
+
+--- The fencing number of this hold: greater than that of every earlier
+-- hold of the key (on every backend), or nil when nothing is held. The
+-- session carries it to the sandbox, which refuses a run with a lower number
+-- than the highest it has seen (a holder paused past its lock's expiry).
+function _M:fence()
+  local e = current(self)
+  return e and e.fence or nil
 end
 
 --- The key this object holds, or nil.

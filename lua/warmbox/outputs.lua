@@ -16,6 +16,12 @@ local HOME = "/home/user"
 local OUTPUT_DIR = HOME .. "/output"
 _M.HOME = HOME
 _M.OUTPUT_DIR = OUTPUT_DIR
+--- Where the kernel records the ids of the cells it accepted (one directory
+-- each), and how many of the latest it keeps (see `cell_marked`).
+_M.CELLS_DIR = HOME .. "/.warmbox/cells"
+_M.CELLS_KEPT = 1024
+--- The highest fencing number (`lk:fence()`) of a cell the kernel accepted.
+_M.FENCE_FILE = HOME .. "/.warmbox/fence"
 --- The private MIME type of the output report the python hook displays.
 _M.OUTPUTS_MIME = "application/vnd.warmbox.outputs+json"
 --- Files up to this size come back inline in the output report; bigger ones are read over envd.
@@ -28,6 +34,50 @@ _M.INLINE_TOTAL = 8388608
 -- ------------------------------------------------------------------
 
 local HOOK_SRC = [[
+def _cells(ip, os):
+    # At most once behind an intermediary: a cell the session sends starts with
+    # a line naming its id (and its run's fencing number). Accepting it makes
+    # the directory <cells>/<id>; a session that got no answer makes that
+    # directory first to give the cell up, so a late copy is refused here,
+    # before any of it runs. Fencing: a cell whose number is lower than the
+    # highest this sandbox accepted (in <fence>) is refused too.
+    import re
+    cells = '%s'
+    fence = '%s'
+    pat = re.compile(r"^__warmbox_cell__\('([0-9a-f]{1,64})'(?:, ([0-9]{1,19}))?\)\s*$")
+    seen = []
+    def highest():
+        try:
+            with open(fence) as f:
+                return int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+    def accept(lines):
+        m = pat.match(lines[0]) if lines else None
+        if m is None:
+            return lines
+        n, high = m.group(2) and int(m.group(2)), highest()
+        if n is not None and n < high:
+            raise RuntimeError('warmbox: fenced: run ' + str(n) + ' is older than run ' + str(high)
+                               + ' of this sandbox; not run') from None
+        os.makedirs(cells, exist_ok=True)
+        try:
+            os.mkdir(os.path.join(cells, m.group(1)))
+        except FileExistsError:
+            raise RuntimeError('warmbox: cell ' + m.group(1) + ' was given up by its session; not run') from None
+        if n is not None and n > high:
+            with open(fence + '.tmp', 'w') as f:
+                f.write(str(n))
+            os.replace(fence + '.tmp', fence)
+        seen.append(m.group(1))
+        while len(seen) > %d:
+            try:
+                os.rmdir(os.path.join(cells, seen.pop(0)))
+            except OSError:
+                pass
+        return lines[1:]
+    ip.input_transformers_cleanup.insert(0, accept)
+    ip._warmbox_cells = True
 def _wb():
     import os, base64, mimetypes, shutil
     ip = __import__('IPython').get_ipython()
@@ -35,6 +85,8 @@ def _wb():
         return
     # this cell is warmbox's: the user's next cell keeps the number it would have had
     ip.execution_count -= 1
+    if not getattr(ip, '_warmbox_cells', False):
+        _cells(ip, os)
     if getattr(ip, '_warmbox_hooks', False):
         return
     out = '%s'
@@ -89,10 +141,22 @@ except Exception:
 -- kernel may not have them yet (idempotent: guarded by an attribute on `get_ipython()`).
 function _M.prelude_for(dir)
   return "exec(__import__('base64').b64decode('"
-    .. b64_encode(string_format(HOOK_SRC, dir, _M.INLINE_LIMIT, _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))
+    .. b64_encode(string_format(HOOK_SRC, _M.CELLS_DIR, _M.FENCE_FILE, _M.CELLS_KEPT, dir, _M.INLINE_LIMIT,
+      _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))
     .. "').decode(), {})"
 end
 _M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
+
+--- A python cell marked with its id and its run's fencing number (a first
+-- line the hooks strip before the cell is compiled, so its line numbers stay
+-- the user's). A kernel without the hooks fails on that line (NameError)
+-- before anything of the cell runs.
+function _M.cell_marked(code, id, fence)
+  if math.type(fence) == "integer" and fence >= 0 then
+    return string_format("__warmbox_cell__('%s', %d)\n", id, fence) .. code
+  end
+  return "__warmbox_cell__('" .. id .. "')\n" .. code
+end
 
 -- ------------------------------------------------------------------
 -- File names and types

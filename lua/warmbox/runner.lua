@@ -119,16 +119,18 @@ function _M.new(opts)
 end
 
 -- Locks taken inside a task: closed when the task ends however it ends
--- (returned, raised, cancelled), so a cancelled run frees its session.
+-- (returned, raised, cancelled), so a cancelled run frees its session. The
+-- set holds them weakly: a lock its run closed and dropped leaves it at the
+-- next collection, so a long-lived task does not keep every run's lock.
 local function close_locks(t)
-  local list = t.data.locks
-  if not list then return end
+  local set = t.data.locks
+  if not set then return end
   t.data.locks = nil
-  for i = #list, 1, -1 do
-    local lk = list[i]
+  for lk in pairs(set) do
     if type(lk) == "table" and type(lk.close) == "function" then pcall(lk.close, lk) end
   end
 end
+local WEAK_KEYS = { __mode = "k" }
 
 --- Start `fn(...)` as a task (it first runs at the next step/loop round).
 -- @treturn warmbox.Task
@@ -148,7 +150,7 @@ function Runner:spawn(fn, ...)
     return fn(...)
   end, ...)
   live[t] = true
-  t.data.locks = {}
+  t.data.locks = setmetatable({}, WEAK_KEYS)
   return t
 end
 
@@ -218,7 +220,7 @@ end
 --- Register a lock object with the running task (closed when it ends).
 function Runner:track_lock(lk)
   local t = self.sched:current()
-  if t and t.data.locks then t.data.locks[#t.data.locks + 1] = lk end
+  if t and t.data.locks and lk ~= nil then t.data.locks[lk] = true end
   return lk
 end
 

@@ -55,6 +55,13 @@ _M.ALONGSIDE_MARGIN = 20
 -- sandbox counts as paused (E2B's pause takes a moment).
 _M.AUTO_RESUME_LEASE = 300
 _M.PAUSE_GRACE = 10
+--- Seconds the lease must still have beyond the cell's timeout when the cell
+-- is sent (after uploads and the hooks cell), or it is extended first (the
+-- server interrupts the cell at its timeout; this covers the request's way there).
+_M.COVER_MARGIN = 2
+--- The longest Retry-After (seconds) a run waits before it sends a cell again
+-- (only a cell its sandbox said it never accepted).
+_M.RETRY_AFTER_MAX = 30
 
 -- ------------------------------------------------------------------
 -- Re-exported from the modules this one was cut from (warmbox.util,
@@ -147,10 +154,32 @@ Session.__name = "warmbox.Session"
 _M.Session = Session
 
 local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts = "table", clock = "function",
+  mono = "function",
   policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
   parallel = "function", require_memory = "boolean", runner = "function", counters = "table" }
+
+-- Lease bookkeeping on a monotonic clock: unix seconds as the wall clock said
+-- when this process first asked, moved on by the monotonic clock since (one
+-- anchor per pair of clocks, so every session of a process agrees). A step of
+-- the wall clock never moves a lease end.
+local anchors = setmetatable({}, { __mode = "k" })
+local function lease_clock(wall, mono)
+  local by_wall = anchors[mono]
+  if not by_wall then
+    by_wall = setmetatable({}, { __mode = "k" })
+    anchors[mono] = by_wall
+  end
+  local a = by_wall[wall]
+  if not a then
+    local w0, m0 = wall(), mono()
+    a = function() return w0 + (mono() - m0) end
+    by_wall[wall] = a
+  end
+  return a
+end
+_M.lease_clock = lease_clock
 
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
@@ -175,8 +204,9 @@ end
 -- @tparam table opts parts and settings: `client` (a `warmbox.e2b` client,
 --   required), `lock` ("file" | "redis" | "memory" | lock options | a lock
 --   module with `new` | a function returning a lock object; default "file"),
---   `lock_opts` (options for a lock module), `clock` (function returning
---   seconds, default `os.time`), `policy` (nil | table | path), `template`
+--   `lock_opts` (options for a lock module), `clock` (function returning unix
+--   seconds, default `os.time`), `mono` (a monotonic clock: lease durations follow
+--   it, immune to wall-clock steps; nil: they follow `clock`), `policy` (nil | table | path), `template`
 --   (default "code-interpreter-v1"), `exec_timeout` (300), `idle_timeout`
 --   (300), `tag` ("warmboxSessionId"), `env` (env vars baked in at creation),
 --   `actor`, `secret` (fingerprint HMAC key), `on_event` (function(name, info)
@@ -200,7 +230,10 @@ function _M.new(key, opts)
   local self = {
     key = key,
     client = opts.client,
-    clock = opts.clock or os_time,
+    -- `clock`: lease bookkeeping (durations); `wall`: unix seconds (last_run, which GC
+    -- compares with E2B's times). With `mono` the first follows the monotonic clock.
+    wall = opts.clock or os_time,
+    clock = opts.mono and lease_clock(opts.clock or os_time, opts.mono) or opts.clock or os_time,
     template = opts.template or "code-interpreter-v1",
     exec_timeout = opts.exec_timeout or 300,
     idle_timeout = opts.idle_timeout or 300,
@@ -249,6 +282,13 @@ function Session:_event(name, info)
   if self.on_event then self.on_event(name, info) end
 end
 
+-- Writes what is remembered to the lock held now (a create is recorded
+-- before it is sent).
+function Session:_save(st)
+  local lk = self._held
+  if lk then lk:set_state(_M.encode_state(st)) end
+end
+
 -- The context every hook gets.
 function Session:_ctx(st, run_timeout)
   return {
@@ -293,8 +333,12 @@ end
 -- Unix seconds of an RFC 3339 time (the listed `started_at`).
 local parse_utc = util.parse_time
 
+-- Forgets the remembered sandbox; the creates in flight stay recorded (their
+-- orphans are recognised later, see `create_sandbox`).
 local function forget(st)
+  local creating = st.creating
   for k in pairs(st) do st[k] = nil end
+  st.creating = creating
 end
 
 -- Whether a failed control-plane call says the sandbox is definitively gone
@@ -396,6 +440,62 @@ local function secure_candidate(self, st, ordered, lease, avoid, gone)
   return nil, false
 end
 
+-- Creates in flight (issue 26): each create carries a fresh id in its
+-- metadata (`CREATE_TAG`), recorded in the remembered state before the create
+-- is sent and dropped once its answer came. A listed sandbox whose id is still
+-- recorded is an orphan (its create was given up: a timeout, a crash, a
+-- cancelled task): never preferred to another, collected once a sandbox is secured.
+_M.CREATE_TAG = tag_mod.CREATE_TAG
+--- How many creates in flight are remembered, and for how long (seconds of the session clock).
+_M.CREATES_KEPT, _M.CREATE_WINDOW = 8, 300
+local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
+local create_seq = 0
+
+local function new_id()
+  create_seq = create_seq + 1
+  return string_format("%08x%08x%x", math.random(0, 0x7fffffff), math.random(0, 0x7fffffff), create_seq)
+end
+
+-- The recorded creates younger than CREATE_WINDOW (a create given up longer
+-- ago has long made its sandbox or failed).
+local function recent_creates(st, now)
+  local list = {}
+  for _, c in ipairs(st.creating or {}) do
+    if type(c) == "table" and type(c.at) == "number" and now - c.at < _M.CREATE_WINDOW then list[#list + 1] = c end
+  end
+  return list
+end
+
+local function record_create(self, st)
+  local id, now = new_id(), self.clock()
+  local list = recent_creates(st, now)
+  list[#list + 1] = { id = id, at = now }
+  st.tag, st.origin = self.tag_value, self.origin
+  while #list > _M.CREATES_KEPT do table.remove(list, 1) end
+  st.creating = list
+  self:_save(st)
+  return id
+end
+
+local function settle_create(st, id)
+  local list = st.creating
+  if not list then return end
+  for i = #list, 1, -1 do
+    if type(list[i]) ~= "table" or list[i].id == id then table.remove(list, i) end
+  end
+  if #list == 0 then st.creating = nil end
+end
+
+-- The create id of a listed sandbox whose create is still recorded (an orphan), else nil.
+local function orphan_of(st, it)
+  local id = type(it.metadata) == "table" and it.metadata[_M.CREATE_TAG]
+  if type(id) ~= "string" then return nil end
+  for _, c in ipairs(st.creating or {}) do
+    if type(c) == "table" and c.id == id then return id end
+  end
+  return nil
+end
+
 -- Creates the session's sandbox with the policy's `create_params` (the tag
 -- and a lease at least `lease` imposed). → sb | nil, msg, code, detail
 local function create_sandbox(self, st, lease)
@@ -419,14 +519,53 @@ local function create_sandbox(self, st, lease)
   md[self.tag] = self.tag_value -- the tag is not negotiable: it is what keeps tenants apart
   params.metadata = md
   if next(self.env) and params.env_vars == nil then params.env_vars = self.env end
+  local nonce = record_create(self, st)
+  md[_M.CREATE_TAG] = nonce
   local t0 = self.clock()
   local sb, cerr, ccode, cdetail = self.client:create(params)
-  if not sb then return nil, cerr, ccode, cdetail end
+  if not sb then
+    -- An answer of the API itself that refused the create: nothing was made.
+    if REFUSED_CREATE[ccode] or type(cdetail) ~= "table" then settle_create(st, nonce) end
+    self:_save(st)
+    return nil, cerr, ccode, cdetail
+  end
+  settle_create(st, nonce)
   self:_event("create", { sandbox_id = sb.sandbox_id })
   self:_remember(st, sb, t0 + params.timeout, t0)
   local lc = params.lifecycle
   st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
   return sb
+end
+
+-- The candidates in `ordered`, the orphans (see `orphan_of`) moved last: an
+-- empty sandbox whose create was given up never wins over one in use.
+local function orphans_last(st, ordered)
+  if not st.creating then return ordered end
+  local out, tail = {}, {}
+  for _, it in ipairs(ordered) do
+    local t = orphan_of(st, it) and tail or out
+    t[#t + 1] = it
+  end
+  for _, it in ipairs(tail) do out[#out + 1] = it end
+  return out
+end
+
+-- After a run: the orphans of the creates still recorded (listed by tag) are
+-- killed, their records dropped. One list, only while a create is recorded.
+function Session:_collect_orphans(st)
+  local cands = list_candidates(self)
+  if not cands then return end
+  for _, it in ipairs(cands) do
+    local orphan = orphan_of(st, it)
+    if orphan then
+      if it.sandbox_id ~= st.sandbox_id and self.client:kill(it.sandbox_id) ~= nil then
+        self:_event("kill", { sandbox_id = it.sandbox_id, reason = "orphan" })
+      end
+      settle_create(st, orphan)
+    end
+  end
+  local left = recent_creates(st, self.clock())
+  st.creating = #left > 0 and left or nil
 end
 
 -- Finds or creates the session's sandbox and secures its lease (the reference
@@ -443,6 +582,7 @@ function Session:_resolve(st, lease, avoid)
     local perr, pcode
     ordered, perr, pcode = order_candidates(self, st, cands, by_id)
     if not ordered then return nil, perr, pcode end
+    ordered = orphans_last(st, ordered)
   end
   local gone = {}
   local kept, resumed, ccode, cdetail = secure_candidate(self, st, ordered, lease, avoid, gone)
@@ -456,10 +596,12 @@ function Session:_resolve(st, lease, avoid)
   end
   -- Reap duplicates only now that one sandbox is secured (the gone ones need nothing).
   for _, it in ipairs(cands) do
+    local orphan = orphan_of(st, it)
     if it.sandbox_id ~= kept.sandbox_id and not gone[it.sandbox_id] then
       self.client:kill(it.sandbox_id)
-      self:_event("kill", { sandbox_id = it.sandbox_id, reason = "duplicate" })
+      self:_event("kill", { sandbox_id = it.sandbox_id, reason = orphan and "orphan" or "duplicate" })
     end
+    if orphan then settle_create(st, orphan) end
   end
   return { sandbox_id = kept.sandbox_id, reused = not created, resumed = resumed, how = created and "create"
     or "resolve" }
@@ -581,16 +723,45 @@ end
 
 local outputs_of, collect_envd, files_from_report = outputs.outputs_of, outputs.collect_envd, outputs.files_from_report
 
--- Whether a failed execute was refused before it was accepted (nothing can
--- have reached the kernel): a 404/502 answer (run_code gives these codes only
--- for an HTTP answer with no stream byte), or a connection that failed before
--- anything was sent. Only then may the run be sent again.
-local function refused_before_accept(code, detail)
+-- The answers with no stream byte after which the session asks the sandbox
+-- whether the cell arrived (the statuses a sandbox, its proxy or E2B's edge
+-- give for "not accepted"; an intermediary may give them after forwarding).
+local ASK_AFTER = { SANDBOX_GONE = true, NOT_FOUND = true, RATE_LIMITED = true, [503] = true }
+
+-- Whether a failed execute was answered without a stream byte by a status
+-- after which the sandbox is asked (see `_never_arrived`).
+local function unanswered(code, detail)
   if type(detail) == "table" and detail.started then return false end
-  if code == "SANDBOX_GONE" or code == "NOT_FOUND" then return true end
-  return code == "TRANSPORT" and type(detail) == "table" and detail.sent == false
+  return ASK_AFTER[code] or (type(detail) == "table" and ASK_AFTER[detail.status]) or false
 end
-_M.refused_before_accept = refused_before_accept
+
+-- Whether sandbox `id` exists (running or paused) as the control plane says:
+-- false only on its 404 (a transient failure is no proof of anything).
+function Session:_exists(id)
+  local _, _, code = self.client:info(id)
+  return code ~= "NOT_FOUND"
+end
+
+-- Whether a failed execute provably never reached a kernel, so the run may be
+-- sent again (at most once): "again" (same sandbox) when nothing of it left
+-- (a connection refused before anything was sent) or when its kernel never
+-- accepted the cell and now never will (the session gave the cell's id up
+-- first, see `outputs.cell_marked`); "gone" when its sandbox no longer exists
+-- (control plane: 404); false otherwise (the failure is reported).
+function Session:_never_arrived(sbx, id, cell_id, code, detail)
+  if type(detail) == "table" and detail.started then return false end
+  if code == "TRANSPORT" then return type(detail) == "table" and detail.sent == false and "again" end
+  if not unanswered(code, detail) then return false end
+  if cell_id then
+    local claimed = sbx:make_dir(outputs.CELLS_DIR .. "/" .. cell_id)
+    if claimed then return "again" end
+    if claimed == false then
+      if type(detail) == "table" then detail.accepted = true end
+      return false
+    end
+  end
+  return not self:_exists(id) and "gone" or false
+end
 
 -- The data-plane handle of the remembered sandbox `id`.
 function Session:_handle(st, id)
@@ -615,7 +786,7 @@ end
 -- Before the execute nothing of the cell has run: a sandbox found gone here may be replaced.
 -- → nil, msg, code, detail, retryable (as _execute)
 local function before(err, ecode, detail)
-  return nil, err, ecode, detail, ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND"
+  return nil, err, ecode, detail, (ecode == "SANDBOX_GONE" or ecode == "NOT_FOUND") and "gone" or false
 end
 
 -- Uploads the run's input files into the home directory. → true | nil, msg, code, detail
@@ -686,20 +857,125 @@ local function run_result(out, info, results, out_files, files_error, cap, lock_
   }
 end
 
--- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
--- code, detail, retryable (true only when the cell cannot have run).
-function Session:_execute(info, st, code, opts, files, run_timeout, lk)
-  local sbx = self:_handle(st, info.sandbox_id)
+-- Whether the kernel refused a marked cell before anything of it ran:
+-- "hooks" (no hooks: the mark failed), "fenced" (a run with a higher fencing
+-- number had run there), else nil.
+local function refusal(out)
+  local e = out.error
+  if type(e) ~= "table" or type(e.value) ~= "string" then return nil end
+  if e.name == "NameError" and e.value:find("__warmbox_cell__", 1, true) then return "hooks" end
+  if e.name == "RuntimeError" and e.value:find("^warmbox: fenced: ") then return "fenced" end
+  return nil
+end
+
+local function fenced_msg(id, why)
+  return string_format("run in sandbox '%s' refused: its lock was taken over by a later run (%s)", id,
+    tostring(why):gsub("^warmbox: fenced: ", ""))
+end
+
+-- Whether output files were read over envd (after the cell: another run may
+-- have changed the output directory meanwhile), not all inline in the report.
+local function read_over_envd(report, files)
+  if #files == 0 then return false end
+  if not report then return true end
+  for _, f in ipairs(type(report.files) == "table" and report.files or {}) do
+    if type(f) == "table" and f.b64 == nil then return true end
+  end
+  return false
+end
+
+-- Fencing of an output collection: no run with a higher fencing number than
+-- `fence` has had a cell accepted in the sandbox (its output directory is this
+-- run's). → true | nil, msg, "FENCED" | nil, msg, code (it could not be read)
+local function fence_holds(sbx, id, fence)
+  local s, err, code = sbx:read_file(outputs.FENCE_FILE)
+  if not s then
+    if code == "NOT_FOUND" then return true end
+    return nil, err, code
+  end
+  local high = tonumber((tostring(s):match("^%s*(%d+)")))
+  if high and high > fence then
+    return nil, fenced_msg(id, string_format("run %d collected its outputs after run %d", fence, high)), "FENCED"
+  end
+  return true
+end
+
+-- Before the cell: inputs uploaded, the output directory ready (not python)
+-- or the hooks registered (python). → true | as `before`
+function Session:_prepare(sbx, info, st, files, python, run_timeout, on_line)
   if #files > 0 then
     local ok, err, ecode, detail = upload_files(sbx, files)
     if not ok then return before(err, ecode, detail) end
   end
-  local language = opts.language or "python"
-  local python = language == "python"
   if not python then
     local ok, err, ecode, detail = ready_output_dir(sbx, info.reused)
     if not ok then return before(err, ecode, detail) end
+  elseif st.hooked ~= info.sandbox_id then
+    -- A kernel that may not have the output hooks gets them in a cell of their
+    -- own, so the user's cell is sent as it is (its tracebacks and line numbers
+    -- are the user's). Idempotent (guarded in the kernel), and the user's cell
+    -- is not sent yet: a failure here is one before the run.
+    local ok, herr, hcode, hdetail = self:_hook(sbx, st, info.sandbox_id, run_timeout, on_line)
+    if not ok then return before(herr, hcode, hdetail) end
   end
+  return true
+end
+
+-- The ways to a sandbox whose lease the execute's side task extends (see _execute_alongside).
+local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
+
+-- The lease covers the whole run: after the uploads, the output directory and
+-- the hooks cell (which took time of the lease set before them), a lease that
+-- no longer covers the cell's timeout + COVER_MARGIN is extended (to the
+-- timeout + LEASE_MARGIN) before the cell is sent (one request, only then).
+-- → true | as `before`
+function Session:_cover(st, info, run_timeout)
+  if ALONGSIDE[info.how] or not st.lease_end then return true end
+  local t0 = self.clock()
+  if t0 + run_timeout + _M.COVER_MARGIN <= st.lease_end then return true end
+  local want = math.ceil(run_timeout + _M.LEASE_MARGIN)
+  local ok, err, code, detail = self.client:set_timeout(info.sandbox_id, want)
+  self:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
+  if not ok then return before(err, code, detail) end
+  local lease_end = t0 + want
+  if st.run_started then lease_end = math.min(lease_end, st.run_started + self.max_run_length) end
+  st.lease_end = math.max(st.lease_end, lease_end)
+  return true
+end
+
+-- Everything before the cell (_prepare, then _cover). Unreachable there: the
+-- remembered sandbox wins while it exists (the run is sent to it again, after a
+-- connect); only one that is gone is forgotten. → true | as `before`
+function Session:_ready(sbx, info, st, files, python, run_timeout, on_line)
+  local ok, err, code, detail, retry = self:_prepare(sbx, info, st, files, python, run_timeout, on_line)
+  if ok then ok, err, code, detail, retry = self:_cover(st, info, run_timeout) end
+  if ok then return true end
+  if retry == "gone" then retry = self:_exists(info.sandbox_id) and "again" or "gone" end
+  return nil, err, code, detail, retry
+end
+
+-- A marked cell the kernel refused before anything of it ran (see `refusal`):
+-- the failure (as _execute's), else nil.
+local function refused_run(out, info, st)
+  local refused = refusal(out)
+  if refused == "hooks" then
+    -- The kernel lost the hooks (restarted): the cell failed on its first line.
+    st.hooked = nil
+    return nil, "run in sandbox '" .. info.sandbox_id .. "': its kernel lost warmbox's hooks", "HOOKS_LOST",
+      { started = false }, "again"
+  elseif refused == "fenced" then
+    return nil, fenced_msg(info.sandbox_id, out.error.value), "FENCED", { started = false }, false
+  end
+  return nil
+end
+
+-- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
+-- code, detail, retryable ("again" | "gone" only when the cell cannot have run, see
+-- _never_arrived).
+function Session:_execute(info, st, code, opts, files, run_timeout, lk)
+  local sbx = self:_handle(st, info.sandbox_id)
+  local language = opts.language or "python"
+  local python = language == "python"
   local report
   local user_on_result = opts.on_result
   local lock_error
@@ -708,14 +984,16 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     local ok, kerr, kcode = keepalive(lk)
     if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
   end
-  if python and st.hooked ~= info.sandbox_id then
-    -- A kernel that may not have the output hooks gets them in a cell of their
-    -- own, so the user's cell is sent as it is (its tracebacks and line numbers
-    -- are the user's). Idempotent (guarded in the kernel), and the user's cell
-    -- is not sent yet: a failure here is one before the run.
-    local ok, herr, hcode, hdetail = self:_hook(sbx, st, info.sandbox_id, run_timeout,
+  do
+    local ok, perr, pcode, pdetail, pretry = self:_ready(sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
-    if not ok then return before(herr, hcode, hdetail) end
+    if not ok then return nil, perr, pcode, pdetail, pretry end
+  end
+  local cell_id
+  local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
+  if python and st.hooked == info.sandbox_id then
+    cell_id = new_id()
+    code = outputs.cell_marked(code, cell_id, fence)
   end
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
@@ -731,7 +1009,11 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   })
   if not out then
     if detail and lock_error then detail.lock_error = lock_error end
-    return nil, err, ecode, detail, refused_before_accept(ecode, detail)
+    return nil, err, ecode, detail, self:_never_arrived(sbx, info.sandbox_id, cell_id, ecode, detail)
+  end
+  if cell_id then
+    local _, rerr, rcode, rdetail, rretry = refused_run(out, info, st)
+    if rcode then return nil, rerr, rcode, rdetail, rretry end
   end
   -- The cell ran: whatever fails from here on is reported in the result, never re-run.
   local results = {}
@@ -741,10 +1023,15 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local cap = { left = self.max_files_bytes, dropped = {} }
   local out_files, files_error = output_files(sbx, st, info.sandbox_id, report, python, cap)
+  if fence and read_over_envd(report, out_files) then
+    local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
+    if not ok then
+      if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end
+      out_files, files_error = {}, { ferr, fcode }
+    end
+  end
   return run_result(out, info, results, out_files, files_error, cap, lock_error)
 end
-
-local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
 
 -- Issue 11: the execute and the lease extension (connect) at once, on the
 -- engine. A failed extension is retried while the cell runs; when it cannot
@@ -838,20 +1125,30 @@ function Session:_run_locked(lk, code, opts, files)
       r, err, ecode, detail, retryable = self:_execute(info, st, code, opts, files, run_timeout, lk)
     end
     if r then
-      st.last_run = self.clock()
+      st.last_run = self.wall()
       -- It has run since it lost its memory: what its kernel holds now is kept.
       st.memory_lost = nil
+      if st.creating then self:_collect_orphans(st) end
       lk:set_state(_M.encode_state(st))
       return r
     end
     if retryable and attempt == 1 then
-      -- At most once: the execute was refused before it was accepted (the
-      -- sandbox is gone or unreachable), so nothing ran: forget the sandbox,
-      -- resolve again, and send the run once more.
+      -- At most once: the cell provably never reached a kernel (see
+      -- _never_arrived): send the run once more, to the same sandbox while it
+      -- exists (its kernel and files are the conversation's), else resolve again.
       self:_event("retry", { sandbox_id = info.sandbox_id, code = ecode })
-      forget(st)
-      lk:set_state(nil)
+      if retryable == "gone" then
+        forget(st)
+      elseif unanswered(ecode, detail) then
+        st.lease_end = nil -- unreachable a moment ago: connect first (resumes a paused one)
+      end
+      lk:set_state(_M.encode_state(st))
+      local wait = type(detail) == "table" and detail.retry_after
+      if wait and wait > 0 then locks().wait(math.min(wait, _M.RETRY_AFTER_MAX)) end
     else
+      -- Not retried: the next run refreshes the lease first (a sandbox paused
+      -- under its remembered lease is resumed by that connect).
+      if unanswered(ecode, detail) then st.lease_end = nil end
       lk:set_state(_M.encode_state(st))
       return nil, err, ecode, detail
     end
@@ -1119,7 +1416,10 @@ function Session:_with_lock(fn, try)
     _, lerr = lk:lock(self.tag_value)
   end
   if lerr then return locks().failure("session '" .. self.key .. "'", lerr) end
+  local held = self._held
+  self._held = lk
   local ok, r, err, ecode, detail = xpcall(fn, traceback, lk)
+  self._held = held
   local uok, uerr, ucode = lk:unlock()
   if not ok then error(r, 0) end
   return r, err, ecode, detail, uok == nil and { tostring(uerr), ucode } or nil

@@ -23,6 +23,8 @@ end
 
 --- Longest encoded key kept verbatim; longer keys are replaced by "~h" + SHA-256(key).
 _M.MAX_ENCODED_KEY = 256
+--- The metadata key of a create's own id (see warmbox.session: a create in flight).
+_M.CREATE_TAG = "warmboxCreate"
 local TAG_PREFIX = "wb1."
 local FP_LEN = 16
 

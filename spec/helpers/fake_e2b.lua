@@ -11,7 +11,7 @@
 local outputs = require "warmbox.outputs"
 local util = require "warmbox.util"
 
-local MIME, PRELUDE = outputs.OUTPUTS_MIME, outputs.PRELUDE
+local MIME, PRELUDE, CELLS_DIR = outputs.OUTPUTS_MIME, outputs.PRELUDE, outputs.CELLS_DIR
 
 local M = {}
 
@@ -201,10 +201,21 @@ function M.new(o)
     end
     function h.make_dir(_, path)
       rec("make_dir", h.id, path)
+      local s = client.sb[h.id]
+      if not s or s.killed or s.state ~= "running" then return nil, "the sandbox was not found", "SANDBOX_GONE" end
+      local cell = path:match("^" .. CELLS_DIR .. "/(.+)$")
+      if cell then
+        s.cells = s.cells or {}
+        if s.cells[cell] then return false end
+        s.cells[cell] = "given up"
+      end
       return true
     end
     function h.run_code(_, code, ro)
-      rec("run_code", h.id, code, ro)
+      -- The kernel's side of a marked cell (warmbox.outputs.cell_marked): the
+      -- mark is stripped by the hooks; calls and codes() show the cell as the user wrote it.
+      local cell, rest = code:match("^__warmbox_cell__%('(%x+)'[, %d]*%)\n(.*)$")
+      rec("run_code", h.id, rest or code, ro)
       local s = client.sb[h.id]
       if not s or s.killed or s.state ~= "running" then
         return nil, "the sandbox was not found", "SANDBOX_GONE", { status = 502, started = false, sent = true }
@@ -217,6 +228,18 @@ function M.new(o)
         end
       end
       local python = (ro.language or "python") == "python"
+      if cell and not s.hooked then
+        return { stdout = {}, stderr = {}, results = {}, error = { name = "NameError",
+          value = "name '__warmbox_cell__' is not defined", traceback = "" } }
+      elseif cell then
+        s.cells = s.cells or {}
+        if s.cells[cell] then
+          return { stdout = {}, stderr = {}, results = {}, error = { name = "RuntimeError",
+            value = "warmbox: cell " .. cell .. " was given up by its session; not run", traceback = "" } }
+        end
+        s.cells[cell] = "accepted"
+        code = rest
+      end
       local hook_cell = python and code == PRELUDE
       if hook_cell then
         if not s.hooked then s.output = {} end -- the hooks' own reset

@@ -87,4 +87,41 @@ function Env:stop(allow)
   end
 end
 
+-- ------------------------------------------------------------------
+-- Executions counted in the sandbox: each cell first appends its mark to
+-- /home/user/runs.log, read from the host.
+-- ------------------------------------------------------------------
+
+--- How many times the cell marked `mark` ran in sandbox `id`.
+function Env:executions(id, mark)
+  local f = io.open(self.srv:sandbox_home(id) .. "/runs.log", "rb")
+  if not f then return 0 end
+  local n = 0
+  for line in f:lines() do if line == mark then n = n + 1 end end
+  f:close()
+  return n
+end
+
+--- A python cell that first records that it ran, then runs `body`. → code, mark
+function Env:cell(body)
+  self.seq = (self.seq or 0) + 1
+  local mark = "cell-" .. self.seq
+  return "open('/home/user/runs.log', 'a').write('" .. mark .. "\\n')\n" .. (body or ""), mark
+end
+
+--- A session of `wb` with a warm sandbox and `x = 41` in its kernel. → s, sandbox id
+function Env:warm(wb, key)
+  local s = wb:session(key)
+  local r = luassert(s:run((self:cell("x = 41"))))
+  return s, r.sandbox_id
+end
+
+--- The state survived: same sandbox, `x` kept.
+function Env.survived(_, s, id)
+  local r = luassert(s:run("x + 1"))
+  luassert.equal(id, r.sandbox_id)
+  luassert.is_nil(r.error)
+  luassert.equal("42", r.results[1] and r.results[1].text)
+end
+
 return M

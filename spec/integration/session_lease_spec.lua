@@ -65,4 +65,57 @@ describe("the lease of a run (warmboxd)", function()
     assert.equal("42", r.results[1] and r.results[1].text)
     assert.equal(0, env:stats().counters.pause_during_run or 0)
   end)
+
+  -- Issue 26, item 4: the lease covers the whole run. The uploads, the output
+  -- directory and the hooks cell come after the lease is set, so a slow one
+  -- (held 6 s, longer than the 2 s + LEASE_MARGIN lease) used it up and the
+  -- sandbox paused under its own cell (STREAM_BROKEN); the session extends a
+  -- lease that no longer covers the cell's timeout before sending it.
+  local function times_out_running(s, opts, code)
+    local r, msg, ecode, detail = s:run(code or SLEEP, opts)
+    assert.is_nil(r)
+    assert.equal("TIMEOUT", ecode, msg)
+    assert.is_true(detail.started)
+    assert.equal(0, env:stats().counters.pause_during_run or 0, "the sandbox paused under its run")
+  end
+
+  it("covers the whole run: a slow upload before the cell", function()
+    srv:clear_faults()
+    local s = wb:session("cover:upload")
+    assert(s:run("x = 41", { timeout = 30 }))
+    -- forgotten: the next run's resolve sets the lease (2 s + LEASE_MARGIN) before its upload
+    assert(s:forget())
+    srv:fault{ route = "envd POST /files", count = 1, delay_ms = 6000 }
+    times_out_running(s, { files = { ["in.txt"] = "data" } })
+    local r = assert(s:run("x + 1"))
+    assert.equal("42", r.results[1] and r.results[1].text)
+  end)
+
+  it("covers the whole run: a slow output directory before a bash cell", function()
+    srv:clear_faults()
+    local s = wb:session("cover:outdir")
+    assert(s:run("echo warm", { language = "bash", timeout = 30 }))
+    assert(s:forget())
+    srv:fault{ route = "envd POST /filesystem.Filesystem/MakeDir", count = 1, delay_ms = 6000 }
+    times_out_running(s, { language = "bash" }, "sleep 30")
+  end)
+
+  -- Issue 26, item 5: lease durations follow the monotonic clock. The wall
+  -- clock (injected) steps by +/-3600 s between two runs: forward, the
+  -- remembered lease looked over (the sandbox taken for paused: no extension,
+  -- left to an auto-resume that never happens); backward, it looked long
+  -- (no refresh). Either way the 10 s cell outlived the real 7 s lease.
+  for _, step in ipairs({ 3600, -3600 }) do
+    it(("keeps the lease through a wall-clock step of %+d s"):format(step), function()
+      srv:clear_faults()
+      local offset = 0
+      local w = env:warmbox{ exec_timeout = 2, idle_timeout = 2, clock = function() return os.time() + offset end,
+        mono = require("warmbox.core").now }
+      local s = w:session("wallstep:" .. step)
+      -- created with a lease of 2 s + LEASE_MARGIN, auto-resuming
+      assert(s:run("x = 41"))
+      offset = step
+      times_out_running(s, { timeout = 10 })
+    end)
+  end
 end)

@@ -596,8 +596,8 @@ insulate("warmbox.e2b", function()
       assert.same({ code = "print('hi')", language = "python", env_vars = { A = "1" }, timeout = 300 },
         cjson.decode(req.body))
       assert.equals(300 + require("warmbox.e2b.sandbox").EXEC_GRACE, req.timeout)
-      -- only a refusal (429/503 before any byte) is retried; never a 502 or 500
-      assert.same({ 429, 503 }, req.retry.refused)
+      -- no status is retried: an intermediary may answer any after forwarding (the session asks the sandbox)
+      assert.same({}, req.retry.refused)
       assert.same({}, req.retry.statuses)
       assert.is_nil(req.retry.idempotent)
     end)

@@ -242,6 +242,21 @@ describe("warmbox.lock (file backend) across processes", function()
     assert.is_true(wait_for(function() return not alive(pid) end))
   end)
 
+  it("never lets a second process in on a wall-clock step past a live holder's exptime", function()
+    local ready = work .. "/ready"
+    local pid = spawn{ "hold", dir, "k", ready, 10, 600 }
+    assert.is_true(wait_for(function() return read_all(ready) ~= nil end), read_all(work .. "/child.out"))
+    local real_time = os.time
+    os.time = function(t) return t and real_time(t) or real_time() + 200 end -- luacheck: ignore 122
+    local lk = lock.new{ backend = "file", dir = dir, timeout = 0.3 }
+    local got = { lk:lock("k") }
+    os.time = real_time -- luacheck: ignore 122
+    lk:close()
+    os.execute("kill -KILL " .. pid)
+    assert.same({ nil, "timeout" }, got)
+    assert.is_true(wait_for(function() return not alive(pid) end))
+  end)
+
   it("keeps 4 racing breakers of a hung holder's expired lock mutually exclusive", function()
     local ready = work .. "/ready"
     local hung = spawn{ "hold", dir, "k", ready, 1, 600 }
@@ -273,8 +288,9 @@ describe("warmbox.lock (file backend) across processes", function()
     os.execute("kill -STOP " .. pid)
     local lk = lock.new{ backend = "file", dir = dir, timeout = 30 }
     assert.truthy(lk:lock("k"))
-    -- the state came along
+    -- the state came along, and the fencing count: the hung holder's number is lower
     assert.equal("from-child", lk:get_state())
+    assert.is_true(lk:fence() > 0)
     os.execute("kill -CONT " .. pid)
     assert.is_true(wait_for(function() return read_all(ready .. ".done") ~= nil end),
       read_all(work .. "/child.out"))

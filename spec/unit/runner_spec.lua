@@ -71,6 +71,34 @@ describe("warmbox.runner", function()
     r:close()
   end)
 
+  it("a long-lived task keeps none of the locks its runs closed (issue 26, item 6)", function()
+    local r = assert(runner.new())
+    local new_lock = r:lock_factory(function() return lock.new{ backend = "memory", timeout = 1 } end)
+    local function runs(n)
+      for _ = 1, n do
+        local lk <close> = new_lock()
+        assert(lk:lock("runner:soak"))
+      end
+    end
+    local grew
+    local t = r:spawn(function()
+      runs(200) -- warm: tables and strings that are made once
+      collectgarbage()
+      collectgarbage()
+      local before = collectgarbage("count")
+      runs(2000)
+      collectgarbage()
+      collectgarbage()
+      grew = collectgarbage("count") - before
+      r.sched:sleep(3600) -- still alive: a cancel closes what it holds
+    end)
+    r:step(0)
+    -- 2000 lock objects kept would be well over 400 KB
+    assert.is_true(grew < 100, ("the heap grew %.0f KB over 2000 runs"):format(grew))
+    assert.is_true(t:cancel())
+    r:close()
+  end)
+
   it("outside tasks a transport calls the client itself", function()
     local calls = 0
     local fake = { request = function(_, req) calls = calls + 1 return { status = 200, body = req.url } end,

@@ -98,7 +98,8 @@ describe("warmbox.session", function()
       local r = assert(s:run("x = 1"))
       assert.equal(1, e.client:count("create"))
       local p = e.client.calls[2][2]
-      assert.same({ warmboxSessionId = s.tag_value }, p.metadata)
+      assert.same({ warmboxSessionId = s.tag_value, warmboxCreate = p.metadata.warmboxCreate }, p.metadata)
+      assert.matches("^%x+$", p.metadata.warmboxCreate) -- the create's own id (see session.CREATE_TAG)
       assert.same({ on_timeout = "pause", auto_resume = true }, p.lifecycle)
       assert.equal(605, p.timeout) -- the run's 600 s timeout + LEASE_MARGIN (5)
       assert.equal("code-interpreter-v1", p.template)
@@ -319,8 +320,8 @@ describe("warmbox.session", function()
       e.client.calls = {}
       e.client.fail.run = { { "refused", "TRANSPORT", { sent = false, started = false } } }
       assert(s:run("2", { timeout = 30 }))
-      -- the refused cell, then (the sandbox resolved again) the hooks' cell and the cell
-      assert.same({ "2", session.PRELUDE, "2" }, e.client:codes())
+      -- the refused cell, then the cell again in the same sandbox (its kernel keeps the hooks)
+      assert.same({ "2", "2" }, e.client:codes())
       e.client.calls = {}
       e.client.fail.run = { { "empty reply", "TRANSPORT", { sent = true, started = false } } }
       local r, _, code = s:run("3", { timeout = 30 })
@@ -622,7 +623,8 @@ describe("warmbox.session", function()
       local p = e.client.calls[2][2]
       assert.equal("base", p.template)
       assert.equal(42, p.timeout)
-      assert.same({ owner = "x", warmboxSessionId = s.tag_value }, p.metadata)
+      assert.same({ owner = "x", warmboxSessionId = s.tag_value, warmboxCreate = p.metadata.warmboxCreate },
+        p.metadata)
     end)
 
     it("raises a policy's lease to the run's timeout + LEASE_MARGIN, never lowers it", function()

@@ -108,9 +108,11 @@ function _M.new(opts)
     retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
     retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
     retry_create = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, refused = { 429, 503 } },
-    -- An execute answered 429/503 (before any stream byte) was not accepted.
+    -- An execute is sent again here only when nothing of it left (connection
+    -- refused): an answer's status never proves that an intermediary did not
+    -- forward it (the session asks the sandbox; see HACKING.md, "At most once").
     exec_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = {},
-      refused = { 429, 503 } },
+      refused = {} },
     -- The data plane: a 502 from the sandbox proxy means the sandbox is gone
     -- or paused, not a passing failure, so it is not retried.
     dp_retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, statuses = { 429, 503, 504 } },

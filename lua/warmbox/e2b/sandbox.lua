@@ -519,6 +519,7 @@ local function execute_outcome(st, what, timeout, elapsed, res, msg, ecode, sent
     d2.started = false
     d2.sent = true
     d2.attempts = res.attempts
+    d2.retry_after = tonumber(res.headers and res.headers["retry-after"])
     return n, m2, c2, d2
   end
   if not st.finished then

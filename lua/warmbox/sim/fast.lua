@@ -57,6 +57,7 @@ local rfc3339 = model_mod.rfc3339
 local parse_time = require("warmbox.util").parse_time
 
 local LEASE_MARGIN = 5                -- warmbox.session.LEASE_MARGIN
+local COVER_MARGIN = 2                -- warmbox.session.COVER_MARGIN
 local DEMOTE_MARK = require("warmbox.state").DEMOTE_MARK
 
 local _M = {}
@@ -200,6 +201,15 @@ local function simulate(S)
     arm(model, b)
     if b.end_at <= a then expire(model, b) end
     return a + rtt2, true
+  end
+
+  -- c:info(id) sent at t → t_after, whether the sandbox exists (running or paused)
+  local function cp_info(id, t, bx)
+    nreq = nreq + 1
+    local a = t + rtt2
+    local b = find(id, bx)
+    if b then at(b, a) end
+    return a + rtt2, b ~= nil and b.state ~= "killed"
   end
 
   -- c:kill(id) sent at t → t_after
@@ -529,6 +539,52 @@ local function simulate(S)
     return t, id, reused
   end
 
+  -- The run's own cell sent at t → t_after, b | nil, msg, code, asked: when its
+  -- execute was answered 502/404, what the session's asking the sandbox gave
+  -- (Session:_never_arrived: give a marked cell's id up over envd, else the
+  -- control plane's info): "again", "gone" or false.
+  local function send_cell(id, st, python, duration, run_timeout, t, box)
+    local marked = python and st.hooked == id
+    local t2, b, err, code_ = run_code(id, false, duration, run_timeout, t, box)
+    if b or (code_ ~= "SANDBOX_GONE" and code_ ~= "NOT_FOUND") then return t2, b, err, code_ end
+    local claimed
+    if marked then t2, claimed = dp(id, t2, box) end
+    if claimed then return t2, nil, err, code_, "again" end
+    local exists
+    t2, exists = cp_info(id, t2, box)
+    return t2, nil, err, code_, not exists and "gone" or false
+  end
+
+  -- The lease covers the whole run (Session:_cover): one that no longer
+  -- covers the cell after the hooks cell is extended before it.
+  -- → t_after, true | t_after, nil, msg, code
+  local function cover(id, st, run_timeout, t, box)
+    if not st.lease_end or t + run_timeout + COVER_MARGIN <= st.lease_end then return t, true end
+    local want = math.ceil(run_timeout + LEASE_MARGIN)
+    local t1, ok, err, code_ = set_timeout(id, want, t, box)
+    if not ok then return t1, nil, err, code_ end
+    local e = t + want
+    if st.run_started then e = math_min(e, st.run_started + max_length) end
+    st.lease_end = math.max(st.lease_end, e)
+    return t1, true
+  end
+
+  -- Before the run's cell (Session:_prepare, then _cover): the output directory
+  -- (another language: emptied on a reused sandbox, made), or the hooks cell on
+  -- a kernel without them, then the lease. → t_after, truthy | t_after, nil, msg, code
+  local function prepare(id, st, python, reused, run_timeout, t, box)
+    local b, err, code_ = true, nil, nil
+    if not python then
+      if reused then t, b, err, code_ = dp(id, t, box) end
+      if b then t, b, err, code_ = dp(id, t, box) end
+    elseif st.hooked ~= id then
+      t, b, err, code_ = run_code(id, true, 0, run_timeout, t, box)
+      if b and b.hooked then st.hooked = id end
+    end
+    if not b then return t, nil, err, code_ end
+    return cover(id, st, run_timeout, t, box)
+  end
+
   -- One run (Session:run) starting at t → t_after, ok, msg, code
   local function run(c, st, t, duration, timeout, language)
     local run_timeout = timeout or exec_timeout
@@ -537,26 +593,15 @@ local function simulate(S)
       local t2, id, reused, ecode = acquire(c, st, t, run_timeout)
       t = t2
       if not id then return t, false, reused, ecode end
-      local err, code_
-      local b
       local box = st.box
-      if not python then
-        if reused then
-          t, b, err, code_ = dp(id, t, box)
-        else
-          b = true
-        end
-        if b then t, b, err, code_ = dp(id, t, box) end
-      else
-        b = true
-      end
-      if b and python and st.hooked ~= id then
-        t, b, err, code_ = run_code(id, true, 0, run_timeout, t, box)
-        if b and b.hooked then st.hooked = id end
-      end
-      if b then
-        t, b, err, code_ = run_code(id, false, duration, run_timeout, t, box)
-      end
+      local b, err, code_, asked
+      t, b, err, code_ = prepare(id, st, python, reused, run_timeout, t, box)
+      if not b and (code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND") then
+        -- unreachable before the cell (Session:_execute): sent again while it exists
+        local exists
+        t, exists = cp_info(id, t, box)
+        asked = exists and "again" or "gone"
+      elseif b then t, b, err, code_, asked = send_cell(id, st, python, duration, run_timeout, t, box) end
       if b then
         if python and b.hooked then
           st.hooked = id
@@ -568,11 +613,17 @@ local function simulate(S)
         st.memory_lost = nil
         return t, true
       end
-      local retryable = code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND"
+      local retryable = asked
+      if asked == nil then retryable = (code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND") and "gone" end
       if retryable and attempt == 1 then
         events.retry = events.retry + 1
-        forget(st)
+        if retryable == "gone" then
+          forget(st)
+        elseif code_ == "SANDBOX_GONE" or code_ == "NOT_FOUND" or code_ == "RATE_LIMITED" then
+          st.lease_end = nil
+        end
       else
+        if asked == false then st.lease_end = nil end
         return t, false, err, code_
       end
     end

@@ -1,7 +1,7 @@
 --- warmbox.sim.lock: session locks for one simulation.
 --
 -- The methods of a `warmbox.lock` object (`lock`, `try_lock`, `unlock`,
--- `expire`, `keepalive`, `get_state`, `set_state`, `remove`, `key`, `close`) over a table owned by one
+-- `expire`, `keepalive`, `fence`, `get_state`, `set_state`, `remove`, `key`, `close`) over a table owned by one
 -- simulation. `warmbox.lock`'s memory backend is not used because its
 -- per-key state is process-wide (two simulations in one process, or a host
 -- that also uses the memory backend, would share remembered sandboxes) and
@@ -29,6 +29,8 @@ local function take(self, key, err)
   if self.world.held[key] then return nil, err end
   self.world.held[key] = self
   self._key = key
+  local f = (self.world.fences[key] or 0) + 1
+  self.world.fences[key], self._fence = f, f
   return true
 end
 
@@ -82,6 +84,11 @@ function Lock:keepalive()
   return true
 end
 
+--- The hold's fencing number (grows with every hold of the key), nil when nothing is held.
+function Lock:fence()
+  return self._key and self._fence or nil
+end
+
 --- The key's shared state, only while held.
 function Lock:get_state()
   if not self._key then return nil, "unlocked" end
@@ -123,7 +130,7 @@ Lock.__close = function(self) self:close() end
 -- @tparam[opt] warmbox.task.Scheduler sched whose tasks wait for held keys
 -- @treturn function
 function _M.factory(sched)
-  local world = { held = {}, state = {}, waits = {}, sched = sched }
+  local world = { held = {}, state = {}, waits = {}, fences = {}, sched = sched }
   return function() return setmetatable({ world = world }, Lock) end
 end
 

@@ -1008,11 +1008,16 @@ function Model:close_books()
 end
 
 --- Records of every sandbox the model made (a copy: id, state, metadata, ...).
+-- The session's random create id (`warmbox.tag.CREATE_TAG`) is left out:
+-- one seed gives one report.
 function Model:sandboxes()
   local out = {}
+  local create_tag = require("warmbox.tag").CREATE_TAG
   for _, b in pairs(self.boxes) do
     local md = {}
-    for k, v in pairs(b.metadata) do md[k] = v end
+    for k, v in pairs(b.metadata) do
+      if k ~= create_tag then md[k] = v end
+    end
     out[#out + 1] = { sandbox_id = b.id, state = b.state, metadata = md, created_at = b.created_at,
                       killed_at = b.killed_at, executions = b.executions }
   end

@@ -1,0 +1,111 @@
+"""An intermediary on loopback in front of warmboxd's data plane: it forwards
+every request as it is, except the executes it was told to answer itself.
+
+  python3 after_proxy.py UPSTREAM_URL      (prints "listening PORT"; stops when stdin closes)
+
+POST /_proxy/plan {"execute": [{"mode": "after"|"before", "status": 502, "headers": {}}, ...]}
+queues what the next executes get: "after" forwards the execute, waits for its
+whole answer (the cell ran), then answers `status` instead; "before" answers
+`status` without forwarding; "late" answers `status` at once and forwards the
+execute `delay` seconds later (a copy that arrives after the client gave up).
+An execute with nothing queued is forwarded.
+GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
+by the plan, "late_done": late copies whose forward has ended}.
+"""
+import http.client
+import json
+import sys
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+UP = urllib.parse.urlsplit(sys.argv[1])
+PLAN = []
+STATS = {"executes": 0, "answered": 0, "late_done": 0}
+LOCK = threading.Lock()
+HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_a):
+        pass
+
+    def reply(self, status, body=b"", headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            if k.lower() not in HOP:
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def forward(self, body, req=None):
+        method, path, headers = req or self.request_line()
+        conn = http.client.HTTPConnection(UP.hostname, UP.port, timeout=600)
+        conn.request(method, path, body=body, headers=headers)
+        res = conn.getresponse()
+        data = res.read()
+        conn.close()
+        return res.status, data, dict(res.getheaders())
+
+    def request_line(self):
+        return self.command, self.path, {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+
+    def control(self, body):
+        if self.command == "POST" and self.path == "/_proxy/plan":
+            with LOCK:
+                PLAN.extend(json.loads(body or b"{}").get("execute", []))
+            return self.reply(204)
+        with LOCK:
+            out = json.dumps(STATS).encode()
+        return self.reply(200, out, {"Content-Type": "application/json"})
+
+    def handle_any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else None
+        if self.path.startswith("/_proxy/"):
+            return self.control(body)
+        step = None
+        if self.command == "POST" and self.path.split("?")[0] == "/execute":
+            with LOCK:
+                step = PLAN.pop(0) if PLAN else None
+                if step is None or step.get("mode") == "after":
+                    STATS["executes"] += 1
+                if step is not None:
+                    STATS["answered"] += 1
+        if step is not None and step.get("mode") == "before":
+            return self.reply(int(step["status"]), b'{"message":"intermediary"}', step.get("headers"))
+        if step is not None and step.get("mode") == "late":
+            self.reply(int(step["status"]), b'{"message":"intermediary"}', step.get("headers"))
+            threading.Timer(float(step.get("delay", 1)), self.late, (body, self.request_line())).start()
+            return None
+        status, data, headers = self.forward(body)
+        if step is not None:
+            return self.reply(int(step["status"]), b'{"message":"intermediary"}', step.get("headers"))
+        return self.reply(status, data, headers)
+
+    def late(self, body, req):
+        with LOCK:
+            STATS["executes"] += 1
+        try:
+            self.forward(body, req)
+        finally:
+            with LOCK:
+                STATS["late_done"] += 1
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = handle_any
+
+
+def main():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print("listening %d" % srv.server_address[1], flush=True)
+    sys.stdin.read()
+    srv.shutdown()
+
+
+if __name__ == "__main__":
+    main()
