@@ -60,6 +60,11 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
   return -EACCES;
 }
 
+int wbd_rt_skeleton(const char *jail) {
+  (void)jail;
+  return 0;   /* the fuzzer's scratch tree has no skeleton */
+}
+
 int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,
                  int *stdin_fd, int *stdout_fd, int *stderr_fd) {
   (void)sb; (void)argv; (void)envs; (void)cwd; (void)pid; (void)stdin_fd; (void)stdout_fd; (void)stderr_fd;
