@@ -784,7 +784,8 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
       r = rpc_error(req, "invalid_argument", "depth should be at least one");
     } else {
       int err = 0;
-      json_t *res = wbd_fs_list(&p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth), &err);
+      json_t *res = wbd_fs_list(&p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth),
+                                (size_t)wbd_opt.max_list_entries, &err);
       if (res)
         r = rpc_ok(req, res);
       else if (err == -ENOTDIR)
@@ -793,7 +794,7 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
         r = rpc_error(req, "not_found", "directory '%s' does not exist", p.jail);
       else if (err == -E2BIG)
         r = rpc_error(req, "resource_exhausted", "directory '%s' has more than %d entries at depth %lld: "
-                      "list a smaller depth or a subdirectory", p.jail, WBD_LIST_MAX, (long long)depth);
+                      "list a smaller depth or a subdirectory", p.jail, wbd_opt.max_list_entries, (long long)depth);
       else
         r = rpc_fs_error(req, err, p.jail);
     }

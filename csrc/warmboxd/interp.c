@@ -179,9 +179,8 @@ static void kern_put_locked(struct kern *k) {
   if (c) ctx_put_locked(c);
 }
 
-/* Contexts a sandbox may have at once (the two defaults included): each is
- * a record, and a kernel once used. */
-#define CONTEXTS_MAX 128
+/* Contexts a sandbox may have at once (the two defaults included; each is
+ * a record, and a kernel once used): --max-contexts, wbd_opt.max_contexts. */
 
 static size_t ctx_count_locked(const struct istate *ist) {
   size_t n = 0;
@@ -940,11 +939,11 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
         m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
       } else {
         struct istate *ist = ist_lock(rt);
-        int full = ctx_count_locked(ist) >= CONTEXTS_MAX;
+        int full = (long)ctx_count_locked(ist) >= (long)wbd_opt.max_contexts;
         json_t *o = full ? NULL : ctx_json(ctx_new_locked(ist, lang, cwd ? cwd : "/home/user"));
         ist_unlock(rt);
         m = full ? reply_text(req, 429, "Failed to create context: this sandbox has %d contexts, the most it "
-                              "may have (remove one first)", CONTEXTS_MAX)
+                              "may have (remove one first)", wbd_opt.max_contexts)
                  : wbd_reply_json(req, 200, o, NULL);
       }
       json_decref(body);

@@ -147,6 +147,8 @@ struct wbd_options {
   const char *data_dir;     /* where sandbox directories live */
   int unisolated;           /* --unisolated: run without bubblewrap (warned) */
   int verbose;
+  int max_list_entries;     /* envd ListDir answers at most this many (default 50000) */
+  int max_contexts;         /* code contexts per sandbox, the two defaults included (default 128) */
 };
 extern struct wbd_options wbd_opt;
 
