@@ -92,6 +92,7 @@ struct run {
   struct line *head, *tail;
   size_t queued;            /* bytes in head..tail */
   int efd;
+  struct MHD_Connection *conn;   /* parked on while nothing is to be sent (wbd_park) */
   int conn_fd;
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
   int keep_cell;            /* dropped by a pause: the cell goes on after resume */
@@ -647,8 +648,10 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
     if (ms < 0) ms = 0;
     struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
     int np = r->conn_fd >= 0 ? 2 : 1;
-    int pr = poll(p, (nfds_t)np, (int)(ms + 1));
+    int pr = poll(p, (nfds_t)np, 0);
     if (pr < 0 && errno != EINTR) pr = 0;
+    if (pr <= 0 && wake > now)   /* nothing yet: parked until one of them wakes or it is time */
+      return wbd_park(r->conn, r->efd, r->conn_fd, (int)(ms + 1)) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
     if (pr > 0 && (p[0].revents & POLLIN)) {
       uint64_t v;
       if (read(r->efd, &v, sizeof v) < 0) {}
@@ -894,6 +897,7 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   r->last_us = wbd_now_us();
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   if (ci) r->conn_fd = ci->connect_fd;
+  r->conn = req->conn;
   return wbd_reply_stream(req, 200, "application/x-ndjson", run_read, r, run_done, NULL);
 }
 
