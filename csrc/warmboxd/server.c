@@ -1,8 +1,8 @@
 /*
  * server.c: the HTTP server (libmicrohttpd: a few polling threads for every
- * connection; a request's handler runs on a worker and a stream waits parked,
- * defer.c, so an idle or slow connection costs no thread), routing between the control plane, the admin API and
- * the data plane through the table main.c hands over (wbd_server_routes),
+ * connection; a request's handler runs on a worker and a stream waits
+ * parked, defer.c, so an idle or slow connection costs no thread), routing
+ * between the control plane, the admin API and the data plane through the table main.c hands over (wbd_server_routes),
  * request statistics, fault injection and the server's resource limits:
  * connection timeout and caps, per-route body limits, the admin API's gate.
  */
