@@ -15,6 +15,8 @@ struct wbd_options wbd_opt = {
   .max_running = 20,
   .default_timeout_s = 15,
   .data_dir = NULL,
+  .max_list_entries = 50000,
+  .max_contexts = 128,
 };
 
 struct wbd_limits wbd_lim = {

@@ -5,7 +5,7 @@
  *
  * Every path goes through envd_fs.c, which confines it to the sandbox's
  * /home/user and /tmp. Process.Start is a server stream: one envelope per
- * event, written by a blocking reader on the connection's own thread.
+ * event, written by a reader that parks its connection while there is none.
  */
 #include "runtime.h"
 #include "envd_fs.h"
@@ -784,7 +784,8 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
       r = rpc_error(req, "invalid_argument", "depth should be at least one");
     } else {
       int err = 0;
-      json_t *res = wbd_fs_list(&p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth), &err);
+      json_t *res = wbd_fs_list(&p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth),
+                                (size_t)wbd_opt.max_list_entries, &err);
       if (res)
         r = rpc_ok(req, res);
       else if (err == -ENOTDIR)
@@ -793,7 +794,7 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
         r = rpc_error(req, "not_found", "directory '%s' does not exist", p.jail);
       else if (err == -E2BIG)
         r = rpc_error(req, "resource_exhausted", "directory '%s' has more than %d entries at depth %lld: "
-                      "list a smaller depth or a subdirectory", p.jail, WBD_LIST_MAX, (long long)depth);
+                      "list a smaller depth or a subdirectory", p.jail, wbd_opt.max_list_entries, (long long)depth);
       else
         r = rpc_fs_error(req, err, p.jail);
     }
@@ -1178,21 +1179,23 @@ struct pstream {
   struct wbd_buf buf;
 };
 
-/* Produce the next envelope(s) into ps->buf; may block. */
-static void ps_step(struct pstream *ps) {
+/* Produce the next envelope(s) into ps->buf (or end the stream): 0; or,
+ * with nothing to do yet, the milliseconds to wait (*wait_fds: the
+ * descriptors that end the wait). Never blocks. */
+static int ps_step(struct pstream *ps, int wait_fds[2]) {
   struct proc *p = ps->p;
   struct sub *s = ps->s;
   int64_t now = mono_us();
   if (ps->deadline_us && now >= ps->deadline_us) {
     envelope_add(&ps->buf, 0x02, trailer_error("deadline_exceeded", "the operation timed out"));
     ps->phase = PS_DONE;
-    return;
+    return 0;
   }
   pthread_mutex_lock(&p->mu);
   if (s->dropped) {
     pthread_mutex_unlock(&p->mu);
     ps->phase = PS_ABORT;
-    return;
+    return 0;
   }
   if (s->q.len > s->q.off) {
     /* take the whole queue */
@@ -1204,7 +1207,7 @@ static void ps_step(struct pstream *ps) {
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->mu);
     ps->last_sent_us = now;
-    return;
+    return 0;
   }
   pthread_mutex_unlock(&p->mu);
   int64_t wait_us = 1000000;
@@ -1214,26 +1217,30 @@ static void ps_step(struct pstream *ps) {
     if (now >= due) {
       envelope_add(&ps->buf, 0, json_pack("{s:{s:{}}}", "event", "keepalive"));
       ps->last_sent_us = now;
-      return;
+      return 0;
     }
     if (due - now < wait_us) wait_us = due - now;
   }
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ps->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   struct pollfd fds[2] = { { .fd = s->efd, .events = POLLIN },
                            { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP } };
-  int n = poll(fds, 2, (int)((wait_us + 999) / 1000));
+  int n = poll(fds, 2, 0);
   if (n < 0 && errno != EINTR) {
     ps->phase = PS_ABORT;
-    return;
+    return 0;
   }
   if (n > 0 && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
     ps->phase = PS_ABORT;   /* the client went away; the process goes on */
-    return;
+    return 0;
   }
   if (n > 0 && fds[0].revents) {
     uint64_t v;
     if (read(s->efd, &v, sizeof v) < 0) {}
+    return 0;
   }
+  wait_fds[0] = fds[0].fd;
+  wait_fds[1] = fds[1].fd;
+  return (int)((wait_us + 999) / 1000);
 }
 
 static ssize_t ps_read(void *cls, uint64_t pos, char *out, size_t max) {
@@ -1244,7 +1251,8 @@ static ssize_t ps_read(void *cls, uint64_t pos, char *out, size_t max) {
     if (n) return (ssize_t)n;
     if (ps->phase == PS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
     if (ps->phase == PS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
-    ps_step(ps);
+    int fds[2], wait_ms = ps_step(ps, fds);
+    if (wait_ms > 0) return wbd_park(ps->conn, fds[0], fds[1], wait_ms) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
   }
 }
 

@@ -792,8 +792,20 @@ static int mounted_child(const struct wbd_fspath *p, const char *tree_host, cons
  * `shown` is the directory's path as asked for (entries are named from it),
  * `real` its jail path once links are resolved (what the jail mounts there
  * is decided from it). */
+struct list_walk {
+  json_t *out;     /* NULL: only count */
+  size_t n, cap;   /* entries seen; more than cap: -E2BIG */
+  int depth;
+};
+
+/* One entry seen: kept in w->out, or (counting) dropped. */
+static int walk_add(struct list_walk *w, json_t *e) {
+  if (w->out) json_array_append(w->out, e);
+  return ++w->n > w->cap ? -E2BIG : 0;
+}
+
 static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd, const char *shown, const char *real,
-                      int level, int depth, json_t *out) {
+                      int level, struct list_walk *wk) {
   int dfd = dup(fd);
   if (dfd < 0) return -errno;
   DIR *d = fdopendir(dfd);
@@ -802,6 +814,7 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
     close(dfd);
     return e;
   }
+  rewinddir(d);   /* the dup shares fd's offset: a second walk starts over */
   char **names = NULL;
   size_t n = 0, cap = 0;
   int rc = 0;
@@ -838,20 +851,20 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
     }
     const char *etype = json_string_value(json_object_get(e, "type"));
     int is_dir = etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0;
-    json_array_append_new(out, e);
-    if (json_array_size(out) > WBD_LIST_MAX) {
+    rc = walk_add(wk, e);
+    json_decref(e);
+    if (rc == -E2BIG) {
       if (sub >= 0) close(sub);
-      rc = -E2BIG;
       break;
     }
-    if (is_dir && level < depth && how != CHILD_HIDDEN) {
+    if (is_dir && level < wk->depth && how != CHILD_HIDDEN) {
       if (how == CHILD_OWN) sub = openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (sub >= 0) {
         char host[PATH_MAX];
         const char *r;
         if (how == CHILD_OWN || wbd_rt_locate(p->sb, real_child, host, sizeof host, &r) < 0)
           snprintf(host, sizeof host, "%s", tree_host);
-        rc = list_level(p, host, sub, child, real_child, level + 1, depth, out);
+        rc = list_level(p, host, sub, child, real_child, level + 1, wk);
       }
     }
     if (sub >= 0) close(sub);
@@ -862,18 +875,25 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
   return rc == -E2BIG ? rc : 0;
 }
 
-json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err) {
+json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, size_t max, int *err) {
   char real[PATH_MAX];
   int fd = fs_open(p, p->rel, O_RDONLY | O_DIRECTORY, 0, 0, real);
   if (fd < 0) {
     *err = fd;
     return NULL;
   }
-  json_t *arr = json_array();
   char host[PATH_MAX];
   const char *r;
   if (wbd_rt_locate(p->sb, real, host, sizeof host, &r) < 0) host[0] = 0;
-  int rc = list_level(p, host, fd, p->jail, real, 1, depth < 1 ? 1 : depth, arr);
+  /* Counted first, so a listing over the cap never holds its entries. */
+  struct list_walk wk = { NULL, 0, max, depth < 1 ? 1 : depth };
+  int rc = list_level(p, host, fd, p->jail, real, 1, &wk);
+  json_t *arr = json_array();
+  if (rc == 0) {
+    wk.out = arr;
+    wk.n = 0;
+    rc = list_level(p, host, fd, p->jail, real, 1, &wk);
+  }
   close(fd);
   if (rc < 0) {
     json_decref(arr);

@@ -60,10 +60,11 @@ int wbd_fs_move(const struct wbd_fspath *src, const struct wbd_fspath *dst);
 /* protojson EntryInfo of p (lstat: a symlink is reported as one); NULL + errno. */
 json_t *wbd_fs_entry(const struct wbd_fspath *p);
 /* {"entries": [...]} of a directory, walking `depth` levels (never into
- * symlinks); NULL + *err = -errno; -E2BIG: more than WBD_LIST_MAX entries
- * (a recursive listing of /usr would be a 50 MB answer, held whole). */
-#define WBD_LIST_MAX 50000
-json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, int *err);
+ * symlinks); NULL + *err = -errno; -E2BIG: more than `max` entries
+ * (a recursive listing of /usr would be a 50 MB answer, held whole). A
+ * first walk only counts (each entry made and dropped), so a listing over
+ * the cap is refused without ever holding its entries. */
+json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, size_t max, int *err);
 
 /* File metadata, as E2B's envd keeps it: `X-Metadata-<key>: <value>` upload
  * headers become `user.e2b.<key>` extended attributes (key lowercased),

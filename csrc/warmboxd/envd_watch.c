@@ -619,14 +619,16 @@ static void ws_end(struct wstream *ws, const char *code, const char *msg) {
   ws->phase = WS_DONE;
 }
 
-/* The next envelope(s) into ws->buf; blocks until there is something. */
-static void ws_step(struct wstream *ws) {
+/* The next envelope(s) into ws->buf (or the stream's end): 0; or, with
+ * nothing yet, the milliseconds to wait (*wait_fds: the descriptors that end
+ * the wait). Never blocks. */
+static int ws_step(struct wstream *ws, int wait_fds[2]) {
   struct watcher *w = ws->w;
   if (ws->phase == WS_START) {
     envelope_add(&ws->buf, 0, json_pack("{s:{}}", "start"));
     ws->phase = WS_RUNNING;
     ws->last_sent_us = mono_us();
-    return;
+    return 0;
   }
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ws->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   struct pollfd fds[2] = {
@@ -638,13 +640,13 @@ static void ws_step(struct wstream *ws) {
     pthread_mutex_unlock(&mu);
     if (gone) {   /* as a VM going away: no end, no trailer */
       ws->phase = WS_ABORT;
-      return;
+      return 0;
     }
     int64_t now = mono_us(), wait_us = 1000000;
     if (ws->deadline_us) {
       if (now >= ws->deadline_us) {
         ws_end(ws, "deadline_exceeded", "context deadline exceeded");
-        return;
+        return 0;
       }
       if (ws->deadline_us - now < wait_us) wait_us = ws->deadline_us - now;
     }
@@ -652,18 +654,22 @@ static void ws_step(struct wstream *ws) {
     if (now >= due) {
       envelope_add(&ws->buf, 0, json_pack("{s:{}}", "keepalive"));
       ws->last_sent_us = now;
-      return;
+      return 0;
     }
     if (due - now < wait_us) wait_us = due - now;
-    int n = poll(fds, 2, (int)((wait_us + 999) / 1000));
+    int n = poll(fds, 2, 0);
     if (n < 0 && errno != EINTR) {
       ws->phase = WS_ABORT;
-      return;
+      return 0;
     }
-    if (n <= 0) continue;
+    if (n <= 0) {
+      wait_fds[0] = fds[0].fd;
+      wait_fds[1] = fds[1].fd;
+      return (int)((wait_us + 999) / 1000);
+    }
     if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
       ws->phase = WS_ABORT;   /* the client went away */
-      return;
+      return 0;
     }
     if (fds[0].revents) {   /* events queued, or `gone` (seen at the top) */
       uint64_t cnt;
@@ -678,11 +684,11 @@ static void ws_step(struct wstream *ws) {
       json_decref(evs);
       if (w->error_code[0]) {
         ws_end(ws, w->error_code, w->error_msg);
-        return;
+        return 0;
       }
       if (ws->buf.len > ws->buf.off) {
         ws->last_sent_us = mono_us();
-        return;
+        return 0;
       }
     }
   }
@@ -696,7 +702,8 @@ static ssize_t ws_read(void *cls, uint64_t pos, char *out, size_t max) {
     if (n) return (ssize_t)n;
     if (ws->phase == WS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
     if (ws->phase == WS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
-    ws_step(ws);
+    int fds[2], wait_ms = ws_step(ws, fds);
+    if (wait_ms > 0) return wbd_park(ws->conn, fds[0], fds[1], wait_ms) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
   }
 }
 

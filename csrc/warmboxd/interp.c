@@ -92,6 +92,7 @@ struct run {
   struct line *head, *tail;
   size_t queued;            /* bytes in head..tail */
   int efd;
+  struct MHD_Connection *conn;   /* parked on while nothing is to be sent (wbd_park) */
   int conn_fd;
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
   int keep_cell;            /* dropped by a pause: the cell goes on after resume */
@@ -179,9 +180,8 @@ static void kern_put_locked(struct kern *k) {
   if (c) ctx_put_locked(c);
 }
 
-/* Contexts a sandbox may have at once (the two defaults included): each is
- * a record, and a kernel once used. */
-#define CONTEXTS_MAX 128
+/* Contexts a sandbox may have at once (the two defaults included; each is
+ * a record, and a kernel once used): --max-contexts, wbd_opt.max_contexts. */
 
 static size_t ctx_count_locked(const struct istate *ist) {
   size_t n = 0;
@@ -648,8 +648,10 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
     if (ms < 0) ms = 0;
     struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
     int np = r->conn_fd >= 0 ? 2 : 1;
-    int pr = poll(p, (nfds_t)np, (int)(ms + 1));
+    int pr = poll(p, (nfds_t)np, 0);
     if (pr < 0 && errno != EINTR) pr = 0;
+    if (pr <= 0 && wake > now)   /* nothing yet: parked until one of them wakes or it is time */
+      return wbd_park(r->conn, r->efd, r->conn_fd, (int)(ms + 1)) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
     if (pr > 0 && (p[0].revents & POLLIN)) {
       uint64_t v;
       if (read(r->efd, &v, sizeof v) < 0) {}
@@ -895,6 +897,7 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   r->last_us = wbd_now_us();
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   if (ci) r->conn_fd = ci->connect_fd;
+  r->conn = req->conn;
   return wbd_reply_stream(req, 200, "application/x-ndjson", run_read, r, run_done, NULL);
 }
 
@@ -940,11 +943,11 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
         m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
       } else {
         struct istate *ist = ist_lock(rt);
-        int full = ctx_count_locked(ist) >= CONTEXTS_MAX;
+        int full = (long)ctx_count_locked(ist) >= (long)wbd_opt.max_contexts;
         json_t *o = full ? NULL : ctx_json(ctx_new_locked(ist, lang, cwd ? cwd : "/home/user"));
         ist_unlock(rt);
         m = full ? reply_text(req, 429, "Failed to create context: this sandbox has %d contexts, the most it "
-                              "may have (remove one first)", CONTEXTS_MAX)
+                              "may have (remove one first)", wbd_opt.max_contexts)
                  : wbd_reply_json(req, 200, o, NULL);
       }
       json_decref(body);

@@ -79,6 +79,8 @@ static void usage(FILE *f) {
           "  --max-upload-mb N     largest envd file upload body (default 100)\n"
           "  --body-timeout S      close a connection whose request body is not in S seconds\n"
           "                        after its head (default 120)\n"
+          "  --max-list-entries N  most entries envd's ListDir answers (default 50000)\n"
+          "  --max-contexts N      most code contexts a sandbox may have (default 128)\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
           "                        server does not outlive its host, even one killed by SIGKILL\n"
@@ -174,7 +176,7 @@ static int make_admin_token(char out[65]) {
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
-         O_EXITWITH, O_KEYFILE, O_BODYTO };
+         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -195,6 +197,8 @@ int main(int argc, char **argv) {
     { "max-conns-per-ip", required_argument, 0, O_MAXCONNIP },
     { "max-upload-mb", required_argument, 0, O_MAXUP },
     { "exit-with", required_argument, 0, O_EXITWITH },
+    { "max-list-entries", required_argument, 0, O_MAXLIST },
+    { "max-contexts", required_argument, 0, O_MAXCTX },
     { "verbose", no_argument, 0, O_VERBOSE },
     { "version", no_argument, 0, O_VERSION },
     { "help", no_argument, 0, O_HELP },
@@ -229,6 +233,8 @@ int main(int argc, char **argv) {
     case O_MAXCONN: rc = parse_int("--max-conns", optarg, 1, 1 << 20, &wbd_lim.max_conns); break;
     case O_MAXCONNIP: rc = parse_int("--max-conns-per-ip", optarg, 1, 1 << 20, &wbd_lim.max_conns_per_ip); break;
     case O_MAXUP: rc = parse_int("--max-upload-mb", optarg, 1, 1 << 20, &wbd_lim.max_upload_mb); break;
+    case O_MAXLIST: rc = parse_int("--max-list-entries", optarg, 1, 1 << 24, &wbd_opt.max_list_entries); break;
+    case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
     case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &exit_with); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;

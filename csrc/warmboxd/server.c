@@ -1,7 +1,8 @@
 /*
- * server.c: the HTTP server (libmicrohttpd, one thread per connection so a
- * handler may block), routing between the control plane, the admin API and
- * the data plane through the table main.c hands over (wbd_server_routes),
+ * server.c: the HTTP server (libmicrohttpd: a few polling threads for every
+ * connection; a request's handler runs on a worker and a stream waits
+ * parked, defer.c, so an idle or slow connection costs no thread), routing
+ * between the control plane, the admin API and the data plane through the table main.c hands over (wbd_server_routes),
  * request statistics, fault injection and the server's resource limits:
  * connection timeout and caps, per-route body limits, the admin API's gate.
  */
@@ -860,6 +861,8 @@ struct req_ctx {
   int spool;                 /* the body goes to an unlinked file (envd's uploads) */
   int spool_err;             /* errno of a failed spool write: the rest is dropped */
   char route[160];           /* the stats / faults name */
+  enum { H_NOT, H_WORKER, H_REFUSED } handed;   /* where its handler went (serve) */
+  enum MHD_Result result;    /* what serve's handler returned */
 };
 
 /* The body limit of a data-plane route, once the caller's credentials are
@@ -1008,6 +1011,33 @@ static enum MHD_Result spool_failed(struct req_ctx *ctx) {
   return wbd_reply_error(&ctx->req, 500, "cannot take the upload: %s", strerror(e));
 }
 
+/* On a worker, the connection suspended: the handler queues its answer
+ * (libmicrohttpd takes one for a suspended connection from any thread),
+ * then the connection is resumed. */
+static void serve(void *arg) {
+  struct req_ctx *ctx = arg;
+  enum MHD_Result r = ctx->spool_err ? spool_failed(ctx) : dispatch(ctx);
+  if (r == MHD_YES && !ctx->req.replied) r = wbd_reply_error(&ctx->req, 500, "no reply");
+  ctx->result = r;
+  MHD_resume_connection(ctx->req.conn);   /* ctx is the connection's again */
+}
+
+/* The request is in: its handler goes to a worker. Called again once the
+ * connection is resumed without an answer queued: the handler returned
+ * MHD_NO (the connection closes), or no worker took it (503). */
+static enum MHD_Result hand_over(struct req_ctx *ctx) {
+  if (ctx->handed == H_REFUSED) return wbd_reply_error(&ctx->req, 503, "warmboxd is shutting down");
+  if (ctx->handed) return ctx->result;
+  watch_mark(ctx->req.conn, W_SERVING);
+  ctx->handed = H_WORKER;
+  MHD_suspend_connection(ctx->req.conn);   /* before the worker can resume it */
+  if (wbd_defer_run(serve, ctx) != 0) {
+    ctx->handed = H_REFUSED;
+    MHD_resume_connection(ctx->req.conn);
+  }
+  return MHD_YES;
+}
+
 static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, const char *url,
                                       const char *method, const char *version, const char *upload_data,
                                       size_t *upload_data_size, void **con_cls) {
@@ -1066,10 +1096,7 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
     *upload_data_size = 0;
     return MHD_YES;
   }
-  watch_mark(conn, W_SERVING);
-  enum MHD_Result r = ctx->spool_err ? spool_failed(ctx) : dispatch(ctx);
-  if (r == MHD_YES && !ctx->req.replied) r = wbd_reply_error(&ctx->req, 500, "no reply");
-  return r;
+  return hand_over(ctx);
 }
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -1104,7 +1131,8 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
 }
 
 int wbd_server_start(void) {
-  enum { CONN_SLACK = 64 };
+  /* The polling threads: they only read, write and park, never wait. */
+  enum { CONN_SLACK = 64, POLL_THREADS = 4 };
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
@@ -1117,9 +1145,14 @@ int wbd_server_start(void) {
   }
   /* The caps are accept_policy's; libmicrohttpd's own, a little higher, leave
    * room for connections it shut that are not closed yet. */
-  daemon_ = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                                 MHD_USE_ITC | MHD_USE_ERROR_LOG,
+  if (wbd_defer_start() != 0) {
+    fprintf(stderr, "warmboxd: cannot start the server's workers: %s\n", strerror(errno));
+    return -1;
+  }
+  daemon_ = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                                 MHD_USE_ERROR_LOG,
                              0, accept_policy, NULL, access_handler, NULL,
+                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)POLL_THREADS,
                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                              MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
                              MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
@@ -1133,6 +1166,7 @@ int wbd_server_start(void) {
                              MHD_OPTION_END);
   if (!daemon_) {
     fprintf(stderr, "warmboxd: cannot listen on %s:%d: %s\n", wbd_opt.host, wbd_opt.port, strerror(errno));
+    wbd_defer_stop();
     return -1;
   }
   if (pthread_create(&reaper, NULL, reaper_main, NULL) == 0) reaper_started = 1;
@@ -1156,6 +1190,7 @@ void wbd_server_quiesce(void) {
 
 void wbd_server_stop(void) {
   reaper_end();
+  wbd_defer_stop();   /* libmicrohttpd stops only with no connection suspended */
   if (daemon_) MHD_stop_daemon(daemon_);
   daemon_ = NULL;
 }

@@ -6,8 +6,9 @@
  *   runtime.c / dataplane.c / envd.c / interp.c   sandbox directories, bubblewrap
  *                                             jails, kernels, envd and code interpreter
  *
- * Threading: the server runs libmicrohttpd with one thread per connection, so a
- * handler may block (a streamed /execute does). A lifecycle thread expires
+ * Threading: libmicrohttpd's few polling threads serve every connection; a
+ * request's handler runs on a worker thread of its own, so it may block, and
+ * a streamed answer's reader never does (it parks: wbd_park). A lifecycle thread expires
  * leases. Sandbox records live in the store behind one mutex (wbd_store_lock);
  * never hold it while waiting on a process or on the network.
  */
@@ -50,12 +51,23 @@ enum MHD_Result wbd_reply_error(struct wbd_req *req, unsigned status, const char
     __attribute__((format(printf, 3, 4)));
 enum MHD_Result wbd_reply_raw(struct wbd_req *req, unsigned status, const char *content_type /* may be NULL */,
                               const void *data, size_t len, const char *const *headers);
-/* Streamed body. `reader` follows MHD_ContentReaderCallback (may block: one
- * thread per connection); `done` is called once when the response is finished
- * or the client went away (use it to interrupt a kernel). */
+/* Streamed body. `reader` follows MHD_ContentReaderCallback and runs on one
+ * of the server's few polling threads, so it never blocks: with nothing to
+ * send yet it parks the connection (wbd_park) and returns 0. `done` is called
+ * once when the response is finished or the client went away (use it to
+ * interrupt a kernel). Handlers themselves run on a worker thread of their
+ * own and may block. */
 enum MHD_Result wbd_reply_stream(struct wbd_req *req, unsigned status, const char *content_type,
                                  MHD_ContentReaderCallback reader, void *cls,
                                  MHD_ContentReaderFreeCallback done, const char *const *headers);
+/* From a stream's reader only: suspends the connection until `data_fd` is
+ * readable, `conn_fd` (the client's socket, or -1) hangs up, or timeout_ms
+ * passes, whichever is first; then the reader is called again (and looks
+ * again: nothing is read from either descriptor). 0: parked, the reader
+ * returns 0; -1: the server is stopping, the reader ends its stream
+ * (MHD_CONTENT_READER_END_WITH_ERROR). Both descriptors must stay open
+ * until the response's `done`. */
+int wbd_park(struct MHD_Connection *conn, int data_fd, int conn_fd, int timeout_ms);
 
 /* ------------------------------------------------------------------ */
 /* Sandbox records (store.c)                                           */
@@ -147,6 +159,8 @@ struct wbd_options {
   const char *data_dir;     /* where sandbox directories live */
   int unisolated;           /* --unisolated: run without bubblewrap (warned) */
   int verbose;
+  int max_list_entries;     /* envd ListDir answers at most this many (default 50000) */
+  int max_contexts;         /* code contexts per sandbox, the two defaults included (default 128) */
 };
 extern struct wbd_options wbd_opt;
 

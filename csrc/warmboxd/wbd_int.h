@@ -154,6 +154,12 @@ int wbd_server_start(void);        /* binds, fills the port */
 int wbd_server_port(void);
 void wbd_server_quiesce(void);
 void wbd_server_stop(void);
+
+/* defer.c: handlers on workers, streams parked, off the polling threads.
+ * wbd_defer_run runs fn(arg) on a worker (-1: stopping, or no thread). */
+int wbd_defer_start(void);
+void wbd_defer_stop(void);   /* waits for the handlers in flight, resumes every parked stream */
+int wbd_defer_run(void (*fn)(void *), void *arg);
 void wbd_stats_free(void);
 
 #endif

@@ -4,7 +4,7 @@ unfinished request head, then asks GET /health from another loopback address
 (127.0.0.2) and prints one JSON line:
   {"opened": n, "held": n, "health_status": 200, "health_ms": 12.3, "closed_after_s": s}
 Bounded: every socket has a timeout, everything closes before it exits.
-  slow_conns.py PORT N [WAIT_CLOSE_S [TRICKLE_S [KIND [HEALTH_FROM]]]]
+  slow_conns.py PORT N [WAIT_CLOSE_S [TRICKLE_S [KIND [HEALTH_FROM [SERVER_PID]]]]]
 WAIT_CLOSE_S > 0: afterwards, wait up to that long for the server to close
 every slow connection (the connection timeout) and report when it did;
 TRICKLE_S > 0: meanwhile send each one more byte of header every TRICKLE_S
@@ -13,7 +13,9 @@ KIND "body" (default "head"): each sends a whole request head (a POST with
 Content-Length: 60000, under the 64 KiB a caller without a key may send) and
 then its body only as TRICKLE_S says;
 HEALTH_FROM (default 127.0.0.2): the address /health is asked from
-(127.0.0.1: the same one as the slow connections)."""
+(127.0.0.1: the same one as the slow connections);
+SERVER_PID: also report the server's threads and RSS (/proc/PID/status)
+while the connections are held: "server_threads", "server_rss_kb"."""
 import json
 import resource
 import socket
@@ -25,6 +27,7 @@ wait_close = float(sys.argv[3]) if len(sys.argv) > 3 else 0
 trickle = float(sys.argv[4]) if len(sys.argv) > 4 else 0
 kind = sys.argv[5] if len(sys.argv) > 5 else "head"
 health_from = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.2"
+server_pid = sys.argv[7] if len(sys.argv) > 7 else None
 START = (b"POST /sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
          b"Content-Length: 60000\r\n\r\n{") if kind == "body" else \
     b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -66,6 +69,16 @@ while time.monotonic() < deadline and same < 4:   # unchanged for 2 s
     same = same + 1 if now_held == held else 0
     held = now_held
 
+server = {}
+if server_pid:
+    with open("/proc/%s/status" % server_pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k == "Threads":
+                server["server_threads"] = int(v)
+            elif k == "VmRSS":
+                server["server_rss_kb"] = int(v.split()[0])
+
 t0 = time.monotonic()
 status = 0
 h = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -103,5 +116,7 @@ if wait_close > 0:
 
 for s in socks:
     s.close()
-print(json.dumps({"opened": opened, "held": held, "health_status": status,
-                  "health_ms": round(health_ms, 1), "closed_after_s": closed_after}))
+out = {"opened": opened, "held": held, "health_status": status,
+       "health_ms": round(health_ms, 1), "closed_after_s": closed_after}
+out.update(server)
+print(json.dumps(out))

@@ -353,35 +353,66 @@ describe("warmboxd process", function()
     assert.are.equal(2, code, out)
   end)
 
+  -- A warmboxd of its own in the background (args: extra flags): its client
+  -- table, its pid, and a reader of the files its shell leaves (out, err, rc).
+  local function launch(args)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. wbd.sh_quote(dir)))
+    local cmd = string.format("(%s %s --port 0 --data-dir %s %s >%s 2>%s & echo $! >%s; wait $!; echo $? >%s) &",
+      os.getenv("WARMBOXD_WRAPPER") or "", wbd.sh_quote(wbd.bin()), wbd.sh_quote(dir .. "/data"), args or "",
+      wbd.sh_quote(dir .. "/out"), wbd.sh_quote(dir .. "/err"), wbd.sh_quote(dir .. "/pid"),
+      wbd.sh_quote(dir .. "/rc"))
+    assert(os.execute(cmd))
+    local function read(name)
+      local f = io.open(dir .. "/" .. name)
+      if not f then return nil end
+      local s = f:read("a")
+      f:close()
+      return s
+    end
+    local first = eventually(function()
+      local out = read("out")
+      return out and out:match("^[^\n]*\n")
+    end, 60)
+    assert.matches("^warmboxd listening on http://127%.0%.0%.1:%d+\n$", first)
+    local srv = { url = first:match("(http://[%d%.:]+)"), api_key = wbd.new_key() }
+    local function done() os.execute("rm -rf " .. wbd.sh_quote(dir)) end
+    return srv, assert(tonumber(read("pid"))), read, done
+  end
+
   it("prints its address first and exits 0 on SIGTERM and SIGINT", function()
     for _, sig in ipairs({ "TERM", "INT" }) do
-      local dir = os.tmpname()
-      os.remove(dir)
-      assert(os.execute("mkdir -p " .. wbd.sh_quote(dir)))
-      local cmd = string.format("(%s %s --port 0 --data-dir %s >%s 2>%s & echo $! >%s; wait $!; echo $? >%s) &",
-        os.getenv("WARMBOXD_WRAPPER") or "", wbd.sh_quote(wbd.bin()), wbd.sh_quote(dir .. "/data"),
-        wbd.sh_quote(dir .. "/out"), wbd.sh_quote(dir .. "/err"), wbd.sh_quote(dir .. "/pid"),
-        wbd.sh_quote(dir .. "/rc"))
-      assert(os.execute(cmd))
-      local function read(name)
-        local f = io.open(dir .. "/" .. name)
-        if not f then return nil end
-        local s = f:read("a")
-        f:close()
-        return s
-      end
-      local first = eventually(function()
-        local out = read("out")
-        return out and out:match("^[^\n]*\n")
-      end, 60)
-      assert.matches("^warmboxd listening on http://127%.0%.0%.1:%d+\n$", first)
-      local srv = { url = first:match("(http://[%d%.:]+)"), api_key = wbd.new_key() }
+      local srv, pid, read, done = launch()
       create(srv, { templateID = "base", timeout = 600 })
-      local pid = assert(tonumber(read("pid")))
       os.execute("kill -" .. sig .. " " .. pid)
       local rc = eventually(function() return read("rc") end, 60)
       assert.are.equal("0", rc and rc:match("%d+"), read("err"))
-      os.execute("rm -rf " .. wbd.sh_quote(dir))
+      done()
     end
+  end)
+
+  it("exits 0 on SIGTERM with a stream parked and a handler in flight", function()
+    -- the stream waits parked (its reader has nothing to send), the create
+    -- blocks a worker: stopping resumes the one and waits for the other
+    local srv, pid, read, done = launch("--create-ms 4000")
+    local sb = http.create_interp(srv)
+    local create_bg = string.format("curl -s -m 60 -H 'X-API-Key: %s' -H 'Content-Type: application/json' "
+      .. "-d '{\"templateID\": \"base\"}' %s/sandboxes >/dev/null 2>&1 &", srv.api_key, srv.url)
+    assert(os.execute(create_bg))
+    local cell_out = os.tmpname()
+    local cell = string.format("curl -sN -m 60 -H 'E2b-Sandbox-Id: %s' -H 'E2b-Sandbox-Port: 49999' "
+      .. "-H 'X-Access-Token: %s' -H 'Content-Type: application/json' -d '{\"code\": \"import time; "
+      .. "print(1, flush=True); time.sleep(600)\"}' %s/execute >%s 2>&1 &", sb.sandboxID, sb.envdAccessToken,
+      srv.url, wbd.sh_quote(cell_out))
+    assert(os.execute(cell))
+    -- the cell printed: its stream now waits parked, and the create (4 s) is under way
+    eventually(function() return (wbd.read_all(cell_out) or ""):find('"stdout"', 1, true) end, 30)
+    os.remove(cell_out)
+    os.execute("kill -TERM " .. pid)
+    local rc = eventually(function() return read("rc") end, 60)
+    assert.are.equal("0", rc and rc:match("%d+"), read("err"))
+    assert.is_nil(read("err"):find("suspended", 1, true), read("err"))
+    done()
   end)
 end)

@@ -7,11 +7,12 @@ local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cjson = http.cjson
 
--- kind "body": whole heads, slow bodies; health_from: the address /health is asked from.
-local function slow_conns(port, n, wait_close, trickle, kind, health_from)
-  local cmd = string.format("timeout 60 python3 %s %d %d %s %s %s %s",
+-- kind "body": whole heads, slow bodies; health_from: the address /health is asked from;
+-- pid: also report that server's threads and RSS while the connections are held.
+local function slow_conns(port, n, wait_close, trickle, kind, health_from, pid)
+  local cmd = string.format("timeout 60 python3 %s %d %d %s %s %s %s %s",
     wbd.sh_quote(wbd.root() .. "/spec/helpers/slow_conns.py"), port, n, tostring(wait_close or 0),
-    tostring(trickle or 0), kind or "head", health_from or "127.0.0.2")
+    tostring(trickle or 0), kind or "head", health_from or "127.0.0.2", pid and tostring(pid) or "")
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   p:close()
@@ -308,6 +309,24 @@ describe("warmboxd limits", function()
       end)
       s:stop()
       assert(ok, err)
+    end)
+
+    it("hold 1,000 idle connections on a few threads, and /health from the same address answers", function()
+      -- half wait for their request head, half for their body: neither costs a thread
+      local s = wbd.start{ args = { "--max-conns-per-ip", "1100", "--max-conns", "1100" } }
+      local ok, r = pcall(function()
+        local heads = slow_conns(s.port, 500, 0, 0, "head", "127.0.0.1", s.pid)
+        local bodies = slow_conns(s.port, 1000, 0, 0, "body", "127.0.0.1", s.pid)
+        return { heads, bodies }
+      end)
+      s:stop()
+      assert(ok, r)
+      for _, x in ipairs(r) do
+        assert.are.equal(x.opened, x.held, cjson.encode(x))
+        assert.are.equal(200, x.health_status, cjson.encode(x))
+        -- one thread per connection made that at least 500 and 1,000
+        assert.is_true(x.server_threads < 64, cjson.encode(x))
+      end
     end)
 
     it("caps connections from one address (--max-conns-per-ip) and in all (--max-conns)", function()

@@ -189,6 +189,25 @@ describe("warmboxd envd processes", function()
   end)
 
   describe("Connect", function()
+    it("holds 100 streams waiting for output on a few threads, and ends each with the process", function()
+      local pid = started(background("Start", { process = { cmd = "/bin/sleep", args = { "60" } } }))
+      local conns = {}
+      for i = 1, 100 do conns[i] = background("Connect", { process = { pid = pid } }) end
+      for i = 1, 100 do assert.are.equal(pid, started(conns[i])) end
+      -- every stream is attached and waits: a thread each would be 100 and more
+      local threads = tonumber(read_file("/proc/" .. srv.pid .. "/status"):match("Threads:%s*(%d+)"))
+      assert.is_true(threads < 64, threads .. " threads")
+      rpc("SendSignal", { process = { pid = pid }, signal = "SIGNAL_SIGKILL" })
+      for i = 1, 100 do
+        local c = wait_for(function()
+          local d = conns[i]()
+          return d.trailer and d
+        end)
+        assert.is_table(c, "Connect stream " .. i .. " did not end")
+        assert.is_table(c.end_)
+      end
+    end)
+
     it("reattaches by pid: the start event, then the further output and the end", function()
       local poll = background("Start", { process = { cmd = "/bin/bash",
         args = { "-c", "mkfifo -m 600 /home/user/go.fifo; echo first; read -t 20 x < /home/user/go.fifo;"

@@ -131,6 +131,20 @@ describe("warmboxd bounds what one request can make it hold", function()
     assert.is_true(#res.json.entries > 3)
   end)
 
+  it("refuses a ListDir over the cap without holding its entries first", function()
+    -- the peak from here on (clear_refs 5 resets VmHWM to the present RSS)
+    local f = io.open("/proc/" .. t.srv.pid .. "/clear_refs", "w")
+    if not f or not peak_rss_kb(t.srv.pid) then pending("no /proc/<pid>/clear_refs or VmHWM") return end
+    f:write("5")
+    f:close()
+    local before = peak_rss_kb(t.srv.pid)
+    local res = rpc(t.srv, t.sb, "filesystem.Filesystem/ListDir", { path = "/usr", depth = 100 })
+    assert.are.equal(429, res.status, res.body)
+    local grew = peak_rss_kb(t.srv.pid) - before
+    -- 50,000 entries built and then dropped raise the peak by about 90 MB
+    assert.is_true(grew < 24 * 1024, "peak RSS grew by " .. grew .. " kB")
+  end)
+
   it("caps contexts per sandbox at 128 (the two default ones included), 429 beyond", function()
     local made, res = {}, nil
     for _ = 1, 130 do
@@ -160,6 +174,30 @@ describe("warmboxd bounds what one request can make it hold", function()
     end)
     s:stop()
     assert(ok, err)
+  end)
+end)
+
+describe("warmboxd's --max-list-entries and --max-contexts", function()
+  local t = server_with_sandbox({ args = { "--max-list-entries", "5", "--max-contexts", "3" } }, http.create_interp)
+
+  it("set the caps of ListDir and of contexts per sandbox", function()
+    local res = rpc(t.srv, t.sb, "filesystem.Filesystem/ListDir", { path = "/usr", depth = 1 })
+    assert.are.equal(429, res.status, res.body)
+    assert.matches("more than 5 entries", res.json.message)
+    assert.are.equal(200, rpc(t.srv, t.sb, "filesystem.Filesystem/ListDir", { path = "/home" }).status)
+    res = http.sandbox(t.srv, t.sb, 49999, "POST", "/contexts", { json = { language = "python" } })
+    assert.are.equal(200, res.status, res.body)   -- the two default ones and this one
+    res = http.sandbox(t.srv, t.sb, 49999, "POST", "/contexts", { json = { language = "python" } })
+    assert.are.equal(429, res.status, res.body)
+    assert.matches("3 contexts", res.body)
+  end)
+
+  it("are refused at start-up when out of range", function()
+    for _, args in ipairs{ { "--max-list-entries", "0" }, { "--max-contexts", "1" } } do
+      local out = sh(wbd.sh_quote(wbd.bin()) .. " " .. table.concat(args, " ") .. " 2>&1; echo rc=$?")
+      assert.matches("expects an integer", out)
+      assert.matches("rc=2", out)
+    end
   end)
 end)
 
