@@ -140,7 +140,7 @@ describe("warmboxd jail audit", function()
   describe("spawning", function()
     local stalled
     lazy_setup(function()
-      stalled = wbd.start{ wrapper = "env WARMBOXD_TEST_SPAWN_STALL=/wbd-stall WARMBOXD_SPAWN_TIMEOUT_MS=8000 "
+      stalled = wbd.start{ wrapper = "env WARMBOXD_TEST_SPAWN_STALL=/wbd-stall WARMBOXD_SPAWN_TIMEOUT_MS=15000 "
         .. (os.getenv("WARMBOXD_WRAPPER") or "") }
     end)
     lazy_teardown(function() if stalled then stalled:stop() end end)
