@@ -2,6 +2,7 @@
  * main.c: warmboxd's options, start-up and clean exit.
  */
 #include "wbd_int.h"
+#include "state.h"
 
 #include "envd_util.h"
 
@@ -255,6 +256,7 @@ int main(int argc, char **argv) {
   }
 
   char *made_dir = NULL;
+  wbd_opt.keep_state = wbd_opt.data_dir != NULL;
   if (!wbd_opt.data_dir) {
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp) tmp = "/tmp";
@@ -285,6 +287,11 @@ int main(int argc, char **argv) {
 
   if (wbd_rt_init() != 0) {
     fprintf(stderr, "warmboxd: the sandbox runtime could not start\n");
+    free(made_dir);
+    return 1;
+  }
+  if (wbd_persist_load_all() != 0) {
+    wbd_rt_shutdown();
     free(made_dir);
     return 1;
   }
@@ -339,9 +346,11 @@ int main(int argc, char **argv) {
    * connection threads and free the records. */
   wbd_server_quiesce();
   wbd_lifecycle_stop();
+  wbd_persist_shutdown();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();
+  wbd_snapshot_free_all();
   wbd_stats_free();
   if (made_dir) {
     rmdir(made_dir);
