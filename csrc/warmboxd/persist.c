@@ -111,11 +111,36 @@ int wbd_persist_restore(struct wbd_sandbox *sb) {
   return 0;
 }
 
+static void *remove_main(void *arg) {
+  wbd_files_remove(arg);
+  free(arg);
+  return NULL;
+}
+
+/* The copy is renamed out of the way at once (a resume does not wait for
+ * it to be removed) and removed by a thread of its own. */
 void wbd_persist_drop(struct wbd_sandbox *sb) {
   if (!wbd_opt.keep_state) return;
-  char dir[PATH_MAX + 64];
+  char dir[PATH_MAX + 64], trash[PATH_MAX], *gone;
   struct stat st;
-  if (paused_dir(sb->id, dir, sizeof dir) && lstat(dir, &st) == 0) wbd_files_remove(dir);
+  static long seq;
+  if (!paused_dir(sb->id, dir, sizeof dir) || lstat(dir, &st) != 0) return;
+  if (!wbd_state_dir("trash", trash, sizeof trash) ||
+      asprintf(&gone, "%s/%s-%ld", trash, sb->id, __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED)) < 0) {
+    wbd_files_remove(dir);
+    return;
+  }
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  if (rename(dir, gone) != 0) {
+    wbd_files_remove(dir);
+    free(gone);
+  } else if (pthread_create(&t, &a, remove_main, gone) != 0) {
+    remove_main(gone);
+  }
+  pthread_attr_destroy(&a);
 }
 
 /* One paused record back from dir/record.json, or the dir removed. */
@@ -172,6 +197,8 @@ static int lock_data_dir(void) {
 int wbd_persist_load_all(void) {
   if (lock_data_dir() != 0) return -1;
   remove_stale_runtimes();
+  char trash[PATH_MAX];
+  if (wbd_state_dir("trash", trash, sizeof trash)) wbd_files_remove(trash);
   wbd_snapshot_load_all();
   char top[PATH_MAX];
   if (!wbd_opt.keep_state || !wbd_state_dir("paused", top, sizeof top)) return 0;
