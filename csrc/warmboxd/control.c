@@ -39,8 +39,6 @@ static enum MHD_Result reply_429(struct wbd_req *req) {
 static size_t segment(const char *p) { return strcspn(p, "/"); }
 
 const char *wbd_control_route(const char *method, const char *path) {
-  const char *state_route = wbd_state_route(method, path);
-  if (state_route) return state_route;
   int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
   if (strcmp(path, "/health") == 0) return get ? "GET /health" : NULL;
   if (strcmp(path, "/sandboxes") == 0) return post ? "POST /sandboxes" : get ? "GET /sandboxes" : NULL;
@@ -649,7 +647,6 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
   char team[64], id[64];
   enum MHD_Result r = MHD_NO;
   if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
-  if (wbd_state_owns(route)) return wbd_state_handle(req, route, team);
   if (strcmp(route, "POST /sandboxes") == 0) return h_create(req, team, 0);
   if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
   if (strcmp(route, "GET /v2/sandboxes") == 0) return wbd_list_v2(req, team);

@@ -23,9 +23,9 @@
 /* The one place handlers are wired to the server: server.c calls through
  * this table, so it depends on no handler file (they depend on it). */
 static const struct wbd_routes routes = {
-  .control_route = wbd_control_route,
+  .control_route = wbd_state_route,
   .control_key_ok = wbd_control_key_ok,
-  .control = wbd_control_handle,
+  .control = wbd_state_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
   .admin_config = wbd_knob_config,
@@ -295,6 +295,7 @@ int main(int argc, char **argv) {
     free(made_dir);
     return 1;
   }
+  wbd_snapshot_load_all();
   raise_fd_limit();
   static char token_buf[65];
   if (!wbd_lim.admin_token) {
@@ -346,7 +347,7 @@ int main(int argc, char **argv) {
    * connection threads and free the records. */
   wbd_server_quiesce();
   wbd_lifecycle_stop();
-  wbd_persist_shutdown();
+  wbd_state_shutdown();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();

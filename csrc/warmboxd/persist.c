@@ -9,7 +9,6 @@
  * timeout would pause them.
  */
 #include "wbd_int.h"
-#include "control.h"
 #include "state.h"
 
 #include <ctype.h>
@@ -199,7 +198,6 @@ int wbd_persist_load_all(void) {
   remove_stale_runtimes();
   char trash[PATH_MAX];
   if (wbd_state_dir("trash", trash, sizeof trash)) wbd_files_remove(trash);
-  wbd_snapshot_load_all();
   char top[PATH_MAX];
   if (!wbd_opt.keep_state || !wbd_state_dir("paused", top, sizeof top)) return 0;
   DIR *d = opendir(top);
@@ -218,29 +216,45 @@ int wbd_persist_load_all(void) {
   return 0;
 }
 
-void wbd_persist_shutdown(void) {
-  if (wbd_opt.keep_state) {
-    size_t n = 0, cap = 0;
-    struct wbd_sandbox **v = NULL;
-    wbd_store_lock();
-    for (struct wbd_team *t = wbd_store_teams_locked(); t; t = t->next)
-      for (struct wbd_rec *r = t->run_head; r; r = r->rnext) {
-        if (!r->sb.auto_pause) continue;
-        if (n == cap && !(v = realloc(v, (cap = cap ? cap * 2 : 64) * sizeof *v))) abort();
-        wbd_store_ref_locked(&r->sb);
-        v[n++] = &r->sb;
-      }
-    wbd_store_unlock();
-    for (size_t i = 0; i < n; i++) {
-      wbd_ctl_pause(v[i], 0, 0);
-      wbd_sandbox_unref(v[i]);
-    }
-    free(v);
-  } else {
-    char top[PATH_MAX + 16];
-    snprintf(top, sizeof top, "%s/.state", wbd_opt.data_dir);
-    wbd_files_remove(top);
-  }
+void wbd_persist_close(void) {
   if (g_lock_fd >= 0) close(g_lock_fd);
   g_lock_fd = -1;
 }
+
+/* ------------------------------------------------------------------ */
+/* A copy of a running sandbox (snapshots, forks)                      */
+/* ------------------------------------------------------------------ */
+
+#define BUSY_SNAPSHOT 3
+
+int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec) {
+  wbd_store_lock();
+  struct wbd_sandbox *sb = wbd_store_lookup_locked(id);
+  if (!sb || sb->state == WBD_KILLED || strcmp(sb->team, team) != 0) {
+    wbd_store_unlock();
+    return 404;
+  }
+  if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) {
+    wbd_store_unlock();
+    return 409;
+  }
+  wbd_store_ref_locked(sb);
+  wbd_store_wait_idle_locked(sb);
+  int rc = sb->state == WBD_KILLED ? 404 : sb->state == WBD_PAUSED ? paused_status : 0;
+  if (rc == 0) {
+    wbd_store_set_busy_locked(sb, BUSY_SNAPSHOT);
+    *rec = wbd_persist_record_json(sb);
+  }
+  wbd_store_unlock();
+  if (rc == 0 && wbd_files_save(sb, dir, 1) != 0) {
+    rc = 500;
+    json_decref(*rec);
+    *rec = NULL;
+  }
+  wbd_store_lock();
+  if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) wbd_store_set_busy_locked(sb, 0);
+  wbd_store_unlock();
+  wbd_sandbox_unref(sb);
+  return rc;
+}
+

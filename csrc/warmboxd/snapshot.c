@@ -9,7 +9,6 @@
  * --data-dir) a restart. Kernel memory is not in them: see state.h.
  */
 #include "wbd_int.h"
-#include "control.h"
 #include "state.h"
 
 #include <ctype.h>
@@ -21,7 +20,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define BUSY_SNAPSHOT 3
 #define TAG_DEFAULT "default"
 
 struct wbd_snapshot {
@@ -159,37 +157,6 @@ static struct wbd_snapshot *snap_new(const char *team) {
 /* Taking one                                                          */
 /* ------------------------------------------------------------------ */
 
-int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec) {
-  wbd_store_lock();
-  struct wbd_sandbox *sb = wbd_store_lookup_locked(id);
-  if (!sb || sb->state == WBD_KILLED || strcmp(sb->team, team) != 0) {
-    wbd_store_unlock();
-    return 404;
-  }
-  if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) {
-    wbd_store_unlock();
-    return 409;
-  }
-  wbd_store_ref_locked(sb);
-  wbd_store_wait_idle_locked(sb);
-  int rc = sb->state == WBD_KILLED ? 404 : sb->state == WBD_PAUSED ? paused_status : 0;
-  if (rc == 0) {
-    wbd_store_set_busy_locked(sb, BUSY_SNAPSHOT);
-    *rec = wbd_persist_record_json(sb);
-  }
-  wbd_store_unlock();
-  if (rc == 0 && wbd_files_save(sb, dir, 1) != 0) {
-    rc = 500;
-    json_decref(*rec);
-    *rec = NULL;
-  }
-  wbd_store_lock();
-  if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) wbd_store_set_busy_locked(sb, 0);
-  wbd_store_unlock();
-  wbd_sandbox_unref(sb);
-  return rc;
-}
-
 int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out) {
   struct wbd_snapshot *s = snap_new(team);
   json_t *rec = NULL;
@@ -275,85 +242,41 @@ void wbd_snapshot_free_all(void) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Handlers                                                            */
+/* Listing and deleting (snapshot_api.c answers the requests)          */
 /* ------------------------------------------------------------------ */
 
-static int name_ok(const char *n) {
-  if (!*n || strlen(n) > 128 + 1 + 64) return 0;
-  for (const char *p = n; *p; p++)
-    if (!isalnum((unsigned char)*p) && !strchr("-_.:", *p)) return 0;
-  char base[160], tag[80];
-  return split_ref(n, base, sizeof base, tag, sizeof tag) == 0 && strlen(base) <= 128 && strlen(tag) <= 64;
-}
-
-static enum MHD_Result h_take(struct wbd_req *req, const char *team) {
-  char id[64];
-  if (wbd_ctl_path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
-  enum MHD_Result r = MHD_NO;
-  json_t *o = wbd_ctl_body_object(req, 0, &r);
-  if (!o) return r;
-  int bad = 0;
-  json_t *name = wbd_ctl_field(req, o, "name", J_STRING, &bad, &r);
-  if (bad) {
-    json_decref(o);
-    return r;
-  }
-  if (name && !name_ok(json_string_value(name))) {
-    json_decref(o);
-    return wbd_reply_error(req, 400, "Invalid snapshot name: letters, digits, '-', '_' and '.', with an optional ':tag'");
-  }
-  struct wbd_snapshot *s = NULL;
-  int rc = wbd_snapshot_take(team, id, name ? json_string_value(name) : NULL, &s);
-  json_decref(o);
-  if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
-  if (rc == 409) return wbd_reply_error(req, 409, "Sandbox \"%s\" is being snapshotted", id);
-  if (rc != 0) return wbd_reply_error(req, 500, "Error creating the snapshot");
+json_t *wbd_snapshot_info(struct wbd_snapshot *s) {
   pthread_mutex_lock(&g_mu);
-  json_t *out = info_json(s);
+  json_t *o = info_json(s);
   pthread_mutex_unlock(&g_mu);
-  wbd_snapshot_put(s);
-  return wbd_reply_json(req, 201, out, NULL);
+  return o;
 }
 
-/* The page after `tok` ("<createdAt us>.<templateID>", newest first). */
-static enum MHD_Result h_list(struct wbd_req *req, const char *team) {
-  const char *sid = wbd_req_query(req, "sandboxID"), *name = wbd_req_query(req, "name");
-  const char *lim = wbd_req_query(req, "limit"), *tok = wbd_req_query(req, "nextToken");
-  char *end = NULL;
-  long limit = lim ? strtol(lim, &end, 10) : 100;
-  if (lim && (!*lim || *end || limit < 1 || limit > 100))
-    return wbd_reply_error(req, 400, "validation error: parameter \"limit\" must be between 1 and 100");
-  long long after_us = 0;
-  char after_id[32] = "";
-  if (tok && *tok && (sscanf(tok, "%lld.%31[a-z0-9]", &after_us, after_id) != 2 || strlen(after_id) != 21))
-    return wbd_reply_error(req, 400, "Invalid next token");
+json_t *wbd_snapshot_page(const char *team, const char *sid, const char *name, long long after_us,
+                          const char *after_id, long limit, char *next, size_t nlen) {
   char base[160], tag[80];
-  int by_name = name && *name;
-  if (by_name && split_ref(name, base, sizeof base, tag, sizeof tag) != 0)
-    return wbd_reply_json(req, 200, json_array(), NULL);
   json_t *arr = json_array();
+  next[0] = 0;
+  if (name && split_ref(name, base, sizeof base, tag, sizeof tag) != 0) return arr;
   char last[80] = "";
-  int more = 0;
   pthread_mutex_lock(&g_mu);
-  for (struct wbd_snapshot *s = g_list; s && !more; s = s->next) {
-    if (strcmp(s->team, team) != 0 || (sid && *sid && strcmp(s->sandbox_id, sid) != 0)) continue;
-    if (by_name && !snap_matches(s, base, tag)) continue;
-    if (after_id[0] && (s->created_us > after_us || (s->created_us == after_us && strcmp(s->tid, after_id) >= 0)))
+  for (struct wbd_snapshot *s = g_list; s; s = s->next) {
+    if (strcmp(s->team, team) != 0 || (sid && strcmp(s->sandbox_id, sid) != 0)) continue;
+    if (name && !snap_matches(s, base, tag)) continue;
+    if (after_id && (s->created_us > after_us || (s->created_us == after_us && strcmp(s->tid, after_id) >= 0)))
       continue;
     if ((long)json_array_size(arr) == limit) {
-      more = 1;
+      snprintf(next, nlen, "%s", last);  /* one more exists */
       break;
     }
     json_array_append_new(arr, info_json(s));
     snprintf(last, sizeof last, "%lld.%s", (long long)s->created_us, s->tid);
   }
   pthread_mutex_unlock(&g_mu);
-  const char *const hdr[] = { "X-Next-Token", last, NULL };
-  return wbd_reply_json(req, 200, arr, more ? hdr : NULL);
+  return arr;
 }
 
-static enum MHD_Result h_delete(struct wbd_req *req, const char *team) {
-  const char *ref = req->path + strlen("/templates/");
+int wbd_snapshot_delete(const char *team, const char *ref) {
   pthread_mutex_lock(&g_mu);
   struct wbd_snapshot *s = find_locked(team, ref), **pp = &g_list;
   if (s) {
@@ -362,42 +285,15 @@ static enum MHD_Result h_delete(struct wbd_req *req, const char *team) {
     s->deleted = 1;
   }
   pthread_mutex_unlock(&g_mu);
-  if (!s) return wbd_reply_error(req, 404, "Template '%s' not found", ref);
+  if (!s) return -1;
   wbd_snapshot_put(s);  /* the list's reference: the files go with the last one */
-  return wbd_reply_json(req, 204, NULL, NULL);
+  return 0;
 }
 
-/* ------------------------------------------------------------------ */
-/* Routes                                                              */
-/* ------------------------------------------------------------------ */
-
-#define R_TAKE "POST /sandboxes/{id}/snapshots"
-#define R_FORK "POST /sandboxes/{id}/fork"
-#define R_LIST "GET /snapshots"
-#define R_DELETE "DELETE /templates/{id}"
-
-const char *wbd_state_route(const char *method, const char *path) {
-  if (strcmp(path, "/snapshots") == 0) return strcmp(method, "GET") == 0 ? R_LIST : NULL;
-  if (strncmp(path, "/templates/", 11) == 0 && path[11])
-    return strcmp(method, "DELETE") == 0 && !strchr(path + 11, '/') ? R_DELETE : NULL;
-  if (strncmp(path, "/sandboxes/", 11) != 0 || strcmp(method, "POST") != 0) return NULL;
-  const char *rest = strchr(path + 11, '/');
-  if (!rest || rest == path + 11) return NULL;
-  if (strcmp(rest, "/snapshots") == 0) return R_TAKE;
-  if (strcmp(rest, "/fork") == 0) return R_FORK;
-  return NULL;
-}
-
-int wbd_state_owns(const char *route) {
-  return strcmp(route, R_TAKE) == 0 || strcmp(route, R_FORK) == 0 || strcmp(route, R_LIST) == 0 ||
-         strcmp(route, R_DELETE) == 0;
-}
-
-enum MHD_Result wbd_state_handle(struct wbd_req *req, const char *route, const char *team) {
-  if (strcmp(route, R_LIST) == 0) return h_list(req, team);
-  if (strcmp(route, R_DELETE) == 0) return h_delete(req, team);
-  if (strcmp(route, R_TAKE) == 0) return h_take(req, team);
-  char id[64];
-  if (wbd_ctl_path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
-  return wbd_fork_handle(req, team, id);
+int wbd_snapshot_name_ok(const char *n) {
+  if (!*n || strlen(n) > 128 + 1 + 64) return 0;
+  for (const char *p = n; *p; p++)
+    if (!isalnum((unsigned char)*p) && !strchr("-_.:", *p)) return 0;
+  char base[160], tag[80];
+  return split_ref(n, base, sizeof base, tag, sizeof tag) == 0 && strlen(base) <= 128 && strlen(tag) <= 64;
 }
