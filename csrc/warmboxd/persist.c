@@ -89,6 +89,8 @@ int wbd_persist_save(struct wbd_sandbox *sb) {
   wbd_store_lock();
   json_t *rec = wbd_persist_record_json(sb);
   wbd_store_unlock();
+  /* a paused sandbox's endAt is when it was paused (E2B's listing) */
+  json_object_set_new(rec, "endAt", json_integer((json_int_t)wbd_now_us()));
   if (wbd_files_save(sb, dir, 0) != 0) {
     json_decref(rec);
     wbd_files_remove(dir);

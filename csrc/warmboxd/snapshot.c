@@ -292,6 +292,8 @@ int wbd_snapshot_delete(const char *team, const char *ref) {
 
 int wbd_snapshot_name_ok(const char *n) {
   if (!*n || strlen(n) > 128 + 1 + 64) return 0;
+  const char *colon = strchr(n, ':');
+  if (colon && strchr(colon + 1, ':')) return 0;
   for (const char *p = n; *p; p++)
     if (!isalnum((unsigned char)*p) && !strchr("-_.:", *p)) return 0;
   char base[160], tag[80];

@@ -80,6 +80,8 @@ describe("warmboxd restart", function()
     assert.are.equal(200, i.status, i.body)
     assert.are.equal("paused", i.json.state)
     assert.are.same({ conv = "c1" }, i.json.metadata)
+    -- a paused sandbox's endAt is when it was paused, not its lease's end
+    assert.is_true(wbd.utc(i.json.endAt) < wbd.utc(i.json.startedAt) + 300, i.body)
     assert.are.equal("paused", info(running).json.state)
     assert.are.equal(404, info(plain).status)
 

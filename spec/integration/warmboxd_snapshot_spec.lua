@@ -110,7 +110,10 @@ describe("warmboxd snapshots", function()
     assert.are.equal(404, snapshot(sb).status)
     assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. child.sandboxID .. "/pause").status)
     assert.are.equal(404, snapshot(child).status)
-    assert.are.equal(400, snapshot(create{}, "bad/name").status)
+    local any = create{}
+    assert.are.equal(400, snapshot(any, "bad/name").status)
+    assert.are.equal(400, snapshot(any, "a:b:c").status)
+    assert.are.equal(400, snapshot(any, "tag:").status)
 
     local key = srv.api_key
     srv.api_key = wbd.new_key()
