@@ -106,6 +106,32 @@ describe("warmboxd restart", function()
     assert.are.equal("kept\nmore\n", (run(connect(paused), "cat /home/user/f.txt")))
   end)
 
+  it("keeps a warmbox conversation's sandbox and files across a SIGTERM restart; its kernel boots afresh", function()
+    local lockdir = os.tmpname()
+    os.remove(lockdir)
+    local function open_wb()
+      return assert(require("warmbox").new{ api_url = srv.url, sandbox_url = srv.url, api_key = api_key,
+        exec_timeout = 60, lock = { backend = "file", dir = lockdir } })
+    end
+    local wb = open_wb()
+    local r1 = assert(wb:session("restart:1"):run("x = 41\nopen('/home/user/conv.txt', 'w').write('turn 1')"))
+    wb:close()
+    -- the same address again, so the conversation's client finds it
+    assert.is_true(srv:kill("TERM"))
+    local old = srv
+    srv = wbd.start{ dir = old.dir, api_key = api_key, args = { "--port", tostring(old.port) } }
+    assert.are.equal(old.port, srv.port)
+    wb = open_wb()
+    local s = wb:session("restart:1")
+    local r2 = assert(s:run("print(open('/home/user/conv.txt').read())"))
+    assert.are.equal(r1.sandbox_id, r2.sandbox_id)
+    assert.are.equal("turn 1\n", r2.stdout)
+    local r3 = assert(s:run("print('x' in globals())"))
+    assert.are.equal("False\n", r3.stdout)
+    wb:close()
+    os.execute("rm -rf " .. wbd.sh_quote(lockdir))
+  end)
+
   it("after SIGKILL, ends the dead server's frozen jail processes and keeps its paused sandboxes", function()
     local sb = create(false)
     run(sb, "echo before-kill > /home/user/k.txt")
