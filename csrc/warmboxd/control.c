@@ -281,7 +281,9 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
   int rc = wbd_rt_on_pause(sb, memory);
-  if (rc == 0) rc = wbd_persist_save(sb);
+  /* A copy that cannot be written (disk full) leaves the sandbox paused here;
+   * only a restart would lose it. */
+  if (rc == 0 && wbd_persist_save(sb) != 0) wbd_stat_add("persist_failed", 1);
   wbd_store_lock();
   if (rc == 0) {
     sb->paused_with_memory = memory;

@@ -96,7 +96,13 @@ int wbd_persist_save(struct wbd_sandbox *sb) {
     wbd_files_remove(dir);
     return -1;
   }
-  return wbd_state_write_json(dir, "record.json", rec);
+  if (wbd_state_write_json(dir, "record.json", rec) != 0) {
+    fprintf(stderr, "warmboxd: cannot keep the paused sandbox %s in %s: it would not survive a restart\n",
+            sb->id, dir);
+    wbd_files_remove(dir);
+    return -1;
+  }
+  return 0;
 }
 
 int wbd_persist_restore(struct wbd_sandbox *sb) {
