@@ -753,7 +753,11 @@ function Session:_never_arrived(sbx, id, cell_id, code, detail)
   if code == "TRANSPORT" then return type(detail) == "table" and detail.sent == false and "again" end
   if not unanswered(code, detail) then return false end
   if cell_id then
-    local claimed = sbx:make_dir(outputs.CELLS_DIR .. "/" .. cell_id)
+    local path = outputs.CELLS_DIR .. "/" .. cell_id
+    local claimed = sbx:make_dir(path)
+    -- Unreachable over envd too: a sandbox paused without its memory does not
+    -- resume on a data-plane call (warmboxd after a restart); resumed, it is asked.
+    if claimed == nil and self:_resume_if_paused(id) then claimed = sbx:make_dir(path) end
     if claimed then return "again" end
     if claimed == false then
       if type(detail) == "table" then detail.accepted = true end
@@ -761,6 +765,14 @@ function Session:_never_arrived(sbx, id, cell_id, code, detail)
     end
   end
   return not self:_exists(id) and "gone" or false
+end
+
+-- Resumes sandbox `id` when the control plane says it is paused: true when it
+-- runs again (the retry's connect then sets its lease as usual).
+function Session:_resume_if_paused(id)
+  local it = self.client:info(id)
+  if not (it and it.state == "paused") then return false end
+  return self.client:connect(id, { timeout = self.exec_timeout + _M.LEASE_MARGIN }) ~= nil
 end
 
 -- The data-plane handle of the remembered sandbox `id`.
@@ -1112,7 +1124,7 @@ function Session:_run_locked(lk, code, opts, files)
   -- State written for another tag value or another E2B endpoint/account is not ours.
   if (st.tag ~= nil and st.tag ~= self.tag_value) or st.origin ~= self.origin then forget(st) end
   local run_timeout = opts.timeout or self.exec_timeout
-  local attempt = 0
+  local attempt, hooks_resent = 0, false
   while true do
     attempt = attempt + 1
     local info, err, ecode, detail = self:_acquire(st, run_timeout)
@@ -1132,7 +1144,11 @@ function Session:_run_locked(lk, code, opts, files)
       lk:set_state(_M.encode_state(st))
       return r
     end
-    if retryable and attempt == 1 then
+    -- A kernel that lost its hooks refused the cell at its first line: one
+    -- more re-send (after the hooks cell) whatever came before.
+    local hooks_again = retryable and ecode == "HOOKS_LOST" and not hooks_resent
+    if hooks_again then hooks_resent = true end
+    if retryable and (attempt == 1 or hooks_again) then
       -- At most once: the cell provably never reached a kernel (see
       -- _never_arrived): send the run once more, to the same sandbox while it
       -- exists (its kernel and files are the conversation's), else resolve again.
