@@ -292,6 +292,9 @@ int main(int argc, char **argv) {
     wbd_opt.data_dir = made_dir;
   }
 
+  /* The sandboxes' files are made with the modes a kernel expects, whatever
+   * umask the host that started warmboxd runs under (Prosody's is 027). */
+  umask(022);
   if (pipe(sig_pipe) != 0) {
     perror("warmboxd: pipe");
     return 1;

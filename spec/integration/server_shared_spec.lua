@@ -146,6 +146,15 @@ describe("warmbox.new{}: the user's shared local server", function()
     wb:close()
   end)
 
+  it("a server started by a host with a strict umask (Prosody's 027) runs cells", function()
+    server.stop_local()
+    local p = assert(io.popen("umask 027 && " .. lua_cmd('local wb = assert(require("warmbox").new{}) '
+      .. 'local r = assert(wb:session("umask:1"):run("6 * 7")) print(r.text or r.error.name)') .. " 2>&1"))
+    local out = p:read("a")
+    p:close()
+    assert.equal("42\n", out)
+  end)
+
   it("a private server stays available: server = 'private', stopped by close", function()
     local wb = assert(warmbox.new{ server = "private", lock = "memory" })
     assert.matches("^warmbox.Warmbox: a private local warmboxd at ", tostring(wb))

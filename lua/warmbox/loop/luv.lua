@@ -18,72 +18,52 @@
 -- the loop turn once (`uv.run("nowait")`) so that luv frees the handles.
 -- @module warmbox.loop.luv
 
-local math_ceil, type, error, setmetatable, ipairs, rawget = math.ceil, type, error, setmetatable, ipairs, rawget
+local math_ceil, type, error, ipairs = math.ceil, type, error, ipairs
 
 local _M = {}
 
-local Hook = {}
-Hook.__index = Hook
-Hook.__name = "warmbox.loop.luv.Hook"
+local HOST = {}
 
--- One round: the ready tasks and the engine, then the timer re-armed.
-local function pump(self)
-  if self.detached then return end
-  local wb = self.wb
-  if wb.closed then return self:detach() end
-  wb:step(0)
-  if wb.closed then return self:detach() end
-  if wb:pending() > 0 then self.poll:ref() else self.poll:unref() end
-  self.timer:stop()
-  local t = wb:timeout()
-  if t then self.timer:start(math_ceil(t * 1000), 0, self.on_timer) end
+function HOST.arm(hook, seconds)
+  if hook.wb:pending() > 0 then hook.poll:ref() else hook.poll:unref() end
+  hook.timer:stop()
+  if seconds then hook.timer:start(math_ceil(seconds * 1000), 0, hook.on_timer) end
+end
+
+function HOST.kick(hook)
+  hook.poll:ref()
+  hook.timer:stop()
+  hook.timer:start(0, 0, hook.on_timer)
+end
+
+function HOST.close(hook)
+  for _, h in ipairs({ hook.poll, hook.timer, hook.prepare }) do
+    if not h:is_closing() then h:close() end
+  end
 end
 
 --- Attach `wb` to the luv loop.
 -- @tparam warmbox.Warmbox wb
 -- @tparam[opt] table opts `uv` (the luv module, default `require "luv"`)
--- @treturn warmbox.loop.luv.Hook (`detach()`)
+-- @treturn table the hook (`detach()`)
 function _M.attach(wb, opts)
   if type(wb) ~= "table" or type(wb.pollfd) ~= "function" then
     error("bad argument #1 to 'attach' (warmbox.Warmbox expected, got " .. type(wb) .. ")", 2)
   end
   local uv = opts and opts.uv or require "luv"
-  local self = setmetatable({ wb = wb, uv = uv }, Hook)
-  self.poll, self.timer, self.prepare = uv.new_poll(wb:pollfd()), uv.new_timer(), uv.new_prepare()
-  self.on_timer = function() pump(self) end
-  self.poll:start("r", self.on_timer)
-  self.poll:unref()
-  -- before the loop blocks: tasks spawned (or woken) by a callback since the last round
-  self.prepare:start(function()
-    if not self.detached and not wb.closed and wb:timeout() == 0 then pump(self) end
+  local fd = wb:pollfd()
+  local hook = require("warmbox.loop").hook(wb, HOST, "warmbox.loop.luv.Hook")
+  hook.poll, hook.timer, hook.prepare = uv.new_poll(fd), uv.new_timer(), uv.new_prepare()
+  hook.on_timer = function() hook:pump() end
+  hook.poll:start("r", hook.on_timer)
+  hook.poll:unref()
+  -- before the loop blocks: tasks made ready by a callback since the last round
+  hook.prepare:start(function()
+    if not hook.detached and not wb.closed and wb:timeout() == 0 then hook:pump() end
   end)
-  self.prepare:unref()
-  -- a task spawned outside the loop's callbacks (before uv.run()) keeps it alive too
-  local spawn, own = wb.spawn, rawget(wb, "spawn")
-  local function wrapper(w, ...)
-    local t = spawn(w, ...)
-    if not self.detached then
-      self.poll:ref()
-      self.timer:stop()
-      self.timer:start(0, 0, self.on_timer)
-    end
-    return t
-  end
-  wb.spawn = wrapper
-  self.unwrap = function() if rawget(wb, "spawn") == wrapper then wb.spawn = own end end
-  if wb:pending() > 0 then self.timer:start(0, 0, self.on_timer) end
-  return self
-end
-
---- Stop watching (the handles are closed). Idempotent.
-function Hook:detach()
-  if self.detached then return true end
-  self.detached = true
-  self.unwrap()
-  for _, h in ipairs({ self.poll, self.timer, self.prepare }) do
-    if not h:is_closing() then h:close() end
-  end
-  return true
+  hook.prepare:unref()
+  if wb:pending() > 0 then HOST.kick(hook) end
+  return hook
 end
 
 return _M
