@@ -385,17 +385,22 @@ function Warmbox:_lock_factory(exec_timeout)
 end
 
 -- After a fork the child shares the parent's connections and event engine:
--- its requests would mix with the parent's. Refused, with the fix named.
+-- its requests would mix with the parent's. Refused, with the fix named. The
+-- transport's methods (request, batch) check the pid first.
 local function fork_guard(transport)
   local pid = core.getpid()
-  return { request = function(_, req)
-    if core.getpid() ~= pid then
-      error(string_format("warmbox: this warmbox.Warmbox was made in process %d, before a fork; this is process %d: "
-        .. "call warmbox.new{} in the child (it finds the same shared local server and sandboxes)", pid,
-        core.getpid()), 0)
+  return setmetatable({}, { __index = function(_, name)
+    local f = transport[name]
+    if type(f) ~= "function" then return f end
+    return function(_, ...)
+      if core.getpid() ~= pid then
+        error(string_format("warmbox: this warmbox.Warmbox was made in process %d, before a fork; this is process "
+          .. "%d: call warmbox.new{} in the child (it finds the same shared local server and sandboxes)", pid,
+          core.getpid()), 0)
+      end
+      return f(transport, ...)
     end
-    return transport:request(req)
-  end }
+  end })
 end
 
 -- The client's requests go through a transport: blocking outside tasks, on
