@@ -165,6 +165,18 @@ describe("warmbox.new{}: the user's shared local server", function()
     assert.is_false(server.alive(pid))
   end)
 
+  it("tostring names the other backends: E2B, an E2B-compatible server, the caller's client", function()
+    local e2b = assert(warmbox.new{ api_key = "e2b_" .. string.rep("a", 40) })
+    assert.equal("warmbox.Warmbox: E2B (https://api.e2b.app)", tostring(e2b))
+    local other = assert(warmbox.new{ api_key = "e2b_" .. string.rep("a", 40), api_url = "http://10.1.2.3:3000" })
+    assert.equal("warmbox.Warmbox: an E2B-compatible server at http://10.1.2.3:3000", tostring(other))
+    local own = assert(warmbox.new{ client = { list_all = function() return {} end } })
+    assert.equal("warmbox.Warmbox: a client of the caller's", tostring(own))
+    e2b:close()
+    other:close()
+    assert.equal("warmbox.Warmbox (closed)", tostring(e2b))
+  end)
+
   it("refuses a bad server mode, and warmboxd_args without a private server", function()
     assert.has_error(function() warmbox.new{ server = "mine" } end,
       "bad argument #1 to 'new' (option 'server': \"shared\" or \"private\" expected, got \"mine\")")
