@@ -90,7 +90,10 @@ local function main(args)
   local one = [[f=$1; log=]] .. sh_quote(logdir) .. [[/$(echo "$f" | tr / _).log
 start=$(date +%s%N)
 if [ -n "${WARMBOX_TEST_PRELOAD:-}" ]; then pre=(env LD_PRELOAD="$WARMBOX_TEST_PRELOAD"); else pre=(); fi
+# Each file its own XDG_RUNTIME_DIR: its own shared local server and file locks.
+export XDG_RUNTIME_DIR=$(mktemp -d /tmp/warmbox-test-run.XXXXXX)
 "${pre[@]}" busted --lua=lua5.4 -o plainTerminal "$f" > "$log" 2>&1 && rc=0 || rc=$?
+scripts/stop-test-server "$XDG_RUNTIME_DIR"
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
 printf '%s %s %d.%d\n' "$f" "$rc" $((ms / 1000)) $((ms % 1000 / 100))]]
   local cmd = "xargs -d '\\n' -P " .. jobs .. " -n 1 bash -c " .. sh_quote(one) .. " _ < " .. sh_quote(list)

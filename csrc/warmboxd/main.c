@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The one place handlers are wired to the server: server.c calls through
@@ -85,10 +86,29 @@ static void usage(FILE *f) {
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
           "                        server does not outlive its host, even one killed by SIGKILL\n"
+          "  --idle-exit S         shut down (as on SIGTERM) once no sandbox has been running for S\n"
+          "                        seconds; the shared server of warmbox uses it\n"
           "  --verbose             log requests to stderr\n"
           "  --version             print the version\n"
           "  --help                this text\n\n"
           "Prints 'warmboxd listening on http://HOST:PORT' first on stdout.\n");
+}
+
+/* --idle-exit: whether no sandbox has run for `idle_s` seconds (checked at
+ * each turn of the main wait; `*since` is when the last running one was seen). */
+static int idle_expired(int idle_s, struct timespec *since) {
+  if (idle_s <= 0) return 0;
+  long running, paused;
+  wbd_store_lock();
+  wbd_store_counts_locked(&running, &paused);
+  wbd_store_unlock();
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (running > 0 || since->tv_sec == 0) {
+    *since = now;
+    return 0;
+  }
+  return now.tv_sec - since->tv_sec >= idle_s;
 }
 
 static int parse_int(const char *name, const char *s, int lo, int hi, int *out) {
@@ -177,7 +197,7 @@ static int make_admin_token(char out[65]) {
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
-         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX };
+         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -200,12 +220,13 @@ int main(int argc, char **argv) {
     { "exit-with", required_argument, 0, O_EXITWITH },
     { "max-list-entries", required_argument, 0, O_MAXLIST },
     { "max-contexts", required_argument, 0, O_MAXCTX },
+    { "idle-exit", required_argument, 0, O_IDLEEXIT },
     { "verbose", no_argument, 0, O_VERBOSE },
     { "version", no_argument, 0, O_VERSION },
     { "help", no_argument, 0, O_HELP },
     { 0, 0, 0, 0 },
   };
-  int c, rc = 0, exit_with = 0;
+  int c, rc = 0, exit_with = 0, idle_exit = 0;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (c) {
     case O_PORT: rc = parse_int("--port", optarg, 0, 65535, &wbd_opt.port); break;
@@ -237,6 +258,7 @@ int main(int argc, char **argv) {
     case O_MAXLIST: rc = parse_int("--max-list-entries", optarg, 1, 1 << 24, &wbd_opt.max_list_entries); break;
     case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
     case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &exit_with); break;
+    case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &idle_exit); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;
@@ -278,6 +300,9 @@ int main(int argc, char **argv) {
     wbd_opt.data_dir = made_dir;
   }
 
+  /* The sandboxes' files are made with the modes a kernel expects, whatever
+   * umask the host that started warmboxd runs under (Prosody's is 027). */
+  umask(022);
   if (pipe(sig_pipe) != 0) {
     perror("warmboxd: pipe");
     return 1;
@@ -334,6 +359,7 @@ int main(int argc, char **argv) {
   /* A timed poll rather than a blocking read: sanitizers that defer signal
    * handlers to the next intercepted call still see the signal. */
   unsigned char b = 0;
+  struct timespec busy_at = { 0, 0 };
   for (;;) {
     struct pollfd pfd[2] = { { .fd = sig_pipe[0], .events = POLLIN }, { .fd = host_fd, .events = POLLIN } };
     int n = poll(pfd, host_fd >= 0 ? 2 : 1, 250);
@@ -341,10 +367,14 @@ int main(int argc, char **argv) {
     if (n > 0 && (pfd[0].revents & POLLIN) && read(sig_pipe[0], &b, 1) == 1) break;
     if (n > 0 && host_fd >= 0 && pfd[1].revents) break;   /* the host ended */
     if (exit_with > 0 && host_fd < 0 && kill((pid_t)exit_with, 0) != 0 && errno == ESRCH) break;
+    if (idle_expired(idle_exit, &busy_at)) {
+      fprintf(stderr, "warmboxd: no sandbox ran for %d s (--idle-exit), shutting down\n", idle_exit);
+      break;
+    }
   }
   if (wbd_opt.verbose) {
     if (b) fprintf(stderr, "warmboxd: signal %d, shutting down\n", b);
-    else fprintf(stderr, "warmboxd: process %d ended, shutting down\n", exit_with);
+    else if (exit_with > 0) fprintf(stderr, "warmboxd: process %d ended, shutting down\n", exit_with);
   }
   if (host_fd >= 0) close(host_fd);
 

@@ -161,7 +161,8 @@ local function use_local_server(o, err)
 end
 
 local function new_warmbox(o, err)
-  use_local_server(o, err)
+  -- No local server running (and none asked for): this command's own, which ends with it.
+  if not use_local_server(o, err) and o.server == nil then o.server = "private" end
   local warmbox = require "warmbox"
   local ok, wb, msg, code = pcall(warmbox.new, o)
   if not ok then
@@ -692,6 +693,13 @@ end
 -- server, doctor
 -- ------------------------------------------------------------------
 
+-- How the per-user server ends (its state's idle_exit: warmboxd --idle-exit).
+local function server_ending(st)
+  local idle = math.tointeger(st.idle_exit)
+  return string_format("it ends %s`warmbox server stop`; paused sandboxes are kept for its next start (files, not memory)\n",
+    idle and string_format("once no sandbox has run for %d s, or on ", idle) or "on ")
+end
+
 local function cmd_server(o, args, io_)
   local server = require "warmbox.server"
   local sub = args[1]
@@ -703,7 +711,7 @@ local function cmd_server(o, args, io_)
     local st, already, code = server.start_local{ bin = o.warmboxd }
     if not st then return fail(io_.stderr, "cannot start the local server: " .. tostring(already), code) end
     out:write(string_format("%s at %s (pid %d; state in %s)\n", already and "already running" or "started",
-      st.url, st.pid, server.state_path()))
+      st.url, st.pid, server.state_path()), server_ending(st))
     return 0
   elseif sub == "stop" then
     local st = server.stop_local()
@@ -719,7 +727,8 @@ local function cmd_server(o, args, io_)
     out:write("not running (" .. tostring(why) .. ")\n")
     return 3
   end
-  out:write(string_format("running at %s (pid %d; state in %s)\n", st.url, st.pid, server.state_path()))
+  out:write(string_format("running at %s (pid %d; state in %s)\n", st.url, st.pid, server.state_path()),
+    server_ending(st))
   local ok, wb = pcall(require("warmbox").new, { api_url = st.url, api_key = st.api_key, sandbox_url = st.url,
     lock = "memory" })
   if ok and wb then

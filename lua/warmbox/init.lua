@@ -40,7 +40,7 @@ _M.policy = policy_mod
 local OPTS = {
   template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
-  sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
+  sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table", server = "string",
   clock = "function", mono = "function", client = "table", secret = "string", request_timeout = "number",
   retry_after_max = "number",
   max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
@@ -49,6 +49,24 @@ local OPTS = {
 local Warmbox = {}
 Warmbox.__index = Warmbox
 Warmbox.__name = "warmbox.Warmbox"
+
+-- No key, no URL: the user's shared local server (found, else started for
+-- every process of the user; never stopped by wb:close), or with
+-- `server = "private"` one of this object's own (stopped by wb:close).
+local function local_backend(o)
+  local server = require "warmbox.server"
+  local mode = o.server or "shared"
+  if mode == "private" then return server.start{ bin = o.warmboxd, args = o.warmboxd_args } end
+  if mode ~= "shared" then bad_option(1, "new", "server", '"shared" or "private" expected, got "' .. mode .. '"', 4) end
+  if o.warmboxd_args then
+    bad_option(1, "new", "warmboxd_args", 'only with server = "private" (the shared server is started once, '
+      .. "for every process of the user)", 4)
+  end
+  local st, err, code = server.start_local{ bin = o.warmboxd }
+  if not st then return nil, err, code end
+  return { shared = true, url = st.url, pid = st.pid, api_key = st.api_key, admin_token = st.admin_token,
+    dir = st.dir }
+end
 
 -- Without a client: an E2B client for the key (or the API URL) given, else an
 -- embedded warmboxd and a client for it. Sets `client`, `origin` (and `server`).
@@ -71,8 +89,7 @@ local function connect_backend(self, o)
       request_timeout = o.request_timeout, retry_after_max = o.retry_after_max }
     self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
   else
-    local server = require "warmbox.server"
-    local srv, serr, scode = server.start{ bin = o.warmboxd, args = o.warmboxd_args }
+    local srv, serr, scode = local_backend(o)
     if not srv then return nil, serr, scode end
     self.server = srv
     self.client = e2b.new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url,
@@ -377,6 +394,25 @@ function Warmbox:_lock_factory(exec_timeout)
   return self.runner:lock_factory(base)
 end
 
+-- After a fork the child shares the parent's connections and event engine:
+-- its requests would mix with the parent's. Refused, with the fix named. The
+-- transport's methods (request, batch) check the pid first.
+local function fork_guard(transport)
+  local pid = core.getpid()
+  return setmetatable({}, { __index = function(_, name)
+    local f = transport[name]
+    if type(f) ~= "function" then return f end
+    return function(_, ...)
+      if core.getpid() ~= pid then
+        error(string_format("warmbox: this warmbox.Warmbox was made in process %d, before a fork; this is process "
+          .. "%d: call warmbox.new{} in the child (it finds the same shared local server and sandboxes)", pid,
+          core.getpid()), 0)
+      end
+      return f(transport, ...)
+    end
+  end })
+end
+
 -- The client's requests go through a transport: blocking outside tasks, on
 -- the engine of the task's runner inside one. With it, a session extends a
 -- lease alongside the execute (`parallel`): inside a task on wb's runner,
@@ -387,7 +423,7 @@ function Warmbox:_install_transport()
     return
   end
   local runner = require "warmbox.runner"
-  c.transport = runner.transport(c.http)
+  c.transport = fork_guard(runner.transport(c.http))
   self.set_transport = true
   self.parallel = function(main, side)
     local r = runner.running()
@@ -508,14 +544,27 @@ function Warmbox:close(opts)
   if self.owns_client and self.client and type(self.client.close) == "function" then
     pcall(self.client.close, self.client)
   end
-  if self.server then self.server:stop() end
+  if self.server and not self.server.shared then self.server:stop() end
   return true, left
 end
 
 function Warmbox:__gc() pcall(self.close, self) end
 function Warmbox:__close() pcall(self.close, self) end
+-- What the object talks to, in words.
+local function backend_name(self)
+  local srv = self.server
+  if srv then
+    return string_format("%s local warmboxd at %s (pid %s)", srv.shared and "the shared" or "a private",
+      tostring(srv.url), tostring(srv.pid))
+  end
+  local url = type(self.client) == "table" and self.client.api_url
+  if type(url) ~= "string" then return "a client of the caller's" end
+  if url:match("^https?://api%.e2b%.") then return "E2B (" .. url .. ")" end
+  return "an E2B-compatible server at " .. url
+end
+
 function Warmbox:__tostring()
-  return self.closed and "warmbox.Warmbox (closed)" or "warmbox.Warmbox: " .. (self.server and self.server.url or "E2B")
+  return self.closed and "warmbox.Warmbox (closed)" or "warmbox.Warmbox: " .. backend_name(self)
 end
 
 return _M

@@ -301,7 +301,7 @@ function _M.state_dir()
   return (nonempty(os_getenv("HOME")) or "/tmp") .. "/.local/state/warmbox"
 end
 
---- The state file (JSON, mode 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at }`.
+--- The state file (JSON, mode 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at, idle_exit }`.
 function _M.state_path() return _M.state_dir() .. "/server.json" end
 
 -- Whether pid runs warmboxd (a pid reused by another program is not our server).
@@ -344,8 +344,46 @@ function _M.local_server()
   return st
 end
 
---- Start the per-user server in the background (it outlives this process).
--- @tparam[opt] table opts `bin`, `args`, `start_timeout`
+-- The shared server ends once no sandbox has been running for this long
+-- (warmboxd --idle-exit): opts.idle_exit, else $WARMBOX_SERVER_IDLE_EXIT, else
+-- an hour; 0 (or false): never. Paused sandboxes end with it.
+_M.IDLE_EXIT = 3600
+local function idle_exit_args(opts)
+  local v = opts.idle_exit
+  if v == nil then v = tonumber(os_getenv("WARMBOX_SERVER_IDLE_EXIT") or "") or _M.IDLE_EXIT end
+  v = math.tointeger(v) or (v and math.ceil(v))
+  if not v or v <= 0 then return {} end
+  return { "--idle-exit", tostring(v) }
+end
+
+-- start_local's part under the start lock: another starter may have won.
+local function start_locked(opts, sdir)
+  local st = _M.local_server()
+  if st then return st, true end
+  local dir = sdir .. "/warmboxd"
+  os_execute("rm -rf " .. sh_quote(dir))
+  local args = idle_exit_args(opts)
+  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  local srv, err, code = _M.start{ bin = opts.bin, args = args, start_timeout = opts.start_timeout,
+    dir = dir, detach = true }
+  if not srv then return nil, err, code end
+  st = { url = srv.url, pid = srv.pid, api_key = srv.api_key, admin_token = srv.admin_token, dir = dir,
+    bin = srv.bin, log = srv.log_path, started_at = os_time(), idle_exit = tonumber(args[2]) }
+  local ok, werr = write_private(_M.state_path(), require("warmbox.json").encode(st))
+  if not ok then
+    srv:stop()
+    return nil, werr, "TRANSPORT"
+  end
+  srv:detach()
+  return st, false
+end
+
+--- Start the per-user server in the background (it outlives this process), or
+-- find the running one. Race-free: starters take a flock on `<state dir>/start.lock`,
+-- so of many processes starting at once (a host's workers) one starts it and
+-- the others use that one.
+-- @tparam[opt] table opts `bin`, `args`, `start_timeout`, `idle_exit` (seconds with no
+--   running sandbox before it shuts down; default `$WARMBOX_SERVER_IDLE_EXIT`, else 3600; 0: never)
 -- @treturn[1] table its state (as `local_server`), and true when it was already running
 -- @return[2] nil, message, code
 function _M.start_local(opts)
@@ -358,20 +396,18 @@ function _M.start_local(opts)
   end
   local private, perr = private_state_dir(sdir)
   if not private then return nil, perr, "TRANSPORT" end
-  local dir = sdir .. "/warmboxd"
-  os_execute("rm -rf " .. sh_quote(dir))
-  local srv, err, code = _M.start{ bin = opts.bin, args = opts.args, start_timeout = opts.start_timeout,
-    dir = dir, detach = true }
-  if not srv then return nil, err, code end
-  st = { url = srv.url, pid = srv.pid, api_key = srv.api_key, admin_token = srv.admin_token, dir = dir,
-    bin = srv.bin, log = srv.log_path, started_at = os_time() }
-  local ok, werr = write_private(_M.state_path(), require("warmbox.json").encode(st))
-  if not ok then
-    srv:stop()
-    return nil, werr, "TRANSPORT"
+  local fl, ferr = require("warmbox.core").flock_open(sdir .. "/start.lock")
+  if not fl then return nil, "cannot open the start lock: " .. tostring(ferr), "TRANSPORT" end
+  local got, lerr = fl:lock((opts.start_timeout or 15) + 30)
+  if not got then
+    fl:close()
+    return nil, "another process is starting the local server and did not finish: " .. tostring(lerr), "TIMEOUT"
   end
-  srv:detach()
-  return st, false
+  local ok, a, b, c = pcall(start_locked, opts, sdir)
+  fl:unlock()
+  fl:close()
+  if not ok then error(a, 0) end
+  return a, b, c
 end
 
 --- Stop the per-user server and remove its state and data.

@@ -145,9 +145,43 @@ function Task:cancel()
   if self.state == "done" then return false end
   if co_status(self.co) ~= "suspended" then error("a task cannot cancel itself", 2) end
   self.gen = self.gen + 1               -- stale timers and event entries are skipped
-  self.sched:_finish(self, nil, "cancelled", "CANCELLED")
+  -- an on_done callback's error is raised once the coroutine is closed
+  local ok, e = pcall(self.sched._finish, self.sched, self, nil, "cancelled", "CANCELLED")
   co_close(self.co)
+  if not ok then error(e, 0) end
   return true
+end
+
+--- Call `fn(task)` when the task finishes (returned, raised, was cancelled);
+-- at once when it has. Callbacks run in order, where the task finishes (inside
+-- `step`/`loop`, or in `cancel`); an error in one is raised there once every
+-- callback ran. Not inside the task: `fn` must not wait.
+-- @treturn warmbox.Task the task
+function Task:on_done(fn)
+  if type(fn) ~= "function" then
+    error("bad argument #1 to 'on_done' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  if self.state == "done" then
+    fn(self)
+  else
+    local l = self.done_fns or {}
+    l[#l + 1] = fn
+    self.done_fns = l
+  end
+  return self
+end
+
+-- The on_done callbacks of a task that just finished.
+local function call_done(t)
+  local l = t.done_fns
+  if not l then return end
+  t.done_fns = nil
+  local first
+  for _, fn in ipairs(l) do
+    local ok, e = pcall(fn, t)
+    if not ok and first == nil then first = e end
+  end
+  if first ~= nil then error(first, 0) end
 end
 
 function Task:__tostring()
@@ -226,6 +260,7 @@ function Sched:_finish(t, ok, ...)
     t.err, t.code = msg, code or "TASK"
     if self.on_error and code ~= "CANCELLED" then self.on_error(t, msg) end
   end
+  call_done(t)
 end
 
 -- The task the running coroutine is, when it belongs to this scheduler.

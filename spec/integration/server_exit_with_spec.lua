@@ -15,7 +15,7 @@ describe("warmboxd --exit-with", function()
     local script = table.concat({
       'package.path = "lua/?.lua;lua/?/init.lua;" .. package.path',
       'package.cpath = ' .. string.format("%q", build .. "/?.so;" .. build .. "/?/?.so;") .. ' .. package.cpath',
-      'local wb = assert(require("warmbox").new{ warmboxd = ' .. string.format("%q", wbd.bin())
+      'local wb = assert(require("warmbox").new{ server = "private", warmboxd = ' .. string.format("%q", wbd.bin())
         .. ', lock = "memory" })',
       'local r = assert(wb:session("exit-with:1"):run("1 + 1"))',
       'local f = assert(io.open(' .. string.format("%q", out) .. ', "w"))',

@@ -7,7 +7,7 @@ describe("warmbox.new{} with the embedded warmboxd", function()
   local alive = require("warmbox.server").alive
 
   it("starts warmboxd on a loopback port, runs code, and stops it on close", function()
-    local wb = assert(warmbox.new{ warmboxd = wbd.bin(), lock = "memory" })
+    local wb = assert(warmbox.new{ server = "private", warmboxd = wbd.bin(), lock = "memory" })
     assert.matches("^http://127%.0%.0%.1:%d+$", wb.server.url)
     local pid = wb.server.pid
     assert.is_true(alive(pid))
@@ -26,7 +26,7 @@ describe("warmbox.new{} with the embedded warmboxd", function()
   it("stops it when the object goes out of a <close> scope", function()
     local pid
     do
-      local wb <close> = assert(warmbox.new{ warmboxd = wbd.bin(), lock = "memory" })
+      local wb <close> = assert(warmbox.new{ server = "private", warmboxd = wbd.bin(), lock = "memory" })
       pid = wb.server.pid
       assert.is_true(alive(pid))
     end
@@ -36,7 +36,7 @@ describe("warmbox.new{} with the embedded warmboxd", function()
   it("stops it when the object is collected", function()
     local pid
     do
-      local wb = assert(warmbox.new{ warmboxd = wbd.bin(), lock = "memory" })
+      local wb = assert(warmbox.new{ server = "private", warmboxd = wbd.bin(), lock = "memory" })
       pid = wb.server.pid
     end
     collectgarbage()

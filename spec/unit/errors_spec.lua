@@ -31,6 +31,7 @@ local NOT_CODES = {
   FILE_TYPE_DIRECTORY = "envd file type", FILE_TYPE_SYMLINK = "envd file type",
   WARMBOXD_BIN = "environment variable", NO_COLOR = "environment variable", HOME = "environment variable",
   XDG_RUNTIME_DIR = "environment variable", XDG_STATE_HOME = "environment variable",
+  WARMBOX_SERVER_IDLE_EXIT = "environment variable",
   FAIL = "doctor check status",
   FAILED = "smoke step status", ERROR = "simulator report: a run raised", GC = "simulator report: a GC pass raised",
 }

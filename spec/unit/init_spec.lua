@@ -128,7 +128,7 @@ insulate("warmbox", function()
     it("returns nil, msg, 'NOT_FOUND' when the embedded warmboxd cannot be found", function()
       local warmbox = fresh_warmbox()
       package.loaded["warmbox.e2b"] = { new = function() return {} end }
-      local wb, err, code = warmbox.new{ warmboxd = "/nonexistent/warmboxd" }
+      local wb, err, code = warmbox.new{ server = "private", warmboxd = "/nonexistent/warmboxd" }
       package.loaded["warmbox.e2b"] = nil
       assert.is_nil(wb)
       assert.equal("warmboxd not found at '/nonexistent/warmboxd'", err)
