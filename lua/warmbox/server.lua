@@ -346,7 +346,7 @@ end
 
 -- The shared server ends once no sandbox has been running for this long
 -- (warmboxd --idle-exit): opts.idle_exit, else $WARMBOX_SERVER_IDLE_EXIT, else
--- an hour; 0 (or false): never. Paused sandboxes end with it.
+-- an hour; 0 (or false): never. Paused sandboxes are kept for the next one.
 _M.IDLE_EXIT = 3600
 local function idle_exit_args(opts)
   local v = opts.idle_exit
@@ -356,16 +356,35 @@ local function idle_exit_args(opts)
   return { "--idle-exit", tostring(v) }
 end
 
+-- Removes what a shared server in `dir` left but its data directory (the
+-- paused sandboxes, kept for the next server) and its API key (their team).
+local function prune_shared_dir(dir)
+  os_execute("find " .. sh_quote(dir) .. " -mindepth 1 -maxdepth 1 ! -name data ! -name api-key "
+    .. "-exec rm -rf {} + 2>/dev/null")
+end
+
+-- The API key a previous shared server in `dir` had (its sandboxes' team), if any.
+local function reusable_key(dir)
+  local f = io_open(dir .. "/api-key", "rb")
+  if not f then return nil end
+  local k = f:read("l")
+  f:close()
+  return k and k:match("^e2b_%x+$") and k or nil
+end
+
 -- start_local's part under the start lock: another starter may have won.
 local function start_locked(opts, sdir)
   local st = _M.local_server()
   if st then return st, true end
   local dir = sdir .. "/warmboxd"
-  os_execute("rm -rf " .. sh_quote(dir))
+  -- The data directory (paused sandboxes) and the key their team is known by
+  -- are kept for the next server; the rest of a dead server's files go.
+  local key = reusable_key(dir)
+  prune_shared_dir(dir)
   local args = idle_exit_args(opts)
   for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
   local srv, err, code = _M.start{ bin = opts.bin, args = args, start_timeout = opts.start_timeout,
-    dir = dir, detach = true }
+    dir = dir, detach = true, api_key = key }
   if not srv then return nil, err, code end
   st = { url = srv.url, pid = srv.pid, api_key = srv.api_key, admin_token = srv.admin_token, dir = dir,
     bin = srv.bin, log = srv.log_path, started_at = os_time(), idle_exit = tonumber(args[2]) }
@@ -410,15 +429,17 @@ function _M.start_local(opts)
   return a, b, c
 end
 
---- Stop the per-user server and remove its state and data.
+--- Stop the per-user server (SIGTERM: it pauses its running sandboxes) and remove its
+-- state file; its data directory and key stay, so the next server has its paused sandboxes.
 -- @treturn[1] table the state it had, or false when none was running
 function _M.stop_local()
   local st, _, stale = _M.local_server()
   local running = st ~= nil
-  if running then _M.kill(st.pid) end
+  -- SIGTERM: warmboxd pauses its running sandboxes into its data directory first.
+  if running then _M.kill(st.pid, 30) end
   st = st or stale
   if st and type(st.dir) == "string" and st.dir:sub(1, #_M.state_dir() + 1) == _M.state_dir() .. "/" then
-    os_execute("rm -rf " .. sh_quote(st.dir))
+    prune_shared_dir(st.dir)
   end
   os.remove(_M.state_path())
   return running and st or false
