@@ -497,6 +497,12 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   }
 
   struct wbd_snapshot *snap = wbd_snapshot_get(team, tid);
+  /* A snapshot id (`<name>:<tag>`) this team has not got, deleted or another
+   * team's, starts nothing: a checkpoint never silently becomes a new sandbox. */
+  if (!snap && strchr(tid, ':')) {
+    json_decref(o);
+    return wbd_reply_error(req, 404, "template '%s' not found", tid);
+  }
   struct wbd_sandbox *sb = wbd_store_alloc(team);
   sb->template_id = strdup(snap ? wbd_snapshot_template(snap) : tid);
   if (snap) wbd_snapshot_env(snap, sb->env_vars);

@@ -122,11 +122,16 @@ describe("warmboxd snapshots", function()
       assert.are.equal(200, res.status)
       assert.are.same({}, res.json)
       assert.are.equal(404, http.api(srv, "DELETE", "/templates/" .. snap.snapshotID).status)
-      local theirs = create{ templateID = snap.snapshotID }
-      assert.are.equal("", (run(theirs, "cat /home/user/k.txt 2>/dev/null; true")))
+      -- another team's snapshot id starts nothing (404), never a plain sandbox
+      local theirs = http.api(srv, "POST", "/sandboxes", { templateID = snap.snapshotID, timeout = 60 })
+      assert.are.equal(404, theirs.status, theirs.body)
       assert.are.equal(404, http.api(srv, "POST", "/sandboxes/" .. child.sandboxID .. "/snapshots").status)
     end)
     srv.api_key = key
     assert(ok, e)
+    -- a deleted one likewise
+    assert.are.equal(204, http.api(srv, "DELETE", "/templates/" .. snap.snapshotID).status)
+    local gone = http.api(srv, "POST", "/sandboxes", { templateID = snap.snapshotID, timeout = 60 })
+    assert.are.equal(404, gone.status, gone.body)
   end)
 end)
