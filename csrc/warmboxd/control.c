@@ -454,7 +454,7 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   }
 
   struct wbd_sandbox *sb = wbd_store_alloc(team);
-  sb->template_id = strdup(tid);
+  wbd_sandbox_set_template(sb, tid);
   if (meta) json_object_update(sb->metadata, meta);
   if (env) json_object_update(sb->env_vars, env);
   /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system

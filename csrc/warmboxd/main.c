@@ -79,6 +79,9 @@ static void usage(FILE *f) {
           "  --max-upload-mb N     largest envd file upload body (default 100)\n"
           "  --body-timeout S      close a connection whose request body is not in S seconds\n"
           "                        after its head (default 120)\n"
+          "  --strict-tokens       a secure sandbox's token on every code interpreter call but\n"
+          "                        /health (default: on /execute only, as E2B checks it);\n"
+          "                        warmbox.server and `warmbox server start` use it\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
           "                        server does not outlive its host, even one killed by SIGKILL\n"
@@ -174,7 +177,7 @@ static int make_admin_token(char out[65]) {
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
-         O_EXITWITH, O_KEYFILE, O_BODYTO };
+         O_EXITWITH, O_KEYFILE, O_BODYTO, O_STRICT };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -189,6 +192,7 @@ int main(int argc, char **argv) {
     { "resume-ms", required_argument, 0, O_RESUME },
     { "data-dir", required_argument, 0, O_DATA },
     { "unisolated", no_argument, 0, O_UNISO },
+    { "strict-tokens", no_argument, 0, O_STRICT },
     { "admin-token", required_argument, 0, O_ADMIN },
     { "conn-timeout", required_argument, 0, O_CONNTO },
     { "max-conns", required_argument, 0, O_MAXCONN },
@@ -218,6 +222,7 @@ int main(int argc, char **argv) {
     case O_RESUME: rc = parse_int("--resume-ms", optarg, 0, 600000, &wbd_opt.resume_ms); break;
     case O_DATA: wbd_opt.data_dir = optarg; break;
     case O_UNISO: wbd_opt.unisolated = 1; break;
+    case O_STRICT: wbd_opt.strict_tokens = 1; break;
     case O_ADMIN:
       if (strlen(optarg) < 16) {
         fprintf(stderr, "warmboxd: --admin-token must be at least 16 characters\n");

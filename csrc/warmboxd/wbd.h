@@ -78,6 +78,7 @@ struct wbd_sandbox {
   int auto_pause_memory;    /* default 1; 0: filesystem-only snapshot on auto-pause */
   int auto_resume;
   int timeout_s;            /* timeout given at create (auto-resume lease rule) */
+  int cpu_count, memory_mb; /* the template's size (wbd_sandbox_set_template): cpuCount, memoryMB */
   enum wbd_state state;
   int64_t started_at_us;    /* start of the current run, unix microseconds */
   int64_t end_at_us;        /* running: lease end; paused: when it was paused */
@@ -146,9 +147,16 @@ struct wbd_options {
   int rtt_ms, create_ms, resume_ms;
   const char *data_dir;     /* where sandbox directories live */
   int unisolated;           /* --unisolated: run without bubblewrap (warned) */
+  int strict_tokens;        /* --strict-tokens: /contexts* of a secure sandbox need its token too */
   int verbose;
 };
 extern struct wbd_options wbd_opt;
+
+/* Sets sb's template id (a copy) and the size E2B builds it with:
+ * code-interpreter-v1 2 vCPU / 2048 MB, any other template E2B's default
+ * 2 vCPU / 512 MB; $WARMBOXD_MEMORY_MB (> 0) overrides the memory (tests).
+ * The listing shows the size and the jail gets it. */
+void wbd_sandbox_set_template(struct wbd_sandbox *sb, const char *template_id);
 
 int64_t wbd_now_us(void);
 /* Moves the server's clock forward by us (>= 0); freeze 1 stops it between

@@ -16,7 +16,7 @@
 #define WBD_CLIENT_ID "6532622b"
 #define WBD_ENVD_VERSION "0.6.4"
 #define WBD_CPU_COUNT 2
-#define WBD_MEMORY_MB 512
+#define WBD_MEMORY_MB 512   /* a template not in config.c's table */
 #define WBD_DISK_MB 1024
 
 /* Options changed at run time by POST /_warmboxd/config are read and written
