@@ -16,8 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
-
 static int64_t max_len_us(void) { return (int64_t)wbd_opt.max_length_hours * 3600 * US; }
 
 static int64_t cap_end(const struct wbd_sandbox *sb, int64_t end) {
@@ -44,6 +42,7 @@ const char *wbd_control_route(const char *method, const char *path) {
   if (strcmp(path, "/health") == 0) return get ? "GET /health" : NULL;
   if (strcmp(path, "/sandboxes") == 0) return post ? "POST /sandboxes" : get ? "GET /sandboxes" : NULL;
   if (strcmp(path, "/v2/sandboxes") == 0) return post ? "POST /v2/sandboxes" : get ? "GET /v2/sandboxes" : NULL;
+  if (strcmp(path, "/sandboxes/metrics") == 0) return get ? "GET /sandboxes/metrics" : NULL;
   int v2 = 0;
   const char *p;
   if (strncmp(path, "/sandboxes/", 11) == 0) p = path + 11;
@@ -57,6 +56,7 @@ const char *wbd_control_route(const char *method, const char *path) {
   const char *rest = p + n;
   if (v2) return strcmp(rest, "/connect") == 0 && post ? "POST /v2/sandboxes/{id}/connect" : NULL;
   if (*rest == 0) return get ? "GET /sandboxes/{id}" : del ? "DELETE /sandboxes/{id}" : NULL;
+  if (strcmp(rest, "/metrics") == 0) return get ? "GET /sandboxes/{id}/metrics" : NULL;
   if (!post) return NULL;
   if (strcmp(rest, "/timeout") == 0) return "POST /sandboxes/{id}/timeout";
   if (strcmp(rest, "/pause") == 0) return "POST /sandboxes/{id}/pause";
@@ -237,6 +237,8 @@ static struct wbd_sandbox *find_ref(const char *team, const char *id) {
   wbd_store_unlock();
   return sb;
 }
+
+struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) { return find_ref(team, id); }
 
 /* expire_only: the lease timer's call; skip when the lease moved meanwhile. */
 static int op_kill(struct wbd_sandbox *sb, int expire_only) {
@@ -635,8 +637,10 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
   if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
   if (strcmp(route, "GET /v2/sandboxes") == 0) return wbd_list_v2(req, team);
   if (strcmp(route, "GET /sandboxes") == 0) return wbd_list_v1(req, team);
+  if (strcmp(route, "GET /sandboxes/metrics") == 0) return wbd_metrics_many(req, team);
   if (path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
   if (strcmp(route, "GET /sandboxes/{id}") == 0) return h_info(req, team, id);
+  if (strcmp(route, "GET /sandboxes/{id}/metrics") == 0) return wbd_metrics_one(req, team, id);
   if (strcmp(route, "DELETE /sandboxes/{id}") == 0) return h_kill(req, team, id);
   if (strcmp(route, "POST /sandboxes/{id}/timeout") == 0) return h_timeout(req, team, id, 0);
   if (strcmp(route, "POST /sandboxes/{id}/refreshes") == 0) return h_timeout(req, team, id, 1);

@@ -44,6 +44,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -2403,4 +2404,80 @@ void wbd_rt_shutdown(void) {
   for (int i = 0; i < CG_N; i++)
     if (g_cgx_root[i][0]) cg_rmdir(g_cgx_root[i]);
   if (g_etc[0]) rm_rf(g_etc);
+}
+
+/* ------------------------------------------------------------------ */
+/* Usage (GET /sandboxes/{id}/metrics)                                 */
+/* ------------------------------------------------------------------ */
+
+/* CPU seconds of one process and its reaped children (/proc/PID/stat's
+ * utime, stime, cutime, cstime), 0 when it is gone. */
+static double proc_cpu_s(int pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');   /* the command may hold spaces and parentheses */
+  unsigned long long ut, st;
+  long long cut, cst;
+  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", &ut, &st, &cut, &cst) != 4)
+    return 0;
+  return (double)(ut + st + (unsigned long long)(cut + cst)) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The sum over the processes of a group (cgroup.procs). */
+static double group_cpu_s(const char *cg) {
+  char path[PATH_MAX + 128];
+  snprintf(path, sizeof path, "%s/cgroup.procs", cg);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  double s = 0;
+  int pid;
+  while (fscanf(f, "%d", &pid) == 1) s += proc_cpu_s(pid);
+  fclose(f);
+  return s;
+}
+
+/* A number file of a group, or the value of `key` in it ("total_cache 123"). */
+static long long group_value(const char *cg, const char *file, const char *key) {
+  char path[PATH_MAX + 128], line[256];
+  snprintf(path, sizeof path, "%s/%s", cg, file);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  long long v = 0;
+  size_t kn = key ? strlen(key) : 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!key) {
+      v = atoll(line);
+      break;
+    }
+    if (strncmp(line, key, kn) == 0 && line[kn] == ' ') {
+      v = atoll(line + kn + 1);
+      break;
+    }
+  }
+  fclose(f);
+  return v;
+}
+
+int wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u) {
+  memset(u, 0, sizeof *u);
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (!rt) return -1;
+  const char *mem = rt->cgx[CG_MEMORY], *cpu = mem[0] ? mem : rt->cgx[CG_CPU];
+  if (cpu[0]) u->cpu_s = group_cpu_s(cpu);
+  if (mem[0]) {
+    u->mem_used = group_value(mem, "memory.usage_in_bytes", NULL);
+    u->mem_cache = group_value(mem, "memory.stat", "total_cache");
+  }
+  struct statvfs vfs;
+  if (rt->mounted && statvfs(rt->dir, &vfs) == 0) {
+    u->disk_total = (long long)vfs.f_blocks * (long long)vfs.f_frsize;
+    u->disk_used = (long long)(vfs.f_blocks - vfs.f_bfree) * (long long)vfs.f_frsize;
+  }
+  wbd_rt_put(rt);
+  return 0;
 }

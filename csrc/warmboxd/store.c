@@ -421,6 +421,7 @@ struct wbd_sandbox *wbd_store_alloc(const char *team) {
 
 static void rec_free(struct wbd_rec *r) {
   free(r->sb.template_id);
+  free(r->sb.metrics);
   json_decref(r->sb.metadata);
   json_decref(r->sb.env_vars);
   free(r);

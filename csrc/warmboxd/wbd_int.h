@@ -18,6 +18,8 @@
 #define WBD_CPU_COUNT 2
 #define WBD_MEMORY_MB 512   /* a template not in config.c's table */
 #define WBD_DISK_MB 1024
+/* The control plane's 404 for a sandbox id */
+#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 /* Options changed at run time by POST /_warmboxd/config are read and written
  * atomically (handlers run on many threads). */
@@ -95,6 +97,11 @@ void wbd_store_free_all(void);
 
 /* ---- control.c, knobs.c ---- */
 enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
+/* The team's sandbox with that id (not killed), referenced, or NULL. */
+struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id);
+/* metrics.c: GET /sandboxes/{id}/metrics and GET /sandboxes/metrics. */
+enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id);
+enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team);
 enum MHD_Result wbd_knob_config(struct wbd_req *req);   /* knobs.c */
 enum MHD_Result wbd_knob_seed(struct wbd_req *req);     /* knobs.c */
 enum MHD_Result wbd_knob_clock(struct wbd_req *req);    /* knobs.c */
