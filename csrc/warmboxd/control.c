@@ -330,10 +330,12 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
   int reboot = memory == 0 && sb->paused_with_memory;
   wbd_store_unlock();
 
-  wbd_sleep_ms(wbd_knob(&wbd_opt.resume_ms));
   int rc = 0;
   if (reboot) rc = wbd_rt_on_pause(sb, 0);  /* end the kept processes: a cold boot */
   if (rc == 0) rc = wbd_rt_on_resume(sb);
+  /* --resume-ms: the answer comes that much after the thaw, as E2B's comes
+   * once the restored VM has been running a while (its processes run on). */
+  wbd_sleep_ms(wbd_knob(&wbd_opt.resume_ms));
 
   wbd_store_lock();
   t->reserved--;
