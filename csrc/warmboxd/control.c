@@ -230,15 +230,7 @@ static struct wbd_sandbox *find_locked(const char *team, const char *id) {
   return sb;
 }
 
-static struct wbd_sandbox *find_ref(const char *team, const char *id) {
-  wbd_store_lock();
-  struct wbd_sandbox *sb = find_locked(team, id);
-  if (sb) wbd_store_ref_locked(sb);
-  wbd_store_unlock();
-  return sb;
-}
-
-struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) { return find_ref(team, id); }
+static struct wbd_sandbox *find_ref(const char *team, const char *id) { return wbd_store_team_ref(team, id); }
 
 /* expire_only: the lease timer's call; skip when the lease moved meanwhile. */
 static int op_kill(struct wbd_sandbox *sb, int expire_only) {

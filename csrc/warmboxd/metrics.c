@@ -100,7 +100,7 @@ enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const cha
     return wbd_reply_error(req, 400, "validation error: parameter \"start\" in query: a Unix time in seconds");
   if (query_seconds(req, "end", INT64_MAX / 1000000, &end) != 0)
     return wbd_reply_error(req, 400, "validation error: parameter \"end\" in query: a Unix time in seconds");
-  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
+  struct wbd_sandbox *sb = wbd_store_team_ref(team, id);
   if (!sb) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   sample(sb);
   json_t *a = json_array();
@@ -119,7 +119,7 @@ enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const cha
 /* One id of sandbox_ids: its newest sample, under "sandboxes", when the
  * team has it running (a paused or unknown one is left out). */
 static void add_latest(json_t *out, const char *team, const char *id) {
-  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
+  struct wbd_sandbox *sb = wbd_store_team_ref(team, id);
   if (!sb) return;
   sample(sb);
   wbd_store_lock();

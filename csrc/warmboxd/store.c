@@ -559,3 +559,12 @@ void wbd_store_free_all(void) {
   total_running = total_paused = 0;
   wbd_store_unlock();
 }
+
+struct wbd_sandbox *wbd_store_team_ref(const char *team, const char *id) {
+  wbd_store_lock();
+  struct wbd_sandbox *sb = wbd_store_lookup_locked(id);
+  if (sb && (sb->state == WBD_KILLED || strcmp(sb->team, team) != 0)) sb = NULL;
+  if (sb) wbd_store_ref_locked(sb);
+  wbd_store_unlock();
+  return sb;
+}

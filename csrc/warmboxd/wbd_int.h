@@ -59,6 +59,8 @@ struct wbd_team {
 struct wbd_sandbox *wbd_store_alloc(const char *team);
 /* Frees a record that was never inserted. */
 void wbd_store_discard(struct wbd_sandbox *sb);
+/* The team's record with that id (not killed), referenced, or NULL (takes the lock). */
+struct wbd_sandbox *wbd_store_team_ref(const char *team, const char *id);
 struct wbd_team *wbd_store_team_locked(const char *team, int create);
 void wbd_store_insert_locked(struct wbd_sandbox *sb);
 /* Bulk insert (seed): one sort at the end. */
@@ -97,8 +99,6 @@ void wbd_store_free_all(void);
 
 /* ---- control.c, knobs.c ---- */
 enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
-/* The team's sandbox with that id (not killed), referenced, or NULL. */
-struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id);
 /* metrics.c: GET /sandboxes/{id}/metrics and GET /sandboxes/metrics. */
 enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id);
 enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team);
