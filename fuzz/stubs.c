@@ -99,3 +99,13 @@ int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls) { (void)sb; (void)cls; 
 int wbd_persist_save(struct wbd_sandbox *sb) { (void)sb; return 0; }
 int wbd_persist_restore(struct wbd_sandbox *sb) { (void)sb; return 0; }
 void wbd_persist_drop(struct wbd_sandbox *sb) { (void)sb; }
+
+/* The metrics routes read cgroups: not the parsers' business. */
+enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id) {
+  (void)team; (void)id;
+  return wbd_reply_error(req, 404, "no metrics in the fuzzer");
+}
+enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team) {
+  (void)team;
+  return wbd_reply_error(req, 404, "no metrics in the fuzzer");
+}

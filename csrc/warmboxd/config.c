@@ -7,6 +7,9 @@
  */
 #include "wbd_int.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 struct wbd_options wbd_opt = {
   .host = "127.0.0.1",
   .port = 0,
@@ -30,3 +33,26 @@ struct wbd_limits wbd_lim = {
 
 /* POST /_warmboxd/config {"loose_metadata": true}: read with wbd_knob(). */
 int wbd_loose_metadata;
+
+/* Templates by size: E2B's code-interpreter template is built with
+ * cpu_count=2, memory_mb=2048 (e2b-dev/code-interpreter template/build_prod.py);
+ * E2B's default for a template is 2 vCPU and 512 MB. */
+static const struct { const char *id; int cpu_count, memory_mb; } template_sizes[] = {
+  { "code-interpreter-v1", 2, 2048 },
+  { "code-interpreter", 2, 2048 },
+};
+
+void wbd_sandbox_set_template(struct wbd_sandbox *sb, const char *template_id) {
+  free(sb->template_id);
+  sb->template_id = strdup(template_id);
+  if (!sb->template_id) abort();
+  sb->cpu_count = WBD_CPU_COUNT;
+  sb->memory_mb = WBD_MEMORY_MB;
+  for (size_t i = 0; i < sizeof template_sizes / sizeof *template_sizes; i++)
+    if (strcmp(template_id, template_sizes[i].id) == 0) {
+      sb->cpu_count = template_sizes[i].cpu_count;
+      sb->memory_mb = template_sizes[i].memory_mb;
+    }
+  const char *e = getenv("WARMBOXD_MEMORY_MB");
+  if (e && atol(e) > 0 && atol(e) < (1L << 20)) sb->memory_mb = (int)atol(e);
+}

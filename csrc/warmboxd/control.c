@@ -43,6 +43,7 @@ const char *wbd_control_route(const char *method, const char *path) {
   if (strcmp(path, "/health") == 0) return get ? "GET /health" : NULL;
   if (strcmp(path, "/sandboxes") == 0) return post ? "POST /sandboxes" : get ? "GET /sandboxes" : NULL;
   if (strcmp(path, "/v2/sandboxes") == 0) return post ? "POST /v2/sandboxes" : get ? "GET /v2/sandboxes" : NULL;
+  if (strcmp(path, "/sandboxes/metrics") == 0) return get ? "GET /sandboxes/metrics" : NULL;
   int v2 = 0;
   const char *p;
   if (strncmp(path, "/sandboxes/", 11) == 0) p = path + 11;
@@ -56,6 +57,7 @@ const char *wbd_control_route(const char *method, const char *path) {
   const char *rest = p + n;
   if (v2) return strcmp(rest, "/connect") == 0 && post ? "POST /v2/sandboxes/{id}/connect" : NULL;
   if (*rest == 0) return get ? "GET /sandboxes/{id}" : del ? "DELETE /sandboxes/{id}" : NULL;
+  if (strcmp(rest, "/metrics") == 0) return get ? "GET /sandboxes/{id}/metrics" : NULL;
   if (!post) return NULL;
   if (strcmp(rest, "/timeout") == 0) return "POST /sandboxes/{id}/timeout";
   if (strcmp(rest, "/pause") == 0) return "POST /sandboxes/{id}/pause";
@@ -229,13 +231,7 @@ static struct wbd_sandbox *find_locked(const char *team, const char *id) {
   return sb;
 }
 
-struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) {
-  wbd_store_lock();
-  struct wbd_sandbox *sb = find_locked(team, id);
-  if (sb) wbd_store_ref_locked(sb);
-  wbd_store_unlock();
-  return sb;
-}
+struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) { return wbd_store_team_ref(team, id); }
 
 /* expire_only: the lease timer's call; skip when the lease moved meanwhile. */
 static int op_kill(struct wbd_sandbox *sb, int expire_only) {
@@ -331,11 +327,13 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
   int reboot = memory == 0 && sb->paused_with_memory;
   wbd_store_unlock();
 
-  wbd_sleep_ms(wbd_knob(&wbd_opt.resume_ms));
   int rc = 0;
   if (reboot) rc = wbd_rt_on_pause(sb, 0);  /* end the kept processes: a cold boot */
   if (rc == 0) rc = wbd_persist_restore(sb);
   if (rc == 0) rc = wbd_rt_on_resume(sb);
+  /* --resume-ms: the answer comes that much after the thaw, as E2B's comes
+   * once the restored VM has been running a while (its processes run on). */
+  wbd_sleep_ms(wbd_knob(&wbd_opt.resume_ms));
 
   wbd_store_lock();
   t->reserved--;
@@ -504,7 +502,7 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
     return wbd_reply_error(req, 404, "template '%s' not found", tid);
   }
   struct wbd_sandbox *sb = wbd_store_alloc(team);
-  sb->template_id = strdup(snap ? wbd_snapshot_template(snap) : tid);
+  wbd_sandbox_set_template(sb, snap ? wbd_snapshot_template(snap) : tid);
   if (snap) wbd_snapshot_env(snap, sb->env_vars);
   if (meta) json_object_update(sb->metadata, meta);
   if (env) json_object_update(sb->env_vars, env);
@@ -659,8 +657,10 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
   if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
   if (strcmp(route, "GET /v2/sandboxes") == 0) return wbd_list_v2(req, team);
   if (strcmp(route, "GET /sandboxes") == 0) return wbd_list_v1(req, team);
+  if (strcmp(route, "GET /sandboxes/metrics") == 0) return wbd_metrics_many(req, team);
   if (wbd_ctl_path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
   if (strcmp(route, "GET /sandboxes/{id}") == 0) return h_info(req, team, id);
+  if (strcmp(route, "GET /sandboxes/{id}/metrics") == 0) return wbd_metrics_one(req, team, id);
   if (strcmp(route, "DELETE /sandboxes/{id}") == 0) return h_kill(req, team, id);
   if (strcmp(route, "POST /sandboxes/{id}/timeout") == 0) return h_timeout(req, team, id, 0);
   if (strcmp(route, "POST /sandboxes/{id}/refreshes") == 0) return h_timeout(req, team, id, 1);

@@ -35,10 +35,12 @@ static int internal_route(const char *path) {
 
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
   if (port == INTERP_PORT) {
-    /* The code interpreter checks the sandbox's token as envd does (the
-     * official SDK and warmbox.e2b send it); /health needs none. */
+    /* E2B's SDK sends the sandbox's envd token on /execute only (its
+     * context calls send none): /execute needs it, /contexts* do not unless
+     * --strict-tokens; /health never does. */
     int health = strcmp(req->method, "GET") == 0 && strcmp(req->path, "/health") == 0;
-    if (sb->secure && sb->access_token[0] && !health) {
+    int execute = strcmp(req->path, "/execute") == 0;
+    if (sb->secure && sb->access_token[0] && !health && (execute || wbd_opt.strict_tokens)) {
       const char *tok = wbd_req_header(req, "X-Access-Token");
       if (!tok || !wbd_str_eq_ct(tok, sb->access_token))
         return wbd_reply_error(req, 401, "unauthorized access, please provide a valid access token");

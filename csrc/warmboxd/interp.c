@@ -619,7 +619,7 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
       if (kills > r->oom0) {
         snprintf(oom, sizeof oom, "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
                  "reached its memory limit (%ld MB): the context's kernel was killed and its state was lost\", "
-                 "\"traceback\": \"\"}\n", wbd_rt_memory_mb());
+                 "\"traceback\": \"\"}\n", wbd_rt_memory_mb(r->rt));
         err = oom;
       } else if (dead && !r->error_seen && r->timed_out)
         err = "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "

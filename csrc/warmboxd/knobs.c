@@ -122,7 +122,7 @@ enum MHD_Result wbd_knob_seed(struct wbd_req *req) {
   int64_t now = wbd_now_us();
   for (long long i = 0; i < n; i++) {
     struct wbd_sandbox *sb = wbd_store_alloc(team);
-    sb->template_id = strdup(tid);
+    wbd_sandbox_set_template(sb, tid);
     json_decref(sb->metadata);
     sb->metadata = json_incref(shared);  /* immutable after create: one copy for all */
     sb->secure = 1;

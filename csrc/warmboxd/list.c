@@ -31,7 +31,7 @@ json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail) {
   json_object_set_new(o, "alias", json_string(sb->template_id));
   if (detail) json_object_set_new(o, "allowInternetAccess", json_boolean(sb->allow_internet));
   json_object_set_new(o, "clientID", json_string(WBD_CLIENT_ID));
-  json_object_set_new(o, "cpuCount", json_integer(WBD_CPU_COUNT));
+  json_object_set_new(o, "cpuCount", json_integer(sb->cpu_count));
   json_object_set_new(o, "diskSizeMB", json_integer(WBD_DISK_MB));
   set_time(o, "endAt", sb->end_at_us);
   if (detail && sb->secure) json_object_set_new(o, "envdAccessToken", json_string(sb->access_token));
@@ -42,7 +42,7 @@ json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail) {
     json_object_set_new(lc, "onTimeout", json_string(sb->auto_pause ? "pause" : "kill"));
     json_object_set_new(o, "lifecycle", lc);
   }
-  json_object_set_new(o, "memoryMB", json_integer(WBD_MEMORY_MB));
+  json_object_set_new(o, "memoryMB", json_integer(sb->memory_mb));
   json_object_set_new(o, "metadata", json_deep_copy(sb->metadata));
   json_object_set_new(o, "sandboxID", json_string(sb->id));
   set_time(o, "startedAt", sb->started_at_us);

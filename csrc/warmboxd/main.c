@@ -70,7 +70,8 @@ static void usage(FILE *f) {
           "  --default-timeout S   lease when create gives none (default 15)\n"
           "  --rtt-ms MS           delay added to every request (default 0)\n"
           "  --create-ms MS        delay added to create (default 0)\n"
-          "  --resume-ms MS        delay added to resume (default 0)\n"
+          "  --resume-ms MS        delay added to resume, after the thaw: the sandbox's processes\n"
+          "                        run meanwhile (default 0; 1000, about E2B's, for E2B's suites)\n"
           "  --data-dir DIR        where sandbox directories live (default a fresh temp dir)\n"
           "  --admin-token TOKEN   token for the admin API /_warmboxd/* (header X-Warmboxd-Token;\n"
           "                        default a random one, written to DATA-DIR/admin-token, mode 0600)\n"
@@ -83,6 +84,9 @@ static void usage(FILE *f) {
           "                        after its head (default 120)\n"
           "  --max-list-entries N  most entries envd's ListDir answers (default 50000)\n"
           "  --max-contexts N      most code contexts a sandbox may have (default 128)\n"
+          "  --strict-tokens       a secure sandbox's token on every code interpreter call but\n"
+          "                        /health (default: on /execute only, as E2B checks it);\n"
+          "                        warmbox.server and `warmbox server start` use it\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
           "                        server does not outlive its host, even one killed by SIGKILL\n"
@@ -197,7 +201,7 @@ static int make_admin_token(char out[65]) {
 int main(int argc, char **argv) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
-         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT };
+         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -212,6 +216,7 @@ int main(int argc, char **argv) {
     { "resume-ms", required_argument, 0, O_RESUME },
     { "data-dir", required_argument, 0, O_DATA },
     { "unisolated", no_argument, 0, O_UNISO },
+    { "strict-tokens", no_argument, 0, O_STRICT },
     { "admin-token", required_argument, 0, O_ADMIN },
     { "conn-timeout", required_argument, 0, O_CONNTO },
     { "max-conns", required_argument, 0, O_MAXCONN },
@@ -244,6 +249,7 @@ int main(int argc, char **argv) {
     case O_RESUME: rc = parse_int("--resume-ms", optarg, 0, 600000, &wbd_opt.resume_ms); break;
     case O_DATA: wbd_opt.data_dir = optarg; break;
     case O_UNISO: wbd_opt.unisolated = 1; break;
+    case O_STRICT: wbd_opt.strict_tokens = 1; break;
     case O_ADMIN:
       if (strlen(optarg) < 16) {
         fprintf(stderr, "warmboxd: --admin-token must be at least 16 characters\n");

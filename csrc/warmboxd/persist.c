@@ -60,8 +60,7 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
                   "timeout", &timeout, "startedAt", &started, "endAt", &end) != 0 ||
       !json_is_object(meta) || !json_is_object(env) || (identity && (!valid_id(id) || strlen(token) >= 72)))
     return -1;
-  free(sb->template_id);
-  sb->template_id = strdup(tmpl);
+  wbd_sandbox_set_template(sb, tmpl);   /* and its size */
   json_object_update(sb->metadata, meta);
   json_object_update(sb->env_vars, env);
   sb->secure = secure;

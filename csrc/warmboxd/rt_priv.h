@@ -40,7 +40,7 @@ void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks);
 /* Processes the sandbox's memory group has OOM-killed so far (-1: no memory
  * group), and its limit in MB. */
 long wbd_rt_oom_kills(struct wbd_rt *rt);
-long wbd_rt_memory_mb(void);
+long wbd_rt_memory_mb(const struct wbd_rt *rt);
 
 /* The runtime's directory (<data_dir>/<id>: home, tmp, root) and the host
  * uid/gid its jail runs as. */

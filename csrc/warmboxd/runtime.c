@@ -44,6 +44,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -73,6 +74,7 @@ struct jail_src {
   const char *home, *tmp, *passwd, *group;
   const char *resolv;     /* slirp4netns's DNS (10.0.2.3), or NULL: the host's resolv.conf */
   const char *root;       /* the sandbox's persistent `/` (root_prepare), or NULL: a tmpfs per process */
+  long memory_mb;         /* the sandbox's memoryMB (0: the default), for /dev/shm */
 };
 
 /* As root, bubblewrap runs as the sandbox's uid, which must not traverse
@@ -81,7 +83,7 @@ struct jail_src {
  * needs there, before it drops root. */
 #define STAGE "/tmp"
 #define N_STAGED 6
-static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r", STAGE "/R" };
+static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r", STAGE "/R", 0 };
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
@@ -105,6 +107,8 @@ struct wbd_rt {
   char cg[PATH_MAX + 64];   /* freezer group, "" without one */
   char cgx[CG_N][PATH_MAX + 64];  /* memory, pids, cpu groups ([CG_FREEZER] unused), "" without */
   int allow_net;
+  long memory_mb;           /* the sandbox's memoryMB */
+  int cpu_count;            /* and cpuCount */
   uid_t uid;                /* host uid and gid of the jail's processes */
   gid_t gid;
   int slot;                 /* uid slot (root only), -1 */
@@ -142,7 +146,7 @@ static uid_t g_uid_base = UID_BASE_DEFAULT;
 static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
 static int g_private_mnt;         /* warmboxd has its own mount namespace: homes are tmpfs */
 static int g_have_slirp;
-static long g_pids_max = PIDS_MAX_DEFAULT, g_memory_mb = MEMORY_MB_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
+static long g_pids_max = PIDS_MAX_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
 /* How long a request waits for its jail's child to exec (or fail) before it
  * kills it: WARMBOXD_SPAWN_TIMEOUT_MS. */
@@ -988,7 +992,7 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
    * half the memory limit as on a VM; in the user namespace of the jail, so
    * without root too. */
   char shm[32];
-  snprintf(shm, sizeof shm, "%lld", (long long)g_memory_mb << 19);
+  snprintf(shm, sizeof shm, "%lld", (long long)(f->memory_mb > 0 ? f->memory_mb : MEMORY_MB_DEFAULT) << 19);
   sv_add(a, "--perms");
   sv_add(a, "01777");
   sv_add(a, "--size");
@@ -1050,14 +1054,14 @@ static void cg_make(struct wbd_rt *rt) {
     }
     int rc = 0;
     if (i == CG_MEMORY) {
-      rc = cg_write(p, "memory.limit_in_bytes", g_memory_mb << 20);
+      rc = cg_write(p, "memory.limit_in_bytes", (long long)rt->memory_mb << 20);
       /* With swap accounting, swap counts too (else a hog just swaps). */
-      cg_write(p, "memory.memsw.limit_in_bytes", g_memory_mb << 20);
+      cg_write(p, "memory.memsw.limit_in_bytes", (long long)rt->memory_mb << 20);
     } else if (i == CG_PIDS) {
       rc = cg_write(p, "pids.max", g_pids_max);
     } else if (i == CG_CPU) {
       /* cpuCount cores at most, and half the weight of warmboxd's own group. */
-      rc = cg_write(p, "cpu.cfs_quota_us", 100000LL * CPU_COUNT_DEFAULT);
+      rc = cg_write(p, "cpu.cfs_quota_us", 100000LL * rt->cpu_count);
       if (!rc) rc = cg_write(p, "cpu.shares", 512);
     }
     if (rc) {
@@ -1280,6 +1284,8 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
   snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
   rt->allow_net = sb->allow_internet;
+  rt->memory_mb = sb->memory_mb > 0 ? sb->memory_mb : MEMORY_MB_DEFAULT;
+  rt->cpu_count = sb->cpu_count > 0 ? sb->cpu_count : CPU_COUNT_DEFAULT;
   rt->net_fd = rt->userns_fd = rt->slirp_exit_fd = rt->slirp_ready_fd = -1;
   rt->slot = -1;
   new_boot_id(rt->boot_id, sizeof rt->boot_id);
@@ -1306,7 +1312,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
      * no larger than memoryMB either, and an upload cannot put more in it
      * than the sandbox could itself (a full tmpfs refuses it, 507). */
     char opts[96];
-    long size_mb = g_disk_mb < g_memory_mb ? g_disk_mb : g_memory_mb;
+    long size_mb = g_disk_mb < rt->memory_mb ? g_disk_mb : rt->memory_mb;
     snprintf(opts, sizeof opts, "size=%ldm,mode=0700,nr_inodes=262144", size_mb);
     rt->mounted = mount("tmpfs", rt->dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0;
     if (!rt->mounted) fprintf(stderr, "warmboxd: cannot mount a tmpfs on %s: %s\n", rt->dir, strerror(errno));
@@ -1443,7 +1449,7 @@ struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb) {
 
 int wbd_rt_isolated(void) { return g_isolated; }
 
-long wbd_rt_memory_mb(void) { return g_memory_mb; }
+long wbd_rt_memory_mb(const struct wbd_rt *rt) { return rt->memory_mb; }
 
 long wbd_rt_oom_kills(struct wbd_rt *rt) {
   if (!rt->cgx[CG_MEMORY][0]) return -1;
@@ -1618,8 +1624,9 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
   snprintf(rs, sizeof rs, "%s/resolv.conf", g_etc);
   char root[PATH_MAX + 128];
   rt_sub(rt, "root", root, sizeof root);
-  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL, root };
+  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL, root, rt->memory_mb };
   struct jail_src staged = g_staged;
+  staged.memory_mb = rt->memory_mb;
   if (!rt->allow_net) staged.resolv = NULL;
   /* The filter reaches bubblewrap as fd 3 (spawn_job.pass). */
   int sfd = g_isolated ? seccomp_pipe() : -1;
@@ -1695,7 +1702,7 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
       }
     /* Without the groups, per-process rlimits stand in. */
     if (j.cg_fd[CG_PIDS] < 0 && g_isolated) j.nproc = g_pids_max;
-    if (j.cg_fd[CG_MEMORY] < 0 && g_isolated) j.data_mb = g_memory_mb;
+    if (j.cg_fd[CG_MEMORY] < 0 && g_isolated) j.data_mb = rt->memory_mb;
   }
   if (!rc && g_isolated) {
     if (sfd >= 0) j.pass[j.npass++] = sfd;
@@ -2245,7 +2252,7 @@ static int check_bwrap(char *why, size_t len) {
     return -1;
   }
   struct sv a = { 0 };
-  struct jail_src none = { NULL, NULL, NULL, NULL, NULL, NULL };
+  struct jail_src none = { NULL, NULL, NULL, NULL, NULL, NULL, 0 };
   jail_args(&a, "check", &none, 0, -1, -1, -1, 0, "/");
   sv_add(&a, "/bin/true");
   int ep[2];
@@ -2322,7 +2329,6 @@ int wbd_rt_init(void) {
                                  (unsigned long)g_uid_base + UID_SLOTS - 1);
   }
   if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
-  if ((e = getenv("WARMBOXD_MEMORY_MB")) && atol(e) > 0) g_memory_mb = atol(e);
   if ((e = getenv("WARMBOXD_SPAWN_TIMEOUT_MS")) && atoi(e) > 0) g_spawn_timeout_ms = atoi(e);
   g_stall = (e = getenv("WARMBOXD_TEST_SPAWN_STALL")) && *e ? e : NULL;
   g_have_slirp = access(SLIRP, X_OK) == 0;
@@ -2458,4 +2464,80 @@ void wbd_rt_shutdown(void) {
   for (int i = 0; i < CG_N; i++)
     if (g_cgx_root[i][0]) cg_rmdir(g_cgx_root[i]);
   if (g_etc[0]) rm_rf(g_etc);
+}
+
+/* ------------------------------------------------------------------ */
+/* Usage (GET /sandboxes/{id}/metrics)                                 */
+/* ------------------------------------------------------------------ */
+
+/* CPU seconds of one process and its reaped children (/proc/PID/stat's
+ * utime, stime, cutime, cstime), 0 when it is gone. */
+static double proc_cpu_s(int pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');   /* the command may hold spaces and parentheses */
+  unsigned long long ut, st;
+  long long cut, cst;
+  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", &ut, &st, &cut, &cst) != 4)
+    return 0;
+  return (double)(ut + st + (unsigned long long)(cut + cst)) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The sum over the processes of a group (cgroup.procs). */
+static double group_cpu_s(const char *cg) {
+  char path[PATH_MAX + 128];
+  snprintf(path, sizeof path, "%s/cgroup.procs", cg);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  double s = 0;
+  int pid;
+  while (fscanf(f, "%d", &pid) == 1) s += proc_cpu_s(pid);
+  fclose(f);
+  return s;
+}
+
+/* A number file of a group, or the value of `key` in it ("total_cache 123"). */
+static long long group_value(const char *cg, const char *file, const char *key) {
+  char path[PATH_MAX + 128], line[256];
+  snprintf(path, sizeof path, "%s/%s", cg, file);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  long long v = 0;
+  size_t kn = key ? strlen(key) : 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!key) {
+      v = atoll(line);
+      break;
+    }
+    if (strncmp(line, key, kn) == 0 && line[kn] == ' ') {
+      v = atoll(line + kn + 1);
+      break;
+    }
+  }
+  fclose(f);
+  return v;
+}
+
+int wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u) {
+  memset(u, 0, sizeof *u);
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (!rt) return -1;
+  const char *mem = rt->cgx[CG_MEMORY], *cpu = mem[0] ? mem : rt->cgx[CG_CPU];
+  if (cpu[0]) u->cpu_s = group_cpu_s(cpu);
+  if (mem[0]) {
+    u->mem_used = group_value(mem, "memory.usage_in_bytes", NULL);
+    u->mem_cache = group_value(mem, "memory.stat", "total_cache");
+  }
+  struct statvfs vfs;
+  if (rt->mounted && statvfs(rt->dir, &vfs) == 0) {
+    u->disk_total = (long long)vfs.f_blocks * (long long)vfs.f_frsize;
+    u->disk_used = (long long)(vfs.f_blocks - vfs.f_bfree) * (long long)vfs.f_frsize;
+  }
+  wbd_rt_put(rt);
+  return 0;
 }

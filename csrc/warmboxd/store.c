@@ -421,6 +421,7 @@ struct wbd_sandbox *wbd_store_alloc(const char *team) {
 
 static void rec_free(struct wbd_rec *r) {
   free(r->sb.template_id);
+  free(r->sb.metrics);
   json_decref(r->sb.metadata);
   json_decref(r->sb.env_vars);
   free(r);
@@ -557,4 +558,13 @@ void wbd_store_free_all(void) {
   sign_n = sign_cap = 0;
   total_running = total_paused = 0;
   wbd_store_unlock();
+}
+
+struct wbd_sandbox *wbd_store_team_ref(const char *team, const char *id) {
+  wbd_store_lock();
+  struct wbd_sandbox *sb = wbd_store_lookup_locked(id);
+  if (sb && (sb->state == WBD_KILLED || strcmp(sb->team, team) != 0)) sb = NULL;
+  if (sb) wbd_store_ref_locked(sb);
+  wbd_store_unlock();
+  return sb;
 }

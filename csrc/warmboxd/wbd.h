@@ -90,6 +90,8 @@ struct wbd_sandbox {
   int auto_pause_memory;    /* default 1; 0: filesystem-only snapshot on auto-pause */
   int auto_resume;
   int timeout_s;            /* timeout given at create (auto-resume lease rule) */
+  int cpu_count, memory_mb; /* the template's size (wbd_sandbox_set_template): cpuCount, memoryMB */
+  struct wbd_metrics *metrics;  /* metrics.c's samples, NULL before the first (under the store lock) */
   enum wbd_state state;
   int64_t started_at_us;    /* start of the current run, unix microseconds */
   int64_t end_at_us;        /* running: lease end; paused: when it was paused */
@@ -127,6 +129,13 @@ int wbd_sandbox_auto_resume(struct wbd_sandbox *sb);
 int  wbd_rt_init(void);
 /* Called without the store lock held. Return 0 on success. */
 int  wbd_rt_on_create(struct wbd_sandbox *sb);               /* make its directory */
+/* What a sandbox's jail uses now, read from its cgroups and its disk tmpfs:
+ * the CPU seconds of the processes in its groups (their reaped children
+ * included), memory.usage_in_bytes and the page cache in it, the disk's used
+ * and total bytes. A part without its group or tmpfs is 0. Returns 0, or -1
+ * when the sandbox has no live jail (no process ever ran, or killed). */
+struct wbd_usage { double cpu_s; long long mem_used, mem_cache, disk_used, disk_total; };
+int  wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u);
 int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) or end (no memory) its processes */
 int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its processes */
 void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
@@ -160,11 +169,18 @@ struct wbd_options {
   const char *data_dir;     /* where sandbox directories live */
   int unisolated;           /* --unisolated: run without bubblewrap (warned) */
   int keep_state;           /* --data-dir given: paused sandboxes and snapshots outlive a restart */
+  int strict_tokens;        /* --strict-tokens: /contexts* of a secure sandbox need its token too */
   int verbose;
   int max_list_entries;     /* envd ListDir answers at most this many (default 50000) */
   int max_contexts;         /* code contexts per sandbox, the two defaults included (default 128) */
 };
 extern struct wbd_options wbd_opt;
+
+/* Sets sb's template id (a copy) and the size E2B builds it with:
+ * code-interpreter-v1 2 vCPU / 2048 MB, any other template E2B's default
+ * 2 vCPU / 512 MB; $WARMBOXD_MEMORY_MB (> 0) overrides the memory (tests).
+ * The listing shows the size and the jail gets it. */
+void wbd_sandbox_set_template(struct wbd_sandbox *sb, const char *template_id);
 
 int64_t wbd_now_us(void);
 /* Moves the server's clock forward by us (>= 0); freeze 1 stops it between

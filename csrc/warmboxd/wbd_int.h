@@ -16,8 +16,10 @@
 #define WBD_CLIENT_ID "6532622b"
 #define WBD_ENVD_VERSION "0.6.4"
 #define WBD_CPU_COUNT 2
-#define WBD_MEMORY_MB 512
+#define WBD_MEMORY_MB 512   /* a template not in config.c's table */
 #define WBD_DISK_MB 1024
+/* The control plane's 404 for a sandbox id */
+#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 /* Options changed at run time by POST /_warmboxd/config are read and written
  * atomically (handlers run on many threads). */
@@ -57,6 +59,8 @@ struct wbd_team {
 struct wbd_sandbox *wbd_store_alloc(const char *team);
 /* Frees a record that was never inserted. */
 void wbd_store_discard(struct wbd_sandbox *sb);
+/* The team's record with that id (not killed), referenced, or NULL (takes the lock). */
+struct wbd_sandbox *wbd_store_team_ref(const char *team, const char *id);
 struct wbd_team *wbd_store_team_locked(const char *team, int create);
 void wbd_store_insert_locked(struct wbd_sandbox *sb);
 /* Bulk insert (seed): one sort at the end. */
@@ -95,6 +99,9 @@ void wbd_store_free_all(void);
 
 /* ---- control.c, knobs.c ---- */
 enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
+/* metrics.c: GET /sandboxes/{id}/metrics and GET /sandboxes/metrics. */
+enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id);
+enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team);
 enum MHD_Result wbd_knob_config(struct wbd_req *req);   /* knobs.c */
 enum MHD_Result wbd_knob_seed(struct wbd_req *req);     /* knobs.c */
 enum MHD_Result wbd_knob_clock(struct wbd_req *req);    /* knobs.c */

@@ -85,7 +85,7 @@ commands:
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
       --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)
       --retry-after S              the Retry-After of the cap's 429 (default 1; 0: none, the client backs off)
-      --paused-price USD           storage price per paused sandbox-hour (default 0: E2B publishes none)
+      --paused-price USD           storage price per paused sandbox-hour (default 0: E2B bills none)
       --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
                                    gnuplot when installed, else the built-in SVG
       --csv FILE                   write the rows as CSV
@@ -519,7 +519,8 @@ local function write_sessions_json(out, rows)
   for k, s in ipairs(rows) do
     doc[k] = { key = s.key or null, tenant = s.tenant, tag_value = s.tag_value, sandbox_id = s.sandbox_id,
       state = s.state, started_at = s.started_at or null, end_at = s.end_at or null,
-      last_activity = utc(s.last_activity) or null, age_s = s.age and math.floor(s.age) or null }
+      last_activity = utc(s.last_activity) or null, age_s = s.age and math.floor(s.age) or null,
+      cpu_count = s.cpu_count or null, memory_mb = s.memory_mb or null }
   end
   out:write(#doc == 0 and "[]" or json.encode(doc), "\n")
 end
@@ -696,8 +697,8 @@ end
 -- How the per-user server ends (its state's idle_exit: warmboxd --idle-exit).
 local function server_ending(st)
   local idle = math.tointeger(st.idle_exit)
-  return string_format("it ends %s`warmbox server stop`; paused sandboxes are kept for its next start (files, not memory)\n",
-    idle and string_format("once no sandbox has run for %d s, or on ", idle) or "on ")
+  return string_format("it ends %s`warmbox server stop`; paused sandboxes are kept for its next start "
+    .. "(files, not memory)\n", idle and string_format("once no sandbox has run for %d s, or on ", idle) or "on ")
 end
 
 local function cmd_server(o, args, io_)

@@ -246,8 +246,9 @@ function Warmbox:release(key)
   return gc.release{ client = self.client, tag = self.tag, key = key, lock = self:_lock_factory(self.exec_timeout) }
 end
 
---- The sessions that have sandboxes: `{ {key, tag_value, sandbox_id, state, started_at, end_at}, ... }`
--- (`key` is nil for keys that were hashed because they were too long).
+--- The sessions that have sandboxes: `{ {key, tag_value, sandbox_id, state, started_at, end_at,
+-- cpu_count, memory_mb}, ... }` (`key` is nil for keys that were hashed because they were too
+-- long; the size is the listing's `cpuCount`/`memoryMB`, nil when it gives none).
 -- @treturn[1] table
 -- @return[2] nil, message, code
 function Warmbox:sessions()
@@ -257,7 +258,8 @@ function Warmbox:sessions()
   local out = {}
   for _, t in ipairs(tagged) do
     out[#out + 1] = { key = t.key, tag_value = t.tag_value, sandbox_id = t.item.sandbox_id,
-      state = t.item.state, started_at = t.item.started_at, end_at = t.item.end_at }
+      state = t.item.state, started_at = t.item.started_at, end_at = t.item.end_at,
+      cpu_count = t.item.cpu_count, memory_mb = t.item.memory_mb }
   end
   table_sort(out, function(a, b)
     if (a.key or "") ~= (b.key or "") then return (a.key or "") < (b.key or "") end

@@ -179,7 +179,9 @@ end
 -- warmboxd's arguments for a server in dir, `extra`, then `opts.args` last;
 -- returns them and the `--admin-token` given there, if any.
 local function server_args(opts, dir, extra)
-  local args = { "--port", "0", "--data-dir", dir .. "/data" }
+  -- warmbox's client sends a secure sandbox's token on every call: its own
+  -- server asks for it everywhere (warmboxd's default checks what E2B checks).
+  local args = { "--port", "0", "--data-dir", dir .. "/data", "--strict-tokens" }
   -- An embedded server ends with this process, even one killed by SIGKILL
   -- (whose Server object never gets to stop it); a detached one outlives it.
   local host = not opts.detach and own_pid()
@@ -210,6 +212,8 @@ Server.__name = "warmbox.Server"
 -- warmboxd accepts one API key only, `srv.api_key`: it is written to
 -- `<dir>/api-key` (0600) and passed as `--api-key-file`, so another local user
 -- (or a web page) cannot drive the server with a key of their own.
+-- It runs with `--strict-tokens`: a secure sandbox's code interpreter wants the
+-- sandbox's token on `/contexts*` too, not only on `/execute` as E2B's does.
 -- @tparam[opt] table opts `bin`, `args` (extra arguments), `start_timeout` (seconds, 15),
 --   `api_key` (the server's only key; default a fresh `e2b_<40 hex>`), `detach` (outlive this process)
 -- @treturn[1] warmbox.Server `{ url, port, pid, api_key, admin_token, dir }`

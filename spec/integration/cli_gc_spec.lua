@@ -25,7 +25,7 @@ describe("warmbox gc / sessions", function()
     wbd.seed(srv, { count = 3, state = "paused", metadata = { [TAG] = tv["acme:c1"] },
       started_ago_s = 31 * DAY, paused_ago_s = 30 * DAY })
     wbd.seed(srv, { count = 2, state = "paused", metadata = { [TAG] = tv["acme:c2"] },
-      started_ago_s = 2 * 3600, paused_ago_s = 3600 })
+      started_ago_s = 2 * 3600, paused_ago_s = 3600, templateID = "code-interpreter-v1" })
     wbd.seed(srv, { count = 1, state = "paused", metadata = { [TAG] = tv["beta:c3"] },
       started_ago_s = 31 * DAY, paused_ago_s = 30 * DAY })
     wbd.seed(srv, { count = 1, state = "paused", metadata = { [TAG] = "not-a-warmbox-tag" },
@@ -129,6 +129,9 @@ describe("warmbox gc / sessions", function()
     end
     assert.is_true(by["acme:c1"].age_s >= 30 * DAY - 60 and by["acme:c1"].age_s < 31 * DAY)
     assert.is_true(by["acme:c2"].age_s >= 3600 - 60 and by["acme:c2"].age_s < 2 * 3600)
+    -- each conversation's size, as the listing gives it (cpuCount / memoryMB of its template)
+    assert.same({ 2, 512 }, { by["acme:c1"].cpu_count, by["acme:c1"].memory_mb })
+    assert.same({ 2, 2048 }, { by["acme:c2"].cpu_count, by["acme:c2"].memory_mb })
     code, out = warmbox(g() .. "sessions --tenant beta")
     assert.equal(0, code)
     assert.matches("beta:c3%s+beta%s+%S+%s+paused%s+2026%-%d%d%-%d%dT%S+Z%s+%d+d%d%dh\n", out)

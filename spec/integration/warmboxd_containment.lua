@@ -185,14 +185,12 @@ describe("warmboxd containment", function()
   end)
 
   part("the code interpreter's access token", function()
-    it("is required on /execute and /contexts of a secure sandbox (401 without or wrong)", function()
+    it("is required on /execute of a secure sandbox (401 without or wrong), as E2B's", function()
       local sb = create()
       local anon = { sandboxID = sb.sandboxID }
       local wrong = { sandboxID = sb.sandboxID, envdAccessToken = "nope" }
       for _, who in ipairs({ anon, wrong }) do
         assert.are.equal(401, http.sandbox(srv, who, 49999, "POST", "/execute", { json = { code = "1" } }).status)
-        assert.are.equal(401, http.sandbox(srv, who, 49999, "GET", "/contexts").status)
-        assert.are.equal(401, http.sandbox(srv, who, 49999, "POST", "/contexts", { json = {} }).status)
       end
       assert.are.equal(200, http.sandbox(srv, anon, 49999, "GET", "/health").status)
       assert.are.equal("2", py(sb, "1 + 1"))
@@ -331,8 +329,10 @@ describe("warmboxd containment", function()
     kill(other)
   end
 
+  -- A 512 MB sandbox (templates other than code-interpreter-v1 get E2B's
+  -- default size) for the 1 GiB allocation to overflow.
   local function memory_hog(expect)
-    local sb, other = create(), create()
+    local sb, other = create{ templateID = "base" }, create()
     py(other, "1")
     local before = rss_kb(srv.pid)
     local body = run(sb, "x = b'x' * (1 << 30)\nlen(x)")
@@ -350,7 +350,10 @@ describe("warmboxd containment", function()
 
   part("limits", function()
     it("each sandbox has its memory, pids and cpu groups (cgroup v1) with the template's limits", function()
+      -- code-interpreter-v1 as E2B builds it: 2 vCPU, 2048 MB, listed and enforced
       local sb = create()
+      local info = http.api(srv, "GET", "/sandboxes/" .. sb.sandboxID).json
+      assert.are.same({ 2, 2048 }, { info.cpuCount, info.memoryMB })
       py(sb, "1")
       local function read(ctrl, file)
         local v = wbd.read_all(string.format("/sys/fs/cgroup/%s/warmboxd-%d/%s/%s", ctrl, srv.pid, sb.sandboxID, file))
@@ -360,11 +363,11 @@ describe("warmboxd containment", function()
         -- no cgroup v1 here (e.g. a cgroup v2 host): the rlimit fallback holds
         local limits = py(sb, "open('/proc/self/limits').read()")
         assert.is_truthy(limits:find("Max processes%s+256%s"), limits)
-        assert.is_truthy(limits:find("Max data size%s+536870912%s"), limits)
+        assert.is_truthy(limits:find("Max data size%s+2147483648%s"), limits)
         kill(sb)
         return
       end
-      assert.are.equal(tostring(512 * 1024 * 1024), read("memory", "memory.limit_in_bytes"))
+      assert.are.equal(tostring(2048 * 1024 * 1024), read("memory", "memory.limit_in_bytes"))
       assert.are.equal("256", read("pids", "pids.max"))
       assert.are.equal("200000", read("cpu", "cpu.cfs_quota_us"))
       assert.are.equal("512", read("cpu", "cpu.shares"))

@@ -223,6 +223,19 @@ describe("warmboxd control plane", function()
       assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d+Z$", d.startedAt)
     end)
 
+    it("gives each template its size as E2B builds it: code-interpreter-v1 2 vCPU / 2048 MB, base 2 / 512", function()
+      local ci = create(srv, { templateID = "code-interpreter-v1" })
+      local base = create(srv, { templateID = "base" })
+      local d = info(srv, ci.sandboxID).json
+      assert.are.same({ 2, 2048 }, { d.cpuCount, d.memoryMB })
+      d = info(srv, base.sandboxID).json
+      assert.are.same({ 2, 512 }, { d.cpuCount, d.memoryMB })
+      local listed = {}
+      for _, item in ipairs(http.api(srv, "GET", "/v2/sandboxes?limit=100").json) do listed[item.sandboxID] = item end
+      assert.are.same({ 2, 2048 }, { listed[ci.sandboxID].cpuCount, listed[ci.sandboxID].memoryMB })
+      assert.are.same({ 2, 512 }, { listed[base.sandboxID].cpuCount, listed[base.sandboxID].memoryMB })
+    end)
+
     it("answers 404 with E2B's message for an unknown id", function()
       local res = info(srv, "izzzzzzzzzzzzzzzzzzzz")
       assert.are.equal(404, res.status)

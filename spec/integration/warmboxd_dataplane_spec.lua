@@ -118,13 +118,33 @@ describe("warmboxd data plane routing", function()
     assert.are.equal(401, res.status)
   end)
 
-  it("checks the token on the code interpreter's port too (but not on /health)", function()
+  -- E2B's code-interpreter SDK sends X-Access-Token on /execute only, none on
+  -- its context calls (js/src/sandbox.ts of e2b-dev/code-interpreter).
+  local function interp_codes(server, sb)
+    local anon = { sandboxID = sb.sandboxID }
+    return {
+      http.sandbox(server, anon, 49999, "POST", "/execute", { json = { code = "1" } }).status,
+      http.sandbox(server, anon, 49999, "GET", "/contexts").status,
+      http.sandbox(server, anon, 49999, "POST", "/contexts", { json = {} }).status,
+      http.sandbox(server, anon, 49999, "GET", "/health").status,
+      http.sandbox(server, sb, 49999, "GET", "/contexts").status,
+    }
+  end
+
+  it("checks the code interpreter's token as E2B does: on /execute, not on /contexts or /health", function()
     local sb = create{ templateID = "base", timeout = 300, secure = true }
-    local res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49999, "GET", "/contexts")
-    assert.are.equal(401, res.status, res.body)
-    assert.are.equal(200, http.sandbox(srv, { sandboxID = sb.sandboxID }, 49999, "GET", "/health").status)
-    res = http.sandbox(srv, sb, 49999, "GET", "/contexts")
-    assert.are.equal(200, res.status, res.body)
-    assert.is_table(res.json)
+    assert.are.same({ 401, 200, 200, 200, 200 }, interp_codes(srv, sb))
+    assert.are.equal(200, http.sandbox(srv, sb, 49999, "GET", "/contexts").status)
+  end)
+
+  it("with --strict-tokens (warmbox.server's own) checks it on every call but /health", function()
+    local strict = assert(require("warmbox.server").start{ bin = wbd.bin() })
+    local ok, err = pcall(function()
+      local sb = http.create(strict, { templateID = "base", timeout = 300, secure = true })
+      assert.are.same({ 401, 401, 401, 200, 200 }, interp_codes(strict, sb))
+      http.api(strict, "DELETE", "/sandboxes/" .. sb.sandboxID)
+    end)
+    strict:stop()
+    assert(ok, err)
   end)
 end)

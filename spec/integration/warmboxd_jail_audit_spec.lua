@@ -246,9 +246,10 @@ describe("warmboxd jail audit", function()
   describe("limits", function()
     local SHM = "import os\nv = os.statvfs('/dev/shm')\nstr(v.f_blocks * v.f_frsize // 1048576)"
 
+    -- half of code-interpreter-v1's memoryMB (2048, as E2B builds the template)
     it("/dev/shm is a tmpfs of half the memory limit (root)", function()
       local box = http.create_interp(srv)
-      assert.are.equal("256", py(srv, box, SHM))
+      assert.are.equal("1024", py(srv, box, SHM))
       kill(srv, box)
     end)
 
@@ -269,7 +270,7 @@ describe("warmboxd jail audit", function()
 
       it("runs as that user, /dev/shm limited as with root", function()
         local box = http.create_interp(nr)
-        assert.are.equal("256", py(nr, box, SHM))
+        assert.are.equal("1024", py(nr, box, SHM))
         kill(nr, box)
       end)
 

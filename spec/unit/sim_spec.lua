@@ -188,12 +188,38 @@ describe("warmbox.sim", function()
     it("prices compute per running sandbox-second (configurable)", function()
       local r = assert(sim.run{ trace = turns("a", { 0 }), gc_every = false, tail = 1000,
         prices = { paused_second = 0.001 } })
-      local per_s = 2 * 0.000014 + 0.5 * 0.0000045
+      -- the default template, code-interpreter-v1, is 2 vCPU / 2048 MiB (as E2B builds it):
+      -- 2 vCPU x $0.000014 + 2 GiB x $0.0000045 = $0.000037 per running second
+      local per_s = 2 * 0.000014 + 2 * 0.0000045
       assert.near(r.compute_seconds * per_s, r.compute_cost, 1e-12)
+      assert.same({ { cpu_count = 2, memory_mb = 2048, seconds = r.compute_seconds, cost = r.compute_cost } },
+        r.compute_by_size)
       -- created with a 305 s lease (the 300 s timeout + LEASE_MARGIN), then paused
       assert.near(305, r.compute_seconds, 1e-6)
       assert.near(r.paused_seconds * 0.001, r.storage_cost, 1e-12)
       assert.near(r.compute_cost + r.storage_cost, r.cost, 1e-12)
+    end)
+
+    it("takes the size from the template, or from `size` (a listing's cpuCount/memoryMB); "
+      .. "paused sandboxes cost nothing by default", function()
+      local opts = { trace = turns("a", { 0 }), gc_every = false, tail = 1000, details = true }
+      local ci = assert(sim.run(opts))
+      opts.template = "base"
+      local base = assert(sim.run(opts))
+      opts.size = { cpu_count = 8, memory_mb = 8192 }
+      local big = assert(sim.run(opts))
+      -- the same 305 s running in each; base is E2B's default size, 2 vCPU / 512 MiB:
+      -- 305 x (2 x 0.000014 + 0.5 x 0.0000045) = $0.00922625; 8 vCPU / 8 GiB: 305 x (8 x 0.000014 + 8 x 0.0000045)
+      assert.near(305, base.compute_seconds, 1e-6)
+      assert.near(305 * (2 * 0.000014 + 0.5 * 0.0000045), base.compute_cost, 1e-12)
+      assert.near(305 * (8 * 0.000014 + 8 * 0.0000045), big.compute_cost, 1e-12)
+      assert.same({ 2, 512 }, { base.compute_by_size[1].cpu_count, base.compute_by_size[1].memory_mb })
+      -- the model lists what it bills: cpu_count / memory_mb of the record
+      assert.same({ 2, 2048 }, { ci.sandboxes[1].cpu_count, ci.sandboxes[1].memory_mb })
+      assert.same({ 8, 8192 }, { big.sandboxes[1].cpu_count, big.sandboxes[1].memory_mb })
+      assert.is_true(ci.paused_seconds > 0)
+      assert.same({ 0, 0 }, { ci.storage_cost, sim.PRICES.paused_second })
+      assert.has_error(function() sim.run{ trace = {}, size = { cpu_count = 0, memory_mb = 512 } } end)
     end)
 
     it("raises on misuse", function()
@@ -904,7 +930,9 @@ describe("warmbox.sim", function()
         assert.matches("\n" .. name .. " ", text)
       end
       assert.matches("lost state", text)
-      assert.matches("storage price assumed: $0.02 per paused sandbox-hour", text, 1, true)
+      assert.matches("paused storage: $0.02 per sandbox-hour (assumed)", text, 1, true)
+      assert.matches("compute by size: 2 vCPU / 2048 MiB, at $0.000014 per vCPU-second and $0.0000045 per "
+        .. "GiB-second (E2B's pricing page)", text, 1, true)
       local f = assert(io.open(csv))
       local lines = {}
       for l in f:lines() do lines[#lines + 1] = l end

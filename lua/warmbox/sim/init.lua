@@ -40,13 +40,16 @@ local task_mod = require "warmbox.task"
 
 local _M = {}
 
---- E2B's published prices and the default sandbox size (2 vCPU, 512 MiB).
+--- E2B's published rates (its pricing page, FAQ "How do I calculate the price of a
+-- sandbox?": billed per second while running, $0.000014 per vCPU-second and
+-- $0.0000045 per GiB-second; "Paused and killed sandboxes are not billed").
+-- A sandbox's size comes from its template (`sim.model.TEMPLATE_SIZES`) or
+-- the run's `size`; `paused_second` prices paused storage for other providers
+-- or checkpoint storage (0 at E2B).
 _M.PRICES = {
   vcpu_second = 0.000014,   -- $ per vCPU-second while running
   gib_second = 0.0000045,   -- $ per GiB-RAM-second while running
-  vcpus = 2,
-  memory_gib = 0.5,
-  paused_second = 0,        -- $ per paused sandbox-second (E2B publishes no storage price)
+  paused_second = 0,        -- $ per paused sandbox-second (E2B: not billed)
 }
 
 local function is_num(v) return type(v) == "number" and v == v and v > -math_huge and v < math_huge end
@@ -497,7 +500,7 @@ _M.parse_csv_trace = parse_csv_trace
 
 local RUN_KEYS = { trace = true, workload = true, policy = true, exec_timeout = true, idle_timeout = true,
   template = true, tag = true, prices = true, model = true, gc_every = true, max_age = true, tail = true,
-  details = true, code = true, builtin = true, exact = true, prewarm = true, gc_full = true }
+  details = true, code = true, builtin = true, exact = true, prewarm = true, gc_full = true, size = true }
 
 local function copy(t)
   local o = {}
@@ -541,6 +544,13 @@ local function check_run_tables(o, fname, level)
     for k, v in pairs(o.prices) do
       if _M.PRICES[k] == nil then bad(fname, "unknown price '" .. tostring(k) .. "'", level) end
       if not is_num(v) or v < 0 then bad(fname, "price '" .. k .. "' must be a number >= 0", level) end
+    end
+  end
+  if o.size ~= nil then
+    local sz = o.size
+    if type(sz) ~= "table" or math_type(sz.cpu_count) ~= "integer" or sz.cpu_count < 1
+      or math_type(sz.memory_mb) ~= "integer" or sz.memory_mb < 1 then
+      bad(fname, "'size' must be { cpu_count = N, memory_mb = M } (integers >= 1)", level)
     end
   end
   if o.model ~= nil then
@@ -659,6 +669,23 @@ local function run_prices(o)
   return prices
 end
 
+-- Running seconds by size ("CPUxMB" keys) priced at E2B's rates: a list of
+-- { cpu_count, memory_mb, seconds, cost } (by size) and the total cost.
+local function compute_by_size(by, prices)
+  local keys = {}
+  for k in pairs(by) do keys[#keys + 1] = k end
+  table_sort(keys)
+  local out, total = {}, 0
+  for i, k in ipairs(keys) do
+    local cpu, mb = k:match("^(%d+)x(%d+)$")
+    cpu, mb = tonumber(cpu), tonumber(mb)
+    local cost = by[k] * (cpu * prices.vcpu_second + mb / 1024 * prices.gib_second)
+    out[i] = { cpu_count = cpu, memory_mb = mb, seconds = by[k], cost = cost }
+    total = total + cost
+  end
+  return out, total
+end
+
 -- Fills a finished run's report: latency percentiles, costs, the model's counts, and details when asked.
 local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
   local alive = model:close_books()
@@ -673,7 +700,7 @@ local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
   report.mean_ms = nlat > 0 and sum / nlat or 0
   local st = model.stats
   report.compute_seconds = st.running_seconds
-  report.compute_cost = st.running_seconds * (prices.vcpus * prices.vcpu_second + prices.memory_gib * prices.gib_second)
+  report.compute_by_size, report.compute_cost = compute_by_size(st.running_by_size, prices)
   report.paused_seconds = st.paused_seconds
   report.paused_hours = st.paused_seconds / 3600
   report.storage_cost = st.paused_seconds * prices.paused_second
@@ -736,6 +763,7 @@ local function run(o)
   local start = (o.model and o.model.start) or model_mod.DEFAULTS.start
   local sched = task_mod.scheduler{ backend = task_mod.virtual(start) }
   local model = model_mod.new(o.model, sched)
+  model.size = o.size
   model.keep_history = o.details and true or false
   local clock = model:clock()
   local t0 = model.now
@@ -1105,6 +1133,23 @@ function _M.csv(rows)
   return table_concat(out, "\n") .. "\n"
 end
 
+-- The footer of a table: the sizes compute was priced at, the rates and their source, the storage price.
+local function price_note(rows)
+  local prices = rows[1] and rows[1].prices or _M.PRICES
+  local sizes, seen = {}, {}
+  for _, r in ipairs(rows) do
+    for _, z in ipairs(r.compute_by_size or {}) do
+      local name = string_format("%d vCPU / %d MiB", z.cpu_count, z.memory_mb)
+      if not seen[name] then seen[name], sizes[#sizes + 1] = true, name end
+    end
+  end
+  local function usd(v) return (string_format("%.9f", v):gsub("0+$", ""):gsub("%.$", "")) end
+  return string_format("compute by size: %s, at $%s per vCPU-second and $%s per GiB-second (E2B's pricing page)\n"
+    .. "paused storage: $%s per sandbox-hour%s\n", #sizes > 0 and table_concat(sizes, ", ") or "none",
+    usd(prices.vcpu_second), usd(prices.gib_second), usd(prices.paused_second * 3600),
+    prices.paused_second == 0 and " (E2B bills paused sandboxes nothing)" or " (assumed)")
+end
+
 -- The columns `format` shows: COLUMNS, plus the prewarm counts when a row prewarmed.
 local function format_columns(rows)
   for _, r in ipairs(rows) do
@@ -1170,9 +1215,7 @@ function _M.format(rows)
   end
   local out = align(lines)
   local failures = failure_lines(rows)
-  local price = rows[1] and rows[1].prices and rows[1].prices.paused_second or 0
-  local note = string_format("storage price assumed: $%g per paused sandbox-hour (E2B publishes none)\n",
-    price * 3600)
+  local note = price_note(rows)
   return table_concat(out, "\n") .. "\n" .. (#failures > 0 and table_concat(failures, "\n") .. "\n" or "") .. note
 end
 

@@ -131,6 +131,15 @@ _M.DEFAULTS = {
   seed = 1,                -- seeds the backoff jitter
 }
 
+--- Sandbox sizes by template, as E2B builds them (`code-interpreter-v1`:
+-- cpu_count=2, memory_mb=2048 in e2b-dev/code-interpreter's template/build_prod.py);
+-- any other template gets `DEFAULT_SIZE`, E2B's default of 2 vCPU and 512 MiB.
+_M.TEMPLATE_SIZES = {
+  ["code-interpreter-v1"] = { cpu_count = 2, memory_mb = 2048 },
+  ["code-interpreter"] = { cpu_count = 2, memory_mb = 2048 },
+}
+_M.DEFAULT_SIZE = { cpu_count = 2, memory_mb = 512 }
+
 local Model = {}
 Model.__index = Model
 Model.__name = "warmbox.sim.Model"
@@ -176,6 +185,7 @@ function _M.new(opts, sched)
     -- the books
     stats = { requests = 0, creates = 0, resumes = 0, auto_resumes = 0, cold_boot_resumes = 0, auto_pauses = 0,
               timeout_kills = 0, pauses = 0, kills = 0, paused_during_run = 0, running_seconds = 0,
+              running_by_size = {},
               paused_seconds = 0, runs = 0, rejected_cap = 0, rejected_rate = 0, retries = 0, retry_after_waits = 0,
               peak_running = 0 },
     -- per-run marks outside tasks (inside a task: the task's `data`)
@@ -286,10 +296,16 @@ local function drain_running(self, t)
   self.running, self.stats.peak_running = n, peak
 end
 
+-- Adds dt running seconds of b to the totals, and to those of its size.
+local function add_running(self, b, dt)
+  local st = self.stats
+  st.running_seconds = st.running_seconds + dt
+  local by = st.running_by_size
+  by[b.size_key] = (by[b.size_key] or 0) + dt
+end
+
 local function stop_running(self, b, t)
-  if b.running_since then
-    self.stats.running_seconds = self.stats.running_seconds + math_max(0, t - b.running_since)
-  end
+  if b.running_since then add_running(self, b, math_max(0, t - b.running_since)) end
   b.running_since = nil
   b.epoch, b.stopped_at = b.epoch + 1, t
   running_delta(self, t, -1)
@@ -571,7 +587,7 @@ local function detail_of(b)
   if b.fmt_started ~= b.started_at then b.fmt_started, b.s_started = b.started_at, rfc3339(b.started_at) end
   if b.fmt_end ~= b.end_at then b.fmt_end, b.s_end = b.end_at, rfc3339(b.end_at) end
   d.started_at, d.end_at = b.s_started, b.s_end
-  d.cpu_count, d.memory_mb, d.disk_size_mb = 2, 512, 1024
+  d.cpu_count, d.memory_mb, d.disk_size_mb = b.cpu_count, b.memory_mb, 1024
   d.lifecycle = { on_timeout = b.on_timeout, auto_resume = b.auto_resume }
   return d
 end
@@ -605,6 +621,9 @@ local function add_box(self, params, timeout, t)
     keep_memory = lc.keep_memory ~= false, memory = true,
     timeout = timeout, kernel = false, hooked = false, executions = 0, epoch = 0,
   }
+  local size = self.size or _M.TEMPLATE_SIZES[b.template] or _M.DEFAULT_SIZE
+  b.cpu_count, b.memory_mb = size.cpu_count, size.memory_mb
+  b.size_key = string_format("%dx%d", size.cpu_count, size.memory_mb)
   b.end_at = cap(self, b, t + timeout)
   self.boxes[b.id], self.live[b.id] = b, b
   self.nlive = self.nlive + 1
@@ -994,7 +1013,7 @@ function Model:close_books()
   for _, b in pairs(self.live) do
     if b.state == "running" or b.state == "resuming" then
       if b.running_since then
-        self.stats.running_seconds = self.stats.running_seconds + math_max(0, self.now - b.running_since)
+        add_running(self, b, math_max(0, self.now - b.running_since))
         b.running_since = self.now
       end
       running = running + 1
@@ -1019,7 +1038,8 @@ function Model:sandboxes()
       if k ~= create_tag then md[k] = v end
     end
     out[#out + 1] = { sandbox_id = b.id, state = b.state, metadata = md, created_at = b.created_at,
-                      killed_at = b.killed_at, executions = b.executions }
+                      killed_at = b.killed_at, executions = b.executions, cpu_count = b.cpu_count,
+                      memory_mb = b.memory_mb }
   end
   table_sort(out, function(a, b) return a.sandbox_id < b.sandbox_id end)
   return out
