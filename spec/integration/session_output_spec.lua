@@ -80,8 +80,9 @@ describe("sessions: inputs and outputs (warmboxd)", function()
     -- The largest body of a GET /files (an output file read) the client downloaded during fn.
     local function biggest_read(s, fn)
       local tp, biggest = s.client.transport, 0
+      local request = tp.request
       tp.request = function(self, req)
-        local res, m, c, d = getmetatable(self).__index.request(self, req)
+        local res, m, c, d = request(self, req)
         if res and req.method == "GET" and req.url:find("/files?", 1, true) then
           biggest = math.max(biggest, #res.body)
         end

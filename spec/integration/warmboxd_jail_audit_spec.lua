@@ -166,7 +166,8 @@ describe("warmboxd jail audit", function()
     end
 
     it("a child that never execs holds up its own request only, and is killed at the spawn timeout", function()
-      local a, b = http.create(stalled), http.create(stalled)
+      local a = http.create(stalled, { templateID = "base", timeout = 600 })
+      local b = http.create(stalled, { templateID = "base", timeout = 600 })
       -- b's jail is made before the stall, so its Start below is one spawn, well inside the timeout
       assert.are.equal(200, start(b, "/bin/true").status)
       local out, done = os.tmpname(), os.tmpname() .. ".rc"
