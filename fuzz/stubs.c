@@ -83,3 +83,14 @@ enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb
     return wbd_envd_handle(req, sb);
   return wbd_reply_raw(req, 204, NULL, "", 0, NULL);
 }
+
+/* state.h: the targets keep no state on disk and have no snapshots. */
+#include "state.h"
+struct wbd_snapshot *wbd_snapshot_get(const char *team, const char *ref) { (void)team; (void)ref; return NULL; }
+void wbd_snapshot_put(struct wbd_snapshot *s) { (void)s; }
+const char *wbd_snapshot_template(const struct wbd_snapshot *s) { (void)s; return ""; }
+void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) { (void)s; (void)env; }
+int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls) { (void)sb; (void)cls; return 0; }
+int wbd_persist_save(struct wbd_sandbox *sb) { (void)sb; return 0; }
+int wbd_persist_restore(struct wbd_sandbox *sb) { (void)sb; return 0; }
+void wbd_persist_drop(struct wbd_sandbox *sb) { (void)sb; }

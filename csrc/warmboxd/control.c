@@ -8,6 +8,7 @@
 #include "wbd_int.h"
 #include "envd_util.h"
 #include "control.h"
+#include "state.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -15,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 static int64_t max_len_us(void) { return (int64_t)wbd_opt.max_length_hours * 3600 * US; }
 
@@ -68,7 +67,7 @@ const char *wbd_control_route(const char *method, const char *path) {
 
 /* The {id} of a path, as E2B reads it ("<id>" or the old "<id>-<clientID>").
  * Returns 0, or -1 for a malformed id (400 "Invalid sandbox ID"). */
-static int path_id(const char *path, char *id, size_t len) {
+int wbd_ctl_path_id(const char *path, char *id, size_t len) {
   const char *p = strncmp(path, "/v2/", 4) == 0 ? path + 14 : path + 11;
   size_t n = segment(p);
   const char *dash = memchr(p, '-', n);
@@ -208,7 +207,7 @@ json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jty
 /* ------------------------------------------------------------------ */
 
 /* `Sandbox`, as create/connect/resume answer. Under the store lock. */
-static json_t *sandbox_json(const struct wbd_sandbox *sb) {
+json_t *wbd_ctl_sandbox_json(const struct wbd_sandbox *sb) {
   json_t *o = json_object();
   json_object_set_new(o, "alias", json_string(sb->template_id));
   json_object_set_new(o, "clientID", json_string(WBD_CLIENT_ID));
@@ -230,7 +229,7 @@ static struct wbd_sandbox *find_locked(const char *team, const char *id) {
   return sb;
 }
 
-static struct wbd_sandbox *find_ref(const char *team, const char *id) {
+struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) {
   wbd_store_lock();
   struct wbd_sandbox *sb = find_locked(team, id);
   if (sb) wbd_store_ref_locked(sb);
@@ -252,6 +251,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   sb->state = WBD_KILLED;
   wbd_store_unlock();
   wbd_rt_on_kill(sb);
+  wbd_persist_drop(sb);
   wbd_store_lock();
   wbd_store_unref_locked(sb);  /* the store's own reference */
   wbd_store_unlock();
@@ -260,7 +260,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
 
 #define BUSY_PAUSING 2
 
-static int op_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
+int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
   /* E2B answers 204 to a pause that joins one already in flight */
   int joined = WBD_REC(sb)->busy == BUSY_PAUSING;
@@ -281,6 +281,9 @@ static int op_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
   int rc = wbd_rt_on_pause(sb, memory);
+  /* A copy that cannot be written (disk full) leaves the sandbox paused here;
+   * only a restart would lose it. */
+  if (rc == 0 && wbd_persist_save(sb) != 0) wbd_stat_add("persist_failed", 1);
   wbd_store_lock();
   if (rc == 0) {
     sb->paused_with_memory = memory;
@@ -313,7 +316,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
       int64_t end = cap_end(sb, wbd_now_us() + (int64_t)timeout_s * US);
       if (end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
     }
-    if (out) *out = sandbox_json(sb);
+    if (out) *out = wbd_ctl_sandbox_json(sb);
     wbd_store_unlock();
     return mode == R_AUTO ? 0 : 200;
   }
@@ -331,6 +334,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
   wbd_sleep_ms(wbd_knob(&wbd_opt.resume_ms));
   int rc = 0;
   if (reboot) rc = wbd_rt_on_pause(sb, 0);  /* end the kept processes: a cold boot */
+  if (rc == 0) rc = wbd_persist_restore(sb);
   if (rc == 0) rc = wbd_rt_on_resume(sb);
 
   wbd_store_lock();
@@ -341,11 +345,12 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
     wbd_store_set_end_locked(sb, cap_end(sb, now + (int64_t)timeout_s * US));
-    if (out) *out = sandbox_json(sb);
+    if (out) *out = wbd_ctl_sandbox_json(sb);
   }
   wbd_store_set_busy_locked(sb, 0);
   wbd_store_unlock();
   if (rc != 0) return 500;
+  wbd_persist_drop(sb);
   return mode == R_AUTO ? 0 : 201;
 }
 
@@ -405,6 +410,44 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
+int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_sandbox *sb, void *cls), void *cls,
+                   json_t **out) {
+  wbd_store_lock();
+  struct wbd_team *t = wbd_store_team_locked(sb->team, 1);
+  int maxr = wbd_knob(&wbd_opt.max_running);
+  if (maxr > 0 && t->running + t->reserved >= maxr) {
+    wbd_store_unlock();
+    wbd_store_discard(sb);
+    return 429;
+  }
+  t->reserved++;
+  wbd_store_unlock();
+
+  wbd_sleep_ms(wbd_knob(&wbd_opt.create_ms));
+  sb->started_at_us = wbd_now_us();
+  sb->end_at_us = sb->started_at_us + to * US;
+  int rc = wbd_rt_on_create(sb);
+  if (rc == 0 && fill) rc = fill(sb, cls);
+  if (rc != 0) {
+    wbd_rt_on_kill(sb);
+    wbd_store_lock();
+    t->reserved--;
+    wbd_store_unlock();
+    wbd_store_discard(sb);
+    return 500;
+  }
+  wbd_store_lock();
+  t->reserved--;
+  int64_t now = wbd_now_us();
+  sb->started_at_us = now;
+  sb->end_at_us = cap_end(sb, now + to * US);
+  sb->state = WBD_RUNNING;
+  wbd_store_insert_locked(sb);
+  *out = wbd_ctl_sandbox_json(sb);
+  wbd_store_unlock();
+  return 0;
+}
+
 static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, 1, &r);
@@ -453,8 +496,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
     return wbd_reply_error(req, 400, "%s", err);
   }
 
+  struct wbd_snapshot *snap = wbd_snapshot_get(team, tid);
   struct wbd_sandbox *sb = wbd_store_alloc(team);
-  sb->template_id = strdup(tid);
+  sb->template_id = strdup(snap ? wbd_snapshot_template(snap) : tid);
+  if (snap) wbd_snapshot_env(snap, sb->env_vars);
   if (meta) json_object_update(sb->metadata, meta);
   if (env) json_object_update(sb->env_vars, env);
   /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system
@@ -469,38 +514,11 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   sb->timeout_s = (int)to;
   json_decref(o);
 
-  wbd_store_lock();
-  struct wbd_team *t = wbd_store_team_locked(team, 1);
-  int maxr = wbd_knob(&wbd_opt.max_running);
-  if (maxr > 0 && t->running + t->reserved >= maxr) {
-    wbd_store_unlock();
-    wbd_store_discard(sb);
-    return reply_429(req);
-  }
-  t->reserved++;
-  wbd_store_unlock();
-
-  wbd_sleep_ms(wbd_knob(&wbd_opt.create_ms));
-  sb->started_at_us = wbd_now_us();
-  sb->end_at_us = sb->started_at_us + to * US;
-  int rc = wbd_rt_on_create(sb);
-  if (rc != 0) {
-    wbd_rt_on_kill(sb);
-    wbd_store_lock();
-    t->reserved--;
-    wbd_store_unlock();
-    wbd_store_discard(sb);
-    return wbd_reply_error(req, 500, "Failed to create sandbox");
-  }
-  wbd_store_lock();
-  t->reserved--;
-  int64_t now = wbd_now_us();
-  sb->started_at_us = now;
-  sb->end_at_us = cap_end(sb, now + to * US);
-  sb->state = WBD_RUNNING;
-  wbd_store_insert_locked(sb);
-  json_t *res = sandbox_json(sb);
-  wbd_store_unlock();
+  json_t *res = NULL;
+  int rc = wbd_ctl_launch(sb, to, snap ? wbd_snapshot_fill : NULL, snap, &res);
+  wbd_snapshot_put(snap);
+  if (rc == 429) return reply_429(req);
+  if (rc != 0) return wbd_reply_error(req, 500, "Failed to create sandbox");
   return wbd_reply_json(req, 201, res, NULL);
 }
 
@@ -514,7 +532,7 @@ static enum MHD_Result h_info(struct wbd_req *req, const char *team, const char 
 }
 
 static enum MHD_Result h_kill(struct wbd_req *req, const char *team, const char *id) {
-  struct wbd_sandbox *sb = find_ref(team, id);
+  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
   int rc = sb ? op_kill(sb, 0) : 404;
   wbd_sandbox_unref(sb);
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
@@ -574,8 +592,8 @@ static enum MHD_Result h_pause(struct wbd_req *req, const char *team, const char
   int memory = mem ? json_is_true(mem) : 1;
   json_decref(o);
   if (bad) return r;
-  struct wbd_sandbox *sb = find_ref(team, id);
-  int rc = sb ? op_pause(sb, memory, 0) : 404;
+  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
+  int rc = sb ? wbd_ctl_pause(sb, memory, 0) : 404;
   wbd_sandbox_unref(sb);
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   if (rc == 409) return wbd_reply_error(req, 409, "Error pausing sandbox - sandbox '%s' is already paused", id);
@@ -609,7 +627,7 @@ static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const ch
     return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/timeout\": number must be at least 0");
   if (secs > (long long)wbd_opt.max_length_hours * 3600)
     return wbd_reply_error(req, 400, "Timeout cannot be greater than %d hours", wbd_opt.max_length_hours);
-  struct wbd_sandbox *sb = find_ref(team, id);
+  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
   json_t *out = NULL;
   int rc = sb ? op_resume(sb, (int)secs, memory, mode, auto_pause, &out) : 404;
   wbd_sandbox_unref(sb);
@@ -635,7 +653,7 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
   if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
   if (strcmp(route, "GET /v2/sandboxes") == 0) return wbd_list_v2(req, team);
   if (strcmp(route, "GET /sandboxes") == 0) return wbd_list_v1(req, team);
-  if (path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
+  if (wbd_ctl_path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
   if (strcmp(route, "GET /sandboxes/{id}") == 0) return h_info(req, team, id);
   if (strcmp(route, "DELETE /sandboxes/{id}") == 0) return h_kill(req, team, id);
   if (strcmp(route, "POST /sandboxes/{id}/timeout") == 0) return h_timeout(req, team, id, 0);
@@ -667,7 +685,7 @@ static void expire_once(void) {
   wbd_store_unlock();
   for (size_t i = 0; i < n; i++) {
     struct wbd_sandbox *sb = v[i];
-    if (pause[i] >= 0) op_pause(sb, pause[i], 1);
+    if (pause[i] >= 0) wbd_ctl_pause(sb, pause[i], 1);
     else op_kill(sb, 1);
     wbd_sandbox_unref(sb);
   }

@@ -25,6 +25,25 @@ int wbd_ctl_authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_R
 /* `ListedSandbox`; with `detail`, `SandboxDetail`. Under the store lock. */
 json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail);
 
+#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
+
+/* The {id} of a /sandboxes/{id}... or /v2/sandboxes/{id}... path: 0, or -1
+ * when malformed (400 "Invalid sandbox ID"). */
+int wbd_ctl_path_id(const char *path, char *id, size_t len);
+/* `Sandbox`, as create/connect/resume/fork answer. Under the store lock. */
+json_t *wbd_ctl_sandbox_json(const struct wbd_sandbox *sb);
+/* The team's record with that id, not killed, referenced; or NULL. */
+struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id);
+/* Starts a new record (wbd_store_alloc'd and filled in, not inserted) for a
+ * lease of `to` seconds: reserves a place under the team's cap, makes its
+ * runtime, lets `fill` (may be NULL) put files in it, inserts it running.
+ * 0 and *out (its `Sandbox`), or 429 / 500 (the record is then freed). */
+int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_sandbox *sb, void *cls), void *cls,
+                   json_t **out);
+/* Pauses a referenced record (expire_only: the lease timer's call): 204,
+ * 404 (killed), 409 (already paused) or 500. */
+int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only);
+
 /* list.c */
 enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team);
 enum MHD_Result wbd_list_v1(struct wbd_req *req, const char *team);

@@ -2,6 +2,7 @@
  * main.c: warmboxd's options, start-up and clean exit.
  */
 #include "wbd_int.h"
+#include "state.h"
 
 #include "envd_util.h"
 
@@ -22,9 +23,9 @@
 /* The one place handlers are wired to the server: server.c calls through
  * this table, so it depends on no handler file (they depend on it). */
 static const struct wbd_routes routes = {
-  .control_route = wbd_control_route,
+  .control_route = wbd_state_route,
   .control_key_ok = wbd_control_key_ok,
-  .control = wbd_control_handle,
+  .control = wbd_state_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
   .admin_config = wbd_knob_config,
@@ -255,6 +256,7 @@ int main(int argc, char **argv) {
   }
 
   char *made_dir = NULL;
+  wbd_opt.keep_state = wbd_opt.data_dir != NULL;
   if (!wbd_opt.data_dir) {
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp) tmp = "/tmp";
@@ -288,6 +290,12 @@ int main(int argc, char **argv) {
     free(made_dir);
     return 1;
   }
+  if (wbd_persist_load_all() != 0) {
+    wbd_rt_shutdown();
+    free(made_dir);
+    return 1;
+  }
+  wbd_snapshot_load_all();
   raise_fd_limit();
   static char token_buf[65];
   if (!wbd_lim.admin_token) {
@@ -339,9 +347,11 @@ int main(int argc, char **argv) {
    * connection threads and free the records. */
   wbd_server_quiesce();
   wbd_lifecycle_stop();
+  wbd_state_shutdown();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();
+  wbd_snapshot_free_all();
   wbd_stats_free();
   if (made_dir) {
     rmdir(made_dir);

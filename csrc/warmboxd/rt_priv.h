@@ -42,6 +42,16 @@ void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks);
 long wbd_rt_oom_kills(struct wbd_rt *rt);
 long wbd_rt_memory_mb(void);
 
+/* The runtime's directory (<data_dir>/<id>: home, tmp, root) and the host
+ * uid/gid its jail runs as. */
+const char *wbd_rt_dir(const struct wbd_rt *rt);
+void wbd_rt_owner(const struct wbd_rt *rt, uid_t *uid, gid_t *gid);
+/* Freezes (on = 1) or thaws the jail's processes and nothing else; 1 when
+ * this call froze them. */
+int wbd_rt_hold(struct wbd_rt *rt, int on);
+/* Removes a tree without following symlinks (what a kill does to a sandbox's directory). */
+void wbd_rt_remove_tree(const char *path);
+
 /* 1 when sandboxes run in bubblewrap jails (0: --unisolated). */
 int wbd_rt_isolated(void);
 

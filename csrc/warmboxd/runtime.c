@@ -2141,12 +2141,72 @@ void wbd_rt_on_kill(struct wbd_sandbox *sb) {
   }
 }
 
+const char *wbd_rt_dir(const struct wbd_rt *rt) { return rt->dir; }
+
+void wbd_rt_remove_tree(const char *path) { rm_rf(path); }
+
+void wbd_rt_owner(const struct wbd_rt *rt, uid_t *uid, gid_t *gid) {
+  *uid = rt->uid;
+  *gid = rt->gid;
+}
+
+/* Holds the jail's processes still (freezer, or SIGSTOP) without the
+ * pause's other effects (streams keep their connections): for a copy of its
+ * files. Returns 1 when it froze them (then call it again with on = 0). */
+int wbd_rt_hold(struct wbd_rt *rt, int on) {
+  int did = 0;
+  pthread_mutex_lock(&rt->mu);
+  if (on && !rt->frozen) {
+    if (rt->cg[0]) did = cg_set_state(rt->cg, "FROZEN") == 0;
+    else {
+      signal_tree_locked(rt, SIGSTOP);
+      did = 1;
+    }
+    rt->frozen = did;
+  } else if (!on && rt->frozen) {
+    if (rt->cg[0]) cg_set_state(rt->cg, "THAWED");
+    else signal_tree_locked(rt, SIGCONT);
+    rt->frozen = 0;
+  }
+  pthread_mutex_unlock(&rt->mu);
+  return did;
+}
+
 /* ------------------------------------------------------------------ */
 /* Start-up and shutdown                                               */
 /* ------------------------------------------------------------------ */
 
-/* Freezer groups left by a warmboxd that was killed (SIGKILL skips the
- * clean-up): removed when their owner is gone and they hold no process. */
+/* The jail processes a killed warmboxd left in group `cg` (frozen, if it
+ * paused them): killed, then thawed so that they die. */
+static void end_orphans(const char *cg, int freezer) {
+  for (int i = 0; i < 200; i++) {
+    pid_t *v;
+    size_t n = cg_pids(cg, &v);
+    for (size_t k = 0; k < n; k++) kill(v[k], SIGKILL);
+    free(v);
+    if (freezer) cg_set_state(cg, "THAWED");
+    if (n == 0) return;
+    sleep_ms(10);
+  }
+}
+
+/* A process that exists and is not a zombie (a killed warmboxd whose parent
+ * never reaps it is dead all the same). */
+static int owner_alive(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+  char p[64], buf[512];
+  snprintf(p, sizeof p, "/proc/%d/stat", pid);
+  FILE *f = fopen(p, "re");
+  if (!f) return 1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *rp = strrchr(buf, ')');
+  return !(rp && rp[1] == ' ' && rp[2] == 'Z');
+}
+
+/* Groups left by a warmboxd that was killed (SIGKILL skips the clean-up):
+ * when their owner is gone, their processes are ended and they are removed. */
 static void reap_stale_cgroups(const char *ctrl) {
   char root[64];
   snprintf(root, sizeof root, "/sys/fs/cgroup/%s", ctrl);
@@ -2157,7 +2217,7 @@ static void reap_stale_cgroups(const char *ctrl) {
   while ((e = readdir(d))) {
     int pid;
     if (sscanf(e->d_name, "warmboxd-%d", &pid) != 1 || pid <= 0) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (owner_alive(pid)) continue;
     char top[PATH_MAX];
     snprintf(top, sizeof top, "%s/%s", root, e->d_name);
     DIR *sd = opendir(top);
@@ -2167,7 +2227,7 @@ static void reap_stale_cgroups(const char *ctrl) {
         if (se->d_type == DT_DIR && se->d_name[0] != '.') {
           char sub[PATH_MAX + 300];
           snprintf(sub, sizeof sub, "%s/%s", top, se->d_name);
-          if (freezer) cg_set_state(sub, "THAWED");
+          end_orphans(sub, freezer);
           rmdir(sub);  /* fails, and stays, while it holds a process */
         }
       closedir(sd);

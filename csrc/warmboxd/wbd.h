@@ -85,6 +85,7 @@ struct wbd_sandbox {
   int refcount;             /* under the store lock; record freed at 0 after kill */
   /* data plane bookkeeping (under the store lock) */
   int runs_in_flight;       /* /execute and Process.Start streams now running */
+  int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart) */
   struct wbd_rt *rt;
 };
 
@@ -146,6 +147,7 @@ struct wbd_options {
   int rtt_ms, create_ms, resume_ms;
   const char *data_dir;     /* where sandbox directories live */
   int unisolated;           /* --unisolated: run without bubblewrap (warned) */
+  int keep_state;           /* --data-dir given: paused sandboxes and snapshots outlive a restart */
   int verbose;
 };
 extern struct wbd_options wbd_opt;

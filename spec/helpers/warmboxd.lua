@@ -114,10 +114,15 @@ Server.__index = Server
 
 function M.start(opts)
   opts = opts or {}
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p " .. sh_quote(dir)))
+  -- opts.dir: the directory of a server stopped with srv:kill (a restart on its data)
+  local dir = opts.dir
+  if not dir then
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. sh_quote(dir)))
+  end
   local logf = dir .. "/warmboxd.log"
+  os.remove(logf)  -- a restart must not read the last server's address
   local args = { "--port", "0", "--data-dir", dir .. "/data" }
   -- It ends with this busted process, even one killed before its teardown.
   local me = tonumber((read_all("/proc/self/stat") or ""):match("^(%d+)"))
@@ -243,6 +248,20 @@ function Server:stop()
   end
   os.execute("rm -rf " .. sh_quote(self.dir))
   return true
+end
+
+--- Ends the server with `sig` ("TERM" or "KILL") and waits for it to exit,
+-- keeping its directory: `wbd.start{ dir = srv.dir }` restarts on its data
+-- (then stop that one; this one's stop only marks it stopped).
+function Server:kill(sig)
+  self.stopped = true
+  os.execute("kill -" .. sig .. " " .. self.pid .. " 2>/dev/null")
+  local waited = 0
+  while alive(self.pid) and waited < 30 do
+    sleep(0.02)
+    waited = waited + 0.02
+  end
+  return not alive(self.pid)
 end
 
 --- Bulk-creates cheap sandbox records for the server's team (the seed knob):

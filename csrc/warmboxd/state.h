@@ -1,0 +1,94 @@
+/*
+ * state.h: a sandbox's state on disk, in <data_dir>/.state/. Layers, each
+ * calling only down:
+ *   snapshot_api.c  the routes (snapshots, fork) in front of control.c's,
+ *                   and the graceful stop; calls fork.c, control.c and below
+ *   fork.c          POST /sandboxes/{id}/fork (calls control.c's launch)
+ *   control.c       calls snapshot.c (create from a snapshot), persist.c (hooks)
+ *   snapshot.c      the snapshots: kept in memory and on disk
+ *   persist.c       paused sandboxes (record and files) outlive a restart;
+ *                   the copy of a running sandbox (held still) for both
+ *   rtfiles.c       the one copy step: a sandbox's files (root, home, /tmp)
+ *                   out to a directory and back into a fresh sandbox
+ * Kernel memory is never on disk: a sandbox started from a snapshot, a fork,
+ * or a paused sandbox after a restart boots afresh on the saved files (as
+ * after a filesystem-only pause).
+ */
+#ifndef WBD_STATE_H
+#define WBD_STATE_H
+
+#include "wbd.h"
+
+/* ---- rtfiles.c ---- */
+/* <data_dir>/.state/<sub> into buf (made on first use): buf, or NULL. */
+const char *wbd_state_dir(const char *sub, char *buf, size_t len);
+/* Copies the running sandbox's files into dest/files (dest is made; the
+ * jail's processes are held still meanwhile when `hold`). 0 or -1. */
+int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold);
+/* Copies src/files into the sandbox's (fresh) runtime, giving what the
+ * saved jail's user owned to this one's. 0 or -1. */
+int wbd_files_load(struct wbd_sandbox *sb, const char *src);
+/* Removes a directory tree (no symlink followed). */
+void wbd_files_remove(const char *dir);
+/* Writes `o` (stolen) as dir/name, atomically. 0 or -1. */
+int wbd_state_write_json(const char *dir, const char *name, json_t *o);
+
+/* ---- persist.c ---- */
+/* A record as JSON (under the store lock): every field a restart or a
+ * fork needs. */
+json_t *wbd_persist_record_json(const struct wbd_sandbox *sb);
+/* Fills a fresh record from that JSON; `identity`: also its id, team,
+ * token and times (a restart), else only what a fork inherits. 0 or -1. */
+int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity);
+/* The hooks control.c calls (without the store lock): */
+int wbd_persist_save(struct wbd_sandbox *sb);      /* paused: record and files to disk; 0 or -1 */
+int wbd_persist_restore(struct wbd_sandbox *sb);   /* resuming: files back when they are on disk only */
+void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget the copy */
+/* Start-up: takes the data directory (an flock: one server each), cleans
+ * what a killed warmboxd left, loads the paused records. 0 or -1. */
+int wbd_persist_load_all(void);
+void wbd_persist_close(void);                      /* lets go of the data directory */
+/* Holds the team's running sandbox `id` still while its files are copied
+ * to dir/files; *rec gets its record (wbd_persist_record_json). 0, 404,
+ * 409 (a snapshot of it is being taken), paused_status when it is paused,
+ * or 500. */
+int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec);
+
+/* ---- snapshot.c ---- */
+struct wbd_snapshot;
+/* The team's snapshot named by `ref` (its id, "id:tag", name or "name:tag"),
+ * referenced, or NULL. */
+struct wbd_snapshot *wbd_snapshot_get(const char *team, const char *ref);
+void wbd_snapshot_put(struct wbd_snapshot *s);   /* NULL is fine */
+const char *wbd_snapshot_template(const struct wbd_snapshot *s);
+/* Adds the snapshot's envVars to `env`. */
+void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env);
+/* wbd_ctl_launch's fill: the snapshot's files into sb (cls: the snapshot). */
+int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls);
+/* Takes a snapshot of the team's running sandbox `id`: 0 and a referenced
+ * *out, or 404 / 409 / 500. */
+int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out);
+/* E2B's SnapshotInfo {snapshotID, names}. */
+json_t *wbd_snapshot_info(struct wbd_snapshot *s);
+/* One page of the team's snapshots, newest first, after (after_us,
+ * after_id) when after_id is given; filters may be NULL. next gets the token
+ * of the next page, "" when this is the last. */
+json_t *wbd_snapshot_page(const char *team, const char *sandbox_id, const char *name, long long after_us,
+                          const char *after_id, long limit, char *next, size_t nlen);
+int wbd_snapshot_delete(const char *team, const char *ref);   /* 0, or -1: none */
+/* A snapshot name: [A-Za-z0-9._-]{1,128}, optionally ":tag". */
+int wbd_snapshot_name_ok(const char *name);
+void wbd_snapshot_load_all(void);                /* start-up, with --data-dir */
+void wbd_snapshot_free_all(void);
+
+/* ---- fork.c ---- */
+enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const char *id);
+
+/* ---- snapshot_api.c (main.c's route table) ---- */
+const char *wbd_state_route(const char *method, const char *path);
+enum MHD_Result wbd_state_control(struct wbd_req *req, const char *route);
+/* Shutdown: running sandboxes that pause at their timeout are paused
+ * (files only) now, so that they come back after the restart. */
+void wbd_state_shutdown(void);
+
+#endif
