@@ -448,7 +448,8 @@ insulate("warmbox.e2b", function()
     end)
 
     it("list_snapshots follows X-Next-Token with the filters", function()
-      push{ body = '[{"snapshotID":"b","names":["b:default"]},{"snapshotID":"a"}]', headers = { ["x-next-token"] = "T1" } }
+      push{ body = '[{"snapshotID":"b","names":["b:default"]},{"snapshotID":"a"}]',
+        headers = { ["x-next-token"] = "T1" } }
       push{ body = '[{"snapshotID":"z"}]' }
       local all = assert(c:list_snapshots{ sandbox_id = "i/1", name = "cp-1", limit = 2 })
       assert.same({ { snapshot_id = "b", names = { "b:default" } }, { snapshot_id = "a", names = {} },
