@@ -250,7 +250,7 @@ function Warmbox:sessions()
 end
 
 local GC_OPTS = { dry_run = true, max_age = true, concurrency = true, max_kills = true, next_token = true,
-  pages = true, on_action = true, on_page = true, actions = true, policy = true }
+  pages = true, on_action = true, on_page = true, actions = true, policy = true, on_checkpoint = true }
 
 local function gc_run_opts(self, opts, fname)
   if opts ~= nil and type(opts) ~= "table" then
@@ -282,7 +282,9 @@ end
 --- Garbage-collect tagged sandboxes under the GC policy (delegates to `warmbox.gc.run`).
 -- @tparam[opt] table opts `dry_run` (false), `max_age` (seconds, 86400), `concurrency` (8),
 --   `max_kills`, `next_token`, `pages`, `on_action`, `on_page`, `actions` (true), `policy`
---   (this pass only: a table or a path)
+--   (this pass only: a table or a path), `on_checkpoint(a)` (the checkpoint pass's actions,
+--   when the policy has `checkpoint_gc`: its report is `report.checkpoints`, see
+--   `warmbox.gc_checkpoints`)
 -- @treturn[1] table report (see `warmbox.gc.run`)
 -- @return[2] nil, message, code, partial report
 function Warmbox:gc(opts)
@@ -290,7 +292,16 @@ function Warmbox:gc(opts)
   local o, perr, pcode = gc_run_opts(self, opts, "gc")
   if not o then return nil, perr, pcode end
   local gc = require "warmbox.gc"
-  return gc.run(o)
+  local on_checkpoint = o.on_checkpoint
+  o.on_checkpoint = nil
+  local rep, msg, code, partial = gc.run(o)
+  if not rep or not o.policy.checkpoint_gc then return rep, msg, code, partial end
+  -- The checkpoint pass (the policy's checkpoint_gc hook): see warmbox.gc_checkpoints.
+  local cr, cmsg, ccode, cpartial = require("warmbox.gc_checkpoints").run{ client = o.client, tag = o.tag,
+    policy = o.policy, clock = o.clock, lock = o.lock, dry_run = o.dry_run, on_action = on_checkpoint }
+  rep.checkpoints = cr or cpartial
+  if not cr then return nil, cmsg, ccode, rep end
+  return rep
 end
 
 --- Scheduled GC for a long-running host: call it from the host's loop or timer
