@@ -129,7 +129,7 @@ local function checkpoint_locked(self, lk, label, want_turn)
   if not st.sandbox_id then
     return nil, string_format("checkpoint of session '%s': it has no sandbox (run first)", self.key), "NOT_FOUND"
   end
-  local turn = st.turns or 0
+  local turn = math_floor(tonumber(st.turns) or 0)
   if want_turn and turn ~= want_turn then
     return nil, string_format("checkpoint of session '%s': turn %d was followed by turn %d", self.key,
       want_turn, turn), "STALE"
@@ -234,7 +234,13 @@ function _M.branch(self, cp, new_key, opts)
   for k, v in pairs(errors.check_options(opts, { env = "map", actor = "string" }, "branch", 3, 3)) do o[k] = v end
   o.lock, o.policy = self.new_lock, self.policy
   local s2 = self._new(new_key, o)
-  local r, err, code, detail = restore(s2, cp, true)
+  if s2.tag_value == self.tag_value then
+    return nil, string_format("branch to session '%s': that is this conversation (rewind it instead)", new_key),
+      "BAD_REQUEST"
+  end
+  _M.settle(self)
+  -- The source's lock too: GC's checkpoint pass leaves the checkpoints of a locked session.
+  local r, err, code, detail = self:_with_lock(function() return restore(s2, cp, true) end)
   if not r then return nil, err, code, detail end
   return s2
 end

@@ -1131,7 +1131,7 @@ function Session:_run_locked(lk, code, opts, files)
     end
     if r then
       st.last_run = self.wall()
-      st.turns = (st.turns or 0) + 1
+      st.turns = math.floor(tonumber(st.turns) or 0) + 1 -- (JSON gives a float)
       r.turn = st.turns
       -- It has run since it lost its memory: what its kernel holds now is kept.
       st.memory_lost = nil
