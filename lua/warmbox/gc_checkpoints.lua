@@ -23,13 +23,12 @@ local _M = {}
 
 -- conv hash -> a tag value of that conversation's sandboxes.
 local function conversations(client, tag)
-  local gc = require "warmbox.gc"
   local convs = {}
-  local ok, err, code = gc.each_listed(client, { state = { "running", "paused" } }, function(item)
+  for item, err, code in client:list{ state = { "running", "paused" } } do
+    if not item then return nil, err, code end
     local v = type(item.metadata) == "table" and item.metadata[tag]
     if type(v) == "string" then convs[checkpoint.conv_hash(v)] = v end
-  end)
-  if not ok then return nil, err, code end
+  end
   return convs
 end
 
@@ -69,7 +68,7 @@ end
 function _M.run(opts)
   local client, hook = opts.client, opts.policy and opts.policy.checkpoint_gc
   local report = new_report(opts.dry_run and true or false)
-  if type(hook) ~= "function" then return report end
+  if type(hook) ~= "function" or type(client.list_snapshot_pages) ~= "function" then return report end
   local new_lock = opts.lock and lock_mod.factory(opts.lock, nil, nil, "gc")
   local convs, err, code = conversations(client, opts.tag or "warmboxSessionId")
   if not convs then return nil, err, code, report end
@@ -121,6 +120,8 @@ end
 -- @treturn[1] number how many were deleted
 -- @return[2] nil, msg, code
 function _M.release(client, key, tag_value)
+  -- A client without snapshots (the simulator's model) has none to delete.
+  if type(client.list_snapshots) ~= "function" then return 0 end
   local kh = key and checkpoint.key_hash(key)
   local conv = tag_value and checkpoint.conv_hash(tag_value)
   local list, err, code = checkpoint.list(client, function(cp)

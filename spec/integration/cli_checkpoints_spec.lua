@@ -42,9 +42,10 @@ describe("warmbox checkpoints / gc / release (checkpoints)", function()
     code, out, err = warmbox(g() .. "checkpoints --session cli:cp --delete " .. a.id)
     assert.equal(0, code, err)
     assert.equal("deleted " .. a.id .. "\n", out)
-    code, _, err = warmbox(g() .. "checkpoints --session cli:cp --delete " .. a.id)
+    code, out, err = warmbox(g() .. "checkpoints --session cli:cp --delete " .. a.id)
     assert.equal(2, code)
     assert.matches("no checkpoint", err)
+    assert.equal("", out)
     assert.same({ b.id }, { assert(s:checkpoints())[1].id })
 
     -- an orphan: its conversation's sandbox is gone

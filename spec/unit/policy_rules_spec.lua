@@ -155,10 +155,9 @@ describe("the README's example policy file", function()
 end)
 
 describe("checkpoint rules", function()
-  local rules = require "warmbox.policy.rules"
-  local NOW = 1000000
-  local function cp(age) return { id = "c", created_at = NOW - age } end
-  local function cx(rank, has_sandbox) return { now = NOW, rank = rank, has_sandbox = has_sandbox } end
+  local T = 1000000
+  local function cp(age) return { id = "c", created_at = T - age } end
+  local function cx(rank, has_sandbox) return { now = T, rank = rank, has_sandbox = has_sandbox } end
 
   it("max_checkpoints deletes past the cap, newest kept (rank 1 = newest)", function()
     local r = rules.max_checkpoints(2)
