@@ -27,6 +27,9 @@ local type, ipairs, pairs, tostring, tonumber, math_floor, string_format =
 local _M = {}
 
 _M.PREFIX = "wbcp-"
+--- How long (s) an automatic checkpoint started outside tasks drives the engine at most
+-- before the run returns: until its snapshot request has left (as `session.PREWARM_KICK`).
+_M.KICK = 0.25
 local LABEL_MAX = 40
 
 local function sha(s) return require("warmbox.core").sha256(s) end
@@ -283,7 +286,8 @@ function _M.after_run(self, r, turn)
     return cp, err, code
   end)
   self._pending_cp = { task = t, runner = rn }
-  if not rn:current() and rn.kick then rn:kick(0) end
+  -- Outside tasks: started now (its requests leave), finished at the next call (see settle).
+  if not rn:current() and rn.kick then rn:kick(_M.KICK) end
 end
 
 --- Waits for the automatic checkpoint this session object started, if any
