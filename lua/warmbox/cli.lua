@@ -651,6 +651,12 @@ local function write_gc_report(out, r, as_json, failure, first)
     out:write(string_format("%slisted %d, tagged %d, kept %d, %s %d, %s %d, busy %d, skipped %d, "
       .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, killed, r.killed, demoted,
       r.demoted, r.busy, r.skipped, r.failed, resume and (", resume with --next-token " .. resume) or ""))
+    local c = r.checkpoints
+    if c then
+      out:write(string_format("%scheckpoints: listed %d, kept %d, %s %d, busy %d, errors %d\n",
+        r.dry_run and "dry run: " or "", c.checkpoints, c.kept, r.dry_run and "would delete" or "deleted", c.deleted,
+        c.busy, c.failed))
+    end
   end
 end
 

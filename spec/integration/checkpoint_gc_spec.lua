@@ -78,6 +78,12 @@ describe("checkpoints: policy and GC (warmboxd)", function()
     assert.same({}, assert(o:checkpoints()))
     -- idempotent: nothing more to do
     assert.equal(0, assert(wb:gc{ policy = policy }).checkpoints.deleted)
+    -- scheduled GC runs the checkpoint pass too
+    assert(a:run("x = 4"))
+    assert(a:checkpoint())
+    local every = assert(wb:gc_every(3600, { policy = policy }))
+    assert.equal(1, every.checkpoints.deleted)
+    assert.same({ made[3] }, { ids(assert(a:checkpoints()))[1] })
   end)
 
   it("never deletes a checkpoint that a rewind in flight creates from", function()

@@ -70,6 +70,7 @@ describe("warmbox checkpoints / gc / release (checkpoints)", function()
     os.remove(f)
     assert.equal(0, code, err)
     assert.matches("delete%s+" .. ocp.id:gsub("%p", "%%%0"), out)
+    assert.matches("\ncheckpoints: listed 2, kept 1, deleted 1, busy 0, errors 0\n", out)
     assert.same({}, assert(o:checkpoints()))
 
     code, out, err = warmbox(g() .. "release cli:cp")
