@@ -1175,7 +1175,7 @@ end
 --   `on_stdout(text)`, `on_stderr(text)`, `on_result(result)`
 -- @treturn[1] table `{ stdout, stderr, error = {name, value, traceback} | nil, results,
 --   text (the main result's text, or nil), files = { {name, content, mime} }, reused, resumed,
---   sandbox_id, execution_count,
+--   sandbox_id, execution_count, turn (the session's successful runs, see s:checkpoint),
 --   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
 --   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
 --   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`
