@@ -6,6 +6,7 @@
 --   warmbox [options] server start|stop|status
 --   warmbox [options] doctor [--embedded | --e2b]
 --   warmbox [options] release KEY
+--   warmbox [options] checkpoints --session KEY [--env K=V]... [--actor A] [--json] [--delete ID]
 --   warmbox [options] sessions [--tenant T] [--state running|paused] [--json]
 --   warmbox [options] gc [--dry-run] [--json] [--policy FILE] [--retention 7d] [--max-kills N]
 --                        [--concurrency N] [--next-token T] [--pages N]
@@ -56,7 +57,11 @@ commands:
   server start|stop|status       a warmboxd in the background for this user: without an E2B key
                                  every command uses it, and sessions keep their kernels between commands
   doctor [--embedded | --e2b]    check what the embedded server and E2B need, with what to install or set
-  release KEY                    kill every sandbox of the session KEY
+  release KEY                    kill every sandbox of the session KEY, delete its checkpoints
+  checkpoints --session KEY      list the session's checkpoints (E2B snapshots), oldest first
+      --env K=V, --actor A         as for run (the session's fingerprint)
+      --json                       one JSON array
+      --delete ID                  delete one of them
   sessions                       list sessions, their sandboxes, last activity and age
       --tenant T                   only this tenant's (the key before the first ':', or the policy's tenant hook)
       --state S                    only running or paused ones
@@ -461,7 +466,7 @@ local function cmd_prewarm(o, args, io_)
 end
 
 -- ------------------------------------------------------------------
--- release, sessions, gc
+-- release, checkpoints, sessions, gc
 -- ------------------------------------------------------------------
 
 local function cmd_release(o, args, io_)
@@ -471,7 +476,9 @@ local function cmd_release(o, args, io_)
   local n, msg, code = wb:release(args[1])
   wb:close()
   if not n then return fail(io_.stderr, msg, code) end
-  io_.stdout:write(string_format("released %s: %d sandbox%s killed\n", args[1], n, n == 1 and "" or "es"))
+  local c = tonumber(msg) or 0 -- the checkpoints deleted
+  io_.stdout:write(string_format("released %s: %d sandbox%s killed, %d checkpoint%s deleted\n", args[1], n,
+    n == 1 and "" or "es", c, c == 1 and "" or "s"))
   return 0
 end
 
@@ -539,6 +546,53 @@ local function write_sessions_table(out, rows)
   end
 end
 
+-- `warmbox checkpoints`: a session's checkpoints (list, or --delete ID).
+local function cmd_checkpoints(o, args, io_)
+  local key, actor, env, as_json, delete
+  local function session(v) key = v end
+  parse_args(args, "checkpoints", {
+    ["--session"] = session, ["-s"] = session,
+    ["--actor"] = function(v) actor = v end,
+    ["--env"] = function(v) env = env_arg(env, v) end,
+    ["--json"] = { function() as_json = true end },
+    ["--delete"] = function(v) delete = v end,
+  })
+  if not key then error("checkpoints needs --session KEY", 0) end
+  local wb = new_warmbox(o, io_.stderr)
+  if not wb then return FAILED end
+  local list, msg, code = wb:session(key, { env = env, actor = actor }):checkpoints()
+  local found
+  for _, cp in ipairs(list or {}) do
+    if cp.id == delete then found = cp end
+  end
+  local ok, dmsg, dcode = true, nil, nil
+  if delete and found then ok, dmsg, dcode = wb.client:delete_snapshot(found.id) end
+  wb:close()
+  if not list then return fail(io_.stderr, msg, code) end
+  if delete then
+    if not found then return fail(io_.stderr, "no checkpoint '" .. delete .. "' in session '" .. key .. "'",
+      "NOT_FOUND") end
+    if ok == nil then return fail(io_.stderr, dmsg, dcode) end
+    io_.stdout:write("deleted ", delete, "\n")
+    return 0
+  end
+  if as_json then
+    local json = require "warmbox.json"
+    local doc = {}
+    for i, cp in ipairs(list) do
+      doc[i] = { id = cp.id, turn = cp.turn, label = cp.label or json.null, created_at = utc(cp.created_at) }
+    end
+    io_.stdout:write(#doc == 0 and "[]" or json.encode(doc), "\n")
+  else
+    for _, cp in ipairs(list) do
+      io_.stdout:write(string_format("%-20s turn %-4d %-16s %s\n", utc(cp.created_at), cp.turn,
+        cp.label or "-", cp.id))
+    end
+    if #list == 0 then io_.stdout:write("no checkpoints\n") end
+  end
+  return 0
+end
+
 local function cmd_sessions(o, args, io_)
   local tenant, state, as_json
   parse_args(args, "sessions", {
@@ -587,6 +641,7 @@ local function write_gc_report(out, r, as_json, failure, first)
       end
       summary.next_token = r.resume_token or r.next_token or json.null
       summary.errors = #r.errors > 0 and r.errors or nil
+      summary.checkpoints = r.checkpoints
     end
     if failure then summary.error = { message = failure.message, code = failure.code or json.null } end
     local s = json.encode(summary)
@@ -598,6 +653,12 @@ local function write_gc_report(out, r, as_json, failure, first)
     out:write(string_format("%slisted %d, tagged %d, kept %d, %s %d, %s %d, busy %d, skipped %d, "
       .. "errors %d%s\n", r.dry_run and "dry run: " or "", r.listed, r.tagged, r.kept, killed, r.killed, demoted,
       r.demoted, r.busy, r.skipped, r.failed, resume and (", resume with --next-token " .. resume) or ""))
+    local c = r.checkpoints
+    if c then
+      out:write(string_format("%scheckpoints: listed %d, kept %d, %s %d, busy %d, errors %d\n",
+        r.dry_run and "dry run: " or "", c.checkpoints, c.kept, r.dry_run and "would delete" or "deleted", c.deleted,
+        c.busy, c.failed))
+    end
   end
 end
 
@@ -623,6 +684,17 @@ local function cmd_gc(o, args, io_)
   local tty = stderr_tty(io_)
   local first = true
   if as_json then out:write('{"actions":[') end
+  opts.on_checkpoint = function(a)
+    if a.action == "keep" then return end
+    if as_json then
+      out:write(first and "\n" or ",\n", json.encode({ action = a.action, checkpoint_id = a.checkpoint_id,
+        turn = a.turn, reason = a.reason or json.null, code = a.code or json.null }))
+    else
+      local action = opts.dry_run and a.action == "delete" and "would delete" or a.action
+      out:write(string_format("  %-7s %-40s %s\n", action, tostring(a.checkpoint_id), tostring(a.reason or "")))
+    end
+    first = false
+  end
   opts.on_action = function(a)
     if a.action == "keep" then return end
     if as_json then
@@ -1112,7 +1184,7 @@ end
 -- main
 -- ------------------------------------------------------------------
 
-local COMMANDS = "run, prewarm, server, doctor, release, sessions, gc, simulate, demo, smoke"
+local COMMANDS = "run, prewarm, server, doctor, release, checkpoints, sessions, gc, simulate, demo, smoke"
 
 -- `warmbox --version`: warmbox's version and where its C part was loaded from.
 version_line = function()
@@ -1172,6 +1244,7 @@ function _M.main(argv, io_)
   local rest = {}
   for j = i, #args do rest[#rest + 1] = args[j] end
   local handlers = { run = cmd_run, prewarm = cmd_prewarm, release = cmd_release, sessions = cmd_sessions, gc = cmd_gc,
+    checkpoints = cmd_checkpoints,
     simulate = cmd_simulate, server = cmd_server, doctor = cmd_doctor, smoke = cmd_smoke, demo = cmd_demo }
   local h = handlers[cmd]
   if not cmd then

@@ -1116,13 +1116,22 @@ local function each_listed(client, opts, fn)
 end
 _M.each_listed = each_listed
 
+-- After release's kills: the conversation's checkpoints go too (warmbox.gc_checkpoints).
+local function release_checkpoints(client, key, tv, killed)
+  local deleted, derr, dcode = require("warmbox.gc_checkpoints").release(client, key, not key and tv or nil)
+  if not deleted then return nil, derr, dcode end
+  return killed, deleted
+end
+
 --- Kills a conversation's sandboxes (the conversation was deleted): with
 -- `tag_value`, those whose tag equals it exactly; with `key`, those whose tag
 -- decodes to that session key, whatever the fingerprint (env, actor,
 -- template). Each session is locked first (waiting for a run in progress, up to
 -- the lock's `timeout`), and its remembered state is cleared.
 -- @tparam table opts client, tag ("warmboxSessionId"), tag_value | key, lock
+-- Then the conversation's checkpoints are deleted (issue 24).
 -- @treturn[1] number how many sandboxes were killed
+-- @treturn[1] number how many checkpoints were deleted
 -- @return[2] nil, message, code ("BUSY" when a session stayed locked)
 function _M.release(opts)
   check_opts(opts, RELEASE_OPTS, "release")
@@ -1189,7 +1198,7 @@ function _M.release(opts)
     close_lock(lk)
     if kerr then return nil, kerr, kcode end
   end
-  return killed
+  return release_checkpoints(client, key, tv, killed)
 end
 
 return _M

@@ -269,7 +269,21 @@ function Warmbox:sessions()
 end
 
 local GC_OPTS = { dry_run = true, max_age = true, concurrency = true, max_kills = true, next_token = true,
-  pages = true, on_action = true, on_page = true, actions = true, policy = true }
+  pages = true, on_action = true, on_page = true, actions = true, policy = true, on_checkpoint = true }
+
+-- One GC pass: the sandboxes (warmbox.gc.run), then, when the policy has a
+-- `checkpoint_gc` hook, the checkpoints (warmbox.gc_checkpoints.run: `report.checkpoints`).
+local function gc_pass(o)
+  local on_checkpoint = o.on_checkpoint
+  o.on_checkpoint = nil
+  local rep, msg, code, partial = require("warmbox.gc").run(o)
+  if not rep or not o.policy.checkpoint_gc or rep.next_token then return rep, msg, code, partial end
+  local cr, cmsg, ccode, cpartial = require("warmbox.gc_checkpoints").run{ client = o.client, tag = o.tag,
+    policy = o.policy, clock = o.clock, lock = o.lock, dry_run = o.dry_run, on_action = on_checkpoint }
+  rep.checkpoints = cr or cpartial
+  if not cr then return nil, cmsg, ccode, rep end
+  return rep
+end
 
 local function gc_run_opts(self, opts, fname)
   if opts ~= nil and type(opts) ~= "table" then
@@ -301,15 +315,16 @@ end
 --- Garbage-collect tagged sandboxes under the GC policy (delegates to `warmbox.gc.run`).
 -- @tparam[opt] table opts `dry_run` (false), `max_age` (seconds, 86400), `concurrency` (8),
 --   `max_kills`, `next_token`, `pages`, `on_action`, `on_page`, `actions` (true), `policy`
---   (this pass only: a table or a path)
+--   (this pass only: a table or a path), `on_checkpoint(a)` (the checkpoint pass's actions,
+--   when the policy has `checkpoint_gc`: its report is `report.checkpoints`, see
+--   `warmbox.gc_checkpoints`)
 -- @treturn[1] table report (see `warmbox.gc.run`)
 -- @return[2] nil, message, code, partial report
 function Warmbox:gc(opts)
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
   local o, perr, pcode = gc_run_opts(self, opts, "gc")
   if not o then return nil, perr, pcode end
-  local gc = require "warmbox.gc"
-  return gc.run(o)
+  return gc_pass(o)
 end
 
 --- Scheduled GC for a long-running host: call it from the host's loop or timer
@@ -333,7 +348,6 @@ function Warmbox:gc_every(seconds, opts)
   if not o then return nil, perr, pcode end
   if o.next_token ~= nil then bad_option(2, "gc_every", "next_token", "not accepted (gc_every manages it)") end
   local json = require "warmbox.json"
-  local gc = require "warmbox.gc"
   local lk = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout))()
   local key = "warmbox-gc:" .. self.tag
   local got, lerr, lcode = lk:try_lock(key)
@@ -362,7 +376,7 @@ function Warmbox:gc_every(seconds, opts)
     lk:set_state(json.encode({ last = last, next_token = p.resume_token }))
     if on_page then on_page(p) end
   end
-  local ok, rep, err, code, partial = pcall(gc.run, o)
+  local ok, rep, err, code, partial = pcall(gc_pass, o)
   if not ok then
     done() -- the state keeps the last page's resume token
     error(rep, 0)

@@ -184,6 +184,7 @@ _M.lease_clock = lease_clock
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
 local function locks() return require "warmbox.lock" end
+local function checkpoints() return require "warmbox.checkpoint" end
 
 --- The lock options a session's lock gets unless given: it waits long enough
 -- for a run of the same session to finish; a dead holder's lock expires
@@ -229,6 +230,7 @@ function _M.new(key, opts)
   if type(opts.client) ~= "table" then bad_option(2, "new", "client", "E2B client expected") end
   local self = {
     key = key,
+    new_opts = opts, -- what s:branch makes its session with (warmbox.checkpoint)
     client = opts.client,
     -- `clock`: lease bookkeeping (durations); `wall`: unix seconds (last_run, which GC
     -- compares with E2B's times). With `mono` the first follows the monotonic clock.
@@ -336,9 +338,9 @@ local parse_utc = util.parse_time
 -- Forgets the remembered sandbox; the creates in flight stay recorded (their
 -- orphans are recognised later, see `create_sandbox`).
 local function forget(st)
-  local creating = st.creating
+  local creating, turns = st.creating, st.turns
   for k in pairs(st) do st[k] = nil end
-  st.creating = creating
+  st.creating, st.turns = creating, turns
 end
 
 -- Whether a failed control-plane call says the sandbox is definitively gone
@@ -498,7 +500,7 @@ end
 
 -- Creates the session's sandbox with the policy's `create_params` (the tag
 -- and a lease at least `lease` imposed). → sb | nil, msg, code, detail
-local function create_sandbox(self, st, lease)
+local function create_sandbox(self, st, lease, from)
   local ctx = self:_ctx(st)
   ctx.lease = lease
   local p, perr, pcode = policy_mod.call(self.policy, "create_params", ctx)
@@ -506,7 +508,7 @@ local function create_sandbox(self, st, lease)
   if type(p) ~= "table" then return bad_hook(self, "create_params", type(p), "table") end
   local params = {}
   for k, v in pairs(p) do params[k] = v end
-  params.template = params.template or self.template
+  params.template = from or params.template or self.template
   if params.timeout ~= nil and not is_positive_number(params.timeout) then
     return nil, string_format("policy '%s' hook 'create_params' returned timeout %s (positive number expected)",
       tostring(self.policy.name), tostring(params.timeout)), "POLICY"
@@ -536,6 +538,9 @@ local function create_sandbox(self, st, lease)
   st.auto_resume = type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
   return sb
 end
+
+-- A sandbox created from a snapshot (`from`: its id) for warmbox.checkpoint.
+function Session:_create_from(st, lease, from) return create_sandbox(self, st, lease, from) end
 
 -- The candidates in `ordered`, the orphans (see `orphan_of`) moved last: an
 -- empty sandbox whose create was given up never wins over one in use.
@@ -1138,6 +1143,8 @@ function Session:_run_locked(lk, code, opts, files)
     end
     if r then
       st.last_run = self.wall()
+      st.turns = math.floor(tonumber(st.turns) or 0) + 1 -- (JSON gives a float)
+      r.turn = st.turns
       -- It has run since it lost its memory: what its kernel holds now is kept.
       st.memory_lost = nil
       if st.creating then self:_collect_orphans(st) end
@@ -1184,7 +1191,7 @@ end
 --   `on_stdout(text)`, `on_stderr(text)`, `on_result(result)`
 -- @treturn[1] table `{ stdout, stderr, error = {name, value, traceback} | nil, results,
 --   text (the main result's text, or nil), files = { {name, content, mime} }, reused, resumed,
---   sandbox_id, execution_count,
+--   sandbox_id, execution_count, turn (the session's successful runs, see s:checkpoint),
 --   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
 --   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
 --   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`
@@ -1205,6 +1212,7 @@ function Session:run(code, opts)
   if not files then return nil, ferr, "BAD_REQUEST" end
   -- A run allowed to take longer than exec_timeout keeps its lock long enough.
   local run_timeout = opts.timeout or self.exec_timeout
+  if self._pending_cp then checkpoints().settle(self) end
   local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
     if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
       lk:expire(math.ceil(run_timeout) + 120)
@@ -1220,6 +1228,7 @@ function Session:run(code, opts)
       detail.unlock_error = unlock_error
     end
   end
+  if r and self.policy.checkpoint then checkpoints().after_run(self, r, r.turn) end
   return r, err, ecode, detail
 end
 
@@ -1459,5 +1468,30 @@ function Session:state()
   if st then st.access_token = nil end
   return st, err, code
 end
+
+-- ------------------------------------------------------------------
+-- Checkpoints (issue 24): see warmbox.checkpoint and README, "Checkpoints"
+-- ------------------------------------------------------------------
+
+Session._decode, Session._encode, Session._new, Session._margin = _M.decode_state, _M.encode_state, _M.new,
+  _M.LEASE_MARGIN
+
+--- Snapshots the conversation's sandbox as its last run left it (under the lock:
+-- a run in progress finishes first).
+-- @tparam[opt] table opts `label` (1..40 of a-z, 0-9, '-')
+-- @treturn[1] table `{ id, turn, label, created_at, sandbox_id, name }`
+-- @return[2] nil, msg, code ("NOT_FOUND": no sandbox yet), detail
+function Session:checkpoint(opts) return checkpoints().checkpoint(self, opts) end
+--- This conversation's checkpoints, oldest first, as E2B lists them.
+function Session:checkpoints()
+  if self._pending_cp then checkpoints().settle(self) end
+  return checkpoints().checkpoints(self)
+end
+--- A new session for `new_key` whose sandbox starts from `cp` (opts: `env`, `actor`).
+function Session:branch(cp, new_key, opts) return checkpoints().branch(self, cp, new_key, opts) end
+--- The conversation goes back to `cp`: a sandbox from it replaces its own.
+function Session:rewind(cp) return checkpoints().rewind(self, cp) end
+--- Waits for the automatic checkpoint of the last run, if one is being taken.
+function Session:await_checkpoint() return checkpoints().settle(self) end
 
 return _M

@@ -10,12 +10,13 @@ local _M = {}
 
 --- Decode the state string a session keeps under its lock key:
 -- `{ v = 1, tag, origin, sandbox_id, access_token, domain, lease_end, run_started, last_run, hooked,
--- auto_resume, creating }`
+-- auto_resume, creating, turns }`
 -- (times in the session clock's unit, unix seconds by default; `run_started` is
 -- when the sandbox's current run began, since E2B caps a run's length; `hooked`
 -- is the sandbox id whose python kernel has warmbox's output hooks;
 -- `auto_resume`: the sandbox pauses at its lease end and traffic resumes it;
--- `creating`: the creates sent whose answer never came, `{ {id, at} }`, see warmbox.session).
+-- `creating`: the creates sent whose answer never came, `{ {id, at} }`, see warmbox.session;
+-- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.checkpoint).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
 function _M.decode(s)
@@ -34,7 +35,7 @@ function _M.encode(st)
     creating = st.creating,
     v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
     domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
-    hooked = st.hooked, memory_lost = st.memory_lost, auto_resume = st.auto_resume,
+    hooked = st.hooked, memory_lost = st.memory_lost, auto_resume = st.auto_resume, turns = st.turns,
   })
 end
 

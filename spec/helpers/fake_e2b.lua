@@ -7,6 +7,8 @@
 --   c.fail = { list = CODE, list_at = i, create = CODE, connect = { [id] = CODE|true },
 --              set_timeout = { [id] = CODE|true }, read = CODE, run = { { msg, CODE, detail }, ... } }
 --   c.loose = true    -- a metadata filter matched by prefix, as a loose server might
+--   snapshots: c.snaps (newest first, `{ snapshot_id, names, sandbox_id }`), c.fail.snapshot = CODE,
+--   log lines "snapshot sb1 NAME", "delete_snapshot ID", "create TEMPLATE"
 --   c.info_over[id] = detail | "gone"
 local outputs = require "warmbox.outputs"
 local util = require "warmbox.util"
@@ -161,6 +163,7 @@ function M.new(o)
   end
   function c:create(p)
     rec("create", p)
+    log("create", tostring(p.template))
     if self.fail.create then return nil, "create failed", self.fail.create end
     self.seq = self.seq + 1
     local id = "new" .. self.seq
@@ -266,6 +269,47 @@ function M.new(o)
       return out
     end
     return h
+  end
+  c.snaps = {}
+  function c:snapshot(id, so)
+    rec("snapshot", id, so and so.name)
+    log("snapshot", id, tostring(so and so.name))
+    if self.fail.snapshot then return nil, "snapshot failed", self.fail.snapshot end
+    local s = self.sb[id]
+    if not s or s.killed or s.state ~= "running" then return nil, "sandbox '" .. id .. "' not found", "NOT_FOUND" end
+    local sid = so and so.name and (so.name .. ":default") or ("snap" .. #self.snaps + 1)
+    table.insert(self.snaps, 1, { snapshot_id = sid, names = so and so.name and { sid } or {}, sandbox_id = id,
+      files = util.copy(s.files or {}) })
+    return { snapshot_id = sid, names = so and so.name and { sid } or {} }
+  end
+  function c:list_snapshot_pages()
+    rec("list_snapshots")
+    local done = false
+    return function()
+      if done then return nil end
+      done = true
+      local out = {}
+      for i, sn in ipairs(self.snaps) do out[i] = { snapshot_id = sn.snapshot_id, names = sn.names } end
+      return out, false, nil
+    end
+  end
+  function c:list_snapshots()
+    local out = {}
+    for items in self:list_snapshot_pages() do
+      for _, it in ipairs(items) do out[#out + 1] = it end
+    end
+    return out
+  end
+  function c:delete_snapshot(id)
+    rec("delete_snapshot", id)
+    log("delete_snapshot", id)
+    for i, sn in ipairs(self.snaps) do
+      if sn.snapshot_id == id then
+        table.remove(self.snaps, i)
+        return true
+      end
+    end
+    return false
   end
   return c
 end

@@ -418,6 +418,82 @@ insulate("warmbox.e2b", function()
     end)
   end)
 
+  describe("snapshots", function()
+    it("snapshot posts the name and maps the answer; 404, 409 and a missing id are errors", function()
+      push{ status = 201, body = '{"snapshotID":"cp-1:default","names":["cp-1:default"]}' }
+      local snap = assert(c:snapshot("iabc", { name = "cp-1" }))
+      assert.same({ snapshot_id = "cp-1:default", names = { "cp-1:default" } }, snap)
+      assert.equals("POST", last().method)
+      assert.equals("http://api.test/sandboxes/iabc/snapshots", last().url)
+      assert.same({ name = "cp-1" }, cjson.decode(last().body))
+      assert.is_nil(last().retry.idempotent)
+      push{ status = 201, body = '{"snapshotID":"t1"}' }
+      assert.same({ snapshot_id = "t1", names = {} }, c:snapshot("iabc"))
+      assert.same({}, cjson.decode(last().body))
+      push{ status = 404, body = "{}" }
+      local n, msg, code = c:snapshot("iabc")
+      assert.is_nil(n)
+      assert.equals("NOT_FOUND", code)
+      assert.equals("sandbox 'iabc' not found or not running", msg)
+      push{ status = 409, body = '{"code":409,"message":"Sandbox is being snapshotted"}' }
+      assert.equals("CONFLICT", select(3, c:snapshot("iabc")))
+      push{ status = 201, body = '{"names":[]}' }
+      assert.equals("PROTOCOL", select(3, c:snapshot("iabc")))
+      push{ fail = { "connection reset", "TRANSPORT", true } }
+      local _, tmsg, tcode, det = c:snapshot("iabc")
+      assert.equals("TRANSPORT", tcode)
+      assert.equals("snapshot sandbox 'iabc': connection reset", tmsg)
+      assert.is_true(det.sent)
+      assert.has_error(function() c:snapshot("iabc", { label = "x" }) end)
+    end)
+
+    it("list_snapshots follows X-Next-Token with the filters", function()
+      push{ body = '[{"snapshotID":"b","names":["b:default"]},{"snapshotID":"a"}]',
+        headers = { ["x-next-token"] = "T1" } }
+      push{ body = '[{"snapshotID":"z"}]' }
+      local all = assert(c:list_snapshots{ sandbox_id = "i/1", name = "cp-1", limit = 2 })
+      assert.same({ { snapshot_id = "b", names = { "b:default" } }, { snapshot_id = "a", names = {} },
+        { snapshot_id = "z", names = {} } }, all)
+      assert.equals("http://api.test/snapshots?sandboxID=i%2F1&name=cp-1&limit=2", fake.requests[1].url)
+      assert.equals("http://api.test/snapshots?sandboxID=i%2F1&name=cp-1&limit=2&nextToken=T1",
+        fake.requests[2].url)
+      push{ body = "[]" }
+      assert.same({}, c:list_snapshots())
+      assert.equals("http://api.test/snapshots", last().url)
+      push{ body = '{"snapshotID":"a"}' }
+      assert.equals("PROTOCOL", select(3, c:list_snapshots()))
+      push{ status = 500, body = '{"message":"boom"}' }
+      local n, msg, code = c:list_snapshots()
+      assert.is_nil(n)
+      assert.equals("HTTP", code)
+      assert.equals("list snapshots: http 500: boom", msg)
+      assert.has_error(function() c:list_snapshots{ limit = 0 } end)
+      assert.has_error(function() c:list_snapshots{ sandboxID = "x" } end)
+    end)
+
+    it("delete_snapshot is true, false when gone, an error otherwise", function()
+      push{ status = 204 }
+      assert.is_true(c:delete_snapshot("cp-1:default"))
+      assert.equals("DELETE", last().method)
+      assert.equals("http://api.test/templates/cp-1%3Adefault", last().url)
+      push{ status = 404, body = "{}" }
+      assert.is_false(c:delete_snapshot({ snapshot_id = "x" }))
+      push{ status = 500, body = "{}" }
+      assert.equals("HTTP", select(3, c:delete_snapshot("x")))
+      assert.has_error(function() c:delete_snapshot() end,
+        "bad argument #1 to 'delete_snapshot' (snapshot id expected, got nil)")
+    end)
+
+    it("create from a snapshot sends its id as the template, with new metadata", function()
+      push{ status = 201, body = '{"sandboxID":"i2","templateID":"cp-1:default","clientID":"c"}' }
+      local sb = assert(c:create{ template = "cp-1:default", metadata = { conv = "b" } })
+      assert.equals("i2", sb.sandbox_id)
+      local body = cjson.decode(last().body)
+      assert.equals("cp-1:default", body.templateID)
+      assert.same({ conv = "b" }, body.metadata)
+    end)
+  end)
+
   describe("data plane", function()
     local s
     before_each(function()

@@ -153,3 +153,48 @@ describe("the README's example policy file", function()
       ctx{ totals = { seen = 0, kept = 0, kill = 1000, demote = 0 } }))
   end)
 end)
+
+describe("checkpoint rules", function()
+  local T = 1000000
+  local function cp(age) return { id = "c", created_at = T - age } end
+  local function cx(rank, has_sandbox) return { now = T, rank = rank, has_sandbox = has_sandbox } end
+
+  it("max_checkpoints deletes past the cap, newest kept (rank 1 = newest)", function()
+    local r = rules.max_checkpoints(2)
+    assert.is_nil(r(cp(0), cx(2, true)))
+    local action, reason = r(cp(0), cx(3, true))
+    assert.equal("delete", action)
+    assert.equal("over the cap of 2 checkpoints per conversation", reason)
+    assert.has_error(function() rules.max_checkpoints(-1) end)
+  end)
+
+  it("checkpoint_after deletes by age; checkpoint_orphans by a conversation without sandbox", function()
+    local r = rules.checkpoint_after("2d")
+    assert.is_nil(r(cp(86400), cx(1, true)))
+    local action, reason = r(cp(3 * 86400), cx(1, true))
+    assert.equal("delete", action)
+    assert.equal("taken 3d ago (delete after 2d)", reason)
+    assert.has_error(function() rules.checkpoint_after("soon") end)
+    local o = rules.checkpoint_orphans()
+    assert.equal("delete", (o(cp(0), cx(1, false))))
+    assert.is_nil(o(cp(0), cx(1, true)))
+    assert.equal("keep", (rules.checkpoint_orphans("keep")(cp(0), cx(1, false))))
+    assert.has_error(function() rules.checkpoint_orphans("kill") end)
+  end)
+
+  it("checkpoints{} composes them: orphans first, then age, then the cap, else keep", function()
+    local r = rules.checkpoints{ max_checkpoints = 3, checkpoint_after = "7d", orphans = "keep" }
+    assert.equal("keep", (r(cp(30 * 86400), cx(9, false))))
+    assert.equal("delete", (r(cp(30 * 86400), cx(1, true))))
+    assert.equal("delete", (r(cp(0), cx(4, true))))
+    assert.equal("keep", (r(cp(0), cx(3, true))))
+    assert.has_error(function() rules.checkpoints{ max = 3 } end)
+  end)
+
+  it("policy files may have the checkpoint hooks", function()
+    local p = assert(policy.load("return { checkpoint = function(info) return info.turn == 1 end, "
+      .. "checkpoint_gc = rules.checkpoints{ max_checkpoints = 1 } }"))
+    assert.is_true(p.checkpoint({ turn = 1 }))
+    assert.equal("delete", (p.checkpoint_gc(cp(0), cx(2, true))))
+  end)
+end)

@@ -541,6 +541,134 @@ function Client:set_timeout(id, seconds)
   return http_failure(res, what, false, ("sandbox '%s' not found or not running"):format(id))
 end
 
+-- ======================================================================
+-- Persistent snapshots (E2B's `POST /sandboxes/{id}/snapshots`)
+-- ======================================================================
+
+local function check_snapshot_id(id, n, fname)
+  if type(id) == "table" then id = id.snapshot_id end
+  argcheck(type(id) == "string" and id ~= "", n, fname, "snapshot id expected, got " .. type(id))
+  return id
+end
+
+local function to_snapshot(t)
+  local names = {}
+  if type(t.names) == "table" then
+    for _, n in ipairs(t.names) do
+      if type(n) == "string" then names[#names + 1] = n end
+    end
+  end
+  return { snapshot_id = json.value(t.snapshotID), names = names }
+end
+
+--- Takes a persistent snapshot of a running sandbox (memory and files; it is
+-- paused briefly and keeps running). Not retried once sent: a second attempt
+-- could make a second snapshot.
+-- @tparam string id
+-- @tparam[opt] table opts `name` ("n" or "n:tag"; a name taken again moves to the new snapshot)
+-- @treturn[1] table `{ snapshot_id, names }` (the id is a template id: `create{ template = id }`)
+-- @return[2] nil, msg, code ("NOT_FOUND": unknown or paused; "CONFLICT": one is being taken), detail
+function Client:snapshot(id, opts)
+  check_client(self, "snapshot")
+  id = check_id(id, 1, "snapshot")
+  opts = check_options(opts, { name = "string" }, "snapshot", 2)
+  local what = ("snapshot sandbox '%s'"):format(id)
+  local res, msg, code, d = api(self, "POST", "/sandboxes/" .. uri_component(id) .. "/snapshots",
+    { name = opts.name }, what)
+  if not res then return nil, msg, code, d end
+  if res.status ~= 201 and res.status ~= 200 then
+    return http_failure(res, what, false, ("sandbox '%s' not found or not running"):format(id))
+  end
+  local t, m2, c2, d2 = decode_body(res, what)
+  if not t then return nil, m2, c2, d2 end
+  local snap = to_snapshot(t)
+  if type(snap.snapshot_id) ~= "string" or snap.snapshot_id == "" then
+    return nil, what .. ": the answer has no snapshotID", "PROTOCOL", errors.detail(res.status, res.body)
+  end
+  return snap
+end
+
+local snapshot_list_fields = { sandbox_id = "string", name = "string", limit = "number", next_token = "string" }
+
+--- The `/snapshots` URL path and query of one page (exposed for specs).
+function _M.snapshots_path(opts, token)
+  local q = {}
+  if opts.sandbox_id then q[#q + 1] = "sandboxID=" .. uri_component(opts.sandbox_id) end
+  if opts.name then q[#q + 1] = "name=" .. uri_component(opts.name) end
+  if opts.limit then q[#q + 1] = "limit=" .. tostring(math.floor(opts.limit)) end
+  if token then q[#q + 1] = "nextToken=" .. uri_component(token) end
+  if #q == 0 then return "/snapshots" end
+  return "/snapshots?" .. table_concat(q, "&")
+end
+
+local function has_snapshot_id(t) return type(json.value(t.snapshotID)) == "string" end
+
+--- Iterates over pages of the team's snapshots, newest first:
+-- `for items, token_used, next_token in c:list_snapshot_pages(opts) do ... end`;
+-- on an error the loop gets `false, msg, code, token, detail`, then stops.
+-- @tparam[opt] table opts `sandbox_id` (made from that sandbox), `name` (a name or id,
+--   optionally `:tag`), `limit` (page size, 1..100), `next_token`
+function Client:list_snapshot_pages(opts)
+  check_client(self, "list_snapshot_pages")
+  opts = check_options(opts, snapshot_list_fields, "list_snapshot_pages", 1)
+  if opts.limit ~= nil and not (opts.limit >= 1 and opts.limit <= 100) then
+    bad_option(1, "list_snapshot_pages", "limit", "1..100 expected, got " .. tostring(opts.limit))
+  end
+  local token = opts.next_token ~= "" and opts.next_token or nil
+  local finished = false
+  return function()
+    if finished then return nil end
+    local used = token
+    local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
+      url = self.api_url .. _M.snapshots_path(opts, used), headers = self.api_headers, retry = self.retry_idem }
+    local _, m, c, d
+    if not res then
+      _, m, c, d = transport_failure("list snapshots", msg, code, sent)
+    elseif res.status < 200 or res.status > 299 then
+      _, m, c, d = http_failure(res, "list snapshots")
+    end
+    local arr
+    if not m then arr, m, c, d = decode_array(res, "list snapshots", has_snapshot_id) end
+    if not arr then
+      finished = true
+      return false, m, c, used, d
+    end
+    local items = {}
+    for i, t in ipairs(arr) do items[i] = to_snapshot(t) end
+    local nxt = res.headers["x-next-token"]
+    if nxt == "" then nxt = nil end
+    token, finished = nxt, nxt == nil
+    return items, used or false, nxt
+  end
+end
+
+--- Every matching snapshot (all pages), newest first.
+-- @treturn[1] table items `{ snapshot_id, names }`
+-- @return[2] nil, msg, code, detail
+function Client:list_snapshots(opts)
+  check_client(self, "list_snapshots")
+  local out = {}
+  for items, msg, code, _, detail in self:list_snapshot_pages(opts) do
+    if items == false then return nil, msg, code, detail end
+    for _, it in ipairs(items) do out[#out + 1] = it end
+  end
+  return out
+end
+
+--- Deletes a snapshot (`DELETE /templates/{id}`); sandboxes started from it keep running.
+-- @treturn[1] boolean true when deleted, false when there was none
+-- @return[2] nil, msg, code, detail
+function Client:delete_snapshot(id)
+  check_client(self, "delete_snapshot")
+  id = check_snapshot_id(id, 1, "delete_snapshot")
+  local what = ("delete snapshot '%s'"):format(id)
+  local res, msg, code, d = api(self, "DELETE", "/templates/" .. uri_component(id), nil, what, true)
+  if not res then return nil, msg, code, d end
+  if res.status == 204 or res.status == 200 then return true end
+  if res.status == 404 then return false end
+  return http_failure(res, what)
+end
+
 --- A data-plane handle on a sandbox (see `warmbox.e2b.sandbox`).
 -- @tparam table|string sb a sandbox table (from create/connect/info) or an id
 -- @tparam[opt] table opts `access_token` (default `sb.envd_access_token`), `user`, `traffic_token`

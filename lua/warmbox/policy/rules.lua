@@ -211,6 +211,62 @@ function _M.gc(o)
   return rule
 end
 
+-- ------------------------------------------------------------------
+-- Checkpoints (a policy's `checkpoint_gc(cp, ctx) -> "delete" | "keep" | nil, reason`;
+-- warmbox.gc_checkpoints). `cp`: `id, name, turn, label, created_at, conv`; `ctx`:
+-- `now`, `rank` (1 = the newest of its conversation: E2B lists newest first),
+-- `has_sandbox` (its conversation has a sandbox, running or paused).
+-- ------------------------------------------------------------------
+
+--- At most `max` checkpoints per conversation: the older ones are deleted.
+function _M.max_checkpoints(max)
+  max = count(max, "max", "max_checkpoints")
+  return function(_, ctx)
+    if ctx.rank and ctx.rank > max then
+      return "delete", fmt("over the cap of %d checkpoints per conversation", max)
+    end
+    return nil
+  end
+end
+
+--- Checkpoints older than `after` (a duration) are deleted.
+function _M.checkpoint_after(after)
+  local secs, err = _M.duration(after)
+  if not secs then error("bad argument #1 to 'checkpoint_after' (" .. err .. ")", 2) end
+  return function(cp, ctx)
+    if type(cp.created_at) == "number" and ctx.now - cp.created_at > secs then
+      return "delete", fmt("taken %s ago (delete after %s)", human(ctx.now - cp.created_at), human(secs))
+    end
+    return nil
+  end
+end
+
+--- Checkpoints whose conversation has no sandbox: `action` ("delete" by default, or "keep").
+function _M.checkpoint_orphans(action)
+  action = action or "delete"
+  if action ~= "keep" and action ~= "delete" then
+    error("bad argument #1 to 'checkpoint_orphans' (\"keep\" or \"delete\" expected, got "
+      .. tostring(action) .. ")", 2)
+  end
+  return function(_, ctx)
+    if ctx.has_sandbox == false then return action, "its conversation has no sandbox" end
+    return nil
+  end
+end
+
+--- The usual composition for `checkpoint_gc`: orphans, then age, then the cap;
+-- the first with an opinion wins, else "keep".
+-- @tparam table o `max_checkpoints`, `checkpoint_after`, `orphans` ("keep" | "delete"; default: no opinion)
+function _M.checkpoints(o)
+  o = require("warmbox.errors").check_options(o, { "max_checkpoints", "checkpoint_after", "orphans" },
+    "checkpoints", 1)
+  local list = {}
+  if o.orphans then list[#list + 1] = _M.checkpoint_orphans(o.orphans) end
+  if o.checkpoint_after then list[#list + 1] = _M.checkpoint_after(o.checkpoint_after) end
+  if o.max_checkpoints then list[#list + 1] = _M.max_checkpoints(o.max_checkpoints) end
+  return _M.chain(table.unpack(list))
+end
+
 -- The default policy's `gc` hook (retention by last activity, orphans kept).
 ANY_ORDER[require("warmbox.policy.default").gc] = true
 
