@@ -8,6 +8,7 @@
 -- the lease ends the cell is interrupted and reported, never paused
 -- underneath (warmboxd's pause_during_run stays 0, checked by env:stop).
 local sessions = require "spec.helpers.sessions"
+local wbd = require "spec.helpers.warmboxd"
 local session = require "warmbox.session"
 
 describe("tasks: the lease extension goes alongside the execute (warmboxd)", function()
@@ -28,7 +29,8 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     local s
     s = session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
       exec_timeout = o.exec_timeout or 300, idle_timeout = o.idle_timeout or 300,
-      parallel = wb.parallel, origin = wb.origin, clock = function() return os.time() + s.moved end,
+      parallel = wb.parallel, origin = wb.origin,
+      clock = function() return (o.frozen_at or os.time()) + s.moved end,
       on_event = function(name, info)
         log[#log + 1] = name .. (info.alongside and "+" or "") .. (info.ok == false and "!" or "")
         if name == "connect" and info.ok == false and o.on_failed_connect then o.on_failed_connect(s) end
@@ -102,8 +104,13 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     -- session's clock and warmboxd's both move on by 5 s), so the cell (50 s,
     -- timeout 60) is interrupted before the lease less LEASE_MARGIN: warmboxd,
     -- whose clock moved alike, never paused it underneath.
+    -- Both clocks stand still but for these moves (warmboxd's frozen, the
+    -- session's at the same time): the failed connects' real time (retries,
+    -- a loaded machine) moves neither, so only the moves decide.
     local log = {}
+    local frozen = assert(env.srv:admin("POST", "/clock", { freeze = true }).json)
     local s = logged("lease:interrupt", log, { exec_timeout = 25, idle_timeout = 25,
+      frozen_at = math.floor(wbd.utc(frozen.now)),
       on_failed_connect = function(sess)
         sess.moved = sess.moved + 5
         env.srv:advance(5)
@@ -120,6 +127,7 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     assert.equal(0, (st.counters or {}).pause_during_run or 0)
     -- Cleared: the next run works on the same sandbox (resumed if it paused since).
     env.srv:clear_faults()
+    assert(env.srv:admin("POST", "/clock", { freeze = false }).json)
     local r2 = assert(s:run("x"))
     assert.equal(first.sandbox_id, r2.sandbox_id)
     assert.equal("1", r2.results[1].text)
