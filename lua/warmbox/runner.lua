@@ -425,10 +425,23 @@ end
 -- The lock's wait hook: inside a runner's task, sleep on its scheduler
 -- ------------------------------------------------------------------
 
+-- Inside a task the wait ends early when the lock is released in this
+-- process (`waker.wake`, see warmbox.lock): a release by another process is
+-- seen at the next step (the engine's poll does not watch the lock backends).
+local function task_wait(t, s, waker)
+  if not waker then return t.sched:sleep(s) end
+  if waker.woken then return true end
+  local ev = t.sched:event()
+  waker.wake = function() ev:signal(true) end
+  local woke = ev:wait(t.sched:now() + s)
+  waker.wake = nil
+  return woke == true
+end
+
 local prev_wait = lock.wait
-lock.wait = function(s)
+lock.wait = function(s, waker)
   local t = task.current()
-  if t and t.sched.backend.engine and t.sched:current() == t then return t.sched:sleep(s) end
+  if t and t.sched.backend.engine and t.sched:current() == t then return task_wait(t, s, waker) end
   if not t then
     -- A blocking wait: runners with background work in flight (`r.background`
     -- > 0: a prewarm started from blocking code, which may hold the very lock
@@ -437,7 +450,7 @@ lock.wait = function(s)
       if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
     end
   end
-  return prev_wait(s)
+  return prev_wait(s, waker)
 end
 
 _M.Runner, _M.Transport = Runner, Transport
