@@ -75,6 +75,7 @@ describe("on_event and log hooks", function()
     events = {}
     local r = assert(s3:run("x = 3"))
     assert.is_true(r.resumed)
+    assert.equal(1, wb:stats().resume)
     assert.is_true(in_order(names(events), { "resume", "run_start", "run_end" }))
   end)
 
@@ -139,6 +140,42 @@ describe("r.timings", function()
     local s = wb:session("tm-1")
     check(assert(s:run("x = 1")).timings)
     check(assert(s:run("x = 2")).timings)
+  end)
+
+  it("each field covers its own phase (the time a slowed step takes is in its field)", function()
+    local core = require "warmbox.core"
+    local SLOW = 0.05
+    -- the remembered sandbox is used as it is (no connect): a run longer than its lease is extended first
+    local wb, client = new_wb{ exec_timeout = 200, policy = { should_refresh = function() return false end } }
+    local function slowed(name)
+      local f = client[name]
+      client[name] = function(...) core.sleep(SLOW) return f(...) end
+    end
+    slowed("create")
+    slowed("set_timeout")
+    local s = wb:session("tm-phases")
+    local t1 = assert(s:run("x = 1")).timings
+    assert.is_true(t1.resolve >= SLOW, "resolve " .. t1.resolve)  -- the create
+    client.exec = function() core.sleep(SLOW) end
+    local t2 = assert(s:run("x = 2", { timeout = 300 })).timings
+    assert.is_true(t2.lease >= SLOW, "lease " .. t2.lease)        -- the extension to 305 s
+    assert.is_true(t2.execute >= SLOW, "execute " .. t2.execute)
+    assert.is_true(t2.total >= t2.lease + t2.execute)
+    -- lock_wait: a task waits while another holds the session
+    local runner = require "warmbox.runner"
+    local r = assert(runner.new())
+    local waited
+    client.exec = nil
+    r:spawn(function()
+      local lk = require("warmbox.lock").new{ backend = "memory" }
+      assert(lk:lock(s.tag_value))
+      r.sched:sleep(SLOW)
+      lk:unlock()
+    end)
+    r:spawn(function() waited = assert(s:run("x = 3")).timings.lock_wait end)
+    assert(r:loop())
+    r:close()
+    assert.is_true(waited >= SLOW, "lock_wait " .. tostring(waited))
   end)
 
   it("is on a failure's detail, also when the lock was never had", function()
