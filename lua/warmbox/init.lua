@@ -43,12 +43,13 @@ local OPTS = {
   sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table",
   clock = "function", mono = "function", client = "table", secret = "string", request_timeout = "number",
   retry_after_max = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
-  ca_file = "string", on_event = "function", log = "function",
+  ca_file = "string", user_agent = "string", max_connections = "number", on_event = "function", log = "function",
   max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
 }
 
 -- The low-level client's options `new` passes through (warmbox.e2b.new checks them).
-local CLIENT_PASS = { "request_timeout", "retry_after_max", "retries", "connect_timeout", "proxy", "ca_file" }
+local CLIENT_PASS = { "request_timeout", "retry_after_max", "retries", "connect_timeout", "proxy", "ca_file",
+  "user_agent", "max_connections" }
 
 -- The options of the E2B client `new` makes: `base`, and those of CLIENT_PASS given in `o`.
 local function client_options(o, base)
@@ -137,7 +138,11 @@ end
 --   clock, seconds: lease durations; default `warmbox.core.now` unless `clock` is given), `client` (an E2B
 --   client to use as is), `secret` (HMAC key of the session fingerprints; default
 --   `warmbox.tag.installation_secret()`), `request_timeout` (seconds, (0, 3600]),
---   `retry_after_max` (seconds: the longest `Retry-After` honoured),
+--   `retry_after_max` (seconds: the longest `Retry-After` honoured), `retries`, `connect_timeout`,
+--   `proxy`, `ca_file`, `user_agent`, `max_connections` (passed to warmbox.e2b.new), `on_event`
+--   (function(name, info)) and `log` (function(level, msg, fields)): every session's events
+--   (see warmbox.metrics; wb:session may replace them), `lock` default `$WARMBOX_LOCK` /
+--   `$WARMBOX_REDIS_URL`, else "file",
 --   `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of stdout, stderr and
 --   results kept per run, default 16 MiB), `max_files_bytes` (bytes of output files
 --   returned per run, default 64 MiB); timeouts must be finite, positive and at most
@@ -195,7 +200,8 @@ local SESSION_OPTS = { env = "table", actor = "string", template = "string", exe
 -- @tparam string key the session key (any bytes, e.g. "workspace-1:thread-9")
 -- @tparam[opt] table opts `env` (env vars baked in at creation; part of the fingerprint),
 --   `actor` (who acts; part of the fingerprint), `template`, and overrides of `exec_timeout`,
---   `idle_timeout`, `max_output`, `max_files_bytes` (checked as in `new`)
+--   `idle_timeout`, `max_output`, `max_files_bytes`, `require_memory`, `on_event`, `log`
+--   (checked as in `new`)
 -- @treturn warmbox.Session
 function Warmbox:session(key, opts)
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end

@@ -247,7 +247,7 @@ describe("wb:stats()", function()
 end)
 
 describe("warmbox.new passes the low-level client's options", function()
-  it("retries, connect_timeout, proxy and ca_file reach warmbox.e2b.new", function()
+  it("retries, connect_timeout, proxy, ca_file, user_agent, max_connections reach warmbox.e2b.new", function()
     local wb = assert(warmbox.new{ api_key = "k", api_url = "https://api.example.invalid", retries = 0,
       connect_timeout = 2, proxy = false, ca_file = "/etc/ssl/certs/ca-certificates.crt" })
     assert.equal(1, wb.client.retry.attempts)
@@ -258,6 +258,10 @@ describe("warmbox.new passes the low-level client's options", function()
     end,
       "bad argument #1 to 'new' (option 'retries': integer 0..100 expected, got 101)")
     assert.has_error(function() warmbox.new{ api_key = "k", retries = "3" } end)
+    assert.has_error(function()
+      warmbox.new{ api_key = "k", api_url = "https://api.example.invalid", max_connections = 0 }
+    end, "bad argument #1 to 'new' (option 'max_connections': 1..10000 expected, got 0)")
+    assert(warmbox.new{ api_key = "k", api_url = "https://api.example.invalid", user_agent = "host/1" }):close()
   end)
 end)
 
