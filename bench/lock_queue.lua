@@ -10,7 +10,9 @@
 -- for the create) on the new key next to the same on the warm key, and
 -- their ratio. Ways: tasks of one runner (in-process, the lock waits yield
 -- to the runner), then TASKS processes with blocking waits on the file lock
--- (and on the redis lock when redis-server is installed). Also prints the
+-- (and on the redis lock when redis-server is installed), then the same with
+-- each process's runs in a runner's task (redis: not woken across
+-- processes inside a task, it polls). Also prints the
 -- lock's wake-up counters (lock.stats(): polls and wakes of the waits).
 dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
@@ -73,26 +75,31 @@ local function in_process(opts, new_key)
 end
 
 local CHILD = [[
-local backend, dir, port, key, creates, i, runs, create, hold, out = ...
+local backend, dir, port, key, creates, i, runs, create, hold, out, in_task = ...
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"
 local lk = lock.new{ backend = backend, dir = dir, redis = { port = tonumber(port), prefix = "lq:" }, timeout = 120 }
 if tonumber(i) > 1 then core.sleep(0.05 + 0.01 * tonumber(i)) end
 local lat = {}
-for n = 1, tonumber(runs) do
-  local t0 = core.now()
-  assert(lk:lock(key))
-  core.sleep((creates == "1" and n == 1) and tonumber(create) or tonumber(hold))
-  assert(lk:unlock())
-  if n > 1 then lat[#lat + 1] = string.format("%.6f", core.now() - t0) end
+local r = in_task == "1" and assert(require("warmbox.runner").new())
+local sleep = r and function(s) r.sched:sleep(s) end or core.sleep
+local function all()
+  for n = 1, tonumber(runs) do
+    local t0 = core.now()
+    assert(lk:lock(key))
+    sleep((creates == "1" and n == 1) and tonumber(create) or tonumber(hold))
+    assert(lk:unlock())
+    if n > 1 then lat[#lat + 1] = string.format("%.6f", core.now() - t0) end
+  end
 end
+if r then r:spawn(all); assert(r:loop()) else all() end
 local s = lock.stats and lock.stats() or {}
 local f = assert(io.open(out, "w"))
 f:write(string.format("%d %d\n", s.polls or 0, s.wakes or 0), table.concat(lat, " "))
 f:close()
 ]]
 
-local function processes(backend, port, new_key)
+local function processes(backend, port, new_key, in_task)
   seq = seq + 1
   local key = "queue-" .. seq .. "-" .. os.time()
   local child = work .. "/child.lua"
@@ -107,9 +114,9 @@ local function processes(backend, port, new_key)
   local env = "LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
   local cmd = {}
   for i = 1, TASKS do
-    cmd[i] = string.format("%s lua5.4 %s %s %s %d %s %s %d %d %g %g %s &", env, q(child), backend,
+    cmd[i] = string.format("%s lua5.4 %s %s %s %d %s %s %d %d %g %g %s %s &", env, q(child), backend,
       q(work .. "/locks"), port or 0, key, (new_key and i == 1) and "1" or "0", i, RUNS, CREATE, HOLD,
-      q(work .. "/out" .. i))
+      q(work .. "/out" .. i), in_task and "1" or "0")
   end
   assert(os.execute(table.concat(cmd, " ") .. " wait"))
   local all, polls, wakes = {}, 0, 0
@@ -146,16 +153,20 @@ do
   w50, w90 = in_process(mopts, false)
   report("runner tasks, memory lock", n50, n90, w50, w90, counters())
 end
-local function procs(backend, port)
-  local n50, n90, p1, k1 = processes(backend, port, true)
-  local w50, w90, p2, k2 = processes(backend, port, false)
-  report(string.format("%d processes, %s lock", TASKS, backend), n50, n90, w50, w90,
-    string.format("  (polls %d, wakes %d)", p1 + p2, k1 + k2))
+local function procs(backend, port, in_task)
+  local n50, n90, p1, k1 = processes(backend, port, true, in_task)
+  local w50, w90, p2, k2 = processes(backend, port, false, in_task)
+  report(string.format("%d processes%s, %s lock", TASKS, in_task and " (tasks)" or "", backend), n50, n90, w50,
+    w90, string.format("  (polls %d, wakes %d)", p1 + p2, k1 + k2))
 end
 procs("file")
+procs("file", nil, true)
 if redis_helper.available() then
   local srv = redis_helper.start()
-  local ok, err = pcall(procs, "redis", srv.port)
+  local ok, err = pcall(function()
+    procs("redis", srv.port)
+    procs("redis", srv.port, true)
+  end)
   srv:stop()
   if not ok then print("redis bench failed: " .. tostring(err)) end
 else

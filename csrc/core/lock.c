@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
@@ -329,12 +330,16 @@ static const luaL_Reg warmbox_flock_meta[] = {
  * core.lock_watch() -> watch | nil, msg, "IO". w:add(path) -> true | nil,
  * msg, code (watches the file for IN_ATTRIB: fl:touch(), a removal);
  * w:wait(timeout) -> true when such an event came (drained), false when
- * `timeout` seconds passed; w:close() (idempotent). */
+ * `timeout` seconds passed; w:attach(epfd) -> true | nil, msg, "IO" adds the
+ * watch to an epoll set (the engine's pollfd: a waiter inside a runner's task
+ * wakes its poll; libcurl ignores the stray fd, the runner drains it);
+ * w:close() (idempotent; leaves that set first). */
 
 #define WARMBOX_WATCH_MT "warmbox.LockWatch"
 
 typedef struct {
-  int fd; /* -1 when closed */
+  int fd;   /* -1 when closed */
+  int epfd; /* the epoll set it was attached to, or -1 */
 } warmbox_watch;
 
 static warmbox_watch *warmbox_watch_check(lua_State *L) {
@@ -346,6 +351,7 @@ static warmbox_watch *warmbox_watch_check(lua_State *L) {
 static int warmbox_watch_new(lua_State *L) {
   warmbox_watch *w = (warmbox_watch *)lua_newuserdatauv(L, sizeof *w, 0);
   w->fd = -1;
+  w->epfd = -1;
   luaL_setmetatable(L, WARMBOX_WATCH_MT);
   w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (w->fd < 0) return warmbox_flock_fail(L, "inotify_init1", errno);
@@ -394,8 +400,29 @@ static int warmbox_watch_wait(lua_State *L) {
   return 1;
 }
 
+static int warmbox_watch_attach(lua_State *L) {
+  warmbox_watch *w = warmbox_watch_check(L);
+  int epfd = (int)luaL_checkinteger(L, 2);
+  struct epoll_event ev;
+  if (w->epfd == epfd) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  luaL_argcheck(L, w->epfd < 0, 2, "already attached to another set");
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = w->fd;
+  if (epoll_ctl(epfd, EPOLL_CTL_ADD, w->fd, &ev) != 0) return warmbox_flock_fail(L, "epoll_ctl", errno);
+  w->epfd = epfd;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int warmbox_watch_close(lua_State *L) {
   warmbox_watch *w = (warmbox_watch *)luaL_checkudata(L, 1, WARMBOX_WATCH_MT);
+  /* out of the epoll set before the fd number can be reused */
+  if (w->fd >= 0 && w->epfd >= 0) epoll_ctl(w->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+  w->epfd = -1;
   if (w->fd >= 0) close(w->fd);
   w->fd = -1;
   return 0;
@@ -404,6 +431,7 @@ static int warmbox_watch_close(lua_State *L) {
 static const luaL_Reg warmbox_watch_methods[] = {
   {"add", warmbox_watch_add},
   {"wait", warmbox_watch_wait},
+  {"attach", warmbox_watch_attach},
   {"close", warmbox_watch_close},
   {NULL, NULL}
 };

@@ -577,7 +577,7 @@ function file.blocker(self, key)
   return function(s)
     w:add(path) -- (again: a removal or break may have replaced the file)
     return w:wait(s)
-  end, function() w:close() end
+  end, function() w:close() end, w
 end
 
 function file.keepalive(_, _, e, t)
@@ -927,7 +927,7 @@ function _M:lock(key)
       waker = { woken = false }
       waiting[pkey] = waiting[pkey] or {}
       waiting[pkey][waker] = true
-      if self.impl.blocker then waker.block, unblock = self.impl.blocker(self, key, ticket) end
+      if self.impl.blocker then waker.block, unblock, waker.watch = self.impl.blocker(self, key, ticket) end
     else
       local cap = head and min(self.max_step, HEAD_STEP) or self.max_step
       -- just became the head: the holder may be about to release, poll fast again

@@ -101,14 +101,16 @@ local function queued(backend, port, key, dir)
   return c:command("ZCARD", "wake:queue:" .. key)
 end
 
-local function across(backend, port)
-  local dir = work .. "/" .. backend .. core.getpid()
+local runs = 0
+local function across(backend, port, in_task)
+  runs = runs + 1
+  local dir = work .. "/" .. backend .. "-" .. runs
   assert(os.execute("mkdir -p " .. q(dir)))
   local child = dir .. "/child.lua"
   local f = assert(io.open(child, "w"))
   f:write(CHILD)
   f:close()
-  local key = "wake-across-" .. backend .. "-" .. os.time()
+  local key = "wake-across-" .. backend .. "-" .. runs .. "-" .. os.time()
   local env = "LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
   for _, mode in ipairs{ "hold", "head" } do
     assert(os.execute(string.format("%s lua5.4 %s %s %s %s %d %s >>%s 2>&1 &", env, q(child), mode, backend,
@@ -131,14 +133,30 @@ local function across(backend, port)
       end
       return lock.wait(s, waker)
     end })))
-  assert(lk:lock(key))
-  assert(lk:unlock())
+  if in_task then
+    local r = assert(runner.new())
+    r:spawn(function()
+      assert(lk:lock(key))
+      assert(lk:unlock())
+    end)
+    assert(r:loop())
+    r:close()
+  else
+    assert(lk:lock(key))
+    assert(lk:unlock())
+  end
   return lk:wait_counts()
 end
 
 describe("lock wake-up, across processes (blocking waits)", function()
   it("file: the waiter behind the head gets the lock after the release without sleeping its step", function()
     local polls, wakes = across("file")
+    assert.equal(0, polls)
+    assert.is_true(wakes >= 1)
+  end)
+
+  it("file: a waiter in a runner's task is woken too (the watch is in the engine's poll)", function()
+    local polls, wakes = across("file", nil, true)
     assert.equal(0, polls)
     assert.is_true(wakes >= 1)
   end)
