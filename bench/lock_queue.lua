@@ -8,7 +8,7 @@
 -- per way of waiting, the median and p90 latency (lock wait + hold) of the
 -- queued runs (each task's runs after its first, which on a new key waits
 -- for the create) on the new key next to the same on the warm key, and
--- their ratio. Ways: tasks of one runner (in-process, the lock waits yield
+-- their ratio, and the wall time of all the runs. Ways: tasks of one runner (in-process, the lock waits yield
 -- to the runner), then TASKS processes with blocking waits on the file lock
 -- (and on the redis lock when redis-server is installed), then the same with
 -- each process's runs in a runner's task (redis: not woken across
@@ -61,6 +61,7 @@ local function in_process(opts, new_key)
     assert(lk:lock(key)); assert(lk:unlock())
   end
   local all = {}
+  local t0 = core.now()
   for i = 1, TASKS do
     r:spawn(function()
       local lk = lock.new(opts)
@@ -71,7 +72,8 @@ local function in_process(opts, new_key)
   end
   assert(r:loop())
   r:close()
-  return quantiles(all)
+  local p50, p90 = quantiles(all)
+  return p50, p90, core.now() - t0
 end
 
 local CHILD = [[
@@ -118,7 +120,9 @@ local function processes(backend, port, new_key, in_task)
       q(work .. "/locks"), port or 0, key, (new_key and i == 1) and "1" or "0", i, RUNS, CREATE, HOLD,
       q(work .. "/out" .. i), in_task and "1" or "0")
   end
+  local t0 = core.now()
   assert(os.execute(table.concat(cmd, " ") .. " wait"))
+  local wall = core.now() - t0
   local all, polls, wakes = {}, 0, 0
   for i = 1, TASKS do
     local g = assert(io.open(work .. "/out" .. i))
@@ -128,13 +132,14 @@ local function processes(backend, port, new_key, in_task)
     g:close()
   end
   local p50, p90 = quantiles(all)
-  return p50, p90, polls, wakes
+  return p50, p90, wall, polls, wakes
 end
 
-local function report(name, new50, new90, warm50, warm90, extra)
-  print(string.format("%-30s new key p50 %7.1f ms p90 %7.1f ms | warm key p50 %7.1f ms p90 %7.1f ms | "
-    .. "new/warm p50 %.2fx%s", name, new50 * 1000, new90 * 1000, warm50 * 1000, warm90 * 1000,
-    new50 / warm50, extra or ""))
+-- n, w: { p50, p90, wall } of the new and the warm key
+local function report(name, n, w, extra)
+  print(string.format("%-31s new key p50 %6.1f ms p90 %6.1f ms, all %5.2f s | warm key p50 %6.1f ms p90 %6.1f ms, "
+    .. "all %5.2f s | new/warm p50 %.2fx%s", name, n[1] * 1000, n[2] * 1000, n[3], w[1] * 1000, w[2] * 1000, w[3],
+    n[1] / w[1], extra or ""))
 end
 
 print(string.format("queued runs: %d tasks x %d runs, hold %g s, create %g s (%s)", TASKS, RUNS, HOLD, CREATE,
@@ -145,19 +150,15 @@ local function counters()
 end
 do
   local opts = { backend = "file", dir = work .. "/locks", timeout = 120 }
-  local n50, n90 = in_process(opts, true)
-  local w50, w90 = in_process(opts, false)
-  report("runner tasks, file lock", n50, n90, w50, w90, counters())
+  report("runner tasks, file lock", { in_process(opts, true) }, { in_process(opts, false) }, counters())
   local mopts = { backend = "memory", timeout = 120 }
-  n50, n90 = in_process(mopts, true)
-  w50, w90 = in_process(mopts, false)
-  report("runner tasks, memory lock", n50, n90, w50, w90, counters())
+  report("runner tasks, memory lock", { in_process(mopts, true) }, { in_process(mopts, false) }, counters())
 end
 local function procs(backend, port, in_task)
-  local n50, n90, p1, k1 = processes(backend, port, true, in_task)
-  local w50, w90, p2, k2 = processes(backend, port, false, in_task)
-  report(string.format("%d processes%s, %s lock", TASKS, in_task and " (tasks)" or "", backend), n50, n90, w50,
-    w90, string.format("  (polls %d, wakes %d)", p1 + p2, k1 + k2))
+  local n50, n90, nwall, p1, k1 = processes(backend, port, true, in_task)
+  local w50, w90, wwall, p2, k2 = processes(backend, port, false, in_task)
+  report(string.format("%d processes%s, %s lock", TASKS, in_task and " (tasks)" or "", backend),
+    { n50, n90, nwall }, { w50, w90, wwall }, string.format("  (polls %d, wakes %d)", p1 + p2, k1 + k2))
 end
 procs("file")
 procs("file", nil, true)
