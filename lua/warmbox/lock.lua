@@ -133,8 +133,8 @@ end
 
 -- How often a failed unlock is tried in all, and the first pause between tries.
 local UNLOCK_TRIES, UNLOCK_PAUSE = 3, 0.05
--- The head of a queue polls at least this often (a released lock is handed
--- over within this; 100 cheap attempts a second at most, per waiting key).
+-- The head of a queue polls at least this often by default (`head_step`; a
+-- fallback for a release that wakes nobody; 100 cheap attempts a second at most, per waiting key).
 local HEAD_STEP = 0.01
 
 -- The in-process table: namespace .. key -> entry { token, expires, ... }.
@@ -182,7 +182,7 @@ _M._next_fence = next_fence
 local OPTS = {
   backend = "string", dir = "string", redis = "table", timeout = "number", exptime = "number",
   step = "number", ratio = "number", max_step = "number", wait = "function", state_ttl = "number",
-  ttl = "number", ticket_ttl = "number", keeper = "boolean",
+  ttl = "number", ticket_ttl = "number", keeper = "boolean", head_step = "number",
 }
 local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
 local BACKENDS = { memory = true, file = true, redis = true }
@@ -818,15 +818,21 @@ local function positive_finite(x) return x > 0 and x < math.huge end
 local RANGES = {
   { "timeout", function(x) return x >= 0 and x < math.huge end, ">= 0 and finite" },
   { "exptime", positive_finite, "> 0 and finite" }, { "step", positive_finite, "> 0 and finite" },
-  { "max_step", positive_finite, "> 0 and finite" }, { "state_ttl", positive_finite, "> 0 and finite" },
+  { "max_step", positive_finite, "> 0 and finite" },
+  { "head_step", positive_finite, "> 0 and finite" }, { "state_ttl", positive_finite, "> 0 and finite" },
   { "ratio", function(x) return x >= 1 and x < math.huge end, ">= 1 and finite" },
   { "ttl", function(x) return x >= 0.05 and x <= 86400 end, "in [0.05, 86400]" },
 }
 
+-- The number options' defaults.
+local NUMBER_DEFAULTS = { timeout = 30, exptime = 600, step = 0.01, ratio = 2, max_step = 0.5, head_step = HEAD_STEP,
+  state_ttl = 604800, ttl = 10, ticket_ttl = 5 }
+
 --- Creates a lock object (holds at most one key at a time).
 -- @tparam[opt] table opts backend ("file"), dir (`lock.default_dir()`: per user),
 --   redis {host="127.0.0.1", port=6379, timeout=5, prefix="warmbox:"},
---   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5),
+--   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5), head_step (0.01: the
+--   queue's head polls at least this often; a fallback, a release wakes it),
 --   wait (function(seconds); default lock.wait), state_ttl (604800, redis),
 --   ttl (10, redis: the key's PX), ticket_ttl (5), keeper (true, redis)
 function _M.new(opts)
@@ -834,18 +840,11 @@ function _M.new(opts)
   local self = {
     backend = opts.backend or "file",
     dir = opts.dir or ((opts.backend or "file") == "file" and _M.default_dir() or "-"),
-    timeout = opts.timeout or 30,
-    exptime = opts.exptime or 600,
-    step = opts.step or 0.01,
-    ratio = opts.ratio or 2,
-    max_step = opts.max_step or 0.5,
     wait = opts.wait,
-    state_ttl = opts.state_ttl or 604800,
-    ttl = opts.ttl or 10,
-    ticket_ttl = opts.ticket_ttl or 5,
     use_keeper = opts.keeper ~= false,
     polls = 0, wakes = 0,
   }
+  for k, v in pairs(NUMBER_DEFAULTS) do self[k] = opts[k] or v end
   if not BACKENDS[self.backend] then
     error("bad argument #1 to 'new' (unknown backend '" .. self.backend .. "')", 2)
   end
@@ -929,7 +928,7 @@ function _M:lock(key)
       waiting[pkey][waker] = true
       if self.impl.blocker then waker.block, unblock, waker.watch = self.impl.blocker(self, key, ticket) end
     else
-      local cap = head and min(self.max_step, HEAD_STEP) or self.max_step
+      local cap = head and min(self.max_step, self.head_step) or self.max_step
       -- just became the head: the holder may be about to release, poll fast again
       if head and not was_head then step = self.step end
       was_head = head

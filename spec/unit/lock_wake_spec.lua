@@ -10,7 +10,8 @@ local redis_helper = require "spec.helpers.redis"
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
-local SLOW = { step = 5, max_step = 5, ticket_ttl = 60, timeout = 60 }
+-- (the head polls every 5 s too: any wait that ran to its end is a missed wake-up)
+local SLOW = { step = 5, max_step = 5, head_step = 5, ticket_ttl = 60, timeout = 60 }
 
 local function with(base, extra)
   local o = {}
