@@ -14,7 +14,10 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -231,6 +234,18 @@ static int warmbox_flock_write(lua_State *L) {
   return 1;
 }
 
+/* fl:touch() -> true | nil, msg, "IO": sets the file's times to now, which
+ * wakes the waiters watching it (core.lock_watch: IN_ATTRIB; the header
+ * writes of lockers are IN_MODIFY and wake nobody). */
+static int warmbox_flock_touch(lua_State *L) {
+  warmbox_flock *f = warmbox_flock_check(L);
+  while (futimens(f->fd, NULL) != 0) {
+    if (errno != EINTR) return warmbox_flock_fail(L, "futimens", errno);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* fl:stale() -> true when the path no longer names this open file (removed
  * or replaced), so a lock taken on it protects nothing. */
 static int warmbox_flock_stale(lua_State *L) {
@@ -296,6 +311,7 @@ static const luaL_Reg warmbox_flock_methods[] = {
   {"read", warmbox_flock_read},
   {"write", warmbox_flock_write},
   {"stale", warmbox_flock_stale},
+  {"touch", warmbox_flock_touch},
   {"locked", warmbox_flock_is_locked},
   {"close", warmbox_flock_close},
   {NULL, NULL}
@@ -305,6 +321,124 @@ static const luaL_Reg warmbox_flock_meta[] = {
   {"__gc", warmbox_flock_gc},
   {"__close", warmbox_flock_gc},
   {"__tostring", warmbox_flock_tostring},
+  {"__index", NULL},
+  {NULL, NULL}
+};
+
+/* ---------- warmbox.LockWatch: a waiter's wake-up (inotify) ----------
+ *
+ * core.lock_watch() -> watch | nil, msg, "IO". w:add(path) -> true | nil,
+ * msg, code (watches the file for IN_ATTRIB: fl:touch(), a removal);
+ * w:wait(timeout) -> true when such an event came (drained), false when
+ * `timeout` seconds passed; w:attach(epfd) -> true | nil, msg, "IO" adds the
+ * watch to an epoll set (the engine's pollfd: a waiter inside a runner's task
+ * wakes its poll; libcurl ignores the stray fd, the runner drains it);
+ * w:close() (idempotent; leaves that set first). */
+
+#define WARMBOX_WATCH_MT "warmbox.LockWatch"
+
+typedef struct {
+  int fd;   /* -1 when closed */
+  int epfd; /* the epoll set it was attached to, or -1 */
+} warmbox_watch;
+
+static warmbox_watch *warmbox_watch_check(lua_State *L) {
+  warmbox_watch *w = (warmbox_watch *)luaL_checkudata(L, 1, WARMBOX_WATCH_MT);
+  if (w->fd < 0) luaL_error(L, "attempt to use a closed " WARMBOX_WATCH_MT);
+  return w;
+}
+
+static int warmbox_watch_new(lua_State *L) {
+  warmbox_watch *w = (warmbox_watch *)lua_newuserdatauv(L, sizeof *w, 0);
+  w->fd = -1;
+  w->epfd = -1;
+  luaL_setmetatable(L, WARMBOX_WATCH_MT);
+  w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (w->fd < 0) return warmbox_flock_fail(L, "inotify_init1", errno);
+  return 1;
+}
+
+static int warmbox_watch_add(lua_State *L) {
+  warmbox_watch *w = warmbox_watch_check(L);
+  const char *path = luaL_checkstring(L, 2);
+  if (inotify_add_watch(w->fd, path, IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF) < 0)
+    return warmbox_flock_fail(L, "inotify_add_watch", errno);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* Reads every queued event; true when there was one. */
+static int warmbox_watch_drain(int fd) {
+  char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+  int got = 0;
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0) {
+      got = 1;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return got;
+  }
+}
+
+static int warmbox_watch_wait(lua_State *L) {
+  warmbox_watch *w = warmbox_watch_check(L);
+  double timeout = luaL_checknumber(L, 2);
+  double deadline = warmbox_clock_now() + (timeout > 0 ? timeout : 0);
+  int got = warmbox_watch_drain(w->fd); /* one that came meanwhile counts */
+  while (!got) {
+    struct pollfd p = { w->fd, POLLIN, 0 };
+    double left = deadline - warmbox_clock_now();
+    int r;
+    if (left <= 0) break;
+    r = poll(&p, 1, (int)(left * 1000) + 1);
+    if (r < 0 && errno != EINTR) return warmbox_flock_fail(L, "poll", errno);
+    if (r > 0) got = warmbox_watch_drain(w->fd);
+  }
+  lua_pushboolean(L, got);
+  return 1;
+}
+
+static int warmbox_watch_attach(lua_State *L) {
+  warmbox_watch *w = warmbox_watch_check(L);
+  int epfd = (int)luaL_checkinteger(L, 2);
+  struct epoll_event ev;
+  if (w->epfd == epfd) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  luaL_argcheck(L, w->epfd < 0, 2, "already attached to another set");
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = w->fd;
+  if (epoll_ctl(epfd, EPOLL_CTL_ADD, w->fd, &ev) != 0) return warmbox_flock_fail(L, "epoll_ctl", errno);
+  w->epfd = epfd;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int warmbox_watch_close(lua_State *L) {
+  warmbox_watch *w = (warmbox_watch *)luaL_checkudata(L, 1, WARMBOX_WATCH_MT);
+  /* out of the epoll set before the fd number can be reused */
+  if (w->fd >= 0 && w->epfd >= 0) epoll_ctl(w->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+  w->epfd = -1;
+  if (w->fd >= 0) close(w->fd);
+  w->fd = -1;
+  return 0;
+}
+
+static const luaL_Reg warmbox_watch_methods[] = {
+  {"add", warmbox_watch_add},
+  {"wait", warmbox_watch_wait},
+  {"attach", warmbox_watch_attach},
+  {"close", warmbox_watch_close},
+  {NULL, NULL}
+};
+
+static const luaL_Reg warmbox_watch_meta[] = {
+  {"__gc", warmbox_watch_close},
+  {"__close", warmbox_watch_close},
   {"__index", NULL},
   {NULL, NULL}
 };
@@ -328,6 +462,14 @@ void warmbox_lock_register(lua_State *L) {
     lua_setfield(L, -2, "__index");
   }
   lua_pop(L, 1);
+  if (luaL_newmetatable(L, WARMBOX_WATCH_MT)) {
+    luaL_setfuncs(L, warmbox_watch_meta, 0);
+    luaL_newlib(L, warmbox_watch_methods);
+    lua_setfield(L, -2, "__index");
+  }
+  lua_pop(L, 1);
+  lua_pushcfunction(L, warmbox_watch_new);
+  lua_setfield(L, -2, "lock_watch");
   lua_pushcfunction(L, warmbox_flock_open);
   lua_setfield(L, -2, "flock_open");
   lua_pushcfunction(L, warmbox_lock_getpid);

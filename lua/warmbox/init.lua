@@ -42,9 +42,40 @@ local OPTS = {
   lock = "string|table|function", policy = "table|string", api_key = "string", api_url = "string",
   sandbox_url = "string", domain = "string", warmboxd = "string", warmboxd_args = "table", server = "string",
   clock = "function", mono = "function", client = "table", secret = "string", request_timeout = "number",
-  retry_after_max = "number",
+  retry_after_max = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
+  ca_file = "string", user_agent = "string", max_connections = "number", on_event = "function", log = "function",
   max_run_length = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
 }
+
+-- The low-level client's options `new` passes through (warmbox.e2b.new checks them).
+local CLIENT_PASS = { "request_timeout", "retry_after_max", "retries", "connect_timeout", "proxy", "ca_file",
+  "user_agent", "max_connections" }
+
+-- The options of the E2B client `new` makes: `base`, and those of CLIENT_PASS given in `o`.
+local function client_options(o, base)
+  for _, k in ipairs(CLIENT_PASS) do
+    if o[k] ~= nil then base[k] = o[k] end
+  end
+  return base
+end
+
+-- The lock when `new` is given none: $WARMBOX_LOCK ("file" | "redis" | "memory"),
+-- the redis one at $WARMBOX_REDIS_URL (redis://host[:port][/prefix]) when set.
+local function env_lock()
+  local url = os_getenv("WARMBOX_REDIS_URL")
+  if url == "" then url = nil end
+  local name = os_getenv("WARMBOX_LOCK")
+  if name == "" then name = nil end
+  if name and name ~= "file" and name ~= "redis" and name ~= "memory" then
+    error('WARMBOX_LOCK: "file", "redis" or "memory" expected, got "' .. name .. '"', 3)
+  end
+  if not url then return name end
+  if name and name ~= "redis" then return name end
+  local host, port, prefix = url:match("^redis://([^:/]+):?(%d*)/?(.*)$")
+  if not host then error("WARMBOX_REDIS_URL: redis://host[:port][/prefix] expected, got '" .. url .. "'", 3) end
+  return { backend = "redis", redis = { host = host, port = tonumber(port) or 6379,
+    prefix = prefix ~= "" and prefix or nil } }
+end
 
 local Warmbox = {}
 Warmbox.__index = Warmbox
@@ -85,15 +116,14 @@ local function connect_backend(self, o)
       sandbox_url = api_url
     end
     if sandbox_url == "" then sandbox_url = nil end
-    self.client = e2b.new{ api_key = key, api_url = o.api_url, sandbox_url = sandbox_url, domain = o.domain,
-      request_timeout = o.request_timeout, retry_after_max = o.retry_after_max }
+    self.client = e2b.new(client_options(o, { api_key = key, api_url = o.api_url, sandbox_url = sandbox_url,
+      domain = o.domain }))
     self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
   else
     local srv, serr, scode = local_backend(o)
     if not srv then return nil, serr, scode end
     self.server = srv
-    self.client = e2b.new{ api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url,
-      request_timeout = o.request_timeout, retry_after_max = o.retry_after_max }
+    self.client = e2b.new(client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url }))
     self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
   end
   self.owns_client = true
@@ -125,7 +155,11 @@ end
 --   clock, seconds: lease durations; default `warmbox.core.now` unless `clock` is given), `client` (an E2B
 --   client to use as is), `secret` (HMAC key of the session fingerprints; default
 --   `warmbox.tag.installation_secret()`), `request_timeout` (seconds, (0, 3600]),
---   `retry_after_max` (seconds: the longest `Retry-After` honoured),
+--   `retry_after_max` (seconds: the longest `Retry-After` honoured), `retries`, `connect_timeout`,
+--   `proxy`, `ca_file`, `user_agent`, `max_connections` (passed to warmbox.e2b.new), `on_event`
+--   (function(name, info)) and `log` (function(level, msg, fields)): every session's events
+--   (see warmbox.metrics; wb:session may replace them), `lock` default `$WARMBOX_LOCK` /
+--   `$WARMBOX_REDIS_URL`, else "file",
 --   `max_run_length` (seconds, (0, 30 days]), `max_output` (bytes of stdout, stderr and
 --   results kept per run, default 16 MiB), `max_files_bytes` (bytes of output files
 --   returned per run, default 64 MiB); timeouts must be finite, positive and at most
@@ -138,6 +172,7 @@ function _M.new(opts)
   session.check_settings(o, "new", 1, 2)
   check_client_options(o)
   local lock = o.lock
+  if lock == nil then lock = env_lock() end
   local pol = o.policy
   local p, perr, pcode
   if type(pol) == "table" then
@@ -161,6 +196,7 @@ function _M.new(opts)
     -- Lease durations: the monotonic clock, unless a clock was given (virtual time).
     mono = o.mono or (o.clock == nil and core.now or nil),
     secret = o.secret,
+    on_event = o.on_event, log = o.log,
     counters = {}, -- s:prewarm's, shared by every session of this object (wb:stats())
   }, Warmbox)
   if o.client then
@@ -174,13 +210,15 @@ function _M.new(opts)
 end
 
 local SESSION_OPTS = { env = "table", actor = "string", template = "string", exec_timeout = "number",
-  idle_timeout = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean" }
+  idle_timeout = "number", max_output = "number", max_files_bytes = "number", require_memory = "boolean",
+  on_event = "function", log = "function" }
 
 --- A session: one warm sandbox per conversation key.
 -- @tparam string key the session key (any bytes, e.g. "workspace-1:thread-9")
 -- @tparam[opt] table opts `env` (env vars baked in at creation; part of the fingerprint),
 --   `actor` (who acts; part of the fingerprint), `template`, and overrides of `exec_timeout`,
---   `idle_timeout`, `max_output`, `max_files_bytes` (checked as in `new`)
+--   `idle_timeout`, `max_output`, `max_files_bytes`, `require_memory`, `on_event`, `log`
+--   (checked as in `new`)
 -- @treturn warmbox.Session
 function Warmbox:session(key, opts)
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
@@ -205,15 +243,13 @@ function Warmbox:session(key, opts)
     -- prewarms go on the running task's runner, else on wb's (wb:step/loop drive it)
     runner = function() return require("warmbox.runner").running() or self:_runner() end,
     counters = self.counters,
+    on_event = opts.on_event or self.on_event, log = opts.log or self.log,
   })
 end
 
 --- Counters of this object's sessions (see `s:stats`).
 function Warmbox:stats()
-  local out = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
-    prewarm_waits = 0 }
-  for k, v in pairs(self.counters) do out[k] = v end
-  return out
+  return require("warmbox.metrics").stats(self.counters, session.PREWARM_COUNTERS)
 end
 
 -- Every tagged sandbox (running or paused) of this API key whose tag is a warmbox tag value.
@@ -300,6 +336,14 @@ local function gc_run_opts(self, opts, fname)
       local p, perr, pcode = policy_mod.resolve(o.policy)
       if not p then return nil, perr, pcode end
       o.policy = p
+    end
+  end
+  local user_action = o.on_action
+  if self.on_event or self.log then
+    -- GC's kills are events of this object too ("gc_kill", the action as info).
+    o.on_action = function(a)
+      if a.action == "kill" then require("warmbox.metrics").emit(self.on_event, self.log, "gc_kill", a, fname) end
+      if user_action then return user_action(a) end
     end
   end
   local lock = self.lock

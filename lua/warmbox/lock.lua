@@ -80,18 +80,29 @@
 -- process serialize without a second flock on another descriptor (which
 -- would block the whole process).
 --
--- Waiting blocks: between attempts a waiter calls `wait(seconds)`, by default
--- `lock.wait`, which is `core.sleep`. It never yields into the caller's
+-- Waiting blocks: between attempts a waiter calls `wait(seconds, waker)`, by
+-- default `lock.wait`, which blocks. It never yields into the caller's
 -- coroutines. This is the one hook for a scheduler: a task engine that runs
 -- sessions as coroutines replaces `lock.wait` (or passes `wait`) with a
 -- function that yields to itself and resumes the waiter within the time
--- given (it must resume it within `ticket_ttl`, or the ticket lapses).
--- Steps: `step` growing by `ratio` up to `max_step`; a waiter that becomes
--- the queue's head starts again from `step` and polls at least every 10 ms,
--- so a released lock is handed over quickly.
+-- given (it must resume it within `ticket_ttl`, or the ticket lapses), or
+-- earlier when `waker.wake()` is called (it sets `waker.wake` for the wait's
+-- length; `waker.woken` true: return at once). Steps: `step` growing by
+-- `ratio` up to `max_step`; a waiter that becomes the queue's head starts
+-- again from `step` and polls at least every 10 ms.
+--
+-- Wake-ups: the steps are a fallback. A release wakes the key's waiters of
+-- the same process at once (`waker.wake`), and the blocking `lock.wait`
+-- (`waker.block(seconds)`) also returns when a holder in another process
+-- releases: file, an inotify watch on the lock file (`core.lock_watch`;
+-- the releaser touches the file after its unlock); redis, the waiter BLPOPs
+-- `<prefix>wake:<key>:<ticket>`, which the release script pushes to for the
+-- queue's head. `lock.stats()` counts the waits that ran their full step
+-- (`polls`) and those a release ended (`wakes`).
 local core = require "warmbox.core"
 local errors = require "warmbox.errors"
 
+local next = next
 local error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring, tonumber =
   error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring, tonumber
 local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor, math.ceil
@@ -103,17 +114,43 @@ local sh_quote = require("warmbox.util").sh_quote
 local _M = {}
 local mt = { __index = _M }
 
---- The default wait between attempts (seconds): blocks. The hook a scheduler replaces.
-_M.wait = sleep
+-- Waits: full steps slept, steps a release ended early.
+local stats = { polls = 0, wakes = 0 }
+
+--- Counters of every lock wait of this process: `{ polls =, wakes = }`.
+function _M.stats()
+  return { polls = stats.polls, wakes = stats.wakes }
+end
+
+--- The default wait between attempts (seconds): blocks, on the backend's
+-- notification when it has one (`waker.block`), else sleeping. The hook a
+-- scheduler replaces. Returns true when a release ended it.
+function _M.wait(s, waker)
+  if waker and waker.block then return waker.block(s) end
+  sleep(s)
+  return false
+end
 
 -- How often a failed unlock is tried in all, and the first pause between tries.
 local UNLOCK_TRIES, UNLOCK_PAUSE = 3, 0.05
--- The head of a queue polls at least this often (a released lock is handed
--- over within this; 100 cheap attempts a second at most, per waiting key).
+-- The head of a queue polls at least this often by default (`head_step`; a
+-- fallback for a release that wakes nobody; 100 cheap attempts a second at most, per waiting key).
 local HEAD_STEP = 0.01
 
 -- The in-process table: namespace .. key -> entry { token, expires, ... }.
 local held = {}
+-- In-process waiters: namespace .. key -> { [waker] = true }.
+local waiting = {}
+
+-- A release (or a waiter leaving) of `pkey`: its in-process waiters try again now.
+local function notify(pkey)
+  local ws = waiting[pkey]
+  if not ws then return end
+  for w in pairs(ws) do
+    w.woken = true
+    if w.wake then w.wake() end
+  end
+end
 -- memory backend state: key -> string; queues: pkey -> queue
 local mem_state, mem_queues, mem_fence = {}, {}, {}
 -- created directories, break-lock handles per dir, redis connections
@@ -145,7 +182,7 @@ _M._next_fence = next_fence
 local OPTS = {
   backend = "string", dir = "string", redis = "table", timeout = "number", exptime = "number",
   step = "number", ratio = "number", max_step = "number", wait = "function", state_ttl = "number",
-  ttl = "number", ticket_ttl = "number", keeper = "boolean",
+  ttl = "number", ticket_ttl = "number", keeper = "boolean", head_step = "number",
 }
 local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
 local BACKENDS = { memory = true, file = true, redis = true }
@@ -444,6 +481,8 @@ function file.release(_, _, e)
   if e.fl_taken then return true end
   local was_broken = broken(e) and not e.removed
   e.fl:unlock()
+  -- wakes the waiters of other processes (after the unlock: they try at once)
+  if e.fl.touch then e.fl:touch() end
   e.fl:close()
   if was_broken then return nil, "expired", "LOCK" end
   return true
@@ -527,6 +566,20 @@ function file.remove(self, key, e)
   end)
 end
 
+-- A blocking waiter's wake-up: an inotify watch on the lock file (made
+-- before the next attempt, so a release after it is never missed).
+function file.blocker(self, key)
+  if not core.lock_watch then return nil end
+  local w = core.lock_watch()
+  if not w then return nil end
+  local path = self.dir .. "/" .. file_name(key)
+  if not w:add(path) then w:close() return nil end
+  return function(s)
+    w:add(path) -- (again: a removal or break may have replaced the file)
+    return w:wait(s)
+  end, function() w:close() end, w
+end
+
 function file.keepalive(_, _, e, t)
   e.next_check = t + 1
   if broken(e) then return nil, "expired", "LOCK" end
@@ -577,6 +630,19 @@ if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return taken()
 end
 return 2
+]]
+-- KEYS: lock, queue; ARGV: token, wake list prefix, its PX ms. Deletes our
+-- lock and pushes to the wake list of the queue's head.
+local RELEASE = [[
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('del', KEYS[1])
+local h = redis.call('zrange', KEYS[2], 0, 0)[1]
+if h then
+  local w = ARGV[2] .. h
+  redis.call('rpush', w, 1)
+  redis.call('pexpire', w, ARGV[3])
+end
+return 1
 ]]
 local LEAVE = "redis.call('zrem', KEYS[1], ARGV[1]) redis.call('zrem', KEYS[2], ARGV[1]) return 1"
 local UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -642,6 +708,7 @@ function redis.acquire(self, key, e, prev, mode, local_busy)
   if type(res) ~= "table" then return nil, "busy", nil, res == 2 end
   e.fence = tonumber(res[2])
   e.lkey, e.skey = lkey, self.redis.prefix .. "state:" .. key
+  e.qkey, e.wkey = qkey, self.redis.prefix .. "wake:" .. key .. ":"
   if self.use_keeper then
     -- nil when the thread cannot start: keepalive() then refreshes the key
     e.keeper = c:keeper(lkey, e.token, self.ttl, min(self.exptime, MAX_CAP))
@@ -661,10 +728,24 @@ function redis.release(self, _, e)
   local c, err, code = conn(self)
   if not c then return nil, err, code end
   local n
-  n, err, code = c:command("EVAL", UNLOCK, 1, e.lkey, e.token)
+  n, err, code = c:command("EVAL", RELEASE, 2, e.lkey, e.qkey, e.token, e.wkey, ms(2 * self.ticket_ttl))
   if n == nil then return nil, err, code end
   if n == 0 then return nil, "expired", "LOCK" end
   return true
+end
+
+-- A blocking waiter's wake-up: BLPOP on its own wake list (see RELEASE),
+-- for at most the connection's timeout.
+function redis.blocker(self, key, ticket)
+  local c = conn(self)
+  if not c then return nil end
+  local wl = self.redis.prefix .. "wake:" .. key .. ":" .. ticket
+  local cap = self.redis.timeout / 2
+  return function(s)
+    s = min(s, cap)
+    if s < 0.001 then return false end
+    return c:command("BLPOP", wl, fmt("%.3f", s)) ~= nil
+  end, function() c:command("DEL", wl) end
 end
 
 -- One compare-and-pexpire to `ttl`: true | nil, "expired", "LOCK" | nil, msg, code
@@ -737,15 +818,21 @@ local function positive_finite(x) return x > 0 and x < math.huge end
 local RANGES = {
   { "timeout", function(x) return x >= 0 and x < math.huge end, ">= 0 and finite" },
   { "exptime", positive_finite, "> 0 and finite" }, { "step", positive_finite, "> 0 and finite" },
-  { "max_step", positive_finite, "> 0 and finite" }, { "state_ttl", positive_finite, "> 0 and finite" },
+  { "max_step", positive_finite, "> 0 and finite" },
+  { "head_step", positive_finite, "> 0 and finite" }, { "state_ttl", positive_finite, "> 0 and finite" },
   { "ratio", function(x) return x >= 1 and x < math.huge end, ">= 1 and finite" },
   { "ttl", function(x) return x >= 0.05 and x <= 86400 end, "in [0.05, 86400]" },
 }
 
+-- The number options' defaults.
+local NUMBER_DEFAULTS = { timeout = 30, exptime = 600, step = 0.01, ratio = 2, max_step = 0.5, head_step = HEAD_STEP,
+  state_ttl = 604800, ttl = 10, ticket_ttl = 5 }
+
 --- Creates a lock object (holds at most one key at a time).
 -- @tparam[opt] table opts backend ("file"), dir (`lock.default_dir()`: per user),
 --   redis {host="127.0.0.1", port=6379, timeout=5, prefix="warmbox:"},
---   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5),
+--   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5), head_step (0.01: the
+--   queue's head polls at least this often; a fallback, a release wakes it),
 --   wait (function(seconds); default lock.wait), state_ttl (604800, redis),
 --   ttl (10, redis: the key's PX), ticket_ttl (5), keeper (true, redis)
 function _M.new(opts)
@@ -753,17 +840,11 @@ function _M.new(opts)
   local self = {
     backend = opts.backend or "file",
     dir = opts.dir or ((opts.backend or "file") == "file" and _M.default_dir() or "-"),
-    timeout = opts.timeout or 30,
-    exptime = opts.exptime or 600,
-    step = opts.step or 0.01,
-    ratio = opts.ratio or 2,
-    max_step = opts.max_step or 0.5,
     wait = opts.wait,
-    state_ttl = opts.state_ttl or 604800,
-    ttl = opts.ttl or 10,
-    ticket_ttl = opts.ticket_ttl or 5,
     use_keeper = opts.keeper ~= false,
+    polls = 0, wakes = 0,
   }
+  for k, v in pairs(NUMBER_DEFAULTS) do self[k] = opts[k] or v end
   if not BACKENDS[self.backend] then
     error("bad argument #1 to 'new' (unknown backend '" .. self.backend .. "')", 2)
   end
@@ -817,22 +898,50 @@ function _M:lock(key)
   local step, timeout = self.step, self.timeout
   local ticket = new_token()
   local was_head = false
+  local pkey = self.ns .. key
+  local waker, unblock
+  -- However lock() ends: out of the in-process waiters, the backend's wake-up freed.
+  local _ <close> = setmetatable({}, { __close = function()
+    if not waker then return end
+    local ws = waiting[pkey]
+    if ws then
+      ws[waker] = nil
+      if next(ws) == nil then waiting[pkey] = nil end
+    end
+    if unblock then pcall(unblock) end
+  end })
   while true do
     local ok, err, code, head = attempt(self, key, ticket, "wait")
     if ok then return now() - start end
     local elapsed = now() - start
     if err ~= "busy" or elapsed >= timeout then
-      if self.impl.leave then pcall(self.impl.leave, self, key, self.ns .. key, ticket) end
+      if self.impl.leave then pcall(self.impl.leave, self, key, pkey, ticket) end
+      notify(pkey) -- (a new head, perhaps)
       if err ~= "busy" then return nil, err, code end
       return nil, "timeout"
     end
-    local cap = head and min(self.max_step, HEAD_STEP) or self.max_step
-    -- just became the head: the holder may be about to release, poll fast again
-    if head and not was_head then step = self.step end
-    was_head = head
-    step = min(step, cap);
-    (self.wait or _M.wait)(min(step, timeout - elapsed))
-    step = min(step * self.ratio, cap)
+    if not waker then
+      -- First time busy: register for wake-ups, then try once more (a
+      -- release between the attempt and the registration is not missed).
+      waker = { woken = false }
+      waiting[pkey] = waiting[pkey] or {}
+      waiting[pkey][waker] = true
+      if self.impl.blocker then waker.block, unblock, waker.watch = self.impl.blocker(self, key, ticket) end
+    else
+      local cap = head and min(self.max_step, self.head_step) or self.max_step
+      -- just became the head: the holder may be about to release, poll fast again
+      if head and not was_head then step = self.step end
+      was_head = head
+      step = min(step, cap)
+      waker.woken = false
+      local woke = (self.wait or _M.wait)(min(step, timeout - elapsed), waker)
+      if woke == true or waker.woken then
+        stats.wakes, self.wakes = stats.wakes + 1, self.wakes + 1
+      else
+        stats.polls, self.polls = stats.polls + 1, self.polls + 1
+        step = min(step * self.ratio, cap)
+      end
+    end
   end
 end
 
@@ -876,6 +985,7 @@ function _M:unlock()
     return nil, "expired", "LOCK"
   end
   held[e.pkey] = nil
+  local _ <close> = setmetatable({}, { __close = function() notify(e.pkey) end })
   local ok, err, code
   local pause = UNLOCK_PAUSE
   for i = 1, UNLOCK_TRIES do
@@ -959,6 +1069,13 @@ end
 function _M:fence()
   local e = current(self)
   return e and e.fence or nil
+end
+
+--- This object's lock waits so far: polls (full steps slept), wakes (ended by a release).
+-- @treturn integer polls
+-- @treturn integer wakes
+function _M:wait_counts()
+  return self.polls, self.wakes
 end
 
 --- The key this object holds, or nil.

@@ -54,7 +54,8 @@ Backend.__index = Backend
 --- A real backend for `task.scheduler` over `eng` (a `core.engine`).
 -- `backend.waiters[tr] = ev` makes the next news of `tr` signal `ev`.
 function _M.backend(eng)
-  return setmetatable({ eng = eng, engine = true, waiters = setmetatable({}, { __mode = "k" }) }, Backend)
+  return setmetatable({ eng = eng, engine = true, waiters = setmetatable({}, { __mode = "k" }),
+    watches = setmetatable({}, { __mode = "k" }) }, Backend)
 end
 
 function Backend.now()
@@ -82,6 +83,11 @@ function Backend:wait(deadline)
   -- wakes for their sockets), capped so a lost edge cannot hang us.
   if to == nil or to > 0 then poll(eng:pollfd(), to or 1) end
   local news = eng:step(0)
+  -- Lock watches in the engine's epoll set (see task_wait): drained every
+  -- round (a readable one would keep the poll from sleeping); news wakes its waiter.
+  for w, ev in pairs(self.watches) do
+    if w:wait(0) then ev:signal(true) end
+  end
   local waiters = self.waiters
   for i = 1, #news do
     local tr = news[i]
@@ -425,10 +431,32 @@ end
 -- The lock's wait hook: inside a runner's task, sleep on its scheduler
 -- ------------------------------------------------------------------
 
+-- Inside a task the wait ends early when the lock is released in this
+-- process (`waker.wake`, see warmbox.lock), or by another process when the
+-- backend has a watch the engine's poll can wait on (`waker.watch`: the file
+-- lock's inotify watch, put in the engine's epoll set); redis: at the next step.
+local function task_wait(t, s, waker)
+  if not waker then return t.sched:sleep(s) end
+  if waker.woken then return true end
+  local b, w = t.sched.backend, waker.watch
+  if w and not (b.watches and w:attach(b.eng:pollfd())) then w = nil end
+  if w and w:wait(0) then return true end -- (a release since the attempt)
+  local ev = t.sched:event()
+  -- However the wait ends (woken, timed out, the task cancelled): no longer
+  -- watched by the runner (the lock closes the watch when lock() returns).
+  local _ <close> = setmetatable({}, { __close = function()
+    waker.wake = nil
+    if w then b.watches[w] = nil end
+  end })
+  waker.wake = function() ev:signal(true) end
+  if w then b.watches[w] = ev end
+  return ev:wait(t.sched:now() + s) == true
+end
+
 local prev_wait = lock.wait
-lock.wait = function(s)
+lock.wait = function(s, waker)
   local t = task.current()
-  if t and t.sched.backend.engine and t.sched:current() == t then return t.sched:sleep(s) end
+  if t and t.sched.backend.engine and t.sched:current() == t then return task_wait(t, s, waker) end
   if not t then
     -- A blocking wait: runners with background work in flight (`r.background`
     -- > 0: a prewarm started from blocking code, which may hold the very lock
@@ -437,7 +465,7 @@ lock.wait = function(s)
       if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
     end
   end
-  return prev_wait(s)
+  return prev_wait(s, waker)
 end
 
 _M.Runner, _M.Transport = Runner, Transport

@@ -25,6 +25,8 @@ local state_codec = require "warmbox.state"
 local tag_mod = require "warmbox.tag"
 local outputs = require "warmbox.outputs"
 local errors = require "warmbox.errors"
+local metrics = require "warmbox.metrics"
+local mono_now = require("warmbox.core").now
 
 local type, pairs, ipairs, tostring, error, setmetatable, next =
   type, pairs, ipairs, tostring, error, setmetatable, next
@@ -157,6 +159,7 @@ local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts =
   mono = "function",
   policy = "table|string", template = "string", exec_timeout = "number", idle_timeout = "number", tag = "string",
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
+  log = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
   parallel = "function", require_memory = "boolean", runner = "function", counters = "table" }
 
@@ -242,6 +245,7 @@ function _M.new(key, opts)
     tag = opts.tag or "warmboxSessionId",
     actor = opts.actor,
     on_event = opts.on_event,
+    log = opts.log,
     origin = opts.origin,
     max_run_length = opts.max_run_length or 24 * 3600,
     max_output = opts.max_output or _M.MAX_OUTPUT,
@@ -281,7 +285,9 @@ function Session:__tostring()
 end
 
 function Session:_event(name, info)
-  if self.on_event then self.on_event(name, info) end
+  if self.on_event or self.log then
+    metrics.emit(self.on_event, self.log, name, info, "session '" .. self.key .. "'")
+  end
 end
 
 -- Writes what is remembered to the lock held now (a create is recorded
@@ -640,6 +646,7 @@ function Session:_acquire(st, run_timeout, eager)
     self:_warn_floor(run_timeout, lease)
   end
   ctx.lease = lease
+  self:_event("lease", { lease = lease, run_timeout = run_timeout })
   local got, gerr, gcode, gdetail = self:_secure(st, ctx, lease, eager)
   if not got then return nil, gerr, gcode, gdetail end
   -- E2B ends a run at its start + the maximum run length, whatever the lease
@@ -951,7 +958,9 @@ function Session:_cover(st, info, run_timeout)
   local t0 = self.clock()
   if t0 + run_timeout + _M.COVER_MARGIN <= st.lease_end then return true end
   local want = math.ceil(run_timeout + _M.LEASE_MARGIN)
+  local t_lease = mono_now()
   local ok, err, code, detail = self.client:set_timeout(info.sandbox_id, want)
+  metrics.add(self._tm, "lease", t_lease)
   self:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
   if not ok then return before(err, code, detail) end
   local lease_end = t0 + want
@@ -989,6 +998,15 @@ end
 -- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
 -- code, detail, retryable ("again" | "gone" only when the cell cannot have run, see
 -- _never_arrived).
+-- The run's output files (see output_files), timed, and the "outputs" event.
+function Session:_outputs(sbx, st, id, report, python, cap)
+  local t_out = mono_now()
+  local out_files, files_error = output_files(sbx, st, id, report, python, cap)
+  metrics.add(self._tm, "outputs", t_out)
+  self:_event("outputs", { sandbox_id = id, files = #out_files, code = files_error and files_error[2] or nil })
+  return out_files, files_error
+end
+
 function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   local sbx = self:_handle(st, info.sandbox_id)
   local language = opts.language or "python"
@@ -1012,6 +1030,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     cell_id = new_id()
     code = outputs.cell_marked(code, cell_id, fence)
   end
+  local t_exec = mono_now()
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
@@ -1024,6 +1043,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     -- Every stream event (keepalives included) keeps the session's lock alive.
     on_line = keepalive and on_line or nil,
   })
+  metrics.add(self._tm, "execute", t_exec)
   if not out then
     if detail and lock_error then detail.lock_error = lock_error end
     return nil, err, ecode, detail, self:_never_arrived(sbx, info.sandbox_id, cell_id, ecode, detail)
@@ -1039,7 +1059,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
     if rep then report = report or rep else results[#results + 1] = res end
   end
   local cap = { left = self.max_files_bytes, dropped = {} }
-  local out_files, files_error = output_files(sbx, st, info.sandbox_id, report, python, cap)
+  local out_files, files_error = self:_outputs(sbx, st, info.sandbox_id, report, python, cap)
   if fence and read_over_envd(report, out_files) then
     local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
     if not ok then
@@ -1132,9 +1152,12 @@ function Session:_run_locked(lk, code, opts, files)
   local attempt, hooks_resent = 0, false
   while true do
     attempt = attempt + 1
+    local t_resolve = mono_now()
     local info, err, ecode, detail = self:_acquire(st, run_timeout)
+    metrics.add(self._tm, "resolve", t_resolve)
     lk:set_state(_M.encode_state(st))
     if not info then return nil, err, ecode, detail end
+    self:_started(info)
     local r, retryable
     if ALONGSIDE[info.how] then
       r, err, ecode, detail, retryable = self:_execute_alongside(info, st, code, opts, files, run_timeout, lk)
@@ -1178,6 +1201,41 @@ function Session:_run_locked(lk, code, opts, files)
   end
 end
 
+-- The events of a run's start: "reuse" or "resume" (a sandbox had before;
+-- "create" is sent when one is made), then "run_start".
+function Session:_started(info)
+  if info.resumed then
+    self:_event("resume", { sandbox_id = info.sandbox_id, how = info.how })
+  elseif info.reused then
+    self:_event("reuse", { sandbox_id = info.sandbox_id, how = info.how })
+  end
+  self:_event("run_start", { sandbox_id = info.sandbox_id, reused = info.reused == true,
+    resumed = info.resumed == true, how = info.how })
+end
+
+-- Sets `field` on the result `r`, else on the failure's detail (made when
+-- missing); returns the detail.
+local function attach(r, detail, field, value)
+  if r then
+    r[field] = value
+    return detail
+  end
+  detail = type(detail) == "table" and detail or {}
+  detail[field] = value
+  return detail
+end
+
+-- The end of a run: timings on the result (or the failure's detail), the
+-- run counted, the "run_end" event.
+function Session:_ended(tm, r, err, ecode, detail)
+  local timings = metrics.timings(tm)
+  detail = attach(r, detail, "timings", timings)
+  metrics.count_run(self.counters, r, ecode, timings.total)
+  self:_event("run_end", { ok = r ~= nil, code = not r and ecode or nil, message = not r and err or nil,
+    sandbox_id = r and r.sandbox_id or nil, raised = r and r.error ~= nil or nil, timings = timings })
+  return r, err, ecode, detail
+end
+
 --- Run code in the session's sandbox.
 --
 -- At most once: once the execute may have reached the kernel, the cell is
@@ -1213,23 +1271,22 @@ function Session:run(code, opts)
   -- A run allowed to take longer than exec_timeout keeps its lock long enough.
   local run_timeout = opts.timeout or self.exec_timeout
   if self._pending_cp then checkpoints().settle(self) end
+  local tm = metrics.timer()
   local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
+    tm.lock_wait, tm.locked = mono_now() - tm.t0, true
+    self:_event("lock_wait", { waited = tm.lock_wait })
     if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
       lk:expire(math.ceil(run_timeout) + 120)
     end
+    local prev_tm = self._tm
+    self._tm = tm -- (the run's, while it holds the session's lock)
+    local _ <close> = setmetatable({}, { __close = function() self._tm = prev_tm end })
     return self:_run_locked(lk, code, opts, files)
   end)
   -- A failed unlock is reported with the run (the lock retries it itself).
-  if unlock_error then
-    if r then
-      r.unlock_error = unlock_error
-    else
-      detail = type(detail) == "table" and detail or {}
-      detail.unlock_error = unlock_error
-    end
-  end
+  if unlock_error then detail = attach(r, detail, "unlock_error", unlock_error) end
   if r and self.policy.checkpoint then checkpoints().after_run(self, r, r.turn) end
-  return r, err, ecode, detail
+  return self:_ended(tm, r, err, ecode, detail)
 end
 
 -- ------------------------------------------------------------------
@@ -1407,16 +1464,16 @@ function Session:prewarm(opts)
   return t
 end
 
---- The counters of `s:prewarm` (a copy): `prewarms` (started), `prewarm_ready`
+_M.PREWARM_COUNTERS = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
+  prewarm_waits = 0 }
+
+--- The counters of `s:prewarm` and of runs (a copy; runs: see warmbox.metrics): `prewarms` (started), `prewarm_ready`
 -- (made ready: resumed, extended or created), `prewarm_warm` (nothing to do),
 -- `prewarm_busy` (skipped: the session was locked), `prewarm_failed`,
 -- `prewarm_waits` (runs that waited for a prewarm in flight). Sessions of one
 -- `warmbox` object share them (`wb:stats()`).
 function Session:stats()
-  local out = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
-    prewarm_waits = 0 }
-  for k, v in pairs(self.counters) do out[k] = v end
-  return out
+  return metrics.stats(self.counters, _M.PREWARM_COUNTERS)
 end
 
 --- Runs `fn(lk)` holding the session's lock: the one place a session takes,

@@ -68,6 +68,20 @@ describe_if("warmbox.core over HTTPS and through a proxy", function()
     assert.equal("http://127.0.0.1:1/hello?x=1", require("cjson").decode(res.body).proxied)
   end)
 
+  it("warmbox.new passes ca_file and proxy to its client's connection (issue 23, part 5)", function()
+    local warmbox = require "warmbox"
+    local wb = assert(warmbox.new{ api_key = "k", api_url = "https://127.0.0.1:" .. tls_port, proxy = false,
+      ca_file = dir .. "/cert.pem", retries = 0 })
+    local res = assert(wb.client.http:request{ url = "https://127.0.0.1:" .. tls_port .. "/" })
+    assert.equal("secure", res.body)
+    wb:close()
+    local wb2 = assert(warmbox.new{ api_key = "k", api_url = "http://127.0.0.1:1",
+      proxy = "http://127.0.0.1:" .. proxy_port })
+    local res2 = assert(wb2.client.http:request{ url = "http://127.0.0.1:1/hello" })
+    assert.equal("http://127.0.0.1:1/hello", require("cjson").decode(res2.body).proxied)
+    wb2:close()
+  end)
+
   it("goes direct with proxy = false", function()
     local h <close> = core.http{ proxy = false }
     local res, _, code = h:request{ url = "http://127.0.0.1:1/hello", retry = { attempts = 1 } }

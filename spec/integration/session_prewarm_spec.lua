@@ -21,6 +21,9 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
 
   -- A session of wb (its client, lock dir, runner and counters) that logs
   -- its events: "prewarm:resumed", "connect+" (alongside), "connect!" (failed)...
+  -- every run's own events (issue 23, part 5), left out of the logs below
+  local RUN_EVENTS = { lock_wait = true, lease = true, reuse = true, resume = true, run_start = true,
+    outputs = true, run_end = true }
   local function logged(key, log, o)
     o = o or {}
     return session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
@@ -28,6 +31,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
       parallel = wb.parallel, origin = wb.origin, clock = o.clock, counters = wb.counters,
       runner = function() return require("warmbox.runner").running() or wb:_runner() end,
       on_event = function(name, info)
+        if RUN_EVENTS[name] then return end
         local e = name .. (info.action and (":" .. info.action) or "") .. (info.alongside and "+" or "")
           .. (info.ok == false and "!" or "") .. (name == "connect" and info.resumed and "(resumed)" or "")
         log[#log + 1] = e

@@ -25,11 +25,12 @@ end
 -- Upper-case literals in lua/ that are not error codes, and why.
 local NOT_CODES = {
   GET = "HTTP method", POST = "HTTP method", DELETE = "HTTP method", HEAD = "HTTP method",
-  EVAL = "Redis command",
+  EVAL = "Redis command", BLPOP = "Redis command", DEL = "Redis command",
   SESSION = "CLI column header", TENANT = "CLI column header", AGE = "CLI column header",
   SANDBOX = "CLI column header", STATE = "CLI column header",
   FILE_TYPE_DIRECTORY = "envd file type", FILE_TYPE_SYMLINK = "envd file type",
-  WARMBOXD_BIN = "environment variable", NO_COLOR = "environment variable", HOME = "environment variable",
+  WARMBOXD_BIN = "environment variable", WARMBOX_LOCK = "environment variable",
+  WARMBOX_REDIS_URL = "environment variable", NO_COLOR = "environment variable", HOME = "environment variable",
   XDG_RUNTIME_DIR = "environment variable", XDG_STATE_HOME = "environment variable",
   WARMBOX_SERVER_IDLE_EXIT = "environment variable",
   FAIL = "doctor check status",

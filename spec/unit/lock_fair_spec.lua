@@ -150,7 +150,8 @@ describe("warmbox.sim.lock", function()
     local lk = require("warmbox.sim.lock").factory()()
     local real = lock.new{ backend = "memory" }
     for name, fn in pairs(lock) do
-      local module_fn = { new = true, wait = true, factory = true, failure = true, closing = true, default_dir = true }
+      local module_fn = { new = true, wait = true, factory = true, failure = true, closing = true, default_dir = true,
+                          stats = true }
       if type(fn) == "function" and not module_fn[name] and not name:match("^_") then
         assert.is_function(lk[name], name)
       end

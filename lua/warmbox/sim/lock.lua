@@ -1,7 +1,8 @@
 --- warmbox.sim.lock: session locks for one simulation.
 --
 -- The methods of a `warmbox.lock` object (`lock`, `try_lock`, `unlock`,
--- `expire`, `keepalive`, `fence`, `get_state`, `set_state`, `remove`, `key`, `close`) over a table owned by one
+-- `expire`, `keepalive`, `fence`, `get_state`, `set_state`, `remove`, `key`, `close`,
+-- `wait_counts`) over a table owned by one
 -- simulation. `warmbox.lock`'s memory backend is not used because its
 -- per-key state is process-wide (two simulations in one process, or a host
 -- that also uses the memory backend, would share remembered sandboxes) and
@@ -48,6 +49,7 @@ function Lock:lock(key)
     local ev = waits[key]
     if not ev then ev = sched:event(); waits[key] = ev end
     ev:wait()
+    self._wakes = (self._wakes or 0) + 1
     ok, err = take(self, key, "timeout")
   until ok or err ~= "timeout"
   if not ok then return nil, err end
@@ -87,6 +89,11 @@ end
 --- The hold's fencing number (grows with every hold of the key), nil when nothing is held.
 function Lock:fence()
   return self._key and self._fence or nil
+end
+
+--- Waits so far: polls (none: a release wakes a virtual waiter), wakes.
+function Lock:wait_counts()
+  return 0, self._wakes or 0
 end
 
 --- The key's shared state, only while held.

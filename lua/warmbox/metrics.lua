@@ -1,0 +1,123 @@
+--- warmbox.metrics: what a run reports about itself (issue 23, part 5).
+--
+-- A run's timings (`r.timings`, and `detail.timings` of a failed run): seconds
+-- on the monotonic clock spent waiting for the session's lock (`lock_wait`),
+-- finding or making its sandbox (`resolve`: the list, a connect, a create),
+-- extending its lease before the cell (`lease`), in the execute (`execute`),
+-- reading its output files (`outputs`), and in all (`total`).
+--
+-- The counters a `warmbox` object's sessions share (`wb:stats()`, `s:stats()`):
+-- `runs`, by outcome (`runs_ok`: ran, `runs_error`: ran and the cell raised,
+-- `runs_failed`: warmbox failed; `codes[code]` counts those by code), how the
+-- sandbox was had (`reuse`, `resume`, `create`), and the total latency of the
+-- runs in a fixed histogram (bounded memory: BUCKETS buckets growing by RATIO
+-- from BASE seconds): `latency = { count, p50, p90, p99 }` (each an upper
+-- bucket bound, within RATIO of the true quantile; nil before any run).
+-- @module warmbox.metrics
+
+local core = require "warmbox.core"
+
+local now = core.now
+local pairs, type, log, ceil, max, min = pairs, type, math.log, math.ceil, math.max, math.min
+
+local _M = {}
+
+_M.BASE, _M.RATIO, _M.BUCKETS = 0.001, 1.1, 200
+local LOG_RATIO = log(_M.RATIO)
+
+--- The timing fields, in order.
+_M.FIELDS = { "lock_wait", "resolve", "lease", "execute", "outputs", "total" }
+
+--- A run's timer: `tm[field]` accumulates (see `add`); `t0` is its start;
+-- `locked` is set once the run has its lock.
+function _M.timer()
+  return { t0 = now(), lock_wait = 0, resolve = 0, lease = 0, execute = 0, outputs = 0 }
+end
+
+--- Adds the time since `t0` to `tm[field]` (nothing without a timer).
+function _M.add(tm, field, t0)
+  if tm then tm[field] = tm[field] + (now() - t0) end
+end
+
+--- The timings table of `tm` (a copy; `total` up to now).
+function _M.timings(tm)
+  local out = {}
+  for _, f in pairs(_M.FIELDS) do out[f] = tm[f] end
+  out.total = now() - tm.t0
+  if not tm.locked then out.lock_wait = out.total end -- (the lock was never had)
+  return out
+end
+
+-- The log level of each event for the `log` hook (the rest: "debug"; any
+-- event with `ok = false`: "warn").
+local EVENT_LEVEL = { lease_floor = "warn", lease_failed = "warn", memory_lost = "warn", create = "info",
+  kill = "info", recycle = "info", retry = "info", gc_kill = "info" }
+
+--- One event to the hooks: `on_event(name, info)`, then
+-- `log(level, "warmbox: <name> (<where>)", info)`; either may be nil.
+function _M.emit(on_event, log_fn, name, info, where)
+  if on_event then on_event(name, info) end
+  if log_fn then
+    local level = EVENT_LEVEL[name] or "debug"
+    if type(info) == "table" and info.ok == false then level = "warn" end
+    log_fn(level, "warmbox: " .. name .. (where and (" (" .. where .. ")") or ""), info)
+  end
+end
+
+local function bucket(seconds)
+  if seconds <= _M.BASE then return 1 end
+  return min(_M.BUCKETS, max(1, ceil(log(seconds / _M.BASE) / LOG_RATIO) + 1))
+end
+
+local function inc(t, k)
+  t[k] = (t[k] or 0) + 1
+end
+
+--- Counts one run into `counters`: its outcome (a result `r`, else `code`),
+-- how its sandbox was had, and its total latency.
+function _M.count_run(counters, r, code, total)
+  inc(counters, "runs")
+  if r then
+    inc(counters, r.error ~= nil and "runs_error" or "runs_ok")
+    inc(counters, (r.resumed and "resume") or (r.reused and "reuse") or "create")
+  else
+    inc(counters, "runs_failed")
+    local codes = counters.codes or {}
+    counters.codes = codes
+    inc(codes, code or "?")
+  end
+  local h = counters.latency or { n = 0 }
+  counters.latency = h
+  h.n = h.n + 1
+  inc(h, bucket(total))
+end
+
+local function quantile(h, q)
+  local want, seen = q * h.n, 0
+  for i = 1, _M.BUCKETS do
+    seen = seen + (h[i] or 0)
+    if seen >= want then return _M.BASE * _M.RATIO ^ (i - 1) end
+  end
+  return _M.BASE * _M.RATIO ^ (_M.BUCKETS - 1)
+end
+
+--- A copy of `counters` for `stats()`: `defaults` for the counters not yet
+-- counted, `codes` copied, the histogram as `latency = { count, p50, p90, p99 }`.
+function _M.stats(counters, defaults)
+  local out = { runs = 0, runs_ok = 0, runs_error = 0, runs_failed = 0, reuse = 0, resume = 0, create = 0 }
+  for k, v in pairs(defaults or {}) do out[k] = v end
+  for k, v in pairs(counters) do
+    if type(v) == "number" then out[k] = v end
+  end
+  out.codes = {}
+  for k, v in pairs(counters.codes or {}) do out.codes[k] = v end
+  local h = counters.latency
+  if h and h.n > 0 then
+    out.latency = { count = h.n, p50 = quantile(h, 0.5), p90 = quantile(h, 0.9), p99 = quantile(h, 0.99) }
+  else
+    out.latency = { count = 0 }
+  end
+  return out
+end
+
+return _M
