@@ -945,6 +945,23 @@ describe("warmbox.sim", function()
       assert.matches("checkpoint storage: $0 per GiB-month (E2B publishes no snapshot price)", sim.format(r), 1, true)
     end)
 
+    it("prunes by age with checkpoint_after, on the simulated clock", function()
+      -- Turn 1 ends at 2.5 s: its checkpoint is stored from 4.5 s. The default policy pauses the
+      -- sandbox after its idle lease, so turn 2 (due at 1500 s) resumes it (1 s) and ends at
+      -- 1502 s: its checkpoint is stored from 1504 s. GC every 1000 s, horizon 1501 + 1499 =
+      -- 3000 s, checkpoint_after = 1000 s: at 1000 s the first is 995.5 s old (kept), at 2000 s
+      -- deleted; the second is deleted at 3000 s (1496 s old). Stored: 1995.5 + 1496 s x 12 GiB.
+      local r = assert(sim.run{ trace = turns("a", { 0, 1500 }), model = { rtt_ms = 0 }, gc_every = 1000,
+        tail = 1499, policy = { checkpoint = function() return true end,
+          checkpoint_gc = rules.checkpoints{ checkpoint_after = 1000 } } })
+      assert.equal(1, r.resumes)
+      assert.equal(2, r.checkpoints_taken)
+      assert.equal(2, r.checkpoints_deleted)
+      assert.equal(2, r.peak_checkpoints)   -- both alive from 1504 to 2000 s
+      assert.equal(0, r.checkpoints_alive)
+      assert.near((1995.5 + 1496) * 12 / 3600, r.checkpoint_gib_hours, 1e-9)
+    end)
+
     it("makes a turn that comes while one is being taken wait for it (snapshot_ms)", function()
       -- Turn 1 ends at 2.5 s and its checkpoint takes snapshot_ms; turn 2 is due at 3 s and
       -- its code starts when the checkpoint is done: 2.5 + 2 = 4.5 s (1.5 s added), or with
