@@ -91,6 +91,9 @@ commands:
       --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)
       --retry-after S              the Retry-After of the cap's 429 (default 1; 0: none, the client backs off)
       --paused-price USD           storage price per paused sandbox-hour (default 0: E2B bills none)
+      --snapshot-ms MS, --snapshot-gb N, --snapshot-price USD   checkpoints (a policy's checkpoint hook):
+                                   time to take one (2000), GiB of disk stored beside the RAM (10), $ per
+                                   GiB-month (default 0: E2B publishes no snapshot price); exact path
       --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
                                    gnuplot when installed, else the built-in SVG
       --csv FILE                   write the rows as CSV
@@ -850,7 +853,8 @@ local SIM_LISTS = { ["--idle-timeout"] = "idle_timeout", ["--exec-timeout"] = "e
   ["--max-age"] = "max_age", ["--gc-every"] = "gc_every" }
 local SIM_MODEL = { ["--rtt-ms"] = "rtt_ms", ["--create-ms"] = "create_ms", ["--kernel-ms"] = "kernel_ms",
   ["--resume-ms"] = "resume_ms", ["--max-length-hours"] = "max_length_hours", ["--max-running"] = "max_running",
-  ["--rate"] = "rate_per_s", ["--retry-after"] = "retry_after" }
+  ["--rate"] = "rate_per_s", ["--retry-after"] = "retry_after", ["--snapshot-ms"] = "snapshot_ms",
+  ["--snapshot-gb"] = "snapshot_gb" }
 local SIM_WORKLOAD = { ["--sessions"] = "sessions", ["--turns"] = "turns", ["--gap"] = "gap",
   ["--duration"] = "duration", ["--think"] = "think", ["--span"] = "span", ["--seed"] = "seed",
   ["--abandon"] = "abandon", ["--lead"] = "lead", ["--no-run"] = "no_run" }
@@ -929,7 +933,14 @@ local function simulate_args(o, args, sim)
       end
       set_or_sweep(st, "prewarm", values)
     end,
-    ["--paused-price"] = function(v, a) opts.prices = { paused_second = number_arg(a, v) / 3600 } end,
+    ["--paused-price"] = function(v, a)
+      opts.prices = opts.prices or {}
+      opts.prices.paused_second = number_arg(a, v) / 3600
+    end,
+    ["--snapshot-price"] = function(v, a)
+      opts.prices = opts.prices or {}
+      opts.prices.snapshot_gib_month = number_arg(a, v)
+    end,
     ["--arrival"] = function(v) workload().arrival = v end,
   }
   for flag, k in pairs(SIM_LISTS) do

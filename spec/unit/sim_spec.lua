@@ -900,6 +900,115 @@ describe("warmbox.sim", function()
     end)
   end)
 
+  describe("checkpoints", function()
+    local rules = require "warmbox.policy.rules"
+    -- Three turns of one conversation at 0, 100 and 200 s (1 s runs), round trips free.
+    -- Turn 1: create 0.5 s + kernel start 1 s + run 1 s ends at 2.5 s; the checkpoint
+    -- the hook asks for then takes snapshot_ms (2 s, the default): stored from 4.5 s.
+    -- Turns 2 and 3 are warm (the 300 s idle lease): they end at 101 and 201 s, their
+    -- checkpoints are stored from 103 and 203 s. GC passes at 1000 and 2000 s (the
+    -- horizon: the last run's end 201 + tail 1799). At 1000 s max_checkpoints = 2
+    -- deletes the oldest (rank 3); at 2000 s two are left, both kept.
+    -- Each stores snapshot_gb (10 GiB, the default) + the sandbox's 2 GiB of RAM = 12 GiB:
+    --   (1000 - 4.5) + (2000 - 103) + (2000 - 203) = 4689.5 s x 12 GiB = 15.6316... GiB-hours,
+    -- at $0.73 per GiB-month of 730 h: 15.6316... / 730 x 0.73 = $0.0156316...
+    local function cp_run(extra)
+      local o = { trace = turns("a", { 0, 100, 200 }), model = { rtt_ms = 0 }, gc_every = 1000, tail = 1799,
+        policy = { checkpoint = function() return true end,
+          checkpoint_gc = rules.checkpoints{ max_checkpoints = 2 } } }
+      for k, v in pairs(extra or {}) do o[k] = v end
+      return assert(sim.run(o))
+    end
+
+    it("takes one after each run the policy's hook asks for, prunes them by the rules and books their storage",
+      function()
+      local r = cp_run{ prices = { snapshot_gib_month = 0.73 } }
+      assert.equal("exact", r.path)
+      assert.equal(3, r.ok)
+      assert.equal(3, r.checkpoints_taken)
+      assert.equal(1, r.checkpoints_deleted)
+      assert.equal(3, r.peak_checkpoints)
+      assert.equal(2, r.checkpoints_alive)
+      assert.near(4689.5 * 12 / 3600, r.checkpoint_gib_hours, 1e-9)
+      assert.near(4689.5 * 12 / 3600 / 730 * 0.73, r.checkpoint_cost, 1e-12)
+      assert.near(r.compute_cost + r.storage_cost + r.checkpoint_cost, r.cost, 1e-12)
+      local text = sim.format(r)
+      assert.matches("cp deleted", text, 1, true)
+      assert.matches("checkpoint storage: $0.73 per GiB-month (assumed)", text, 1, true)
+    end)
+
+    it("stores snapshot_gb plus the RAM, priced 0 by default (E2B publishes no snapshot price)", function()
+      -- snapshot_gb = 2: 2 + 2 GiB each, the same times: 4689.5 s x 4 GiB.
+      local r = cp_run{ model = { rtt_ms = 0, snapshot_gb = 2 } }
+      assert.near(4689.5 * 4 / 3600, r.checkpoint_gib_hours, 1e-9)
+      assert.equal(0, r.checkpoint_cost)
+      assert.matches("checkpoint storage: $0 per GiB-month (E2B publishes no snapshot price)", sim.format(r), 1, true)
+    end)
+
+    it("prunes by age with checkpoint_after, on the simulated clock", function()
+      -- Turn 1 ends at 2.5 s: its checkpoint is stored from 4.5 s. The default policy pauses the
+      -- sandbox after its idle lease, so turn 2 (due at 1500 s) resumes it (1 s) and ends at
+      -- 1502 s: its checkpoint is stored from 1504 s. GC every 1000 s, horizon 1501 + 1499 =
+      -- 3000 s, checkpoint_after = 1000 s: at 1000 s the first is 995.5 s old (kept), at 2000 s
+      -- deleted; the second is deleted at 3000 s (1496 s old). Stored: 1995.5 + 1496 s x 12 GiB.
+      local r = assert(sim.run{ trace = turns("a", { 0, 1500 }), model = { rtt_ms = 0 }, gc_every = 1000,
+        tail = 1499, policy = { checkpoint = function() return true end,
+          checkpoint_gc = rules.checkpoints{ checkpoint_after = 1000 } } })
+      assert.equal(1, r.resumes)
+      assert.equal(2, r.checkpoints_taken)
+      assert.equal(2, r.checkpoints_deleted)
+      assert.equal(2, r.peak_checkpoints)   -- both alive from 1504 to 2000 s
+      assert.equal(0, r.checkpoints_alive)
+      assert.near((1995.5 + 1496) * 12 / 3600, r.checkpoint_gib_hours, 1e-9)
+    end)
+
+    it("makes a turn that comes while one is being taken wait for it (snapshot_ms)", function()
+      -- Turn 1 ends at 2.5 s and its checkpoint takes snapshot_ms; turn 2 is due at 3 s and
+      -- its code starts when the checkpoint is done: 2.5 + 2 = 4.5 s (1.5 s added), or with
+      -- snapshot_ms = 1000 at 3.5 s (0.5 s added); without a checkpoint at once.
+      local function wait_of(model, hook)
+        local r = assert(sim.run{ trace = turns("a", { 0, 3 }), model = model, details = true,
+          gc_every = false, policy = { checkpoint = hook } })
+        local second = r.log[2]
+        return second.code_started - second.due, r.checkpoints_taken
+      end
+      local only_first = function(info) return info.turn == 1 end
+      local w, n = wait_of({ rtt_ms = 0 }, only_first)
+      assert.near(1.5, w, 1e-6)
+      assert.equal(1, n)
+      assert.near(0.5, (wait_of({ rtt_ms = 0, snapshot_ms = 1000 }, only_first)), 1e-6)
+      assert.near(0, (wait_of({ rtt_ms = 0 }, function() return false end)), 1e-6)
+    end)
+
+    it("takes the exact path when checkpoints are on; the fast path refuses them", function()
+      local r = cp_run()
+      assert.equal("exact", r.path)
+      local none, msg, code = sim.run{ trace = turns("a", { 0 }), exact = false,
+        policy = { checkpoint = function() return true end } }
+      assert.is_nil(none)
+      assert.equal("BAD_REQUEST", code)
+      assert.matches("exact path only", msg, 1, true)
+    end)
+
+    it("reads --snapshot-ms, --snapshot-gb and --snapshot-price in the CLI", function()
+      local out, err = sink(), sink()
+      local policy = os.tmpname()
+      local f = assert(io.open(policy, "w"))
+      f:write("return { checkpoint = function() return true end }\n")
+      f:close()
+      local status = require("warmbox.cli").main({ "simulate", "--trace", FIXTURE, "--policy", policy,
+        "--snapshot-ms", "500", "--snapshot-gb", "5", "--snapshot-price", "0.1", "--paused-price", "0.02" },
+        { stdout = out, stderr = err })
+      os.remove(policy)
+      assert.equal(0, status, err:text())
+      local text = out:text()
+      assert.matches("exact path", text, 1, true)
+      assert.matches("checkpoints", text, 1, true)
+      assert.matches("checkpoint storage: $0.1 per GiB-month (assumed)", text, 1, true)
+      assert.matches("paused storage: $0.02 per sandbox-hour (assumed)", text, 1, true)
+    end)
+  end)
+
   describe("the CLI", function()
     it("runs `simulate` on the fixture with a sweep and writes a chart", function()
       local out, err = sink(), sink()

@@ -7,7 +7,9 @@
 -- resume, cold starts and round trips cost time, and nothing sleeps or
 -- touches the network. GC passes run every `gc_every` seconds of virtual
 -- time. The report counts cold starts, resumes and warm hits, the latency
--- warmbox added before the code ran, compute cost, paused storage and GC kills.
+-- warmbox added before the code ran, compute cost, paused storage and GC kills;
+-- with a policy's checkpoint hooks (exact path only) the checkpoints taken,
+-- pruned and their storage cost (`prices.snapshot_gib_month`).
 --
 --   local sim = require "warmbox.sim"
 --   local report = assert(sim.run{ workload = { sessions = 50, seed = 7 }, idle_timeout = 300 })
@@ -29,6 +31,7 @@ local model_mod = require "warmbox.sim.model"
 local sim_lock = require "warmbox.sim.lock"
 local chart_mod = require "warmbox.sim.chart"
 local fast_mod = require "warmbox.sim.fast"
+local gc_cp_mod = require "warmbox.gc_checkpoints"
 
 local type, pairs, ipairs, tostring, error, pcall, setmetatable =
   type, pairs, ipairs, tostring, error, pcall, setmetatable
@@ -50,7 +53,13 @@ _M.PRICES = {
   vcpu_second = 0.000014,   -- $ per vCPU-second while running
   gib_second = 0.0000045,   -- $ per GiB-RAM-second while running
   paused_second = 0,        -- $ per paused sandbox-second (E2B: not billed)
+  -- $ per GiB-month (730 h) a checkpoint (persistent snapshot) stores: E2B's pricing page and
+  -- its FAQ "How do I calculate the price of a sandbox?" name no price for snapshots (disk is
+  -- "Included"), so 0 unless given
+  snapshot_gib_month = 0,
 }
+--- Hours in the month `snapshot_gib_month` prices (730: a year's 8760 / 12, as cloud storage bills).
+_M.MONTH_HOURS = 730
 
 local function is_num(v) return type(v) == "number" and v == v and v > -math_huge and v < math_huge end
 
@@ -686,6 +695,15 @@ local function compute_by_size(by, prices)
   return out, total
 end
 
+-- The checkpoints of a finished run: taken, deleted, peak, GiB-hours stored and their cost.
+local function model_checkpoints(report, model, prices)
+  local st = model.stats
+  report.checkpoints_taken, report.checkpoints_deleted = st.snapshots, st.snapshots_deleted
+  report.peak_checkpoints, report.checkpoints_alive = st.peak_snapshots, model.nsnaps
+  report.checkpoint_gib_hours = st.snapshot_gib_seconds / 3600
+  report.checkpoint_cost = report.checkpoint_gib_hours / _M.MONTH_HOURS * prices.snapshot_gib_month
+end
+
 -- Fills a finished run's report: latency percentiles, costs, the model's counts, and details when asked.
 local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
   local alive = model:close_books()
@@ -704,7 +722,8 @@ local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
   report.paused_seconds = st.paused_seconds
   report.paused_hours = st.paused_seconds / 3600
   report.storage_cost = st.paused_seconds * prices.paused_second
-  report.cost = report.compute_cost + report.storage_cost
+  model_checkpoints(report, model, prices)
+  report.cost = report.compute_cost + report.storage_cost + report.checkpoint_cost
   report.created = st.creates
   report.model_resumes = st.resumes
   report.pauses = st.pauses
@@ -733,9 +752,14 @@ local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
 end
 
 -- The path a run takes (true: exact, false: fast), or nil, message, "BAD_REQUEST" when its options rule it out.
-local function run_path(o)
+local function run_path(o, policy)
   local exact = o.exact
-  if exact == nil then exact = not fast_mod.supports(o.model) end
+  local checkpoints = policy.checkpoint ~= nil or policy.checkpoint_gc ~= nil
+  if exact == nil then exact = checkpoints or not fast_mod.supports(o.model) end
+  if checkpoints and not exact then
+    return nil, "checkpoints (the policy's checkpoint or checkpoint_gc hook) are modelled by the exact path "
+      .. "only (give no exact = false)", "BAD_REQUEST"
+  end
   if o.prewarm and exact then
     return nil, "prewarm is modelled by the fast path only (give exact = false, and no max_running or "
       .. "rate_per_s)", "BAD_REQUEST"
@@ -754,6 +778,49 @@ local function log_record(key, due, start, finish, t0, ok, r, ecode, mark)
     created = mark.created or false, resumed = mark.resumed or false }
 end
 
+-- A runner (the `warmbox.runner` methods `warmbox.checkpoint` calls) on the
+-- simulator's scheduler: an automatic checkpoint is a task of the simulation.
+local function sim_runner(sched)
+  local rn = {}
+  function rn.spawn(_, fn, ...) return sched:spawn(fn, ...) end
+  function rn.current() return sched:current() end
+  function rn.step() return sched:step(0) end
+  function rn.join(_, t)
+    if t:done() then return end
+    local ev = sched:event()
+    t:on_done(function() ev:signal() end)
+    ev:wait()
+  end
+  return rn
+end
+
+-- One part of a GC pass, `fn(o)` (warmbox.gc's sandbox pass or the checkpoint
+-- pass): a raise or an error counts in `gc_errors`, a report goes to `count`.
+local function gc_part(report, fn, o, note_error, count)
+  local ok, rep, gerr, gcode = pcall(fn, o)
+  if not ok then
+    report.gc_errors = report.gc_errors + 1
+    note_error("GC", tostring(rep))
+  elseif not rep then
+    report.gc_errors = report.gc_errors + 1
+    note_error(gcode, gerr)
+  else
+    count(report, rep)
+  end
+end
+
+local function count_gc(report, rep)
+  report.gc_kills = report.gc_kills + rep.killed
+  report.gc_demoted = report.gc_demoted + rep.demoted
+  report.gc_busy = report.gc_busy + rep.busy
+  report.gc_errors = report.gc_errors + #rep.errors
+end
+
+local function count_gc_checkpoints(report, rep)
+  report.gc_busy = report.gc_busy + rep.busy
+  report.gc_errors = report.gc_errors + rep.failed
+end
+
 local function run(o)
   local convs, terr, tcode = conversations_of(o)
   if not convs then return nil, terr, tcode end
@@ -768,6 +835,8 @@ local function run(o)
   local clock = model:clock()
   local t0 = model.now
   local new_lock = sim_lock.factory(sched)
+  local rn = sim_runner(sched)
+  local function get_runner() return rn end
   local exec_timeout, idle_timeout, template, tag, max_age, gc_every, code = run_settings(o)
 
   local report = {
@@ -784,7 +853,7 @@ local function run(o)
   local function new_session(key)
     return session_mod.new(key, { client = model, lock = new_lock, clock = clock, policy = policy,
       template = template, exec_timeout = exec_timeout, idle_timeout = idle_timeout, tag = tag,
-      origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length })
+      origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length, runner = get_runner })
   end
 
   local function note_error(c, msg)
@@ -816,7 +885,7 @@ local function run(o)
     end
   end
 
-  local exact, xerr, xcode = run_path(o)
+  local exact, xerr, xcode = run_path(o, policy)
   if exact == nil then return nil, xerr, xcode end
   report.path = exact and "exact" or "fast"
   if not exact then
@@ -917,20 +986,12 @@ local function run(o)
           sched:sleep_until(gc_next)
           gc_sleeping = false
           if horizon and gc_next > horizon then break end
-          local ok, rep, gerr, gcode = pcall(gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
-            clock = clock, max_age = max_age })
+          gc_part(report, gc_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
+            clock = clock, max_age = max_age }, note_error, count_gc)
           report.gc_passes = report.gc_passes + 1
-          if not ok then
-            report.gc_errors = report.gc_errors + 1
-            note_error("GC", tostring(rep))
-          elseif not rep then
-            report.gc_errors = report.gc_errors + 1
-            note_error(gcode, gerr)
-          else
-            report.gc_kills = report.gc_kills + rep.killed
-            report.gc_demoted = report.gc_demoted + rep.demoted
-            report.gc_busy = report.gc_busy + rep.busy
-            report.gc_errors = report.gc_errors + #rep.errors
+          if policy.checkpoint_gc then
+            gc_part(report, gc_cp_mod.run, { client = model, tag = tag, policy = policy, lock = new_lock,
+              clock = clock }, note_error, count_gc_checkpoints)
           end
           gc_next = gc_next + gc_every
         end
@@ -974,7 +1035,8 @@ end
 --   ran), `compute_seconds, compute_cost, paused_seconds, paused_hours, storage_cost, cost,
 --   created, model_resumes, pauses, kills, timeout_kills, requests, requests_per_run,
 --   auto_pauses, paused_during_run, rejected_cap, rejected_rate, retries, peak_running,
---   gc_passes, gc_kills, gc_demoted, gc_busy, gc_errors, alive, alive_running,
+--   gc_passes, gc_kills, gc_demoted, gc_busy, gc_errors, checkpoints_taken, checkpoints_deleted,
+--   peak_checkpoints, checkpoints_alive, checkpoint_gib_hours, checkpoint_cost, alive, alive_running,
 --   alive_paused, events = { create, connect, kill, retry }, simulated_seconds, policy,
 --   exec_timeout, idle_timeout, max_age, gc_every, prices`
 -- @return[2] nil, message, code ("NOT_FOUND" or "BAD_REQUEST" for a trace, "POLICY")
@@ -1102,7 +1164,8 @@ local CSV_FIELDS = { "policy", "param", "value", "conversations", "runs", "ok", 
   "requests", "requests_per_run", "rejected_cap", "rejected_rate", "retries", "peak_running", "paused_during_run",
   "alive", "exec_timeout", "idle_timeout", "max_age", "gc_every", "paused_price_hour", "simulated_seconds", "path",
   "prewarm", "prewarms", "prewarms_unused", "prewarms_failed", "prewarm_creates", "prewarm_resumes", "turns",
-  "retry_after_waits" }
+  "retry_after_waits", "checkpoints_taken", "checkpoints_deleted", "peak_checkpoints", "checkpoints_alive",
+  "checkpoint_gib_hours", "checkpoint_cost" }
 _M.CSV_FIELDS = CSV_FIELDS
 
 --- Rows as CSV text: a header line, then one line per row (fields in
@@ -1144,23 +1207,38 @@ local function price_note(rows)
     end
   end
   local function usd(v) return (string_format("%.9f", v):gsub("0+$", ""):gsub("%.$", "")) end
+  local cp_price, cps = prices.snapshot_gib_month or 0, false
+  for _, r in ipairs(rows) do cps = cps or (r.checkpoints_taken or 0) > 0 end
+  local cp_line = (cps or cp_price > 0) and string_format("checkpoint storage: $%s per GiB-month%s\n", usd(cp_price),
+    cp_price == 0 and " (E2B publishes no snapshot price)" or " (assumed)") or ""
   return string_format("compute by size: %s, at $%s per vCPU-second and $%s per GiB-second (E2B's pricing page)\n"
-    .. "paused storage: $%s per sandbox-hour%s\n", #sizes > 0 and table_concat(sizes, ", ") or "none",
+    .. "paused storage: $%s per sandbox-hour%s\n%s", #sizes > 0 and table_concat(sizes, ", ") or "none",
     usd(prices.vcpu_second), usd(prices.gib_second), usd(prices.paused_second * 3600),
-    prices.paused_second == 0 and " (E2B bills paused sandboxes nothing)" or " (assumed)")
+    prices.paused_second == 0 and " (E2B bills paused sandboxes nothing)" or " (assumed)", cp_line)
 end
 
--- The columns `format` shows: COLUMNS, plus the prewarm counts when a row prewarmed.
+-- The columns `format` shows: COLUMNS, plus the prewarm counts when a row
+-- prewarmed, and the checkpoints' when a row took any.
 local function format_columns(rows)
+  local prewarm, cps = false, false
   for _, r in ipairs(rows) do
-    if r.prewarm then
-      local columns = { table.unpack(COLUMNS) }
-      columns[#columns + 1] = { "prewarms", "prewarms", "%d" }
-      columns[#columns + 1] = { "unused", "prewarms_unused", "%d" }
-      return columns
-    end
+    prewarm = prewarm or r.prewarm
+    cps = cps or (r.checkpoints_taken or 0) > 0
   end
-  return COLUMNS
+  if not prewarm and not cps then return COLUMNS end
+  local columns = { table.unpack(COLUMNS) }
+  if prewarm then
+    columns[#columns + 1] = { "prewarms", "prewarms", "%d" }
+    columns[#columns + 1] = { "unused", "prewarms_unused", "%d" }
+  end
+  if cps then
+    columns[#columns + 1] = { "checkpoints", "checkpoints_taken", "%d" }
+    columns[#columns + 1] = { "cp deleted", "checkpoints_deleted", "%d" }
+    columns[#columns + 1] = { "cp peak", "peak_checkpoints", "%d" }
+    columns[#columns + 1] = { "cp GiB-h", "checkpoint_gib_hours", "%.1f" }
+    columns[#columns + 1] = { "cp $", "checkpoint_cost", "%.4f" }
+  end
+  return columns
 end
 
 -- Lines of cells as text lines: the first column left-aligned, the others right-aligned.

@@ -129,6 +129,10 @@ _M.DEFAULTS = {
   retries = 3,             -- retries of an idempotent call or a create after a 429 (the client's default)
   retry_after = 1,         -- seconds a 429 of the concurrency cap says in Retry-After (0: no header)
   seed = 1,                -- seeds the backoff jitter
+  snapshot_ms = 2000,      -- taking a checkpoint (a persistent snapshot): the sandbox is paused meanwhile,
+                           -- billed as running (assumed: as long as the default pause_ms; E2B publishes none)
+  snapshot_gb = 10,        -- GiB of disk a checkpoint stores, plus the sandbox's RAM (10: the disk E2B
+                           -- includes on Hobby, its FAQ "How do I calculate the price of a sandbox?")
 }
 
 --- Sandbox sizes by template, as E2B builds them (`code-interpreter-v1`:
@@ -187,7 +191,11 @@ function _M.new(opts, sched)
               timeout_kills = 0, pauses = 0, kills = 0, paused_during_run = 0, running_seconds = 0,
               running_by_size = {},
               paused_seconds = 0, runs = 0, rejected_cap = 0, rejected_rate = 0, retries = 0, retry_after_waits = 0,
-              peak_running = 0 },
+              peak_running = 0,
+              snapshots = 0, snapshots_deleted = 0, peak_snapshots = 0, snapshot_gib_seconds = 0 },
+    snaps = {},                -- snapshot id -> { id, name, gib, created_at } (checkpoints alive)
+    nsnaps = 0, snap_gib = 0,  -- how many are alive, and their GiB
+    snap_books_at = backend:now(), -- the storage books are closed up to this time
     -- per-run marks outside tasks (inside a task: the task's `data`)
     mark = {},
   }, Model)
@@ -856,6 +864,91 @@ function Model:kill_many(ids, opts)
 end
 
 -- ------------------------------------------------------------------
+-- Checkpoints: persistent snapshots (`warmbox.checkpoint`)
+-- ------------------------------------------------------------------
+
+--- Books the GiB-seconds the live snapshots stored since the last time.
+function Model:_book_snapshots()
+  local now = self.backend.t
+  local st = self.stats
+  st.snapshot_gib_seconds = st.snapshot_gib_seconds + self.snap_gib * math_max(0, now - self.snap_books_at)
+  self.snap_books_at = now
+end
+
+--- `c:snapshot(id, { name })` → `{ snapshot_id, names }` | nil, msg, "NOT_FOUND" (not running):
+-- the sandbox is paused `snapshot_ms` while it is taken (billed as running), then runs on;
+-- the snapshot stores `snapshot_gb` plus the sandbox's RAM until it is deleted.
+function Model:snapshot(id, opts)
+  id = check_id(id, "snapshot")
+  local name = opts and opts.name
+  return request(self, function()
+    local b = self.live[id]
+    if not b or settled_state(self, b) ~= "running" then return not_found(id) end
+    pass(self, self.cfg.snapshot_ms / 1000)
+    self:_book_snapshots()
+    self.snap_seq = (self.snap_seq or 0) + 1
+    local sid = string_format("snap%06d", self.snap_seq)
+    local gib = self.cfg.snapshot_gb + b.memory_mb / 1024
+    self.snaps[sid] = { id = sid, name = name or sid, gib = gib, seq = self.snap_seq }
+    self.nsnaps, self.snap_gib = self.nsnaps + 1, self.snap_gib + gib
+    local st = self.stats
+    st.snapshots = st.snapshots + 1
+    if self.nsnaps > st.peak_snapshots then st.peak_snapshots = self.nsnaps end
+    return { snapshot_id = sid, names = { name or sid } }
+  end, false, true)
+end
+
+-- The live snapshots, newest first, as E2B lists them.
+local function snapshot_items(self)
+  local list = {}
+  for _, sn in pairs(self.snaps) do list[#list + 1] = sn end
+  table_sort(list, function(a, b) return a.seq > b.seq end)
+  for i, sn in ipairs(list) do list[i] = { snapshot_id = sn.id, names = { sn.name } } end
+  return list
+end
+
+--- `c:list_snapshot_pages()`: pages of 100, newest first (`items, token_used, next_token`).
+function Model:list_snapshot_pages()
+  local items, pos, done = nil, 0, false
+  return function()
+    if done then return nil end
+    return request(self, function()
+      if not items then items = snapshot_items(self) end
+      local page = {}
+      for i = pos + 1, math_min(pos + 100, #items) do page[#page + 1] = items[i] end
+      local used = pos > 0 and tostring(pos) or false
+      pos = pos + #page
+      done = pos >= #items
+      return page, used, (not done) and tostring(pos) or nil
+    end, true, true)
+  end
+end
+
+--- `c:list_snapshots()` → every snapshot, newest first.
+function Model:list_snapshots()
+  local out = {}
+  for items in self:list_snapshot_pages() do
+    for _, it in ipairs(items) do out[#out + 1] = it end
+  end
+  return out
+end
+
+--- `c:delete_snapshot(id)` → true | false (none).
+function Model:delete_snapshot(id)
+  if type(id) == "table" then id = id.snapshot_id end
+  if type(id) ~= "string" then error("bad argument #1 to 'delete_snapshot' (snapshot id expected)", 2) end
+  return request(self, function()
+    local sn = self.snaps[id]
+    if not sn then return false end
+    self:_book_snapshots()
+    self.snaps[id] = nil
+    self.nsnaps, self.snap_gib = self.nsnaps - 1, self.snap_gib - sn.gib
+    self.stats.snapshots_deleted = self.stats.snapshots_deleted + 1
+    return true
+  end, true, true)
+end
+
+-- ------------------------------------------------------------------
 -- Data plane
 -- ------------------------------------------------------------------
 
@@ -1009,6 +1102,7 @@ end
 -- (idempotent: the sandboxes keep their state).
 -- @treturn table `{ running, paused }` counts of live sandboxes
 function Model:close_books()
+  self:_book_snapshots()
   local running, paused = 0, 0
   for _, b in pairs(self.live) do
     if b.state == "running" or b.state == "resuming" then
