@@ -48,11 +48,7 @@ local function label_ok(label)
   return #label <= LABEL_MAX and label:match("^[a-z0-9][a-z0-9%-]*$") ~= nil
 end
 
-local seq = 0
-local function nonce()
-  seq = seq + 1
-  return string_format("%06x%02x", math.random(0, 0xffffff), seq % 256)
-end
+local function nonce() return util.unique_id() end
 
 --- A snapshot's bare name: its first name (or its id) without a `team/` prefix and `:tag`.
 local function bare_name(snap)

@@ -457,12 +457,8 @@ _M.CREATE_TAG = tag_mod.CREATE_TAG
 --- How many creates in flight are remembered, and for how long (seconds of the session clock).
 _M.CREATES_KEPT, _M.CREATE_WINDOW = 8, 300
 local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
-local create_seq = 0
 
-local function new_id()
-  create_seq = create_seq + 1
-  return string_format("%08x%08x%x", math.random(0, 0x7fffffff), math.random(0, 0x7fffffff), create_seq)
-end
+local new_id = util.unique_id
 
 -- The recorded creates younger than CREATE_WINDOW (a create given up longer
 -- ago has long made its sandbox or failed).
