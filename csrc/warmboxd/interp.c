@@ -527,6 +527,8 @@ static void interp_on_pause(struct wbd_rt *rt, int memory) {
       if (k) kern_put_locked(k);  /* runtime.c ends every process next */
     }
     ist->init = 0;
+    free(ist->restore);  /* a namespace not loaded yet is memory too */
+    ist->restore = NULL;
   }
   pthread_mutex_unlock(wbd_rt_interp_mu(rt));
 }

@@ -94,6 +94,13 @@ describe("warmboxd snapshots", function()
     assert.are.equal("NameError", gone)
     -- bash kernels carry files only: the shell variable is gone
     assert.are.equal("[]\n", (run(child, "echo \"[$BASHVAR]\"")))
+    -- a namespace not loaded yet is memory: a resume from the files only drops it
+    local later = create{ templateID = snap.snapshotID }
+    local path = "/sandboxes/" .. later.sandboxID
+    assert.are.equal(204, http.api(srv, "POST", path .. "/pause", {}).status)
+    assert.are.equal(201, http.api(srv, "POST", "/v2" .. path .. "/connect", { timeout = 60, memory = false }).status)
+    local _, lost = run(later, "x", "python")
+    assert.are.equal("NameError", lost)
     -- a sandbox whose python context never ran carries an empty namespace
     local fresh = create{}
     local child2 = create{ templateID = snapshot(fresh).json.snapshotID }
