@@ -498,8 +498,9 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   /* A snapshot id (`<name>:<tag>`) this team has not got, deleted or another
    * team's, starts nothing: a checkpoint never silently becomes a new sandbox. */
   if (!snap && strchr(tid, ':')) {
+    enum MHD_Result gone = wbd_reply_error(req, 404, "template '%s' not found", tid);  /* tid is o's */
     json_decref(o);
-    return wbd_reply_error(req, 404, "template '%s' not found", tid);
+    return gone;
   }
   struct wbd_sandbox *sb = wbd_store_alloc(team);
   wbd_sandbox_set_template(sb, snap ? wbd_snapshot_template(snap) : tid);

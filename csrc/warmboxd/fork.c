@@ -5,8 +5,8 @@
  * start on them, each inheriting the parent's metadata, envVars, template,
  * security and lifecycle. 201 with one entry per fork: {"sandbox": Sandbox}
  * or {"error": {code, message}}. 404 unknown, 409 paused or being
- * snapshotted. Kernel memory is not carried (state.h): a fork's kernels
- * start afresh.
+ * snapshotted. Process memory is not carried, the default python
+ * context's namespace is, serialised (state.h); other kernels start afresh.
  */
 #include "wbd_int.h"
 #include "control.h"

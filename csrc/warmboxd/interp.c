@@ -40,6 +40,9 @@ const unsigned char *wbd_embedded(const char *name, size_t *len);
 #define GRACE_MS_DEFAULT 2000
 #define END_LINE "{\"type\": \"end_of_execution\"}\n"
 #define DONE_MARK "{\"type\": \"__wb_done__\"}"
+#define DUMP_MARK "{\"type\": \"__wb_dump__\""
+/* How long a snapshot waits for the python kernel's namespace dump. */
+#define DUMP_WAIT_S 30
 
 struct line {
   struct line *next;
@@ -57,6 +60,7 @@ struct kern {
   pthread_mutex_t wmu;      /* one writer at a time on in_fd */
   pthread_cond_t space;     /* the stream took lines off its queue, or ended */
   struct ictx *ctx;         /* referenced */
+  char *dump;               /* the last __wb_dump__ line (under the interp lock) */
 };
 
 struct run;
@@ -81,6 +85,7 @@ struct istate {
   int active_runs;          /* /execute streams not over, all contexts */
   struct ictx *ctxs;        /* each referenced by the list */
   struct ictx *def_python, *def_bash, *def_js, *def_ts;
+  char *restore;            /* a load line for def_python's first kernel */
 };
 
 struct run {
@@ -176,6 +181,7 @@ static void kern_put_locked(struct kern *k) {
   pthread_mutex_destroy(&k->wmu);
   pthread_cond_destroy(&k->space);
   struct ictx *c = k->ctx;
+  free(k->dump);
   free(k);
   if (c) ctx_put_locked(c);
 }
@@ -352,6 +358,11 @@ static void *kern_thread(void *arg) {
         skipping = 0;
       } else if (n - 1 == strlen(DONE_MARK) && memcmp(s, DONE_MARK, n - 1) == 0) {
         kern_cell_over_locked(c, k, 0);
+      } else if (n > strlen(DUMP_MARK) && memcmp(s, DUMP_MARK, strlen(DUMP_MARK)) == 0) {
+        free(k->dump);
+        k->dump = strndup(s, n);
+        if (!k->dump) abort();
+        pthread_cond_broadcast(&c->cond);
       } else if (c->run && c->run->k == k && !c->run->finished && c->busy_k == k) {
         struct line *l = malloc(sizeof *l + n);
         if (!l) abort();
@@ -394,6 +405,7 @@ static void *kern_thread(void *arg) {
   free(buf);
   pthread_mutex_lock(mu);
   k->dead = 1;
+  pthread_cond_broadcast(&k->ctx->cond);  /* a dump waiting for it (wbd_interp_dump) */
   kern_cell_over_locked(k->ctx, k, 1);
   if (k->ctx->k == k) {
     k->ctx->k = NULL;
@@ -481,6 +493,12 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
     return -1;
   }
   pthread_attr_destroy(&at);
+  struct istate *ist = *wbd_rt_interp_slot(rt);
+  if (c == ist->def_python && ist->restore) {
+    kern_write(k, ist->restore, strlen(ist->restore));
+    free(ist->restore);
+    ist->restore = NULL;
+  }
   return 0;
 }
 
@@ -509,6 +527,8 @@ static void interp_on_pause(struct wbd_rt *rt, int memory) {
       if (k) kern_put_locked(k);  /* runtime.c ends every process next */
     }
     ist->init = 0;
+    free(ist->restore);  /* a namespace not loaded yet is memory too */
+    ist->restore = NULL;
   }
   pthread_mutex_unlock(wbd_rt_interp_mu(rt));
 }
@@ -523,7 +543,77 @@ static void interp_free(void *slot) {
     ist->ctxs = c->next;
     ctx_put_locked(c);
   }
+  free(ist->restore);
   free(ist);
+}
+
+/* ------------------------------------------------------------------ */
+/* Snapshots: the default python context's user namespace (state.h)    */
+/* ------------------------------------------------------------------ */
+
+static char *dump_failed(const char *why) {
+  json_t *o = json_pack("{s:s, s:n, s:{s:s}}", "type", "__wb_dump__", "data", "unrestored", "*", why);
+  char *s = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return s;
+}
+
+/* Under the lock: wait (until deadline) for the context to be free, ask
+ * its kernel for a dump and wait for it. */
+static char *dump_locked(struct wbd_rt *rt, struct ictx *c) {
+  static const char op[] = "{\"op\": \"dump\"}\n";
+  pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += DUMP_WAIT_S;
+  int rc = 0;
+  while ((c->busy_kernel || c->busy_stream) && !c->gone && rc == 0) rc = pthread_cond_timedwait(&c->cond, mu, &dl);
+  struct kern *k = c->k;
+  if (rc != 0 || c->gone || !k || k->dead) return k || rc ? dump_failed("the python kernel was busy or gone") : NULL;
+  k->refs++;
+  free(k->dump);
+  k->dump = NULL;
+  if (kern_write(k, op, sizeof op - 1) != 0) rc = -1;
+  while (rc == 0 && !k->dump && !k->dead) rc = pthread_cond_timedwait(&c->cond, mu, &dl);
+  char *out = k->dump;
+  k->dump = NULL;
+  kern_put_locked(k);
+  return out ? out : dump_failed("the python kernel did not answer the dump");
+}
+
+char *wbd_interp_dump(struct wbd_sandbox *sb) {
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) return NULL;
+  pthread_mutex_lock(wbd_rt_interp_mu(rt));
+  struct istate *ist = *wbd_rt_interp_slot(rt);
+  struct ictx *c = ist && ist->init ? ist->def_python : NULL;
+  char *out = NULL;
+  if (c) {
+    c->refs++;
+    out = dump_locked(rt, c);
+    ctx_put_locked(c);
+  }
+  pthread_mutex_unlock(wbd_rt_interp_mu(rt));
+  wbd_rt_put(rt);
+  return out;
+}
+
+void wbd_interp_restore(struct wbd_sandbox *sb, json_t *dump) {
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) return;
+  json_t *o = json_deep_copy(dump);
+  json_object_set_new(o, "op", json_string("load"));
+  json_object_del(o, "type");
+  char *line = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  struct istate *ist = ist_lock(rt);
+  size_t n = line ? strlen(line) : 0;
+  char *l = line ? realloc(line, n + 2) : NULL;
+  if (l) memcpy(l + n, "\n", 2);
+  free(ist->restore);
+  ist->restore = l;
+  ist_unlock(rt);
+  wbd_rt_put(rt);
 }
 
 /* ------------------------------------------------------------------ */

@@ -10,6 +10,7 @@
  */
 #include "wbd_int.h"
 #include "state.h"
+#include "runtime.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -253,11 +254,14 @@ int wbd_state_capture(const char *team, const char *id, const char *dir, int pau
     *rec = wbd_persist_record_json(sb);
   }
   wbd_store_unlock();
-  if (rc == 0 && wbd_files_save(sb, dir, 1) != 0) {
+  char *dump = rc == 0 ? wbd_interp_dump(sb) : NULL;
+  if (rc == 0 && (wbd_files_save(sb, dir, 1) != 0 ||
+                  (dump && wbd_state_write_json(dir, KERNEL_DUMP, json_loads(dump, 0, NULL)) != 0))) {
     rc = 500;
     json_decref(*rec);
     *rec = NULL;
   }
+  free(dump);
   wbd_store_lock();
   if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) wbd_store_set_busy_locked(sb, 0);
   wbd_store_unlock();

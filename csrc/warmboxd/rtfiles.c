@@ -133,6 +133,10 @@ int wbd_files_load(struct wbd_sandbox *sb, const char *src) {
   int rc = copy_trees(files, wbd_rt_dir(rt));
   if (rc == 0) rc = remap_owner(files, wbd_rt_dir(rt), uid, gid);
   wbd_rt_put(rt);
+  snprintf(files, sizeof files, "%s/" KERNEL_DUMP, src);
+  json_t *dump = rc == 0 ? json_load_file(files, 0, NULL) : NULL;
+  if (dump) wbd_interp_restore(sb, dump);
+  json_decref(dump);
   if (rc != 0) fprintf(stderr, "warmboxd: cannot copy the files of %s into %s\n", src, sb->id);
   return rc;
 }

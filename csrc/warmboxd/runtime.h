@@ -61,6 +61,12 @@ int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid);
 
 /* Routes for port 49999 (interp.c) and port 49983 (envd.c). Must reply. */
 enum MHD_Result wbd_interp_handle(struct wbd_req *req, struct wbd_sandbox *sb);
+/* Snapshots and forks: the default python context's user namespace as one
+ * {"type": "__wb_dump__", "data", "unrestored"} JSON line (malloc'd), or
+ * NULL when that context never ran; waits for a running cell (bounded).
+ * wbd_interp_restore gives such a dump to the sandbox's first python kernel. */
+char *wbd_interp_dump(struct wbd_sandbox *sb);
+void wbd_interp_restore(struct wbd_sandbox *sb, json_t *dump);
 enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb);
 
 #endif

@@ -6,7 +6,8 @@
  * pages with X-Next-Token); DELETE /templates/{id} deletes one; POST
  * /sandboxes with templateID = a snapshot's id or name starts a sandbox on
  * its files. Snapshots never expire, outlive their sandbox and (with
- * --data-dir) a restart. Kernel memory is not in them: see state.h.
+ * --data-dir) a restart. Process memory is not in them, the python
+ * namespace is (serialised): see state.h.
  */
 #include "wbd_int.h"
 #include "state.h"

@@ -12,12 +12,19 @@
  *                   out to a directory and back into a fresh sandbox
  * Kernel memory is never on disk: a sandbox started from a snapshot, a fork,
  * or a paused sandbox after a restart boots afresh on the saved files (as
- * after a filesystem-only pause).
+ * after a filesystem-only pause). The one exception: a snapshot's or fork's
+ * copy also holds the default python context's user namespace, serialised
+ * with dill (dir/kernel.json, next to dir/files; interp.c), which the new
+ * sandbox's first python kernel loads before its first cell; names that
+ * could not be carried are listed in its `warmbox_unrestored` dict.
  */
 #ifndef WBD_STATE_H
 #define WBD_STATE_H
 
 #include "wbd.h"
+
+/* The python namespace's dump next to a copy's files (persist.c, rtfiles.c). */
+#define KERNEL_DUMP "kernel.json"
 
 /* ---- rtfiles.c ---- */
 /* <data_dir>/.state/<sub> into buf (made on first use): buf, or NULL. */

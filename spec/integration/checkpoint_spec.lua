@@ -1,8 +1,8 @@
 -- Checkpoints of a conversation against a real warmboxd (issue 24):
 -- s:checkpoint, s:checkpoints, s:branch, s:rewind, wb:release, the policy
 -- hook, a fork made by someone else, faults on the snapshot and on the
--- create from it. warmboxd's snapshots hold files, not kernel memory: a
--- sandbox started from one has a fresh kernel (README, "Checkpoints").
+-- create from it. warmboxd's snapshots hold the files and the python
+-- kernel's user namespace (serialised with dill; README, "Checkpoints").
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 local http = require "spec.helpers.http"
@@ -62,8 +62,8 @@ describe("checkpoints (warmboxd)", function()
 
     local b = assert(s:branch(cp, "cp:branch/b"))
     assert.equal("turn1", text(b, "open('f.txt').read()"))
-    -- warmboxd carries files, not the kernel's memory: the branch's kernel is fresh
-    assert.equal("error:NameError", text(b, "x"))
+    -- the kernel's namespace is carried too: the branch has turn 1's x
+    assert.equal("1", text(b, "x"))
     assert.are_not.equal(b:state().sandbox_id, s:state().sandbox_id)
     -- the original conversation is untouched
     assert.equal("2", text(s, "x"))
@@ -85,7 +85,8 @@ describe("checkpoints (warmboxd)", function()
     assert.are_not.equal(old, r.sandbox_id)
     assert.equal(r.sandbox_id, s:state().sandbox_id)
     assert.equal(404, state_of(old))
-    assert.equal("turn1", text(s, "open('f.txt').read()"))
+    -- the files and the kernel's x as turn 1 left them
+    assert.equal("('turn1', 1)", text(s, "open('f.txt').read(), x"))
     -- the turns go on from the checkpoint's
     local c2 = assert(s:checkpoint())
     assert.equal(2, c2.turn)

@@ -1,7 +1,8 @@
 -- warmboxd's POST /sandboxes/{id}/fork over real HTTP, as E2B's: `count`
 -- and `timeout`, one result per fork ({sandbox} or {error}), the parent keeps
 -- running with its id and expiry, children inherit its metadata and files
--- (not its kernels' memory: they boot afresh), 409 on a paused parent.
+-- and the default python context's user namespace (serialised with dill;
+-- other kernels boot afresh), 409 on a paused parent.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cell = require "spec.helpers.cell"
@@ -60,6 +61,23 @@ describe("warmboxd fork", function()
     assert.are.equal("running", after.state)
     assert.are.equal(before.endAt, after.endAt)
     assert.are.equal("before\n", run(parent, "cat /home/user/state.txt"))
+  end)
+
+  it("carries the parent's python namespace into each child, and lists what it could not carry", function()
+    local parent = create()
+    local _, err = run(parent, "import socket\nx = 41\ndef inc(v): return v + 1\ns = socket.socket()", "python")
+    assert.is_nil(err)
+    local res = fork(parent, { count = 2 })
+    assert.are.equal(201, res.status, res.body)
+    for _, r in ipairs(res.json) do
+      local child = assert(r.sandbox, cjson.encode(r))
+      assert.are.equal("42", (run(child, "inc(x)", "python")))
+      assert.are.equal("{'s': 'not carried: a socket'}", (run(child, "warmbox_unrestored", "python")))
+      -- each child's namespace is its own
+      run(child, "x = '" .. child.sandboxID .. "'", "python")
+      assert.are.equal(child.sandboxID, (run(child, "x", "python")))
+    end
+    assert.are.equal("41", (run(parent, "x", "python")))
   end)
 
   it("defaults to one fork; 404 unknown, 409 paused, 400 for a count out of 1..100", function()

@@ -2,7 +2,9 @@
 -- POST /sandboxes/{id}/snapshots (the sandbox keeps running), GET /snapshots
 -- (filters, pages), DELETE /templates/{id}, and POST /sandboxes from a
 -- snapshot id with new metadata. A snapshot holds the sandbox's files (its /,
--- home, /tmp), not its kernels' memory: a sandbox started from one boots afresh.
+-- home, /tmp) and the default python context's user namespace (serialised
+-- with dill; what could not be is listed in `warmbox_unrestored`); other
+-- kernels (bash, JavaScript) boot afresh: files only.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cell = require "spec.helpers.cell"
@@ -53,15 +55,57 @@ describe("warmboxd snapshots", function()
     assert.are_not.equal(sb.sandboxID, child.sandboxID)
     assert.are.equal("home1\ntmp1\nopt1\n", (run(child, "cat /home/user/f.txt /tmp/t.txt /var/tmp/app/o.txt")))
     assert.are.same({ conv = "b" }, info(child).metadata)
-    -- the kernel's memory is not in a snapshot: the child's boots afresh
-    local _, err = run(child, "x", "python")
-    assert.are.equal("NameError", err)
+    -- the python namespace is carried over (dill), as it was when taken
+    assert.are.equal("1", (run(child, "x", "python")))
     -- the user's files stay the user's: the child can change them
     run(child, "echo child > /home/user/f.txt; echo c2 > /var/tmp/app/o.txt")
     assert.are.equal("child\n", (run(child, "cat /home/user/f.txt")))
     assert.are.equal("home2\n", (run(sb, "cat /home/user/f.txt")))
     local second = create{ templateID = snap.snapshotID, metadata = { conv = "c" } }
     assert.are.equal("home1\nopt1\n", (run(second, "cat /home/user/f.txt /var/tmp/app/o.txt")))
+  end)
+
+  it("carries the python namespace (values, functions, instances, DataFrames) and reports what it cannot", function()
+    local sb = create{}
+    local _, err = run(sb, table.concat({
+      "import threading, pandas as pd",
+      "x = 41",
+      "def inc(v): return v + 1",
+      "class Box:",
+      "    def __init__(self, v): self.v = v",
+      "    def get(self): return self.v",
+      "box = Box('boxed')",
+      "df = pd.DataFrame({'a': [1, 2, 3]})",
+      "fh = open('/tmp/held.txt', 'w')",
+      "worker = threading.Thread(target=lambda: None)",
+      "big = bytes(10 << 20)",
+    }, "\n"), "python")
+    assert.is_nil(err)
+    run(sb, "export BASHVAR=set")
+    assert.are.equal("[set]\n", (run(sb, "echo \"[$BASHVAR]\"")))
+    local snap = snapshot(sb).json
+    local child = create{ templateID = snap.snapshotID }
+    local used = "print(inc(x), box.get(), int(df['a'].sum()), pd.__name__, end='')"
+    assert.are.equal("42 boxed 6 pandas", (run(child, used, "python")))
+    assert.are.equal("[('big', 'not carried: the dump would exceed 12 MiB'), ('fh', 'not carried: an open file'), "
+      .. "('worker', 'not carried: a thread')]",
+      (run(child, "print(sorted(warmbox_unrestored.items()), end='')", "python")))
+    local _, gone = run(child, "fh", "python")
+    assert.are.equal("NameError", gone)
+    -- bash kernels carry files only: the shell variable is gone
+    assert.are.equal("[]\n", (run(child, "echo \"[$BASHVAR]\"")))
+    -- a namespace not loaded yet is memory: a resume from the files only drops it
+    local later = create{ templateID = snap.snapshotID }
+    local path = "/sandboxes/" .. later.sandboxID
+    assert.are.equal(204, http.api(srv, "POST", path .. "/pause", {}).status)
+    assert.are.equal(201, http.api(srv, "POST", "/v2" .. path .. "/connect", { timeout = 60, memory = false }).status)
+    local _, lost = run(later, "x", "python")
+    assert.are.equal("NameError", lost)
+    -- a sandbox whose python context never ran carries an empty namespace
+    local fresh = create{}
+    local child2 = create{ templateID = snapshot(fresh).json.snapshotID }
+    local _, err2 = run(child2, "warmbox_unrestored", "python")
+    assert.are.equal("NameError", err2)
   end)
 
   it("lists by sandbox and by name, in pages, and deletes", function()

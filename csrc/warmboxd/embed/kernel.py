@@ -5,6 +5,8 @@
 # fd 0 carries requests from warmboxd, one JSON object a line:
 #   {"op": "exec", "code": "...", "env": {"K": "V"}}   run a cell
 #   {"op": "interrupt"}                                  interrupt the running cell
+#   {"op": "dump"}        python: answer {"type": "__wb_dump__", "data", "unrestored"}
+#   {"op": "load", "data": ..., "unrestored": {...}}     python: restore a dump
 # fd 1 carries events back, one JSON object a line: exactly the NDJSON lines of
 # the code interpreter's /execute stream (number_of_executions, stdout, stderr,
 # result, error), then {"type": "__wb_done__"} when the cell is over. Both fds
@@ -423,6 +425,78 @@ def error_line(name, value, traceback):
     emit({"type": "error", "name": name, "value": value, "traceback": traceback})
 
 
+_HIDDEN = ("In", "Out", "get_ipython", "exit", "quit")
+_DUMP_MAX = 9 << 20   # 12 MiB once in base64
+
+
+def _live_kind(v):
+    """What a value holds that lives outside memory (dill would pickle an open
+    file as a path to reopen): such a value is reported, not carried."""
+    import io
+    import socket
+    import threading
+    for t, what in ((io.IOBase, "an open file"), (socket.socket, "a socket"), (threading.Thread, "a thread")):
+        if isinstance(v, t):
+            return what
+    return None
+
+
+def _dump_namespace(ns):
+    """The user's names serialised one by one with dill: what cannot be is
+    listed with the reason, never silently dropped (snapshots, forks)."""
+    import base64
+    import dill
+    names, unrestored, size = {}, {}, 0
+    for k, v in list(ns.items()):
+        if k.startswith("_") or k in _HIDDEN or k == "warmbox_unrestored":
+            continue
+        live = _live_kind(v)
+        if live:
+            unrestored[k] = "not carried: " + live
+            continue
+        try:
+            if type(v).__name__ == "module":
+                names[k] = ("module", v.__name__)
+            else:
+                names[k] = ("value", dill.dumps(v, recurse=True))
+        except BaseException as e:
+            unrestored[k] = "%s: %s" % (type(e).__name__, e)
+            continue
+        size += len(names[k][1])
+        if size > _DUMP_MAX:   # warmboxd keeps kernel lines up to 16 MiB
+            del names[k]
+            unrestored[k] = "not carried: the dump would exceed 12 MiB"
+    return {"data": base64.b64encode(dill.dumps(names)).decode("ascii"), "unrestored": unrestored}
+
+
+def _load_namespace(ns, req):
+    import base64
+    import importlib
+    import dill
+    unrestored = dict(req.get("unrestored") or {})
+    names = dill.loads(base64.b64decode(req["data"])) if req.get("data") else {}
+    for k, (kind, v) in names.items():
+        try:
+            ns[k] = importlib.import_module(v) if kind == "module" else dill.loads(v)
+        except BaseException as e:
+            unrestored[k] = "%s: %s" % (type(e).__name__, e)
+    ns["warmbox_unrestored"] = unrestored
+
+
+def _namespace_op(shell, req):
+    if req["op"] == "load":
+        try:
+            _load_namespace(shell.user_ns, req)
+        except BaseException as e:
+            shell.user_ns["warmbox_unrestored"] = {"*": "%s: %s" % (type(e).__name__, e)}
+        return
+    try:
+        out = _dump_namespace(shell.user_ns)
+    except BaseException as e:
+        out = {"data": None, "unrestored": {"*": "%s: %s" % (type(e).__name__, e)}}
+    emit(dict({"type": "__wb_dump__"}, **out))
+
+
 def python_main():
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     from IPython.core.interactiveshell import InteractiveShell
@@ -495,6 +569,9 @@ def python_main():
 
     while True:
         req = REQUESTS.get()
+        if req.get("op") in ("dump", "load"):
+            _namespace_op(shell, req)
+            continue
         _active.set()
         RUN.error_sent = False
         saved = _with_env(req.get("env"))
