@@ -143,6 +143,32 @@ describe("warmboxd snapshots", function()
     assert.are.same({}, ids(http.api(srv, "GET", "/snapshots?sandboxID=" .. sb.sandboxID)))
   end)
 
+  it("answers 409 to a snapshot asked for while one of the same sandbox is being taken", function()
+    local sb = create{}
+    -- 400 MB in home: copying it takes long enough for three requests sent together to overlap
+    run(sb, "head -c 400000000 /dev/zero > /home/user/big.bin")
+    local url = srv.url .. "/sandboxes/" .. sb.sandboxID .. "/snapshots"
+    local outs, cmds = {}, {}
+    for i = 1, 3 do
+      outs[i] = os.tmpname()
+      cmds[i] = "env -u LD_PRELOAD curl -s -o /dev/null -w '%{http_code}' -X POST -H "
+        .. wbd.sh_quote("X-API-Key: " .. srv.api_key) .. " -H 'Content-Type: application/json' -d '{}' "
+        .. wbd.sh_quote(url) .. " > " .. wbd.sh_quote(outs[i]) .. " &"
+    end
+    assert(os.execute(table.concat(cmds, " ") .. " wait"))
+    local got = {}
+    for i = 1, 3 do
+      local code = wbd.read_all(outs[i])
+      os.remove(outs[i])
+      got[code] = (got[code] or 0) + 1
+    end
+    assert.are.equal(1, got["201"], "one snapshot taken: " .. require("cjson").encode(got))
+    assert.are.equal(2, got["409"], "the others refused while it was taken: " .. require("cjson").encode(got))
+    -- and the sandbox is fine afterwards: running, its file there
+    assert.are.equal("running", info(sb).state)
+    assert.are.equal("400000000\n", (run(sb, "stat -c %s /home/user/big.bin")))
+  end)
+
   it("outlives its sandbox; a paused or unknown sandbox is 404; other teams never see it", function()
     local sb = create{}
     run(sb, "echo kept > /home/user/k.txt")
