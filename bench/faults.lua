@@ -12,7 +12,8 @@
 -- under it (its execute held 1.5 s by warmboxd, the lock's exptime 0.5 s)
 -- while a second run of the conversation took the lock over, with the
 -- overlaps (warmboxd's count of two executes of one sandbox at once, plus
--- stale cells that ran after the later run's): only 0 is right.
+-- stale cells that ran after the later run's): only 0 is right. Both kinds
+-- of rows run python and bash cells (bash: the guard of outputs.cell_guarded).
 --
 -- Prints one row per route x fault: ok, errors by code (and, for ok runs whose
 -- output files could not be read, "files_error CODE"), how many cells
@@ -72,11 +73,25 @@ end
 
 local BIG = "open('/home/user/output/big.bin', 'wb').write(b'z' * 600000)\n"
 local seq = 0
-local function cell(big)
+-- A cell of `lang` (python by default) that appends its mark, then counts
+-- itself in the kernel's `n`. → code, mark
+local function cell(big, lang)
   seq = seq + 1
   local mark = "cell-" .. seq
+  if lang == "bash" then return "echo " .. mark .. " >> /home/user/runs.log\nn=$(( ${n:-0} + 1 ))\n", mark end
   return "open('/home/user/runs.log', 'a').write('" .. mark .. "\\n')\nn = globals().get('n', 0) + 1\n"
     .. (big and BIG or ""), mark
+end
+
+-- The kernel's counter `n` of `lang` set to 0 → the sandbox id; read → sandbox id, n.
+local function counter_zero(s, lang)
+  return assert(s:run(lang == "bash" and "n=0" or "n = 0", { language = lang })).sandbox_id
+end
+local function counter(s, lang)
+  local r = s:run(lang == "bash" and 'echo "$n"' or "n", { language = lang })
+  if not r then return nil end
+  local text = lang == "bash" and r.stdout or (r.results[1] and r.results[1].text)
+  return r.sandbox_id, tonumber(text)
 end
 
 local function row(route, rname, fault, fname)
@@ -172,43 +187,47 @@ local function code_list(codes)
   return table.concat(cl, ", ")
 end
 
+-- One row of the intermediary: CELLS cells of `lang`, the execute answered `st` as `mode` says.
+local function proxy_row(pwb, proxy, lang, mode, st)
+  local s = pwb:session("bench-faults:proxy:" .. lang .. ":" .. mode .. ":" .. st)
+  local id = counter_zero(s, lang)
+  local ok, codes, marks, oks = 0, {}, {}, {}
+  for i = 1, CELLS do
+    local code, mark = cell(false, lang)
+    marks[i] = mark
+    local done = proxy:stats().late_done
+    proxy:plan{ { mode = mode, status = st, delay = 0.5 } }
+    local r, _, ecode = s:run(code, { timeout = RUN_TIMEOUT, language = lang })
+    if r then ok, oks[i] = ok + 1, true else codes[ecode] = (codes[ecode] or 0) + 1 end
+    if mode == "late" then
+      while proxy:stats().late_done <= done do wbd.sleep(0.05) end
+    end
+  end
+  local counts = executions()
+  local hist, twice = histogram(counts, marks)
+  local total, bad = 0, twice
+  for i, mark in ipairs(marks) do
+    total = total + (counts[mark] or 0)
+    if oks[i] and (counts[mark] or 0) ~= 1 then bad = true end
+  end
+  local rid, n = counter(s, lang)
+  local survived = (rid == id and n == total) and "yes" or "NO"
+  local line = { "execute via intermediary (" .. lang .. ")", st .. " " .. mode
+    .. (mode == "late" and " (copy 0.5 s later)" or " forwarding"), ok, code_list(codes), hist, survived }
+  rows[#rows + 1] = line
+  any_bad = any_bad or bad or survived ~= "yes"
+  io.stderr:write(table.concat(line, " | "), "\n")
+end
+
 -- Rows of the intermediary: a proxy that answers the execute itself.
 local function proxy_rows()
   local proxy = require("spec.helpers.after_proxy").start(srv.url)
   local pwb = assert(warmbox.new{ api_url = srv.url, sandbox_url = proxy.url, api_key = srv.api_key,
     lock = { backend = "file", dir = lockdir }, exec_timeout = 60, idle_timeout = 60,
     request_timeout = REQUEST_TIMEOUT })
-  for _, mode in ipairs({ "after", "before", "late" }) do
-    for _, st in ipairs({ 502, 503, 429, 404 }) do
-      local s = pwb:session("bench-faults:proxy:" .. mode .. ":" .. st)
-      local id = assert(s:run("n = 0")).sandbox_id
-      local ok, codes, marks, oks = 0, {}, {}, {}
-      for i = 1, CELLS do
-        local code, mark = cell()
-        marks[i] = mark
-        local done = proxy:stats().late_done
-        proxy:plan{ { mode = mode, status = st, delay = 0.5 } }
-        local r, _, ecode = s:run(code, { timeout = RUN_TIMEOUT })
-        if r then ok, oks[i] = ok + 1, true else codes[ecode] = (codes[ecode] or 0) + 1 end
-        if mode == "late" then
-          while proxy:stats().late_done <= done do wbd.sleep(0.05) end
-        end
-      end
-      local counts = executions()
-      local hist, twice = histogram(counts, marks)
-      local total, bad = 0, twice
-      for i, mark in ipairs(marks) do
-        total = total + (counts[mark] or 0)
-        if oks[i] and (counts[mark] or 0) ~= 1 then bad = true end
-      end
-      local r = s:run("n")
-      local n = r and r.results[1] and tonumber(r.results[1].text)
-      local survived = (r and r.sandbox_id == id and n == total) and "yes" or "NO"
-      local line = { "execute via intermediary", st .. " " .. mode .. (mode == "late" and " (copy 0.5 s later)" or
-        " forwarding"), ok, code_list(codes), hist, survived }
-      rows[#rows + 1] = line
-      any_bad = any_bad or bad or survived ~= "yes"
-      io.stderr:write(table.concat(line, " | "), "\n")
+  for _, lang in ipairs({ "python", "bash" }) do
+    for _, mode in ipairs({ "after", "before", "late" }) do
+      for _, st in ipairs({ 502, 503, 429, 404 }) do proxy_row(pwb, proxy, lang, mode, st) end
     end
   end
   pwb:close()
@@ -219,23 +238,25 @@ end
 -- is held 1.5 s; a second run takes the lock over and runs first.
 local function stale_rows()
   local n_iter = math.min(CELLS, 10)
-  for _, backend in ipairs({ "memory", "file" }) do
+  for _, case in ipairs({ { "memory", "python" }, { "file", "python" }, { "memory", "bash" }, { "file", "bash" } }) do
+    local backend, lang = case[1], case[2]
     local lock = { backend = backend, exptime = 0.5, dir = backend == "file" and lockdir or nil }
     local swb = assert(warmbox.new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
       lock = lock, exec_timeout = 60, idle_timeout = 60, request_timeout = REQUEST_TIMEOUT })
-    local key = "bench-faults:stale:" .. backend
-    assert(swb:session(key):run("n = 0"))
+    local key = "bench-faults:stale:" .. backend .. ":" .. lang
+    counter_zero(swb:session(key), lang)
+    local ro = { timeout = RUN_TIMEOUT, language = lang }
     local ok, codes, marks = 0, {}, {}
     local overlaps = 0
     local before = (srv:stats().counters or {}).exec_overlap or 0
     for i = 1, n_iter do
-      local code_a, mark_a = cell()
-      local code_b, mark_b = cell()
+      local code_a, mark_a = cell(false, lang)
+      local code_b, mark_b = cell(false, lang)
       marks[#marks + 1], marks[#marks + 2] = mark_a, mark_b
       srv:fault{ route = "interp POST /execute", count = 1, delay_ms = 1500 }
       local a, b
-      swb:spawn(function() a = table.pack(swb:session(key):run(code_a, { timeout = RUN_TIMEOUT })) end)
-      swb:spawn(function() b = table.pack(swb:session(key):run(code_b, { timeout = RUN_TIMEOUT })) end)
+      swb:spawn(function() a = table.pack(swb:session(key):run(code_a, ro)) end)
+      swb:spawn(function() b = table.pack(swb:session(key):run(code_b, ro)) end)
       assert(swb:loop())
       for _, res in ipairs({ a, b }) do
         if res[1] then ok = ok + 1 else codes[res[3]] = (codes[res[3]] or 0) + 1 end
@@ -245,7 +266,7 @@ local function stale_rows()
       if i == n_iter then
         local hist, twice = histogram(counts, marks)
         overlaps = overlaps + ((srv:stats().counters or {}).exec_overlap or 0) - before
-        local line = { "stale holder (" .. backend .. " lock)", "lock expired under a held execute",
+        local line = { "stale holder (" .. backend .. " lock, " .. lang .. ")", "lock expired under a held execute",
           ok .. "/" .. 2 * n_iter, code_list(codes), hist .. ", overlaps " .. ("%d"):format(overlaps), "-" }
         rows[#rows + 1] = line
         any_bad = any_bad or twice or overlaps > 0

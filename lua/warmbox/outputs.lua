@@ -158,6 +158,54 @@ function _M.cell_marked(code, id, fence)
   return "__warmbox_cell__('" .. id .. "')\n" .. code
 end
 
+-- The bash guard (plain bash, also in an interactive shell: no `!` history
+-- events): one first line before the cell's own first line, so the cell's
+-- line numbers stay the user's. It refuses a cell whose fencing number ($2) is
+-- lower than the sandbox's highest, then accepts its id ($1) by an atomic
+-- mkdir (a given-up id is refused), then records the number; the cell runs as
+-- the body of the `if`, its status the cell's. A refusal prints "warmbox: ..."
+-- on stderr, status 0 (a `set -e` of an earlier cell never ends the shell for it).
+local BASH_GUARD = [[__wb_g() { local d=%s h=0; command mkdir -p "$d/cells" || return 1; ]]
+  .. [[if [ -n "$2" ]; then read -r h 2>/dev/null <"$d/fence" || :; case $h in ''|*[^0-9]*) h=0;; esac; ]]
+  .. [[if [ "$2" -lt "$h" ]; then printf 'warmbox: fenced: run %%s is older than run %%s of this sandbox; not run\n' ]]
+  .. [["$2" "$h" >&2; return 1; fi; fi; if command mkdir "$d/cells/$1" 2>/dev/null; then :; else ]]
+  .. [[printf 'warmbox: cell %%s was given up by its session; not run\n' "$1" >&2; return 1; fi; ]]
+  .. [[if [ -n "$2" ] && [ "$2" -gt "$h" ]; then printf '%%s' "$2" >|"$d/fence.$$" && ]]
+  .. [[command mv -f "$d/fence.$$" "$d/fence"; fi; }; if __wb_g '%s' '%s'; then unset -f __wb_g; :; ]]
+local BASH_TAIL = "\nelse unset -f __wb_g; fi"
+
+-- The JavaScript / TypeScript guard (plain JS for Node and Deno): a first
+-- statement on the cell's first line, which throws (before any of the cell
+-- runs) as the bash guard refuses. Returns undefined: no result of its own.
+local JS_GUARD = "((id, n) => { const D = globalThis.Deno, fs = D ? null : require('fs'), d = '%s', f = d + '/fence'; "
+  .. "const mk = (p, r) => (D ? D.mkdirSync(p, { recursive: r }) : fs.mkdirSync(p, { recursive: r })); "
+  .. "const no = (m) => { const e = new Error('warmbox: ' + m + '; not run'); e.name = 'RuntimeError'; throw e; }; "
+  .. "let h = 0n; try { h = BigInt(String(D ? D.readTextFileSync(f) : fs.readFileSync(f, 'utf8')).trim() "
+  .. "|| '0'); } "
+  .. "catch (e) { h = 0n; } "
+  .. "if (n !== '' && BigInt(n) < h) no('fenced: run ' + n + ' is older than run ' + h + ' of this sandbox'); "
+  .. "mk(d + '/cells', true); try { mk(d + '/cells/' + id, false); } "
+  .. "catch (e) { no('cell ' + id + ' was given up by its session'); } "
+  .. "if (n !== '' && BigInt(n) > h) { const t = f + '.' + id; "
+  .. "if (D) { D.writeTextFileSync(t, n); D.renameSync(t, f); } "
+  .. "else { fs.writeFileSync(t, n); fs.renameSync(t, f); } } "
+  .. "})('%s', '%s'); "
+
+local GUARDED = { bash = "bash", javascript = "js", js = "js", typescript = "js", ts = "js" }
+
+--- A cell of another language than python guarded by its id and its run's
+-- fencing number, as the python hooks guard theirs (the same records: see
+-- `CELLS_DIR`, `FENCE_FILE`), in plain code its own kernel runs; nil for a
+-- language without a guard (its cell is never sent twice after an unclear answer).
+function _M.cell_guarded(code, language, id, fence)
+  local kind = GUARDED[language]
+  if not kind then return nil end
+  local n = math.type(fence) == "integer" and fence >= 0 and string_format("%d", fence) or ""
+  local dir = HOME .. "/.warmbox"
+  if kind == "bash" then return string_format(BASH_GUARD, dir, id, n) .. code .. BASH_TAIL end
+  return string_format(JS_GUARD, dir, id, n) .. code
+end
+
 -- ------------------------------------------------------------------
 -- File names and types
 -- ------------------------------------------------------------------

@@ -760,17 +760,18 @@ function Session:_never_arrived(sbx, id, cell_id, code, detail)
   if type(detail) == "table" and detail.started then return false end
   if code == "TRANSPORT" then return type(detail) == "table" and detail.sent == false and "again" end
   if not unanswered(code, detail) then return false end
-  if cell_id then
-    local path = outputs.CELLS_DIR .. "/" .. cell_id
-    local claimed = sbx:make_dir(path)
-    -- Unreachable over envd too: a sandbox paused without its memory does not
-    -- resume on a data-plane call (warmboxd after a restart); resumed, it is asked.
-    if claimed == nil and self:_resume_if_paused(id) then claimed = sbx:make_dir(path) end
-    if claimed then return "again" end
-    if claimed == false then
-      if type(detail) == "table" then detail.accepted = true end
-      return false
-    end
+  -- A cell of a language without a guard may have run: never sent again
+  -- (detail.accepted stays nil: unknown).
+  if not cell_id then return false end
+  local path = outputs.CELLS_DIR .. "/" .. cell_id
+  local claimed = sbx:make_dir(path)
+  -- Unreachable over envd too: a sandbox paused without its memory does not
+  -- resume on a data-plane call (warmboxd after a restart); resumed, it is asked.
+  if claimed == nil and self:_resume_if_paused(id) then claimed = sbx:make_dir(path) end
+  if claimed then return "again" end
+  if claimed == false then
+    if type(detail) == "table" then detail.accepted = true end
+    return false
   end
   return not self:_exists(id) and "gone" or false
 end
@@ -882,6 +883,12 @@ end
 -- number had run there), else nil.
 local function refusal(out)
   local e = out.error
+  if e == nil and type(out.stderr) == "table" and type(out.stderr[1]) == "string"
+    and out.stderr[1]:find("^warmbox: fenced: ") then
+    -- bash: the guard refused the cell with status 0 (see outputs.cell_guarded)
+    out.error = { name = "RuntimeError", value = (out.stderr[1]:gsub("\n.*", "")) }
+    return "fenced"
+  end
   if type(e) ~= "table" or type(e.value) ~= "string" then return nil end
   if e.name == "NameError" and e.value:find("__warmbox_cell__", 1, true) then return "hooks" end
   if e.name == "RuntimeError" and e.value:find("^warmbox: fenced: ") then return "fenced" end
@@ -894,10 +901,10 @@ local function fenced_msg(id, why)
 end
 
 -- Whether output files were read over envd (after the cell: another run may
--- have changed the output directory meanwhile), not all inline in the report.
-local function read_over_envd(report, files)
-  if #files == 0 then return false end
-  if not report then return true end
+-- have changed the output directory meanwhile), not all inline in the report;
+-- also when such a read failed (a later run's cell may have emptied the directory).
+local function read_over_envd(report, files, files_error)
+  if not report then return #files > 0 or files_error ~= nil end
   for _, f in ipairs(type(report.files) == "table" and report.files or {}) do
     if type(f) == "table" and f.b64 == nil then return true end
   end
@@ -991,6 +998,20 @@ local function refused_run(out, info, st)
   return nil
 end
 
+-- The cell as sent, with its id and run's fencing number `fence` (python: when
+-- its kernel has the hooks; bash, JS, TS: a guard of their own), and its id:
+-- code, id | code, nil (a language without a guard).
+local function marked_cell(code, language, hooked, fence)
+  local id = new_id()
+  if language == "python" then
+    if hooked then return outputs.cell_marked(code, id, fence), id end
+    return code, nil
+  end
+  local guarded = outputs.cell_guarded(code, language, id, fence)
+  if guarded then return guarded, id end
+  return code, nil
+end
+
 -- One attempt: upload inputs, run, collect outputs. Returns r, or nil, msg,
 -- code, detail, retryable ("again" | "gone" only when the cell cannot have run, see
 -- _never_arrived).
@@ -1022,10 +1043,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local cell_id
   local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
-  if python and st.hooked == info.sandbox_id then
-    cell_id = new_id()
-    code = outputs.cell_marked(code, cell_id, fence)
-  end
+  code, cell_id = marked_cell(code, language, st.hooked == info.sandbox_id, fence)
   local t_exec = mono_now()
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = self.max_output,
@@ -1056,7 +1074,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local cap = { left = self.max_files_bytes, dropped = {} }
   local out_files, files_error = self:_outputs(sbx, st, info.sandbox_id, report, python, cap)
-  if fence and read_over_envd(report, out_files) then
+  if fence and read_over_envd(report, out_files, files_error) then
     local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
     if not ok then
       if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end

@@ -214,10 +214,19 @@ function M.new(o)
       end
       return true
     end
+    local BASH_GUARDED = "^__wb_g%(%).-; if __wb_g '(%x+)' '%d*'; then unset %-f __wb_g; :; (.*)\n"
+      .. "else unset %-f __wb_g; fi$"
+    local JS_GUARDED = "^%(%(id, n%) => .-}%)%('(%x+)', '%d*'%); (.*)$"
     function h.run_code(_, code, ro)
       -- The kernel's side of a marked cell (warmbox.outputs.cell_marked): the
       -- mark is stripped by the hooks; calls and codes() show the cell as the user wrote it.
       local cell, rest = code:match("^__warmbox_cell__%('(%x+)'[, %d]*%)\n(.*)$")
+      local guarded = false
+      if not cell then -- bash, JS, TS: the guard (warmbox.outputs.cell_guarded) on the first line
+        cell, rest = code:match(BASH_GUARDED)
+        if not cell then cell, rest = code:match(JS_GUARDED) end
+        guarded = cell ~= nil
+      end
       rec("run_code", h.id, rest or code, ro)
       local s = client.sb[h.id]
       if not s or s.killed or s.state ~= "running" then
@@ -231,7 +240,7 @@ function M.new(o)
         end
       end
       local python = (ro.language or "python") == "python"
-      if cell and not s.hooked then
+      if cell and not s.hooked and not guarded then
         return { stdout = {}, stderr = {}, results = {}, error = { name = "NameError",
           value = "name '__warmbox_cell__' is not defined", traceback = "" } }
       elseif cell then

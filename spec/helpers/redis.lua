@@ -69,6 +69,21 @@ function Server:log()
   return read_all(self.log_path) or ""
 end
 
+-- Restarts the server on its port with nothing kept (SIGKILL, then a new
+-- redis-server): what a crash of a Redis without persistence loses.
+function Server:restart()
+  os.execute("kill -KILL " .. self.pid .. " 2>/dev/null")
+  while alive(self.pid) do sleep(0.02) end
+  os.remove(self.log_path) -- try_start waits for its "Ready" line
+  local pid, logf
+  for _ = 1, 100 do
+    pid, logf = try_start(self.dir, self.port)
+    if pid then break end
+    sleep(0.05)
+  end
+  self.pid, self.log_path = assert(pid, logf), logf
+end
+
 -- Stops the server: SIGTERM, then SIGKILL after a grace period; removes its dir.
 function Server:stop()
   if self.stopped then return true end

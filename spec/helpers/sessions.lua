@@ -102,12 +102,24 @@ function Env:executions(id, mark)
   return n
 end
 
---- A python cell that first records that it ran, then runs `body`. → code, mark
-function Env:cell(body)
+-- How a cell of each language appends its mark (see Env:cell).
+local RECORD = {
+  python = function(mark) return "open('/home/user/runs.log', 'a').write('" .. mark .. "\\n')\n" end,
+  bash = function(mark) return "echo " .. mark .. " >> /home/user/runs.log\n" end,
+  javascript = function(mark) return "require('fs').appendFileSync('/home/user/runs.log', '" .. mark .. "\\n')\n" end,
+}
+RECORD.typescript = RECORD.javascript
+
+--- A cell of `language` (bash, javascript, typescript, python) that first
+-- records that it ran, then runs `body`. → code, mark
+function Env:cell_in(language, body)
   self.seq = (self.seq or 0) + 1
   local mark = "cell-" .. self.seq
-  return "open('/home/user/runs.log', 'a').write('" .. mark .. "\\n')\n" .. (body or ""), mark
+  return RECORD[language](mark) .. (body or ""), mark
 end
+
+--- A python cell that first records that it ran, then runs `body`. → code, mark
+function Env:cell(body) return self:cell_in("python", body) end
 
 --- A session of `wb` with a warm sandbox and `x = 41` in its kernel. → s, sandbox id
 function Env:warm(wb, key)

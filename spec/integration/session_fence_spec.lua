@@ -17,15 +17,16 @@ describe("sessions: a run whose lock was taken over is fenced (warmboxd)", funct
   -- Runs `first` (held by the fault `hold`), then, once its lock expired
   -- (exptime 1 s), `second` in another task of the same conversation.
   -- → first's returns, second's returns
-  local function overtaken(backend, key, hold, first, second)
+  local function overtaken(backend, key, hold, first, second, language)
     local lock = { backend = backend, exptime = 1 }
     if backend == "file" then lock.dir = env.lockdir end
     local wb = env:warmbox{ exec_timeout = 60, idle_timeout = 60, lock = lock }
     local s = env:warm(wb, key)
     srv:fault(hold)
     local a, b
-    wb:spawn(function() a = table.pack(s:run(first)) end)
-    wb:spawn(function() b = table.pack(wb:session(key):run(second)) end)
+    local o = { language = language }
+    wb:spawn(function() a = table.pack(s:run(first, o)) end)
+    wb:spawn(function() b = table.pack(wb:session(key):run(second, o)) end)
     assert(wb:loop())
     return a, b
   end
@@ -43,6 +44,21 @@ describe("sessions: a run whose lock was taken over is fenced (warmboxd)", funct
       assert.equal(0, env:executions(id, mark1))
       assert.equal(1, env:executions(id, mark2))
     end)
+
+    for _, lang in ipairs({ "bash", "javascript" }) do
+      it(backend .. " lock: a " .. lang .. " cell that reaches the kernel after a later run's is refused", function()
+        local code1, mark1 = env:cell_in(lang)
+        local code2, mark2 = env:cell_in(lang)
+        local a, b = overtaken(backend, "fence:exec-" .. lang .. "-" .. backend,
+          { route = "interp POST /execute", count = 1, delay_ms = 3000 }, code1, code2, lang)
+        assert(b[1], b[2])
+        local id = b[1].sandbox_id
+        assert.is_nil(a[1], "the stale " .. lang .. " run reported ok")
+        assert.equal("FENCED", a[3])
+        assert.equal(0, env:executions(id, mark1))
+        assert.equal(1, env:executions(id, mark2))
+      end)
+    end
 
     it(backend .. " lock: a run collecting its outputs after a later run's cell never returns its files", function()
       local big = function(c) return "open('/home/user/output/out.bin', 'wb').write(b'" .. c .. "' * 600000)" end

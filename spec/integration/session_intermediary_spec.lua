@@ -66,6 +66,48 @@ describe("sessions behind an intermediary that answers after forwarding", functi
     survived(s, id)
   end)
 
+  -- bash, JavaScript and TypeScript cells carry their id in a guard of their
+  -- own (outputs.cell_guarded): the same answers, the same outcomes.
+  for _, lang in ipairs({ "bash", "javascript", "typescript" }) do
+    it(lang .. ": runs a cell once when the answer came after forwarding: accepted, not re-sent", function()
+      local s, id = warm("proxy:after-" .. lang)
+      for _, st in ipairs({ 502, 404 }) do
+        local before = proxy:stats().executes
+        proxy:plan{ { mode = "after", status = st } }
+        local code, mark = env:cell_in(lang)
+        local r, err, _, detail = s:run(code, { language = lang })
+        assert.is_nil(r, "a " .. lang .. " run answered " .. st .. " after its cell ran reported ok")
+        assert.is_string(err)
+        assert.is_true(detail.accepted)
+        assert.equal(1, proxy:stats().executes - before)
+        assert.equal(1, executions(id, mark))
+      end
+      survived(s, id)
+    end)
+
+    it(lang .. ": sends a cell again when the answer came before forwarding: ran once, ok", function()
+      local s, id = warm("proxy:before-" .. lang)
+      proxy:plan{ { mode = "before", status = 502 } }
+      local code, mark = env:cell_in(lang)
+      local r = assert(s:run(code, { language = lang }))
+      assert.equal(id, r.sandbox_id)
+      assert.equal(1, executions(id, mark))
+      survived(s, id)
+    end)
+
+    it(lang .. ": refuses the late copy of a cell it gave up and sent again: ran once", function()
+      local s, id = warm("proxy:late-" .. lang)
+      local done = proxy:stats().late_done
+      proxy:plan{ { mode = "late", status = 502, delay = 0.5 } }
+      local code, mark = env:cell_in(lang)
+      local r = assert(s:run(code, { language = lang }))
+      assert.equal(id, r.sandbox_id)
+      wbd.eventually(function() return proxy:stats().late_done > done end, 30)
+      assert.equal(1, executions(id, mark))
+      survived(s, id)
+    end)
+  end
+
   it("runs 21 cells answered after forwarding at most once each", function()
     local s, id = warm("proxy:many")
     local statuses = { 502, 503, 429, 404 }

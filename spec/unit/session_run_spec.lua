@@ -438,6 +438,39 @@ describe("warmbox.session", function()
       assert.equal("SANDBOX_GONE", code)
     end)
 
+    -- Issue 26 item 1: a cell answered 502 with no stream byte while its
+    -- sandbox went away may have run there.
+    it("never sends a cell of a language without a guard again after an unclear answer", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      assert(s:run("1"))
+      e.client.calls = {}
+      e.client.fail.run = { { "gone", "SANDBOX_GONE", nil, before_run = function(sb) sb.killed = true end } }
+      local r, err, code, detail = s:run("x <- 1", { language = "r", timeout = 30 })
+      assert.is_nil(r)
+      assert.equal("gone", err)
+      assert.equal("SANDBOX_GONE", code)
+      assert.is_nil(detail.accepted)
+      assert.equal(1, e.client:count("run_code"))
+    end)
+
+    it("gives a guarded bash cell up in its sandbox before it sends it again", function()
+      local e = setup({ exec_timeout = 300, idle_timeout = 300 })
+      local s = e.new("w:t")
+      local first = assert(s:run("1"))
+      e.client.calls = {}
+      e.client.fail.run = { { "bad gateway", "SANDBOX_GONE" } }
+      local r = assert(s:run("echo hi", { language = "bash", timeout = 30 }))
+      assert.equal(first.sandbox_id, r.sandbox_id)
+      assert.equal(2, e.client:count("run_code"))
+      assert.same({ "echo hi", "echo hi" }, e.client:codes())
+      local gave_up = 0
+      for _, c in ipairs(e.client.calls) do
+        if c[1] == "make_dir" and c[3]:find("/.warmbox/cells/", 1, true) then gave_up = gave_up + 1 end
+      end
+      assert.equal(1, gave_up)
+    end)
+
     it("never re-runs a run whose stream broke after it started", function()
       local e = setup({ exec_timeout = 300, idle_timeout = 300 })
       local s = e.new("w:t")

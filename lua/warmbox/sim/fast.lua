@@ -39,6 +39,7 @@
 
 local model_mod = require "warmbox.sim.model"
 local tag_mod = require "warmbox.tag"
+local outputs = require "warmbox.outputs"
 local gc_mod = require "warmbox.gc"
 
 local type, pairs, ipairs, tostring, pcall, next = type, pairs, ipairs, tostring, pcall, next
@@ -543,10 +544,13 @@ local function simulate(S)
   -- execute was answered 502/404, what the session's asking the sandbox gave
   -- (Session:_never_arrived: give a marked cell's id up over envd, else the
   -- control plane's info): "again", "gone" or false.
-  local function send_cell(id, st, python, duration, run_timeout, t, box)
-    local marked = python and st.hooked == id
+  local function send_cell(id, st, language, duration, run_timeout, t, box)
+    local python = language == "python"
+    local marked = (python and st.hooked == id) or (not python and outputs.cell_guarded("", language, "0") ~= nil)
     local t2, b, err, code_ = run_code(id, false, duration, run_timeout, t, box)
     if b or (code_ ~= "SANDBOX_GONE" and code_ ~= "NOT_FOUND") then return t2, b, err, code_ end
+    -- a cell without a guard may have run: never sent again
+    if not marked then return t2, nil, err, code_, false end
     local claimed
     if marked then t2, claimed = dp(id, t2, box) end
     if claimed then return t2, nil, err, code_, "again" end
@@ -588,7 +592,8 @@ local function simulate(S)
   -- One run (Session:run) starting at t → t_after, ok, msg, code
   local function run(c, st, t, duration, timeout, language)
     local run_timeout = timeout or exec_timeout
-    local python = (language or "python") == "python"
+    language = language or "python"
+    local python = language == "python"
     for attempt = 1, 2 do
       local t2, id, reused, ecode = acquire(c, st, t, run_timeout)
       t = t2
@@ -601,7 +606,7 @@ local function simulate(S)
         local exists
         t, exists = cp_info(id, t, box)
         asked = exists and "again" or "gone"
-      elseif b then t, b, err, code_, asked = send_cell(id, st, python, duration, run_timeout, t, box) end
+      elseif b then t, b, err, code_, asked = send_cell(id, st, language, duration, run_timeout, t, box) end
       if b then
         if python and b.hooked then
           st.hooked = id
