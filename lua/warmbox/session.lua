@@ -901,10 +901,11 @@ local function fenced_msg(id, why)
 end
 
 -- Whether output files were read over envd (after the cell: another run may
--- have changed the output directory meanwhile), not all inline in the report;
--- also when such a read failed (a later run's cell may have emptied the directory).
-local function read_over_envd(report, files, files_error)
-  if not report then return #files > 0 or files_error ~= nil end
+-- have changed the output directory meanwhile), not all inline in the report:
+-- always for a listing over envd, even an empty or failed one (a later run may
+-- have emptied the directory before this run listed it).
+local function read_over_envd(report)
+  if not report then return true end
   for _, f in ipairs(type(report.files) == "table" and report.files or {}) do
     if type(f) == "table" and f.b64 == nil then return true end
   end
@@ -1074,7 +1075,7 @@ function Session:_execute(info, st, code, opts, files, run_timeout, lk)
   end
   local cap = { left = self.max_files_bytes, dropped = {} }
   local out_files, files_error = self:_outputs(sbx, st, info.sandbox_id, report, python, cap)
-  if fence and read_over_envd(report, out_files, files_error) then
+  if fence and read_over_envd(report) then
     local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
     if not ok then
       if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end
