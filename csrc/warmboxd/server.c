@@ -729,10 +729,38 @@ static void watch_shut(struct conn_watch *w, const char *why) {
   wbd_stat_add(why, 1);
 }
 
+/* Connections the accept policy let in whose STARTED notice has not come
+ * yet: counted toward the caps, so polling threads accepting at once cannot
+ * both take the last slot. One that never starts is forgotten after
+ * PENDING_TTL_US. Under watch_mu. */
+#define PENDING_MAX 64
+#define PENDING_TTL_US (1000 * 1000)
+struct pending_conn { uint32_t addr; int64_t since_us; };
+static struct pending_conn pending[PENDING_MAX];
+static int n_pending;
+
+static void pending_expire(int64_t now) {
+  int j = 0;
+  for (int i = 0; i < n_pending; i++)
+    if (now - pending[i].since_us < PENDING_TTL_US) pending[j++] = pending[i];
+  n_pending = j;
+}
+
+static void pending_drop(uint32_t addr) {
+  for (int i = 0; i < n_pending; i++)
+    if (pending[i].addr == addr) {
+      pending[i] = pending[--n_pending];
+      return;
+    }
+}
+
 /* Under watch_mu: room for one more connection from addr (1), shutting the
  * oldest waiting connection over a cap, or 0 when there is none to shut. */
 static int make_room(uint32_t addr, int64_t now) {
-  long total = 0, mine = 0;
+  pending_expire(now);
+  if (n_pending >= PENDING_MAX) return 0;
+  long total = n_pending, mine = 0;
+  for (int i = 0; i < n_pending; i++) mine += pending[i].addr == addr;
   struct conn_watch *old_all = NULL, *old_mine = NULL;
   for (struct conn_watch *w = watch_head; w; w = w->next) {
     if (w->shut) continue;
@@ -759,7 +787,10 @@ static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, soc
   (void)cls;
   (void)len;
   pthread_mutex_lock(&watch_mu);
-  int ok = make_room(ipv4_of(addr), mono_us());
+  int64_t now = mono_us();
+  uint32_t a = ipv4_of(addr);
+  int ok = make_room(a, now);
+  if (ok) pending[n_pending++] = (struct pending_conn){ a, now };
   pthread_mutex_unlock(&watch_mu);
   if (!ok) wbd_stat_add("refused_conn", 1);
   return ok ? MHD_YES : MHD_NO;
@@ -780,6 +811,7 @@ static void notify_connection(void *cls, struct MHD_Connection *conn, void **soc
     w->addr = ai ? ipv4_of(ai->client_addr) : 0;
     w->since_us = mono_us();
     pthread_mutex_lock(&watch_mu);
+    pending_drop(w->addr);
     w->next = watch_head;
     if (watch_head) watch_head->prev = w;
     watch_head = w;
