@@ -18,7 +18,7 @@ local N = tonumber(os.getenv("BENCH_N")) or 20000
 local PROCS = tonumber(os.getenv("BENCH_PROCS")) or 4
 local PER_PROC = tonumber(os.getenv("BENCH_PER_PROC")) or 2000
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("warmbox.util").sh_quote
 
 local work = os.tmpname()
 os.remove(work)

@@ -26,7 +26,7 @@ local RUNS = tonumber(os.getenv("BENCH_RUNS")) or 20
 local CREATE = tonumber(os.getenv("BENCH_CREATE")) or 1
 local HOLD = tonumber(os.getenv("BENCH_HOLD")) or 0.013
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("warmbox.util").sh_quote
 
 local work = os.tmpname()
 os.remove(work)

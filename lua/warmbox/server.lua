@@ -70,9 +70,9 @@ function _M.find_bin(explicit)
 end
 
 local function random_hex(n)
-  local f = io_open("/dev/urandom", "rb")
-  local bytes = f and f:read(n) or tostring(os_time()) .. tostring({}) .. tostring(os.clock())
-  if f then f:close() end
+  local hex = util.random_hex(n)
+  if hex then return hex end
+  local bytes = tostring(os_time()) .. tostring({}) .. tostring(os.clock())
   return (bytes:sub(1, n):gsub(".", function(c) return string_format("%02x", c:byte()) end))
 end
 
@@ -369,11 +369,8 @@ end
 
 -- The API key a previous shared server in `dir` had (its sandboxes' team), if any.
 local function reusable_key(dir)
-  local f = io_open(dir .. "/api-key", "rb")
-  if not f then return nil end
-  local k = f:read("l")
-  f:close()
-  return k and k:match("^e2b_%x+$") and k or nil
+  local s = read_file(dir .. "/api-key")
+  return s and (s:match("^(e2b_%x+)\n") or s:match("^(e2b_%x+)$")) or nil
 end
 
 -- start_local's part under the start lock: another starter may have won.

@@ -53,15 +53,6 @@ end
 
 local installation = {} -- path -> secret, read once per process
 
-local function random_hex(n)
-  local f, err = io.open("/dev/urandom", "rb")
-  if not f then return nil, "cannot read /dev/urandom: " .. tostring(err) end
-  local b = f:read(n)
-  f:close()
-  if not b or #b ~= n then return nil, "short read from /dev/urandom" end
-  return (b:gsub(".", function(c) return string_format("%02x", string_byte(c)) end))
-end
-
 -- Reads the secret under the file's lock, writing a new one when the file is
 -- empty: every process of the user gets the one that was written first.
 local function read_or_make(core, path)
@@ -75,7 +66,7 @@ local function read_or_make(core, path)
   local s, rerr = fl:read()
   if s and not (#s >= 32 and s:match("^%x+$")) then s = nil end
   if not s and not rerr then
-    s, rerr = random_hex(32)
+    s, rerr = require("warmbox.util").random_hex(32)
     if s then
       local w, werr = fl:write(s)
       if not w then s, rerr = nil, werr end

@@ -108,8 +108,18 @@ function _M.read_file(path)
   return s
 end
 
--- A per-process prefix of 64 random bits (from /dev/urandom, read once; else
--- the clock, the pid-ish address of a fresh table and os.clock), then a count.
+--- `n` random bytes from /dev/urandom in hex, or nil and why.
+function _M.random_hex(n)
+  local f, err = io.open("/dev/urandom", "rb")
+  if not f then return nil, "cannot read /dev/urandom: " .. tostring(err) end
+  local b = f:read(n)
+  f:close()
+  if not b or #b ~= n then return nil, "short read from /dev/urandom" end
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+-- A per-process prefix of 64 random bits (random_hex, read once; else the
+-- clock, the address of a fresh table and os.clock), then a count.
 local id_prefix, id_count = nil, 0
 
 --- An id unique across processes and hosts, in hex (cell ids, create ids,
@@ -117,15 +127,8 @@ local id_prefix, id_count = nil, 0
 -- constant and which processes started together (no ASLR) seed alike.
 function _M.unique_id()
   if not id_prefix then
-    local f = io.open("/dev/urandom", "rb")
-    local b = f and f:read(8)
-    if f then f:close() end
-    if b and #b == 8 then
-      id_prefix = (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
-    else
-      id_prefix = string.format("%08x%08x", os.time() % 0x100000000,
-        (tonumber(tostring({}):match("0x(%x+)"), 16) or 0) % 0x100000000 ~ math.floor(os.clock() * 1e6))
-    end
+    id_prefix = _M.random_hex(8) or string.format("%08x%08x", os.time() % 0x100000000,
+      (tonumber(tostring({}):match("0x(%x+)"), 16) or 0) % 0x100000000 ~ math.floor(os.clock() * 1e6))
   end
   id_count = id_count + 1
   return string.format("%s%x", id_prefix, id_count)
