@@ -1,5 +1,5 @@
 /* engine.c: warmbox.Engine, many transfers in flight at once behind ONE
- * pollable file descriptor (HACKING.md, "The engine").
+ * pollable file descriptor (docs/core.md, "The engine").
  *
  * libcurl's multi interface in its event-driven form: curl_multi_socket_action
  * with a socket callback (each socket libcurl wants watched goes into an epoll

@@ -2,7 +2,7 @@
 -- s:checkpoint, s:checkpoints, s:branch, s:rewind, wb:release, the policy
 -- hook, a fork made by someone else, faults on the snapshot and on the
 -- create from it. warmboxd's snapshots hold the files and the python
--- kernel's user namespace (serialised with dill; README, "Checkpoints").
+-- kernel's user namespace (serialised with dill; docs/checkpoints.md).
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 local http = require "spec.helpers.http"

@@ -115,7 +115,7 @@ describe("warmbox.new{}: the user's shared local server", function()
     wb:close()
     -- stopped (as `warmbox server stop` does): the next warmbox.new{} starts a new
     -- one, in which the conversation finds its sandbox again, files kept, kernel
-    -- afresh (see README, "The local server")
+    -- afresh (see docs/warmboxd.md, "The shared local server")
     assert.is_truthy(server.stop_local())
     assert.is_false(server.alive(st.pid))
     local wb2 = assert(warmbox.new{})
