@@ -160,7 +160,7 @@ local function check_cp(cp, n, fname)
   end
 end
 
---- `s:checkpoint{ label }` (see README, "Checkpoints").
+--- `s:checkpoint{ label }` (see docs/checkpoints.md).
 function _M.checkpoint(self, opts)
   opts = errors.check_options(opts, { label = "string" }, "checkpoint", 1, 3)
   check_label(opts.label, "checkpoint")

@@ -135,7 +135,7 @@ function _M.load_trace(path)
 end
 
 -- ------------------------------------------------------------------
--- Distributions (documented in the README: parameters and their meaning)
+-- Distributions (documented in docs/simulator.md: parameters and their meaning)
 -- ------------------------------------------------------------------
 
 local DISTS = { exp = { mean = true }, lognormal = { median = true, sigma = true, max = true },
