@@ -138,7 +138,7 @@ local function delegated_cgroup2()
 end
 
 --- Which per-sandbox limits a warmboxd run by this user gets (docs/warmboxd.md,
--- "Containment", Limits). "ok" as root with cgroup v1's memory controller,
+-- "Per-sandbox limits"). "ok" as root with cgroup v1's memory controller,
 -- else "warn" naming what holds and what does not.
 local function limits_check()
   local _, uid = run("id -u")
