@@ -1,4 +1,4 @@
---- warmbox.runner: tasks over the C event engine (issue 11).
+--- warmbox.runner: tasks over the C event engine.
 --
 -- A runner is a `warmbox.task` scheduler whose backend is `core.engine`: its
 -- `wait` polls the engine's fd until the next timer or transfer deadline,
@@ -15,8 +15,11 @@
 --   local t = r:spawn(function() return tp:request{ url = "..." } end)
 --   r:loop()
 --
--- While loaded, `lock.wait` (the lock's wait hook) sleeps on the scheduler
--- when called from a runner's task, so lock waits yield to the engine.
+-- Lock waits: the engine backend has `lock_wait`, which `lock.wait` (the
+-- lock's default wait) calls inside a task of its scheduler, so lock waits
+-- yield to the engine; and each runner is registered with
+-- `lock.step_while_blocked`, so a blocking lock wait steps a runner with
+-- background work in flight.
 -- @module warmbox.runner
 
 local core = require "warmbox.core"
@@ -100,6 +103,31 @@ function Backend:wait(deadline)
   return true
 end
 
+--- The lock's wait inside task `t` of this backend's scheduler (see
+-- warmbox.lock: `lock.wait` calls it): sleeps on the scheduler, so the other
+-- tasks go on. It ends early when the lock is released in this process
+-- (`waker.wake`), or by another process when the backend has a watch the
+-- engine's poll can wait on (`waker.watch`: the file lock's inotify watch,
+-- put in the engine's epoll set); redis: at the next step.
+function Backend:lock_wait(t, s, waker)
+  local sched = t.sched
+  if not waker then return sched:sleep(s) end
+  if waker.woken then return true end
+  local w = waker.watch
+  if w and not w:attach(self.eng:pollfd()) then w = nil end
+  if w and w:wait(0) then return true end -- (a release since the attempt)
+  local ev = sched:event()
+  -- However the wait ends (woken, timed out, the task cancelled): no longer
+  -- watched by the runner (the lock closes the watch when lock() returns).
+  local _ <close> = setmetatable({}, { __close = function()
+    waker.wake = nil
+    if w then self.watches[w] = nil end
+  end })
+  waker.wake = function() ev:signal(true) end
+  if w then self.watches[w] = ev end
+  return ev:wait(sched:now() + s) == true
+end
+
 -- ------------------------------------------------------------------
 -- The runner
 -- ------------------------------------------------------------------
@@ -107,6 +135,13 @@ end
 local Runner = {}
 Runner.__index = Runner
 Runner.__name = "warmbox.Runner"
+
+-- A blocking lock wait (outside tasks) steps a runner with background work
+-- in flight (`r.background` > 0: a prewarm started from blocking code, which
+-- may hold the very lock waited for).
+local function step_background(r)
+  if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
+end
 
 --- A runner: an engine and a scheduler over it.
 -- @tparam[opt] table opts `max_buffered` (the engine's), `on_error` (the scheduler's)
@@ -121,6 +156,7 @@ function _M.new(opts)
   -- Live tasks are held here (a spawned task nobody keeps still runs to its end).
   local r = setmetatable({ eng = eng, backend = b, sched = sched, live = {} }, Runner)
   by_sched[sched] = r
+  lock.step_while_blocked(r, step_background)
   return r
 end
 
@@ -425,47 +461,6 @@ function Transport:batch(reqs, opts)
     end
   end
   return out
-end
-
--- ------------------------------------------------------------------
--- The lock's wait hook: inside a runner's task, sleep on its scheduler
--- ------------------------------------------------------------------
-
--- Inside a task the wait ends early when the lock is released in this
--- process (`waker.wake`, see warmbox.lock), or by another process when the
--- backend has a watch the engine's poll can wait on (`waker.watch`: the file
--- lock's inotify watch, put in the engine's epoll set); redis: at the next step.
-local function task_wait(t, s, waker)
-  if not waker then return t.sched:sleep(s) end
-  if waker.woken then return true end
-  local b, w = t.sched.backend, waker.watch
-  if w and not (b.watches and w:attach(b.eng:pollfd())) then w = nil end
-  if w and w:wait(0) then return true end -- (a release since the attempt)
-  local ev = t.sched:event()
-  -- However the wait ends (woken, timed out, the task cancelled): no longer
-  -- watched by the runner (the lock closes the watch when lock() returns).
-  local _ <close> = setmetatable({}, { __close = function()
-    waker.wake = nil
-    if w then b.watches[w] = nil end
-  end })
-  waker.wake = function() ev:signal(true) end
-  if w then b.watches[w] = ev end
-  return ev:wait(t.sched:now() + s) == true
-end
-
-local prev_wait = lock.wait
-lock.wait = function(s, waker)
-  local t = task.current()
-  if t and t.sched.backend.engine and t.sched:current() == t then return task_wait(t, s, waker) end
-  if not t then
-    -- A blocking wait: runners with background work in flight (`r.background`
-    -- > 0: a prewarm started from blocking code, which may hold the very lock
-    -- this waits for) go on meanwhile.
-    for _, r in pairs(by_sched) do
-      if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
-    end
-  end
-  return prev_wait(s, waker)
 end
 
 _M.Runner, _M.Transport = Runner, Transport

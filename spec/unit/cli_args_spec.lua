@@ -1,11 +1,12 @@
--- The CLI's one argument reader (warmbox.cli.parse_args): every command's
+-- The CLI's one argument reader (warmbox.cli.args.parse_args): every command's
 -- options go through it, so its errors are the ones users see.
 local cli = require "warmbox.cli"
+local cli_args = require "warmbox.cli.args"
 
-describe("cli.parse_args", function()
+describe("cli.args.parse_args", function()
   local function parse(args, positional)
     local got = { values = {}, switches = 0, rest = {} }
-    cli.parse_args(args, "cmd", {
+    cli_args.parse_args(args, "cmd", {
       ["--name"] = function(v, flag) got.values[#got.values + 1] = flag .. "=" .. v end,
       ["--yes"] = { function() got.switches = got.switches + 1 end },
     }, positional and function(a) got.rest[#got.rest + 1] = a end or nil)

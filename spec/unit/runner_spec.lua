@@ -53,6 +53,26 @@ describe("warmbox.runner", function()
     r:close()
   end)
 
+  it("patches nothing in warmbox.lock: the wait inside tasks is its backend's lock_wait", function()
+    local before = {}
+    for k, v in pairs(lock) do before[k] = v end
+    package.loaded["warmbox.runner"] = nil
+    local fresh = require "warmbox.runner"
+    package.loaded["warmbox.runner"] = runner
+    local after = {}
+    for k, v in pairs(lock) do after[k] = v end
+    assert.same(before, after)
+    local eng = assert(require("warmbox.core").engine{})
+    assert.is_function(fresh.backend(eng).lock_wait)
+    eng:close()
+    -- a task of a scheduler whose backend has no lock_wait (the virtual one) blocks
+    local task = require "warmbox.task"
+    local s = task.scheduler{ backend = task.virtual(0) }
+    local t = s:spawn(function() return lock.wait(0.01) end)
+    assert(s:loop())
+    assert.is_false(t:result())
+  end)
+
   it("closes the locks a task made when it is cancelled", function()
     local r = assert(runner.new())
     local new_lock = r:lock_factory(function() return lock.new{ backend = "memory", timeout = 1 } end)

@@ -1,0 +1,520 @@
+--- warmbox.lock: one holder per key, across the coroutines of one process
+-- (every backend), the processes of one host (`file`) and hosts (`redis`).
+-- Mirrors lua-resty-lock: `elapsed, err = lk:lock(key)`, `lk:unlock()`,
+-- `lk:expire(t)`, errors "timeout" | "locked" | "unlocked" | "expired"; new
+-- for 5.4, `local lk <close> = lock.new(opts)` unlocks when the block is
+-- left; `lk:close()` does the same by hand (idempotent).
+--
+-- This file is the lock object and what every backend shares; one file per
+-- backend: lock/memory.lua (this Lua state only), lock/file.lua (flock(2),
+-- one host), lock/redis.lua (hosts); lock/queue.lua the ticket queue.
+--
+-- Fair: waiters for one key are served in arrival order, across coroutines,
+-- processes and hosts. Each `lock()` call takes a ticket in a queue kept in
+-- the backend (memory: a table; file: `<name>q` next to the lock file; redis:
+-- two sorted sets and a counter updated by one script, with the server's
+-- clock). Only the queue's head may take the lock, and `try_lock` only when
+-- nobody is queued. A waiter refreshes its ticket on every attempt; a ticket
+-- not refreshed for `ticket_ttl` seconds (its waiter died or gave up) is
+-- dropped by the next waiter, so a dead waiter delays the queue by at most
+-- `ticket_ttl`.
+--
+-- Each lock also carries a small per-key state (`get_state`/`set_state`,
+-- only while held): the session code keeps the remembered sandbox id and
+-- lease there, so processes that share a key share that memory. The state
+-- is a cache: losing it (a broken lock, a wiped /tmp) costs one lookup.
+--
+-- Expiry. `exptime` bounds how long a holder may keep the lock without
+-- calling `expire()` (a hung holder's limit; the session sets it from its
+-- run timeout). How a dead holder frees the key: memory, with the Lua state;
+-- file, the kernel drops the flock when its process dies (a holder alive but
+-- stuck past exptime may be broken, see lock/file.lua); redis, the key's
+-- short PX lapses within `ttl` once the holder's keeper thread stops. A
+-- holder broken past its expiry is fenced (`lk:fence()`: the next holder's
+-- number is higher). `lk:keepalive()` (cheap: it looks at the backend at
+-- most every ttl/3, redis, or every second, file) tells the holder whether
+-- it still holds the lock; with `keeper = false` (redis) it refreshes the key
+-- itself, and then must be called more often than `ttl`.
+--
+-- Every backend first takes an in-process table entry, so coroutines of one
+-- process serialize without a second flock on another descriptor (which
+-- would block the whole process).
+--
+-- Waiting. Between attempts a waiter calls its wait, `wait(seconds, waker)`:
+-- the `wait` option, else `lock.wait` (taken when the lock is made). It ends
+-- within the time given (it must return within `ticket_ttl`, or the ticket
+-- lapses), or earlier when `waker.wake()` is called (it sets `waker.wake` for
+-- the wait's length; `waker.woken` true: return at once). `lock.wait` asks
+-- where it runs: inside a task whose scheduler's backend has
+-- `lock_wait(t, seconds, waker)` (warmbox.runner's engine backend, given to
+-- the scheduler when it is made), that waits, yielding to the scheduler;
+-- elsewhere it first calls what `lock.step_while_blocked` registered (a
+-- runner with background work goes on meanwhile), then blocks: it never
+-- yields into the caller's coroutines. Steps: `step` growing by `ratio` up to
+-- `max_step`; a waiter that becomes the queue's head starts again from
+-- `step` and polls at least every `head_step` (10 ms).
+--
+-- Wake-ups: the steps are a fallback. A release wakes the key's waiters of
+-- the same process at once (`waker.wake`), and the blocking wait
+-- (`waker.block(seconds)`) also returns when a holder in another process
+-- releases: file, an inotify watch on the lock file; redis, a BLPOP on the
+-- waiter's wake list. `lock.stats()` counts the waits that ran their full
+-- step (`polls`) and those a release ended (`wakes`).
+--
+-- The backend interface (lock/memory.lua, lock/file.lua, lock/redis.lua),
+-- with `lk` the lock object, `e` the in-process entry `{ token, expires,
+-- pkey, next_check }` the backend fills (`fence`, its own fields), `prev` the
+-- entry this process held for the key before (overran its exptime) or nil:
+--   ns(lk)                                     the in-process namespace of lk's keys
+--   acquire(lk, key, e, prev, mode, local_busy)  one attempt, mode "wait" | "try":
+--                                              e | nil, "busy", nil, is_head | nil, msg, code
+--   leave(lk, key, pkey, token)                the ticket given up (lock() failed)
+--   release(lk, key, e), expire(lk, key, e, t), keepalive(lk, key, e, now),
+--   get_state(lk, key, e), set_state(lk, key, e, s)   the methods of the same names
+--   remove(lk, key, e)                         optional: what the key left in the backend
+--   blocker(lk, key, ticket)                   optional: block(s) -> woken, unblock(), watch
+local core = require "warmbox.core"
+local errors = require "warmbox.errors"
+local common = require "warmbox.lock.common"
+local file = require "warmbox.lock.file"
+local task_current = require("warmbox.task").current
+
+local next = next
+local error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring =
+  error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring
+local fmt, min = string.format, math.min
+local now, sleep = core.now, core.sleep
+local new_token, stop_keeper = common.new_token, common.stop_keeper
+
+local _M = {}
+local mt = { __index = _M }
+
+-- The backends, loaded when first used (redis needs nothing until then).
+local BACKENDS = { memory = "warmbox.lock.memory", file = "warmbox.lock.file", redis = "warmbox.lock.redis" }
+
+local impls = {}
+
+-- Waits: full steps slept, steps a release ended early.
+local stats = { polls = 0, wakes = 0 }
+
+--- Counters of every lock wait of this process: `{ polls =, wakes = }`.
+function _M.stats()
+  return { polls = stats.polls, wakes = stats.wakes }
+end
+
+-- owner -> step(owner), called before each blocking wait (weak keys: an
+-- owner nobody else keeps leaves, and its function with it).
+local blocked_steps = setmetatable({}, { __mode = "k" })
+
+--- Registers `step`: every blocking lock wait of this process (outside
+-- tasks) first calls `step(owner)`, for as long as `owner` lives (held
+-- weakly). warmbox.runner registers each runner it makes: one with
+-- background work in flight (a prewarm started from blocking code, which may
+-- hold the very lock waited for) goes on meanwhile.
+function _M.step_while_blocked(owner, step)
+  if type(step) ~= "function" then
+    error("bad argument #2 to 'step_while_blocked' (function expected, got " .. type(step) .. ")", 2)
+  end
+  blocked_steps[owner] = step
+end
+
+--- The default wait between attempts (seconds), see the header: inside a
+-- task whose scheduler's backend has `lock_wait`, that; else it blocks, on
+-- the backend's notification when it has one (`waker.block`), else
+-- sleeping. Returns true when a release ended it.
+function _M.wait(s, waker)
+  local t = task_current()
+  if t then
+    local b = t.sched.backend
+    if b.lock_wait then return b:lock_wait(t, s, waker) end
+  elseif next(blocked_steps) then
+    -- (a copy: a step may make a runner, which registers itself)
+    local list = {}
+    for o, step in pairs(blocked_steps) do list[#list + 1] = o list[#list + 1] = step end
+    for i = 1, #list, 2 do list[i + 1](list[i]) end
+  end
+  if waker and waker.block then return waker.block(s) end
+  sleep(s)
+  return false
+end
+
+_M.default_dir = file.default_dir
+_M._file_name = file.file_name
+_M._next_fence = common.next_fence
+
+-- How often a failed unlock is tried in all, and the first pause between tries.
+local UNLOCK_TRIES, UNLOCK_PAUSE = 3, 0.05
+-- The head of a queue polls at least this often by default (`head_step`; a
+-- fallback for a release that wakes nobody; 100 cheap attempts a second at most, per waiting key).
+local HEAD_STEP = 0.01
+
+-- The in-process table: namespace .. key -> entry { token, expires, ... }.
+local held = {}
+-- In-process waiters: namespace .. key -> { [waker] = true }.
+local waiting = {}
+
+-- A release (or a waiter leaving) of `pkey`: its in-process waiters try again now.
+local function notify(pkey)
+  local ws = waiting[pkey]
+  if not ws then return end
+  for w in pairs(ws) do
+    w.woken = true
+    if w.wake then w.wake() end
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- option checking (misuse raises)
+-- ---------------------------------------------------------------------------
+
+local OPTS = {
+  backend = "string", dir = "string", redis = "table", timeout = "number", exptime = "number",
+  step = "number", ratio = "number", max_step = "number", wait = "function", state_ttl = "number",
+  ttl = "number", ticket_ttl = "number", keeper = "boolean", head_step = "number",
+}
+local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
+
+-- ---------------------------------------------------------------------------
+-- the lock object
+-- ---------------------------------------------------------------------------
+
+
+-- The number options' ranges: name, test, what the error says is expected.
+local function positive_finite(x) return x > 0 and x < math.huge end
+local RANGES = {
+  { "timeout", function(x) return x >= 0 and x < math.huge end, ">= 0 and finite" },
+  { "exptime", positive_finite, "> 0 and finite" }, { "step", positive_finite, "> 0 and finite" },
+  { "max_step", positive_finite, "> 0 and finite" },
+  { "head_step", positive_finite, "> 0 and finite" }, { "state_ttl", positive_finite, "> 0 and finite" },
+  { "ratio", function(x) return x >= 1 and x < math.huge end, ">= 1 and finite" },
+  { "ttl", function(x) return x >= 0.05 and x <= 86400 end, "in [0.05, 86400]" },
+}
+
+-- The number options' defaults.
+local NUMBER_DEFAULTS = { timeout = 30, exptime = 600, step = 0.01, ratio = 2, max_step = 0.5, head_step = HEAD_STEP,
+  state_ttl = 604800, ttl = 10, ticket_ttl = 5 }
+
+--- Creates a lock object (holds at most one key at a time).
+-- @tparam[opt] table opts backend ("file"), dir (`lock.default_dir()`: per user),
+--   redis {host="127.0.0.1", port=6379, timeout=5, prefix="warmbox:"},
+--   timeout (30), exptime (600), step (0.01), ratio (2), max_step (0.5), head_step (0.01: the
+--   queue's head polls at least this often; a fallback, a release wakes it),
+--   wait (function(seconds, waker); default lock.wait, as it is when the lock is made), state_ttl (604800, redis),
+--   ttl (10, redis: the key's PX), ticket_ttl (5), keeper (true, redis)
+function _M.new(opts)
+  opts = errors.check_options(opts, OPTS, "new", 1)
+  local self = {
+    backend = opts.backend or "file",
+    dir = opts.dir or ((opts.backend or "file") == "file" and _M.default_dir() or "-"),
+    wait = opts.wait or _M.wait,
+    use_keeper = opts.keeper ~= false,
+    polls = 0, wakes = 0,
+  }
+  for k, v in pairs(NUMBER_DEFAULTS) do self[k] = opts[k] or v end
+  if not BACKENDS[self.backend] then
+    error("bad argument #1 to 'new' (unknown backend '" .. self.backend .. "')", 2)
+  end
+  if self.dir == "" then error("bad argument #1 to 'new' (option 'dir': a non-empty string expected)", 2) end
+  self.dir = (self.dir:gsub("(.)/+$", "%1"))
+  local function bad(k, what) errors.bad_option(1, "new", k, "a number " .. what .. " expected", 3) end
+  for _, r in ipairs(RANGES) do
+    if not r[2](self[r[1]]) then bad(r[1], r[3]) end -- (NaN fails every test)
+  end
+  if not (self.ticket_ttl <= 86400 and self.ticket_ttl >= 2 * min(self.max_step, 1)) then
+    bad("ticket_ttl", "in [2 x max_step, 86400]")
+  end
+  local r = opts.redis or {}
+  errors.check_options(r, REDIS_OPTS, "new", 1, 2, "redis.")
+  self.redis = { host = r.host or "127.0.0.1", port = r.port or 6379, timeout = r.timeout or 5,
+                 prefix = r.prefix or "warmbox:" }
+  self.impl = impls[self.backend] or require(BACKENDS[self.backend])
+  impls[self.backend] = self.impl
+  self.ns = self.impl.ns(self)
+  return setmetatable(self, mt)
+end
+
+local function check_key(key, fname)
+  if type(key) ~= "string" then
+    error(fmt("bad argument #1 to '%s' (string expected, got %s)", fname, type(key)), 3)
+  end
+end
+
+-- One attempt with ticket `token` ("wait") or without one ("try"):
+-- true | nil, "busy", nil, is_head | nil, msg, code
+local function attempt(self, key, token, mode)
+  local pkey = self.ns .. key
+  local prev = held[pkey]
+  local t = now()
+  local local_busy = prev and prev.expires > t
+  local e = { token = token or new_token(), expires = t + self.exptime, pkey = pkey, next_check = t }
+  local ok, err, code, head = self.impl.acquire(self, key, e, prev, mode, local_busy)
+  if not ok then return nil, err, code, head end
+  if prev and prev.keeper then stop_keeper(prev) end
+  held[pkey] = e
+  self._key, self._entry = key, e
+  return true
+end
+
+--- Takes the lock on `key`, waiting (in arrival order) up to `timeout` seconds.
+-- @treturn[1] number seconds waited
+-- @return[2] nil, "timeout" | "locked" | message, code
+function _M:lock(key)
+  check_key(key, "lock")
+  if self._entry then return nil, "locked" end
+  local start = now()
+  local step, timeout = self.step, self.timeout
+  local ticket = new_token()
+  local was_head = false
+  local pkey = self.ns .. key
+  local waker, unblock
+  -- However lock() ends: out of the in-process waiters, the backend's wake-up freed.
+  local _ <close> = setmetatable({}, { __close = function()
+    if not waker then return end
+    local ws = waiting[pkey]
+    if ws then
+      ws[waker] = nil
+      if next(ws) == nil then waiting[pkey] = nil end
+    end
+    if unblock then pcall(unblock) end
+  end })
+  while true do
+    local ok, err, code, head = attempt(self, key, ticket, "wait")
+    if ok then return now() - start end
+    local elapsed = now() - start
+    if err ~= "busy" or elapsed >= timeout then
+      if self.impl.leave then pcall(self.impl.leave, self, key, pkey, ticket) end
+      notify(pkey) -- (a new head, perhaps)
+      if err ~= "busy" then return nil, err, code end
+      return nil, "timeout"
+    end
+    if not waker then
+      -- First time busy: register for wake-ups, then try once more (a
+      -- release between the attempt and the registration is not missed).
+      waker = { woken = false }
+      waiting[pkey] = waiting[pkey] or {}
+      waiting[pkey][waker] = true
+      if self.impl.blocker then waker.block, unblock, waker.watch = self.impl.blocker(self, key, ticket) end
+    else
+      local cap = head and min(self.max_step, self.head_step) or self.max_step
+      -- just became the head: the holder may be about to release, poll fast again
+      if head and not was_head then step = self.step end
+      was_head = head
+      step = min(step, cap)
+      waker.woken = false
+      local woke = self.wait(min(step, timeout - elapsed), waker)
+      if woke == true or waker.woken then
+        stats.wakes, self.wakes = stats.wakes + 1, self.wakes + 1
+      else
+        stats.polls, self.polls = stats.polls + 1, self.polls + 1
+        step = min(step * self.ratio, cap)
+      end
+    end
+  end
+end
+
+--- Takes the lock on `key` if it is free and nobody is waiting for it.
+-- @return true | nil, "busy" | nil, "locked" | nil, msg, code
+function _M:try_lock(key)
+  check_key(key, "try_lock")
+  if self._entry then return nil, "locked" end
+  local ok, err, code = attempt(self, key, nil, "try")
+  return ok, err, code
+end
+
+local function current(self)
+  local e = self._entry
+  if not e then return nil end
+  if held[e.pkey] ~= e then
+    -- Our exptime passed and another holder took the key over.
+    stop_keeper(e)
+    self._key, self._entry = nil, nil
+    return nil, "expired"
+  end
+  return e
+end
+
+local function transient(code)
+  return code == "TRANSPORT" or code == "IO"
+end
+
+--- Releases the lock. A transport failure is retried (3 tries in all);
+-- when it persists, the Redis key frees itself within `ttl` (its keeper has
+-- stopped) and the failure is returned.
+-- @return true | nil, "unlocked" | nil, "expired", "LOCK" (it had been taken
+--   over) | nil, msg, code
+function _M:unlock()
+  local e = self._entry
+  if not e then return nil, "unlocked" end
+  local key = self._key
+  self._key, self._entry = nil, nil
+  if held[e.pkey] ~= e then
+    stop_keeper(e)
+    return nil, "expired", "LOCK"
+  end
+  held[e.pkey] = nil
+  local _ <close> = setmetatable({}, { __close = function() notify(e.pkey) end })
+  local ok, err, code
+  local pause = UNLOCK_PAUSE
+  for i = 1, UNLOCK_TRIES do
+    ok, err, code = self.impl.release(self, key, e)
+    -- after a lost reply, "not ours any more" may be our own earlier delete
+    if i > 1 and err == "expired" then ok, err, code = true, nil, nil end
+    if ok or not transient(code) or i == UNLOCK_TRIES then break end
+    sleep(pause)
+    pause = pause * 2
+  end
+  if not ok and transient(code) and self.backend == "redis" then
+    err = fmt("%s (after %d tries; the lock expires by itself within %g s)", tostring(err), UNLOCK_TRIES, self.ttl)
+  end
+  return ok, err, code
+end
+
+--- Releases the lock if held; idempotent (true when nothing was held).
+-- @return true | what unlock() returns
+function _M:close()
+  if not self._entry then return true end
+  return self:unlock()
+end
+
+--- Sets the hold limit to `t` seconds from now (default exptime).
+function _M:expire(t)
+  if t ~= nil and (type(t) ~= "number" or t ~= t or t <= 0 or t == math.huge) then
+    error("bad argument #1 to 'expire' (positive number expected, got " .. tostring(t) .. ")", 2)
+  end
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  e.expires = now() + (t or self.exptime)
+  return self.impl.expire(self, self._key, e, t)
+end
+
+--- Whether this object still holds its lock; cheap enough to call on every
+-- stream event (it looks at the backend at most every ttl/3, redis, or
+-- every second, file). With a redis keeper thread it only reads the
+-- keeper's state; without one (keeper = false) it refreshes the key.
+-- @return true | nil, "unlocked" | nil, "expired", "LOCK" | nil, msg, code
+function _M:keepalive()
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  local t = now()
+  if t < e.next_check then return true end
+  return self.impl.keepalive(self, self._key, e, t)
+end
+
+--- The key's shared state (string or nil), only while held.
+function _M:get_state()
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  return self.impl.get_state(self, self._key, e)
+end
+
+--- Replaces the key's shared state (nil clears it), only while held.
+function _M:set_state(s)
+  if s ~= nil and type(s) ~= "string" then
+    error("bad argument #1 to 'set_state' (string or nil expected, got " .. type(s) .. ")", 2)
+  end
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  return self.impl.set_state(self, self._key, e, s)
+end
+
+--- Releases the lock and removes what its key left in the backend (the
+-- state; the file backend's lock and queue files): the key's conversation
+-- is gone (`wb:release`, GC). Nothing else may be done under the lock after.
+-- @return what unlock() returns
+function _M:remove()
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  self.impl.set_state(self, self._key, e, nil)
+  if self.impl.remove then self.impl.remove(self, self._key, e) end
+  return self:unlock()
+end
+
+--- The fencing number of this hold: greater than that of every earlier
+-- hold of the key (on every backend), or nil when nothing is held. The
+-- session carries it to the sandbox, which refuses a run with a lower number
+-- than the highest it has seen (a holder paused past its lock's expiry).
+function _M:fence()
+  local e = current(self)
+  return e and e.fence or nil
+end
+
+--- This object's lock waits so far: polls (full steps slept), wakes (ended by a release).
+-- @treturn integer polls
+-- @treturn integer wakes
+function _M:wait_counts()
+  return self.polls, self.wakes
+end
+
+--- The key this object holds, or nil.
+function _M:key()
+  return (current(self)) and self._key or nil
+end
+
+-- ---------------------------------------------------------------------------
+-- locks as resources: one factory, one failure mapping, one closer
+-- ---------------------------------------------------------------------------
+
+--- The one factory of lock objects (sessions, GC, release). `spec` is nil
+-- (the file backend) | "file" | "redis" | "memory" | lock options | a lock
+-- module (a table with `new`, called with `module_opts`) | a function
+-- returning a lock object. `defaults` fill the options left out (`timeout`,
+-- `exptime`). Options are checked now: misuse raises here, not at the first lock.
+-- @param spec
+-- @tparam[opt] table defaults
+-- @tparam[opt] table module_opts
+-- @tparam[opt="new"] string fname named in a misuse error (option 'lock' of it)
+-- @tparam[opt=1] integer argn
+-- @treturn function returning a new lock object
+function _M.factory(spec, defaults, module_opts, fname, argn)
+  if type(spec) == "function" then return spec end
+  if type(spec) == "table" and type(spec.new) == "function" then
+    local mopts = module_opts or {}
+    return function() return spec.new(mopts) end
+  end
+  local opts
+  if spec == nil or type(spec) == "string" then
+    opts = { backend = spec or "file" }
+  elseif type(spec) == "table" then
+    opts = {}
+    for k, v in pairs(spec) do opts[k] = v end
+  else
+    errors.bad_option(argn or 1, fname or "new", "lock", "string, table or function expected, got " .. type(spec), 3)
+  end
+  for k, v in pairs(defaults or {}) do
+    if opts[k] == nil then opts[k] = v end
+  end
+  _M.new(opts)
+  return function() return _M.new(opts) end
+end
+
+--- The one mapping of a failed `lk:lock(key)` to warmbox's codes: "timeout"
+-- (another holder kept it past the lock's timeout) is BUSY, anything else LOCK.
+-- @tparam string what the thing locked, for the message ("session 'k'")
+-- @return nil, message, "BUSY" | "LOCK"
+function _M.failure(what, err)
+  if err == "timeout" then return nil, what .. " is busy (another run holds it)", "BUSY" end
+  return nil, "cannot lock " .. what .. ": " .. tostring(err), "LOCK"
+end
+
+--- For `local _ <close> = lock.closing(lk)`: `lk` itself when `<close>` can
+-- close it, else a guard that calls its `close` (a caller's own lock object
+-- may have neither).
+function _M.closing(lk)
+  local m = getmetatable(lk)
+  if type(m) == "table" and m.__close then return lk end
+  return setmetatable({}, { __close = function()
+    if type(lk.close) == "function" then pcall(lk.close, lk) end
+  end })
+end
+
+local function release_quietly(self)
+  if self._entry then pcall(_M.unlock, self) end
+end
+mt.__close = release_quietly
+mt.__gc = release_quietly
+mt.__tostring = function(self)
+  if self._entry then return fmt("warmbox.Lock (%s, held)", self.backend) end
+  return fmt("warmbox.Lock (%s)", self.backend)
+end
+
+return _M
