@@ -15,6 +15,7 @@ if _VERSION ~= "Lua 5.4" then error("warmbox needs Lua 5.4, this is " .. tostrin
 
 local core = require "warmbox.core"
 local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 local policy_mod = require "warmbox.policy"
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
@@ -260,7 +261,7 @@ function Warmbox:_tagged()
   for _, it in ipairs(items) do
     local v = type(it.metadata) == "table" and it.metadata[self.tag]
     if type(v) == "string" then
-      local key, enc = session.parse_tag(v)
+      local key, enc = tag_mod.parse_tag(v)
       if enc then out[#out + 1] = { item = it, tag_value = v, key = key } end
     end
   end
