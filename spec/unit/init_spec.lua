@@ -17,6 +17,9 @@ local function fresh_warmbox(core)
   for _, m in ipairs({ "warmbox", "warmbox.session", "warmbox.policy", "warmbox.policy.default" }) do
     package.loaded[m] = nil
   end
+  for m in pairs(package.loaded) do
+    if m:find("^warmbox%.session%.") then package.loaded[m] = nil end
+  end
   package.loaded["warmbox.core"] = core or fake_core()
   return require "warmbox"
 end
