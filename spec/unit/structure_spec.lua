@@ -56,7 +56,7 @@ describe("the lua/warmbox module graph", function()
     for m in pairs(g) do visit(m) end
   end)
 
-  it("keeps the leaves leaves: util, tag, state, errors, e2b.wire and the session's decisions need no engine", function()
+  it("keeps the leaves leaves: util, tag, state, errors, e2b.wire, the session's decisions need no engine", function()
     local g = graph()
     local leaves = { ["warmbox.util"] = true, ["warmbox.errors"] = true, ["warmbox.json"] = true }
     for _, m in ipairs({ "warmbox.util", "warmbox.tag", "warmbox.state", "warmbox.errors", "warmbox.e2b.wire",
