@@ -51,7 +51,7 @@ end
 
 -- ---- the parent --------------------------------------------------------------
 local wbd = require "spec.helpers.warmboxd"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 local cjson = require "cjson.safe"
 
 local N = tonumber(os.getenv("BENCH_N")) or 100000
@@ -68,7 +68,7 @@ local function seeded(n)
   local per = n // SESSIONS
   for i = 1, SESSIONS do
     local key = string.format("tenant-%d:conv-%d", i % 20, i)
-    local tv = session.tag_value(key, {})
+    local tv = tag_mod.tag_value(key, {})
     local count = i == SESSIONS and n - per * (SESSIONS - 1) or per
     local old = count // 2
     wbd.seed(srv, { count = old, state = "paused", metadata = { [TAG] = tv },

@@ -15,6 +15,7 @@ if _VERSION ~= "Lua 5.4" then error("warmbox needs Lua 5.4, this is " .. tostrin
 
 local core = require "warmbox.core"
 local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 local policy_mod = require "warmbox.policy"
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
@@ -51,11 +52,38 @@ local OPTS = {
 local CLIENT_PASS = { "request_timeout", "retry_after_max", "retries", "connect_timeout", "proxy", "ca_file",
   "user_agent", "max_connections" }
 
--- The options of the E2B client `new` makes: `base`, and those of CLIENT_PASS given in `o`.
+-- After a fork the child shares the parent's connections and event engine:
+-- its requests would mix with the parent's. Refused, with the fix named. The
+-- transport's methods (request, batch) check the pid first.
+local function fork_guard(transport)
+  local pid = core.getpid()
+  return setmetatable({}, { __index = function(_, name)
+    local f = transport[name]
+    if type(f) ~= "function" then return f end
+    return function(_, ...)
+      if core.getpid() ~= pid then
+        error(string_format("warmbox: this warmbox.Warmbox was made in process %d, before a fork; this is process "
+          .. "%d: call warmbox.new{} in the child (it finds the same shared local server and sandboxes)", pid,
+          core.getpid()), 0)
+      end
+      return f(transport, ...)
+    end
+  end })
+end
+
+-- The transport of the clients warmbox makes: blocking outside tasks, on the
+-- engine of the task's runner inside one (given to the client when it is made).
+local function engine_transport(http)
+  return fork_guard(require("warmbox.runner").transport(http))
+end
+
+-- The options of the E2B client `new` makes: `base`, those of CLIENT_PASS
+-- given in `o`, and the engine's transport.
 local function client_options(o, base)
   for _, k in ipairs(CLIENT_PASS) do
     if o[k] ~= nil then base[k] = o[k] end
   end
+  base.transport = engine_transport
   return base
 end
 
@@ -80,6 +108,26 @@ end
 local Warmbox = {}
 Warmbox.__index = Warmbox
 Warmbox.__name = "warmbox.Warmbox"
+
+-- With the engine's transport, a session extends a lease alongside the
+-- execute (`parallel`): inside a task on the task's runner, outside on a
+-- private one of this object (the call blocks as ever).
+local function parallel_for(self)
+  return function(main, side)
+    local runner = require "warmbox.runner"
+    local r = runner.running()
+    if not r then
+      r = self.private_runner
+      if not r then
+        local msg, code
+        r, msg, code = runner.new()
+        if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code))) end
+        self.private_runner = r
+      end
+    end
+    return r:parallel(main, side)
+  end
+end
 
 -- No key, no URL: the user's shared local server (found, else started for
 -- every process of the user; never stopped by wb:close), or with
@@ -201,11 +249,17 @@ function _M.new(opts)
   }, Warmbox)
   if o.client then
     self.client = o.client
+    if type(o.client) == "table" and type(o.client._with_transport) == "function" and o.client.transport == nil then
+      -- A warmbox.e2b client without a transport of its own: this object's
+      -- requests go over its connection through the engine's transport (a
+      -- copy made now; the caller's client is left as it is).
+      self.client = o.client:_with_transport(engine_transport)
+    end
   else
     local ok, err, code = connect_backend(self, o)
     if not ok then return nil, err, code end
   end
-  self:_install_transport()
+  if self.client ~= o.client or self.owns_client then self.parallel = parallel_for(self) end
   return self
 end
 
@@ -260,7 +314,7 @@ function Warmbox:_tagged()
   for _, it in ipairs(items) do
     local v = type(it.metadata) == "table" and it.metadata[self.tag]
     if type(v) == "string" then
-      local key, enc = session.parse_tag(v)
+      local key, enc = tag_mod.parse_tag(v)
       if enc then out[#out + 1] = { item = it, tag_value = v, key = key } end
     end
   end
@@ -454,52 +508,6 @@ function Warmbox:_lock_factory(exec_timeout)
   return self.runner:lock_factory(base)
 end
 
--- After a fork the child shares the parent's connections and event engine:
--- its requests would mix with the parent's. Refused, with the fix named. The
--- transport's methods (request, batch) check the pid first.
-local function fork_guard(transport)
-  local pid = core.getpid()
-  return setmetatable({}, { __index = function(_, name)
-    local f = transport[name]
-    if type(f) ~= "function" then return f end
-    return function(_, ...)
-      if core.getpid() ~= pid then
-        error(string_format("warmbox: this warmbox.Warmbox was made in process %d, before a fork; this is process "
-          .. "%d: call warmbox.new{} in the child (it finds the same shared local server and sandboxes)", pid,
-          core.getpid()), 0)
-      end
-      return f(transport, ...)
-    end
-  end })
-end
-
--- The client's requests go through a transport: blocking outside tasks, on
--- the engine of the task's runner inside one. With it, a session extends a
--- lease alongside the execute (`parallel`): inside a task on wb's runner,
--- outside on a private one (the call blocks as ever).
-function Warmbox:_install_transport()
-  local c = self.client
-  if type(c) ~= "table" or type(c.http) ~= "userdata" and type(c.http) ~= "table" or c.transport ~= nil then
-    return
-  end
-  local runner = require "warmbox.runner"
-  c.transport = fork_guard(runner.transport(c.http))
-  self.set_transport = true
-  self.parallel = function(main, side)
-    local r = runner.running()
-    if not r then
-      r = self.private_runner
-      if not r then
-        local msg, code
-        r, msg, code = runner.new()
-        if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code))) end
-        self.private_runner = r
-      end
-    end
-    return r:parallel(main, side)
-  end
-end
-
 -- The runner (an engine and a scheduler) of wb:spawn, made at the first spawn.
 function Warmbox:_runner()
   local r = self.runner
@@ -600,7 +608,6 @@ function Warmbox:close(opts)
   self.closed = true
   if self.runner then pcall(self.runner.close, self.runner) end
   if self.private_runner then pcall(self.private_runner.close, self.private_runner) end
-  if self.set_transport then self.client.transport = nil end
   if self.owns_client and self.client and type(self.client.close) == "function" then
     pcall(self.client.close, self.client)
   end

@@ -2,7 +2,7 @@
 -- tagged sandboxes of two tenants (backdated with the seed knob).
 local wbd = require "spec.helpers.warmboxd"
 local json = require "cjson.safe"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 
 local ROOT = wbd.root()
 local TAG = "warmboxSessionId"
@@ -21,7 +21,7 @@ describe("warmbox gc / sessions", function()
     srv = wbd.start{ args = { "--rtt-ms", "0" } }
     lockdir = os.tmpname()
     os.remove(lockdir)
-    for _, k in ipairs({ "acme:c1", "acme:c2", "beta:c3" }) do tv[k] = session.tag_value(k, {}) end
+    for _, k in ipairs({ "acme:c1", "acme:c2", "beta:c3" }) do tv[k] = tag_mod.tag_value(k, {}) end
     wbd.seed(srv, { count = 3, state = "paused", metadata = { [TAG] = tv["acme:c1"] },
       started_ago_s = 31 * DAY, paused_ago_s = 30 * DAY })
     wbd.seed(srv, { count = 2, state = "paused", metadata = { [TAG] = tv["acme:c2"] },
@@ -143,7 +143,7 @@ describe("warmbox gc / sessions", function()
     local srv2 = wbd.start{ args = { "--rtt-ms", "20" } }
     local ok, e = pcall(function()
       for i = 1, 10 do
-        wbd.seed(srv2, { count = 300, state = "paused", metadata = { [TAG] = session.tag_value("big:c" .. i, {}) },
+        wbd.seed(srv2, { count = 300, state = "paused", metadata = { [TAG] = tag_mod.tag_value("big:c" .. i, {}) },
           started_ago_s = 31 * DAY, paused_ago_s = 30 * DAY })
       end
       local build = require("warmbox.core").module_path():match("^(.*)/warmbox/[^/]*$")

@@ -3,7 +3,7 @@
 -- get "busy" (or "not due" once it is done), and no sandbox is killed twice.
 local wbd = require "spec.helpers.warmboxd"
 local redis_helper = require "spec.helpers.redis"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 local cjson = require "cjson.safe"
 
 local describe_redis = redis_helper.available() and describe or pending
@@ -22,7 +22,7 @@ describe_redis("gc_every with the redis lock backend", function()
 
   it("never runs two passes at once", function()
     for i = 1, 4 do
-      local tv = session.tag_value("r:c" .. i, {})
+      local tv = tag_mod.tag_value("r:c" .. i, {})
       wbd.seed(srv, { count = 100, state = "paused", metadata = { warmboxSessionId = tv },
         started_ago_s = 31 * 86400, paused_ago_s = 30 * 86400 })
     end

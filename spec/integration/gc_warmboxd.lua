@@ -14,10 +14,10 @@ local gc = require "warmbox.gc"
 local lock = require "warmbox.lock"
 
 local TAG = "warmboxSessionId"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 -- real warmbox tag values (orphan tags are kept by the default policy)
 local T = setmetatable({}, { __index = function(t, k)
-  local v = session.tag_value("ws:" .. k, {})
+  local v = tag_mod.tag_value("ws:" .. k, {})
   rawset(t, k, v)
   return v
 end })

@@ -6,7 +6,6 @@
 -- never chosen over a sandbox in use, collected.
 local sessions = require "spec.helpers.sessions"
 local wbd = require "spec.helpers.warmboxd"
-local session_mod = require "warmbox.session"
 
 describe("sessions: an orphan of a create given up (warmboxd)", function()
   local env = sessions.new()
@@ -56,7 +55,7 @@ describe("sessions: an orphan of a create given up (warmboxd)", function()
     -- the orphan is the newest tagged sandbox: E2B lists it first
     local listed = assert(wb.client:list_all{ state = { "running", "paused" }, metadata = { [s.tag] = s.tag_value } })
     assert.equal(orphan, listed[1].sandbox_id)
-    local create_id = listed[1].metadata[session_mod.CREATE_TAG]
+    local create_id = listed[1].metadata[require("warmbox.tag").CREATE_TAG]
     srv:fault{ route = "interp POST /execute", count = 1, status = 502 }
     local r = assert(s:run("x + 1"))
     assert.equal(real, r.sandbox_id)

@@ -1,6 +1,6 @@
 -- Behaviour 8 against a real warmboxd: output isolation and input files.
 local sessions = require "spec.helpers.sessions"
-local session = require "warmbox.session"
+local outputs = require "warmbox.outputs"
 
 describe("sessions: inputs and outputs (warmboxd)", function()
   local env = sessions.new()
@@ -56,7 +56,7 @@ describe("sessions: inputs and outputs (warmboxd)", function()
 
   it("reads files too big to come back inline over envd", function()
     local s = wb:session("out:big")
-    local n = session.INLINE_LIMIT + 1000
+    local n = outputs.INLINE_LIMIT + 1000
     local r = assert(s:run("open('/home/user/output/big.bin', 'wb').write(bytes(range(256)) * " .. (n // 256 + 1)
       .. ")"))
     assert.equal(1, #r.files)
@@ -74,7 +74,7 @@ describe("sessions: inputs and outputs (warmboxd)", function()
       end
       return table.concat({ "import base64, os", "get_ipython().events.callbacks['post_run_cell'][:] = []",
         setup or "", "from IPython.display import display",
-        ("display({%q: {'v': 1, 'files': [%s]}}, raw=True)"):format(session.OUTPUTS_MIME, table.concat(list, ", ")),
+        ("display({%q: {'v': 1, 'files': [%s]}}, raw=True)"):format(outputs.OUTPUTS_MIME, table.concat(list, ", ")),
       }, "\n")
     end
     -- The largest body of a GET /files (an output file read) the client downloaded during fn.

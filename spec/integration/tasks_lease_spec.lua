@@ -10,6 +10,7 @@
 local sessions = require "spec.helpers.sessions"
 local wbd = require "spec.helpers.warmboxd"
 local session = require "warmbox.session"
+local decide = require "warmbox.session.decide"
 
 describe("tasks: the lease extension goes alongside the execute (warmboxd)", function()
   local env = sessions.new()
@@ -163,7 +164,7 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     assert.equal(0, st.requests["POST /sandboxes/{id}/connect"] or 0)
     assert.equal(0, st.requests["GET /v2/sandboxes"] or 0)
     assert.equal(1, st.requests["interp POST /execute"])
-    assert.equal(now() + session.AUTO_RESUME_LEASE, s:state().lease_end)
+    assert.equal(now() + decide.AUTO_RESUME_LEASE, s:state().lease_end)
   end)
 
   it("default config, paused: the execute resumes it, the extension follows alongside", function()
@@ -180,6 +181,6 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
     -- The resume's lease (300 s) covers the cell until 20 s before its end:
     -- a short cell needs no extension at all.
     assert.equal(0, st.requests["POST /sandboxes/{id}/connect"] or 0)
-    assert.equal(now() + session.AUTO_RESUME_LEASE, s:state().lease_end)
+    assert.equal(now() + decide.AUTO_RESUME_LEASE, s:state().lease_end)
   end)
 end)

@@ -10,7 +10,7 @@ local gc = require "warmbox.gc"
 local rules = require "warmbox.policy.rules"
 local default = require "warmbox.policy.default"
 local fakes = require "spec.helpers.fakes"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 
 local TAG = "warmboxSessionId"
 local NOW = gc.parse_time("2026-11-29T12:00:00Z")
@@ -20,7 +20,7 @@ local RETENTION = 7 * DAY
 local function iso_us(us)
   return os.date("!%Y-%m-%dT%H:%M:%S", us // 1000000) .. string.format(".%06dZ", us % 1000000)
 end
-local function wtag(key) return session.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash }) end
+local function wtag(key) return tag_mod.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash }) end
 
 -- A fake E2B with `batch`. `o.before_list(c, n)` runs before the n-th list
 -- request is answered (to change the pages between calls); `o.fail_list(c, n,

@@ -40,8 +40,8 @@ local memlock = { backend = "memory", timeout = 0 }
 -- A real warmbox tag value for a session key (fake digests: no core needed).
 local function wtag(key)
   local fakes = require "spec.helpers.fakes"
-  local session = require "warmbox.session"
-  return session.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash })
+  local tag_mod = require "warmbox.tag"
+  return tag_mod.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash })
 end
 
 describe("warmbox.gc", function()

@@ -5,14 +5,14 @@
 -- luacheck: ignore 212
 local gc = require "warmbox.gc"
 local fakes = require "spec.helpers.fakes"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 
 local TAG = "warmboxSessionId"
 local NOW = gc.parse_time("2026-11-29T12:00:00Z")
 local DAY = 86400
 
 local function iso(t) return os.date("!%Y-%m-%dT%H:%M:%S", math.floor(t)) .. "Z" end
-local function wtag(key) return session.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash }) end
+local function wtag(key) return tag_mod.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash }) end
 
 -- items: in list order; the cursor is an item's position, stable under kills.
 local function fake_client(items, o)

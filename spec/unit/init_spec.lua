@@ -17,6 +17,9 @@ local function fresh_warmbox(core)
   for _, m in ipairs({ "warmbox", "warmbox.session", "warmbox.policy", "warmbox.policy.default" }) do
     package.loaded[m] = nil
   end
+  for m in pairs(package.loaded) do
+    if m:find("^warmbox%.session%.") then package.loaded[m] = nil end
+  end
   package.loaded["warmbox.core"] = core or fake_core()
   return require "warmbox"
 end
@@ -150,11 +153,11 @@ insulate("warmbox", function()
   describe(":release() and :sessions()", function()
     it("kill and list only the sandboxes whose tag decodes to the key, any fingerprint", function()
       local warmbox = fresh_warmbox()
-      local session = require "warmbox.session"
+      local tag_mod = require "warmbox.tag"
       local o = { hmac = fakes.hmac, sha256 = fake_hash, secret = SECRET }
-      local a1 = session.tag_value("w:1", o)
-      local a2 = session.tag_value("w:1", { hmac = o.hmac, sha256 = o.sha256, actor = "bob", secret = SECRET })
-      local b = session.tag_value("w:10", o)
+      local a1 = tag_mod.tag_value("w:1", o)
+      local a2 = tag_mod.tag_value("w:1", { hmac = o.hmac, sha256 = o.sha256, actor = "bob", secret = SECRET })
+      local b = tag_mod.tag_value("w:10", o)
       local items = {
         { sandbox_id = "s1", metadata = { warmboxSessionId = a1 }, state = "running" },
         { sandbox_id = "s2", metadata = { warmboxSessionId = a2 }, state = "paused" },
@@ -178,9 +181,9 @@ insulate("warmbox", function()
 
     it("returns BUSY while a run holds the session", function()
       local warmbox = fresh_warmbox()
-      local session = require "warmbox.session"
+      local tag_mod = require "warmbox.tag"
       local o = { hmac = fakes.hmac, sha256 = fake_hash, secret = SECRET }
-      local a1 = session.tag_value("w:1", o)
+      local a1 = tag_mod.tag_value("w:1", o)
       local client = fake_client({ { sandbox_id = "s1", metadata = { warmboxSessionId = a1 } } })
       local lk = fake_lock()
       lk.held[a1] = true

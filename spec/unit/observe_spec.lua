@@ -265,6 +265,51 @@ describe("warmbox.new passes the low-level client's options", function()
   end)
 end)
 
+describe("warmbox.new's client and its transport, set when each is made", function()
+  it("makes its own client with the engine's transport, and leaves a caller's warmbox.e2b client as it is", function()
+    local e2b = require "warmbox.e2b"
+    local wb = assert(warmbox.new{ api_key = "k", api_url = "https://api.example.invalid" })
+    assert.is_table(wb.client.transport)
+    assert.is_function(wb.parallel)
+    wb:close()
+    local own = e2b.new{ api_key = "k", api_url = "https://api.example.invalid" }
+    local wb2 = assert(warmbox.new{ client = own })
+    assert.is_nil(own.transport, "the caller's client was changed")
+    assert.are_not.equal(own, wb2.client)
+    assert.equal(own.http, wb2.client.http) -- the same connection
+    assert.is_table(wb2.client.transport)
+    assert.is_function(wb2.parallel)
+    wb2:close()
+    assert.is_nil(own.transport)
+    -- a client with a transport of its own is used as it is
+    local wb3 = assert(warmbox.new{ client = wb2.client })
+    assert.equal(wb2.client, wb3.client)
+    assert.is_nil(wb3.parallel)
+    own:close()
+  end)
+
+  it("warmbox.e2b.new takes a transport: an object, or a function of the client's connection", function()
+    local e2b = require "warmbox.e2b"
+    local seen
+    local tp = { request = function(_, req)
+      seen = req.url
+      return { status = 200, headers = {}, body = '{"sandboxID":"i1","state":"running"}' }
+    end }
+    local c = e2b.new{ api_key = "k", api_url = "https://api.example.invalid", transport = tp }
+    assert.equal(tp, c.transport)
+    assert.truthy(c:info("i1"))
+    assert.equal("https://api.example.invalid/sandboxes/i1", seen)
+    local given
+    local c2 = e2b.new{ api_key = "k", api_url = "https://api.example.invalid",
+      transport = function(http) given = http return tp end }
+    assert.equal(c2.http, given)
+    assert.equal(tp, c2.transport)
+    assert.has_error(function() e2b.new{ api_key = "k", transport = 1 } end)
+    c:close()
+    c2:close()
+  end)
+end)
+
 describe("the environment", function()
   -- a child Lua with the given environment: prints what warmbox.new chose as the lock
   local function lock_with(env)

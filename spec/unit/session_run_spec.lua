@@ -99,7 +99,7 @@ describe("warmbox.session", function()
       assert.equal(1, e.client:count("create"))
       local p = e.client.calls[2][2]
       assert.same({ warmboxSessionId = s.tag_value, warmboxCreate = p.metadata.warmboxCreate }, p.metadata)
-      assert.matches("^%x+$", p.metadata.warmboxCreate) -- the create's own id (see session.CREATE_TAG)
+      assert.matches("^%x+$", p.metadata.warmboxCreate) -- the create's own id (see warmbox.tag.CREATE_TAG)
       assert.same({ on_timeout = "pause", auto_resume = true }, p.lifecycle)
       assert.equal(605, p.timeout) -- the run's 600 s timeout + LEASE_MARGIN (5)
       assert.equal("code-interpreter-v1", p.template)
@@ -265,7 +265,7 @@ describe("warmbox.session", function()
       e.client.calls = {}
       assert(e.new("w:t"):run("2", { timeout = 30 }))
       assert.equal(1, #e.client.calls)
-      local st = session.decode_state(e.locks.state[e.new("w:t").tag_value])
+      local st = require("warmbox.state").decode(e.locks.state[e.new("w:t").tag_value])
       assert.equal("new1", st.sandbox_id)
       assert.equal("tok-new1", st.access_token)
       assert.equal(e.t.now, st.last_run)
@@ -562,7 +562,7 @@ describe("warmbox.session", function()
       assert(s:run("2"))
       local codes = {}
       for _, c in ipairs(e.client.calls) do if c[1] == "run_code" then codes[#codes + 1] = c[3] end end
-      assert.same({ session.PRELUDE, "1", "2" }, codes)
+      assert.same({ require("warmbox.outputs").PRELUDE, "1", "2" }, codes)
     end)
 
     it("returns only the files this run produced on a reused sandbox", function()

@@ -2,7 +2,7 @@
 -- code against a virtual-time model of E2B (no sleeping, no network).
 local sim = require "warmbox.sim"
 local model_mod = require "warmbox.sim.model"
-local session = require "warmbox.session"
+local tag_mod = require "warmbox.tag"
 
 local FIXTURE = "spec/fixtures/sim_trace.jsonl"
 
@@ -69,7 +69,7 @@ describe("warmbox.sim", function()
     it("drives the real warmbox.session: the model holds the session's tag value", function()
       local r = assert(sim.run{ trace = turns("ws:1", { 0, 10 }), details = true, template = "tpl-x" })
       assert.equal(1, #r.sandboxes)
-      assert.equal(session.tag_value("ws:1", { template = "tpl-x" }), r.sandboxes[1].metadata.warmboxSessionId)
+      assert.equal(tag_mod.tag_value("ws:1", { template = "tpl-x" }), r.sandboxes[1].metadata.warmboxSessionId)
       -- the session's own events were seen
       assert.equal(r.cold_starts, r.events.create)
     end)

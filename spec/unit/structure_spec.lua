@@ -56,7 +56,7 @@ describe("the lua/warmbox module graph", function()
     for m in pairs(g) do visit(m) end
   end)
 
-  it("keeps the leaves leaves: util, tag, state, errors and e2b.wire need no engine", function()
+  it("keeps the leaves leaves: util, tag, state, errors, e2b.wire, the session's decisions need no engine", function()
     local g = graph()
     local leaves = { ["warmbox.util"] = true, ["warmbox.errors"] = true, ["warmbox.json"] = true }
     for _, m in ipairs({ "warmbox.util", "warmbox.tag", "warmbox.state", "warmbox.errors", "warmbox.e2b.wire",
@@ -65,6 +65,9 @@ describe("the lua/warmbox module graph", function()
         assert.truthy(leaves[d] or d == "warmbox.core", m .. " requires " .. d)
       end
     end
+    -- The session's pure decisions: cheap for the simulator, no client, no lock.
+    assert.same({}, g["warmbox.session.decide"])
+    assert.same({ ["warmbox.session.decide"] = true }, g["warmbox.session.retry"])
     for d in pairs(g["warmbox.sim.model"]) do
       assert.is_not.equal("warmbox.session", d, "the model must not depend on the engine it models")
     end

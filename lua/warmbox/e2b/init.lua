@@ -44,7 +44,8 @@ local sandbox_new = sandbox_mod.new
 
 local client_fields = { api_key = "string", api_url = "string", sandbox_url = "string", domain = "string",
   request_timeout = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
-  ca_file = "string", user_agent = "string", max_connections = "number", retry_after_max = "number" }
+  ca_file = "string", user_agent = "string", max_connections = "number", retry_after_max = "number",
+  transport = "table|function" }
 
 -- new's range checks of `retries`, the timeouts and `max_connections` (errors
 -- name new's caller); returns `retries`, 3 by default.
@@ -76,7 +77,9 @@ end
 --   `request_timeout` (60 s), `retries` (3: attempts after the first for idempotent calls),
 --   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`,
 --   `retry_after_max` (seconds: the longest `Retry-After` waited; a longer one waits this long;
---   default none).
+--   default none), `transport` (what the requests go through instead of the connection: an
+--   object with its `request` and `batch` methods, or a function(http) returning one, given
+--   the client's connection: warmbox.runner's transport runs them on the engine inside a task).
 -- @treturn warmbox.e2b.Client
 function _M.new(opts)
   opts = check_options(opts, client_fields, "new", 1)
@@ -120,6 +123,7 @@ function _M.new(opts)
       statuses = { 429, 503, 504 } },
     -- transport: nil (requests go to http) or an object with http's request
     -- and batch methods (warmbox.runner's: the engine inside a task).
+    transport = type(opts.transport) == "function" and opts.transport(http) or opts.transport,
     -- The key lives only in this header table, never in messages.
     api_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json" },
     json_headers = { ["X-API-Key"] = api_key, ["Accept"] = "application/json",
@@ -132,6 +136,16 @@ function _M.new(opts)
     end
   end
   return setmetatable(self, Client)
+end
+
+-- A client of the same account over the same connection whose requests go
+-- through `make(http)` (see `new`'s `transport`): made when it is built, the
+-- client it copies is left as it is.
+function Client:_with_transport(make)
+  local c = {}
+  for k, v in pairs(self) do c[k] = v end
+  c.transport = make(self.http)
+  return setmetatable(c, Client)
 end
 
 function Client:__tostring()

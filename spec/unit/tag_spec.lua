@@ -1,5 +1,8 @@
--- The session tag value: injective key encoding plus creation fingerprint.
-local session = require "warmbox.session"
+-- The session tag value (injective key encoding plus creation fingerprint),
+-- the remembered state's codec and base64: the leaves the session builds on.
+local tag_mod = require "warmbox.tag"
+local state_codec = require "warmbox.state"
+local util = require "warmbox.util"
 
 local fakes = require "spec.helpers.fakes"
 local fake_hash = fakes.hash
@@ -8,10 +11,10 @@ local function tv(key, extra)
   local o = {}
   for k, v in pairs(O) do o[k] = v end
   for k, v in pairs(extra or {}) do o[k] = v end
-  return session.tag_value(key, o)
+  return tag_mod.tag_value(key, o)
 end
 
-describe("warmbox.session.tag_value", function()
+describe("warmbox.tag_mod.tag_value", function()
   it("keeps plain keys readable", function()
     assert.matches("^wb1%.%x+%.workspace%-1:thread%-9$", tv("workspace-1:thread-9"))
   end)
@@ -25,7 +28,7 @@ describe("warmbox.session.tag_value", function()
       assert.is_nil(seen[v], "collision for " .. k)
       seen[v] = k
       assert.matches("^[%w%-_%.:@~]+$", v)
-      assert.equal(k, (session.parse_tag(v)))
+      assert.equal(k, (tag_mod.parse_tag(v)))
     end
   end)
 
@@ -45,54 +48,54 @@ describe("warmbox.session.tag_value", function()
     local v = tv(long)
     assert.is_true(#v < 120)
     assert.are_not.equal(v, tv(long .. "y"))
-    assert.is_nil((session.parse_tag(v)))
+    assert.is_nil((tag_mod.parse_tag(v)))
   end)
 
   it("raises on a key that is not a non-empty string", function()
-    assert.has_error(function() session.tag_value(nil, O) end,
+    assert.has_error(function() tag_mod.tag_value(nil, O) end,
       "bad argument #1 to 'tag_value' (non-empty string expected, got nil)")
-    assert.has_error(function() session.tag_value("", O) end,
+    assert.has_error(function() tag_mod.tag_value("", O) end,
       "bad argument #1 to 'tag_value' (non-empty string expected, got empty string)")
   end)
 end)
 
-describe("warmbox.session.tag_matches_key", function()
+describe("warmbox.tag_mod.tag_matches_key", function()
   it("matches every fingerprint of a key and no other key", function()
     local a = tv("w:t", { actor = "alice" })
     local b = tv("w:t", { actor = "bob" })
-    assert.is_true(session.tag_matches_key(a, "w:t"))
-    assert.is_true(session.tag_matches_key(b, "w:t"))
-    assert.is_false(session.tag_matches_key(a, "w:t1"))
-    assert.is_false(session.tag_matches_key(a, "w"))
-    assert.is_false(session.tag_matches_key("w:t", "w:t"))
+    assert.is_true(tag_mod.tag_matches_key(a, "w:t"))
+    assert.is_true(tag_mod.tag_matches_key(b, "w:t"))
+    assert.is_false(tag_mod.tag_matches_key(a, "w:t1"))
+    assert.is_false(tag_mod.tag_matches_key(a, "w"))
+    assert.is_false(tag_mod.tag_matches_key("w:t", "w:t"))
   end)
 end)
 
-describe("warmbox.session state", function()
+describe("warmbox.state", function()
   it("round-trips and ignores what is not warmbox state", function()
     local st = { sandbox_id = "i1", access_token = "t", lease_end = 10, last_run = 5, tag = "x", hooked = "i1" }
-    local back = session.decode_state(session.encode_state(st))
+    local back = state_codec.decode(state_codec.encode(st))
     assert.same({ v = 1, sandbox_id = "i1", access_token = "t", lease_end = 10, last_run = 5, tag = "x",
       hooked = "i1" }, back)
-    assert.same({}, session.decode_state(nil))
-    assert.same({}, session.decode_state("garbage"))
-    assert.same({}, session.decode_state('{"v":2}'))
-    assert.is_nil(session.encode_state({}))
+    assert.same({}, state_codec.decode(nil))
+    assert.same({}, state_codec.decode("garbage"))
+    assert.same({}, state_codec.decode('{"v":2}'))
+    assert.is_nil(state_codec.encode({}))
   end)
 end)
 
-describe("warmbox.session base64", function()
+describe("warmbox.util base64", function()
   it("round-trips every length", function()
     for n = 0, 20 do
       local s = ""
       for i = 1, n do s = s .. string.char((i * 37) % 256) end
-      assert.equal(s, session.b64_decode(session.b64_encode(s)))
+      assert.equal(s, util.b64_decode(util.b64_encode(s)))
     end
-    assert.equal("aGVsbG8=", session.b64_encode("hello"))
+    assert.equal("aGVsbG8=", util.b64_encode("hello"))
   end)
 end)
 
--- Issue 22 item 12: the fingerprint's default key was the public "warmbox".
+-- The fingerprint's default key is a random secret of the user's, never a public one.
 describe("warmbox.tag installation secret", function()
   local build = os.getenv("WARMBOX_BUILD_DIR") or "build"
   local dir

@@ -1,0 +1,130 @@
+--- The session's pure decisions and their constants: numbers in, an answer
+-- out, no client, no lock, no allocation. The session calls them, and so can
+-- the simulator's fast path, so a rule lives in one place.
+-- @module warmbox.session.decide
+
+local type, math_ceil, math_min, math_huge = type, math.ceil, math.min, math.huge
+
+local _M = {}
+
+--- Defaults of the per-run caps (bytes): stdout + stderr + results, and returned output files.
+_M.MAX_OUTPUT = 16 * 1048576
+_M.MAX_FILES_BYTES = 64 * 1048576
+--- The largest `max_run_length` accepted (seconds).
+_M.MAX_RUN_LENGTH_LIMIT = 30 * 86400
+--- Seconds of slack between a lease end and the end of a run's timeout.
+_M.LEASE_MARGIN = 5
+--- Seconds a remembered lease must still have for its extension to go out
+-- alongside the execute (with `parallel`) rather than before it.
+_M.ALONGSIDE_MARGIN = 20
+--- The lease E2B gives a sandbox resumed by traffic (autoResume): at least
+-- 5 minutes from the resume. And how long after its remembered lease end a
+-- sandbox counts as paused (E2B's pause takes a moment).
+_M.AUTO_RESUME_LEASE = 300
+_M.PAUSE_GRACE = 10
+--- Seconds the lease must still have beyond the cell's timeout when the cell
+-- is sent (after uploads and the hooks cell), or it is extended first (the
+-- server interrupts the cell at its timeout; this covers the request's way there).
+_M.COVER_MARGIN = 2
+--- The longest Retry-After (seconds) a run waits before it sends a cell again
+-- (only a cell its sandbox said it never accepted).
+_M.RETRY_AFTER_MAX = 30
+--- How many creates in flight are remembered, and for how long (seconds of the session clock).
+_M.CREATES_KEPT, _M.CREATE_WINDOW = 8, 300
+
+local LEASE_MARGIN, COVER_MARGIN, ALONGSIDE_MARGIN = _M.LEASE_MARGIN, _M.COVER_MARGIN, _M.ALONGSIDE_MARGIN
+local AUTO_RESUME_LEASE, PAUSE_GRACE = _M.AUTO_RESUME_LEASE, _M.PAUSE_GRACE
+
+--- The lease a run asks for, from the `lease` hook's value: ceiled, and never
+-- shorter than the run's timeout + LEASE_MARGIN (the lease starts a round
+-- trip before the cell does, and the server interrupts the cell at its
+-- timeout: the sandbox is never paused underneath the run). Without
+-- `run_timeout`: the value ceiled.
+-- @treturn[1] integer the lease (seconds)
+-- @treturn[1] boolean whether the run's timeout raised it
+-- @return[2] nil when the value is not a positive finite number
+function _M.lease(value, run_timeout)
+  if not (type(value) == "number" and value > 0 and value < math_huge) then return nil end
+  local lease = math_ceil(value)
+  if run_timeout and run_timeout + LEASE_MARGIN > lease then return math_ceil(run_timeout + LEASE_MARGIN), true end
+  return lease, false
+end
+
+--- A lease end as E2B keeps it: every lease is capped at the sandbox's run
+-- start + the maximum run length (`run_started` nil: unknown, not capped).
+function _M.lease_end(lease_end, run_started, max_run_length)
+  if run_started then return math_min(lease_end, run_started + max_run_length) end
+  return lease_end
+end
+
+--- The extension to ask before a cell is sent at `now`: nil when the
+-- remembered lease (nil: unknown, nothing to compare) still covers the
+-- cell's timeout + COVER_MARGIN, else the lease to ask (timeout + LEASE_MARGIN).
+function _M.extension(now, lease_end, run_timeout)
+  if not lease_end or now + run_timeout + COVER_MARGIN <= lease_end then return nil end
+  return math_ceil(run_timeout + LEASE_MARGIN)
+end
+
+--- Whether a run of `run_timeout` starting at `now` could cross the maximum
+-- run length (E2B ends a run at its start + that, whatever the lease says):
+-- then the sandbox is recycled first (paused with its memory and connected:
+-- a new run of the same kernel).
+function _M.recycle_due(run_started, max_run_length, now, run_timeout)
+  return run_started ~= nil and run_started + max_run_length < now + run_timeout + LEASE_MARGIN
+end
+
+--- How a run reaches the remembered sandbox when the policy says to refresh
+-- it, with `parallel` (`alongside_ok`; never for a prewarm): "alongside"
+-- (the remembered lease still has ALONGSIDE_MARGIN: the extension goes
+-- alongside the execute), "auto_resume" (paused with autoResume: the execute
+-- resumes it and the lease that gives covers the run), "auto_resume_alongside"
+-- (paused, and the run may outlast that lease: the extension follows
+-- alongside), else nil (connect before the execute).
+function _M.remembered_way(lease_end, auto_resume, now, run_timeout, alongside_ok)
+  if not alongside_ok or not lease_end then return nil end
+  if lease_end - now >= ALONGSIDE_MARGIN then return "alongside" end
+  if auto_resume and lease_end + PAUSE_GRACE <= now then
+    return run_timeout + LEASE_MARGIN <= AUTO_RESUME_LEASE and "auto_resume" or "auto_resume_alongside"
+  end
+  return nil
+end
+
+--- The lease end after traffic resumed a paused sandbox at `t` (a new E2B run).
+function _M.auto_resume_end(t, max_run_length)
+  return math_min(t + AUTO_RESUME_LEASE, t + max_run_length)
+end
+
+--- What the answer to "did the cell arrive" means (the session claims the
+-- cell's id in the sandbox; the kernel claims it when it accepts the cell):
+-- claimed (true) "never" (the kernel never accepted it, and now never will),
+-- refused (false) "accepted" (it reached the kernel), no answer (nil) "unknown".
+function _M.arrival(claimed)
+  if claimed then return "never" end
+  if claimed == false then return "accepted" end
+  return "unknown"
+end
+
+--- Whether a failed control-plane call says the sandbox is definitively gone
+-- (as opposed to a transient fault: 5xx, 429, a timeout or a transport error,
+-- which fail the run and leave the sandbox and its kernel alone).
+function _M.is_gone(code)
+  return code == "NOT_FOUND"
+end
+
+-- The answers with no stream byte after which the session asks the sandbox
+-- whether the cell arrived (the statuses a sandbox, its proxy or E2B's edge
+-- give for "not accepted"; an intermediary may give them after forwarding).
+local ASK_AFTER = { SANDBOX_GONE = true, NOT_FOUND = true, RATE_LIMITED = true, [503] = true }
+
+--- Whether a failed request was answered without a stream byte by a status
+-- after which the sandbox is asked whether the cell arrived (the sandbox was
+-- unreachable a moment ago: the next run connects first).
+function _M.unanswered(code, detail)
+  if type(detail) == "table" then
+    if detail.started then return false end
+    return ASK_AFTER[code] or ASK_AFTER[detail.status] or false
+  end
+  return ASK_AFTER[code] or false
+end
+
+return _M

@@ -1,0 +1,527 @@
+--- One run of a session under its lock: the sandbox secured (see
+-- warmbox.session.resolve), the inputs uploaded, the hooks cell, the lease
+-- made to cover the cell, the cell (with the lease extended alongside it when
+-- the sandbox was secured that way), its output files, the kernel's refusals
+-- and fencing; a failure the cell provably never reached is sent again at
+-- most once (warmbox.session.retry).
+-- @module warmbox.session.execute
+
+local json = require "warmbox.json"
+local util = require "warmbox.util"
+local state_codec = require "warmbox.state"
+local outputs = require "warmbox.outputs"
+local metrics = require "warmbox.metrics"
+local decide = require "warmbox.session.decide"
+local retry = require "warmbox.session.retry"
+local resolve = require "warmbox.session.resolve"
+local mono_now = require("warmbox.core").now
+
+local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
+local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max
+
+local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
+local outputs_of = outputs.outputs_of
+local is_gone, forget = decide.is_gone, resolve.forget
+
+local _M = {}
+
+-- ------------------------------------------------------------------
+-- The sandbox's answers: did the cell arrive, does the sandbox exist
+-- ------------------------------------------------------------------
+
+-- Whether sandbox `id` exists (running or paused) as the control plane says:
+-- false only on its 404 (a transient failure is no proof of anything).
+local function exists(s, id)
+  local _, _, code = s.client:info(id)
+  return code ~= "NOT_FOUND"
+end
+
+-- Resumes sandbox `id` when the control plane says it is paused: true when it
+-- runs again (the retry's connect then sets its lease as usual).
+local function resume_if_paused(s, id)
+  local it = s.client:info(id)
+  if not (it and it.state == "paused") then return false end
+  return s.client:connect(id, { timeout = s.exec_timeout + decide.LEASE_MARGIN }) ~= nil
+end
+
+-- Asks what settles a failure's reach (see warmbox.session.retry): "ask"
+-- gives the cell's id up in the sandbox first (see `outputs.cell_marked`: a
+-- kernel that did not claim it never will), "exists" asks the control plane.
+-- → the reach: "never" | "gone" | false
+local function settle(s, kind, question, sbx, id, cell_id, detail)
+  if question == "ask" then
+    local path = outputs.CELLS_DIR .. "/" .. cell_id
+    local claimed = sbx:make_dir(path)
+    -- Unreachable over envd too: a sandbox paused without its memory does not
+    -- resume on a data-plane call (warmboxd after a restart); resumed, it is asked.
+    if claimed == nil and resume_if_paused(s, id) then claimed = sbx:make_dir(path) end
+    question = retry.answer(kind, "ask", claimed)
+    if question == false and type(detail) == "table" then detail.accepted = true end
+  end
+  if question == "exists" then return retry.answer(kind, "exists", exists(s, id)) end
+  return question
+end
+
+-- The reach of a failure of request `kind`, asked when it must be.
+local function reach_of(s, kind, code, detail, sbx, id, cell_id)
+  local reach = retry.reach(kind, code, detail, cell_id ~= nil)
+  if reach == "ask" or reach == "exists" then return settle(s, kind, reach, sbx, id, cell_id, detail) end
+  return reach
+end
+
+--- The data-plane handle of the remembered sandbox `id`.
+function _M.handle(s, st, id)
+  return s.client:sandbox({ sandbox_id = id, envd_access_token = st.access_token,
+    domain = st.domain }, { access_token = st.access_token })
+end
+
+--- Registers the python output hook in the kernel of sandbox `id` (starting
+-- the kernel when it is new): a cell of its own, idempotent (guarded in the
+-- kernel). → true | nil, msg, code, detail
+function _M.hook(sbx, st, id, run_timeout, on_line)
+  local hout, herr, hcode, hdetail = sbx:run_code(outputs.PRELUDE, {
+    language = "python", timeout = run_timeout, on_line = on_line,
+  })
+  if not hout then return nil, herr, hcode, hdetail end
+  for _, res in ipairs(hout.results or {}) do
+    if outputs_of(res) then st.hooked = id end
+  end
+  return true
+end
+
+-- ------------------------------------------------------------------
+-- Before the cell
+-- ------------------------------------------------------------------
+
+-- Uploads the run's input files into the home directory. → true | nil, msg, code, detail
+local function upload_files(sbx, files)
+  local list = {}
+  for i, f in ipairs(files) do list[i] = { path = HOME .. "/" .. f.name, data = f.content } end
+  local ok, err, ecode, detail = sbx:write_files(list)
+  if not ok then return nil, err, ecode, detail end
+  return true
+end
+
+-- The output directory for a cell of another language than python: emptied
+-- on a reused sandbox; made on a new one, so the cell can write there.
+-- → true | nil, msg, code, detail
+local function ready_output_dir(sbx, reused)
+  if reused then
+    local ok, err, ecode, detail = sbx:remove(OUTPUT_DIR)
+    if ok == nil and ecode ~= "NOT_FOUND" then return nil, err, ecode, detail end
+  end
+  local ok, err, ecode, detail = sbx:make_dir(OUTPUT_DIR)
+  if ok == nil and ecode ~= "CONFLICT" then return nil, err, ecode, detail end
+  return true
+end
+
+-- Inputs uploaded, the output directory ready (not python) or the hooks
+-- registered (python). → true | nil, msg, code, detail
+local function prepare(sbx, info, st, files, python, run_timeout, on_line)
+  if #files > 0 then
+    local ok, err, ecode, detail = upload_files(sbx, files)
+    if not ok then return nil, err, ecode, detail end
+  end
+  if not python then return ready_output_dir(sbx, info.reused) end
+  if st.hooked ~= info.sandbox_id then
+    -- A kernel that may not have the output hooks gets them in a cell of their
+    -- own, so the user's cell is sent as it is (its tracebacks and line numbers
+    -- are the user's). Idempotent (guarded in the kernel), and the user's cell
+    -- is not sent yet: a failure here is one before the run.
+    return _M.hook(sbx, st, info.sandbox_id, run_timeout, on_line)
+  end
+  return true
+end
+
+-- The ways to a sandbox whose lease the execute's side task extends (see `alongside`).
+local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
+
+-- The lease covers the whole run: after the uploads, the output directory and
+-- the hooks cell (which took time of the lease set before them), a lease that
+-- no longer covers the cell's timeout + COVER_MARGIN is extended before the
+-- cell is sent (one request, only then). → true | nil, msg, code, detail
+local function cover(s, st, info, run_timeout)
+  if ALONGSIDE[info.how] or not st.lease_end then return true end
+  local t0 = s.clock()
+  local want = decide.extension(t0, st.lease_end, run_timeout)
+  if not want then return true end
+  local t_lease = mono_now()
+  local ok, err, code, detail = s.client:set_timeout(info.sandbox_id, want)
+  metrics.add(s._tm, "lease", t_lease)
+  s:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
+  if not ok then return nil, err, code, detail end
+  st.lease_end = math_max(st.lease_end, decide.lease_end(t0 + want, st.run_started, s.max_run_length))
+  return true
+end
+
+-- Everything before the cell (prepare, then cover). Unreachable there: the
+-- remembered sandbox wins while it exists (the run is sent to it again, after a
+-- connect); only one that is gone is forgotten. → true | nil, msg, code, detail, reach
+local function ready(s, sbx, info, st, files, python, run_timeout, on_line)
+  local ok, err, code, detail = prepare(sbx, info, st, files, python, run_timeout, on_line)
+  if ok then ok, err, code, detail = cover(s, st, info, run_timeout) end
+  if ok then return true end
+  return nil, err, code, detail, reach_of(s, "prepare", code, detail, sbx, info.sandbox_id)
+end
+
+-- ------------------------------------------------------------------
+-- The cell and what it left
+-- ------------------------------------------------------------------
+
+local function concat_chunks(t)
+  if type(t) == "string" then return t end
+  if type(t) ~= "table" then return "" end
+  return table_concat(t)
+end
+
+-- The files the run left in the output directory: from the output hook's
+-- report, else (another language, or a kernel that lost its hooks) listed
+-- through envd; what the kernel is known to have hooked is noted in st.
+-- → files, files_error ({ msg, code } when only part of them came)
+local function output_files(sbx, st, id, report, python, cap)
+  local out_files, ferr, fcode, partial
+  if report then
+    st.hooked = id
+    out_files, ferr, fcode, partial = outputs.files_from_report(sbx, report, cap)
+  else
+    -- No report: another language, or the kernel lost its hooks (restarted).
+    if python then st.hooked = nil end
+    out_files, ferr, fcode, partial = outputs.collect_envd(sbx, cap)
+  end
+  if not out_files then return partial or {}, { ferr, fcode } end
+  return out_files, nil
+end
+
+-- The main result's text (the cell's value), as E2B's SDKs' execution.text.
+local function main_text(results)
+  for _, res in ipairs(results) do
+    if res.is_main_result then return res.text end
+  end
+  return nil
+end
+
+-- The result of a run that ran (see `attempt`).
+local function run_result(out, info, results, out_files, files_error, cap, lock_error)
+  local e = out.error
+  if e == json.null then e = nil end
+  return {
+    stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
+    error = e, results = results, files = out_files, files_error = files_error,
+    truncated = (out.truncated or #cap.dropped > 0) or false,
+    dropped_files = #cap.dropped > 0 and cap.dropped or nil,
+    undecoded = out.undecoded and #out.undecoded > 0 and out.undecoded or nil,
+    replaced = out.replaced,
+    lock_error = lock_error,
+    reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
+    execution_count = out.execution_count, text = main_text(results),
+  }
+end
+
+-- Whether the kernel refused a marked cell before anything of it ran:
+-- "HOOKS_LOST" (no hooks: the mark failed), "FENCED" (a run with a higher
+-- fencing number had run there), else nil.
+local function refusal(out)
+  local e = out.error
+  if e == nil and type(out.stderr) == "table" and type(out.stderr[1]) == "string"
+    and out.stderr[1]:find("^warmbox: fenced: ") then
+    -- bash: the guard refused the cell with status 0 (see outputs.cell_guarded)
+    out.error = { name = "RuntimeError", value = (out.stderr[1]:gsub("\n.*", "")) }
+    return "FENCED"
+  end
+  if type(e) ~= "table" or type(e.value) ~= "string" then return nil end
+  if e.name == "NameError" and e.value:find("__warmbox_cell__", 1, true) then return "HOOKS_LOST" end
+  if e.name == "RuntimeError" and e.value:find("^warmbox: fenced: ") then return "FENCED" end
+  return nil
+end
+
+local function fenced_msg(id, why)
+  return string_format("run in sandbox '%s' refused: its lock was taken over by a later run (%s)", id,
+    tostring(why):gsub("^warmbox: fenced: ", ""))
+end
+
+-- A marked cell the kernel refused before anything of it ran (see `refusal`):
+-- the failure (as `attempt`'s), else nil.
+local function refused_run(out, info, st)
+  local code = refusal(out)
+  if not code then return nil end
+  local msg
+  if code == "HOOKS_LOST" then
+    -- The kernel lost the hooks (restarted): the cell failed on its first line.
+    st.hooked = nil
+    msg = "run in sandbox '" .. info.sandbox_id .. "': its kernel lost warmbox's hooks"
+  else
+    msg = fenced_msg(info.sandbox_id, out.error.value)
+  end
+  return nil, msg, code, { started = false }, retry.reach("refused", code)
+end
+
+-- Whether output files were read over envd (after the cell: another run may
+-- have changed the output directory meanwhile), not all inline in the report:
+-- always for a listing over envd, even an empty or failed one (a later run may
+-- have emptied the directory before this run listed it).
+local function read_over_envd(report)
+  if not report then return true end
+  for _, f in ipairs(type(report.files) == "table" and report.files or {}) do
+    if type(f) == "table" and f.b64 == nil then return true end
+  end
+  return false
+end
+
+-- Fencing of an output collection: no run with a higher fencing number than
+-- `fence` has had a cell accepted in the sandbox (its output directory is this
+-- run's). → true | nil, msg, "FENCED" | nil, msg, code (it could not be read)
+local function fence_holds(sbx, id, fence)
+  local s, err, code = sbx:read_file(outputs.FENCE_FILE)
+  if not s then
+    if code == "NOT_FOUND" then return true end
+    return nil, err, code
+  end
+  local high = tonumber((tostring(s):match("^%s*(%d+)")))
+  if high and high > fence then
+    return nil, fenced_msg(id, string_format("run %d collected its outputs after run %d", fence, high)), "FENCED"
+  end
+  return true
+end
+
+-- The cell as sent, with its id and run's fencing number `fence` (python: when
+-- its kernel has the hooks; bash, JS, TS: a guard of their own), and its id:
+-- code, id | code, nil (a language without a guard).
+local function marked_cell(code, language, hooked, fence)
+  local id = util.unique_id()
+  if language == "python" then
+    if hooked then return outputs.cell_marked(code, id, fence), id end
+    return code, nil
+  end
+  local guarded = outputs.cell_guarded(code, language, id, fence)
+  if guarded then return guarded, id end
+  return code, nil
+end
+
+-- The run's output files (see output_files), timed, and the "outputs" event.
+local function collect(s, sbx, st, id, report, python, cap)
+  local t_out = mono_now()
+  local out_files, files_error = output_files(sbx, st, id, report, python, cap)
+  metrics.add(s._tm, "outputs", t_out)
+  s:_event("outputs", { sandbox_id = id, files = #out_files, code = files_error and files_error[2] or nil })
+  return out_files, files_error
+end
+
+-- One attempt: everything before the cell, the cell, its outputs. → r | nil,
+-- msg, code, detail, reach ("never" | "gone" only when the cell cannot have
+-- run, see warmbox.session.retry)
+local function attempt(s, info, st, code, opts, files, run_timeout, lk)
+  local sbx = _M.handle(s, st, info.sandbox_id)
+  local language = opts.language or "python"
+  local python = language == "python"
+  local report
+  local user_on_result = opts.on_result
+  local lock_error
+  local keepalive = lk and lk.keepalive
+  local function on_line()
+    local ok, kerr, kcode = keepalive(lk)
+    if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
+  end
+  do
+    local ok, perr, pcode, pdetail, preach = ready(s, sbx, info, st, files, python, run_timeout,
+      keepalive and on_line or nil)
+    if not ok then return nil, perr, pcode, pdetail, preach end
+  end
+  local cell_id
+  local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
+  code, cell_id = marked_cell(code, language, st.hooked == info.sandbox_id, fence)
+  local t_exec = mono_now()
+  local out, err, ecode, detail = sbx:run_code(code, {
+    language = language, timeout = run_timeout, max_output = s.max_output,
+    on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
+    is_private = function(res) return outputs_of(res) ~= nil end,
+    on_result = function(res)
+      local rep = outputs_of(res)
+      if rep then report = rep return end
+      if user_on_result then return user_on_result(res) end
+    end,
+    -- Every stream event (keepalives included) keeps the session's lock alive.
+    on_line = keepalive and on_line or nil,
+  })
+  metrics.add(s._tm, "execute", t_exec)
+  if not out then
+    if detail and lock_error then detail.lock_error = lock_error end
+    return nil, err, ecode, detail, reach_of(s, "cell", ecode, detail, sbx, info.sandbox_id, cell_id)
+  end
+  if cell_id then
+    local _, rerr, rcode, rdetail, rreach = refused_run(out, info, st)
+    if rcode then return nil, rerr, rcode, rdetail, rreach end
+  end
+  -- The cell ran: whatever fails from here on is reported in the result, never re-run.
+  local results = {}
+  for _, res in ipairs(out.results or {}) do
+    local rep = outputs_of(res)
+    if rep then report = report or rep else results[#results + 1] = res end
+  end
+  local cap = { left = s.max_files_bytes, dropped = {} }
+  local out_files, files_error = collect(s, sbx, st, info.sandbox_id, report, python, cap)
+  if fence and read_over_envd(report) then
+    local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
+    if not ok then
+      if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end
+      out_files, files_error = {}, { ferr, fcode }
+    end
+  end
+  return run_result(out, info, results, out_files, files_error, cap, lock_error)
+end
+
+-- ------------------------------------------------------------------
+-- The lease extended alongside the execute
+-- ------------------------------------------------------------------
+
+-- The side task of `alongside`: connects (the lease extension) until it
+-- holds, under retry.lease's rule; it interrupts the execute when the lease
+-- cannot be secured in time. → sb, t0, resumed | nil; `failed.err`: the last failure
+local function extend_alongside(s, ctl, info, lease_end, failed)
+  local id, lease = info.sandbox_id, info.lease
+  if info.how ~= "alongside" then
+    -- The resume's lease covers the run until ALONGSIDE_MARGIN before its
+    -- end: extend it only for a cell still running then (no connect races
+    -- the execute's resume, and a short run costs one round trip).
+    local wait = lease_end - decide.ALONGSIDE_MARGIN - s.clock()
+    if wait > 0 then ctl.wait(wait) end
+    if ctl.main_done() then return nil end
+  end
+  local tries = 0
+  while true do
+    local t0 = s.clock()
+    local sb, res, ccode = s.client:connect(id, { timeout = lease })
+    s:_event("connect", { sandbox_id = id, ok = sb ~= nil, resumed = sb and res or nil,
+      code = not sb and ccode or nil, alongside = true })
+    if sb then return sb, t0, res == true end
+    failed.err = { tostring(res), ccode }
+    if ctl.main_done() then return nil end
+    tries = tries + 1
+    local pause = retry.lease(ccode, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
+    if not pause then
+      ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
+      return nil
+    end
+    ctl.sleep(pause)
+  end
+end
+
+-- The execute and the lease extension (connect) at once, on the engine. A
+-- failed extension is retried while the cell runs; when it cannot be secured
+-- before the lease ends (minus LEASE_MARGIN), the execute is interrupted (its
+-- connection closed: the server stops the cell) and the run is reported, so
+-- the sandbox is never paused underneath it.
+-- info.how: "alongside" (the remembered lease still has ALONGSIDE_MARGIN),
+-- "auto_resume" (paused; the execute resumes it and the lease that gives
+-- covers the run: no extension), "auto_resume_alongside" (paused; the run
+-- may outlast that lease: a cell still running ALONGSIDE_MARGIN before its
+-- end gets the extension then, under the same rules).
+local function alongside(s, info, st, code, opts, files, run_timeout, lk)
+  local id, how = info.sandbox_id, info.how
+  local t_exec = s.clock()
+  local function main() return attempt(s, info, st, code, opts, files, run_timeout, lk) end
+  if how == "auto_resume" then
+    local r, err, ecode, detail, reach = main()
+    if r then st.run_started, st.lease_end = t_exec, decide.auto_resume_end(t_exec, s.max_run_length) end
+    return r, err, ecode, detail, reach
+  end
+  local lease_end = how == "alongside" and st.lease_end or t_exec + decide.AUTO_RESUME_LEASE
+  local failed = {}
+  local side, r, err, ecode, detail, reach = s.parallel(main, function(ctl)
+    return extend_alongside(s, ctl, info, lease_end, failed)
+  end)
+  local sb, t0, resumed = side:result()
+  if how ~= "alongside" and (r or not reach) then
+    -- The execute reached the sandbox: traffic resumed it (a new E2B run).
+    st.run_started, st.lease_end = t_exec, decide.auto_resume_end(t_exec, s.max_run_length)
+  end
+  local lease_err = failed.err
+  if type(sb) == "table" then
+    if sb.sandbox_id == nil then sb.sandbox_id = id end
+    resolve.remember(s, st, sb, t0 + info.lease, resumed and t0 or nil)
+  elseif not r and not reach and lease_err then
+    -- Interrupted (or failed while the lease could not be secured): the cell
+    -- may have started, so it is reported, never sent again.
+    detail = type(detail) == "table" and detail or {}
+    detail.lease_error = lease_err
+    detail.interrupted = true
+    if is_gone(lease_err[2]) then forget(st) end
+    return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
+      lease_err[1]), lease_err[2] or ecode, detail, false
+  end
+  return r, err, ecode, detail, reach
+end
+
+-- ------------------------------------------------------------------
+-- The run
+-- ------------------------------------------------------------------
+
+-- The events of a run's start: "reuse" or "resume" (a sandbox had before;
+-- "create" is sent when one is made), then "run_start".
+local function started(s, info)
+  if info.resumed then
+    s:_event("resume", { sandbox_id = info.sandbox_id, how = info.how })
+  elseif info.reused then
+    s:_event("reuse", { sandbox_id = info.sandbox_id, how = info.how })
+  end
+  s:_event("run_start", { sandbox_id = info.sandbox_id, reused = info.reused == true,
+    resumed = info.resumed == true, how = info.how })
+end
+
+-- After a run that ran: the conversation's count of turns, the orphans collected.
+local function succeeded(s, st, r)
+  st.last_run = s.wall()
+  st.turns = math_floor(tonumber(st.turns) or 0) + 1 -- (JSON gives a float)
+  r.turn = st.turns
+  -- It has run since it lost its memory: what its kernel holds now is kept.
+  st.memory_lost = nil
+  if st.creating then resolve.collect_orphans(s, st) end
+end
+
+--- Runs `code` holding the session's lock `lk` (`files`: normalized). At
+-- most once: the run is sent again only when warmbox.session.retry says the
+-- cell provably never reached a kernel. → r | nil, msg, code, detail
+function _M.run_locked(s, lk, code, opts, files)
+  local st = state_codec.decode(lk:get_state())
+  -- State written for another tag value or another E2B endpoint/account is not ours.
+  if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then forget(st) end
+  local run_timeout = opts.timeout or s.exec_timeout
+  local tries, hooks_resent = 0, false
+  while true do
+    tries = tries + 1
+    local t_resolve = mono_now()
+    local info, err, ecode, detail = resolve.acquire(s, st, run_timeout)
+    metrics.add(s._tm, "resolve", t_resolve)
+    lk:set_state(state_codec.encode(st))
+    if not info then return nil, err, ecode, detail end
+    started(s, info)
+    local r, reach
+    if ALONGSIDE[info.how] then
+      r, err, ecode, detail, reach = alongside(s, info, st, code, opts, files, run_timeout, lk)
+    else
+      r, err, ecode, detail, reach = attempt(s, info, st, code, opts, files, run_timeout, lk)
+    end
+    if r then
+      succeeded(s, st, r)
+      lk:set_state(state_codec.encode(st))
+      return r
+    end
+    local verdict, hooks = retry.again(reach, ecode, tries, hooks_resent)
+    hooks_resent = hooks_resent or hooks
+    -- Sent once more, to the same sandbox while it exists (its kernel and
+    -- files are the conversation's), else to one resolved again.
+    if verdict then s:_event("retry", { sandbox_id = info.sandbox_id, code = ecode }) end
+    if verdict == "resolve" then
+      forget(st)
+    elseif retry.reconnect(ecode, detail) then
+      -- Unreachable a moment ago: the next connect comes first (it resumes a
+      -- sandbox paused under its remembered lease).
+      st.lease_end = nil
+    end
+    lk:set_state(state_codec.encode(st))
+    if not verdict then return nil, err, ecode, detail end
+    local wait = retry.wait(detail)
+    if wait then require("warmbox.lock").wait(wait) end
+  end
+end
+
+return _M

@@ -1,0 +1,167 @@
+--- Prewarm: get a session's sandbox ready before the run comes, as a task
+-- in the background (`s:prewarm`), and the run that waits for a prewarm in
+-- flight instead of doing the same work.
+-- @module warmbox.session.prewarm
+
+local state_codec = require "warmbox.state"
+local resolve = require "warmbox.session.resolve"
+local execute = require "warmbox.session.execute"
+
+local xpcall, traceback, tostring, setmetatable, error = xpcall, debug.traceback, tostring, setmetatable, error
+local string_format = string.format
+
+local _M = {}
+
+--- How long (seconds) a prewarm called outside tasks drives the engine at
+-- most before it returns. It returns as soon as its first request has left
+-- (the engine waits on the network alone): well under a millisecond on a
+-- pooled connection; the cap only bounds a slow start (DNS, a busy machine).
+_M.PREWARM_KICK = 0.25
+
+--- The counters a prewarm counts into (see `s:stats`).
+_M.PREWARM_COUNTERS = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
+  prewarm_waits = 0 }
+
+-- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }
+-- (an entry leaves when its task ends however it ends: returned, cancelled, runner closed).
+local inflight = {}
+
+local function inflight_key(s)
+  local k = s.inflight_key
+  if not k then
+    k = (s.origin or "") .. "\0" .. s.tag_value
+    s.inflight_key = k
+  end
+  return k
+end
+
+local function count(s, name)
+  local c = s.counters
+  c[name] = (c[name] or 0) + 1
+end
+
+local private_runner
+--- The runner a prewarm is spawned on: the one the session's `runner` option
+-- gives, else the runner whose task is running, else this module's own.
+function _M.runner(s)
+  if s.get_runner then return s.get_runner() end
+  local runner = require "warmbox.runner"
+  local r = runner.running()
+  if r then return r end
+  if not private_runner or private_runner.closed then
+    local msg, code
+    private_runner, msg, code = runner.new()
+    if not private_runner then
+      -- (level 4: the caller of s:prewarm or of the session method that asked)
+      error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 4)
+    end
+  end
+  return private_runner
+end
+
+--- A run (or forget, state) of a session whose prewarm is in flight in this
+-- process waits for it, instead of doing the same work: inside a task of the
+-- prewarm's runner it joins it; outside tasks it drives that runner until the
+-- prewarm ends (its other tasks progress too). Elsewhere (a task of another
+-- runner, a coroutine of the host's inside a task) the lock orders them.
+function _M.await(s)
+  local key = inflight_key(s)
+  local e = inflight[key]
+  if not e then return end
+  if e.task:done() then
+    inflight[key] = nil -- cancelled before it ever ran (its runner closed)
+    return
+  end
+  local t, rn = e.task, e.runner
+  local cur = require("warmbox.task").current()
+  if cur then
+    if cur.sched ~= t.sched or cur == t then return end
+    count(s, "prewarm_waits")
+    rn:join(t)
+    return
+  end
+  if rn.stepping then return end
+  count(s, "prewarm_waits")
+  while not t:done() do
+    if not rn:step() then break end
+  end
+end
+
+-- What the prewarm found or did, for its result and event.
+local function action_of(info)
+  if info.how == "create" then return "created" end
+  if info.resumed then return "resumed" end
+  if info.how == "remembered" then return "warm" end
+  return "extended"
+end
+
+-- Under the lock: nothing when the remembered lease covers `within`; else
+-- the run's own resolve (`acquire`, eager: connect now), then the output
+-- hook in a kernel that may be new (which starts it).
+local function prewarm_locked(s, lk, within)
+  local st = state_codec.decode(lk:get_state())
+  if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then resolve.forget(st) end
+  local now = s.clock()
+  if st.sandbox_id and st.lease_end and st.lease_end >= now + within
+    and not (s.require_memory and st.memory_lost == st.sandbox_id) then
+    return { action = "warm", sandbox_id = st.sandbox_id }
+  end
+  local info, err, ecode, detail = resolve.acquire(s, st, within, true)
+  lk:set_state(state_codec.encode(st))
+  if not info then return nil, err, ecode, detail end
+  local id = info.sandbox_id
+  if st.hooked ~= id or st.memory_lost == id then
+    local ok, herr, hcode, hdetail = execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
+    lk:set_state(state_codec.encode(st))
+    if not ok then return nil, herr, hcode, hdetail end
+  end
+  return { action = action_of(info), sandbox_id = id, resumed = info.resumed, reused = info.reused }
+end
+
+-- The prewarm task's body: never raises; a failure is an event and a count.
+local function body(s, within)
+  local ok, r, err, ecode = xpcall(s._with_lock, traceback, s, function(lk)
+    return prewarm_locked(s, lk, within)
+  end, true)
+  if not ok then r, err, ecode = nil, tostring(r), "TASK" end
+  if r then
+    count(s, r.action == "warm" and "prewarm_warm" or "prewarm_ready")
+    s:_event("prewarm", { ok = true, action = r.action, sandbox_id = r.sandbox_id, resumed = r.resumed })
+    return r
+  end
+  if ecode == "BUSY" then
+    -- A run (or another prewarm) holds the session: it is getting the sandbox ready.
+    count(s, "prewarm_busy")
+    s:_event("prewarm", { ok = true, action = "busy" })
+    return { action = "busy" }
+  end
+  count(s, "prewarm_failed")
+  s:_event("prewarm", { ok = false, action = "failed", code = ecode, message = tostring(err) })
+  return nil, err, ecode
+end
+
+--- Starts the prewarm of session `s` for a run within `within` seconds (see
+-- `s:prewarm`); a prewarm of the same session in flight is returned as it is.
+-- @treturn warmbox.Task
+function _M.start(s, within)
+  local key = inflight_key(s)
+  local e = inflight[key]
+  if e and not e.task:done() then return e.task end
+  local rn = _M.runner(s)
+  local t
+  t = rn:spawn(function()
+    local _ <close> = setmetatable({}, { __close = function()
+      if inflight[key] and inflight[key].task == t then inflight[key] = nil end
+      rn.background = (rn.background or 1) - 1
+    end })
+    return body(s, within)
+  end)
+  -- Blocking lock waits drive a runner with background work (each runner registers with lock.step_while_blocked).
+  rn.background = (rn.background or 0) + 1
+  inflight[key] = { task = t, runner = rn }
+  count(s, "prewarms")
+  if not rn:current() and rn.kick then rn:kick(_M.PREWARM_KICK) end
+  return t
+end
+
+return _M
