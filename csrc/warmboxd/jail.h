@@ -132,9 +132,10 @@ void wbd_net_close(struct wbd_net *n);
 
 /* Builds the program once, at start-up. */
 void wbd_seccomp_init(void);
-/* A pipe holding the program for bubblewrap's --seccomp, or -1 (also where
- * there is no program: not x86-64). */
-int wbd_seccomp_pipe(void);
+/* A pipe holding the program for bubblewrap's --seccomp: 0 with *fd its
+ * read end (-1 where there is no program: not x86-64), or -1 when the pipe
+ * cannot be made (the jail must not start then). */
+int wbd_seccomp_pipe(int *fd);
 
 /* ------------------------------------------------------------------ */
 /* uidmap.c: whose uids the jails run as                               */

@@ -1133,9 +1133,10 @@ static void spawn_env(const struct wbd_rt *rt, const char *home, json_t *envs, s
 
 /* What bubblewrap reads besides its arguments: the seccomp filter (none
  * where there is no program), this boot's id, embed/sudo, and the
- * environment as arguments (env_args_fd). 0 or -EMFILE. */
+ * environment as arguments (env_args_fd). 0 or -EMFILE (a jail never
+ * starts without its filter). */
 static int bwrap_fds(struct wbd_rt *rt, struct spawn *s) {
-  s->seccomp_fd = wbd_seccomp_pipe();
+  int no_filter = wbd_seccomp_pipe(&s->seccomp_fd) != 0;
   char boot[sizeof rt->boot_id];
   pthread_mutex_lock(&rt->mu);
   memcpy(boot, rt->boot_id, sizeof boot);
@@ -1151,7 +1152,7 @@ static int bwrap_fds(struct wbd_rt *rt, struct spawn *s) {
    * --clearenv and --setenv arguments read from a file (--args FD), not
    * its command line, which every host user can read. */
   s->env_fd = env_args_fd(&s->env);
-  return s->boot_fd < 0 || (sudo_src && s->sudo_fd < 0) || s->env_fd < 0 ? -EMFILE : 0;
+  return no_filter || s->boot_fd < 0 || (sudo_src && s->sudo_fd < 0) || s->env_fd < 0 ? -EMFILE : 0;
 }
 
 /* bubblewrap's command line: the jail (jail_args, with bwrap_fds' fds as

@@ -80,7 +80,7 @@ static size_t seccomp_build(struct sock_filter *f, size_t cap) {
 
 void wbd_seccomp_init(void) { g_bpf_len = seccomp_build(g_bpf, SECCOMP_MAX); }
 
-int wbd_seccomp_pipe(void) {
-  if (!g_bpf_len) return -1;
-  return wbd_data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf);
+int wbd_seccomp_pipe(int *fd) {
+  *fd = g_bpf_len ? wbd_data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf) : -1;
+  return g_bpf_len && *fd < 0 ? -1 : 0;
 }
