@@ -1,20 +1,145 @@
 /*
- * jail.h: pieces of the jail runtime kept out of runtime.c (its only user):
- * the seccomp program (seccomp.c) and the host uid range of a root
- * warmboxd (uidmap.c).
+ * jail.h: the pieces of the jail runtime kept out of runtime.c, their only
+ * user: the spawner thread and what its children do before they exec
+ * (spawn.c), a sandbox's network namespace and slirp4netns (net.c), the
+ * seccomp program (seccomp.c) and the host uid range of a root warmboxd
+ * (uidmap.c). They call nothing of runtime.c: net.c and seccomp.c call
+ * spawn.c, which calls none of them.
  */
 #ifndef WBD_JAIL_H
 #define WBD_JAIL_H
 
 #include <stddef.h>
 #include <sys/types.h>
-#include <linux/filter.h>
 
-/* Room for the whole program. */
-#define WBD_SECCOMP_MAX 64
-/* Fills f (cap >= WBD_SECCOMP_MAX) with the jail's filter; its length, 0
- * where there is none (not x86-64). */
-size_t wbd_seccomp_build(struct sock_filter *f, size_t cap);
+/* ------------------------------------------------------------------ */
+/* spawn.c: argument vectors, and the spawner thread                   */
+/* ------------------------------------------------------------------ */
+
+/* A NULL-terminated vector of strings it owns (an argv or an envp). Adding
+ * aborts when memory runs out. */
+struct wbd_sv {
+  char **v;
+  size_t n, cap;
+};
+void wbd_sv_add(struct wbd_sv *s, const char *str);
+void wbd_sv_add3(struct wbd_sv *s, const char *a, const char *b, const char *c);
+void wbd_sv_free(struct wbd_sv *s);
+
+/* PATH in a jail, and for the helpers the spawner starts. */
+#define JAIL_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+/* A sandbox's cgroup-v1 groups, by controller (runtime.c makes them). */
+enum { CG_FREEZER, CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
+
+/* Descriptors a child gets as its fds 3, 4, ... (spawn_job.pass). */
+#define MAX_PASS 8
+
+/* As root, bubblewrap runs as the sandbox's uid, which must not traverse
+ * warmboxd's private data directory: the child mounts a small tmpfs of its
+ * own on STAGE (in a mount namespace of its own) and binds what the jail
+ * needs there, before it drops root. STAGED_PATHS: where each of
+ * spawn_job.stage_src goes, in that order (home, tmp, passwd, group,
+ * resolv, root). */
+#define STAGE "/tmp"
+#define N_STAGED 6
+#define STAGED_PATHS STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r", STAGE "/R"
+
+/* What the spawner thread forks, and what the child does before its exec.
+ * wbd_job_init first (every fd -1). */
+struct spawn_job {
+  char **argv, **envp;
+  const char *chdir_to;     /* host path, or NULL */
+  int fds[3];               /* child's 0/1/2: an fd, -1 /dev/null */
+  int ctty;                 /* fds[0] is a terminal: it becomes the child's controlling one */
+  int pass[MAX_PASS];       /* become the child's fds 3, 4, ... */
+  int npass;
+  int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
+  int userns_fd, net_fd;    /* joined before exec, or -1 */
+  int stage;                /* bind stage_src under STAGE (STAGED_PATHS) */
+  const char *stage_src[N_STAGED];   /* host paths; resolv ([4]) may be NULL */
+  int setid;                /* become uid/gid (warmboxd is root) */
+  uid_t uid;
+  gid_t gid;
+  long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
+  /* NULL: the child execs argv. Else it runs hold(parent, errpipe) instead,
+   * which never returns: it writes a 0 on errpipe once ready (an errno on
+   * failure) and then waits to be killed. wbd_spawn returns with it alive
+   * (pid), for the caller to read what it made before wbd_spawn_reap. */
+  void (*hold)(pid_t parent, int errpipe);
+  pid_t pid;
+  int errfd;                /* the child's error pipe, inside wbd_spawn */
+  int err;
+  int done;
+  struct spawn_job *next;
+};
+
+void wbd_job_init(struct spawn_job *j);
+/* Has the spawner thread fork j's child, then waits in the calling thread
+ * (at most WARMBOXD_SPAWN_TIMEOUT_MS) for it to exec or fail, so that a
+ * child that hangs before its exec holds up its own request only (it is
+ * then killed). 0 with j->pid, or -errno (-ETIMEDOUT, -ESHUTDOWN when the
+ * spawner is not running). */
+int wbd_spawn(struct spawn_job *j);
+/* SIGKILL and reap a child of warmboxd. */
+void wbd_spawn_reap(pid_t pid);
+/* In a forked child: report errno e on errpipe and _exit(127). */
+void wbd_child_fail(int errpipe, int e);
+/* A pipe holding len bytes (len < PIPE_BUF: never a partial write) for a
+ * child to read: its read end (close-on-exec), or -1. */
+int wbd_data_pipe(const void *data, size_t len);
+/* The spawner thread: started once the process's namespaces are set up
+ * (it reads WARMBOXD_SPAWN_TIMEOUT_MS and WARMBOXD_TEST_SPAWN_STALL), and
+ * stopped (joined) at shutdown. 0 or -1. */
+int wbd_spawner_start(void);
+void wbd_spawner_stop(void);
+
+/* ------------------------------------------------------------------ */
+/* net.c: a sandbox's network                                          */
+/* ------------------------------------------------------------------ */
+
+/* A sandbox's network namespace and the slirp4netns that gives it the
+ * internet. Only its owner's thread uses it, or callers under its lock. */
+struct wbd_net {
+  int net_fd, userns_fd;    /* the namespace (and its owner when not root), -1 */
+  pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
+  int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
+  int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
+  int checked;              /* slirp_ready_fd was read */
+};
+
+/* Once, isolated, before the first wbd_net_make: root says whether
+ * warmboxd is host root (else each namespace gets a user namespace of its
+ * own); warns when slirp4netns is missing. */
+void wbd_net_init(int root);
+/* No namespace: every descriptor -1. */
+void wbd_net_clear(struct wbd_net *n);
+/* A fresh network namespace: lo up, the host's own addresses unreachable,
+ * and, with internet, slirp4netns on its tap0. 0 or -errno (-ENOENT:
+ * internet without slirp4netns); what was made is n's either way. */
+int wbd_net_make(struct wbd_net *n, int internet);
+/* Before a process joins the namespace: waits (bounded, once) for
+ * slirp4netns to be ready; says so on stderr when it is not. */
+void wbd_net_wait_ready(struct wbd_net *n, const char *id);
+/* Ends slirp4netns (the namespace itself stays while its fds are open). */
+void wbd_net_end(struct wbd_net *n);
+/* Closes the namespace's descriptors. */
+void wbd_net_close(struct wbd_net *n);
+
+/* ------------------------------------------------------------------ */
+/* seccomp.c: the jails' syscall filter                                */
+/* ------------------------------------------------------------------ */
+
+/* Builds the program once, at start-up. */
+void wbd_seccomp_init(void);
+/* A pipe holding the program for bubblewrap's --seccomp: 0 with *fd its
+ * read end (-1 where there is no program: not x86-64), or -1 when the pipe
+ * cannot be made (the jail must not start then). */
+int wbd_seccomp_pipe(int *fd);
+
+/* ------------------------------------------------------------------ */
+/* uidmap.c: whose uids the jails run as                               */
+/* ------------------------------------------------------------------ */
 
 /* A host uid range of `slots` uids for this instance's jails (warmboxd is
  * root): `want` exactly when nonzero, else the first free one of the

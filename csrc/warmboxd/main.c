@@ -198,7 +198,15 @@ static int make_admin_token(char out[65]) {
   return ok ? 0 : -1;
 }
 
-int main(int argc, char **argv) {
+/* What main keeps of the command line beside wbd_opt and wbd_lim. */
+struct run_opts {
+  int exit_with;   /* --exit-with PID, 0 */
+  int idle_exit;   /* --idle-exit S, 0 */
+};
+
+/* The command line into wbd_opt, wbd_lim and *run: -1 to go on, else the
+ * exit code (0 after --help or --version, 2 for a bad option). */
+static int parse_args(int argc, char **argv, struct run_opts *run) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
          O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT };
@@ -231,7 +239,7 @@ int main(int argc, char **argv) {
     { "help", no_argument, 0, O_HELP },
     { 0, 0, 0, 0 },
   };
-  int c, rc = 0, exit_with = 0, idle_exit = 0;
+  int c, rc = 0;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (c) {
     case O_PORT: rc = parse_int("--port", optarg, 0, 65535, &wbd_opt.port); break;
@@ -263,8 +271,8 @@ int main(int argc, char **argv) {
     case O_MAXUP: rc = parse_int("--max-upload-mb", optarg, 1, 1 << 20, &wbd_lim.max_upload_mb); break;
     case O_MAXLIST: rc = parse_int("--max-list-entries", optarg, 1, 1 << 24, &wbd_opt.max_list_entries); break;
     case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
-    case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &exit_with); break;
-    case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &idle_exit); break;
+    case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with); break;
+    case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;
@@ -277,41 +285,48 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  return -1;
+}
 
-  /* The host to end with: a pidfd when the kernel has them (no pid reuse),
-   * else kill(pid, 0) at each turn of the wait below. */
-  int host_fd = -1;
-  if (exit_with > 0) {
-    host_fd = open_pidfd((pid_t)exit_with);
-    if ((host_fd < 0 && errno == ESRCH) || (host_fd < 0 && kill((pid_t)exit_with, 0) != 0 && errno == ESRCH)) {
-      fprintf(stderr, "warmboxd: --exit-with %d: no such process\n", exit_with);
-      return 2;
-    }
+/* --exit-with: the host to end with, as a pidfd when the kernel has them
+ * (no pid reuse; *fd), else *fd = -1 and the wait polls kill(pid, 0). 0, or
+ * -1 when there is no such process (said on stderr). */
+static int host_watch_open(int pid, int *fd) {
+  *fd = open_pidfd((pid_t)pid);
+  if ((*fd < 0 && errno == ESRCH) || (*fd < 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+    fprintf(stderr, "warmboxd: --exit-with %d: no such process\n", pid);
+    return -1;
   }
+  return 0;
+}
 
-  char *made_dir = NULL;
+/* Without --data-dir: a fresh data directory under TMPDIR, *made (malloc'd;
+ * removed at exit when empty). wbd_opt.keep_state says whether one was
+ * given. 0 or -1. */
+static int data_dir_default(char **made) {
+  *made = NULL;
   wbd_opt.keep_state = wbd_opt.data_dir != NULL;
-  if (!wbd_opt.data_dir) {
-    const char *tmp = getenv("TMPDIR");
-    if (!tmp || !*tmp) tmp = "/tmp";
-    size_t n = strlen(tmp) + 32;
-    made_dir = malloc(n);
-    if (!made_dir) return 1;
-    snprintf(made_dir, n, "%s/warmboxd-XXXXXX", tmp);
-    if (!mkdtemp(made_dir)) {
-      fprintf(stderr, "warmboxd: cannot create a data directory under %s: %s\n", tmp, strerror(errno));
-      free(made_dir);
-      return 1;
-    }
-    wbd_opt.data_dir = made_dir;
+  if (wbd_opt.data_dir) return 0;
+  const char *tmp = getenv("TMPDIR");
+  if (!tmp || !*tmp) tmp = "/tmp";
+  size_t n = strlen(tmp) + 32;
+  char *dir = malloc(n);
+  if (!dir) return -1;
+  snprintf(dir, n, "%s/warmboxd-XXXXXX", tmp);
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "warmboxd: cannot create a data directory under %s: %s\n", tmp, strerror(errno));
+    free(dir);
+    return -1;
   }
+  wbd_opt.data_dir = *made = dir;
+  return 0;
+}
 
-  /* The sandboxes' files are made with the modes a kernel expects, whatever
-   * umask the host that started warmboxd runs under (Prosody's is 027). */
-  umask(022);
+/* SIGTERM and SIGINT to sig_pipe, SIGPIPE ignored. 0 or -1. */
+static int signals_install(void) {
   if (pipe(sig_pipe) != 0) {
     perror("warmboxd: pipe");
-    return 1;
+    return -1;
   }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -321,16 +336,20 @@ int main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
 
+/* The runtime, the kept records and snapshots, the admin token, the server
+ * and the lease timer, in that order; then the "listening" line. 0, or -1
+ * once what had started is stopped. */
+static int start_all(void) {
   if (wbd_rt_init() != 0) {
     fprintf(stderr, "warmboxd: the sandbox runtime could not start\n");
-    free(made_dir);
-    return 1;
+    return -1;
   }
   if (wbd_persist_load_all() != 0) {
     wbd_rt_shutdown();
-    free(made_dir);
-    return 1;
+    return -1;
   }
   wbd_snapshot_load_all();
   raise_fd_limit();
@@ -338,32 +357,34 @@ int main(int argc, char **argv) {
   if (!wbd_lim.admin_token) {
     if (make_admin_token(token_buf) != 0) {
       wbd_rt_shutdown();
-      free(made_dir);
-      return 1;
+      return -1;
     }
     wbd_lim.admin_token = token_buf;
   }
   wbd_server_routes(&routes);
   if (wbd_server_start() != 0) {
     wbd_rt_shutdown();
-    free(made_dir);
-    return 1;
+    return -1;
   }
   if (wbd_lifecycle_start() != 0) {
     fprintf(stderr, "warmboxd: cannot start the lifecycle thread\n");
     wbd_server_stop();
     wbd_rt_shutdown();
-    free(made_dir);
-    return 1;
+    return -1;
   }
   printf("warmboxd listening on http://%s:%d\n", strcmp(wbd_opt.host, "localhost") == 0 ? "127.0.0.1" : wbd_opt.host,
          wbd_server_port());
   fflush(stdout);
   if (!wbd_opt.api_key && wbd_opt.verbose)
     fprintf(stderr, "warmboxd: accepting any e2b_<hex> API key, one team per key\n");
+  return 0;
+}
 
-  /* A timed poll rather than a blocking read: sanitizers that defer signal
-   * handlers to the next intercepted call still see the signal. */
+/* Blocks until SIGTERM or SIGINT (returns it), the host's end or
+ * --idle-exit (returns 0). A timed poll rather than a blocking read:
+ * sanitizers that defer signal handlers to the next intercepted call still
+ * see the signal. */
+static int wait_for_exit(int host_fd, const struct run_opts *run) {
   unsigned char b = 0;
   struct timespec busy_at = { 0, 0 };
   for (;;) {
@@ -372,21 +393,19 @@ int main(int argc, char **argv) {
     if (n < 0 && errno != EINTR) break;
     if (n > 0 && (pfd[0].revents & POLLIN) && read(sig_pipe[0], &b, 1) == 1) break;
     if (n > 0 && host_fd >= 0 && pfd[1].revents) break;   /* the host ended */
-    if (exit_with > 0 && host_fd < 0 && kill((pid_t)exit_with, 0) != 0 && errno == ESRCH) break;
-    if (idle_expired(idle_exit, &busy_at)) {
-      fprintf(stderr, "warmboxd: no sandbox ran for %d s (--idle-exit), shutting down\n", idle_exit);
+    if (run->exit_with > 0 && host_fd < 0 && kill((pid_t)run->exit_with, 0) != 0 && errno == ESRCH) break;
+    if (idle_expired(run->idle_exit, &busy_at)) {
+      fprintf(stderr, "warmboxd: no sandbox ran for %d s (--idle-exit), shutting down\n", run->idle_exit);
       break;
     }
   }
-  if (wbd_opt.verbose) {
-    if (b) fprintf(stderr, "warmboxd: signal %d, shutting down\n", b);
-    else if (exit_with > 0) fprintf(stderr, "warmboxd: process %d ended, shutting down\n", exit_with);
-  }
-  if (host_fd >= 0) close(host_fd);
+  return b;
+}
 
-  /* Stop accepting, stop expiring leases, let the runtime end every
-   * sandbox's processes (so streams that wait on them finish), then join the
-   * connection threads and free the records. */
+/* Stop accepting, stop expiring leases, let the runtime end every
+ * sandbox's processes (so streams that wait on them finish), then join the
+ * connection threads and free the records. */
+static void stop_all(void) {
   wbd_server_quiesce();
   wbd_lifecycle_stop();
   wbd_state_shutdown();
@@ -395,6 +414,30 @@ int main(int argc, char **argv) {
   wbd_store_free_all();
   wbd_snapshot_free_all();
   wbd_stats_free();
+}
+
+int main(int argc, char **argv) {
+  struct run_opts run = { 0, 0 };
+  int rc = parse_args(argc, argv, &run);
+  if (rc >= 0) return rc;
+  int host_fd = -1;
+  if (run.exit_with > 0 && host_watch_open(run.exit_with, &host_fd) != 0) return 2;
+  char *made_dir;
+  if (data_dir_default(&made_dir) != 0) return 1;
+  /* The sandboxes' files are made with the modes a kernel expects, whatever
+   * umask the host that started warmboxd runs under (Prosody's is 027). */
+  umask(022);
+  if (signals_install() != 0 || start_all() != 0) {
+    free(made_dir);
+    return 1;
+  }
+  int sig = wait_for_exit(host_fd, &run);
+  if (wbd_opt.verbose) {
+    if (sig) fprintf(stderr, "warmboxd: signal %d, shutting down\n", sig);
+    else if (run.exit_with > 0) fprintf(stderr, "warmboxd: process %d ended, shutting down\n", run.exit_with);
+  }
+  if (host_fd >= 0) close(host_fd);
+  stop_all();
   if (made_dir) {
     rmdir(made_dir);
     free(made_dir);

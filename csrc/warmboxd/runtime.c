@@ -9,11 +9,10 @@
  * the whole tree at once and a kill finds every process; without the freezer
  * the tree is found through /proc and stopped with SIGSTOP.
  *
- * Children are forked by one long-lived spawner thread: PR_SET_PDEATHSIG
- * fires when the *thread* that forked exits, and connection threads come and
- * go, so forking from them would kill kernels at random. With the spawner, a
- * crashed warmboxd still takes its jails down. The spawner only forks; the
- * requesting thread waits (bounded) for its own child's exec.
+ * The pieces below this file are declared in jail.h: the spawner thread
+ * that forks every child (spawn.c), the sandbox's network namespace
+ * (net.c), the seccomp filter (seccomp.c) and a root instance's uid range
+ * (uidmap.c).
  */
 #include "rt_priv.h"
 #include "envd_util.h"
@@ -22,19 +21,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <grp.h>
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <net/route.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <linux/filter.h>
 #include <stddef.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -42,17 +32,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define BWRAP "/usr/bin/bwrap"
-#define SLIRP "/usr/bin/slirp4netns"
 /* One host uid per live sandbox when warmboxd is root: base + slot. */
 #define UID_SLOTS 4096
 #define UID_BASE_DEFAULT 1900000000u
@@ -62,12 +49,7 @@
 #define MEMORY_MB_DEFAULT 512
 #define DISK_MB_DEFAULT 1024
 #define CPU_COUNT_DEFAULT 2
-/* Without root: a sandbox's share of the user's inotify quota. */
-#define USERNS_INOTIFY_INSTANCES 16
-#define USERNS_INOTIFY_WATCHES 8192
-enum { CG_FREEZER, CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
 static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
-#define JAIL_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 /* Host paths (as bubblewrap sees them) of what a jail binds, NULL: none. */
 struct jail_src {
@@ -77,13 +59,8 @@ struct jail_src {
   long memory_mb;         /* the sandbox's memoryMB (0: the default), for /dev/shm */
 };
 
-/* As root, bubblewrap runs as the sandbox's uid, which must not traverse
- * warmboxd's private data directory: the child mounts a small tmpfs of its
- * own on /tmp (in a mount namespace of its own) and binds what the jail
- * needs there, before it drops root. */
-#define STAGE "/tmp"
-#define N_STAGED 6
-static const struct jail_src g_staged = { STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r", STAGE "/R", 0 };
+/* A root warmboxd's jails bind what their child staged (jail.h, STAGE). */
+static const struct jail_src g_staged = { STAGED_PATHS, 0 };
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
@@ -113,11 +90,7 @@ struct wbd_rt {
   gid_t gid;
   int slot;                 /* uid slot (root only), -1 */
   int mounted;              /* dir is a size-limited tmpfs */
-  int net_fd, userns_fd;    /* the sandbox's network namespace (and its owner when not root), -1 */
-  pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
-  int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
-  int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
-  int net_checked;          /* slirp_ready_fd was read (under mu) */
+  struct wbd_net net;       /* its network namespace (net.checked: under mu) */
   int frozen;
   int dead;                 /* torn down: no new processes */
   struct rt_proc *procs;
@@ -145,52 +118,12 @@ static int g_root;                /* warmboxd is host root: jails get their own 
 static uid_t g_uid_base = UID_BASE_DEFAULT;
 static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
 static int g_private_mnt;         /* warmboxd has its own mount namespace: homes are tmpfs */
-static int g_have_slirp;
 static long g_pids_max = PIDS_MAX_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
-/* How long a request waits for its jail's child to exec (or fail) before it
- * kills it: WARMBOXD_SPAWN_TIMEOUT_MS. */
-#define SPAWN_TIMEOUT_MS_DEFAULT 30000
-static int g_spawn_timeout_ms = SPAWN_TIMEOUT_MS_DEFAULT;
-/* For tests (WARMBOXD_TEST_SPAWN_STALL): a child whose argv holds this
- * string hangs before its exec, as one stuck in the kernel would. */
-static const char *g_stall;
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
 /* ------------------------------------------------------------------ */
-
-struct sv {
-  char **v;
-  size_t n, cap;
-};
-
-static void sv_add(struct sv *s, const char *str) {
-  if (s->n + 2 > s->cap) {
-    size_t cap = s->cap ? s->cap * 2 : 64;
-    char **nv = realloc(s->v, cap * sizeof *nv);
-    if (!nv) abort();
-    s->v = nv;
-    s->cap = cap;
-  }
-  s->v[s->n] = strdup(str);
-  if (!s->v[s->n]) abort();
-  s->n++;
-  s->v[s->n] = NULL;
-}
-
-static void sv_add3(struct sv *s, const char *a, const char *b, const char *c) {
-  sv_add(s, a);
-  sv_add(s, b);
-  sv_add(s, c);
-}
-
-static void sv_free(struct sv *s) {
-  for (size_t i = 0; i < s->n; i++) free(s->v[i]);
-  free(s->v);
-  s->v = NULL;
-  s->n = s->cap = 0;
-}
 
 static int mkdir_p(const char *path, mode_t mode) {
   char buf[PATH_MAX];
@@ -215,6 +148,82 @@ struct di {
   ino_t ino;
 };
 
+/* The directories from the top down to the one open now (v[depth]). */
+struct di_path {
+  struct di *v;
+  size_t depth, cap;
+};
+
+/* One pass over the directory open at fd, unlinking what it can: 0 when it
+ * is empty now, 1 with *sub (malloc'd) a subdirectory to empty first, -1
+ * when an entry cannot be removed. */
+static int rm_entries(int fd, char **sub) {
+  /* A jailed process may have made a directory unreadable to itself. */
+  if (fchmod(fd, 0700) != 0) {}
+  int dfd = dup(fd);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    if (dfd >= 0) close(dfd);
+    return -1;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    if (unlinkat(fd, e->d_name, 0) == 0 || errno == ENOENT) continue;
+    if (errno != EISDIR && errno != EPERM) {
+      rc = -1;
+      break;
+    }
+    if (unlinkat(fd, e->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
+    if (errno == ENOTEMPTY || errno == EEXIST || errno == EACCES) {
+      *sub = strdup(e->d_name);
+      if (!*sub) abort();
+      rc = 1;
+    } else {
+      rc = -1;
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
+/* Opens sub (freed) below fd, recorded in p: its fd, or -1. */
+static int rm_descend(int fd, char *sub, struct di_path *p) {
+  /* Not root: our own directory made unreadable is made readable first. */
+  if (fchmodat(fd, sub, 0700, 0) != 0) {}
+  int nfd = openat(fd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat ns;
+  free(sub);
+  if (nfd < 0 || fstat(nfd, &ns) != 0) {
+    if (nfd >= 0) close(nfd);
+    return -1;
+  }
+  if (p->depth + 1 == p->cap) {
+    p->cap *= 2;
+    struct di *nv = realloc(p->v, p->cap * sizeof *nv);
+    if (!nv) abort();
+    p->v = nv;
+  }
+  p->v[++p->depth] = (struct di){ ns.st_dev, ns.st_ino };
+  return nfd;
+}
+
+/* Opens fd's parent, which must be the one p recorded above it: its fd, or
+ * -1 (said on stderr: the tree was moved meanwhile). */
+static int rm_climb(int fd, struct di_path *p, const char *path) {
+  int pfd = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  struct stat ps;
+  const struct di *up = &p->v[p->depth - 1];
+  if (pfd < 0 || fstat(pfd, &ps) != 0 || ps.st_dev != up->dev || ps.st_ino != up->ino) {
+    if (pfd >= 0) close(pfd);
+    fprintf(stderr, "warmboxd: %s changed while it was removed; stopped\n", path);
+    return -1;
+  }
+  p->depth--;
+  return pfd;
+}
+
 static void rm_rf(const char *path) {
   struct stat st;
   if (lstat(path, &st) != 0) return;
@@ -224,76 +233,21 @@ static void rm_rf(const char *path) {
   }
   int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  size_t depth = 0, cap = 64;
-  struct di *up = malloc(cap * sizeof *up);
-  if (!up) abort();
-  up[0].dev = st.st_dev;
-  up[0].ino = st.st_ino;
+  struct di_path p = { malloc(64 * sizeof(struct di)), 0, 64 };
+  if (!p.v) abort();
+  p.v[0] = (struct di){ st.st_dev, st.st_ino };
   for (;;) {
-    /* A jailed process may have made a directory unreadable to itself. */
-    if (fchmod(fd, 0700) != 0) {}
-    int dfd = dup(fd);
-    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-    if (!d) {
-      if (dfd >= 0) close(dfd);
-      break;
-    }
     char *sub = NULL;
-    int stuck = 0;
-    struct dirent *e;
-    while (!sub && !stuck && (e = readdir(d))) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      if (unlinkat(fd, e->d_name, 0) == 0 || errno == ENOENT) continue;
-      if (errno != EISDIR && errno != EPERM) {
-        stuck = 1;
-        break;
-      }
-      if (unlinkat(fd, e->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
-      if (errno == ENOTEMPTY || errno == EEXIST || errno == EACCES) {
-        sub = strdup(e->d_name);
-        if (!sub) abort();
-      } else {
-        stuck = 1;
-      }
-    }
-    closedir(d);
-    if (stuck) break;
-    if (sub) {
-      /* Not root: our own directory made unreadable is made readable first. */
-      if (fchmodat(fd, sub, 0700, 0) != 0) {}
-      int nfd = openat(fd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      struct stat ns;
-      free(sub);
-      if (nfd < 0 || fstat(nfd, &ns) != 0) {
-        if (nfd >= 0) close(nfd);
-        break;
-      }
-      if (depth + 1 == cap) {
-        cap *= 2;
-        struct di *nu = realloc(up, cap * sizeof *nu);
-        if (!nu) abort();
-        up = nu;
-      }
-      up[++depth] = (struct di){ ns.st_dev, ns.st_ino };
-      close(fd);
-      fd = nfd;
-      continue;
-    }
-    /* This directory is empty. */
-    if (depth == 0) break;
-    int pfd = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    struct stat ps;
-    if (pfd < 0 || fstat(pfd, &ps) != 0 || ps.st_dev != up[depth - 1].dev || ps.st_ino != up[depth - 1].ino) {
-      if (pfd >= 0) close(pfd);
-      fprintf(stderr, "warmboxd: %s changed while it was removed; stopped\n", path);
-      break;
-    }
+    int rc = rm_entries(fd, &sub);
+    /* Empty at the top: done. */
+    if (rc < 0 || (rc == 0 && p.depth == 0)) break;
+    int next = rc == 1 ? rm_descend(fd, sub, &p) : rm_climb(fd, &p, path);
+    if (next < 0) break;
     close(fd);
-    fd = pfd;
-    depth--;
+    fd = next;
   }
   close(fd);
-  free(up);
+  free(p.v);
   rmdir(path);
 }
 
@@ -457,364 +411,6 @@ static void cg_rmdir(const char *cg) {
 }
 
 /* ------------------------------------------------------------------ */
-/* The spawner thread                                                  */
-/* ------------------------------------------------------------------ */
-
-#define MAX_PASS 8
-
-struct spawn_job {
-  int kind;                 /* JOB_EXEC, or JOB_NETNS: make a network namespace */
-  char **argv, **envp;
-  const char *chdir_to;     /* host path, or NULL */
-  int fds[3];               /* child's 0/1/2: an fd, -1 /dev/null */
-  int ctty;                 /* fds[0] is a terminal: it becomes the child's controlling one */
-  int pass[MAX_PASS];       /* become the child's fds 3, 4, ... */
-  int npass;
-  int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
-  int userns_fd, net_fd;    /* joined before exec, or -1 */
-  int stage;                /* bind stage_src (home, tmp, passwd, group, resolv) under STAGE */
-  const char *stage_src[N_STAGED];   /* host paths, as struct jail_src; resolv may be NULL */
-  int setid;                /* become uid/gid (warmboxd is root) */
-  uid_t uid;
-  gid_t gid;
-  long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
-  pid_t pid;
-  int errfd;                /* the child's error pipe, until job_finish */
-  int err;
-  int done;
-  int out_net, out_userns;  /* JOB_NETNS: the namespaces made */
-  struct spawn_job *next;
-};
-
-enum { JOB_EXEC, JOB_NETNS };
-
-static pthread_mutex_t sp_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t sp_cond = PTHREAD_COND_INITIALIZER;
-static struct spawn_job *sp_head, *sp_tail;
-static int sp_running, sp_stop;
-static pthread_t sp_thread;
-
-static void job_init(struct spawn_job *j) {
-  memset(j, 0, sizeof *j);
-  for (int i = 0; i < 3; i++) j->fds[i] = -1;
-  for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
-  j->userns_fd = j->net_fd = j->out_net = j->out_userns = j->errfd = -1;
-}
-
-static void child_fail(int errpipe, int e) {
-  if (write(errpipe, &e, sizeof e) < 0) {}
-  _exit(127);
-}
-
-static int write_at(const char *path, const char *data) {
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t n = write(fd, data, strlen(data));
-  close(fd);
-  return n < 0 ? -1 : 0;
-}
-
-/* The host's own IPv4 addresses (outside 127/8), read in warmboxd's network
- * namespace before the child leaves it. slirp4netns connects from the host,
- * so without more a jail would reach a host service bound to 0.0.0.0
- * through the host's LAN address; --disable-host-loopback covers only
- * 10.0.2.2 -> 127.0.0.1. Returns the count (at most max). */
-static int host_ipv4_addrs(struct in_addr *out, int max) {
-  struct ifaddrs *ifa, *p;
-  int n = 0;
-  if (getifaddrs(&ifa) != 0) return -1;
-  for (p = ifa; p && n < max; p = p->ifa_next) {
-    if (!p->ifa_addr || p->ifa_addr->sa_family != AF_INET) continue;
-    struct in_addr a = ((const struct sockaddr_in *)(const void *)p->ifa_addr)->sin_addr;
-    if ((ntohl(a.s_addr) >> 24) == 127) continue;
-    int dup = 0;
-    for (int i = 0; i < n; i++) dup |= out[i].s_addr == a.s_addr;
-    if (!dup) out[n++] = a;
-  }
-  freeifaddrs(ifa);
-  return n;
-}
-
-/* An "unreachable" host route in the current network namespace: a jail's
- * packet to `a` fails at once (EHOSTUNREACH) instead of going out through
- * slirp4netns to the host. More specific than slirp's default route, and the
- * jail (no CAP_NET_ADMIN in this namespace) cannot remove it. */
-static int reject_route(int s, struct in_addr a) {
-  struct rtentry rt;
-  struct sockaddr_in *dst = (struct sockaddr_in *)(void *)&rt.rt_dst;
-  struct sockaddr_in *mask = (struct sockaddr_in *)(void *)&rt.rt_genmask;
-  memset(&rt, 0, sizeof rt);
-  dst->sin_family = AF_INET;
-  dst->sin_addr = a;
-  mask->sin_family = AF_INET;
-  mask->sin_addr.s_addr = htonl(0xffffffffu);
-  rt.rt_flags = RTF_UP | RTF_HOST | RTF_REJECT;
-  rt.rt_dev = (char *)"lo";
-  if (ioctl(s, SIOCADDRT, &rt) != 0 && errno != EEXIST) return -1;
-  return 0;
-}
-
-/* JOB_NETNS child: a fresh network namespace (owned by a fresh user
- * namespace mapping only our own ids, when warmboxd is not root) with lo up
- * and an unreachable route to each of the host's own addresses, reported
- * ready through errpipe (a 0), then kept until the parent has opened it. */
-static void child_netns(pid_t parent, int errpipe) {
-  uid_t uid = geteuid();
-  gid_t gid = getegid();
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);
-  struct in_addr host[64];
-  int nhost = host_ipv4_addrs(host, (int)(sizeof host / sizeof host[0]));
-  if (nhost < 0) child_fail(errpipe, errno);
-  int flags = CLONE_NEWNET | (g_root ? 0 : CLONE_NEWUSER);
-  if (unshare(flags) != 0) child_fail(errpipe, errno);
-  if (!g_root) {
-    char m[64];
-    write_at("/proc/self/setgroups", "deny");
-    snprintf(m, sizeof m, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
-    if (write_at("/proc/self/uid_map", m) != 0) child_fail(errpipe, errno);
-    snprintf(m, sizeof m, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
-    if (write_at("/proc/self/gid_map", m) != 0) child_fail(errpipe, errno);
-    /* Every sandbox runs as warmboxd's own uid here, so the kernel's per-uid
-     * inotify quota (128 instances host-wide) would be one for all of them:
-     * this namespace's own limits give each sandbox a share (the kernel
-     * charges every level of nested user namespaces). */
-    char lim[24];
-    snprintf(lim, sizeof lim, "%d", USERNS_INOTIFY_INSTANCES);
-    if (write_at("/proc/sys/user/max_inotify_instances", lim) != 0) child_fail(errpipe, errno);
-    snprintf(lim, sizeof lim, "%d", USERNS_INOTIFY_WATCHES);
-    if (write_at("/proc/sys/user/max_inotify_watches", lim) != 0) child_fail(errpipe, errno);
-  }
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct ifreq ifr;
-  memset(&ifr, 0, sizeof ifr);
-  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
-  if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) child_fail(errpipe, errno);
-  ifr.ifr_flags |= IFF_UP;
-  if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) child_fail(errpipe, errno);
-  for (int i = 0; i < nhost; i++)
-    if (reject_route(s, host[i]) != 0) child_fail(errpipe, errno);
-  close(s);
-  /* The jail's "root" may listen on port 80 in its own namespace. */
-  write_at("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
-  int zero = 0;
-  if (write(errpipe, &zero, sizeof zero) < 0) {}
-  for (;;) pause();
-}
-
-static int stage_binds(const struct spawn_job *j) {
-  /* A copy of warmboxd's mount namespace; the sources are opened in it
-   * before the tmpfs hides what was under STAGE, then bound from their fds. */
-  if (unshare(CLONE_NEWNS) != 0) return -1;
-  int src[N_STAGED];
-  for (int i = 0; i < N_STAGED; i++) {
-    src[i] = -1;
-    if (!j->stage_src[i]) {
-      if (i != 4) return errno = EINVAL, -1;
-      continue;
-    }
-    src[i] = open(j->stage_src[i], O_PATH | O_CLOEXEC);
-    if (src[i] < 0) return -1;
-  }
-  if (mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0711") != 0) return -1;
-  const char *dst[N_STAGED] = { g_staged.home,   g_staged.tmp,    g_staged.passwd,
-                                g_staged.group,  g_staged.resolv, g_staged.root };
-  for (int i = 0; i < N_STAGED; i++) {
-    if (src[i] < 0) continue;
-    char from[64];
-    snprintf(from, sizeof from, "/proc/self/fd/%d", src[i]);
-    int is_dir = i < 2 || i == 5;
-    int r = is_dir ? mkdir(dst[i], 0700) : close(open(dst[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
-    if (r != 0 || mount(from, dst[i], "none", MS_BIND, NULL) != 0) return -1;
-    close(src[i]);
-  }
-  return 0;
-}
-
-static void child_stall(char **argv) {
-  for (int i = 0; g_stall && argv[i]; i++)
-    if (strcmp(argv[i], g_stall) == 0)
-      for (;;) pause();
-}
-
-static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
-  for (int i = 0; i < CG_N; i++)
-    if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {}
-  child_stall(j->argv);
-  setsid();
-  /* A pty process: its own fresh terminal becomes the new session's
-   * controlling one (job control, ^C, SIGWINCH on a resize). */
-  if (j->ctty && ioctl(j->fds[0], TIOCSCTTY, 0) != 0) child_fail(errpipe, errno);
-  if (j->stage && stage_binds(j) != 0) child_fail(errpipe, errno);
-  if (j->userns_fd >= 0 && setns(j->userns_fd, CLONE_NEWUSER) != 0) child_fail(errpipe, errno);
-  if (j->net_fd >= 0 && setns(j->net_fd, CLONE_NEWNET) != 0) child_fail(errpipe, errno);
-  if (j->nproc > 0) {
-    struct rlimit rl = { (rlim_t)j->nproc, (rlim_t)j->nproc };
-    setrlimit(RLIMIT_NPROC, &rl);
-  }
-  if (j->data_mb > 0) {
-    struct rlimit rl = { (rlim_t)j->data_mb << 20, (rlim_t)j->data_mb << 20 };
-    setrlimit(RLIMIT_DATA, &rl);
-  }
-  if (j->setid) {
-    if (setgroups(0, NULL) != 0 || setresgid(j->gid, j->gid, j->gid) != 0 || setresuid(j->uid, j->uid, j->uid) != 0)
-      child_fail(errpipe, errno);
-  }
-  /* After the uid change, which clears it. */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);
-  /* Move every descriptor the child keeps above the ones it is given, then
-   * lay them out: 0-2, the passed ones from 3, errpipe (close-on-exec) last. */
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  int hi_std[3], hi_pass[MAX_PASS];
-  int floor_fd = 3 + j->npass + 1;
-  if (floor_fd < 16) floor_fd = 16;
-  for (int i = 0; i < 3; i++) hi_std[i] = fcntl(j->fds[i] >= 0 ? j->fds[i] : devnull, F_DUPFD_CLOEXEC, floor_fd);
-  for (int i = 0; i < j->npass; i++) hi_pass[i] = fcntl(j->pass[i], F_DUPFD_CLOEXEC, floor_fd);
-  int hi_err = fcntl(errpipe, F_DUPFD_CLOEXEC, floor_fd);
-  if (hi_err < 0) _exit(127);
-  errpipe = hi_err;
-  for (int i = 0; i < 3; i++)
-    if (hi_std[i] < 0 || dup2(hi_std[i], i) < 0) child_fail(errpipe, EBADF);
-  for (int i = 0; i < j->npass; i++)
-    if (hi_pass[i] < 0 || dup2(hi_pass[i], 3 + i) < 0) child_fail(errpipe, EBADF);
-  int efd = 3 + j->npass;
-  if (dup3(errpipe, efd, O_CLOEXEC) < 0) _exit(127);
-  errpipe = efd;
-  /* Nothing else of warmboxd's reaches the jail: sockets, pipes, logs. */
-  if (syscall(SYS_close_range, (unsigned)efd + 1, ~0u, 0u) != 0)
-    for (int fd = efd + 1; fd < 65536; fd++) close(fd);
-  if (j->chdir_to && chdir(j->chdir_to) != 0) child_fail(errpipe, errno);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; s++) sigaction(s, &sa, NULL);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
-  execve(j->argv[0], j->argv, j->envp);
-  child_fail(errpipe, errno);
-}
-
-/* The spawner thread's part: the fork alone (j->pid, j->errfd: the read end
- * of the child's error pipe), so that it never waits for a child. */
-static void run_job(struct spawn_job *j) {
-  int ep[2];
-  if (pipe2(ep, O_CLOEXEC) != 0) {
-    j->err = -errno;
-    return;
-  }
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    j->err = -errno;
-    close(ep[0]);
-    close(ep[1]);
-    return;
-  }
-  if (pid == 0) {
-    close(ep[0]);
-    if (j->kind == JOB_NETNS) child_netns(parent, ep[1]);
-    child_exec(j, parent, ep[1]);
-  }
-  close(ep[1]);
-  j->pid = pid;
-  j->errfd = ep[0];
-}
-
-/* The child's word on its error pipe: 0 and *e set, 1 at EOF (it exec'd),
- * -ETIMEDOUT when it said nothing within the spawn timeout. */
-static int errpipe_read(int fd, int *e) {
-  struct pollfd pf = { fd, POLLIN, 0 };
-  int pr;
-  while ((pr = poll(&pf, 1, g_spawn_timeout_ms)) < 0 && errno == EINTR) {}
-  if (pr == 0) return -ETIMEDOUT;
-  ssize_t r;
-  do r = read(fd, e, sizeof *e);
-  while (r < 0 && errno == EINTR);
-  return r == (ssize_t)sizeof *e ? 0 : 1;
-}
-
-/* The caller's part, in its own thread: waits (at most the spawn timeout)
- * for the child to exec or fail, so a child that hangs before its exec holds
- * up its own sandbox's request only; it is then killed. */
-static void job_finish(struct spawn_job *j) {
-  pid_t pid = j->pid;
-  int e = 0;
-  int rd = errpipe_read(j->errfd, &e);
-  close(j->errfd);
-  j->errfd = -1;
-  if (rd == -ETIMEDOUT) {
-    fprintf(stderr, "warmboxd: a jail did not start within %d ms: killed\n", g_spawn_timeout_ms);
-    kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
-    j->pid = 0;
-    j->err = -ETIMEDOUT;
-    return;
-  }
-  ssize_t r = rd == 0 ? (ssize_t)sizeof e : 0;
-  if (j->kind == JOB_NETNS) {
-    if (r == (ssize_t)sizeof e && e == 0) {
-      char p[64];
-      snprintf(p, sizeof p, "/proc/%d/ns/net", (int)pid);
-      j->out_net = open(p, O_RDONLY | O_CLOEXEC);
-      if (!g_root) {
-        snprintf(p, sizeof p, "/proc/%d/ns/user", (int)pid);
-        j->out_userns = open(p, O_RDONLY | O_CLOEXEC);
-      }
-      if (j->out_net < 0 || (!g_root && j->out_userns < 0)) j->err = -errno;
-    } else {
-      j->err = r == (ssize_t)sizeof e ? -e : -ECHILD;
-    }
-    kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
-    return;
-  }
-  if (r == (ssize_t)sizeof e) {
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    j->pid = 0;
-    j->err = -e;
-  }
-}
-
-static void *spawner(void *arg) {
-  (void)arg;
-  pthread_mutex_lock(&sp_mu);
-  for (;;) {
-    while (!sp_head && !sp_stop) pthread_cond_wait(&sp_cond, &sp_mu);
-    if (!sp_head) break;
-    struct spawn_job *j = sp_head;
-    sp_head = j->next;
-    if (!sp_head) sp_tail = NULL;
-    pthread_mutex_unlock(&sp_mu);
-    run_job(j);
-    pthread_mutex_lock(&sp_mu);
-    j->done = 1;
-    pthread_cond_broadcast(&sp_cond);
-  }
-  pthread_mutex_unlock(&sp_mu);
-  return NULL;
-}
-
-static int spawn_via_thread(struct spawn_job *j) {
-  pthread_mutex_lock(&sp_mu);
-  if (!sp_running || sp_stop) {
-    pthread_mutex_unlock(&sp_mu);
-    return -ESHUTDOWN;
-  }
-  j->next = NULL;
-  if (sp_tail) sp_tail->next = j;
-  else sp_head = j;
-  sp_tail = j;
-  pthread_cond_broadcast(&sp_cond);
-  while (!j->done) pthread_cond_wait(&sp_cond, &sp_mu);
-  pthread_mutex_unlock(&sp_mu);
-  if (!j->err) job_finish(j);
-  return j->err;
-}
-
-/* ------------------------------------------------------------------ */
 /* Jail arguments                                                      */
 /* ------------------------------------------------------------------ */
 
@@ -827,38 +423,14 @@ static const char *const etc_ro[] = {
   "debian_version", "login.defs", "terminfo", "mailcap", NULL,
 };
 
-/* ------------------------------------------------------------------ */
-/* Seccomp                                                             */
-/* ------------------------------------------------------------------ */
-
-/* The program (seccomp.c), built once at init. */
-static struct sock_filter g_bpf[WBD_SECCOMP_MAX];
-static size_t g_bpf_len;
-
-static void seccomp_build(void) { g_bpf_len = wbd_seccomp_build(g_bpf, WBD_SECCOMP_MAX); }
-
-/* A pipe holding the program for bubblewrap's --seccomp, or -1. */
+/* embed/'s files, compiled in (cmake/embed.cmake). */
 const unsigned char *wbd_embedded(const char *name, size_t *len);
-
-/* A pipe holding len bytes (len < PIPE_BUF: never a partial write) for
- * bubblewrap to read: its read end, or -1. */
-static int data_pipe(const void *data, size_t len) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return -1;
-  ssize_t w = write(p[1], data, len);
-  close(p[1]);
-  if (w != (ssize_t)len) {
-    close(p[0]);
-    return -1;
-  }
-  return p[0];
-}
 
 /* A file of NUL-separated bubblewrap arguments setting exactly the
  * environment in `ev` ("K=V" strings): --clearenv, then --setenv K V each.
  * A memfd, as the environment may be larger than a pipe holds. Returns its
  * fd at offset 0, or -1. */
-static int env_args_fd(const struct sv *ev) {
+static int env_args_fd(const struct wbd_sv *ev) {
   int fd = memfd_create("wbd-env", MFD_CLOEXEC);
   if (fd < 0) return -1;
   FILE *f = fdopen(dup(fd), "w");
@@ -885,11 +457,6 @@ static int env_args_fd(const struct sv *ev) {
   return fd;
 }
 
-static int seccomp_pipe(void) {
-  if (!g_bpf_len) return -1;
-  return data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf);
-}
-
 /* The host's top-level trees the jail binds read-only (or re-creates as the
  * same symlinks, /bin -> usr/bin on a merged-/usr system), besides /usr. */
 static const char *const top_dirs[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL };
@@ -899,37 +466,37 @@ static const char *const top_dirs[] = { "bin", "sbin", "lib", "lib32", "lib64", 
  * embed/sudo, or -1. keep_tty: the process was given a pty of its own as
  * its controlling terminal (spawn_job.ctty), which bubblewrap must not
  * detach it from; every other jail gets a new session without one. */
-static void jail_args(struct sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
+static void jail_args(struct wbd_sv *a, const char *id, const struct jail_src *f, int shared_net, int seccomp_fd,
                       int boot_fd, int sudo_fd, int keep_tty, const char *cwd) {
-  sv_add(a, BWRAP);
+  wbd_sv_add(a, BWRAP);
   if (seccomp_fd >= 0) {
     char n[16];
     snprintf(n, sizeof n, "%d", seccomp_fd);
-    sv_add(a, "--seccomp");
-    sv_add(a, n);
+    wbd_sv_add(a, "--seccomp");
+    wbd_sv_add(a, n);
   }
   /* Names the sandbox in bubblewrap's own command line (ps, tests). */
-  sv_add3(a, "--setenv", "E2B_SANDBOX_ID", id);
-  sv_add(a, "--unshare-all");
-  sv_add(a, "--unshare-user");
+  wbd_sv_add3(a, "--setenv", "E2B_SANDBOX_ID", id);
+  wbd_sv_add(a, "--unshare-all");
+  wbd_sv_add(a, "--unshare-user");
   /* No nested user namespaces: they open kernel surface a sandbox needs not. */
-  sv_add(a, "--disable-userns");
-  if (shared_net) sv_add(a, "--share-net");
-  sv_add(a, "--die-with-parent");
-  if (!keep_tty) sv_add(a, "--new-session");
-  sv_add(a, "--uid");
-  sv_add(a, "1000");
-  sv_add(a, "--gid");
-  sv_add(a, "1000");
-  sv_add(a, "--hostname");
-  sv_add(a, "e2b.local");
+  wbd_sv_add(a, "--disable-userns");
+  if (shared_net) wbd_sv_add(a, "--share-net");
+  wbd_sv_add(a, "--die-with-parent");
+  if (!keep_tty) wbd_sv_add(a, "--new-session");
+  wbd_sv_add(a, "--uid");
+  wbd_sv_add(a, "1000");
+  wbd_sv_add(a, "--gid");
+  wbd_sv_add(a, "1000");
+  wbd_sv_add(a, "--hostname");
+  wbd_sv_add(a, "e2b.local");
   /* The sandbox's own `/`, the same for every process and kept across
    * pauses; everything below is mounted on top of it, on mount points
    * root_prepare made (the jail's user may not create them there). */
-  if (f->root) sv_add3(a, "--bind", f->root, "/");
-  sv_add(a, "--ro-bind");
-  sv_add(a, "/usr");
-  sv_add(a, "/usr");
+  if (f->root) wbd_sv_add3(a, "--bind", f->root, "/");
+  wbd_sv_add(a, "--ro-bind");
+  wbd_sv_add(a, "/usr");
+  wbd_sv_add(a, "/usr");
   for (int i = 0; top_dirs[i]; i++) {
     char p[64], target[PATH_MAX];
     snprintf(p, sizeof p, "/%s", top_dirs[i]);
@@ -940,36 +507,36 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
       ssize_t n = readlink(p, target, sizeof target - 1);
       if (n <= 0) continue;
       target[n] = 0;
-      sv_add(a, "--symlink");
-      sv_add(a, target);
-      sv_add(a, p);
+      wbd_sv_add(a, "--symlink");
+      wbd_sv_add(a, target);
+      wbd_sv_add(a, p);
     } else if (S_ISDIR(st.st_mode)) {
-      sv_add(a, "--ro-bind");
-      sv_add(a, p);
-      sv_add(a, p);
+      wbd_sv_add(a, "--ro-bind");
+      wbd_sv_add(a, p);
+      wbd_sv_add(a, p);
     }
   }
   for (int i = 0; etc_ro[i]; i++) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "/etc/%s", etc_ro[i]);
-    sv_add(a, "--ro-bind-try");
-    sv_add(a, p);
-    sv_add(a, p);
+    wbd_sv_add(a, "--ro-bind-try");
+    wbd_sv_add(a, p);
+    wbd_sv_add(a, p);
   }
   /* The host's resolver may listen on its loopback (127.0.0.53), out of
    * reach: internet jails ask slirp4netns's forwarder. */
-  if (f->resolv) sv_add3(a, "--ro-bind", f->resolv, "/etc/resolv.conf");
-  else sv_add3(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf");
-  if (f->passwd) sv_add3(a, "--ro-bind", f->passwd, "/etc/passwd");
-  if (f->group) sv_add3(a, "--ro-bind", f->group, "/etc/group");
-  sv_add(a, "--proc");
-  sv_add(a, "/proc");
+  if (f->resolv) wbd_sv_add3(a, "--ro-bind", f->resolv, "/etc/resolv.conf");
+  else wbd_sv_add3(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf");
+  if (f->passwd) wbd_sv_add3(a, "--ro-bind", f->passwd, "/etc/passwd");
+  if (f->group) wbd_sv_add3(a, "--ro-bind", f->group, "/etc/group");
+  wbd_sv_add(a, "--proc");
+  wbd_sv_add(a, "/proc");
   if (boot_fd >= 0) {
     /* Each boot of the sandbox (a start, a resume from its files) has its
      * own boot id, as a VM has; a resume with memory keeps it. */
     char n[16];
     snprintf(n, sizeof n, "%d", boot_fd);
-    sv_add3(a, "--ro-bind-data", n, "/proc/sys/kernel/random/boot_id");
+    wbd_sv_add3(a, "--ro-bind-data", n, "/proc/sys/kernel/random/boot_id");
   }
   if (sudo_fd >= 0) {
     /* E2B's user has sudo: a stub that runs the command as the same user
@@ -978,51 +545,51 @@ static void jail_args(struct sv *a, const char *id, const struct jail_src *f, in
      * /usr/local/bin is not the sandbox's business either. */
     char n[16];
     snprintf(n, sizeof n, "%d", sudo_fd);
-    sv_add(a, "--tmpfs");
-    sv_add(a, "/usr/local/bin");
-    sv_add(a, "--perms");
-    sv_add(a, "0755");
-    sv_add3(a, "--ro-bind-data", n, "/usr/local/bin/sudo");
-    sv_add(a, "--remount-ro");
-    sv_add(a, "/usr/local/bin");
+    wbd_sv_add(a, "--tmpfs");
+    wbd_sv_add(a, "/usr/local/bin");
+    wbd_sv_add(a, "--perms");
+    wbd_sv_add(a, "0755");
+    wbd_sv_add3(a, "--ro-bind-data", n, "/usr/local/bin/sudo");
+    wbd_sv_add(a, "--remount-ro");
+    wbd_sv_add(a, "/usr/local/bin");
   }
-  sv_add(a, "--dev");
-  sv_add(a, "/dev");
+  wbd_sv_add(a, "--dev");
+  wbd_sv_add(a, "/dev");
   /* /dev/shm: a tmpfs of its own (bubblewrap's /dev has no size limit),
    * half the memory limit as on a VM; in the user namespace of the jail, so
    * without root too. */
   char shm[32];
   snprintf(shm, sizeof shm, "%lld", (long long)(f->memory_mb > 0 ? f->memory_mb : MEMORY_MB_DEFAULT) << 19);
-  sv_add(a, "--perms");
-  sv_add(a, "01777");
-  sv_add(a, "--size");
-  sv_add(a, shm);
-  sv_add(a, "--tmpfs");
-  sv_add(a, "/dev/shm");
+  wbd_sv_add(a, "--perms");
+  wbd_sv_add(a, "01777");
+  wbd_sv_add(a, "--size");
+  wbd_sv_add(a, shm);
+  wbd_sv_add(a, "--tmpfs");
+  wbd_sv_add(a, "/dev/shm");
   if (!f->root) {
-    sv_add(a, "--size");
-    sv_add(a, "16777216");
-    sv_add(a, "--tmpfs");
-    sv_add(a, "/run");
-    sv_add(a, "--dir");
-    sv_add(a, "/var/tmp");
+    wbd_sv_add(a, "--size");
+    wbd_sv_add(a, "16777216");
+    wbd_sv_add(a, "--tmpfs");
+    wbd_sv_add(a, "/run");
+    wbd_sv_add(a, "--dir");
+    wbd_sv_add(a, "/var/tmp");
   }   /* else the root's own /run and /var/tmp */
   /* bubblewrap mounts binds nosuid (and nodev, without --dev-bind). */
   if (f->home) {
-    sv_add3(a, "--bind", f->home, "/home/user");
+    wbd_sv_add3(a, "--bind", f->home, "/home/user");
   } else {
-    sv_add(a, "--dir");
-    sv_add(a, "/home/user");
+    wbd_sv_add(a, "--dir");
+    wbd_sv_add(a, "/home/user");
   }
   if (f->tmp) {
-    sv_add3(a, "--bind", f->tmp, "/tmp");
+    wbd_sv_add3(a, "--bind", f->tmp, "/tmp");
   } else {
-    sv_add(a, "--tmpfs");
-    sv_add(a, "/tmp");
+    wbd_sv_add(a, "--tmpfs");
+    wbd_sv_add(a, "/tmp");
   }
-  sv_add(a, "--chdir");
-  sv_add(a, cwd ? cwd : "/home/user");
-  sv_add(a, "--");
+  wbd_sv_add(a, "--chdir");
+  wbd_sv_add(a, cwd ? cwd : "/home/user");
+  wbd_sv_add(a, "--");
 }
 
 /* ------------------------------------------------------------------ */
@@ -1068,84 +635,6 @@ static void cg_make(struct wbd_rt *rt) {
       rmdir(p);
       p[0] = 0;
     }
-  }
-}
-
-static void rt_close_fds(struct wbd_rt *rt) {
-  int *fds[] = { &rt->net_fd, &rt->userns_fd, &rt->slirp_exit_fd, &rt->slirp_ready_fd };
-  for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
-    if (*fds[i] >= 0) {
-      close(*fds[i]);
-      *fds[i] = -1;
-    }
-}
-
-/* The sandbox's network namespace, and slirp4netns for internet access. */
-static int net_make(struct wbd_rt *rt) {
-  struct spawn_job j;
-  job_init(&j);
-  j.kind = JOB_NETNS;
-  int rc = spawn_via_thread(&j);
-  if (rc) return rc;
-  rt->net_fd = j.out_net;
-  rt->userns_fd = j.out_userns;
-  if (!rt->allow_net) return 0;
-  if (!g_have_slirp) return -ENOENT;
-  int ex[2], rd[2];
-  if (pipe2(ex, O_CLOEXEC) != 0) return -errno;
-  if (pipe2(rd, O_CLOEXEC) != 0) {
-    rc = -errno;
-    close(ex[0]);
-    close(ex[1]);
-    return rc;
-  }
-  /* fds in slirp4netns: 3 the netns, 4 exit, 5 ready, 6 the userns */
-  struct sv av = { 0 };
-  sv_add(&av, SLIRP);
-  sv_add(&av, "--netns-type=path");
-  sv_add(&av, "--configure");
-  sv_add(&av, "--mtu=65520");
-  /* 10.0.2.2 does not lead to the host's 127.0.0.1 */
-  sv_add(&av, "--disable-host-loopback");
-  /* It parses the jail's packets as root: an empty root, no capabilities,
-   * a syscall filter. */
-  sv_add(&av, "--enable-sandbox");
-  sv_add(&av, "--enable-seccomp");
-  sv_add(&av, "--exit-fd=4");
-  sv_add(&av, "--ready-fd=5");
-  if (rt->userns_fd >= 0) sv_add(&av, "--userns-path=/proc/self/fd/6");
-  sv_add(&av, "/proc/self/fd/3");
-  sv_add(&av, "tap0");
-  char *envp[] = { "PATH=" JAIL_PATH, NULL };
-  job_init(&j);
-  j.argv = av.v;
-  j.envp = envp;
-  j.pass[j.npass++] = rt->net_fd;
-  j.pass[j.npass++] = ex[0];
-  j.pass[j.npass++] = rd[1];
-  if (rt->userns_fd >= 0) j.pass[j.npass++] = rt->userns_fd;
-  rc = spawn_via_thread(&j);
-  sv_free(&av);
-  close(ex[0]);
-  close(rd[1]);
-  if (rc) {
-    close(ex[1]);
-    close(rd[0]);
-    return rc;
-  }
-  rt->slirp_pid = j.pid;
-  rt->slirp_exit_fd = ex[1];
-  rt->slirp_ready_fd = rd[0];
-  return 0;
-}
-
-static void net_end(struct wbd_rt *rt) {
-  if (rt->slirp_exit_fd >= 0) close(rt->slirp_exit_fd);
-  rt->slirp_exit_fd = -1;
-  if (rt->slirp_pid > 0) {
-    kill(rt->slirp_pid, SIGKILL);
-    while (waitpid(rt->slirp_pid, NULL, 0) < 0 && errno == EINTR) {}
-    rt->slirp_pid = 0;
   }
 }
 
@@ -1286,7 +775,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   rt->allow_net = sb->allow_internet;
   rt->memory_mb = sb->memory_mb > 0 ? sb->memory_mb : MEMORY_MB_DEFAULT;
   rt->cpu_count = sb->cpu_count > 0 ? sb->cpu_count : CPU_COUNT_DEFAULT;
-  rt->net_fd = rt->userns_fd = rt->slirp_exit_fd = rt->slirp_ready_fd = -1;
+  wbd_net_clear(&rt->net);
   rt->slot = -1;
   new_boot_id(rt->boot_id, sizeof rt->boot_id);
   rt->uid = geteuid();
@@ -1331,7 +820,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
     ok = root_prepare(rt, root) == 0;
   }
   if (ok && g_isolated) {
-    int rc = net_make(rt);
+    int rc = wbd_net_make(&rt->net, rt->allow_net);
     if (rc) {
       fprintf(stderr, "warmboxd: cannot make the network of %s: %s\n", rt->id, strerror(-rc));
       ok = 0;
@@ -1339,8 +828,8 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   }
   if (!ok) {
     fprintf(stderr, "warmboxd: cannot create %s: %s\n", rt->dir, strerror(errno));
-    net_end(rt);
-    rt_close_fds(rt);
+    wbd_net_end(&rt->net);
+    wbd_net_close(&rt->net);
     if (rt->mounted) umount2(rt->dir, MNT_DETACH);
     rm_rf(rt->dir);
     slot_give(rt->slot);
@@ -1384,8 +873,8 @@ void wbd_rt_put(struct wbd_rt *rt) {
   pthread_cond_broadcast(&g_cond);
   pthread_mutex_unlock(&g_mu);
   if (rt->hooks && rt->hooks->free_slot) rt->hooks->free_slot(rt->interp);
-  net_end(rt);
-  rt_close_fds(rt);
+  wbd_net_end(&rt->net);
+  wbd_net_close(&rt->net);
   slot_give(rt->slot);
   while (rt->procs) {
     struct rt_proc *p = rt->procs;
@@ -1552,7 +1041,6 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
 
 static int valid_env_key(const char *k) { return k[0] && !strchr(k, '=') && !wbd_env_refused(k); }
 
-
 static void env_set_from(json_t *env, json_t *src) {
   const char *k;
   json_t *v;
@@ -1574,20 +1062,47 @@ static void host_path(const struct wbd_rt *rt, const char *p, char *buf, size_t 
   else snprintf(buf, len, "%s", p);
 }
 
-/* tty_fd >= 0: a pty's slave end, the child's fds 0-2 and controlling
- * terminal (the std fd pointers are then NULL). */
-static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const char *cwd, int tty_fd, pid_t *pid,
-                    int *stdin_fd, int *stdout_fd, int *stderr_fd) {
-  if (!argv || !argv[0]) return -EINVAL;
-  if (!cwd || !*cwd) cwd = "/home/user";
-  char home[PATH_MAX + 128], tmp[PATH_MAX + 128], hcwd[PATH_MAX + 128];
-  rt_sub(rt, "home", home, sizeof home);
-  rt_sub(rt, "tmp", tmp, sizeof tmp);
+/* One spawn's parts, from the request to the tracked process (spawn_rt owns
+ * them; spawn_release lets them go). */
+struct spawn {
+  struct wbd_sv env;        /* the command's environment, "K=V" */
+  struct wbd_sv argv;       /* what the spawner execs: bubblewrap and the command, or the command */
+  char home[PATH_MAX + 128], tmp[PATH_MAX + 128], root[PATH_MAX + 128];   /* the sandbox's trees */
+  char passwd[PATH_MAX + 64], group[PATH_MAX + 64], resolv[PATH_MAX + 64];   /* the generated /etc files */
+  char hcwd[PATH_MAX + 128];   /* unisolated: the working directory on the host */
+  /* What bubblewrap reads, -1: the seccomp program, the boot id, embed/sudo
+   * and its environment's arguments; its fds 3, 4, ... in this order. */
+  int seccomp_fd, boot_fd, sudo_fd, env_fd;
+  int in[2], out[2], err[2];   /* the std pipes asked for, -1 */
+};
 
-  /* Environment: defaults, then the sandbox's envVars, then `envs`. */
+static void spawn_init(struct spawn *s, const struct wbd_rt *rt) {
+  memset(&s->env, 0, sizeof s->env);
+  memset(&s->argv, 0, sizeof s->argv);
+  rt_sub(rt, "home", s->home, sizeof s->home);
+  rt_sub(rt, "tmp", s->tmp, sizeof s->tmp);
+  rt_sub(rt, "root", s->root, sizeof s->root);
+  snprintf(s->passwd, sizeof s->passwd, "%s/passwd", g_etc);
+  snprintf(s->group, sizeof s->group, "%s/group", g_etc);
+  snprintf(s->resolv, sizeof s->resolv, "%s/resolv.conf", g_etc);
+  s->hcwd[0] = 0;
+  s->seccomp_fd = s->boot_fd = s->sudo_fd = s->env_fd = -1;
+  for (int i = 0; i < 2; i++) s->in[i] = s->out[i] = s->err[i] = -1;
+}
+
+/* What the jail binds from the host (resolv.conf: only with internet). */
+static struct jail_src spawn_src(const struct wbd_rt *rt, const struct spawn *s) {
+  struct jail_src own = { s->home, s->tmp, s->passwd, s->group, rt->allow_net ? s->resolv : NULL, s->root,
+                          rt->memory_mb };
+  return own;
+}
+
+/* The command's environment: defaults, then the sandbox's envVars, then
+ * `envs` (refused and malformed keys left out). */
+static void spawn_env(const struct wbd_rt *rt, const char *home, json_t *envs, struct wbd_sv *ev) {
   json_t *env = json_object();
   json_object_set_new(env, "PATH", json_string(JAIL_PATH));
-  json_object_set_new(env, "HOME", json_string(g_isolated ? "/home/user" : home));
+  json_object_set_new(env, "HOME", json_string(home));
   json_object_set_new(env, "USER", json_string("user"));
   json_object_set_new(env, "LOGNAME", json_string("user"));
   json_object_set_new(env, "SHELL", json_string("/bin/bash"));
@@ -1602,169 +1117,200 @@ static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
     wbd_sandbox_unref(sb);
   }
   if (envs && json_is_object(envs)) env_set_from(env, envs);
-  struct sv ev = { 0 };
   const char *k;
   json_t *v;
   json_object_foreach(env, k, v) {
-    const char *s = json_string_value(v);
-    size_t n = strlen(k) + strlen(s) + 2;
+    const char *str = json_string_value(v);
+    size_t n = strlen(k) + strlen(str) + 2;
     char *kv = malloc(n);
     if (!kv) abort();
-    snprintf(kv, n, "%s=%s", k, s);
-    sv_add(&ev, kv);
+    snprintf(kv, n, "%s=%s", k, str);
+    wbd_sv_add(ev, kv);
     free(kv);
   }
   json_decref(env);
+}
 
-  struct sv av = { 0 };
-  char pw[PATH_MAX + 64], gr[PATH_MAX + 64];
-  snprintf(pw, sizeof pw, "%s/passwd", g_etc);
-  snprintf(gr, sizeof gr, "%s/group", g_etc);
-  char rs[PATH_MAX + 64];
-  snprintf(rs, sizeof rs, "%s/resolv.conf", g_etc);
-  char root[PATH_MAX + 128];
-  rt_sub(rt, "root", root, sizeof root);
-  struct jail_src own = { home, tmp, pw, gr, rt->allow_net ? rs : NULL, root, rt->memory_mb };
-  struct jail_src staged = g_staged;
-  staged.memory_mb = rt->memory_mb;
-  if (!rt->allow_net) staged.resolv = NULL;
-  /* The filter reaches bubblewrap as fd 3 (spawn_job.pass). */
-  int sfd = g_isolated ? seccomp_pipe() : -1;
+/* What bubblewrap reads besides its arguments: the seccomp filter (none
+ * where there is no program), this boot's id, embed/sudo, and the
+ * environment as arguments (env_args_fd). 0 or -EMFILE (a jail never
+ * starts without its filter). */
+static int bwrap_fds(struct wbd_rt *rt, struct spawn *s) {
+  int no_filter = wbd_seccomp_pipe(&s->seccomp_fd) != 0;
   char boot[sizeof rt->boot_id];
   pthread_mutex_lock(&rt->mu);
   memcpy(boot, rt->boot_id, sizeof boot);
   pthread_mutex_unlock(&rt->mu);
-  int bfd = g_isolated ? data_pipe(boot, strlen(boot)) : -1;
+  s->boot_fd = wbd_data_pipe(boot, strlen(boot));
   size_t sudo_len = 0;
   const unsigned char *sudo_src = wbd_embedded("sudo", &sudo_len);
-  int ufd = g_isolated && sudo_src ? data_pipe(sudo_src, sudo_len) : -1;
-  int rc = g_isolated && (bfd < 0 || (sudo_src && ufd < 0)) ? -EMFILE : 0;
-  int efd = -1;
-  if (g_isolated) {
-    /* bubblewrap gets them as fds 3, 4, ... in this order (j.pass below). */
-    int next = 3;
-    int sfd_n = sfd >= 0 ? next++ : -1;
-    int bfd_n = bfd >= 0 ? next++ : -1;
-    int ufd_n = ufd >= 0 ? next++ : -1;
-    jail_args(&av, rt->id, g_root ? &staged : &own, 1, sfd_n, bfd_n, ufd_n, tty_fd >= 0, cwd);
-    /* The tenant's environment is the jailed command's alone: bubblewrap
-     * itself runs with a fixed one (bwrap_env), so nothing a tenant sets
-     * (LD_PRELOAD, LD_AUDIT, ...) reaches ld.so before the namespaces, the
-     * pivot and the seccomp filter exist. It reaches bubblewrap as
-     * --clearenv and --setenv arguments read from a file (--args FD), not
-     * its command line, which every host user can read. */
-    efd = env_args_fd(&ev);
-    if (efd < 0) rc = -EMFILE;
-    char n[16];
-    snprintf(n, sizeof n, "%d", next++);
-    free(av.v[--av.n]);   /* jail_args' closing "--": the arguments go before it */
-    av.v[av.n] = NULL;
-    sv_add(&av, "--args");
-    sv_add(&av, n);
-    sv_add(&av, "--");
-  }
-  for (int i = 0; argv[i]; i++) sv_add(&av, argv[i]);
-  if (!g_isolated) host_path(rt, cwd, hcwd, sizeof hcwd);
+  if (sudo_src) s->sudo_fd = wbd_data_pipe(sudo_src, sudo_len);
+  /* The tenant's environment is the jailed command's alone: bubblewrap
+   * itself runs with a fixed one (job_fill), so nothing a tenant sets
+   * (LD_PRELOAD, LD_AUDIT, ...) reaches ld.so before the namespaces, the
+   * pivot and the seccomp filter exist. It reaches bubblewrap as
+   * --clearenv and --setenv arguments read from a file (--args FD), not
+   * its command line, which every host user can read. */
+  s->env_fd = env_args_fd(&s->env);
+  return no_filter || s->boot_fd < 0 || (sudo_src && s->sudo_fd < 0) || s->env_fd < 0 ? -EMFILE : 0;
+}
 
-  int pin[2] = { -1, -1 }, pout[2] = { -1, -1 }, perr[2] = { -1, -1 };
-  if (!rc && ((stdin_fd && pipe2(pin, O_CLOEXEC) != 0) || (stdout_fd && pipe2(pout, O_CLOEXEC) != 0) ||
-      (stderr_fd && pipe2(perr, O_CLOEXEC) != 0)))
-    rc = -errno;
+/* bubblewrap's command line: the jail (jail_args, with bwrap_fds' fds as
+ * bubblewrap will number them), then --args for the environment, then
+ * "--" (the command follows). */
+static void bwrap_args(const struct wbd_rt *rt, const struct spawn *s, int keep_tty, const char *cwd,
+                       struct wbd_sv *av) {
+  int next = 3;
+  int seccomp_n = s->seccomp_fd >= 0 ? next++ : -1;
+  int boot_n = s->boot_fd >= 0 ? next++ : -1;
+  int sudo_n = s->sudo_fd >= 0 ? next++ : -1;
+  struct jail_src src = spawn_src(rt, s), staged = g_staged;
+  staged.memory_mb = rt->memory_mb;
+  if (!rt->allow_net) staged.resolv = NULL;
+  jail_args(av, rt->id, g_root ? &staged : &src, 1, seccomp_n, boot_n, sudo_n, keep_tty, cwd);
+  char n[16];
+  snprintf(n, sizeof n, "%d", next++);
+  free(av->v[--av->n]);   /* jail_args' closing "--": the arguments go before it */
+  av->v[av->n] = NULL;
+  wbd_sv_add(av, "--args");
+  wbd_sv_add(av, n);
+  wbd_sv_add(av, "--");
+}
 
-  struct spawn_job j;
-  job_init(&j);
+/* The pipes for the std fds the caller asked for. 0 or -errno. */
+static int std_pipes(struct spawn *s, const int *stdin_fd, const int *stdout_fd, const int *stderr_fd) {
+  if ((stdin_fd && pipe2(s->in, O_CLOEXEC) != 0) || (stdout_fd && pipe2(s->out, O_CLOEXEC) != 0) ||
+      (stderr_fd && pipe2(s->err, O_CLOEXEC) != 0))
+    return -errno;
+  return 0;
+}
+
+/* What the child execs, with which fds 0-2 (tty_fd >= 0: that terminal on
+ * all three, as its controlling one), and where. */
+static void job_fill(struct spawn_job *j, struct spawn *s, int tty_fd) {
   static char *bwrap_env[] = { "PATH=" JAIL_PATH, NULL };
-  j.argv = av.v;
-  j.envp = g_isolated ? bwrap_env : ev.v;
-  j.chdir_to = g_isolated ? NULL : hcwd;
-  j.fds[0] = stdin_fd ? pin[0] : -1;
-  j.fds[1] = stdout_fd ? pout[1] : -1;
-  j.fds[2] = stderr_fd ? perr[1] : -1;
+  wbd_job_init(j);
+  j->argv = s->argv.v;
+  j->envp = g_isolated ? bwrap_env : s->env.v;
+  j->chdir_to = g_isolated ? NULL : s->hcwd;
+  j->fds[0] = s->in[0];
+  j->fds[1] = s->out[1];
+  j->fds[2] = s->err[1];
   if (tty_fd >= 0) {
-    for (int i = 0; i < 3; i++) j.fds[i] = tty_fd;
-    j.ctty = 1;
+    for (int i = 0; i < 3; i++) j->fds[i] = tty_fd;
+    j->ctty = 1;
   }
+}
 
+/* Under rt->mu: the child joins the sandbox's groups before its exec (their
+ * cgroup.procs, opened here); without a memory or pids group, per-process
+ * rlimits stand in. */
+static void job_groups(const struct wbd_rt *rt, struct spawn_job *j) {
+  const char *groups[CG_N] = { rt->cg, rt->cgx[CG_MEMORY], rt->cgx[CG_PIDS], rt->cgx[CG_CPU] };
+  for (int i = 0; i < CG_N; i++)
+    if (groups[i][0]) {
+      char p[PATH_MAX + 128];
+      snprintf(p, sizeof p, "%s/cgroup.procs", groups[i]);
+      j->cg_fd[i] = open(p, O_WRONLY | O_CLOEXEC);
+    }
+  if (j->cg_fd[CG_PIDS] < 0 && g_isolated) j->nproc = g_pids_max;
+  if (j->cg_fd[CG_MEMORY] < 0 && g_isolated) j->data_mb = rt->memory_mb;
+}
+
+/* Under rt->mu, isolated: bubblewrap's fds, the staging of the jail's
+ * binds (root), the sandbox's network namespace (ready) and host uid. */
+static void job_jail(struct wbd_rt *rt, struct spawn_job *j, const struct spawn *s) {
+  const int bw[] = { s->seccomp_fd, s->boot_fd, s->sudo_fd, s->env_fd };
+  for (size_t i = 0; i < sizeof bw / sizeof *bw; i++)
+    if (bw[i] >= 0) j->pass[j->npass++] = bw[i];
+  if (g_root) {
+    struct jail_src src = spawn_src(rt, s);
+    const char *stage[N_STAGED] = { src.home, src.tmp, src.passwd, src.group, src.resolv, src.root };
+    j->stage = 1;
+    memcpy(j->stage_src, stage, sizeof stage);
+  }
+  j->net_fd = rt->net.net_fd;
+  j->userns_fd = rt->net.userns_fd;
+  j->setid = g_root;
+  j->uid = rt->uid;
+  j->gid = rt->gid;
+  wbd_net_wait_ready(&rt->net, rt->id);
+}
+
+/* Starts the job in the sandbox and tracks its process: 0, -ESRCH when the
+ * sandbox is torn down, -EAGAIN when it is frozen, or wbd_spawn's error. */
+static int spawn_tracked(struct wbd_rt *rt, struct spawn_job *j, const struct spawn *s) {
+  int rc = 0;
   pthread_mutex_lock(&rt->mu);
-  if (!rc && rt->dead) rc = -ESRCH;
+  if (rt->dead) rc = -ESRCH;
   /* A frozen sandbox (a pause that won the race with this request) gets no
    * new process: the child would join the frozen group before its exec and
    * the spawner would wait for it forever, holding up every sandbox. A pause
    * takes rt->mu to freeze, so it waits for a spawn in flight instead. */
-  if (!rc && rt->frozen) rc = -EAGAIN;
+  else if (rt->frozen) rc = -EAGAIN;
   if (!rc) {
-    const char *groups[CG_N] = { rt->cg, rt->cgx[CG_MEMORY], rt->cgx[CG_PIDS], rt->cgx[CG_CPU] };
-    for (int i = 0; i < CG_N; i++)
-      if (groups[i][0]) {
-        char p[PATH_MAX + 128];
-        snprintf(p, sizeof p, "%s/cgroup.procs", groups[i]);
-        j.cg_fd[i] = open(p, O_WRONLY | O_CLOEXEC);
-      }
-    /* Without the groups, per-process rlimits stand in. */
-    if (j.cg_fd[CG_PIDS] < 0 && g_isolated) j.nproc = g_pids_max;
-    if (j.cg_fd[CG_MEMORY] < 0 && g_isolated) j.data_mb = rt->memory_mb;
+    job_groups(rt, j);
+    if (g_isolated) job_jail(rt, j, s);
+    rc = wbd_spawn(j);
   }
-  if (!rc && g_isolated) {
-    if (sfd >= 0) j.pass[j.npass++] = sfd;
-    if (bfd >= 0) j.pass[j.npass++] = bfd;
-    if (ufd >= 0) j.pass[j.npass++] = ufd;
-    if (efd >= 0) j.pass[j.npass++] = efd;
-    if (g_root) {
-      j.stage = 1;
-      j.stage_src[0] = home;
-      j.stage_src[1] = tmp;
-      j.stage_src[2] = pw;
-      j.stage_src[3] = gr;
-      j.stage_src[4] = rt->allow_net ? rs : NULL;
-      j.stage_src[5] = root;
-    }
-    j.net_fd = rt->net_fd;
-    j.userns_fd = rt->userns_fd;
-    j.setid = g_root;
-    j.uid = rt->uid;
-    j.gid = rt->gid;
-    if (rt->slirp_ready_fd >= 0 && !rt->net_checked) {
-      /* slirp4netns is usually ready long before the first process. */
-      struct pollfd pf = { rt->slirp_ready_fd, POLLIN, 0 };
-      int pr;
-      while ((pr = poll(&pf, 1, 2000)) < 0 && errno == EINTR) {}
-      char b;
-      if (pr <= 0 || read(rt->slirp_ready_fd, &b, 1) != 1)
-        fprintf(stderr, "warmboxd: slirp4netns did not start for %s: it has no internet access\n", rt->id);
-      rt->net_checked = 1;
-    }
-  }
-  struct rt_proc *pr = NULL;
-  if (!rc) rc = spawn_via_thread(&j);
   if (!rc) {
-    pr = calloc(1, sizeof *pr);
+    struct rt_proc *pr = calloc(1, sizeof *pr);
     if (!pr) abort();
-    pr->pid = j.pid;
+    pr->pid = j->pid;
     pr->next = rt->procs;
     rt->procs = pr;
   }
   pthread_mutex_unlock(&rt->mu);
   for (int i = 0; i < CG_N; i++)
-    if (j.cg_fd[i] >= 0) close(j.cg_fd[i]);
-  sv_free(&av);
-  sv_free(&ev);
-  if (sfd >= 0) close(sfd);
-  if (bfd >= 0) close(bfd);
-  if (ufd >= 0) close(ufd);
-  if (efd >= 0) close(efd);
-  if (pin[0] >= 0) close(pin[0]);
-  if (pout[1] >= 0) close(pout[1]);
-  if (perr[1] >= 0) close(perr[1]);
-  if (rc) {
-    if (pin[1] >= 0) close(pin[1]);
-    if (pout[0] >= 0) close(pout[0]);
-    if (perr[0] >= 0) close(perr[0]);
-    return rc;
+    if (j->cg_fd[i] >= 0) close(j->cg_fd[i]);
+  return rc;
+}
+
+static void close_fd(int fd) {
+  if (fd >= 0) close(fd);
+}
+
+/* Frees what the spawn holds and closes the child's ends of its pipes;
+ * `failed`: the caller's ends too (else they are the caller's now). */
+static void spawn_release(struct spawn *s, int failed) {
+  wbd_sv_free(&s->argv);
+  wbd_sv_free(&s->env);
+  const int fds[] = { s->seccomp_fd, s->boot_fd, s->sudo_fd, s->env_fd, s->in[0], s->out[1], s->err[1] };
+  for (size_t i = 0; i < sizeof fds / sizeof *fds; i++) close_fd(fds[i]);
+  if (failed) {
+    close_fd(s->in[1]);
+    close_fd(s->out[0]);
+    close_fd(s->err[0]);
   }
+}
+
+/* tty_fd >= 0: a pty's slave end, the child's fds 0-2 and controlling
+ * terminal (the std fd pointers are then NULL). */
+static int spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const char *cwd, int tty_fd, pid_t *pid,
+                    int *stdin_fd, int *stdout_fd, int *stderr_fd) {
+  if (!argv || !argv[0]) return -EINVAL;
+  if (!cwd || !*cwd) cwd = "/home/user";
+  struct spawn s;
+  spawn_init(&s, rt);
+  spawn_env(rt, g_isolated ? "/home/user" : s.home, envs, &s.env);
+  int rc = 0;
+  if (g_isolated) {
+    rc = bwrap_fds(rt, &s);
+    bwrap_args(rt, &s, tty_fd >= 0, cwd, &s.argv);
+  } else {
+    host_path(rt, cwd, s.hcwd, sizeof s.hcwd);
+  }
+  for (int i = 0; argv[i]; i++) wbd_sv_add(&s.argv, argv[i]);
+  if (!rc) rc = std_pipes(&s, stdin_fd, stdout_fd, stderr_fd);
+  struct spawn_job j;
+  job_fill(&j, &s, tty_fd);
+  if (!rc) rc = spawn_tracked(rt, &j, &s);
+  spawn_release(&s, rc != 0);
+  if (rc) return rc;
   *pid = j.pid;
-  if (stdin_fd) *stdin_fd = pin[1];
-  if (stdout_fd) *stdout_fd = pout[0];
-  if (stderr_fd) *stderr_fd = perr[0];
+  if (stdin_fd) *stdin_fd = s.in[1];
+  if (stdout_fd) *stdout_fd = s.out[0];
+  if (stderr_fd) *stderr_fd = s.err[0];
   return 0;
 }
 
@@ -2049,7 +1595,7 @@ static void teardown(struct wbd_rt *rt, int remove) {
   pthread_mutex_unlock(&rt->mu);
   kill_all_procs(rt);
   if (remove) {
-    net_end(rt);
+    wbd_net_end(&rt->net);
     if (rt->mounted) {
       umount2(rt->dir, MNT_DETACH);
       rt->mounted = 0;
@@ -2251,13 +1797,13 @@ static int check_bwrap(char *why, size_t len) {
     snprintf(why, len, "%s not found (install Debian's bubblewrap)", BWRAP);
     return -1;
   }
-  struct sv a = { 0 };
+  struct wbd_sv a = { 0 };
   struct jail_src none = { NULL, NULL, NULL, NULL, NULL, NULL, 0 };
   jail_args(&a, "check", &none, 0, -1, -1, -1, 0, "/");
-  sv_add(&a, "/bin/true");
+  wbd_sv_add(&a, "/bin/true");
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) != 0) {
-    sv_free(&a);
+    wbd_sv_free(&a);
     snprintf(why, len, "pipe: %s", strerror(errno));
     return -1;
   }
@@ -2288,7 +1834,7 @@ static int check_bwrap(char *why, size_t len) {
   why[got] = 0;
   while (got > 0 && (why[got - 1] == '\n' || why[got - 1] == '\r')) why[--got] = 0;
   close(ep[0]);
-  sv_free(&a);
+  wbd_sv_free(&a);
   if (pid < 0) {
     snprintf(why, len, "fork: %s", strerror(errno));
     return -1;
@@ -2300,7 +1846,9 @@ static int check_bwrap(char *why, size_t len) {
   return -1;
 }
 
-int wbd_rt_init(void) {
+/* The data directory, made and private (mode 0700) whatever it was. 0 or
+ * -1, said on stderr. */
+static int data_dir_prepare(void) {
   if (!wbd_opt.data_dir) {
     fprintf(stderr, "warmboxd: no data directory\n");
     return -1;
@@ -2315,35 +1863,39 @@ int wbd_rt_init(void) {
     fprintf(stderr, "warmboxd: cannot make %s private: %s\n", wbd_opt.data_dir, strerror(errno));
     return -1;
   }
-  g_root = geteuid() == 0;
-  const char *e;
-  uid_t want = (e = getenv("WARMBOXD_JAIL_UID_BASE")) && atol(e) > 0 ? (uid_t)atol(e) : 0;
-  if (g_root && !wbd_opt.unisolated) {
-    char why[512];
-    g_uid_base = wbd_uid_range_take(UID_LOCK_DIR, UID_BASE_DEFAULT, want, UID_SLOTS, why, sizeof why);
-    if (!g_uid_base) {
-      fprintf(stderr, "warmboxd: no host uid range for the jails: %s\n", why);
-      return -1;
-    }
-    if (wbd_opt.verbose) fprintf(stderr, "warmboxd: jails run as host uids %lu-%lu\n", (unsigned long)g_uid_base,
-                                 (unsigned long)g_uid_base + UID_SLOTS - 1);
+  return 0;
+}
+
+/* A root warmboxd's host uid range for its jails (exactly
+ * WARMBOXD_JAIL_UID_BASE's when set). 0 or -1, said on stderr. */
+static int uid_range_init(void) {
+  const char *e = getenv("WARMBOXD_JAIL_UID_BASE");
+  uid_t want = e && atol(e) > 0 ? (uid_t)atol(e) : 0;
+  char why[512];
+  g_uid_base = wbd_uid_range_take(UID_LOCK_DIR, UID_BASE_DEFAULT, want, UID_SLOTS, why, sizeof why);
+  if (!g_uid_base) {
+    fprintf(stderr, "warmboxd: no host uid range for the jails: %s\n", why);
+    return -1;
   }
-  if ((e = getenv("WARMBOXD_PIDS_MAX")) && atol(e) > 0) g_pids_max = atol(e);
-  if ((e = getenv("WARMBOXD_SPAWN_TIMEOUT_MS")) && atoi(e) > 0) g_spawn_timeout_ms = atoi(e);
-  g_stall = (e = getenv("WARMBOXD_TEST_SPAWN_STALL")) && *e ? e : NULL;
-  g_have_slirp = access(SLIRP, X_OK) == 0;
-  seccomp_build();
-  if (!wbd_opt.unisolated) {
-    /* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live
-     * and die with it, and the host's mount table does not see them. First, so
-     * that every descriptor warmboxd opens is on one of its own mounts.
-     * Without root, in a user namespace of its own (before any thread). */
-    if ((g_root || wbd_userns_enter() == 0) && unshare(CLONE_NEWNS) == 0 &&
-        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0)
-      g_private_mnt = 1;
-    else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
-  }
-  /* Absolute, for bubblewrap's binds and HOME in unisolated mode. */
+  if (wbd_opt.verbose) fprintf(stderr, "warmboxd: jails run as host uids %lu-%lu\n", (unsigned long)g_uid_base,
+                               (unsigned long)g_uid_base + UID_SLOTS - 1);
+  return 0;
+}
+
+/* A mount namespace of warmboxd's own: the sandboxes' tmpfs homes live and
+ * die with it, and the host's mount table does not see them. First, so
+ * that every descriptor warmboxd opens is on one of its own mounts.
+ * Without root, in a user namespace of its own (before any thread). */
+static void private_mounts(void) {
+  if ((g_root || wbd_userns_enter() == 0) && unshare(CLONE_NEWNS) == 0 &&
+      mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0)
+    g_private_mnt = 1;
+  else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
+}
+
+/* g_data (the data directory, absolute: for bubblewrap's binds and HOME in
+ * unisolated mode) and g_etc, the jails' generated /etc files. 0 or -1. */
+static int etc_prepare(void) {
   if (!realpath(wbd_opt.data_dir, g_data)) {
     fprintf(stderr, "warmboxd: cannot resolve %s: %s\n", wbd_opt.data_dir, strerror(errno));
     return -1;
@@ -2359,9 +1911,15 @@ int wbd_rt_init(void) {
                     "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
   snprintf(p, sizeof p, "%s/group", g_etc);
   write_new_file(p, "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n");
+  /* slirp4netns's DNS forwarder, for jails with internet access. */
   snprintf(p, sizeof p, "%s/resolv.conf", g_etc);
   write_new_file(p, "nameserver 10.0.2.3\n");
+  return 0;
+}
 
+/* g_isolated: jails unless --unisolated, and warmboxd does not start where
+ * bubblewrap cannot run without it. 0 or -1. */
+static int isolation_choose(void) {
   char why[512];
   int ok = check_bwrap(why, sizeof why) == 0;
   if (wbd_opt.unisolated) {
@@ -2380,10 +1938,15 @@ int wbd_rt_init(void) {
   } else {
     g_isolated = 1;
   }
+  return 0;
+}
 
-  if (g_isolated && !g_have_slirp)
-    fprintf(stderr, "warmboxd: %s not found (install Debian's slirp4netns): sandboxes that allow internet "
-                    "access cannot start\n", SLIRP);
+/* The cgroups: those a killed warmboxd left are reaped; this instance's
+ * parents of the limit groups (isolated only; WARMBOXD_NO_LIMIT_CGROUPS=1:
+ * none) and of the freezer groups (WARMBOXD_NO_FREEZER=1, for tests: none,
+ * so that pauses take the SIGSTOP path). A parent that cannot be made is
+ * left out (""). */
+static void cgroups_init(void) {
   for (int i = 0; i < CG_N; i++) reap_stale_cgroups(cg_ctrl[i]);
   const char *nolim = getenv("WARMBOXD_NO_LIMIT_CGROUPS");
   for (int i = 0; i < CG_N; i++) {
@@ -2396,8 +1959,6 @@ int wbd_rt_init(void) {
       g_cgx_root[i][0] = 0;
     }
   }
-  /* WARMBOXD_NO_FREEZER=1 (for tests) takes the SIGSTOP path even where the
-   * freezer is available. */
   const char *nofreeze = getenv("WARMBOXD_NO_FREEZER");
   snprintf(g_cg_root, sizeof g_cg_root, "/sys/fs/cgroup/freezer/warmboxd-%d", (int)getpid());
   if ((nofreeze && strcmp(nofreeze, "1") == 0) || mkdir(g_cg_root, 0755) != 0) {
@@ -2405,16 +1966,20 @@ int wbd_rt_init(void) {
       fprintf(stderr, "warmboxd: no cgroup freezer (%s): pausing with SIGSTOP\n", strerror(errno));
     g_cg_root[0] = 0;
   }
+}
 
-  pthread_mutex_lock(&sp_mu);
-  sp_stop = 0;
-  if (pthread_create(&sp_thread, NULL, spawner, NULL) != 0) {
-    pthread_mutex_unlock(&sp_mu);
-    fprintf(stderr, "warmboxd: cannot start the spawner thread\n");
-    return -1;
-  }
-  sp_running = 1;
-  pthread_mutex_unlock(&sp_mu);
+int wbd_rt_init(void) {
+  if (data_dir_prepare() != 0) return -1;
+  g_root = geteuid() == 0;
+  if (g_root && !wbd_opt.unisolated && uid_range_init() != 0) return -1;
+  const char *e = getenv("WARMBOXD_PIDS_MAX");
+  if (e && atol(e) > 0) g_pids_max = atol(e);
+  wbd_seccomp_init();
+  if (!wbd_opt.unisolated) private_mounts();
+  if (etc_prepare() != 0 || isolation_choose() != 0) return -1;
+  if (g_isolated) wbd_net_init(g_root);
+  cgroups_init();
+  if (wbd_spawner_start() != 0) return -1;
   g_shut = 0;
   return 0;
 }
@@ -2453,13 +2018,7 @@ void wbd_rt_shutdown(void) {
   if (g_all) fprintf(stderr, "warmboxd: some sandbox runtimes are still referenced at exit\n");
   pthread_mutex_unlock(&g_mu);
 
-  pthread_mutex_lock(&sp_mu);
-  int running = sp_running;
-  sp_stop = 1;
-  sp_running = 0;
-  pthread_cond_broadcast(&sp_cond);
-  pthread_mutex_unlock(&sp_mu);
-  if (running) pthread_join(sp_thread, NULL);
+  wbd_spawner_stop();
   if (g_cg_root[0]) rmdir(g_cg_root);
   for (int i = 0; i < CG_N; i++)
     if (g_cgx_root[i][0]) cg_rmdir(g_cgx_root[i]);

@@ -5,11 +5,13 @@
  * modules, clocks, mounts and namespaces) fail with EPERM, and so does every
  * ABI but x86-64 (i386, x32). Sockets of the AF_VSOCK family fail with
  * EAFNOSUPPORT: vsock is not namespaced, and on a VM host it reaches the
- * hypervisor and other guests' services.
+ * hypervisor and other guests' services. Built once at start-up; each jail
+ * gets it through a pipe.
  */
 #include "jail.h"
 
 #include <errno.h>
+#include <linux/filter.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -19,6 +21,11 @@
 #ifndef AF_VSOCK
 #define AF_VSOCK 40
 #endif
+
+/* Room for the whole program. */
+#define SECCOMP_MAX 64
+static struct sock_filter g_bpf[SECCOMP_MAX];
+static size_t g_bpf_len;
 
 #ifdef __x86_64__
 static const int seccomp_deny[] = {
@@ -36,8 +43,10 @@ static const int family_calls[] = { SYS_socket, SYS_socketpair };
 #define STMT(code, k) ((struct sock_filter)BPF_STMT((code), (k)))
 #define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP((code), (k), (unsigned char)(jt), (unsigned char)(jf)))
 
-size_t wbd_seccomp_build(struct sock_filter *f, size_t cap) {
-  if (cap < WBD_SECCOMP_MAX) return 0;
+/* Fills f (cap >= SECCOMP_MAX) with the jail's filter; its length, 0 where
+ * there is none (not x86-64). */
+static size_t seccomp_build(struct sock_filter *f, size_t cap) {
+  if (cap < SECCOMP_MAX) return 0;
   size_t n = 0;
   f[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
   f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
@@ -62,9 +71,16 @@ size_t wbd_seccomp_build(struct sock_filter *f, size_t cap) {
   return n;
 }
 #else
-size_t wbd_seccomp_build(struct sock_filter *f, size_t cap) {
+static size_t seccomp_build(struct sock_filter *f, size_t cap) {
   (void)f;
   (void)cap;
   return 0;
 }
 #endif
+
+void wbd_seccomp_init(void) { g_bpf_len = seccomp_build(g_bpf, SECCOMP_MAX); }
+
+int wbd_seccomp_pipe(int *fd) {
+  *fd = g_bpf_len ? wbd_data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf) : -1;
+  return g_bpf_len && *fd < 0 ? -1 : 0;
+}
