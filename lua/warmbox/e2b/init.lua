@@ -134,6 +134,18 @@ function _M.new(opts)
   return setmetatable(self, Client)
 end
 
+--- A new client like this one (same key, addresses, connections and retry
+-- rules) whose requests go through `transport`: an object with `request` and
+-- `batch` as a `core.http` client has (warmbox.runner's, for a part that
+-- runs its requests on its own tasks). This client is left as it is.
+-- @treturn warmbox.e2b.Client
+function Client:with_transport(transport)
+  local c = {}
+  for k, v in pairs(self) do c[k] = v end
+  c.transport = transport
+  return setmetatable(c, Client)
+end
+
 function Client:__tostring()
   return ("warmbox.e2b.Client: %s"):format(self.api_url)
 end
