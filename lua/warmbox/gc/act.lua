@@ -161,32 +161,6 @@ function Pass:demote(item)
   return r
 end
 
--- An entry re-checked and unchanged, to demote: demoted now, its session told.
-local function demote_now(self, e)
-  local item, report = e.item, self.report
-  local r, derr, dcode = self:demote(item)
-  if r == nil then
-    self:undo(item, "demote", true)
-    self:fail(item, "demote", derr, dcode)
-  elseif r == false then
-    self:undo(item, "demote", true)
-    report.skipped = report.skipped + 1
-    self:note(item, "changed", "already paused")
-  else
-    report.demoted = report.demoted + 1
-    self:note(item, "demote", e.reason)
-    -- its kernel is gone: the session must install its output hooks again
-    -- and its memory: a session with require_memory replaces it
-    local h = self.held[item.tag_value]
-    if h.state.sandbox_id == item.sandbox_id then
-      h.state.hooked = nil
-      h.state.memory_lost = item.sandbox_id
-      h.rewrite = true
-    end
-  end
-  self:done_with(e)
-end
-
 --- Re-checks a locked page's entries against `current` (id -> detail | false
 -- when gone | nil when not seen): kills are queued, demotes done.
 function Pass:rechecked(entries, current)
@@ -199,7 +173,7 @@ function Pass:rechecked(entries, current)
         self.qtail = self.qtail + 1
         self.queue[self.qtail] = e
       else
-        demote_now(self, e)
+        self:acted(e, "demote", self:demote(item))
       end
     else
       self:undo(item, e.action, cur ~= false)
@@ -272,21 +246,40 @@ function Pass:next_kill()
   return e
 end
 
---- A kill answered (`r`: truthy, false when already gone, nil with err, code).
-function Pass:killed(e, r, kerr, kcode)
+-- A kill or demote that did nothing: what the pass says, and whether the
+-- sandbox still exists (it counts as kept).
+local NOTHING_DONE = { kill = { "gone", "sandbox no longer exists", false },
+  demote = { "changed", "already paused", true } }
+local DONE = { kill = "killed", demote = "demoted" }
+
+--- A kill or demote answered (`r`: truthy done, false nothing to do: already
+-- gone or paused, nil failed with err, code): reported, and a done one told
+-- to its session's remembered state.
+function Pass:acted(e, action, r, err, code)
   local item, report = e.item, self.report
   if r == nil then
-    self:undo(item, "kill", true)
-    self:fail(item, "kill", kerr, kcode)
+    self:undo(item, action, true)
+    self:fail(item, action, err, code)
   elseif r == false then
-    self:undo(item, "kill", false)
+    local nd = NOTHING_DONE[action]
+    self:undo(item, action, nd[3])
     report.skipped = report.skipped + 1
-    self:note(item, "gone", "sandbox no longer exists")
+    self:note(item, nd[1], nd[2])
   else
-    report.killed = report.killed + 1
-    self:note(item, "kill", e.reason)
+    report[DONE[action]] = report[DONE[action]] + 1
+    self:note(item, action, e.reason)
     local h = self.held[item.tag_value]
-    if h and h.state.sandbox_id == item.sandbox_id then h.forget = true end
+    if h and h.state.sandbox_id == item.sandbox_id then
+      if action == "kill" then
+        h.forget = true -- the session's sandbox was collected
+      else
+        -- its kernel is gone: the session must install its output hooks again
+        -- and its memory: a session with require_memory replaces it
+        h.state.hooked = nil
+        h.state.memory_lost = item.sandbox_id
+        h.rewrite = true
+      end
+    end
   end
   self:done_with(e)
 end

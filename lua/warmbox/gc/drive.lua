@@ -183,7 +183,7 @@ local function batch_loop(p, backlog)
     for i, o in ipairs(ops) do
       if kinds[i] == "kill" then
         local r = results[i]
-        p:killed(o.entry, r[1], r[2], r[3])
+        p:acted(o.entry, "kill", r[1], r[2], r[3])
       end
     end
     -- 2. the pending pages' re-checks
@@ -225,7 +225,7 @@ local function on_tasks(p, backlog)
       local e = p:next_kill()
       if not e then return end
       if p:queued() <= backlog then room_ev:broadcast(true) end
-      p:killed(e, tc:kill(e.item.sandbox_id))
+      p:acted(e, "kill", tc:kill(e.item.sandbox_id))
     end
   end
   local function lister()
