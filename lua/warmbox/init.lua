@@ -249,11 +249,11 @@ function _M.new(opts)
   }, Warmbox)
   if o.client then
     self.client = o.client
-    if type(o.client) == "table" and type(o.client._with_transport) == "function" and o.client.transport == nil then
+    if type(o.client) == "table" and type(o.client.with_transport) == "function" and o.client.transport == nil then
       -- A warmbox.e2b client without a transport of its own: this object's
       -- requests go over its connection through the engine's transport (a
       -- copy made now; the caller's client is left as it is).
-      self.client = o.client:_with_transport(engine_transport)
+      self.client = o.client:with_transport(engine_transport)
     end
   else
     local ok, err, code = connect_backend(self, o)
@@ -362,13 +362,13 @@ local GC_OPTS = { dry_run = true, max_age = true, concurrency = true, max_kills 
   pages = true, on_action = true, on_page = true, actions = true, policy = true, on_checkpoint = true }
 
 -- One GC pass: the sandboxes (warmbox.gc.run), then, when the policy has a
--- `checkpoint_gc` hook, the checkpoints (warmbox.gc_checkpoints.run: `report.checkpoints`).
+-- `checkpoint_gc` hook, the checkpoints (warmbox.gc.checkpoints.run: `report.checkpoints`).
 local function gc_pass(o)
   local on_checkpoint = o.on_checkpoint
   o.on_checkpoint = nil
   local rep, msg, code, partial = require("warmbox.gc").run(o)
   if not rep or not o.policy.checkpoint_gc or rep.next_token then return rep, msg, code, partial end
-  local cr, cmsg, ccode, cpartial = require("warmbox.gc_checkpoints").run{ client = o.client, tag = o.tag,
+  local cr, cmsg, ccode, cpartial = require("warmbox.gc.checkpoints").run{ client = o.client, tag = o.tag,
     policy = o.policy, clock = o.clock, lock = o.lock, dry_run = o.dry_run, on_action = on_checkpoint }
   rep.checkpoints = cr or cpartial
   if not cr then return nil, cmsg, ccode, rep end
@@ -415,7 +415,7 @@ end
 --   `max_kills`, `next_token`, `pages`, `on_action`, `on_page`, `actions` (true), `policy`
 --   (this pass only: a table or a path), `on_checkpoint(a)` (the checkpoint pass's actions,
 --   when the policy has `checkpoint_gc`: its report is `report.checkpoints`, see
---   `warmbox.gc_checkpoints`)
+--   `warmbox.gc.checkpoints`)
 -- @treturn[1] table report (see `warmbox.gc.run`)
 -- @return[2] nil, message, code, partial report
 function Warmbox:gc(opts)

@@ -83,6 +83,26 @@ insulate("warmbox.e2b", function()
       assert.equals(2, fake.http_opts.connect_timeout)
     end)
 
+    it(":with_transport() makes a client whose requests go through that transport, the first one unchanged",
+      function()
+      local via = {}
+      local tp = { request = function(_, req)
+        via[#via + 1] = req.url
+        return { status = 204, headers = {}, body = "", attempts = 1 }
+      end }
+      local c2 = c:with_transport(tp)
+      assert.equals(getmetatable(c), getmetatable(c2))
+      assert.equals(c.http, c2.http)
+      assert.is_nil(c.transport)
+      assert.is_true((c2:kill("sb1")))
+      assert.same({ "http://api.test/sandboxes/sb1" }, via)
+      assert.equals(0, #fake.requests)
+      push{ status = 204 }
+      assert.is_true((c:kill("sb2")))
+      assert.equals(1, #fake.requests)
+      assert.equals(1, #via)
+    end)
+
     it("gives retry_after_max to every retry of the client, none by default", function()
       local function caps(cl)
         local n, all = 0, {}

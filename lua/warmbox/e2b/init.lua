@@ -138,13 +138,17 @@ function _M.new(opts)
   return setmetatable(self, Client)
 end
 
--- A client of the same account over the same connection whose requests go
--- through `make(http)` (see `new`'s `transport`): made when it is built, the
--- client it copies is left as it is.
-function Client:_with_transport(make)
+--- A new client like this one (same key, addresses, connections and retry
+-- rules) whose requests go through `transport`: an object with `request` and
+-- `batch` as a `core.http` client has (warmbox.runner's, for a part that
+-- runs its requests on its own tasks), or a function of this client's
+-- connection returning one (as `new`'s `transport`). This client is left as it is.
+-- @treturn warmbox.e2b.Client
+function Client:with_transport(transport)
   local c = {}
   for k, v in pairs(self) do c[k] = v end
-  c.transport = make(self.http)
+  if type(transport) == "function" then transport = transport(self.http) end
+  c.transport = transport
   return setmetatable(c, Client)
 end
 

@@ -213,7 +213,7 @@ end
 
 -- ------------------------------------------------------------------
 -- Checkpoints (a policy's `checkpoint_gc(cp, ctx) -> "delete" | "keep" | nil, reason`;
--- warmbox.gc_checkpoints). `cp`: `id, name, turn, label, created_at, conv`; `ctx`:
+-- warmbox.gc.checkpoints). `cp`: `id, name, turn, label, created_at, conv`; `ctx`:
 -- `now`, `rank` (1 = the newest of its conversation: E2B lists newest first),
 -- `has_sandbox` (its conversation has a sandbox, running or paused).
 -- ------------------------------------------------------------------

@@ -10,7 +10,7 @@
 
 local session_mod = require "warmbox.session"
 local gc_mod = require "warmbox.gc"
-local gc_cp_mod = require "warmbox.gc_checkpoints"
+local gc_cp_mod = require "warmbox.gc.checkpoints"
 local task_mod = require "warmbox.task"
 
 local ipairs, tostring, pcall = ipairs, tostring, pcall

@@ -1,7 +1,7 @@
---- warmbox.gc_checkpoints: the checkpoint pass of GC and the checkpoints of
--- `release` (issue 24). E2B's snapshots never expire: a policy's
--- `checkpoint_gc(cp, ctx)` hook (`warmbox.policy.rules`: `max_checkpoints`,
--- `checkpoint_after`, `checkpoint_orphans`, `checkpoints{}`) says which go.
+--- warmbox.gc.checkpoints: the checkpoint pass of GC and the checkpoints of
+-- `release`. E2B's snapshots never expire: a policy's `checkpoint_gc(cp, ctx)`
+-- hook (`warmbox.policy.rules`: `max_checkpoints`, `checkpoint_after`,
+-- `checkpoint_orphans`, `checkpoints{}`) says which go.
 --
 -- Streamed as the sandbox pass is: the sandboxes are listed page by page
 -- (what is kept: one entry per conversation that has a sandbox), then the
@@ -13,7 +13,7 @@
 -- creating from (`warmbox.checkpoint.in_use`), and one whose conversation's
 -- session is locked (a rewind or branch of any process holds it: try-locked,
 -- skipped as "busy").
--- @module warmbox.gc_checkpoints
+-- @module warmbox.gc.checkpoints
 local checkpoint = require "warmbox.checkpoint"
 local lock_mod = require "warmbox.lock"
 
