@@ -3,14 +3,14 @@
 -- refinement under the lock, the re-check), without a client or a lock.
 local decide = require "warmbox.gc.decide"
 local fakes = require "spec.helpers.fakes"
-local session = require "warmbox.session"
+local tag = require "warmbox.tag"
 local util = require "warmbox.util"
 
 local TAG = "warmboxSessionId"
 local NOW = util.parse_time("2026-11-29T12:00:00Z")
 
 local function iso(t) return os.date("!%Y-%m-%dT%H:%M:%S", math.floor(t)) .. "Z" end
-local function wtag(key) return session.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash }) end
+local function wtag(key) return tag.tag_value(key, { hmac = fakes.hmac, sha256 = fakes.hash }) end
 
 local function listed(o)
   return { sandbox_id = o.id or "sb1", state = o.state or "paused",
