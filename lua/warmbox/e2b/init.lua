@@ -569,16 +569,6 @@ local function check_snapshot_id(id, n, fname)
   return id
 end
 
-local function to_snapshot(t)
-  local names = {}
-  if type(t.names) == "table" then
-    for _, n in ipairs(t.names) do
-      if type(n) == "string" then names[#names + 1] = n end
-    end
-  end
-  return { snapshot_id = json.value(t.snapshotID), names = names }
-end
-
 --- Takes a persistent snapshot of a running sandbox (memory and files; it is
 -- paused briefly and keeps running). Not retried once sent: a second attempt
 -- could make a second snapshot.
@@ -599,7 +589,7 @@ function Client:snapshot(id, opts)
   end
   local t, m2, c2, d2 = decode_body(res, what)
   if not t then return nil, m2, c2, d2 end
-  local snap = to_snapshot(t)
+  local snap = wire.to_snapshot(t)
   if type(snap.snapshot_id) ~= "string" or snap.snapshot_id == "" then
     return nil, what .. ": the answer has no snapshotID", "PROTOCOL", errors.detail(res.status, res.body)
   end
@@ -608,16 +598,8 @@ end
 
 local snapshot_list_fields = { sandbox_id = "string", name = "string", limit = "number", next_token = "string" }
 
---- The `/snapshots` URL path and query of one page (exposed for specs).
-function _M.snapshots_path(opts, token)
-  local q = {}
-  if opts.sandbox_id then q[#q + 1] = "sandboxID=" .. uri_component(opts.sandbox_id) end
-  if opts.name then q[#q + 1] = "name=" .. uri_component(opts.name) end
-  if opts.limit then q[#q + 1] = "limit=" .. tostring(math.floor(opts.limit)) end
-  if token then q[#q + 1] = "nextToken=" .. uri_component(token) end
-  if #q == 0 then return "/snapshots" end
-  return "/snapshots?" .. table_concat(q, "&")
-end
+--- The `/snapshots` URL path and query of one page (exposed for specs; `warmbox.e2b.wire`'s).
+_M.snapshots_path = wire.snapshots_path
 
 local function has_snapshot_id(t) return type(json.value(t.snapshotID)) == "string" end
 
@@ -638,7 +620,7 @@ function Client:list_snapshot_pages(opts)
     if finished then return nil end
     local used = token
     local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
-      url = self.api_url .. _M.snapshots_path(opts, used), headers = self.api_headers, retry = self.retry_idem }
+      url = self.api_url .. wire.snapshots_path(opts, used), headers = self.api_headers, retry = self.retry_idem }
     local _, m, c, d
     if not res then
       _, m, c, d = transport_failure("list snapshots", msg, code, sent)
@@ -652,7 +634,7 @@ function Client:list_snapshot_pages(opts)
       return false, m, c, used, d
     end
     local items = {}
-    for i, t in ipairs(arr) do items[i] = to_snapshot(t) end
+    for i, t in ipairs(arr) do items[i] = wire.to_snapshot(t) end
     local nxt = res.headers["x-next-token"]
     if nxt == "" then nxt = nil end
     token, finished = nxt, nxt == nil

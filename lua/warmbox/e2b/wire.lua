@@ -184,6 +184,29 @@ local function to_context(t)
   return { id = v(t.id), language = v(t.language), cwd = v(t.cwd) }
 end
 
+-- A snapshot as the client hands it out: `{ snapshot_id, names }`.
+local function to_snapshot(t)
+  local names = {}
+  if type(t.names) == "table" then
+    for _, n in ipairs(t.names) do
+      if type(n) == "string" then names[#names + 1] = n end
+    end
+  end
+  return { snapshot_id = json.value(t.snapshotID), names = names }
+end
+
+-- The `/snapshots` URL path and query of one page.
+local function snapshots_path(opts, token)
+  local q = {}
+  if opts.sandbox_id then q[#q + 1] = "sandboxID=" .. uri_component(opts.sandbox_id) end
+  if opts.name then q[#q + 1] = "name=" .. uri_component(opts.name) end
+  if opts.limit then q[#q + 1] = "limit=" .. tostring(math.floor(opts.limit)) end
+  if token then q[#q + 1] = "nextToken=" .. uri_component(token) end
+  if #q == 0 then return "/snapshots" end
+  return "/snapshots?" .. table_concat(q, "&")
+end
+_M.to_snapshot, _M.snapshots_path = to_snapshot, snapshots_path
+
 _M.to_sandbox, _M.to_metadata, _M.to_detail, _M.to_entry, _M.to_context =
   to_sandbox, to_metadata, to_detail, to_entry, to_context
 _M.FILE_TYPES = FILE_TYPES
