@@ -137,10 +137,10 @@ Runner.__index = Runner
 Runner.__name = "warmbox.Runner"
 
 -- A blocking lock wait (outside tasks) steps a runner with background work
--- in flight (`r.background` > 0: a prewarm started from blocking code, which
+-- in flight (`r:add_background` counted above 0: a prewarm started from blocking code, which
 -- may hold the very lock waited for).
 local function step_background(r)
-  if (r.background or 0) > 0 and not r.stepping and not r.closed then r:step(0) end
+  if r.nbackground > 0 and not r.stepping and not r.closed then r:step(0) end
 end
 
 --- A runner: an engine and a scheduler over it.
@@ -154,7 +154,7 @@ function _M.new(opts)
   local b = _M.backend(eng)
   local sched = task.scheduler{ backend = b, on_error = opts.on_error }
   -- Live tasks are held here (a spawned task nobody keeps still runs to its end).
-  local r = setmetatable({ eng = eng, backend = b, sched = sched, live = {} }, Runner)
+  local r = setmetatable({ eng = eng, backend = b, sched = sched, live = {}, nbackground = 0 }, Runner)
   by_sched[sched] = r
   lock.step_while_blocked(r, step_background)
   return r
@@ -194,6 +194,14 @@ function Runner:spawn(fn, ...)
   live[t] = true
   t.data.locks = setmetatable({}, WEAK_KEYS)
   return t
+end
+
+--- Counts background work in flight on this runner (`n`: +1 when it starts,
+-- -1 when it ends; a prewarm started from blocking code): while the count is
+-- above 0, a blocking lock wait outside tasks steps the runner, so work that
+-- holds the lock being waited for finishes meanwhile.
+function Runner:add_background(n)
+  self.nbackground = self.nbackground + n
 end
 
 --- The running task when it is one of this runner's, else nil.

@@ -152,12 +152,12 @@ function _M.start(s, within)
   t = rn:spawn(function()
     local _ <close> = setmetatable({}, { __close = function()
       if inflight[key] and inflight[key].task == t then inflight[key] = nil end
-      rn.background = (rn.background or 1) - 1
+      if rn.add_background then rn:add_background(-1) end
     end })
     return body(s, within)
   end)
   -- Blocking lock waits drive a runner with background work (each runner registers with lock.step_while_blocked).
-  rn.background = (rn.background or 0) + 1
+  if rn.add_background then rn:add_background(1) end
   inflight[key] = { task = t, runner = rn }
   count(s, "prewarms")
   if not rn:current() and rn.kick then rn:kick(_M.PREWARM_KICK) end
