@@ -2,7 +2,7 @@
  * (the table `parts` below lists them all): http.c the libcurl transport,
  * engine.c its event engine, retry.c the retry rules, lock.c/redis.c the
  * lock primitives. This file holds the small OS and
- * crypto helpers. Every other symbol is hidden (CMake's visibility preset):
+ * crypto helpers and the python programs compiled in. Every other symbol is hidden (CMake's visibility preset):
  * luaopen_warmbox_core is the module's only export. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -85,7 +85,23 @@ static int warmbox_sleep(lua_State *L) {
   return 0;
 }
 
+/* ---- embedded: the python programs the build compiled in (cmake/embed.cmake) ---- */
+
+const unsigned char *warmbox_embedded(const char *name, size_t *len);
+
+/* core.embedded(name): the bytes of python/<name> as built, or nil. */
+static int warmbox_embedded_file(lua_State *L) {
+  size_t len = 0;
+  const unsigned char *data = warmbox_embedded(luaL_checkstring(L, 1), &len);
+  if (data)
+    lua_pushlstring(L, (const char *)data, len);
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
 static const luaL_Reg warmbox_core_funcs[] = {
+  {"embedded", warmbox_embedded_file},
   {"module_path", warmbox_module_path},
   {"sha256", warmbox_sha256},
   {"hmac_sha256", warmbox_hmac_sha256},

@@ -1,7 +1,7 @@
 /*
  * interp.c: the code interpreter on port 49999 (e2b-api.md section 4).
  *
- * A context is a language, a cwd and, once used, a kernel: embed/kernel.py
+ * A context is a language, a cwd and, once used, a kernel: python/kernel.py
  * run as `/usr/bin/python3 -c <kernel.py> python|bash`, or embed/kernel.js
  * run by /usr/bin/node for javascript|typescript, inside the sandbox's
  * jail. The kernel reads one JSON request a line on its stdin and writes the

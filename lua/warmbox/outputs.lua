@@ -1,5 +1,5 @@
---- What a run leaves behind: the python output hooks (their source and the
--- prelude line), the output report they display, output file collection over
+--- What a run leaves behind: the python output hooks (the cell that installs
+-- python/output_hook.py), the output report they display, output file collection over
 -- envd, input file name checks and the MIME table.
 -- @module warmbox.outputs
 local json = require "warmbox.json"
@@ -29,121 +29,33 @@ _M.INLINE_LIMIT = 524288
 --- At most this many bytes of files come back inline in one report (the rest is read over envd).
 _M.INLINE_TOTAL = 8388608
 
+--- At most this many output files come back from a run, whichever language
+-- ran (the walk stops at the next one: see `collect_envd`).
+_M.FILES_MAX = 1000
+--- How deep the walk goes below the output directory (1: its own files).
+_M.FILES_DEPTH = 32
+
 -- ------------------------------------------------------------------
 -- The python output hooks (registered once per kernel)
 -- ------------------------------------------------------------------
 
-local HOOK_SRC = [[
-def _cells(ip, os):
-    # At most once behind an intermediary: a cell the session sends starts with
-    # a line naming its id (and its run's fencing number). Accepting it makes
-    # the directory <cells>/<id>; a session that got no answer makes that
-    # directory first to give the cell up, so a late copy is refused here,
-    # before any of it runs. Fencing: a cell whose number is lower than the
-    # highest this sandbox accepted (in <fence>) is refused too.
-    import re
-    cells = '%s'
-    fence = '%s'
-    pat = re.compile(r"^__warmbox_cell__\('([0-9a-f]{1,64})'(?:, ([0-9]{1,19}))?\)\s*$")
-    seen = []
-    def highest():
-        try:
-            with open(fence) as f:
-                return int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-    def accept(lines):
-        m = pat.match(lines[0]) if lines else None
-        if m is None:
-            return lines
-        n, high = m.group(2) and int(m.group(2)), highest()
-        if n is not None and n < high:
-            raise RuntimeError('warmbox: fenced: run ' + str(n) + ' is older than run ' + str(high)
-                               + ' of this sandbox; not run') from None
-        os.makedirs(cells, exist_ok=True)
-        try:
-            os.mkdir(os.path.join(cells, m.group(1)))
-        except FileExistsError:
-            raise RuntimeError('warmbox: cell ' + m.group(1) + ' was given up by its session; not run') from None
-        if n is not None and n > high:
-            with open(fence + '.tmp', 'w') as f:
-                f.write(str(n))
-            os.replace(fence + '.tmp', fence)
-        seen.append(m.group(1))
-        while len(seen) > %d:
-            try:
-                os.rmdir(os.path.join(cells, seen.pop(0)))
-            except OSError:
-                pass
-        return lines[1:]
-    ip.input_transformers_cleanup.insert(0, accept)
-    ip._warmbox_cells = True
-def _wb():
-    import os, base64, mimetypes, shutil
-    ip = __import__('IPython').get_ipython()
-    if ip is None:
-        return
-    # this cell is warmbox's: the user's next cell keeps the number it would have had
-    ip.execution_count -= 1
-    if not getattr(ip, '_warmbox_cells', False):
-        _cells(ip, os)
-    if getattr(ip, '_warmbox_hooks', False):
-        return
-    out = '%s'
-    limit = %d
-    budget = [%d]
-    def reset(*_a, **_k):
-        try:
-            if os.path.islink(out) or os.path.isfile(out):
-                os.unlink(out)
-            else:
-                shutil.rmtree(out, ignore_errors=True)
-            os.makedirs(out, exist_ok=True)
-        except Exception:
-            pass
-    def report(*_a, **_k):
-        files = []
-        budget[0] = %d
-        try:
-            for root, dirs, names in os.walk(out):
-                dirs.sort()
-                for n in sorted(names):
-                    p = os.path.join(root, n)
-                    if os.path.islink(p) or not os.path.isfile(p):
-                        continue
-                    size = os.path.getsize(p)
-                    rel = os.path.relpath(p, out)
-                    e = {'name': rel, 'size': size,
-                         'name_b64': base64.b64encode(os.fsencode(rel)).decode('ascii'),
-                         'mime': mimetypes.guess_type(n)[0] or 'application/octet-stream'}
-                    if size <= limit and size <= budget[0]:
-                        with open(p, 'rb') as f:
-                            data = f.read(limit + 1)
-                        if len(data) <= limit and len(data) <= budget[0]:
-                            budget[0] -= len(data)
-                            e['b64'] = base64.b64encode(data).decode('ascii')
-                    files.append(e)
-        except Exception:
-            pass
-        from IPython.display import display
-        display({'%s': {'v': 1, 'files': files}}, raw=True)
-    ip.events.register('pre_run_cell', reset)
-    ip.events.register('post_run_cell', report)
-    ip._warmbox_hooks = True
-    reset()
-try:
-    _wb()
-except Exception:
-    pass
-]]
+-- python/output_hook.py, compiled into warmbox.core by the build.
+local HOOK_SRC = assert(require("warmbox.core").embedded("output_hook.py"),
+  "warmbox.core was built without python/output_hook.py")
+
+-- A python string literal of s (the constants below: no quote, backslash or control character).
+local function py_str(s)
+  assert(type(s) == "string" and not s:find("[%c'\\\128-\255]"), "not a plain python string")
+  return "'" .. s .. "'"
+end
 
 --- The cell that installs the hooks, sent on its own before the user's cell when the
 -- kernel may not have them yet (idempotent: guarded by an attribute on `get_ipython()`).
 function _M.prelude_for(dir)
-  return "exec(__import__('base64').b64decode('"
-    .. b64_encode(string_format(HOOK_SRC, _M.CELLS_DIR, _M.FENCE_FILE, _M.CELLS_KEPT, dir, _M.INLINE_LIMIT,
-      _M.INLINE_TOTAL, _M.INLINE_TOTAL, _M.OUTPUTS_MIME))
-    .. "').decode(), {})"
+  local call = string_format("install(%s, %s, %d, %s, %d, %d, %s, %d, %d)\n", py_str(_M.CELLS_DIR),
+    py_str(_M.FENCE_FILE), _M.CELLS_KEPT, py_str(dir), _M.INLINE_LIMIT, _M.INLINE_TOTAL, py_str(_M.OUTPUTS_MIME),
+    _M.FILES_MAX, _M.FILES_DEPTH)
+  return "exec(__import__('base64').b64decode('" .. b64_encode(HOOK_SRC .. call) .. "').decode(), {})"
 end
 _M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
 
@@ -253,10 +165,6 @@ local function outputs_of(res)
 end
 _M.outputs_of = outputs_of
 
-local function is_dir_entry(e)
-  return e.type == "dir" or e.type == "directory" or e.type == "FILE_TYPE_DIRECTORY"
-end
-
 --- Checks an output file's name (from the output report or envd's listing,
 -- both written by code in the sandbox): a relative path below the output
 -- directory. Empty names, NUL, an absolute path and "", "." or ".." parts
@@ -315,19 +223,67 @@ local function size_of(x)
   return nil
 end
 
--- Files left in /home/user/output, over envd (languages without the hooks).
--- envd's listing is JSON: a name that is not UTF-8 comes back without a name
--- (warmboxd) or with U+FFFD in it (E2B's envd). Then the directory is listed
--- again by a command that prints each regular file's size and name bytes
--- (NUL-separated, base64), so such files come back under their real names.
-local LIST_CMD = "find " .. OUTPUT_DIR .. " -mindepth 1 -maxdepth 1 -type f -printf '%s %f\\0' | base64 -w 0"
+-- Takes the files one walk found, in walk order, as the walk of every
+-- language does: at most FILES_MAX of them (the next one is listed in
+-- cap.dropped: the walk stopped there), each name checked and each file
+-- within the run's byte budget (see take_file). `file(x)` turns an item of
+-- `list` into { name, size, mime, read } | nil, msg (a PROTOCOL error).
+-- → files | nil, msg, code, files so far
+local function take_walk(list, cap, file)
+  local files = {}
+  for i, x in ipairs(list) do
+    local f, ferr = file(x)
+    if not f then return nil, ferr, "PROTOCOL", files end
+    if i > _M.FILES_MAX then
+      local ok, nerr = check_output_name(f.name)
+      if not ok then return nil, nerr, "PROTOCOL", files end
+      cap.dropped[#cap.dropped + 1] = { name = f.name, size = f.size }
+      return files
+    end
+    local ok, err, code = take_file(files, cap, f.name, f.size, f.mime, f.read)
+    if not ok then return nil, err, code, files end
+  end
+  return files
+end
+
+-- The walk's order (python/output_hook.py walks in it): each directory's
+-- entries in byte order of their names, a subdirectory's files at its name's
+-- place (Go's WalkDir, as envd's ListDir lists). That is the order of the
+-- names with "/" read as NUL, which no name has and which sorts first.
+local function walk_sorted(found)
+  local keys = {}
+  for _, f in ipairs(found) do keys[f] = f.name:gsub("/", "\0") end
+  table_sort(found, function(a, b) return keys[a] < keys[b] end)
+  return found
+end
+
+-- Files left in /home/user/output, over envd (languages without the hooks):
+-- a listing FILES_DEPTH levels deep, its regular files named by their path
+-- below the output directory. envd's listing is JSON: a name that is not
+-- UTF-8 comes back with U+FFFD in it (or without one). Then the directory is
+-- listed again by a command that prints each regular file's size and path
+-- bytes (NUL-separated, base64), so such files come back under their real names.
+local LIST_CMD = string_format("find %s -mindepth 1 -maxdepth %d -type f -printf '%%s %%P\\0' | base64 -w 0",
+  OUTPUT_DIR, _M.FILES_DEPTH)
 _M.LIST_CMD = LIST_CMD
 
-local function listing_lost_names(entries)
+local PREFIX = OUTPUT_DIR .. "/"
+
+-- The regular files of an envd listing as { name, size }, or nil when the
+-- listing lost a name (of the file or of a directory above it).
+local function envd_files(entries)
+  local found = {}
   for _, e in ipairs(entries) do
-    if type(e) == "table" and (type(e.name) ~= "string" or e.name:find("\xEF\xBF\xBD", 1, true)) then return true end
+    if type(e) == "table" and e.type == "file" then -- list_dir maps FILE_TYPE_FILE to "file"
+      local path = e.path
+      if type(path) ~= "string" or path:sub(1, #PREFIX) ~= PREFIX or path:find("\xEF\xBF\xBD", 1, true)
+        or type(e.name) ~= "string" or e.name:find("\xEF\xBF\xBD", 1, true) then
+        return nil
+      end
+      found[#found + 1] = { name = path:sub(#PREFIX + 1), size = size_of(e.size) or 0 }
+    end
   end
-  return false
+  return found
 end
 
 local function list_by_command(sbx)
@@ -337,61 +293,51 @@ local function list_by_command(sbx)
     return nil, "list " .. OUTPUT_DIR .. ": exit status " .. tostring(res.exit_code) .. ": " .. tostring(res.stderr),
       "HTTP"
   end
-  local entries = {}
+  local found = {}
   for size, name in (b64_decode(res.stdout or "") or ""):gmatch("(%d+) ([^\0]+)\0") do
-    entries[#entries + 1] = { name = name, size = tonumber(size), type = "file" }
+    found[#found + 1] = { name = name, size = tonumber(size) }
   end
-  return entries
+  return found
 end
 
 local function collect_envd(sbx, cap)
-  local entries, err, code = sbx:list_dir(OUTPUT_DIR, 1)
+  local entries, err, code = sbx:list_dir(OUTPUT_DIR, _M.FILES_DEPTH)
   if not entries then
     if code == "NOT_FOUND" then return {} end
     return nil, err, code
   end
-  if listing_lost_names(entries) then
-    entries, err, code = list_by_command(sbx)
-    if not entries then return nil, err, code end
+  local found = envd_files(entries)
+  if not found then
+    found, err, code = list_by_command(sbx)
+    if not found then return nil, err, code end
   end
-  local files = {}
-  table_sort(entries, function(a, b) return tostring(a.name) < tostring(b.name) end)
-  for _, e in ipairs(entries) do
-    if type(e) == "table" and type(e.name) == "string" and not is_dir_entry(e) and e.type ~= "symlink"
-      and e.type ~= "FILE_TYPE_SYMLINK" then
-      local ok, rerr, rcode = take_file(files, cap, e.name, size_of(e.size) or 0, mime_of(e.name),
-        function(max) return sbx:read_file(OUTPUT_DIR .. "/" .. e.name, { max_bytes = max }) end)
-      if not ok then return nil, rerr, rcode, files end
-    end
-  end
-  return files
+  return take_walk(walk_sorted(found), cap, function(e)
+    return { name = e.name, size = e.size, mime = mime_of(e.name),
+      read = function(max) return sbx:read_file(PREFIX .. e.name, { max_bytes = max }) end }
+  end)
 end
 
-local function files_from_report(sbx, report, cap)
-  local files = {}
-  for _, f in ipairs(report.files) do
-    if type(f) ~= "table" or type(f.name) ~= "string" then
-      return nil, "the output report lists an entry that is not a file", "PROTOCOL", files
-    else
-      -- The name's bytes as they are (a name that is not UTF-8 included).
-      local name = f.name
-      if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) or name end
-      local mime = type(f.mime) == "string" and f.mime or mime_of(name)
-      local content = type(f.b64) == "string" and b64_decode(f.b64) or nil
-      local ok, err, code
-      local size = size_of(f.size)
-      if not size then
-        ok, err, code = protocol_error(string_format("output file %q: no valid size in the report", name))
-      elseif content then
-        ok, err, code = take_file(files, cap, name, #content, mime, function() return content end)
-      else
-        ok, err, code = take_file(files, cap, name, size, mime,
-          function(max) return sbx:read_file(OUTPUT_DIR .. "/" .. name, { max_bytes = max }) end)
-      end
-      if not ok then return nil, err, code, files end
-    end
+-- One entry of the output report as take_walk takes it.
+local function report_file(sbx, f)
+  if type(f) ~= "table" or type(f.name) ~= "string" then
+    return nil, "the output report lists an entry that is not a file"
   end
-  return files
+  -- The name's bytes as they are (a name that is not UTF-8 included).
+  local name = f.name
+  if type(f.name_b64) == "string" then name = b64_decode(f.name_b64) or name end
+  local mime = type(f.mime) == "string" and f.mime or mime_of(name)
+  local size = size_of(f.size)
+  if not size then return nil, string_format("output file %q: no valid size in the report", name) end
+  local content = type(f.b64) == "string" and b64_decode(f.b64) or nil
+  if content then return { name = name, size = #content, mime = mime, read = function() return content end } end
+  return { name = name, size = size, mime = mime,
+    read = function(max) return sbx:read_file(PREFIX .. name, { max_bytes = max }) end }
+end
+
+-- The files of the python hook's output report (walked in the kernel, in
+-- walk order: see python/output_hook.py).
+local function files_from_report(sbx, report, cap)
+  return take_walk(report.files, cap, function(f) return report_file(sbx, f) end)
 end
 _M.collect_envd = collect_envd
 _M.files_from_report = files_from_report

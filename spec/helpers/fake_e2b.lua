@@ -194,7 +194,9 @@ function M.new(o)
     function h.list_dir(_, path)
       rec("list_dir", h.id, path)
       local out = {}
-      for name in pairs(client.sb[h.id].output) do out[#out + 1] = { name = name, type = "file" } end
+      for name in pairs(client.sb[h.id].output) do
+        out[#out + 1] = { name = name:match("[^/]*$"), path = path .. "/" .. name, type = "file" }
+      end
       return out
     end
     function h.remove(_, path)

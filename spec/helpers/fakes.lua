@@ -22,6 +22,15 @@ M.VERSION = (function()
   return assert(v, "no version in CMakeLists.txt")
 end)()
 
+--- A stand-in for core.embedded(name): the bytes of python/<name>, as the build compiles them in.
+function M.embedded(name)
+  local f = io.open("python/" .. name, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 --- A stand-in for core.hmac_sha256(key, s).
 function M.hmac(k, s)
   return M.hash(k .. "\0" .. s)

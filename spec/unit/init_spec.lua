@@ -8,7 +8,7 @@ local function fake_core(version)
   return {
     _VERSION = version or VERSION,
     sha256 = fake_hash,
-    hmac_sha256 = fakes.hmac,
+    hmac_sha256 = fakes.hmac, embedded = fakes.embedded,
     now = os.clock, sleep = function() end, module_path = function() return "/nonexistent/warmbox/core.so" end,
   }
 end
