@@ -30,12 +30,12 @@ local function copy(t)
   return o
 end
 
--- The item a hook sees for sandbox b of tag value tv, and the group it counts
--- in. What GC derives from a tag value (its key, tenant, whether it is an
+-- The item a hook sees for sandbox b of tag value tv (refilled into `it`,
+-- sim.gc_item), and the group it counts in. What GC derives from a tag value (its key, tenant, whether it is an
 -- orphan) is made once per tag value; a sandbox's metadata copy, once per
 -- sandbox. The item is one table refilled for each sandbox (as its context):
 -- a gc hook must neither keep nor change them.
-local function item_of(sim, b, tv)
+local function item_of(sim, b, tv, it)
   local info = b.gc_info or sim.tv_info[tv]
   if not info then
     local key, enc = parse_tag(tv)
@@ -56,7 +56,6 @@ local function item_of(sim, b, tv)
   if b.fmt_started ~= sa then b.fmt_started, b.s_started = sa, rfc3339(sa) end
   if b.fmt_end ~= ea then b.fmt_end, b.s_end = ea, rfc3339(ea) end
   local s, e = ms(sa), ms(ea)
-  local it = sim.gc_item
   it.sandbox_id, it.started_at, it.end_at, it.template_id, it.metadata = b.id, b.s_started, b.s_end, b.template, md
   it.tag_value, it.key, it.orphan, it.tenant = tv, info.key, info.orphan, info.tenant
   if b.state == "paused" then
@@ -78,14 +77,14 @@ end
 local function default_kills(sim, T, acts)
   local mage = sim.max_age or 86400
   local cut = T - mage + 1
-  local tag = sim.tag
+  local tag, gc_item = sim.tag, sim.gc_item
   local found = {}
   local b = sim.model.oldest
   while b and b.started_at <= cut do
     local info = b.gc_info
     local tv = info and info.tv or b.metadata[tag]
     if info or (type(tv) == "string" and tv ~= "") then
-      local it = item_of(sim, b, tv)
+      local it = item_of(sim, b, tv, gc_item)
       if default_kill(it.orphan, it.last_activity, T, mage) then
         found[#found + 1] = { item = copy(it), action = "kill", b = b }
       end
@@ -100,7 +99,7 @@ end
 -- → the number listed, the number of hook errors
 local function list(sim, b, tenants, totals, acts)
   local nlisted, errs = 0, 0
-  local tag, gctx, gc_hook = sim.tag, sim.gctx, sim.gc_hook
+  local tag, gctx, gc_hook, gc_item = sim.tag, sim.gctx, sim.gc_hook, sim.gc_item
   while b do
     nlisted = nlisted + 1
     local info = b.gc_info       -- a sandbox's metadata never changes: its tag value is known
@@ -108,12 +107,15 @@ local function list(sim, b, tenants, totals, acts)
     if info or (type(tv) == "string" and tv ~= "") then
       -- decide(item) and count(item, action, 1), inlined; the context's
       -- counts and totals are the pass's own tables (read-only for the hook)
-      local it, grp = item_of(sim, b, tv)
+      local it, grp = item_of(sim, b, tv, gc_item)
       local cc = tenants[grp]
       if not cc then cc = { kept = 0, kill = 0, demote = 0 }; tenants[grp] = cc end
       totals.seen = totals.seen + 1
       gctx.counts, gctx.totals, gctx.tag_value, gctx.tenant = cc, totals, tv, it.tenant
-      local action, msg = gc_answer(pcall(gc_hook, it, gctx))
+      local ok, action = pcall(gc_hook, it, gctx)
+      local msg
+      -- what the answer means (the common one, keep, without a call)
+      if not (ok and action == "keep") then action, msg = gc_answer(ok, action) end
       if action == "keep" then
         cc.kept = cc.kept + 1
         totals.kept = totals.kept + 1

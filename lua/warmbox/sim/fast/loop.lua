@@ -56,28 +56,6 @@ local function next_turn(sim, c)
   end
 end
 
--- The counts of a run that went well: a cold start (after the conversation
--- had a sandbox: its state lost), a resume or a warm hit.
-local function count_ok(sim, c)
-  sim.r_ok = sim.r_ok + 1
-  if sim.m_created then
-    sim.r_cold_starts = sim.r_cold_starts + 1
-    if c.had_box then
-      local report = sim.report
-      report.turns_lost_state = report.turns_lost_state + 1
-      if not c.lost then
-        c.lost = true
-        report.conversations_lost_state = report.conversations_lost_state + 1
-      end
-    end
-  elseif sim.m_resumed then
-    sim.r_resumes = sim.r_resumes + 1
-  else
-    sim.r_warm_hits = sim.r_warm_hits + 1
-  end
-  c.had_box = true
-end
-
 -- Conversation c's run at T, counted (and logged when asked).
 local function play_run(sim, c, T)
   local began = math_max(c.due, c.prev_end)
@@ -93,7 +71,24 @@ local function play_run(sim, c, T)
   if not ok then
     sim.fail(tostring(ecode), tostring(err))
   else
-    count_ok(sim, c)
+    -- a cold start (after the conversation had a sandbox: its state lost), a resume or a warm hit
+    sim.r_ok = sim.r_ok + 1
+    if sim.m_created then
+      sim.r_cold_starts = sim.r_cold_starts + 1
+      if c.had_box then
+        local report = sim.report
+        report.turns_lost_state = report.turns_lost_state + 1
+        if not c.lost then
+          c.lost = true
+          report.conversations_lost_state = report.conversations_lost_state + 1
+        end
+      end
+    elseif sim.m_resumed then
+      sim.r_resumes = sim.r_resumes + 1
+    else
+      sim.r_warm_hits = sim.r_warm_hits + 1
+    end
+    c.had_box = true
     local nlat = sim.nlat + 1
     sim.nlat = nlat
     sim.latencies[nlat] = math_floor(((m_code_started or f) - began) * 1e6 + 0.5) / 1000
@@ -154,24 +149,6 @@ local function finish(sim, horizon)
   return h
 end
 
--- The conversation on top of the heap, played at T: its prewarm (then its
--- run, or its next turn) or its run (then its next turn).
-local function play_top(sim, top, T)
-  heap_pop(sim.heap)
-  if top.phase == "prewarm" then
-    play_prewarm(sim, top, T)
-    if top.runs then
-      top.phase = "run"
-      schedule(sim, top, math_max(top.due, top.free))
-    else
-      next_turn(sim, top)
-    end
-  else
-    play_run(sim, top, T)
-    next_turn(sim, top)
-  end
-end
-
 -- The loop, until the horizon: every conversation played, then the tail
 -- (the GC passes up to it). → the time it ended
 local function play(sim)
@@ -204,7 +181,21 @@ local function play(sim)
       convs[ci - 1] = nil                     -- what is left of it lives in c
       arrive(sim, conv, T)
     else
-      play_top(sim, top, T)
+      -- the conversation on top: its prewarm (then its run, or its next turn)
+      -- or its run (then its next turn)
+      heap_pop(heap)
+      if top.phase == "prewarm" then
+        play_prewarm(sim, top, T)
+        if top.runs then
+          top.phase = "run"
+          schedule(sim, top, math_max(top.due, top.free))
+        else
+          next_turn(sim, top)
+        end
+      else
+        play_run(sim, top, T)
+        next_turn(sim, top)
+      end
     end
   end
   return finish(sim, horizon or math_max(sim.last_end + tail, model.now))

@@ -62,7 +62,9 @@ local function remember(st, b, lease_end, run_started, max_length)
   if st.sandbox_id ~= b.id then st.hooked, st.run_started, st.auto_resume = nil, nil, nil end
   st.sandbox_id, st.box = b.id, b
   if run_started then st.run_started = run_started end
-  st.lease_end = capped(lease_end, st.run_started, max_length)
+  run_started = st.run_started
+  if run_started then lease_end = math_min(lease_end, run_started + max_length) end   -- see `capped`
+  st.lease_end = lease_end
 end
 
 -- Whether a secured sandbox resumes by traffic after its lease ends: its

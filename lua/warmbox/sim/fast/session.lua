@@ -46,27 +46,6 @@ local function recycle(sim, st, id, reused, lease, t)
   return t, id, reused
 end
 
--- The remembered sandbox, as it is when `should_refresh` says so, else
--- refreshed by `connect` (secure_remembered). → t_after, id (nil: forgotten,
--- resolve) | t_after, nil, msg, code
-local function remembered(sim, st, ctx, sid, lease, t)
-  local ok, refresh = pcall(sim.refresh_hook, ctx)
-  if not ok then return t, nil, hook_failed(sim, "should_refresh", refresh), "POLICY" end
-  if not refresh then return t, sid end
-  local t1 = t
-  local box = st.box
-  local t2, resumed, cerr, ccode = connect(sim, sid, lease, t, box)
-  sim.nconnect = sim.nconnect + 1
-  if resumed ~= nil then
-    remember(st, box or sim.live[sid], t1 + lease, resumed and t1 or nil, sim.max_length)
-    return t2, sid
-  elseif not is_gone(ccode) then
-    return t2, nil, cerr, ccode
-  end
-  forget(st)
-  return t2, nil
-end
-
 -- A sandbox for one run at t (Session:_acquire). → t_after, id, reused | t_after, nil, msg, code
 local function acquire(sim, c, st, t, run_timeout)
   local ctx = fill(sim, c, st, t, run_timeout)
@@ -78,12 +57,26 @@ local function acquire(sim, c, st, t, run_timeout)
   local id, reused
   local sid = st.sandbox_id
   if sid then
-    local t2, rid, err, code = remembered(sim, st, ctx, sid, lease, t)
-    t = t2
-    if rid then
-      id, reused = rid, true
-    elseif err then
-      return t, nil, err, code
+    -- the remembered sandbox, as it is when `should_refresh` says so, else
+    -- refreshed by `connect`; gone: forgotten and resolved (secure_remembered)
+    local ok2, refresh = pcall(sim.refresh_hook, ctx)
+    if not ok2 then return t, nil, hook_failed(sim, "should_refresh", refresh), "POLICY" end
+    if not refresh then
+      id, reused = sid, true
+    else
+      local t1 = t
+      local box = st.box
+      local t2, resumed, cerr, ccode = connect(sim, sid, lease, t, box)
+      t = t2
+      sim.nconnect = sim.nconnect + 1
+      if resumed ~= nil then
+        remember(st, box or sim.live[sid], t1 + lease, resumed and t1 or nil, sim.max_length)
+        id, reused = sid, true
+      elseif not is_gone(ccode) then
+        return t, nil, cerr, ccode
+      else
+        forget(st)
+      end
     end
   end
   if not id then
