@@ -106,7 +106,6 @@ function _M._new(S)
   sim.by_tv = {}                         -- tag value -> conversation (GC's locks)
   sim.tv_opts = tag_value_opts(sim.template, sim.env)
   sim.nreq, sim.nruns, sim.nconnect = 0, 0, 0
-  sim.r_runs, sim.r_ok, sim.r_warm_hits, sim.r_resumes, sim.r_cold_starts, sim.r_turns = 0, 0, 0, 0, 0, 0
   -- what happened to the turn being played
   sim.m_created, sim.m_resumed, sim.m_code_started, sim.m_sandbox = false, false, nil, nil
   sim.ctx = { env = sim.env, template = sim.template, tag = tag, exec_timeout = sim.exec_timeout,

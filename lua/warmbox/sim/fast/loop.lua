@@ -26,16 +26,18 @@ local function schedule(sim, c, t)
 end
 
 -- The conversation's next turn: schedules its first event (or ends it).
+-- → the number of turns taken (the turns that run no code are skipped)
 local function next_turn(sim, c)
   local t0, per_call = sim.t0, sim.per_call
+  local n = 0
   while true do
     local t, duration, timeout, language, lead, runs = c.gen:turn()
     if not t then
       c.gen = nil                           -- done: its generator goes
-      return
+      return n
     end
     c.n = c.n + 1
-    sim.r_turns = sim.r_turns + 1
+    n = n + 1
     local due = t0 + t
     c.due, c.duration, c.timeout, c.language, c.runs = due, duration, timeout, language, runs ~= false
     if per_call then
@@ -46,35 +48,36 @@ local function next_turn(sim, c)
     if sim.prewarm_on then
       c.phase = "prewarm"
       schedule(sim, c, math_max(due - (lead or 0), c.free))
-      return
+      return n
     end
     if c.runs then
       c.phase = "run"
       schedule(sim, c, math_max(due, c.free))
-      return
+      return n
     end
   end
 end
 
--- Conversation c's run at T, counted (and logged when asked).
+-- Conversation c's run at T (logged when asked). → how it went: "cold" (a
+-- sandbox created), "resume", "warm", or nil (it failed)
 local function play_run(sim, c, T)
   local began = math_max(c.due, c.prev_end)
   sim.m_created, sim.m_resumed, sim.m_code_started, sim.m_sandbox = false, false, nil, nil
-  sim.r_runs = sim.r_runs + 1
   local f, ok, err, ecode = run(sim, c, c.st, T, c.duration, c.timeout, c.language)
-  local log, t0, m_code_started = sim.log, sim.t0, sim.m_code_started
+  local log, t0, m_code_started, created, resumed = sim.log, sim.t0, sim.m_code_started, sim.m_created,
+    sim.m_resumed
   if log then
     log[#log + 1] = { session = c.key, due = c.due - t0, start = began - t0, finish = f - t0,
       code_started = m_code_started and m_code_started - t0, ok = ok, code = not ok and tostring(ecode) or nil,
-      created = sim.m_created, resumed = sim.m_resumed }
+      created = created, resumed = resumed }
   end
+  local how
   if not ok then
     sim.fail(tostring(ecode), tostring(err))
   else
     -- a cold start (after the conversation had a sandbox: its state lost), a resume or a warm hit
-    sim.r_ok = sim.r_ok + 1
-    if sim.m_created then
-      sim.r_cold_starts = sim.r_cold_starts + 1
+    how = created and "cold" or resumed and "resume" or "warm"
+    if created then
       if c.had_box then
         local report = sim.report
         report.turns_lost_state = report.turns_lost_state + 1
@@ -83,10 +86,6 @@ local function play_run(sim, c, T)
           report.conversations_lost_state = report.conversations_lost_state + 1
         end
       end
-    elseif sim.m_resumed then
-      sim.r_resumes = sim.r_resumes + 1
-    else
-      sim.r_warm_hits = sim.r_warm_hits + 1
     end
     c.had_box = true
     local nlat = sim.nlat + 1
@@ -99,9 +98,11 @@ local function play_run(sim, c, T)
   end
   c.free, c.prev_end, c.lock_until = f, f, f
   if f > sim.last_end then sim.last_end = f end
+  return how
 end
 
--- A conversation arriving at T: its record, then its first turn.
+-- A conversation arriving at T: its record, then its first turn. → the
+-- number of turns taken
 local function arrive(sim, conv, T)
   local c = { key = conv.key, skey = conv.key, gen = sim.gen_of(conv), n = 0,
     free = T, prev_end = T,
@@ -111,7 +112,7 @@ local function arrive(sim, conv, T)
     c.stv = tag_value(conv.key, sim.tv_opts)
     sim.by_tv[c.stv] = c
   end
-  next_turn(sim, c)
+  return next_turn(sim, c)
 end
 
 -- The model's clock to T: the leases that ran out and the running counts
@@ -160,6 +161,8 @@ local function play(sim)
   local gc_every = sim.gc_every
   local next_gc = gc_every and t0 + gc_every or math_huge
   local horizon = nil
+  -- the counts of runs and turns, in locals while the loop runs
+  local r_runs, r_ok, r_cold, r_resumes, r_warm, r_turns = 0, 0, 0, 0, 0, 0
   while true do
     local top = heap_v[1]
     local tc = top and heap_t[1] or math_huge
@@ -179,7 +182,7 @@ local function play(sim)
     elseif T == ta then
       ci = ci + 1
       convs[ci - 1] = nil                     -- what is left of it lives in c
-      arrive(sim, conv, T)
+      r_turns = r_turns + arrive(sim, conv, T)
     else
       -- the conversation on top: its prewarm (then its run, or its next turn)
       -- or its run (then its next turn)
@@ -190,14 +193,22 @@ local function play(sim)
           top.phase = "run"
           schedule(sim, top, math_max(top.due, top.free))
         else
-          next_turn(sim, top)
+          r_turns = r_turns + next_turn(sim, top)
         end
       else
-        play_run(sim, top, T)
-        next_turn(sim, top)
+        r_runs = r_runs + 1
+        local how = play_run(sim, top, T)
+        if how then
+          r_ok = r_ok + 1
+          if how == "warm" then r_warm = r_warm + 1 elseif how == "resume" then r_resumes = r_resumes + 1
+          else r_cold = r_cold + 1 end
+        end
+        r_turns = r_turns + next_turn(sim, top)
       end
     end
   end
+  sim.r_runs, sim.r_ok, sim.r_warm_hits, sim.r_resumes, sim.r_cold_starts, sim.r_turns = r_runs, r_ok, r_warm,
+    r_resumes, r_cold, r_turns
   return finish(sim, horizon or math_max(sim.last_end + tail, model.now))
 end
 
