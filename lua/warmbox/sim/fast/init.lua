@@ -40,7 +40,7 @@
 -- requests a session sends, on the model's records), `resolve` and `session`
 -- (a run), `prewarm`, `gc` (a pass), `loop` (the event loop), and `rules`
 -- (every rule and constant copied from warmbox.session and warmbox.gc). They
--- share one state table, `sim` (made by `new` below): plain functions taking
+-- share one state table, `sim` (made by `_new` below): plain functions taking
 -- it first, called through locals (no method lookup on the hot path).
 -- @module warmbox.sim.fast
 
