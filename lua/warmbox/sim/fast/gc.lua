@@ -19,7 +19,7 @@ local stop_running, start_paused, end_paused, remove, touch = ops.stop_running, 
 local rfc3339 = model_mod.rfc3339
 local parse_tag = tag_mod.parse_tag
 local forget, tenant, group, looks_demoted = rules.forget, rules.tenant, rules.group, rules.looks_demoted
-local gc_answer, ran_since, default_kill = rules.gc_answer, rules.ran_since, rules.default_kill
+local gc_answer, ran_since, default_kill, count = rules.gc_answer, rules.ran_since, rules.default_kill, rules.count
 
 -- Milliseconds, as E2B's RFC 3339 times carry them (and warmbox.gc parses them back).
 local function ms(t) return math_floor(t * 1000 + 0.5) / 1000 end
@@ -41,7 +41,7 @@ local function item_of(sim, b, tv, it)
     local key, enc = parse_tag(tv)
     info = { tv = tv, key = key, orphan = enc == nil }
     if enc then info.tenant = tenant(sim.tenant_of, key or tv) end
-    info.group = group(info.tenant, info.orphan)
+    info.group = group(info)
     sim.tv_info[tv] = info
   end
   local md = b.gc_md
@@ -166,20 +166,10 @@ local function demote(sim, bx, st, T)
   end
 end
 
--- A decision counted (d = 1) or taken back (d = -1) in its group and the totals.
-local function count(tenants, totals, item, action, d)
-  local tn = group(item.tenant, item.orphan)
-  local cc = tenants[tn]
-  if not cc then cc = { kept = 0, kill = 0, demote = 0 }; tenants[tn] = cc end
-  local k = action == "keep" and "kept" or action
-  cc[k] = cc[k] + d
-  totals[k] = totals[k] + d
-end
-
 -- The hook asked again about item at T (its counts and totals copies of the
 -- pass's). → the action, or nil (an error, noted)
 local function decide(sim, tenants, totals, item, T)
-  local cc = tenants[group(item.tenant, item.orphan)]
+  local cc = tenants[group(item)]
   local gctx = sim.gctx
   gctx.counts = { kept = cc and cc.kept or 0, kill = cc and cc.kill or 0, demote = cc and cc.demote or 0 }
   gctx.totals = { seen = totals.seen, kept = totals.kept, kill = totals.kill, demote = totals.demote }
@@ -204,7 +194,7 @@ local function act(sim, T, acts, tenants, totals)
     else
       sim.nreq = sim.nreq + 1          -- its re-check (info)
       local st = c and c.st
-      if ran_since(st, item.sandbox_id, item.last_activity) then
+      if ran_since(st, item) then
         item.last_activity = st.last_run
         count(tenants, totals, item, action, -1)
         action = decide(sim, tenants, totals, item, T)

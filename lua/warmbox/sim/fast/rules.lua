@@ -3,25 +3,27 @@
 -- The fast path does not run `warmbox.session` or `warmbox.gc`: it plays
 -- their decisions on the model's records. Every rule and constant it copies
 -- from them is here, one small function each, named after the engine code it
--- mirrors, so that a change to a rule (or a shared decisions module both call)
--- is made in one place of the simulator. The agreement specs
+-- mirrors. Where the engine keeps the rule in a pure module
+-- (`warmbox.session.decide`, `warmbox.session.retry`, `warmbox.gc.decide`),
+-- the fast path calls that module: the rule is written once. What is left
+-- here is the bookkeeping on the fast path's own records and the two rules
+-- the engine states inline (the create's lifecycle and timeout). The agreement specs
 -- (spec/unit/sim_spec.lua, spec/integration/sim_agreement_spec.lua) check
 -- that the two paths give the same counts.
 -- @module warmbox.sim.fast.rules
 
-local gc_mod = require "warmbox.gc"
+local sdecide = require "warmbox.session.decide"
+local retry = require "warmbox.session.retry"
+local gdecide = require "warmbox.gc.decide"
 
-local type, pcall, tostring = type, pcall, tostring
-local math_ceil, math_max, math_min, math_huge = math.ceil, math.max, math.min, math.huge
+local type = type
+local math_max, math_min, math_huge = math.max, math.min, math.huge
 
 -- ----------------------------------------------------------------
 -- Constants
 -- ----------------------------------------------------------------
 
--- warmbox.session.LEASE_MARGIN: seconds a lease covers beyond the run's timeout.
-local LEASE_MARGIN = 5
--- warmbox.session.COVER_MARGIN: the lease left before the cell that needs no extension.
-local COVER_MARGIN = 2
+local LEASE_MARGIN, COVER_MARGIN = sdecide.LEASE_MARGIN, sdecide.COVER_MARGIN
 -- warmbox.state.DEMOTE_MARK: a sandbox paused within this many seconds of its resume looks demoted.
 local DEMOTE_MARK = require("warmbox.state").DEMOTE_MARK
 
@@ -29,22 +31,13 @@ local DEMOTE_MARK = require("warmbox.state").DEMOTE_MARK
 -- The session (warmbox.session)
 -- ----------------------------------------------------------------
 
--- The lease of a run from the `lease` hook's answer: nil when the answer is
--- not a positive finite number (Session:_lease), else rounded up and raised
--- to cover the run's timeout + LEASE_MARGIN (Session:_acquire).
-local function lease_of(value, run_timeout)
-  if not (type(value) == "number" and value > 0 and value < math_huge) then return nil end
-  local lease = math_ceil(value)
-  if run_timeout + LEASE_MARGIN > lease then lease = math_ceil(run_timeout + LEASE_MARGIN) end
-  return lease
-end
+-- The lease of a run from the `lease` hook's answer (warmbox.session.decide.lease):
+-- nil when the answer is not a positive finite number.
+local s_lease = sdecide.lease
+local function lease_of(value, run_timeout) return (s_lease(value, run_timeout)) end
 
--- A remembered lease end capped at the run's start + the maximum run length
--- (Session:_remember, Session:_cover: E2B caps every lease there).
-local function capped(lease_end, run_started, max_length)
-  if run_started then return math_min(lease_end, run_started + max_length) end
-  return lease_end
-end
+-- A remembered lease end capped at the run's start + the maximum run length.
+local capped = sdecide.lease_end
 
 -- What a session remembers (warmbox.state's fields) lives in the
 -- conversation's own table (one table less to reach per turn). Forgetting
@@ -86,34 +79,17 @@ local function create_timeout(timeout, lease)
   return math_max(timeout or lease, lease)
 end
 
--- Whether the run could cross the maximum run length, so the sandbox is
--- recycled first: paused (memory kept) and connected (Session:_acquire).
-local function needs_recycle(run_started, max_length, now, run_timeout)
-  return run_started and run_started + max_length < now + run_timeout + LEASE_MARGIN
-end
+-- Whether the run could cross the maximum run length, so the sandbox is recycled first.
+local needs_recycle = sdecide.recycle_due
+-- The extension to ask before the cell, or nil when the lease covers it.
+local extension = sdecide.extension
+-- Whether a failed control-plane call says the sandbox is gone.
+local is_gone = sdecide.is_gone
 
--- Whether the remembered lease covers the cell sent at `now`, so no extension
--- is needed (Session:_cover: no lease known, or timeout + COVER_MARGIN left).
-local function covers(lease_end, now, run_timeout)
-  return not lease_end or now + run_timeout + COVER_MARGIN <= lease_end
-end
-
--- The lease an extension before the cell asks for (Session:_cover).
-local function cover_lease(run_timeout)
-  return math_ceil(run_timeout + LEASE_MARGIN)
-end
-
--- Whether a failed control-plane call says the sandbox is gone (is_gone in
--- warmbox.session: a 404), as opposed to a fault that fails the run.
-local function is_gone(code)
-  return code == "NOT_FOUND"
-end
-
--- Whether a failure before the cell says its sandbox may be gone, so the run
--- may be sent again (`before` in warmbox.session; the model answers a gone
--- sandbox 404 on the control plane, SANDBOX_GONE on the data plane).
+-- Whether a failure before the cell says its sandbox may be gone, so the
+-- control plane is asked (retry.reach of a step before the cell).
 local function gone_before(code)
-  return code == "SANDBOX_GONE" or code == "NOT_FOUND"
+  return retry.reach("prepare", code) == "exists"
 end
 
 -- Whether the run's cell carries the mark the session gives up when it never
@@ -124,18 +100,20 @@ local function cell_marked(python, hooked, guarded)
   return guarded
 end
 
--- What asking the sandbox after an unanswered execute gave
--- (Session:_never_arrived): "again" when the cell's mark was claimed (it never
--- reached the kernel), "gone" when the sandbox no longer exists, else false.
+-- What asking the sandbox after an unanswered execute gave (retry.answer):
+-- "again" when the cell's mark was claimed (it never reached the kernel),
+-- "gone" when the sandbox no longer exists, else false.
 local function never_arrived(claimed, exists)
-  if claimed then return "again" end
-  return not exists and "gone" or false
+  local r = retry.answer("cell", "ask", claimed)
+  if r == "never" then return "again" end
+  if r == false then return false end
+  return retry.answer("cell", "exists", exists)
 end
 
--- What asking after a failure before the cell gave (Session:_ready): sent
--- again to the same sandbox while it exists, else resolved again.
+-- What asking after a failure before the cell gave (retry.answer): sent again
+-- to the same sandbox while it exists, else resolved again.
 local function ready_retry(exists)
-  return exists and "again" or "gone"
+  return retry.answer("prepare", "exists", exists) == "never" and "again" or "gone"
 end
 
 -- Whether a failed run may be sent again, and how (Session:_run_locked's
@@ -154,57 +132,48 @@ local function refresh_next(asked)
   return asked == false
 end
 
--- The answers after which the session asks the sandbox (ASK_AFTER in
--- warmbox.session: `unanswered`): unreachable a moment ago, so the next
--- attempt connects first.
-local function unanswered(code)
-  return code == "SANDBOX_GONE" or code == "NOT_FOUND" or code == "RATE_LIMITED"
-end
+-- The answers after which the session asks the sandbox (unreachable a moment
+-- ago, so the next attempt connects first).
+local unanswered = sdecide.unanswered
 
 -- ----------------------------------------------------------------
 -- GC (warmbox.gc)
 -- ----------------------------------------------------------------
 
--- The tenant of a warmbox tag value's key: the policy's `tenant` hook, else
--- (it raised or gave no string) the default tenant (make_item).
-local function tenant(tenant_of, key)
-  local ok, tn = pcall(tenant_of, key)
-  return ok and type(tn) == "string" and tn or gc_mod.default_tenant(key)
-end
+-- The tenant of a tag value's key: the policy's `tenant` hook, else its default.
+local g_tenant = gdecide.tenant
+local function tenant(tenant_of, key) return g_tenant(tenant_of, key) end
 
--- The policy's `tenant` hook, or the default one (gc.run).
+-- The policy's `tenant` hook, or the default one.
 local function tenant_hook(policy)
-  return type(policy.tenant) == "function" and policy.tenant or gc_mod.default_tenant
+  return type(policy.tenant) == "function" and policy.tenant or gdecide.default_tenant
 end
 
--- The group a sandbox's decisions count in (gc.run's count: its tenant, else
--- orphans or hashed keys).
-local function group(tn, orphan)
-  return tn or (orphan and "(orphans)") or "(hashed)"
-end
+-- The group a decision counts in (an item, or anything with its `tenant` and `orphan`).
+local group = gdecide.group
+-- Whether a paused sandbox listed with these times looks demoted.
+local looks_demoted = gdecide.demoted
+-- The actions a gc hook may answer.
+local ACTIONS = gdecide.ACTIONS
+-- A decision counted (d = 1) or taken back (d = -1) in its group and the totals.
+local count = gdecide.count
 
--- Whether a paused sandbox listed with these times (ms-rounded unix seconds)
--- looks demoted (warmbox.state.looks_demoted: paused within DEMOTE_MARK
--- seconds of its resume). Its last activity is its end (gc.last_activity).
-local function looks_demoted(s, e)
-  return e >= s and e - s <= DEMOTE_MARK
-end
-
--- The actions a gc hook may answer (ACTIONS in warmbox.gc).
-local ACTIONS = { keep = true, kill = true, demote = true }
-
--- What a gc hook's answer (pcall's ok, action) means (gc.run's decide): the
--- action, or nil and the error the pass notes.
+-- What a gc hook's answer (pcall's ok, action) means: the action, or nil and
+-- the error the pass notes (the fast path gives no reason: no item passed).
+local NO_ITEM = {}
+local g_answer = gdecide.answer
 local function gc_answer(ok, action)
-  if ok and ACTIONS[action] then return action end
-  return nil, ok and ("gc policy returned " .. tostring(action)) or ("gc policy failed: " .. tostring(action))
+  if ok and action == "keep" then return "keep" end
+  local a, msg = g_answer(ok, action, nil, NO_ITEM, 0, 0)
+  if not a then return nil, msg end
+  return a
 end
 
--- Whether the session's remembered last run is later than the listed last
--- activity, so the hook is asked again with it (gc.run's lock_entries).
-local function ran_since(st, sandbox_id, last_activity)
-  local last_run = st and st.last_run
-  return st and st.sandbox_id == sandbox_id and last_run and last_run > (last_activity or -math_huge)
+-- Whether the session's remembered last run is later than the item's listed
+-- last activity, so the hook is asked again with it (its time, or nil).
+local g_remembered = gdecide.remembered
+local function ran_since(st, item)
+  return st and g_remembered(item, st)
 end
 
 -- The default policy's gc decision (warmbox.policy.default.gc): orphans and
@@ -220,8 +189,8 @@ return {
   lease_of = lease_of, capped = capped, forget = forget, remember = remember, is_gone = is_gone,
   refresh_next = refresh_next, auto_resume_of = auto_resume_of,
   default_lifecycle = default_lifecycle, create_timeout = create_timeout, needs_recycle = needs_recycle,
-  covers = covers, cover_lease = cover_lease, gone_before = gone_before, cell_marked = cell_marked,
+  extension = extension, gone_before = gone_before, cell_marked = cell_marked,
   never_arrived = never_arrived, ready_retry = ready_retry, retryable = retryable, unanswered = unanswered,
   tenant = tenant, tenant_hook = tenant_hook, group = group, looks_demoted = looks_demoted, gc_answer = gc_answer,
-  ran_since = ran_since, default_kill = default_kill,
+  ran_since = ran_since, default_kill = default_kill, count = count,
 }

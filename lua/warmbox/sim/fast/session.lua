@@ -21,7 +21,7 @@ local fill, hook_failed, hook_returned, resolve = resolve_mod.fill, resolve_mod.
   resolve_mod.hook_returned, resolve_mod.resolve
 local forget, remember, is_gone, lease_of, needs_recycle = rules.forget, rules.remember, rules.is_gone,
   rules.lease_of, rules.needs_recycle
-local covers, cover_lease, capped = rules.covers, rules.cover_lease, rules.capped
+local extension, capped = rules.extension, rules.capped
 local gone_before, unanswered, cell_marked, never_arrived = rules.gone_before, rules.unanswered, rules.cell_marked,
   rules.never_arrived
 local ready_retry, retryable_of, refresh_next = rules.ready_retry, rules.retryable, rules.refresh_next
@@ -113,8 +113,8 @@ end
 -- covers the cell after the hooks cell is extended before it.
 -- → t_after, true | t_after, nil, msg, code
 local function cover(sim, id, st, run_timeout, t, box)
-  if covers(st.lease_end, t, run_timeout) then return t, true end
-  local want = cover_lease(run_timeout)
+  local want = extension(t, st.lease_end, run_timeout)
+  if not want then return t, true end
   local t1, ok, err, code_ = set_timeout(sim, id, want, t, box)
   if not ok then return t1, nil, err, code_ end
   st.lease_end = math_max(st.lease_end, capped(t + want, st.run_started, sim.max_length))
