@@ -1,4 +1,4 @@
--- Benchmark of checkpoints against warmboxd over HTTP (issue 24): the latency
+-- Benchmark of checkpoints against warmboxd over HTTP: the latency
 -- of s:checkpoint, s:branch (to its first answer) and s:rewind (to its first
 -- answer), and what an automatic checkpoint (the policy hook) adds to a turn
 -- as the user sees it: the run's own latency with and without the hook, in

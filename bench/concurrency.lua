@@ -1,4 +1,4 @@
--- Many conversations at once (issue 11): one warmboxd with --rtt-ms 20,
+-- Many conversations at once: one warmboxd with --rtt-ms 20,
 -- CONV conversations x RUNS warm runs of a 0.5 s cell, four ways:
 --   tasks, one process      wb:spawn per conversation, wb:loop()
 --   sequential, one process the same runs one after another

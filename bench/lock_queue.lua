@@ -1,4 +1,4 @@
--- bench/lock_queue.lua: queued runs of one conversation (issue 23, part 2).
+-- bench/lock_queue.lua: queued runs of one conversation.
 --   lua5.4 bench/lock_queue.lua          (uses build/; WARMBOX_BUILD_DIR=build-x to change)
 --   BENCH_TASKS=5 BENCH_RUNS=20 BENCH_CREATE=1 BENCH_HOLD=0.013 lua5.4 bench/lock_queue.lua
 -- TASKS runs of one key queue at once, RUNS each, one after another: a run

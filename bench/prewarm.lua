@@ -1,4 +1,4 @@
--- What s:prewarm hides (issue 16): the run's latency with and without a
+-- What s:prewarm hides: the run's latency with and without a
 -- prewarm at the start of each turn, against one warmboxd that takes 1 s to
 -- resume a paused sandbox and 0.5 s to create one, every request paying 20 ms
 -- (`--rtt-ms 20 --resume-ms 1000 --create-ms 500`).

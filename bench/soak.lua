@@ -3,8 +3,7 @@
 -- injected meanwhile (every 2 s one of: a 502 on an execute, a 503 on a
 -- connect, a delayed list). Prints, every INTERVAL seconds, the runs so far,
 -- the Lua heap (after a full collection) and the process's RSS: both stay
--- flat over a long soak (issue 26, item 6: every run's lock object was kept
--- until its task ended, +0.6 KB a run).
+-- flat over a long soak.
 --
 --   lua5.4 bench/soak.lua [SECONDS=120] [CONVERSATIONS=20] [INTERVAL=60]   (after scripts/setup)
 local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")

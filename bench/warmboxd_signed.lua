@@ -1,4 +1,4 @@
--- Benchmark of signed /files URLs without routing headers (issue 14): the
+-- Benchmark of signed /files URLs without routing headers: the
 -- server finds the sandbox by testing the running secure sandboxes' tokens
 -- (one SHA-256 each), so a signature that no sandbox made costs a walk of
 -- all of them. Prints, for a store with N running secure records (seeded),

@@ -1,4 +1,4 @@
---- Checkpoints of a conversation (issue 24): `s:checkpoint`, `s:checkpoints`,
+--- Checkpoints of a conversation: `s:checkpoint`, `s:checkpoints`,
 -- `s:branch`, `s:rewind` and the policy hook `checkpoint(info)`, over E2B's
 -- persistent snapshots (`POST /sandboxes/{id}/snapshots`, `GET /snapshots`,
 -- `DELETE /templates/{id}`, create with `templateID` = a snapshot id).

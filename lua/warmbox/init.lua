@@ -490,7 +490,7 @@ function Warmbox:gc_every(seconds, opts)
 end
 
 -- ------------------------------------------------------------------
--- Tasks (issue 11): many runs at once from one Lua state
+-- Tasks: many runs at once from one Lua state
 -- ------------------------------------------------------------------
 
 -- The lock factory of sessions and release: inside a task, the locks are

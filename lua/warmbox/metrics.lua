@@ -1,4 +1,4 @@
---- warmbox.metrics: what a run reports about itself (issue 23, part 5).
+--- warmbox.metrics: what a run reports about itself.
 --
 -- A run's timings (`r.timings`, and `detail.timings` of a failed run): seconds
 -- on the monotonic clock spent waiting for the session's lock (`lock_wait`),

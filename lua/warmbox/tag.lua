@@ -34,7 +34,7 @@ local function fp_field(s)
 end
 
 -- ------------------------------------------------------------------
--- The installation's fingerprint secret (issue 22 item 12)
+-- The installation's fingerprint secret
 -- ------------------------------------------------------------------
 
 local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
