@@ -473,16 +473,24 @@ static long warmbox_ms(double s) {
   return (long)ms;
 }
 
-/* Pass 2: set up a transfer from a validated request table. Returns 0, or -1
- * when out of memory / libcurl refused an option (x->errbuf says why). */
-static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x, CURL *easy) {
-  const char *url, *method, *body;
-  size_t body_len = 0, n;
-  double t;
-  const int arg = 0; /* pass 1 (warmbox_check_request) validated: nothing below raises */
-  idx = lua_absindex(L, idx);
-  x->client = h;
-  x->easy = easy;
+/* The request's method, upper-cased (GET when none), and whether it is
+ * idempotent by its name (GET, DELETE, HEAD; retry.idempotent may say
+ * otherwise). */
+static void warmbox_setup_method(lua_State *L, int idx, warmbox_xfer *x) {
+  size_t n;
+  const char *method = warmbox_opt_string(L, idx, 0, "method", &n, "");
+  if (!method) method = "GET";
+  for (n = 0; method[n] && n < sizeof x->method - 1; n++) x->method[n] = (char)toupper((unsigned char)method[n]);
+  x->method[n] = '\0';
+  x->idempotent = strcmp(x->method, "GET") == 0 || strcmp(x->method, "DELETE") == 0 ||
+                  strcmp(x->method, "HEAD") == 0;
+}
+
+/* The retry rule's inputs (retry.c decides): the defaults (3 attempts in
+ * 30 s, backoff from 0.1 s capped at 2 s, 429/502/503/504 retried), then
+ * the request's retry table; retry = false is one attempt. */
+static void warmbox_setup_retry(lua_State *L, int idx, warmbox_xfer *x) {
+  const int arg = 0;
   x->max_attempts = 3;
   x->budget = 30;
   x->base = 0.1;
@@ -493,17 +501,6 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   x->statuses[2] = 503;
   x->statuses[3] = 504;
   x->nstatuses = 4;
-  url = warmbox_opt_string(L, idx, arg, "url", &n, "");
-  method = warmbox_opt_string(L, idx, arg, "method", &n, "");
-  body = warmbox_opt_string(L, idx, arg, "body", &body_len, "");
-  if (!method) method = "GET";
-  for (n = 0; method[n] && n < sizeof x->method - 1; n++) x->method[n] = (char)toupper((unsigned char)method[n]);
-  x->method[n] = '\0';
-  x->idempotent = strcmp(x->method, "GET") == 0 || strcmp(x->method, "DELETE") == 0 ||
-                  strcmp(x->method, "HEAD") == 0;
-  x->url = warmbox_url_for_messages(url);
-  if (!x->url) return -1;
-
   lua_getfield(L, idx, "retry");
   if (lua_istable(L, -1)) {
     int r = lua_gettop(L);
@@ -515,84 +512,92 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
     lua_getfield(L, r, "idempotent");
     if (!lua_isnil(L, -1)) x->idempotent = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    {
-      int k = warmbox_read_status_list(L, r, "statuses", x->statuses);
-      if (k >= 0) x->nstatuses = k;
-      k = warmbox_read_status_list(L, r, "refused", x->refused);
-      if (k >= 0) x->nrefused = k;
-    }
+    int k = warmbox_read_status_list(L, r, "statuses", x->statuses);
+    if (k >= 0) x->nstatuses = k;
+    k = warmbox_read_status_list(L, r, "refused", x->refused);
+    if (k >= 0) x->nrefused = k;
   } else if (lua_isboolean(L, -1)) {
     x->max_attempts = 1;
   }
   lua_pop(L, 1);
   if (x->max_attempts < 1) x->max_attempts = 1;
+}
 
-  /* Headers: ours first so the caller's can override them. "Expect:" turns
-   * off 100-continue, which would cost a round trip on large bodies. */
+/* Appends one request header "Name: value" ("Name;" for an empty value:
+ * "Name:" would remove it) and keeps a copy of a secret header's value,
+ * for scrubbing messages. 0, or -1 when out of memory. */
+static int warmbox_add_header(warmbox_xfer *x, const char *k, size_t kl, const char *v, size_t vl) {
+  char *line = malloc(kl + vl + 3);
+  if (!line) return -1;
+  memcpy(line, k, kl);
+  if (vl == 0) {
+    line[kl] = ';';
+    line[kl + 1] = '\0';
+  } else {
+    line[kl] = ':';
+    line[kl + 1] = ' ';
+    memcpy(line + kl + 2, v, vl);
+    line[kl + 2 + vl] = '\0';
+  }
+  struct curl_slist *nl = curl_slist_append(x->headers, line);
+  free(line);
+  if (!nl) return -1;
+  x->headers = nl;
+  if (warmbox_is_secret_header(k, kl) && vl > 0 && x->nsecrets < WARMBOX_MAX_SECRETS) {
+    char *sec = malloc(vl + 1);
+    if (!sec) return -1;
+    memcpy(sec, v, vl);
+    sec[vl] = '\0';
+    x->secrets[x->nsecrets++] = sec;
+  }
+  return 0;
+}
+
+/* Headers: ours first so the caller's can override them. "Expect:" turns
+ * off 100-continue, which would cost a round trip on large bodies. 0, or
+ * -1 when out of memory. */
+static int warmbox_setup_headers(lua_State *L, int idx, warmbox_xfer *x) {
   x->headers = curl_slist_append(NULL, "Expect:");
   if (!x->headers) return -1;
   lua_getfield(L, idx, "headers");
   if (lua_istable(L, -1)) {
-    int t2 = lua_gettop(L);
+    int t = lua_gettop(L);
     lua_pushnil(L);
-    while (lua_next(L, t2)) {
+    while (lua_next(L, t)) {
       size_t kl, vl;
       const char *k = lua_tolstring(L, -2, &kl);
-      const char *v;
-      char *line;
-      struct curl_slist *nl;
       lua_pushvalue(L, -1);  /* tolstring on a copy: never convert the value in place */
-      v = lua_tolstring(L, -1, &vl);
-      line = malloc(kl + vl + 3);
-      if (!line) {
+      const char *v = lua_tolstring(L, -1, &vl);
+      if (warmbox_add_header(x, k, kl, v, vl) != 0) {
         lua_pop(L, 4);
         return -1;
-      }
-      memcpy(line, k, kl);
-      /* "Name;" sends an empty header; "Name:" would remove it. */
-      if (vl == 0) {
-        line[kl] = ';';
-        line[kl + 1] = '\0';
-      } else {
-        line[kl] = ':';
-        line[kl + 1] = ' ';
-        memcpy(line + kl + 2, v, vl);
-        line[kl + 2 + vl] = '\0';
-      }
-      nl = curl_slist_append(x->headers, line);
-      free(line);
-      if (!nl) {
-        lua_pop(L, 4);
-        return -1;
-      }
-      x->headers = nl;
-      if (warmbox_is_secret_header(k, kl) && vl > 0 && x->nsecrets < WARMBOX_MAX_SECRETS) {
-        char *sec = malloc(vl + 1);
-        if (!sec) {
-          lua_pop(L, 4);
-          return -1;
-        }
-        memcpy(sec, v, vl);
-        sec[vl] = '\0';
-        x->secrets[x->nsecrets++] = sec;
       }
       lua_pop(L, 2);
     }
   }
   lua_pop(L, 1);
+  return 0;
+}
 
-  {
-    const char *mode = warmbox_opt_string(L, idx, arg, "stream", &n, "");
-    x->stream_mode = !mode ? WARMBOX_STREAM_NONE
-                           : strcmp(mode, "lines") == 0 ? WARMBOX_STREAM_LINES : WARMBOX_STREAM_CONNECT;
-    double mf = warmbox_opt_number(L, idx, arg, "max_frame", (double)WARMBOX_MAX_FRAME, "");
-    if (mf > (double)WARMBOX_MAX_FRAME) mf = (double)WARMBOX_MAX_FRAME;
-    if (mf < 1) mf = 1;
-    warmbox_stream_init(&x->parser, x->stream_mode, (size_t)mf);
-    mf = warmbox_opt_number(L, idx, arg, "max_body", 0, "");
-    x->max_body = mf >= (double)SIZE_MAX ? SIZE_MAX : (size_t)mf;
-  }
+/* How the body is read: whole, or split into lines or Connect frames of at
+ * most max_frame bytes; max_body caps a whole body (0: no cap). */
+static void warmbox_setup_stream(lua_State *L, int idx, warmbox_xfer *x) {
+  size_t n;
+  const char *mode = warmbox_opt_string(L, idx, 0, "stream", &n, "");
+  x->stream_mode = !mode ? WARMBOX_STREAM_NONE
+                         : strcmp(mode, "lines") == 0 ? WARMBOX_STREAM_LINES : WARMBOX_STREAM_CONNECT;
+  double mf = warmbox_opt_number(L, idx, 0, "max_frame", (double)WARMBOX_MAX_FRAME, "");
+  if (mf > (double)WARMBOX_MAX_FRAME) mf = (double)WARMBOX_MAX_FRAME;
+  if (mf < 1) mf = 1;
+  warmbox_stream_init(&x->parser, x->stream_mode, (size_t)mf);
+  mf = warmbox_opt_number(L, idx, 0, "max_body", 0, "");
+  x->max_body = mf >= (double)SIZE_MAX ? SIZE_MAX : (size_t)mf;
+}
 
+/* The handle's options that every request has: the URL, our callbacks,
+ * the client's connection settings, max_body and the timeouts (the
+ * request's, else the client's). */
+static void warmbox_setup_curl(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x, CURL *easy, const char *url) {
   curl_easy_setopt(easy, CURLOPT_URL, url);
   curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(easy, CURLOPT_SHARE, h->share);
@@ -612,36 +617,65 @@ static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x
   /* A Content-Length past max_body is refused before any byte of the body. */
   if (x->max_body && x->stream_mode == WARMBOX_STREAM_NONE)
     curl_easy_setopt(easy, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(x->max_body > INT64_MAX ? INT64_MAX : x->max_body));
-  t = warmbox_opt_number(L, idx, arg, "timeout", -1, "");
+  double t = warmbox_opt_number(L, idx, 0, "timeout", -1, "");
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, t >= 0 ? warmbox_ms(t) : h->timeout_ms);
-  t = warmbox_opt_number(L, idx, arg, "connect_timeout", -1, "");
+  t = warmbox_opt_number(L, idx, 0, "connect_timeout", -1, "");
   curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, t >= 0 ? warmbox_ms(t) : h->connect_timeout_ms);
+}
 
+/* The method and body: GET (without a body) and HEAD send none; a body of
+ * a method that is not idempotent is read from our copy by a callback that
+ * refuses to rewind, so libcurl never silently re-sends it
+ * (warmbox_on_read); else libcurl keeps a copy. 0, or -1 when out of
+ * memory. */
+static int warmbox_setup_body(warmbox_xfer *x, CURL *easy, const char *body, size_t body_len) {
   if (strcmp(x->method, "GET") == 0 && !body) {
     curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
-  } else if (strcmp(x->method, "HEAD") == 0) {
-    curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
-  } else {
-    if (strcmp(x->method, "POST") != 0) curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, x->method);
-    if (!x->idempotent && (body || strcmp(x->method, "POST") == 0)) {
-      x->send_body = malloc(body_len ? body_len : 1);
-      if (!x->send_body) return -1;
-      if (body_len) memcpy(x->send_body, body, body_len);
-      x->send_len = body_len;
-      curl_easy_setopt(easy, CURLOPT_POST, 1L);
-      curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-      curl_easy_setopt(easy, CURLOPT_READFUNCTION, warmbox_on_read);
-      curl_easy_setopt(easy, CURLOPT_READDATA, x);
-      curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, warmbox_on_seek);
-      curl_easy_setopt(easy, CURLOPT_SEEKDATA, x);
-    } else if (body || strcmp(x->method, "POST") == 0) {
-      /* The size first: COPYPOSTFIELDS copies that many bytes (binary safe),
-       * so the body outlives the Lua string for every attempt. */
-      curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-      if (curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, body ? body : "") != CURLE_OK) return -1;
-    }
+    return 0;
   }
-  return 0;
+  if (strcmp(x->method, "HEAD") == 0) {
+    curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
+    return 0;
+  }
+  int post = strcmp(x->method, "POST") == 0;
+  if (!post) curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, x->method);
+  if (!body && !post) return 0;
+  if (!x->idempotent) {
+    x->send_body = malloc(body_len ? body_len : 1);
+    if (!x->send_body) return -1;
+    if (body_len) memcpy(x->send_body, body, body_len);
+    x->send_len = body_len;
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+    curl_easy_setopt(easy, CURLOPT_READFUNCTION, warmbox_on_read);
+    curl_easy_setopt(easy, CURLOPT_READDATA, x);
+    curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, warmbox_on_seek);
+    curl_easy_setopt(easy, CURLOPT_SEEKDATA, x);
+    return 0;
+  }
+  /* The size first: COPYPOSTFIELDS copies that many bytes (binary safe),
+   * so the body outlives the Lua string for every attempt. */
+  curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+  return curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, body ? body : "") != CURLE_OK ? -1 : 0;
+}
+
+/* Pass 2: set up a transfer from a validated request table (pass 1,
+ * warmbox_check_request, checked it: nothing here raises). Returns 0, or -1
+ * when out of memory / libcurl refused an option (x->errbuf says why). */
+static int warmbox_setup(lua_State *L, int idx, warmbox_http *h, warmbox_xfer *x, CURL *easy) {
+  size_t n, body_len = 0;
+  idx = lua_absindex(L, idx);
+  x->client = h;
+  x->easy = easy;
+  const char *url = warmbox_opt_string(L, idx, 0, "url", &n, "");
+  const char *body = warmbox_opt_string(L, idx, 0, "body", &body_len, "");
+  warmbox_setup_method(L, idx, x);
+  warmbox_setup_retry(L, idx, x);
+  x->url = warmbox_url_for_messages(url);
+  if (!x->url || warmbox_setup_headers(L, idx, x) != 0) return -1;
+  warmbox_setup_stream(L, idx, x);
+  warmbox_setup_curl(L, idx, h, x, easy, url);
+  return warmbox_setup_body(x, easy, body, body_len);
 }
 
 static void warmbox_xfer_reset_attempt(warmbox_xfer *x) {

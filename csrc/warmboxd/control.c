@@ -1,8 +1,8 @@
 /*
  * control.c: E2B's control plane (sandboxes: create, info, kill, timeout,
  * pause, connect, resume, refreshes) and the lease timer. Listing, its
- * filters and page tokens are in list.c; the config and seed knobs in
- * knobs.c. Runtime hooks are always called without the store
+ * filters and page tokens are in list.c; the admin API (/_warmboxd/...)
+ * in knobs.c. Runtime hooks are always called without the store
  * lock; a record's `busy` flag keeps its transitions one at a time.
  */
 #include "wbd_int.h"

@@ -718,92 +718,120 @@ static enum MHD_Result skeleton_error(struct wbd_req *req, const char *jail) {
                    "removed, renamed or replaced", jail);
 }
 
-static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in) {
-  const char *path = jstr(in, "path", NULL);
+static enum MHD_Result fs_entry_reply(struct wbd_req *req, const struct wbd_fspath *p) {
+  json_t *e = wbd_fs_entry(p);
+  return e ? rpc_ok(req, json_pack("{s:o}", "entry", e)) : rpc_fs_error(req, -errno, p->jail);
+}
+
+/* filesystem.Filesystem/Move: both ends resolved as the caller, neither a
+ * part of the skeleton; answers the moved entry. */
+static enum MHD_Result fs_move(struct wbd_req *req, struct wbd_sandbox *sb, const char *user, json_t *in) {
+  const char *src = jstr(in, "source", NULL), *dst = jstr(in, "destination", NULL);
+  if (!src || !dst) return rpc_error(req, "invalid_argument", "source and destination are required");
   struct wbd_fspath p, q;
   int rc;
   enum MHD_Result r;
   p.root = q.root = -1;
+  if ((rc = wbd_fs_resolve_as(sb, src, user, &p)) < 0) {
+    r = rpc_fs_error(req, rc, src);
+  } else if ((rc = wbd_fs_resolve_as(sb, dst, user, &q)) < 0) {
+    r = rpc_fs_error(req, rc, dst);
+  } else if (wbd_rt_skeleton(p.jail) || wbd_rt_skeleton(q.jail)) {
+    r = skeleton_error(req, wbd_rt_skeleton(p.jail) ? p.jail : q.jail);
+  } else if ((rc = wbd_fs_move(&p, &q)) < 0) {
+    r = rpc_fs_error(req, rc, rc == -ENOENT ? p.jail : q.jail);
+  } else {
+    r = fs_entry_reply(req, &q);
+  }
+  wbd_fs_release(&p);
+  wbd_fs_release(&q);
+  return r;
+}
+
+/* The single-path methods: each gets the request's path resolved as the
+ * caller (and the request, for its other fields). */
+static enum MHD_Result fs_stat(struct wbd_req *req, struct wbd_fspath *p, json_t *in) {
+  (void)in;
+  return fs_entry_reply(req, p);
+}
+
+/* MakeDir: the parents too; an existing directory is already_exists, an
+ * existing file invalid_argument, as envd answers them. */
+static enum MHD_Result fs_make_dir(struct wbd_req *req, struct wbd_fspath *p, json_t *in) {
+  (void)in;
+  int rc = wbd_fs_mkdirs(p, 1);
+  json_t *e = (rc == 0 || rc == -EEXIST) ? wbd_fs_entry(p) : NULL;
+  const char *etype = e ? jstr(e, "type", NULL) : NULL;
+  enum MHD_Result r;
+  if (rc == -EEXIST && etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0)
+    r = rpc_error(req, "already_exists", "directory '%s' already exists", p->jail);
+  else if (rc == -EEXIST)
+    r = rpc_error(req, "invalid_argument", "path '%s' already exists and is not a directory", p->jail);
+  else if (rc == -ENOTDIR)
+    r = rpc_error(req, "invalid_argument", "path '%s': a parent is not a directory", p->jail);
+  else if (rc < 0)
+    r = rpc_fs_error(req, rc, p->jail);
+  else if (!e)
+    r = rpc_fs_error(req, -errno, p->jail);
+  else {
+    r = rpc_ok(req, json_pack("{s:o}", "entry", e));
+    e = NULL;
+  }
+  json_decref(e);
+  return r;
+}
+
+/* ListDir: depth 0 lists one level, as 1 does; at most 1024 levels and
+ * wbd_opt.max_list_entries entries. */
+static enum MHD_Result fs_list_dir(struct wbd_req *req, struct wbd_fspath *p, json_t *in) {
+  long long depth = jint(in, "depth", 1);
+  if (depth < 0) return rpc_error(req, "invalid_argument", "depth should be at least one");
+  int err = 0;
+  json_t *res = wbd_fs_list(p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth),
+                            (size_t)wbd_opt.max_list_entries, &err);
+  if (res) return rpc_ok(req, res);
+  if (err == -ENOTDIR) return rpc_error(req, "invalid_argument", "path '%s' is not a directory", p->jail);
+  if (err == -ENOENT) return rpc_error(req, "not_found", "directory '%s' does not exist", p->jail);
+  if (err == -E2BIG)
+    return rpc_error(req, "resource_exhausted", "directory '%s' has more than %d entries at depth %lld: "
+                     "list a smaller depth or a subdirectory", p->jail, wbd_opt.max_list_entries, (long long)depth);
+  return rpc_fs_error(req, err, p->jail);
+}
+
+static enum MHD_Result fs_remove(struct wbd_req *req, struct wbd_fspath *p, json_t *in) {
+  (void)in;
+  if (wbd_rt_skeleton(p->jail)) return skeleton_error(req, p->jail);
+  int rc = wbd_fs_remove(p);
+  return rc < 0 ? rpc_fs_error(req, rc, p->jail) : rpc_ok(req, NULL);
+}
+
+static const struct {
+  const char *method;
+  enum MHD_Result (*fn)(struct wbd_req *req, struct wbd_fspath *p, json_t *in);
+} fs_methods[] = {
+  { "Stat", fs_stat }, { "MakeDir", fs_make_dir }, { "ListDir", fs_list_dir }, { "Remove", fs_remove },
+};
+
+/* filesystem.Filesystem's unary methods: Move, or one of fs_methods on the
+ * request's path resolved as the caller. */
+static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in) {
   char user[64];
   rpc_user(req, user, sizeof user);   /* checked by unary_rpc */
-
-  if (strcmp(method, "Move") == 0) {
-    const char *src = jstr(in, "source", NULL), *dst = jstr(in, "destination", NULL);
-    if (!src || !dst) return rpc_error(req, "invalid_argument", "source and destination are required");
-    if ((rc = wbd_fs_resolve_as(sb, src, user, &p)) < 0) {
-      r = rpc_fs_error(req, rc, src);
-    } else if ((rc = wbd_fs_resolve_as(sb, dst, user, &q)) < 0) {
-      r = rpc_fs_error(req, rc, dst);
-    } else if (wbd_rt_skeleton(p.jail) || wbd_rt_skeleton(q.jail)) {
-      r = skeleton_error(req, wbd_rt_skeleton(p.jail) ? p.jail : q.jail);
-    } else if ((rc = wbd_fs_move(&p, &q)) < 0) {
-      r = rpc_fs_error(req, rc, rc == -ENOENT ? p.jail : q.jail);
-    } else {
-      json_t *e = wbd_fs_entry(&q);
-      r = e ? rpc_ok(req, json_pack("{s:o}", "entry", e)) : rpc_fs_error(req, -errno, q.jail);
-    }
-    wbd_fs_release(&p);
-    wbd_fs_release(&q);
-    return r;
-  }
-
-  int known = strcmp(method, "Stat") == 0 || strcmp(method, "MakeDir") == 0 ||
-              strcmp(method, "ListDir") == 0 || strcmp(method, "Remove") == 0;
-  if (!known) return rpc_error(req, "unimplemented", "filesystem.Filesystem/%s is not implemented", method);
+  if (strcmp(method, "Move") == 0) return fs_move(req, sb, user, in);
+  size_t i = 0;
+  while (i < sizeof fs_methods / sizeof *fs_methods && strcmp(method, fs_methods[i].method) != 0) i++;
+  if (i == sizeof fs_methods / sizeof *fs_methods)
+    return rpc_error(req, "unimplemented", "filesystem.Filesystem/%s is not implemented", method);
+  const char *path = jstr(in, "path", NULL);
   if (!path) return rpc_error(req, "invalid_argument", "path is required");
-  if ((rc = wbd_fs_resolve_as(sb, path, user, &p)) < 0) {
+  struct wbd_fspath p;
+  p.root = -1;
+  int rc = wbd_fs_resolve_as(sb, path, user, &p);
+  if (rc < 0) {
     wbd_fs_release(&p);
     return rpc_fs_error(req, rc, path);
   }
-
-  if (strcmp(method, "Stat") == 0) {
-    json_t *e = wbd_fs_entry(&p);
-    r = e ? rpc_ok(req, json_pack("{s:o}", "entry", e)) : rpc_fs_error(req, -errno, p.jail);
-  } else if (strcmp(method, "MakeDir") == 0) {
-    rc = wbd_fs_mkdirs(&p, 1);
-    json_t *e = (rc == 0 || rc == -EEXIST) ? wbd_fs_entry(&p) : NULL;
-    const char *etype = e ? jstr(e, "type", NULL) : NULL;
-    if (rc == -EEXIST && etype && strcmp(etype, "FILE_TYPE_DIRECTORY") == 0)
-      r = rpc_error(req, "already_exists", "directory '%s' already exists", p.jail);
-    else if (rc == -EEXIST)
-      r = rpc_error(req, "invalid_argument", "path '%s' already exists and is not a directory", p.jail);
-    else if (rc == -ENOTDIR)
-      r = rpc_error(req, "invalid_argument", "path '%s': a parent is not a directory", p.jail);
-    else if (rc < 0)
-      r = rpc_fs_error(req, rc, p.jail);
-    else if (!e)
-      r = rpc_fs_error(req, -errno, p.jail);
-    else {
-      r = rpc_ok(req, json_pack("{s:o}", "entry", e));
-      e = NULL;
-    }
-    json_decref(e);
-  } else if (strcmp(method, "ListDir") == 0) {
-    long long depth = jint(in, "depth", 1);
-    if (depth < 0) {
-      r = rpc_error(req, "invalid_argument", "depth should be at least one");
-    } else {
-      int err = 0;
-      json_t *res = wbd_fs_list(&p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth),
-                                (size_t)wbd_opt.max_list_entries, &err);
-      if (res)
-        r = rpc_ok(req, res);
-      else if (err == -ENOTDIR)
-        r = rpc_error(req, "invalid_argument", "path '%s' is not a directory", p.jail);
-      else if (err == -ENOENT)
-        r = rpc_error(req, "not_found", "directory '%s' does not exist", p.jail);
-      else if (err == -E2BIG)
-        r = rpc_error(req, "resource_exhausted", "directory '%s' has more than %d entries at depth %lld: "
-                      "list a smaller depth or a subdirectory", p.jail, wbd_opt.max_list_entries, (long long)depth);
-      else
-        r = rpc_fs_error(req, err, p.jail);
-    }
-  } else if (wbd_rt_skeleton(p.jail)) {   /* Remove */
-    r = skeleton_error(req, p.jail);
-  } else {
-    rc = wbd_fs_remove(&p);
-    r = rc < 0 ? rpc_fs_error(req, rc, p.jail) : rpc_ok(req, NULL);
-  }
+  enum MHD_Result r = fs_methods[i].fn(req, &p, in);
   wbd_fs_release(&p);
   return r;
 }
@@ -1348,58 +1376,60 @@ static unsigned pty_dim(json_t *size, const char *name) {
   return v < 0 ? 0 : v > 65535 ? 65535 : (unsigned)v;
 }
 
-static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
-  enum MHD_Result r;
-  json_t *in = stream_request(req, "Start", &r);
-  if (!in) return r;
+/* ---- process.Process/Start ---- */
+
+/* What makes a Start request unusable before anything runs (no cmd, a tag
+ * too long, a loader variable in envs): its trailer, or NULL. */
+static json_t *start_refusal(json_t *in) {
   json_t *proc = json_object_get(in, "process");
   const char *cmd = jstr(proc, "cmd", NULL);
-  if (!cmd || !*cmd) {
-    json_decref(in);
-    return stream_fail(req, trailer_error("invalid_argument", "process.cmd is required"));
-  }
-  const char *tag = jstr(in, "tag", NULL);   /* in `in`: freed below */
-  if (tag && strlen(tag) > PROC_TAG_MAX) {
-    json_decref(in);
-    return stream_fail(req, trailer_error("invalid_argument", "tag is longer than %d bytes", PROC_TAG_MAX));
-  }
-  json_t *args = json_object_get(proc, "args"), *envs = json_object_get(proc, "envs");
+  if (!cmd || !*cmd) return trailer_error("invalid_argument", "process.cmd is required");
+  const char *tag = jstr(in, "tag", NULL);
+  if (tag && strlen(tag) > PROC_TAG_MAX)
+    return trailer_error("invalid_argument", "tag is longer than %d bytes", PROC_TAG_MAX);
+  json_t *envs = json_object_get(proc, "envs");
   if (json_is_object(envs)) {
     const char *ek;
     json_t *ev;
     json_object_foreach(envs, ek, ev) {
       (void)ev;
-      if (!wbd_env_refused(ek)) continue;
-      json_t *t = trailer_error("invalid_argument", "process.envs: '%s' is a loader variable, not allowed", ek);
-      json_decref(in);
-      return stream_fail(req, t);
+      if (wbd_env_refused(ek))
+        return trailer_error("invalid_argument", "process.envs: '%s' is a loader variable, not allowed", ek);
     }
   }
-  json_t *pty = json_object_get(in, "pty");
-  if (pty && !json_is_object(pty)) pty = NULL;
-  const char *cwd_in = jstr(proc, "cwd", NULL);
-  char cwd[PATH_MAX + 16], user[64];
-  /* E2B's root starts in (and has HOME at) /root; the jail has no other
-   * uid to give it, so only the directory differs. */
+  return NULL;
+}
+
+/* The caller's home and the process's working directory in `cwd`: E2B's
+ * root starts in (and has HOME at) /root; the jail has no other uid to give
+ * it, so only the directory differs, and HOME goes into process.envs unless
+ * the request set it. A relative cwd or "~" is under the home. */
+static void start_home(struct wbd_req *req, json_t *proc, char *cwd, size_t len) {
+  char user[64];
   rpc_user(req, user, sizeof user);   /* checked by stream_request */
   const char *home = strcmp(user, "root") == 0 && wbd_rt_isolated() ? "/root" : ENVD_HOME;
   if (strcmp(home, ENVD_HOME) != 0 && json_is_object(proc)) {
+    json_t *envs = json_object_get(proc, "envs");
     if (!json_is_object(envs)) {
       envs = json_object();
       json_object_set_new(proc, "envs", envs);
     }
     if (!json_object_get(envs, "HOME")) json_object_set_new(envs, "HOME", json_string(home));
   }
-  if (!cwd_in || !*cwd_in)
-    snprintf(cwd, sizeof cwd, "%s", home);
-  else if (cwd_in[0] == '~' && (cwd_in[1] == 0 || cwd_in[1] == '/'))
-    snprintf(cwd, sizeof cwd, "%s%s", home, cwd_in + 1);
-  else if (cwd_in[0] != '/')
-    snprintf(cwd, sizeof cwd, "%s/%s", home, cwd_in);
+  const char *in = jstr(proc, "cwd", NULL);
+  if (!in || !*in)
+    snprintf(cwd, len, "%s", home);
+  else if (in[0] == '~' && (in[1] == 0 || in[1] == '/'))
+    snprintf(cwd, len, "%s%s", home, in + 1);
+  else if (in[0] != '/')
+    snprintf(cwd, len, "%s/%s", home, in);
   else
-    snprintf(cwd, sizeof cwd, "%s", cwd_in);
+    snprintf(cwd, len, "%s", in);
+}
 
-  /* Bounded per sandbox: each is a jail and a pump thread. */
+/* Running processes a sandbox may have (each is a jail and a pump thread):
+ * WARMBOXD_PROCS_MAX, read once, else PROC_LIVE_MAX. */
+static long procs_max(void) {
   static long live_max;
   if (!__atomic_load_n(&live_max, __ATOMIC_RELAXED)) {
     const char *e = getenv("WARMBOXD_PROCS_MAX");
@@ -1407,60 +1437,63 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
     long m = e && wbd_parse_ll(e, 1, 4096, PROC_LIVE_MAX, &v) == 0 ? (long)v : PROC_LIVE_MAX;
     __atomic_store_n(&live_max, m, __ATOMIC_RELAXED);
   }
-  long max = __atomic_load_n(&live_max, __ATOMIC_RELAXED);
+  return __atomic_load_n(&live_max, __ATOMIC_RELAXED);
+}
+
+static int procs_live(const char *sbid) {
   int live = 0;
   pthread_mutex_lock(&procs_mu);
-  for (struct proc *q = procs; q; q = q->next) live += !q->exited && strcmp(q->sbid, sb->id) == 0;
+  for (struct proc *q = procs; q; q = q->next) live += !q->exited && strcmp(q->sbid, sbid) == 0;
   pthread_mutex_unlock(&procs_mu);
-  if (live >= max) {
-    json_decref(in);
-    return stream_fail(req, trailer_error("resource_exhausted", "too many running processes in this sandbox (%ld)",
-                                          max));
-  }
+  return live;
+}
 
-  struct proc *p = calloc(1, sizeof *p);
-  size_t nargs = json_is_array(args) ? json_array_size(args) : 0;
-  char **argv = calloc(nargs + 2, sizeof *argv);
-  if (!p || !argv) {
-    free(p);
-    free(argv);
-    json_decref(in);
-    return stream_fail(req, trailer_error("internal", "out of memory"));
-  }
+/* argv for execve: cmd, then process.args (a non-string as ""), NULL;
+ * *n is the number of args. NULL when out of memory. */
+static char **start_argv(const char *cmd, json_t *args, size_t *n) {
+  *n = json_is_array(args) ? json_array_size(args) : 0;
+  char **argv = calloc(*n + 2, sizeof *argv);
+  if (!argv) return NULL;
   argv[0] = strdup(cmd);
-  for (size_t i = 0; i < nargs; i++) {
+  for (size_t i = 0; i < *n; i++) {
     const char *a = json_string_value(json_array_get(args, i));
     argv[i + 1] = strdup(a ? a : "");
   }
-  pid_t pid = 0;
-  int out_fd = -1, err_fd = -1, in_fd = -1, pty_fd = -1;
+  return argv;
+}
+
+/* Starts the process in the sandbox, on a pty when the request asks for one
+ * (in and out are then its master), else on pipes (stdin only if asked);
+ * fills p's pid, descriptors and is_pty. 0, or -errno. */
+static int start_spawn(struct wbd_sandbox *sb, json_t *in, char **argv, const char *cwd, struct proc *p) {
+  json_t *envs = json_object_get(json_object_get(in, "process"), "envs");
+  if (!json_is_object(envs)) envs = NULL;
+  json_t *pty = json_object_get(in, "pty");
+  p->is_pty = json_is_object(pty);
+  p->in_fd = p->pty_fd = p->out_fd = p->err_fd = -1;
   int rc;
-  if (pty) {
+  if (p->is_pty) {
     json_t *size = json_object_get(pty, "size");
-    rc = wbd_rt_spawn_pty(sb, argv, json_is_object(envs) ? envs : NULL, cwd, pty_dim(size, "cols"),
-                          pty_dim(size, "rows"), &pid, &pty_fd);
+    rc = wbd_rt_spawn_pty(sb, argv, envs, cwd, pty_dim(size, "cols"), pty_dim(size, "rows"), &p->pid, &p->pty_fd);
     if (rc == 0) {
-      fcntl(pty_fd, F_SETFL, fcntl(pty_fd, F_GETFL) | O_NONBLOCK);
-      out_fd = in_fd = pty_fd;
+      fcntl(p->pty_fd, F_SETFL, fcntl(p->pty_fd, F_GETFL) | O_NONBLOCK);
+      p->out_fd = p->in_fd = p->pty_fd;
     }
   } else {
     int want_stdin = json_is_true(json_object_get(in, "stdin"));
-    rc = wbd_rt_spawn(sb, argv, json_is_object(envs) ? envs : NULL, cwd, &pid, want_stdin ? &in_fd : NULL, &out_fd,
-                      &err_fd);
-    if (rc == 0 && in_fd >= 0) fcntl(in_fd, F_SETFL, fcntl(in_fd, F_GETFL) | O_NONBLOCK);
+    rc = wbd_rt_spawn(sb, argv, envs, cwd, &p->pid, want_stdin ? &p->in_fd : NULL, &p->out_fd, &p->err_fd);
+    if (rc == 0 && p->in_fd >= 0) fcntl(p->in_fd, F_SETFL, fcntl(p->in_fd, F_GETFL) | O_NONBLOCK);
   }
-  for (size_t i = 0; i < nargs + 1; i++) free(argv[i]);
-  free(argv);
-  if (rc != 0) {
-    free(p);
-    json_t *t = trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
-                              "failed to start process '%s': %s", cmd, strerror(-rc));
-    json_decref(in);   /* cmd is in it */
-    return stream_fail(req, t);
-  }
+  return rc;
+}
+
+/* The rest of a started process's record: what it belongs to, its
+ * ProcessConfig (its fields only: execve bounds their size; nothing else is
+ * kept), tag, pidfd, boot id, locks and Connect-Timeout-Ms deadline. */
+static void proc_init(struct proc *p, struct wbd_req *req, struct wbd_sandbox *sb, json_t *in) {
+  json_t *proc = json_object_get(in, "process");
+  const char *tag = jstr(in, "tag", NULL);
   snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
-  p->pid = pid;
-  /* ProcessConfig's fields only (execve bounds their size; nothing else is kept) */
   p->config = json_object();
   static const char *const fields[] = { "cmd", "args", "envs", "cwd" };
   for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
@@ -1468,36 +1501,30 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
     if (v) json_object_set_new(p->config, fields[i], json_deep_copy(v));
   }
   p->tag = tag ? strdup(tag) : NULL;
-  p->is_pty = pty != NULL;
-  p->in_fd = in_fd;
-  p->pty_fd = pty_fd;
-  p->out_fd = out_fd;
-  p->err_fd = err_fd;
-  p->pid_fd = (int)syscall(SYS_pidfd_open, pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
+  p->pid_fd = (int)syscall(SYS_pidfd_open, p->pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
   wbd_rt_boot_id(sb, p->boot, sizeof p->boot);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cond, NULL);
   pthread_mutex_init(&p->in_mu, NULL);
   int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
   if (timeout_ms > 0) p->deadline_us = mono_us() + timeout_ms * 1000;
-  json_decref(in);
-  wbd_store_lock();
-  sb->refcount++;   /* the pump's */
-  wbd_store_unlock();
-  p->sb = sb;
-  p->refs = 3;      /* the list, the pump, this stream */
-  struct sub *s = proc_subscribe(p);
+}
+
+/* Puts p on the list, where it replaces for Connect an ended process of the
+ * sandbox with its pid or tag, and starts its pump. 1 when the pump runs;
+ * 0 (the pump's reference dropped) when no thread could be made or `s` is
+ * NULL. */
+static int proc_launch(struct proc *p, struct sub *s) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&attr, 512 * 1024);
   pthread_t th;
   pthread_mutex_lock(&procs_mu);
-  /* A new process with the pid or tag of an ended one replaces it for Connect. */
   for (struct proc **pp = &procs; *pp;) {
     struct proc *q = *pp;
-    if (q->exited && strcmp(q->sbid, sb->id) == 0 &&
-        (q->pid == pid || (p->tag && q->tag && strcmp(q->tag, p->tag) == 0))) {
+    if (q->exited && strcmp(q->sbid, p->sbid) == 0 &&
+        (q->pid == p->pid || (p->tag && q->tag && strcmp(q->tag, p->tag) == 0))) {
       *pp = q->next;
       if (--q->refs == 0) proc_free(q);
       continue;
@@ -1510,17 +1537,73 @@ static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb
   if (!started) p->refs--;   /* no pump */
   pthread_mutex_unlock(&procs_mu);
   pthread_attr_destroy(&attr);
-  if (!started) {
-    wbd_rt_signal(sb, pid, SIGKILL);
-    proc_ended(p, wbd_rt_wait(sb, pid));
-    if (p->out_fd >= 0 && p->out_fd != p->pty_fd) close(p->out_fd);
-    if (p->err_fd >= 0) close(p->err_fd);
-    if (p->pid_fd >= 0) close(p->pid_fd);
-    wbd_sandbox_unref(sb);
-    if (s) proc_unsubscribe(p, s);
-    proc_unref(p);
+  return started;
+}
+
+/* A process whose pump could not start: killed and reaped here, as the pump
+ * would have, and the request answered out of memory. */
+static enum MHD_Result start_unpumped(struct wbd_req *req, struct proc *p, struct sub *s) {
+  struct wbd_sandbox *sb = p->sb;
+  wbd_rt_signal(sb, p->pid, SIGKILL);
+  proc_ended(p, wbd_rt_wait(sb, p->pid));
+  if (p->out_fd >= 0 && p->out_fd != p->pty_fd) close(p->out_fd);
+  if (p->err_fd >= 0) close(p->err_fd);
+  if (p->pid_fd >= 0) close(p->pid_fd);
+  wbd_sandbox_unref(sb);
+  if (s) proc_unsubscribe(p, s);
+  proc_unref(p);
+  return stream_fail(req, trailer_error("internal", "out of memory"));
+}
+
+/* process.Process/Start: checks the request and the sandbox's process cap,
+ * spawns the process, puts it on the list with its pump and streams it. */
+static enum MHD_Result process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
+  enum MHD_Result r;
+  json_t *in = stream_request(req, "Start", &r);
+  if (!in) return r;
+  json_t *t = start_refusal(in);
+  if (t) {
+    json_decref(in);
+    return stream_fail(req, t);
+  }
+  json_t *proc = json_object_get(in, "process");
+  char cwd[PATH_MAX + 16];
+  start_home(req, proc, cwd, sizeof cwd);
+  long max = procs_max();
+  if (procs_live(sb->id) >= max) {
+    json_decref(in);
+    return stream_fail(req, trailer_error("resource_exhausted", "too many running processes in this sandbox (%ld)",
+                                          max));
+  }
+  const char *cmd = jstr(proc, "cmd", NULL);
+  size_t nargs;
+  struct proc *p = calloc(1, sizeof *p);
+  char **argv = start_argv(cmd, json_object_get(proc, "args"), &nargs);
+  if (!p || !argv) {
+    free(p);
+    free(argv);
+    json_decref(in);
     return stream_fail(req, trailer_error("internal", "out of memory"));
   }
+  int rc = start_spawn(sb, in, argv, cwd, p);
+  for (size_t i = 0; i < nargs + 1; i++) free(argv[i]);
+  free(argv);
+  if (rc != 0) {
+    free(p);
+    t = trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
+                      "failed to start process '%s': %s", cmd, strerror(-rc));
+    json_decref(in);   /* cmd is in it */
+    return stream_fail(req, t);
+  }
+  proc_init(p, req, sb, in);
+  json_decref(in);
+  wbd_store_lock();
+  sb->refcount++;   /* the pump's */
+  wbd_store_unlock();
+  p->sb = sb;
+  p->refs = 3;      /* the list, the pump, this stream */
+  struct sub *s = proc_subscribe(p);
+  if (!proc_launch(p, s)) return start_unpumped(req, p, s);
   return proc_stream(req, sb, p, s);
 }
 

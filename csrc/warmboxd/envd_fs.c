@@ -164,11 +164,24 @@ static int jail_push(char *j, const char *name, size_t nlen) {
  * Used for whatever openat2's kernel resolution below cannot do. */
 #define WALK_MAX_DEPTH 256
 
+/* The jail path of a tree's root, from a jail path and the rest of it in
+ * the tree ("" for "/"). */
+static void root_jail(const char *jail, const char *rel, char *out, size_t len) {
+  size_t jl = strlen(jail), rl = strcmp(rel, ".") == 0 ? 0 : strlen(rel) + 1;
+  snprintf(out, len, "%.*s", (int)(jl >= rl ? jl - rl : 0), jail);
+  if (strcmp(out, "/") == 0) out[0] = 0;
+}
+
 /* The jail path of p's tree root: p->jail without p->rel ("" for "/"). */
 static void tree_root_jail(const struct wbd_fspath *p, char *out, size_t len) {
-  size_t jl = strlen(p->jail), rl = strcmp(p->rel, ".") == 0 ? 0 : strlen(p->rel) + 1;
-  snprintf(out, len, "%.*s", (int)(jl >= rl ? jl - rl : 0), p->jail);
-  if (strcmp(out, "/") == 0) out[0] = 0;
+  root_jail(p->jail, p->rel, out, len);
+}
+
+/* The host directory of the tree that holds jail path `jail` ("" when none
+ * does): which tree a name is in, compared as it is walked. */
+static void tree_host_of(struct wbd_sandbox *sb, const char *jail, char *host) {
+  const char *r;
+  if (wbd_rt_locate(sb, jail, host, PATH_MAX, &r) < 0) host[0] = 0;
 }
 
 /* Opens the directory a walk stands in (a path that ends in "." or ".."),
@@ -181,136 +194,210 @@ static int open_here(int dirfd, int flags, mode_t mode, int refuse, const char *
   return fd;
 }
 
+/* A walk in progress: the directories it went down in the tree it is in
+ * (stack[0] that tree's root, owned by the walk once it left p's), the
+ * jail path of the one it stands in (`here`), the path left to walk. */
+struct walker {
+  const struct wbd_fspath *p;
+  int flags, mutate;
+  mode_t mode;
+  char *resolved;
+  int stack[WALK_MAX_DEPTH];
+  int depth, links, owned_root, ro;
+  int open_err;                 /* errno of the last name that did not open */
+  int rc;                       /* the result, once a step is STEP_DONE */
+  char todo[2 * PATH_MAX];      /* the path left, in the current tree */
+  char next[2 * PATH_MAX];      /* a jail path to resolve again from its own tree */
+  char here[PATH_MAX], tree_host[PATH_MAX];
+  char jail[PATH_MAX];          /* the jail path of the current name */
+};
+
+/* What a step leads to: the walk goes on (with this name's next check, or
+ * the next name), starts again from w->next's tree, or ends with w->rc. */
+enum step { STEP_ON, STEP_AGAIN, STEP_DONE };
+
+static enum step walk_done(struct walker *w, int rc) {
+  w->rc = rc;
+  return STEP_DONE;
+}
+
+/* One name of a path and what follows it. */
+struct comp {
+  char name[NAME_MAX + 1];
+  size_t len;
+  char *rest;                   /* after the name and its slashes */
+  int last;
+};
+
+static enum step comp_take(struct walker *w, char *cur, struct comp *c) {
+  while (*cur == '/') cur++;
+  char *end = strchr(cur, '/');
+  c->len = end ? (size_t)(end - cur) : strlen(cur);
+  if (c->len > NAME_MAX) return walk_done(w, -ENAMETOOLONG);
+  memcpy(c->name, cur, c->len);
+  c->name[c->len] = 0;
+  c->rest = cur + c->len;
+  while (*c->rest == '/') c->rest++;
+  c->last = *c->rest == 0;
+  return STEP_ON;
+}
+
+static int comp_is_dots(const struct comp *c) {
+  return c->len == 0 || strcmp(c->name, ".") == 0 || strcmp(c->name, "..") == 0;
+}
+
+/* "." (or nothing) and "..": stays, or goes up a level; above the tree's
+ * root, its parent as the jail has it. The last name opens where that
+ * leaves the walk. */
+static enum step walk_dots(struct walker *w, const struct comp *c) {
+  if (strcmp(c->name, "..") == 0) {
+    if (w->depth == 0) {
+      int n = snprintf(w->next, sizeof w->next, "%s/../%s", w->here, c->rest);
+      if (n < 0 || (size_t)n >= sizeof w->next) return walk_done(w, -ENAMETOOLONG);
+      return STEP_AGAIN;
+    }
+    close(w->stack[w->depth--]);
+    char *slash = strrchr(w->here, '/');
+    if (slash) *slash = 0;
+  }
+  if (!c->last) return STEP_ON;
+  return walk_done(w, open_here(w->stack[w->depth], w->flags, w->mode, w->mutate && w->ro, w->here, w->resolved));
+}
+
+/* The name's jail path into w->jail; a name the jail mounts another tree
+ * on is that tree's: STEP_AGAIN, to resolve it and the rest from there. */
+static enum step walk_mounted(struct walker *w, const struct comp *c) {
+  char host[PATH_MAX];
+  const char *r;
+  snprintf(w->jail, sizeof w->jail, "%s", w->here);
+  int rc = jail_push(w->jail, c->name, c->len);
+  if (rc < 0) return walk_done(w, rc);
+  int kind = wbd_rt_locate(w->p->sb, w->jail, host, sizeof host, &r);
+  if (kind >= 0 && strcmp(host, w->tree_host) == 0) return STEP_ON;
+  int n = snprintf(w->next, sizeof w->next, "%s/%s", w->jail, c->rest);
+  if (n < 0 || (size_t)n >= sizeof w->next) return walk_done(w, -ENAMETOOLONG);
+  return STEP_AGAIN;
+}
+
+/* Opens the name without following it: *fd and *st, or *fd -1 with
+ * w->open_err. A symlink to follow (any but a last name asked with
+ * O_NOFOLLOW) is STEP_AGAIN with its target, from here when relative. */
+static enum step walk_open(struct walker *w, const struct comp *c, int *fd, struct stat *st) {
+  *fd = openat(w->stack[w->depth], c->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (*fd < 0) {
+    w->open_err = errno;
+    return STEP_ON;
+  }
+  if (fstat(*fd, st) != 0) {
+    int rc = -errno;
+    close(*fd);
+    return walk_done(w, rc);
+  }
+  if (!S_ISLNK(st->st_mode) || (c->last && (w->flags & O_NOFOLLOW))) return STEP_ON;
+  char target[PATH_MAX];
+  ssize_t n = readlinkat(*fd, "", target, sizeof target - 1);
+  close(*fd);
+  *fd = -1;
+  if (n < 0) return walk_done(w, -errno);
+  target[n] = 0;
+  int m = target[0] == '/' ? snprintf(w->next, sizeof w->next, "%s/%s", target, c->rest)
+                           : snprintf(w->next, sizeof w->next, "%s/%s/%s", w->here, target, c->rest);
+  if (m < 0 || (size_t)m >= sizeof w->next) return walk_done(w, -ENAMETOOLONG);
+  return STEP_AGAIN;
+}
+
+/* The last name (fd: it opened as O_PATH, or -1): opened with the caller's
+ * flags, never following, created when missing and O_CREAT asks. */
+static enum step walk_last(struct walker *w, const struct comp *c, int fd) {
+  if (fd >= 0) close(fd);
+  else if (w->open_err != ENOENT || !(w->flags & O_CREAT)) return walk_done(w, -w->open_err);
+  if (w->mutate && w->ro) return walk_done(w, -EROFS);
+  int rc = openat(w->stack[w->depth], c->name, w->flags | O_NOFOLLOW | O_CLOEXEC, w->mode);
+  rc = rc < 0 ? -errno : rc;
+  if (w->resolved) snprintf(w->resolved, PATH_MAX, "%s", w->jail);
+  return walk_done(w, rc);
+}
+
+/* A name before the last: a directory the walk goes down into. */
+static enum step walk_descend(struct walker *w, int fd, const struct stat *st) {
+  if (fd < 0) return walk_done(w, -w->open_err);
+  if (!S_ISDIR(st->st_mode)) {
+    close(fd);
+    return walk_done(w, -ENOTDIR);
+  }
+  if (w->depth + 1 >= WALK_MAX_DEPTH) {
+    close(fd);
+    return walk_done(w, -ENAMETOOLONG);
+  }
+  w->stack[++w->depth] = fd;
+  snprintf(w->here, sizeof w->here, "%s", w->jail);
+  return STEP_ON;
+}
+
+/* Starts the walk again from the tree that holds w->next (absolute): its
+ * root and the rest in it; at most 40 times (ELOOP), never into a
+ * read-only tree for a change (EROFS). */
+static enum step walk_reroot(struct walker *w) {
+  char clean[PATH_MAX], nrel[PATH_MAX];
+  int nro, rc;
+  if (++w->links > 40) return walk_done(w, -ELOOP);
+  if ((rc = clean_path(w->next, clean, sizeof clean)) < 0) return walk_done(w, rc);
+  int nr = tree_open(w->p->sb, clean, nrel, sizeof nrel, &nro);
+  if (nr < 0) return walk_done(w, nr);
+  if (w->mutate && nro) {
+    close(nr);
+    return walk_done(w, -EROFS);
+  }
+  root_jail(clean, nrel, w->here, sizeof w->here);
+  tree_host_of(w->p->sb, clean, w->tree_host);
+  while (w->depth > 0) close(w->stack[w->depth--]);
+  if (w->owned_root >= 0) close(w->owned_root);
+  w->stack[0] = w->owned_root = nr;
+  w->ro = nro;
+  strcpy(w->todo, nrel);
+  return STEP_ON;
+}
+
 /* `resolved` (PATH_MAX, or NULL): the jail path the fd is for, after links. */
 static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate, char *resolved) {
-  int stack[WALK_MAX_DEPTH];
-  int depth = 0, links = 0, rc, owned_root = -1, ro = p->ro;
-  char todo[2 * PATH_MAX], next[2 * PATH_MAX], here[PATH_MAX], tree_host[PATH_MAX], jail[PATH_MAX];
-  if (strlen(rel) >= sizeof todo) return -ENAMETOOLONG;
-  strcpy(todo, rel);
-  tree_root_jail(p, here, sizeof here);
-  {
-    const char *r;
-    if (wbd_rt_locate(p->sb, p->jail, tree_host, sizeof tree_host, &r) < 0) tree_host[0] = 0;
-  }
-  stack[0] = p->root;
-  char *cur = todo;
+  struct walker w;   /* not zeroed: its buffers are written before they are read */
+  if (strlen(rel) >= sizeof w.todo) return -ENAMETOOLONG;
+  w.p = p;
+  w.flags = flags;
+  w.mode = mode;
+  w.mutate = mutate;
+  w.resolved = resolved;
+  w.depth = w.links = w.open_err = w.rc = 0;
+  w.owned_root = -1;
+  w.ro = p->ro;
+  strcpy(w.todo, rel);
+  tree_root_jail(p, w.here, sizeof w.here);
+  tree_host_of(p->sb, p->jail, w.tree_host);
+  w.stack[0] = p->root;
+  char *cur = w.todo;
   for (;;) {
-    while (*cur == '/') cur++;
-    char *end = strchr(cur, '/');
-    size_t clen = end ? (size_t)(end - cur) : strlen(cur);
-    char comp[NAME_MAX + 1];
-    if (clen > NAME_MAX) { rc = -ENAMETOOLONG; goto out; }
-    memcpy(comp, cur, clen);
-    comp[clen] = 0;
-    char *rest = cur + clen;
-    while (*rest == '/') rest++;
-    int last = *rest == 0;
-    const char *again = NULL;   /* a jail path to resolve from its own tree */
-    if (clen == 0 || strcmp(comp, ".") == 0) {
-      if (!last) { cur = rest; continue; }
-      rc = open_here(stack[depth], flags, mode, mutate && ro, here, resolved);
-      goto out;
-    }
-    if (strcmp(comp, "..") == 0) {
-      if (depth == 0) {
-        /* above the tree's root: its parent, as the jail has it */
-        int w = snprintf(next, sizeof next, "%s/../%s", here, rest);
-        if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
-        again = next;
-      } else {
-        close(stack[depth--]);
-        char *slash = strrchr(here, '/');
-        if (slash) *slash = 0;
-        if (!last) { cur = rest; continue; }
-        rc = open_here(stack[depth], flags, mode, mutate && ro, here, resolved);
-        goto out;
-      }
-    }
+    struct comp c;
     int fd = -1;
     struct stat st;
-    if (!again) {
-      /* A name the jail mounts another tree on is that tree's. */
-      char host[PATH_MAX];
-      const char *r;
-      snprintf(jail, sizeof jail, "%s", here);
-      if ((rc = jail_push(jail, comp, clen)) < 0) goto out;
-      int kind = wbd_rt_locate(p->sb, jail, host, sizeof host, &r);
-      if (kind < 0 || strcmp(host, tree_host) != 0) {
-        int w = snprintf(next, sizeof next, "%s/%s", jail, rest);
-        if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
-        again = next;
-      }
+    enum step s = comp_take(&w, cur, &c);
+    if (s == STEP_ON && comp_is_dots(&c)) {
+      s = walk_dots(&w, &c);
+    } else if (s == STEP_ON) {
+      s = walk_mounted(&w, &c);
+      if (s == STEP_ON) s = walk_open(&w, &c, &fd, &st);
+      if (s == STEP_ON) s = c.last ? walk_last(&w, &c, fd) : walk_descend(&w, fd, &st);
     }
-    if (!again) {
-      fd = openat(stack[depth], comp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-      if (fd >= 0 && fstat(fd, &st) != 0) {
-        rc = -errno;
-        close(fd);
-        goto out;
-      }
-      if (fd >= 0 && S_ISLNK(st.st_mode) && !(last && (flags & O_NOFOLLOW))) {
-        char target[PATH_MAX];
-        ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
-        close(fd);
-        if (n < 0) { rc = -errno; goto out; }
-        target[n] = 0;
-        int w = target[0] == '/' ? snprintf(next, sizeof next, "%s/%s", target, rest)
-                                 : snprintf(next, sizeof next, "%s/%s/%s", here, target, rest);
-        if (w < 0 || (size_t)w >= sizeof next) { rc = -ENAMETOOLONG; goto out; }
-        again = next;
-      }
-    }
-    if (again) {
-      char clean[PATH_MAX], nrel[PATH_MAX];
-      int nro;
-      if (++links > 40) { rc = -ELOOP; goto out; }
-      if ((rc = clean_path(again, clean, sizeof clean)) < 0) goto out;   /* `again` is absolute */
-      int nr = tree_open(p->sb, clean, nrel, sizeof nrel, &nro);
-      if (nr < 0) { rc = nr; goto out; }
-      if (mutate && nro) { close(nr); rc = -EROFS; goto out; }
-      /* the new tree's own jail path and host root */
-      size_t cl = strlen(clean), nl = strcmp(nrel, ".") == 0 ? 0 : strlen(nrel) + 1;
-      snprintf(here, sizeof here, "%.*s", (int)(cl >= nl ? cl - nl : 0), clean);
-      if (strcmp(here, "/") == 0) here[0] = 0;
-      const char *r;
-      if (wbd_rt_locate(p->sb, clean, tree_host, sizeof tree_host, &r) < 0) tree_host[0] = 0;
-      while (depth > 0) close(stack[depth--]);
-      if (owned_root >= 0) close(owned_root);
-      stack[0] = owned_root = nr;
-      ro = nro;
-      strcpy(todo, nrel);
-      cur = todo;
+    if (s == STEP_ON) {
+      cur = c.rest;
       continue;
     }
-    if (last) {
-      if (fd >= 0) close(fd);
-      else if (errno != ENOENT || !(flags & O_CREAT)) { rc = -errno; goto out; }
-      if (mutate && ro) { rc = -EROFS; goto out; }
-      rc = openat(stack[depth], comp, flags | O_NOFOLLOW | O_CLOEXEC, mode);
-      rc = rc < 0 ? -errno : rc;
-      if (resolved) snprintf(resolved, PATH_MAX, "%s", jail);
-      goto out;
-    }
-    if (fd < 0) { rc = -errno; goto out; }
-    if (!S_ISDIR(st.st_mode)) {
-      close(fd);
-      rc = -ENOTDIR;
-      goto out;
-    }
-    if (depth + 1 >= WALK_MAX_DEPTH) {
-      close(fd);
-      rc = -ENAMETOOLONG;
-      goto out;
-    }
-    stack[++depth] = fd;
-    snprintf(here, sizeof here, "%s", jail);
-    cur = rest;
+    if (s == STEP_AGAIN) s = walk_reroot(&w);
+    if (s == STEP_DONE) break;
+    cur = w.todo;
   }
-out:
-  while (depth > 0) close(stack[depth--]);
-  if (owned_root >= 0) close(owned_root);
-  return rc;
+  while (w.depth > 0) close(w.stack[w.depth--]);
+  if (w.owned_root >= 0) close(w.owned_root);
+  return w.rc;
 }
 
 static int have_openat2 = 1;

@@ -664,33 +664,153 @@ static void run_set_pend(struct run *r, char *s, size_t n) {
   r->pend_off = 0;
 }
 
+/* Copies what is left of the pending bytes to the client's buffer. */
+static ssize_t run_give(struct run *r, char *buf, size_t max) {
+  size_t n = r->pend_len - r->pend_off;
+  if (n > max) n = max;
+  memcpy(buf, r->pend + r->pend_off, n);
+  r->pend_off += n;
+  return (ssize_t)n;
+}
+
+/* Under the lock: takes the oldest line the kernel queued, waking the
+ * kernel's reader when the queue drained to half. */
+static struct line *run_pop_locked(struct run *r) {
+  struct line *l = r->head;
+  r->head = l->next;
+  if (!r->head) r->tail = NULL;
+  r->queued -= l->len;
+  if (r->queued <= QUEUE_MAX / 2) pthread_cond_broadcast(&r->k->space);
+  return l;
+}
+
+/* A kernel line becomes the pending bytes (an error among them is noted:
+ * then the stream's end adds none of its own). */
+static void run_pend_line(struct run *r, struct line *l) {
+  if (!r->error_seen && strncmp(l->data, "{\"type\": \"error\"", 16) == 0) r->error_seen = 1;
+  char *s = malloc(l->len);
+  if (!s) abort();
+  memcpy(s, l->data, l->len);
+  run_set_pend(r, s, l->len);
+  free(l);
+  r->last_us = wbd_now_us();
+}
+
+/* The stream's last bytes once the kernel is done with the cell, or died
+ * under it (`dead`) without an error of the cell's own: an error that says
+ * why (the sandbox's memory limit, the cell's timeout, a restart of the
+ * context, an end without one), then END_LINE. */
+static void run_pend_end(struct run *r, int dead) {
+  const char *err = "";
+  char oom[320];
+  long kills = dead && !r->error_seen && !r->timed_out && r->oom0 >= 0 ? wbd_rt_oom_kills(r->rt) : -1;
+  if (kills > r->oom0) {
+    snprintf(oom, sizeof oom, "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
+             "reached its memory limit (%ld MB): the context's kernel was killed and its state was lost\", "
+             "\"traceback\": \"\"}\n", wbd_rt_memory_mb(r->rt));
+    err = oom;
+  } else if (dead && !r->error_seen && r->timed_out)
+    err = "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "
+          "timeout was reached: the context's kernel was restarted and its state was lost\", \"traceback\": \"\"}\n";
+  else if (dead && !r->error_seen)
+    err = r->restarted
+              ? "{\"type\": \"error\", \"name\": \"ContextRestarting\", \"value\": \"Context was restarted\", "
+                "\"traceback\": \"\"}\n"
+              : "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
+                "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
+  size_t n = strlen(err) + strlen(END_LINE);
+  char *s = malloc(n + 1);
+  if (!s) abort();
+  snprintf(s, n + 1, "%s%s", err, END_LINE);
+  run_set_pend(r, s, n);
+}
+
+/* When the stream must look again without news: the next keepalive, the
+ * cell's timeout, or the end of the grace an interrupted cell has. */
+static int64_t run_wake_at(struct run *r) {
+  int64_t wake = r->last_us + KEEPALIVE_US;
+  if (r->deadline_us && !r->interrupted && r->deadline_us < wake) wake = r->deadline_us;
+  int64_t hard = r->deadline_us + grace_us();
+  if (r->deadline_us && r->interrupted && !r->timed_out && hard < wake) wake = hard;
+  return wake;
+}
+
+/* The cell's timeout: at the deadline the kernel is interrupted; a cell
+ * that ignores it for grace_us() has its kernel restarted (as
+ * /contexts/{id}/restart does), and the stream ends with the error. */
+static void run_enforce_timeout(struct run *r, int64_t now) {
+  if (r->deadline_us && !r->interrupted && now >= r->deadline_us) {
+    r->interrupted = 1;
+    kern_interrupt(r->k);
+  }
+  if (r->deadline_us && r->interrupted && !r->timed_out && now >= r->deadline_us + grace_us()) {
+    r->timed_out = 1;
+    pthread_mutex_lock(r->mu);
+    struct kern *k = NULL;
+    if (r->ctx->k == r->k && !r->finished) {
+      k = r->k;
+      r->ctx->k = NULL;
+      r->restarted = 1;
+    }
+    pthread_mutex_unlock(r->mu);
+    if (k) kern_end(r->rt, k);
+    wbd_stat_add("exec_timeout_restart", 1);
+  }
+}
+
+/* Nothing to send and the cell not over: parks the stream until the
+ * kernel (the eventfd), the client (its socket) or the next timer wakes
+ * it; once woken, notes a client that left (the run is aborted), enforces
+ * the cell's timeout and queues a keepalive when one is due. 1: look
+ * again; 0: parked (the reader answers 0); -1: it could not park. */
+static int run_idle(struct run *r) {
+  int64_t now = wbd_now_us();
+  int64_t wake = run_wake_at(r);
+  int64_t ms = (wake - now) / 1000;
+  if (ms < 0) ms = 0;
+  struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
+  int np = r->conn_fd >= 0 ? 2 : 1;
+  int pr = poll(p, (nfds_t)np, 0);
+  if (pr < 0 && errno != EINTR) pr = 0;
+  if (pr <= 0 && wake > now)
+    return wbd_park(r->conn, r->efd, r->conn_fd, (int)(ms + 1)) == 0 ? 0 : -1;
+  if (pr > 0 && (p[0].revents & POLLIN)) {
+    uint64_t v;
+    if (read(r->efd, &v, sizeof v) < 0) {}
+  }
+  if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+    /* The client went away: stop the cell, drop the stream. */
+    pthread_mutex_lock(r->mu);
+    r->aborted = 1;
+    pthread_mutex_unlock(r->mu);
+    return 1;
+  }
+  now = wbd_now_us();
+  run_enforce_timeout(r, now);
+  if (now >= r->last_us + KEEPALIVE_US) {
+    static const char ka[] = "{\"type\": \"keepalive\"}\n";
+    char *s = malloc(sizeof ka);
+    if (!s) abort();
+    memcpy(s, ka, sizeof ka);
+    run_set_pend(r, s, sizeof ka - 1);
+    r->last_us = now;
+  }
+  return 1;
+}
+
+/* The stream's reader: the pending bytes, then the kernel's next line, the
+ * end (when the kernel is done or dead), an error end (aborted), or a wait. */
 static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   struct run *r = cls;
   for (;;) {
-    if (r->pend && r->pend_off < r->pend_len) {
-      size_t n = r->pend_len - r->pend_off;
-      if (n > max) n = max;
-      memcpy(buf, r->pend + r->pend_off, n);
-      r->pend_off += n;
-      return (ssize_t)n;
-    }
+    if (r->pend && r->pend_off < r->pend_len) return run_give(r, buf, max);
     if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
     pthread_mutex_lock(r->mu);
     if (r->head) {
-      struct line *l = r->head;
-      r->head = l->next;
-      if (!r->head) r->tail = NULL;
-      r->queued -= l->len;
-      if (r->queued <= QUEUE_MAX / 2) pthread_cond_broadcast(&r->k->space);
+      struct line *l = run_pop_locked(r);
       pthread_mutex_unlock(r->mu);
-      if (!r->error_seen && strncmp(l->data, "{\"type\": \"error\"", 16) == 0) r->error_seen = 1;
-      char *s = malloc(l->len);
-      if (!s) abort();
-      memcpy(s, l->data, l->len);
-      run_set_pend(r, s, l->len);
-      free(l);
-      r->last_us = wbd_now_us();
+      run_pend_line(r, l);
       continue;
     }
     if (r->aborted) {
@@ -703,84 +823,12 @@ static ssize_t run_read(void *cls, uint64_t pos, char *buf, size_t max) {
       int dead = r->kernel_dead && !r->kernel_done;
       run_finish_locked(r);
       pthread_mutex_unlock(r->mu);
-      const char *err = "";
-      char oom[320];
-      long kills = dead && !r->error_seen && !r->timed_out && r->oom0 >= 0 ? wbd_rt_oom_kills(r->rt) : -1;
-      if (kills > r->oom0) {
-        snprintf(oom, sizeof oom, "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
-                 "reached its memory limit (%ld MB): the context's kernel was killed and its state was lost\", "
-                 "\"traceback\": \"\"}\n", wbd_rt_memory_mb(r->rt));
-        err = oom;
-      } else if (dead && !r->error_seen && r->timed_out)
-        err = "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "
-              "timeout was reached: the context's kernel was restarted and its state was lost\", \"traceback\": \"\"}\n";
-      else if (dead && !r->error_seen)
-        err = r->restarted
-                  ? "{\"type\": \"error\", \"name\": \"ContextRestarting\", \"value\": \"Context was restarted\", "
-                    "\"traceback\": \"\"}\n"
-                  : "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
-                    "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
-      size_t n = strlen(err) + strlen(END_LINE);
-      char *s = malloc(n + 1);
-      if (!s) abort();
-      snprintf(s, n + 1, "%s%s", err, END_LINE);
-      run_set_pend(r, s, n);
+      run_pend_end(r, dead);
       continue;
     }
     pthread_mutex_unlock(r->mu);
-
-    int64_t now = wbd_now_us();
-    int64_t wake = r->last_us + KEEPALIVE_US;
-    if (r->deadline_us && !r->interrupted && r->deadline_us < wake) wake = r->deadline_us;
-    int64_t hard = r->deadline_us + grace_us();
-    if (r->deadline_us && r->interrupted && !r->timed_out && hard < wake) wake = hard;
-    int64_t ms = (wake - now) / 1000;
-    if (ms < 0) ms = 0;
-    struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
-    int np = r->conn_fd >= 0 ? 2 : 1;
-    int pr = poll(p, (nfds_t)np, 0);
-    if (pr < 0 && errno != EINTR) pr = 0;
-    if (pr <= 0 && wake > now)   /* nothing yet: parked until one of them wakes or it is time */
-      return wbd_park(r->conn, r->efd, r->conn_fd, (int)(ms + 1)) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
-    if (pr > 0 && (p[0].revents & POLLIN)) {
-      uint64_t v;
-      if (read(r->efd, &v, sizeof v) < 0) {}
-    }
-    if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-      /* The client went away: stop the cell, drop the stream. */
-      pthread_mutex_lock(r->mu);
-      r->aborted = 1;
-      pthread_mutex_unlock(r->mu);
-      continue;
-    }
-    now = wbd_now_us();
-    if (r->deadline_us && !r->interrupted && now >= r->deadline_us) {
-      r->interrupted = 1;
-      kern_interrupt(r->k);
-    }
-    if (r->deadline_us && r->interrupted && !r->timed_out && now >= r->deadline_us + grace_us()) {
-      /* The cell ignored the interrupt: restart the kernel (as
-       * /contexts/{id}/restart does); the stream ends with the error. */
-      r->timed_out = 1;
-      pthread_mutex_lock(r->mu);
-      struct kern *k = NULL;
-      if (r->ctx->k == r->k && !r->finished) {
-        k = r->k;
-        r->ctx->k = NULL;
-        r->restarted = 1;
-      }
-      pthread_mutex_unlock(r->mu);
-      if (k) kern_end(r->rt, k);
-      wbd_stat_add("exec_timeout_restart", 1);
-    }
-    if (now >= r->last_us + KEEPALIVE_US) {
-      static const char ka[] = "{\"type\": \"keepalive\"}\n";
-      char *s = malloc(sizeof ka);
-      if (!s) abort();
-      memcpy(s, ka, sizeof ka);
-      run_set_pend(r, s, sizeof ka - 1);
-      r->last_us = now;
-    }
+    int w = run_idle(r);
+    if (w <= 0) return w == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
   }
 }
 
@@ -824,107 +872,126 @@ static int client_gone(struct wbd_req *req) {
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *sb) {
+/* An /execute request's fields (pointers into body, which the caller
+ * frees); ctx_id and lang NULL when absent or empty, as the server's
+ * truthiness tests have them. */
+struct exec_req {
+  json_t *body, *code, *env, *timeout;
+  const char *ctx_id, *lang;
+};
+
+/* Parses and checks the body as the code interpreter's server does (422
+ * with its detail; 400 for both context_id and language). 0, or -1 after
+ * replying (*m), the body freed. */
+static int exec_parse(struct wbd_req *req, struct exec_req *e, enum MHD_Result *m) {
   json_error_t jerr;
   json_t *body = req->body_len ? json_loadb(req->body, req->body_len, 0, &jerr) : NULL;
   if (!json_is_object(body)) {
     json_decref(body);
-    return unprocessable(req, "json_invalid", "body", "JSON decode error");
+    *m = unprocessable(req, "json_invalid", "body", "JSON decode error");
+    return -1;
   }
   json_t *code = json_object_get(body, "code");
   if (!json_is_string(code)) {
-    enum MHD_Result m = code ? unprocessable(req, "string_type", "code", "Input should be a valid string")
-                             : unprocessable(req, "missing", "code", "Field required");
+    *m = code ? unprocessable(req, "string_type", "code", "Input should be a valid string")
+              : unprocessable(req, "missing", "code", "Field required");
     json_decref(body);
-    return m;
+    return -1;
   }
   json_t *jctx = json_object_get(body, "context_id");
   json_t *jlang = json_object_get(body, "language");
   json_t *jenv = json_object_get(body, "env_vars");
-  json_t *jto = json_object_get(body, "timeout");
   if ((jctx && !json_is_null(jctx) && !json_is_string(jctx)) || (jlang && !json_is_null(jlang) && !json_is_string(jlang)) ||
       (jenv && !json_is_null(jenv) && !json_is_object(jenv))) {
     json_decref(body);
-    return unprocessable(req, "type_error", "body", "Input should be a valid string or object");
+    *m = unprocessable(req, "type_error", "body", "Input should be a valid string or object");
+    return -1;
   }
-  /* Empty strings count as absent, as the server's truthiness tests do. */
-  const char *ctx_id = json_string_value(jctx);
-  const char *lang_in = json_string_value(jlang);
-  if (ctx_id && !*ctx_id) ctx_id = NULL;
-  if (lang_in && !*lang_in) lang_in = NULL;
-  if (ctx_id && lang_in) {
+  *e = (struct exec_req){ .body = body, .code = code, .env = jenv, .timeout = json_object_get(body, "timeout"),
+                          .ctx_id = json_string_value(jctx), .lang = json_string_value(jlang) };
+  if (e->ctx_id && !*e->ctx_id) e->ctx_id = NULL;
+  if (e->lang && !*e->lang) e->lang = NULL;
+  if (e->ctx_id && e->lang) {
     json_decref(body);
-    return reply_text(req, 400, "Only one of context_id or language can be provided");
+    *m = reply_text(req, 400, "Only one of context_id or language can be provided");
+    return -1;
   }
-  struct wbd_rt *rt = wbd_rt_get(sb);
-  if (!rt) {
-    json_decref(body);
-    return sandbox_gone(req, sb);
-  }
-  pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
-  struct istate *ist = ist_lock(rt);
-  struct ictx *c = NULL;
-  if (ctx_id) {
-    c = ctx_find_locked(ist, ctx_id);
+  return 0;
+}
+
+/* Leaves the interpreter on the way to an error reply: c's reference (when
+ * not NULL), the lock and rt released. */
+static void exec_leave_locked(struct wbd_rt *rt, struct ictx *c) {
+  if (c) ctx_put_locked(c);
+  ist_unlock(rt);
+  wbd_rt_put(rt);
+}
+
+/* Under the lock: the context the request names, or its language's
+ * default (made on first use). NULL after leaving (exec_leave_locked) and
+ * replying (*m). */
+static struct ictx *exec_context_locked(struct wbd_req *req, struct wbd_rt *rt, struct istate *ist,
+                                        const struct exec_req *e, enum MHD_Result *m) {
+  if (e->ctx_id) {
+    struct ictx *c = ctx_find_locked(ist, e->ctx_id);
     if (!c) {
-      ist_unlock(rt);
-      wbd_rt_put(rt);
-      enum MHD_Result m = reply_text(req, 404, "Context %s not found", ctx_id);
-      json_decref(body);
-      return m;
+      exec_leave_locked(rt, NULL);
+      *m = reply_text(req, 404, "Context %s not found", e->ctx_id);
     }
-  } else {
-    char lbuf[32];
-    const char *lang = norm_lang(lang_in ? lang_in : "python", lbuf, sizeof lbuf);
-    if (!lang) {
-      ist_unlock(rt);
-      wbd_rt_put(rt);
-      enum MHD_Result m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
-      json_decref(body);
-      return m;
-    }
-    struct ictx **def = strcmp(lang, "bash") == 0         ? &ist->def_bash
-                        : strcmp(lang, "javascript") == 0 ? &ist->def_js
-                        : strcmp(lang, "typescript") == 0 ? &ist->def_ts
-                                                          : &ist->def_python;
-    if (!*def) *def = ctx_new_locked(ist, lang, "/home/user");
-    c = *def;
+    return c;
   }
-  c->refs++;
-  while ((c->busy_kernel || c->busy_stream) && !c->gone) pthread_cond_wait(&c->cond, mu);
+  char lbuf[32];
+  const char *lang = norm_lang(e->lang ? e->lang : "python", lbuf, sizeof lbuf);
+  if (!lang) {
+    exec_leave_locked(rt, NULL);
+    *m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
+    return NULL;
+  }
+  struct ictx **def = strcmp(lang, "bash") == 0         ? &ist->def_bash
+                      : strcmp(lang, "javascript") == 0 ? &ist->def_js
+                      : strcmp(lang, "typescript") == 0 ? &ist->def_ts
+                                                        : &ist->def_python;
+  if (!*def) *def = ctx_new_locked(ist, lang, "/home/user");
+  return *def;
+}
+
+/* Under the lock, c referenced: waits for the context to be free and
+ * makes sure it has a live kernel. 0; or -1 after leaving and replying
+ * (*m): the context went away, or its kernel would not start; or the
+ * client left while it waited (MHD_NO: the cell is never started). */
+static int exec_ready_locked(struct wbd_req *req, struct wbd_rt *rt, struct ictx *c, const struct exec_req *e,
+                             enum MHD_Result *m) {
+  while ((c->busy_kernel || c->busy_stream) && !c->gone) pthread_cond_wait(&c->cond, wbd_rt_interp_mu(rt));
   if (!c->gone && client_gone(req)) {
-    /* It waited for the context and its client has left meanwhile: the cell
-     * is never started. */
-    ctx_put_locked(c);
-    ist_unlock(rt);
-    wbd_rt_put(rt);
-    json_decref(body);
+    exec_leave_locked(rt, c);
     wbd_stat_add("exec_client_gone", 1);
-    return MHD_NO;
+    *m = MHD_NO;
+    return -1;
   }
   if (c->gone) {
-    ctx_put_locked(c);
-    ist_unlock(rt);
-    wbd_rt_put(rt);
-    enum MHD_Result m = ctx_id ? reply_text(req, 404, "Context %s not found", ctx_id)
-                               : reply_text(req, 500, "Failed to create context: the sandbox restarted");
-    json_decref(body);
-    return m;
+    exec_leave_locked(rt, c);
+    *m = e->ctx_id ? reply_text(req, 404, "Context %s not found", e->ctx_id)
+                   : reply_text(req, 500, "Failed to create context: the sandbox restarted");
+    return -1;
   }
-  if (!c->k || c->k->dead) {
-    char err[256];
-    if (kern_start_locked(rt, c, err, sizeof err) != 0) {
-      ctx_put_locked(c);
-      ist_unlock(rt);
-      wbd_rt_put(rt);
-      json_decref(body);
-      return reply_text(req, 500, "Failed to start the %s kernel: %s", c->lang, err);
-    }
-  }
+  if (c->k && !c->k->dead) return 0;
+  char err[256], lang[sizeof c->lang];
+  if (kern_start_locked(rt, c, err, sizeof err) == 0) return 0;
+  snprintf(lang, sizeof lang, "%s", c->lang);   /* c may go once its reference is dropped */
+  exec_leave_locked(rt, c);
+  *m = reply_text(req, 500, "Failed to start the %s kernel: %s", lang, err);
+  return -1;
+}
+
+/* Under the lock: a run of c's kernel for sandbox sb, holding its own
+ * references (the sandbox's record, c, the kernel; rt and c's reference
+ * are the caller's, handed over). NULL, with nothing taken, when the
+ * sandbox's record is gone. */
+static struct run *run_new_locked(struct wbd_rt *rt, struct ictx *c, struct wbd_sandbox *sb) {
   struct run *r = calloc(1, sizeof *r);
   if (!r) abort();
   r->rt = rt;
-  r->mu = mu;
+  r->mu = wbd_rt_interp_mu(rt);
   r->ctx = c;
   r->k = c->k;
   r->k->refs++;
@@ -933,40 +1000,42 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
   r->oom0 = wbd_rt_oom_kills(rt);
   r->sb = wbd_sandbox_get(sb->id);
   if (!r->sb) {
-    r->finished = 1;
     kern_put_locked(r->k);
-    ctx_put_locked(c);
-    ist_unlock(rt);
     if (r->efd >= 0) close(r->efd);
     free(r);
-    wbd_rt_put(rt);
-    json_decref(body);
-    return sandbox_gone(req, sb);
+    return NULL;
   }
+  return r;
+}
+
+/* Under the lock: the run holds its context (busy until the kernel is done
+ * with the cell and the stream is over) and counts among the sandbox's
+ * active runs. 1 when another run of the sandbox was active: two /execute
+ * runs at once (other contexts included) are what the session layer must
+ * never let happen. */
+static int run_begin_locked(struct run *r, struct istate *ist) {
+  struct ictx *c = r->ctx;
   c->run = r;
   c->busy_kernel = 1;
   c->busy_stream = 1;
   c->busy_k = r->k;
-  /* Two /execute runs of one sandbox at once (other contexts included):
-   * what the session layer must never let happen. */
   int overlap = ist->active_runs > 0;
   ist->active_runs++;
   r->active = 1;
-  ist_unlock(rt);
-  if (overlap) wbd_stat_add("exec_overlap", 1);
+  return overlap;
+}
 
-  wbd_store_lock();
-  r->sb->runs_in_flight++;
-  wbd_store_unlock();
-  r->counted = 1;
-
-  json_t *msg = json_pack("{s:s,s:O,s:o}", "op", "exec", "code", code, "env",
-                          json_is_object(jenv) ? json_incref(jenv) : json_object());
+/* Sends the cell to the kernel (code, env_vars) and sets its deadline from
+ * the request's timeout (seconds, saturated at a year); a write that fails
+ * ends the cell as a dead kernel's would. */
+static void run_send(struct run *r, const struct exec_req *e) {
+  json_t *msg = json_pack("{s:s,s:O,s:o}", "op", "exec", "code", e->code, "env",
+                          json_is_object(e->env) ? json_incref(e->env) : json_object());
   char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
   json_decref(msg);
-  if (json_is_number(jto) && json_number_value(jto) > 0)   /* saturated: at most a year */
+  json_t *jto = e->timeout;
+  if (json_is_number(jto) && json_number_value(jto) > 0)
     r->deadline_us = wbd_now_us() + (int64_t)(json_number_value(jto) < 31536000 ? json_number_value(jto) * 1e6 : 31536000e6);
-  json_decref(body);
   int bad = !s;
   if (s) {
     size_t n = strlen(s);
@@ -980,10 +1049,49 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
     free(line);
   }
   if (bad) {
-    pthread_mutex_lock(mu);
-    kern_cell_over_locked(c, r->k, 1);
-    pthread_mutex_unlock(mu);
+    pthread_mutex_lock(r->mu);
+    kern_cell_over_locked(r->ctx, r->k, 1);
+    pthread_mutex_unlock(r->mu);
   }
+}
+
+/* POST /execute: parse, find the context and wait for it, start the run,
+ * send the cell, stream the kernel's lines (run_read). */
+static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *sb) {
+  struct exec_req e;
+  enum MHD_Result m;
+  if (exec_parse(req, &e, &m) != 0) return m;
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) {
+    json_decref(e.body);
+    return sandbox_gone(req, sb);
+  }
+  struct istate *ist = ist_lock(rt);
+  struct ictx *c = exec_context_locked(req, rt, ist, &e, &m);
+  if (!c) {
+    json_decref(e.body);
+    return m;
+  }
+  c->refs++;
+  if (exec_ready_locked(req, rt, c, &e, &m) != 0) {
+    json_decref(e.body);
+    return m;
+  }
+  struct run *r = run_new_locked(rt, c, sb);
+  if (!r) {
+    exec_leave_locked(rt, c);
+    json_decref(e.body);
+    return sandbox_gone(req, sb);
+  }
+  int overlap = run_begin_locked(r, ist);
+  ist_unlock(rt);
+  if (overlap) wbd_stat_add("exec_overlap", 1);
+  wbd_store_lock();
+  r->sb->runs_in_flight++;
+  wbd_store_unlock();
+  r->counted = 1;
+  run_send(r, &e);
+  json_decref(e.body);
   r->last_us = wbd_now_us();
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   if (ci) r->conn_fd = ci->connect_fd;

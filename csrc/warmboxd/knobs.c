@@ -1,6 +1,9 @@
 /*
- * knobs.c: the admin API's config and seed knobs (POST /_warmboxd/config,
- * POST /_warmboxd/seed); the server checks the admin token first.
+ * knobs.c: the admin API, every /_warmboxd/... route (tests and operators
+ * set and read the server with it; an E2B client never calls it): request
+ * stats, injected faults, run-time config, seeded records and the server's
+ * clock. server.c's gate checks the admin token first and keeps the counts
+ * and faults it applies to every request; these handlers read and set them.
  */
 #include "wbd_int.h"
 #include "control.h"
@@ -10,10 +13,137 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------ */
-/* Knobs: config and seed                                              */
+/* Stats                                                               */
 /* ------------------------------------------------------------------ */
 
-enum MHD_Result wbd_knob_config(struct wbd_req *req) {
+/* Bytes of heap the process holds in live allocations: what a memory bound
+ * is about. RSS is not that under ASan, whose quarantine keeps up to 256 MB
+ * of freed blocks mapped (RSS then grows with what was allocated and freed),
+ * so a sanitized build asks the sanitizer's allocator instead of malloc. */
+#if defined(__SANITIZE_ADDRESS__)
+#define WBD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WBD_ASAN 1
+#endif
+#endif
+#ifdef WBD_ASAN
+size_t __sanitizer_get_current_allocated_bytes(void); /* sanitizer/allocator_interface.h, not always installed */
+static long long heap_in_use(void) { return (long long)__sanitizer_get_current_allocated_bytes(); }
+#else
+#include <malloc.h>
+static long long heap_in_use(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return (long long)(mi.uordblks + mi.hblkhd);
+}
+#endif
+
+/* GET /_warmboxd/stats: the server's counts (wbd_stats_json; the counters
+ * a test reads shown as 0 before they first count), the store's records by
+ * state and the heap in use. */
+static enum MHD_Result knob_stats(struct wbd_req *req) {
+  long running, paused;
+  wbd_store_lock();
+  wbd_store_counts_locked(&running, &paused);
+  wbd_store_unlock();
+  json_t *o = wbd_stats_json();
+  json_t *c = json_object_get(o, "counters");
+  static const char *const known[] = { "exec_overlap", "kill_during_run", "pause_during_run" };
+  for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+    if (!json_object_get(c, known[i])) json_object_set_new(c, known[i], json_integer(0));
+  json_t *s = json_object();
+  json_object_set_new(s, "running", json_integer(running));
+  json_object_set_new(s, "paused", json_integer(paused));
+  json_object_set_new(o, "sandboxes", s);
+  json_object_set_new(o, "heap_bytes", json_integer(heap_in_use()));
+  return wbd_reply_json(req, 200, o, NULL);
+}
+
+static enum MHD_Result knob_stats_reset(struct wbd_req *req) {
+  wbd_stats_reset();
+  return wbd_reply_json(req, 204, NULL, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Faults                                                              */
+/* ------------------------------------------------------------------ */
+
+/* What is wrong with a fault's JSON, or NULL. */
+static const char *fault_refusal(json_t *o) {
+  json_t *route = json_object_get(o, "route"), *count = json_object_get(o, "count"),
+         *status = json_object_get(o, "status"), *body = json_object_get(o, "body"),
+         *headers = json_object_get(o, "headers"), *delay = json_object_get(o, "delay_ms"),
+         *drop = json_object_get(o, "drop");
+  if (!json_is_string(route)) return "route (string) is required";
+  if (count && !json_is_integer(count)) return "count must be an integer";
+  if (status && !json_is_integer(status)) return "status must be an integer";
+  if (status && (json_integer_value(status) < 100 || json_integer_value(status) > 599))
+    return "status must be 100..599";
+  if (body && !json_is_string(body)) return "body must be a string";
+  if (headers && !json_is_object(headers)) return "headers must be an object";
+  if (delay && !json_is_integer(delay)) return "delay_ms must be an integer";
+  if (delay && (json_integer_value(delay) < 0 || json_integer_value(delay) > 600000))
+    return "delay_ms must be 0..600000";
+  if (drop && !json_is_boolean(drop)) return "drop must be a boolean";
+  const char *k;
+  json_t *v;
+  if (headers)
+    json_object_foreach(headers, k, v) {
+      if (!json_is_string(v)) return "header values must be strings";
+    }
+  return NULL;
+}
+
+/* The fault a checked JSON object describes (count 1, no status, no delay
+ * unless it says otherwise). */
+static struct wbd_fault *fault_new(json_t *o) {
+  json_t *count = json_object_get(o, "count"), *status = json_object_get(o, "status"),
+         *body = json_object_get(o, "body"), *headers = json_object_get(o, "headers"),
+         *delay = json_object_get(o, "delay_ms"), *drop = json_object_get(o, "drop");
+  struct wbd_fault *f = calloc(1, sizeof *f);
+  if (!f) abort();
+  f->route = strdup(json_string_value(json_object_get(o, "route")));
+  f->count = count ? (long)json_integer_value(count) : 1;
+  f->status = status ? (unsigned)json_integer_value(status) : 0;
+  f->body = body ? strdup(json_string_value(body)) : NULL;
+  f->headers = headers ? json_incref(headers) : NULL;
+  f->delay_ms = delay ? (int)json_integer_value(delay) : 0;
+  f->drop = drop ? json_is_true(drop) : 0;
+  return f;
+}
+
+/* POST /_warmboxd/faults {"route", "count", "status", "body", "headers",
+ * "delay_ms", "drop"}: queues a fault (struct wbd_fault); count 0 queues
+ * none. */
+static enum MHD_Result knob_fault_add(struct wbd_req *req) {
+  json_error_t err;
+  json_t *o = json_loadb(req->body, req->body_len, 0, &err);
+  if (!json_is_object(o)) {
+    json_decref(o);
+    return wbd_reply_error(req, 400, "fault: a JSON object is required");
+  }
+  const char *bad = fault_refusal(o);
+  if (bad) {
+    json_decref(o);
+    return wbd_reply_error(req, 400, "fault: %s", bad);
+  }
+  wbd_fault_add(fault_new(o));
+  json_decref(o);
+  return wbd_reply_json(req, 204, NULL, NULL);
+}
+
+static enum MHD_Result knob_faults_clear(struct wbd_req *req) {
+  wbd_faults_clear();
+  return wbd_reply_json(req, 204, NULL, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Config, clock and seed                                              */
+/* ------------------------------------------------------------------ */
+
+/* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
+ * "resume_ms", "max_running": 0..600000}: all checked before any is set. */
+static enum MHD_Result knob_config(struct wbd_req *req) {
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, 1, &r);
   if (!o) return r;
@@ -52,7 +182,7 @@ enum MHD_Result wbd_knob_config(struct wbd_req *req) {
  * (leases, auto-pause, endAt, listings' times) and freezes or thaws it, then
  * expires what that made due before answering, so the caller sees the
  * result of the move when the call returns. */
-enum MHD_Result wbd_knob_clock(struct wbd_req *req) {
+static enum MHD_Result knob_clock(struct wbd_req *req) {
   enum MHD_Result r = MHD_NO;
   if (strcmp(req->method, "POST") == 0) {
     json_t *o = wbd_ctl_body_object(req, 1, &r);
@@ -81,7 +211,11 @@ enum MHD_Result wbd_knob_clock(struct wbd_req *req) {
                                             "frozen", frozen), NULL);
 }
 
-enum MHD_Result wbd_knob_seed(struct wbd_req *req) {
+/* POST /_warmboxd/seed {"count", "state", "metadata", "templateID",
+ * "timeout", "started_ago_s", "paused_ago_s", "autoPause", "autoResume"}:
+ * `count` records of the caller's team put straight into the store
+ * (records only: no jail is made for them). */
+static enum MHD_Result knob_seed(struct wbd_req *req) {
   char team[64];
   enum MHD_Result r = MHD_NO;
   if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
@@ -151,3 +285,28 @@ enum MHD_Result wbd_knob_seed(struct wbd_req *req) {
   return wbd_reply_json(req, 200, res, NULL);
 }
 
+/* ------------------------------------------------------------------ */
+/* Routing                                                             */
+/* ------------------------------------------------------------------ */
+
+static const struct {
+  const char *path;
+  const char *method;   /* NULL: any (the handler tells them apart) */
+  enum MHD_Result (*fn)(struct wbd_req *req);
+} knobs[] = {
+  { "/stats", "GET", knob_stats },
+  { "/stats/reset", "POST", knob_stats_reset },
+  { "/faults", "POST", knob_fault_add },
+  { "/faults", "DELETE", knob_faults_clear },
+  { "/config", "POST", knob_config },
+  { "/seed", "POST", knob_seed },
+  { "/clock", NULL, knob_clock },
+};
+
+enum MHD_Result wbd_knob_handle(struct wbd_req *req) {
+  const char *p = req->path + strlen("/_warmboxd");
+  for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++)
+    if (strcmp(p, knobs[i].path) == 0 && (!knobs[i].method || strcmp(req->method, knobs[i].method) == 0))
+      return knobs[i].fn(req);
+  return wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", req->method, req->path);
+}

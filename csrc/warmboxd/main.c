@@ -29,9 +29,7 @@ static const struct wbd_routes routes = {
   .control = wbd_state_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
-  .admin_config = wbd_knob_config,
-  .admin_clock = wbd_knob_clock,
-  .admin_seed = wbd_knob_seed,
+  .admin = wbd_knob_handle,
 };
 
 /* A pidfd for `pid` (Linux 5.3 and later), or -1 with errno. */

@@ -2,9 +2,12 @@
  * server.c: the HTTP server (libmicrohttpd: a few polling threads for every
  * connection; a request's handler runs on a worker and a stream waits
  * parked, defer.c, so an idle or slow connection costs no thread), routing
- * between the control plane, the admin API and the data plane through the table main.c hands over (wbd_server_routes),
- * request statistics, fault injection and the server's resource limits:
- * connection timeout and caps, per-route body limits, the admin API's gate.
+ * between the control plane, the admin API and the data plane through the
+ * table main.c hands over (wbd_server_routes), and what it does to every
+ * request on the way: counting it, injecting a fault, the server's resource
+ * limits (connection timeout and caps, per-route body limits) and the admin
+ * API's gate. The admin API's handlers, which read and set the counts and
+ * faults, are knobs.c's.
  */
 #include "wbd_int.h"
 #include "envd_util.h"
@@ -16,7 +19,6 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,93 +32,6 @@ static int bound_port;
 static struct wbd_routes routes_;
 
 void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
-
-/* ------------------------------------------------------------------ */
-/* Time                                                                */
-/* ------------------------------------------------------------------ */
-
-/* The server's clock: the wall clock plus what the admin API moved it
- * forward (POST /_warmboxd/clock), so a test can make leases, auto-pause and
- * endAt pass without waiting for them; frozen, it stands still between two
- * moves. Only ever moves forward. Read on every request and lifecycle pass,
- * so reading takes no lock: a sequence count (odd while a writer changes the
- * two words) lets a reader retry the rare read that overlapped a move;
- * writers, as rare, take clock_mu among themselves. */
-static pthread_mutex_t clock_mu = PTHREAD_MUTEX_INITIALIZER;
-static atomic_uint clock_seq;
-static _Atomic int64_t clock_offset_us, clock_frozen_us; /* frozen: the time it stands at, else 0 */
-
-static int64_t wall_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* One consistent reading of the clock's two words (no lock); returns the
- * time it shows. The wall clock is read inside the check, so a reading never
- * runs ahead of a freeze that follows it. */
-static int64_t clock_read(int64_t *offset, int64_t *frozen) {
-  for (;;) {
-    unsigned seq = atomic_load(&clock_seq);
-    if (seq & 1u) continue;  /* a move under way */
-    *offset = atomic_load(&clock_offset_us);
-    *frozen = atomic_load(&clock_frozen_us);
-    int64_t now = *frozen ? *frozen : wall_us() + *offset;
-    if (atomic_load(&clock_seq) == seq) return now;
-  }
-}
-
-int64_t wbd_now_us(void) {
-  int64_t off, fz;
-  return clock_read(&off, &fz);
-}
-
-void wbd_clock_state(int64_t *offset_us, int *frozen) {
-  int64_t off, fz;
-  clock_read(&off, &fz);
-  if (offset_us) *offset_us = off;
-  if (frozen) *frozen = fz != 0;
-}
-
-void wbd_clock_advance(int64_t us, int freeze) {
-  pthread_mutex_lock(&clock_mu);
-  int64_t off = atomic_load(&clock_offset_us), fz = atomic_load(&clock_frozen_us);
-  if (freeze == 1 && !fz) fz = wall_us() + off;
-  if (us > 0) {
-    off += us;
-    if (fz) fz += us;
-  }
-  if (freeze == 0 && fz) {   /* thawed: goes on from where it stood */
-    int64_t w = wall_us();
-    if (fz > w + off) off = fz - w;
-    fz = 0;
-  }
-  atomic_fetch_add(&clock_seq, 1u);  /* odd: readers wait */
-  atomic_store(&clock_offset_us, off);
-  atomic_store(&clock_frozen_us, fz);
-  atomic_fetch_add(&clock_seq, 1u);
-  pthread_mutex_unlock(&clock_mu);
-}
-
-void wbd_format_time(int64_t us, char *buf, size_t len) {
-  time_t s = (time_t)(us / 1000000);
-  int64_t frac = us % 1000000;
-  if (frac < 0) {
-    frac += 1000000;
-    s -= 1;
-  }
-  struct tm tm;
-  gmtime_r(&s, &tm);
-  snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%06lld000Z", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long long)frac);
-}
-
-void wbd_sleep_ms(int ms) {
-  if (ms <= 0) return;
-  struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-  while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
-  }
-}
 
 /* ------------------------------------------------------------------ */
 /* Stats                                                               */
@@ -180,35 +95,42 @@ static json_t *table_json(struct stat_table *t) {
   return o;
 }
 
+json_t *wbd_stats_json(void) {
+  json_t *o = json_object();
+  pthread_mutex_lock(&stats_mu);
+  json_object_set_new(o, "requests", table_json(&routes));
+  json_object_set_new(o, "counters", table_json(&counters));
+  json_object_set_new(o, "total_requests", json_integer(total_requests));
+  pthread_mutex_unlock(&stats_mu);
+  return o;
+}
+
+void wbd_stats_reset(void) {
+  pthread_mutex_lock(&stats_mu);
+  table_clear(&routes);
+  table_clear(&counters);
+  total_requests = 0;
+  pthread_mutex_unlock(&stats_mu);
+}
+
 /* ------------------------------------------------------------------ */
 /* Faults                                                              */
 /* ------------------------------------------------------------------ */
 
-struct fault {
-  char *route;
-  long count;
-  unsigned status;
-  char *body;        /* NULL: E2B error body */
-  json_t *headers;   /* object or NULL */
-  int delay_ms;
-  int drop;
-  struct fault *next;
-};
-
 static pthread_mutex_t faults_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct fault *faults, **faults_tail = &faults;
+static struct wbd_fault *faults, **faults_tail = &faults;
 
-static void fault_free(struct fault *f) {
+static void fault_free(struct wbd_fault *f) {
   free(f->route);
   free(f->body);
   json_decref(f->headers);
   free(f);
 }
 
-static void faults_clear(void) {
+void wbd_faults_clear(void) {
   pthread_mutex_lock(&faults_mu);
   while (faults) {
-    struct fault *f = faults;
+    struct wbd_fault *f = faults;
     faults = f->next;
     fault_free(f);
   }
@@ -216,12 +138,24 @@ static void faults_clear(void) {
   pthread_mutex_unlock(&faults_mu);
 }
 
-/* Takes one use of the first fault matching `route`; the caller owns the copy. */
-static struct fault *fault_take(const char *route) {
-  struct fault *copy = NULL;
+void wbd_fault_add(struct wbd_fault *f) {
+  if (f->count <= 0) {
+    fault_free(f);
+    return;
+  }
+  f->next = NULL;
   pthread_mutex_lock(&faults_mu);
-  for (struct fault **pp = &faults; *pp; pp = &(*pp)->next) {
-    struct fault *f = *pp;
+  *faults_tail = f;
+  faults_tail = &f->next;
+  pthread_mutex_unlock(&faults_mu);
+}
+
+/* Takes one use of the first fault matching `route`; the caller owns the copy. */
+static struct wbd_fault *fault_take(const char *route) {
+  struct wbd_fault *copy = NULL;
+  pthread_mutex_lock(&faults_mu);
+  for (struct wbd_fault **pp = &faults; *pp; pp = &(*pp)->next) {
+    struct wbd_fault *f = *pp;
     if (strcmp(f->route, "*") != 0 && strcmp(f->route, route) != 0) continue;
     copy = calloc(1, sizeof *copy);
     if (!copy) abort();
@@ -323,138 +257,6 @@ enum MHD_Result wbd_reply_stream(struct wbd_req *req, unsigned status, const cha
   if (content_type) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
   add_headers(resp, headers);
   return queue(req, status, resp);
-}
-
-/* ------------------------------------------------------------------ */
-/* Knobs: stats and faults                                             */
-/* ------------------------------------------------------------------ */
-
-/* Bytes of heap the process holds in live allocations: what a memory bound
- * is about. RSS is not that under ASan, whose quarantine keeps up to 256 MB
- * of freed blocks mapped (RSS then grows with what was allocated and freed),
- * so a sanitized build asks the sanitizer's allocator instead of malloc. */
-#if defined(__SANITIZE_ADDRESS__)
-#define WBD_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define WBD_ASAN 1
-#endif
-#endif
-#ifdef WBD_ASAN
-size_t __sanitizer_get_current_allocated_bytes(void); /* sanitizer/allocator_interface.h, not always installed */
-static long long heap_in_use(void) { return (long long)__sanitizer_get_current_allocated_bytes(); }
-#else
-#include <malloc.h>
-static long long heap_in_use(void) {
-  struct mallinfo2 mi = mallinfo2();
-  return (long long)(mi.uordblks + mi.hblkhd);
-}
-#endif
-
-static enum MHD_Result knob_stats(struct wbd_req *req) {
-  long running, paused;
-  wbd_store_lock();
-  wbd_store_counts_locked(&running, &paused);
-  wbd_store_unlock();
-  json_t *o = json_object();
-  pthread_mutex_lock(&stats_mu);
-  json_object_set_new(o, "requests", table_json(&routes));
-  json_t *c = table_json(&counters);
-  static const char *const known[] = { "exec_overlap", "kill_during_run", "pause_during_run" };
-  for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-    if (!json_object_get(c, known[i])) json_object_set_new(c, known[i], json_integer(0));
-  json_object_set_new(o, "counters", c);
-  json_object_set_new(o, "total_requests", json_integer(total_requests));
-  pthread_mutex_unlock(&stats_mu);
-  json_t *s = json_object();
-  json_object_set_new(s, "running", json_integer(running));
-  json_object_set_new(s, "paused", json_integer(paused));
-  json_object_set_new(o, "sandboxes", s);
-  json_object_set_new(o, "heap_bytes", json_integer(heap_in_use()));
-  return wbd_reply_json(req, 200, o, NULL);
-}
-
-static enum MHD_Result knob_stats_reset(struct wbd_req *req) {
-  pthread_mutex_lock(&stats_mu);
-  table_clear(&routes);
-  table_clear(&counters);
-  total_requests = 0;
-  pthread_mutex_unlock(&stats_mu);
-  return wbd_reply_json(req, 204, NULL, NULL);
-}
-
-static enum MHD_Result knob_fault_add(struct wbd_req *req) {
-  json_error_t err;
-  json_t *o = json_loadb(req->body, req->body_len, 0, &err);
-  if (!json_is_object(o)) {
-    json_decref(o);
-    return wbd_reply_error(req, 400, "fault: a JSON object is required");
-  }
-  json_t *route = json_object_get(o, "route"), *count = json_object_get(o, "count"),
-         *status = json_object_get(o, "status"), *body = json_object_get(o, "body"),
-         *headers = json_object_get(o, "headers"), *delay = json_object_get(o, "delay_ms"),
-         *drop = json_object_get(o, "drop");
-  const char *bad = NULL;
-  if (!json_is_string(route)) bad = "route (string) is required";
-  else if (count && !json_is_integer(count)) bad = "count must be an integer";
-  else if (status && !json_is_integer(status)) bad = "status must be an integer";
-  else if (status && (json_integer_value(status) < 100 || json_integer_value(status) > 599))
-    bad = "status must be 100..599";
-  else if (body && !json_is_string(body)) bad = "body must be a string";
-  else if (headers && !json_is_object(headers)) bad = "headers must be an object";
-  else if (delay && !json_is_integer(delay)) bad = "delay_ms must be an integer";
-  else if (delay && (json_integer_value(delay) < 0 || json_integer_value(delay) > 600000))
-    bad = "delay_ms must be 0..600000";
-  else if (drop && !json_is_boolean(drop)) bad = "drop must be a boolean";
-  if (bad) {
-    json_decref(o);
-    return wbd_reply_error(req, 400, "fault: %s", bad);
-  }
-  if (headers) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(headers, k, v) {
-      if (!json_is_string(v)) {
-        json_decref(o);
-        return wbd_reply_error(req, 400, "fault: header values must be strings");
-      }
-    }
-  }
-  struct fault *f = calloc(1, sizeof *f);
-  if (!f) abort();
-  f->route = strdup(json_string_value(route));
-  f->count = count ? (long)json_integer_value(count) : 1;
-  f->status = status ? (unsigned)json_integer_value(status) : 0;
-  f->body = body ? strdup(json_string_value(body)) : NULL;
-  f->headers = headers ? json_incref(headers) : NULL;
-  f->delay_ms = delay ? (int)json_integer_value(delay) : 0;
-  f->drop = drop ? json_is_true(drop) : 0;
-  json_decref(o);
-  if (f->count <= 0) {
-    fault_free(f);
-    return wbd_reply_json(req, 204, NULL, NULL);
-  }
-  pthread_mutex_lock(&faults_mu);
-  *faults_tail = f;
-  faults_tail = &f->next;
-  pthread_mutex_unlock(&faults_mu);
-  return wbd_reply_json(req, 204, NULL, NULL);
-}
-
-static enum MHD_Result knob_handle(struct wbd_req *req) {
-  const char *p = req->path + strlen("/_warmboxd");
-  const char *m = req->method;
-  if (strcmp(p, "/stats") == 0 && strcmp(m, "GET") == 0) return knob_stats(req);
-  if (strcmp(p, "/stats/reset") == 0 && strcmp(m, "POST") == 0) return knob_stats_reset(req);
-  if (strcmp(p, "/faults") == 0 && strcmp(m, "POST") == 0) return knob_fault_add(req);
-  if (strcmp(p, "/faults") == 0 && strcmp(m, "DELETE") == 0) {
-    faults_clear();
-    return wbd_reply_json(req, 204, NULL, NULL);
-  }
-  if (strcmp(p, "/config") == 0 && strcmp(m, "POST") == 0 && routes_.admin_config) return routes_.admin_config(req);
-  if (strcmp(p, "/seed") == 0 && strcmp(m, "POST") == 0 && routes_.admin_seed) return routes_.admin_seed(req);
-  if (strcmp(p, "/clock") == 0 && routes_.admin_clock) return routes_.admin_clock(req);
-  return wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", m, req->path);
 }
 
 /* ------------------------------------------------------------------ */
@@ -958,10 +760,12 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
 
 static enum MHD_Result dispatch(struct req_ctx *ctx) {
   struct wbd_req *req = &ctx->req;
-  if (ctx->kind == K_ADMIN) return knob_handle(req);
+  if (ctx->kind == K_ADMIN)
+    return routes_.admin ? routes_.admin(req)
+                         : wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", req->method, req->path);
   wbd_sleep_ms(wbd_knob(&wbd_opt.rtt_ms));
 
-  struct fault *f = fault_take(ctx->route);
+  struct wbd_fault *f = fault_take(ctx->route);
   if (f) {
     wbd_sleep_ms(f->delay_ms);
     if (f->drop) {
@@ -1232,5 +1036,5 @@ void wbd_stats_free(void) {
   table_clear(&routes);
   table_clear(&counters);
   pthread_mutex_unlock(&stats_mu);
-  faults_clear();
+  wbd_faults_clear();
 }

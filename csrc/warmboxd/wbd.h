@@ -2,7 +2,8 @@
  * wbd.h: the contract between warmboxd's parts.
  *
  *   server.c / main.c / store.c / control.c   HTTP server (libmicrohttpd), sandbox
- *                                             records, control plane, knobs, stats
+ *   knobs.c / clock.c                         records, control plane, admin API,
+ *                                             the server's clock
  *   runtime.c / dataplane.c / envd.c / interp.c   sandbox directories, bubblewrap
  *                                             jails, kernels, envd and code interpreter
  *
@@ -151,7 +152,7 @@ void wbd_rt_shutdown(void);                                   /* warmboxd exits:
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port);
 
 /* ------------------------------------------------------------------ */
-/* Stats and options (server.c / main.c)                               */
+/* Stats and options (server.c / config.c)                             */
 /* ------------------------------------------------------------------ */
 
 /* Named counters shown by GET /_warmboxd/stats, e.g.
@@ -182,6 +183,8 @@ extern struct wbd_options wbd_opt;
  * The listing shows the size and the jail gets it. */
 void wbd_sandbox_set_template(struct wbd_sandbox *sb, const char *template_id);
 
+/* clock.c: the server's clock, in µs since the epoch (the wall clock plus
+ * what POST /_warmboxd/clock moved it forward). */
 int64_t wbd_now_us(void);
 /* Moves the server's clock forward by us (>= 0); freeze 1 stops it between
  * moves, 0 lets it run on, -1 leaves that as it is. */

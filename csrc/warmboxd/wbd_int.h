@@ -6,7 +6,7 @@
  * Layers, each calling only down: main.c wires the handlers (control.c,
  * knobs.c, list.c) into server.c through struct wbd_routes; the handlers
  * call server.c's reply functions and store.c; server.c calls store.c (and
- * the handlers only through the table).
+ * the handlers only through the table); clock.c calls none of them.
  */
 #ifndef WBD_INT_H
 #define WBD_INT_H
@@ -102,9 +102,9 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
 /* metrics.c: GET /sandboxes/{id}/metrics and GET /sandboxes/metrics. */
 enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id);
 enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team);
-enum MHD_Result wbd_knob_config(struct wbd_req *req);   /* knobs.c */
-enum MHD_Result wbd_knob_seed(struct wbd_req *req);     /* knobs.c */
-enum MHD_Result wbd_knob_clock(struct wbd_req *req);    /* knobs.c */
+/* knobs.c: the admin API, /_warmboxd/... (stats, faults, config, seed,
+ * clock), once server.c's gate let the request in. */
+enum MHD_Result wbd_knob_handle(struct wbd_req *req);
 /* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
 const char *wbd_control_route(const char *method, const char *path);
 /* Whether X-API-Key names a team (the same test the handlers make). */
@@ -129,11 +129,34 @@ struct wbd_routes {
   enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
   /* whether a data-plane request may send its body (token / signature) */
   int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
-  enum MHD_Result (*admin_config)(struct wbd_req *req);
-  enum MHD_Result (*admin_seed)(struct wbd_req *req);
-  enum MHD_Result (*admin_clock)(struct wbd_req *req);
+  enum MHD_Result (*admin)(struct wbd_req *req);   /* past the admin gate; NULL: 404 */
 };
 void wbd_server_routes(const struct wbd_routes *r);
+
+/* The request counts GET /_warmboxd/stats shows: {"requests": {route: n},
+ * "counters": {name: n} (wbd_stat_add), "total_requests": n}, the admin
+ * API's own requests not counted. */
+json_t *wbd_stats_json(void);
+void wbd_stats_reset(void);
+
+/* A fault the server injects into the next `count` requests of `route` (a
+ * route template as the stats name it, or "*"), before their handler: a
+ * delay, then a dropped connection, or an answer with `status` (0: none,
+ * the request goes on), `body` (NULL: an E2B error body) and `headers`. */
+struct wbd_fault {
+  char *route;       /* malloc'd */
+  long count;
+  unsigned status;
+  char *body;        /* malloc'd, or NULL */
+  json_t *headers;   /* an object of strings (a reference), or NULL */
+  int delay_ms;
+  int drop;
+  struct wbd_fault *next;
+};
+/* Queues f after the faults already queued; the server owns it (and what
+ * it points to) from here. A count <= 0 frees it at once. */
+void wbd_fault_add(struct wbd_fault *f);
+void wbd_faults_clear(void);
 
 /* Server limits (main.c's flags). Body limits are per route class, checked
  * against Content-Length when the headers are in and again while the body
