@@ -1,4 +1,4 @@
--- Real hosts for the examples' specs (issue 23 part 3): start a host process
+-- Real hosts for the examples' specs: start a host process
 -- on loopback, wait for its address, talk to it, stop it.
 local wbd = require "spec.helpers.warmboxd"
 

@@ -1,4 +1,4 @@
--- Checkpoints and policy against a real warmboxd (issue 24): the automatic
+-- Checkpoints and policy against a real warmboxd: the automatic
 -- checkpoint hook (off the run's path, in and outside tasks), GC's checkpoint
 -- pass by the policy's rules (cap per conversation, orphans, dry run), and a
 -- checkpoint a rewind in flight creates from is never deleted.

@@ -1,4 +1,4 @@
--- Checkpoints of a conversation against a real warmboxd (issue 24):
+-- Checkpoints of a conversation against a real warmboxd:
 -- s:checkpoint, s:checkpoints, s:branch, s:rewind, wb:release, the policy
 -- hook, a fork made by someone else, faults on the snapshot and on the
 -- create from it. warmboxd's snapshots hold the files and the python

@@ -1,5 +1,5 @@
 -- `warmbox checkpoints` (list, --json, --delete), `warmbox gc` with a
--- checkpoint policy and `warmbox release` against a real warmboxd (issue 24).
+-- checkpoint policy and `warmbox release` against a real warmboxd.
 local wbd = require "spec.helpers.warmboxd"
 local json = require "cjson.safe"
 local http = require "spec.helpers.http"

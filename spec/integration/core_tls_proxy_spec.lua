@@ -68,7 +68,7 @@ describe_if("warmbox.core over HTTPS and through a proxy", function()
     assert.equal("http://127.0.0.1:1/hello?x=1", require("cjson").decode(res.body).proxied)
   end)
 
-  it("warmbox.new passes ca_file and proxy to its client's connection (issue 23, part 5)", function()
+  it("warmbox.new passes ca_file and proxy to its client's connection", function()
     local warmbox = require "warmbox"
     local wb = assert(warmbox.new{ api_key = "k", api_url = "https://127.0.0.1:" .. tls_port, proxy = false,
       ca_file = dir .. "/cert.pem", retries = 0 })

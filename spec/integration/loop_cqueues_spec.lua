@@ -1,4 +1,4 @@
--- Issue 23 part 3: warmbox.loop.cqueues. s:run and the other waiting calls,
+-- warmbox.loop.cqueues. s:run and the other waiting calls,
 -- made from any cq:wrap coroutine, yield to cqueues (other coroutines run
 -- meanwhile); cq:loop() does not end while a call is in flight, nor when a
 -- coroutine makes its call after the others finished. And the cqueues

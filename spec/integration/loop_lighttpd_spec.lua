@@ -1,4 +1,4 @@
--- Issue 23 part 3: the blocking-host recipe, lighttpd + mod_magnet
+-- the blocking-host recipe, lighttpd + mod_magnet
 -- (examples/lighttpd/), 2 workers, on loopback. Each worker is a process of
 -- its own with its own warmbox object; through the user's shared local server
 -- they see one sandbox per conversation: the counter cell gives 1..6 (with a

@@ -1,4 +1,4 @@
--- Issue 23 part 3: warmbox.loop.luv. Attached once, tasks spawned at any time
+-- warmbox.loop.luv. Attached once, tasks spawned at any time
 -- (from a timer long after the loop went idle, from a TCP handler) run and
 -- complete with no manual kick; task:on_done answers. And the luv example
 -- (examples/luv/server.lua) serves a conversation as a real process.

@@ -1,4 +1,4 @@
--- Issue 23 part 3: warmbox.loop.prosody and examples/prosody/mod_warmbox.lua,
+-- warmbox.loop.prosody and examples/prosody/mod_warmbox.lua,
 -- in a real Prosody (Debian's prosody, Lua 5.4) on loopback: a conversation
 -- through its HTTP server, and a run that does not block Prosody (a ping and
 -- another conversation's run are answered while a long cell is in flight).

@@ -1,4 +1,4 @@
--- SDK conformance of the E2B features of issue 14: the official
+-- SDK conformance of the E2B features warmboxd adds: the official
 -- @e2b/code-interpreter 2.8.0 / e2b 2.51.0 JS SDKs (spec/sdk/node_modules)
 -- against warmboxd. spec/sdk/features.mjs runs every check and prints their
 -- results; each becomes one spec here.

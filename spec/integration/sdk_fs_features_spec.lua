@@ -1,4 +1,4 @@
--- SDK conformance of the filesystem features of issue 14 (file metadata,
+-- SDK conformance of the filesystem features warmboxd adds (file metadata,
 -- directory watching, signed file URLs, the sandbox's whole filesystem): the official e2b 2.51.0 JS SDK
 -- (spec/sdk/node_modules) against warmboxd. spec/sdk/fs_features.mjs runs
 -- every check and prints their results; each becomes one spec here.

@@ -1,4 +1,4 @@
--- SDK conformance of warmboxd's Python kernel start-up (issue 14): the official
+-- SDK conformance of warmboxd's Python kernel start-up: the official
 -- @e2b/code-interpreter 2.8.0 SDK against warmboxd. spec/sdk/interp_data.mjs
 -- runs every check and prints their results; each becomes one spec here.
 local sdk = require "spec.helpers.sdk"

@@ -1,4 +1,4 @@
--- SDK conformance of warmboxd's process RPCs (issue 14): the official e2b
+-- SDK conformance of warmboxd's process RPCs: the official e2b
 -- 2.51.0 JS SDK (spec/sdk/node_modules) against warmboxd. spec/sdk/process.mjs
 -- runs every check and prints their results; each becomes one spec here.
 local sdk = require "spec.helpers.sdk"

@@ -1,4 +1,4 @@
--- Issue 23 part 1: warmbox.new{} with no key and no URL uses the user's one
+-- warmbox.new{} with no key and no URL uses the user's one
 -- shared local warmboxd (the one of `warmbox server start`, through its state
 -- file), started for the user when none runs: every process of the user sees
 -- the same sandboxes. scripts/test gives each spec file its own

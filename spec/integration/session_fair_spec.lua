@@ -1,4 +1,4 @@
--- Issue 8, the unfairness case against a real warmboxd: one process runs
+-- the unfairness case against a real warmboxd: one process runs
 -- back-to-back 0.1 s cells on a session (until the others are done and 3
 -- runs more, at most 10 s); three other processes
 -- sharing the session key each get a run in within a few run times (their

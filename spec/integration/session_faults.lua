@@ -158,7 +158,7 @@ describe("sessions under faults (warmboxd)", function()
       { "POST /sandboxes/{id}/timeout", { status = 500 }, "HTTP" },
       { "POST /sandboxes/{id}/timeout", { status = 429, count = 9, headers = { ["Retry-After"] = "0" } },
         "RATE_LIMITED" },
-      -- issue 26 item 9: a list of the wrong shape is no "no sandboxes" (that made a duplicate)
+      -- a list of the wrong shape is no "no sandboxes" (that made a duplicate)
       { "GET /v2/sandboxes", { status = 200, body = "{}" }, "PROTOCOL" },
       { "GET /v2/sandboxes", { status = 200, body = "[1, 2]" }, "PROTOCOL" },
     }
@@ -194,7 +194,7 @@ describe("sessions under faults (warmboxd)", function()
       srv:reset_stats()
       srv:fault{ route = "POST /sandboxes/{id}/connect", count = 9, status = 503 }
       -- The remembered lease has a safe margin, so the extension goes alongside
-      -- the execute (issue 11): the run goes on while it fails; the lease stays
+      -- the execute: the run goes on while it fails; the lease stays
       -- what it was.
       local r = assert(s:run("x"))
       assert.equal(id, r.sandbox_id)
@@ -256,7 +256,7 @@ describe("sessions under faults (warmboxd)", function()
     end)
 
     it("says PROTOCOL in files_error when the output listing has the wrong shape, never no files", function()
-      -- issue 26 item 9: a ListDir answer whose entries are no list read as an empty directory
+      -- a ListDir answer whose entries are no list read as an empty directory
       local s = wb:session("faults:listdir-shape")
       assert(s:run("echo warm", { language = "bash" }))
       srv:fault{ route = "envd POST /filesystem.Filesystem/ListDir", count = 1, status = 200,
@@ -282,7 +282,7 @@ describe("sessions under faults (warmboxd)", function()
     end)
 
     it("interrupts a bash cell at the run's timeout too, every time (20 runs)", function()
-      -- issue 22 item 15: once a successful, empty result came back
+      -- once a successful, empty result came back
       local s = wb:session("faults:timeout-bash")
       assert(s:run("echo warm", { language = "bash" }))
       for i = 1, 20 do
@@ -306,7 +306,7 @@ describe("sessions under faults (warmboxd)", function()
       sandbox_mod.EXEC_GRACE = grace
       assert.is_nil(r)
       assert.equal("TIMEOUT", ecode)
-      -- issue 26 item 7: nothing came back yet, but the cell may run (a proxy
+      -- nothing came back yet, but the cell may run (a proxy
       -- or a slow answer): never "not started" once the request left
       assert.is_true(detail.started)
       -- the delayed request is served after the client left: the cell may start, at most once

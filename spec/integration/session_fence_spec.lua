@@ -1,4 +1,4 @@
--- Fencing (issue 26, item 3): a run whose holder was paused past its lock's
+-- Fencing: a run whose holder was paused past its lock's
 -- expiry (simulated: its execute, or its output read, held by warmboxd for
 -- longer than the lock's exptime, while a second run of the conversation took
 -- the lock over and ran) is refused by the sandbox: its cell never runs after

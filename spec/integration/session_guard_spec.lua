@@ -1,5 +1,5 @@
--- The guards of bash, JavaScript and TypeScript cells (outputs.cell_guarded,
--- issue 26 item 1) change nothing of what a cell does: the same cells run in
+-- The guards of bash, JavaScript and TypeScript cells (outputs.cell_guarded)
+-- change nothing of what a cell does: the same cells run in
 -- one sandbox as they are and in another guarded give the same output, errors,
 -- results, exit statuses and line numbers (warmboxd's kernels).
 local wbd = require "spec.helpers.warmboxd"

@@ -1,4 +1,4 @@
--- At most once behind an intermediary (issue 26, item 1): a proxy in front of
+-- At most once behind an intermediary: a proxy in front of
 -- warmboxd's data plane (spec/helpers/after_proxy.py) forwards the execute and
 -- then answers 502/503/429/404 itself, or answers first and forwards a late
 -- copy. Every cell runs exactly once (counted by a line each cell appends to a

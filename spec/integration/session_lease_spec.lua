@@ -66,7 +66,7 @@ describe("the lease of a run (warmboxd)", function()
     assert.equal(0, env:stats().counters.pause_during_run or 0)
   end)
 
-  -- Issue 26, item 4: the lease covers the whole run. The uploads, the output
+  -- The lease covers the whole run. The uploads, the output
   -- directory and the hooks cell come after the lease is set, so a slow one
   -- (held 6 s, longer than the 2 s + LEASE_MARGIN lease) used it up and the
   -- sandbox paused under its own cell (STREAM_BROKEN); the session extends a
@@ -100,7 +100,7 @@ describe("the lease of a run (warmboxd)", function()
     times_out_running(s, { language = "bash" }, "sleep 30")
   end)
 
-  -- Issue 26, item 5: lease durations follow the monotonic clock. The wall
+  -- Lease durations follow the monotonic clock. The wall
   -- clock (injected) steps by +/-3600 s between two runs: forward, the
   -- remembered lease looked over (the sandbox taken for paused: no extension,
   -- left to an auto-resume that never happens); backward, it looked long

@@ -2,7 +2,7 @@
 -- snapshot) against a real warmboxd: by default the session resumes it and
 -- goes on with its files and a fresh kernel; with `require_memory` it is
 -- definitively unusable for the session, which gets a new sandbox and kills
--- the old one once the new one is secured (issue 8).
+-- the old one once the new one is secured.
 local wbd = require "spec.helpers.warmboxd"
 
 describe("a session whose sandbox lost its memory", function()

@@ -64,7 +64,7 @@ describe("sessions: inputs and outputs (warmboxd)", function()
     assert.equal("\0\1\2\3", r.files[1].content:sub(1, 4))
   end)
 
-  describe("an output report forged by the sandbox's code (issue 22 item 11, issue 26 item 9)", function()
+  describe("an output report forged by the sandbox's code", function()
     -- The cell removes warmbox's report hook and displays a report of its own.
     local function forge(entries, setup)
       local list = {}

@@ -1,4 +1,4 @@
--- Issue 16, s:prewarm against a real warmboxd that takes 1 s to resume a
+-- s:prewarm against a real warmboxd that takes 1 s to resume a
 -- sandbox and 0.5 s to create one (`--resume-ms 1000 --create-ms 500`): the
 -- work a run would do on the user's critical path (resume, create, kernel
 -- start) is done before the run comes, under the session's lock, and the run
@@ -21,7 +21,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
 
   -- A session of wb (its client, lock dir, runner and counters) that logs
   -- its events: "prewarm:resumed", "connect+" (alongside), "connect!" (failed)...
-  -- every run's own events (issue 23, part 5), left out of the logs below
+  -- every run's own events, left out of the logs below
   local RUN_EVENTS = { lock_wait = true, lease = true, reuse = true, resume = true, run_start = true,
     outputs = true, run_end = true }
   local function logged(key, log, o)

@@ -1,4 +1,4 @@
--- Real stale holders (issue 26, item 3): a holder process stopped with SIGSTOP
+-- Real stale holders: a holder process stopped with SIGSTOP
 -- past its lock's expiry (Redis: ttl, its keeper thread stopped too; file:
 -- exptime), while a second run of the conversation takes the lock over, and a
 -- Redis restart under a holder (the fence count lost: it starts from the

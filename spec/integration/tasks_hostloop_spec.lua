@@ -1,4 +1,4 @@
--- Issue 11: warmbox driven from a host's own event loop through
+-- warmbox driven from a host's own event loop through
 -- wb:pollfd()/wb:timeout()/wb:step(0): luv (libuv) and cqueues. Cells of
 -- several sessions run while other work on the same loop (a 20 ms ticker)
 -- keeps making progress.

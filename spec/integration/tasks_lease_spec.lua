@@ -1,4 +1,4 @@
--- Issue 11, one round trip per warm run in the default configuration
+-- one round trip per warm run in the default configuration
 -- (exec_timeout = idle_timeout: the lease is the run's timeout +
 -- LEASE_MARGIN, so every run in a later second than the last extension
 -- extends it; the session's clock is os.time moved on by the spec): when the
@@ -25,7 +25,7 @@ describe("tasks: the lease extension goes alongside the execute (warmboxd)", fun
   -- A session of wb that logs its events and the cell's first output, in
   -- order. Its clock is os.time moved on by `s.moved` seconds (next_second,
   -- o.on_failed_connect).
-  -- every run's own events (issue 23, part 5), left out of these logs
+  -- every run's own events, left out of these logs
   local RUN_EVENTS = { lock_wait = true, lease = true, reuse = true, resume = true, run_start = true,
     outputs = true, run_end = true }
   local function logged(key, log, o)

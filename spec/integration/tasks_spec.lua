@@ -1,4 +1,4 @@
--- Issue 11 against a real warmboxd: many runs at once from one Lua state.
+-- Tasks against a real warmboxd: many runs at once from one Lua state.
 -- Tasks spawned on one warmbox object run their cells concurrently on the
 -- C engine (one session at a time, in arrival order), every cell executes
 -- exactly once and its result goes back to the task that asked; callbacks

@@ -1,5 +1,5 @@
 -- What sandbox code cannot do to the host, to warmboxd or to other sandboxes
--- (issue 9), over real HTTP against a real warmboxd: reach the host's
+-- over real HTTP against a real warmboxd: reach the host's
 -- loopback, run code without the access token, read warmboxd's descriptors,
 -- own files as host root, exhaust processes, memory or disk, outlive its
 -- execute timeout, or grow warmboxd's memory with output nobody reads.

@@ -146,7 +146,7 @@ describe("warmboxd GET /v2/sandboxes", function()
       assert.are.same({}, res.json)
     end)
 
-    -- Issue 9 (parser audit): a pair that is not UTF-8 was dropped from the
+    -- a pair that is not UTF-8 was dropped from the
     -- filter (json_object_set refuses the key) and a NUL cut it short, both
     -- widening it to every sandbox; such pairs can match nothing.
     it("matches nothing for a key or value that is not UTF-8 or holds a NUL", function()

@@ -246,7 +246,7 @@ describe("warmboxd envd", function()
       assert.are.equal("6291456", rpc(sb, "filesystem.Filesystem/Stat", { path = "big.bin" }).json.entry.size)
     end)
 
-    -- Issue 9: a download read until EOF while the sandbox grew the file, so
+    -- a download read until EOF while the sandbox grew the file, so
     -- one request never ended (941 MB). It now sends the size seen at open.
     do
       -- More than the loopback socket buffers take, so that the old server
@@ -398,7 +398,7 @@ describe("warmboxd envd", function()
         assert.matches("same path", res.json.message)
       end)
 
-      -- Issue 9: a path that is not UTF-8 made the duplicate check compare a
+      -- a path that is not UTF-8 made the duplicate check compare a
       -- NULL JSON string (json_string refuses the byte) and crashed warmboxd.
       it("survives two parts to a path that is not UTF-8, and answers it as U+FFFD", function()
         local res = post("?path=/home/user/%ff",
@@ -867,7 +867,7 @@ describe("warmboxd envd", function()
       assert.are.equal("deadline_exceeded", r.trailer.error.code)
     end)
 
-    -- Issue 9: Keepalive-Ping-Interval * 10^6 overflowed into a negative
+    -- Keepalive-Ping-Interval * 10^6 overflowed into a negative
     -- interval (a keepalive on every loop, forever), and a huge
     -- Connect-Timeout-Ms overflowed the deadline (UBSan aborts the server).
     it("saturates huge Keepalive-Ping-Interval and Connect-Timeout-Ms", function()

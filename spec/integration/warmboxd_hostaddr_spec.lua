@@ -1,5 +1,5 @@
--- A jail never reaches an address of its host, not only the host's loopback
--- (issue 9): slirp4netns connects from the host, so a host service bound to
+-- A jail never reaches an address of its host, not only the host's loopback:
+-- slirp4netns connects from the host, so a host service bound to
 -- 0.0.0.0 would answer a jail through the host's own LAN address. And the
 -- admin API answers loopback clients only, whatever the token.
 --

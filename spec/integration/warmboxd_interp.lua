@@ -444,7 +444,7 @@ describe("warmboxd code interpreter", function()
     end)
 
     it("ends a bash cell with an error when the interrupt lands while the cell is handed over", function()
-      -- issue 22 item 15: 15 MB of env_vars take the kernel seconds to write to
+      -- 15 MB of env_vars take the kernel seconds to write to
       -- the shell, so the timeout's interrupt lands in that write; it used to
       -- end the cell with no error (an empty success) and a half-written shell
       -- (on a loaded machine the interrupt may not stop it within the grace:

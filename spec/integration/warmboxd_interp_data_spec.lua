@@ -1,4 +1,4 @@
--- warmboxd's Python kernel start-up (issue 14), over real HTTP: the
+-- warmboxd's Python kernel start-up, over real HTTP: the
 -- `e2b/data` form of a pandas DataFrame (the code-interpreter SDK's
 -- `result.data`), and images as results: a matplotlib figure shown or left
 -- open (png), a PIL image shown, saved to a path, or as the last expression.

@@ -1,4 +1,4 @@
--- The jail runtime against the audit of issue 22 (items 2, 7, 8, 9, 10, 14),
+-- The jail runtime against the containment audit,
 -- over real HTTP against real warmboxd servers: no vsock socket in a jail, a
 -- uid range of each root instance's own, bounded watchers on one inotify
 -- instance per sandbox, a skeleton the root-run envd cannot break, a spawn

@@ -1,4 +1,4 @@
--- warmboxd against hostile clients (issue 9, items 7, 8, 10): the admin API's
+-- warmboxd against hostile clients: the admin API's
 -- token and gate, stats that keep no client-chosen path, per-route body limits
 -- checked before the body is read, bounded metadata and envVars, numeric
 -- headers that saturate, and connections that cannot lock everyone out.

@@ -1,4 +1,4 @@
--- warmboxd's envd process RPCs over real HTTP (issue 14): Connect (reattach
+-- warmboxd's envd process RPCs over real HTTP: Connect (reattach
 -- to a running process by pid or tag), pty processes (Start's `pty`, pty
 -- input, Update's resize), SendInput / StreamInput, the per-sandbox bound,
 -- and the containment a pty process keeps.

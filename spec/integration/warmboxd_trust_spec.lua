@@ -1,5 +1,5 @@
--- warmboxd against local clients and sandboxes that take more than their share
--- (issue 22, items 4, 5 and 13): uploads bounded by the sandbox's own allowance
+-- warmboxd against local clients and sandboxes that take more than their share:
+-- uploads bounded by the sandbox's own allowance
 -- and streamed to disk, listings and contexts capped, one real API key for the
 -- embedded and CLI servers, and no route that answers a foreign Host or a browser.
 local wbd = require "spec.helpers.warmboxd"

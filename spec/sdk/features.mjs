@@ -1,4 +1,4 @@
-// SDK conformance of the E2B features warmboxd added for issue 14 (one check
+// SDK conformance of the E2B features warmboxd adds (one check
 // per behaviour the official SDKs' own tests exercise), with the official
 // `@e2b/code-interpreter` / `e2b` JS SDKs against warmboxd. Run by
 // spec/integration/sdk_features_spec.lua with E2B_API_URL, E2B_SANDBOX_URL

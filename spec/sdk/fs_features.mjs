@@ -1,4 +1,4 @@
-// SDK conformance of the filesystem features warmboxd added for issue 14:
+// SDK conformance of the filesystem features warmboxd adds:
 // file metadata, directory watching and signed file URLs, with the official
 // `e2b` JS SDK against warmboxd (one check per behaviour the SDK's own tests
 // exercise). Run by spec/integration/sdk_fs_features_spec.lua with

@@ -1,4 +1,4 @@
-// SDK conformance of warmboxd's Python kernel start-up (issue 14): what the
+// SDK conformance of warmboxd's Python kernel start-up: what the
 // official @e2b/code-interpreter SDK's own tests expect of a DataFrame
 // (`result.data`) and of images (png results from matplotlib and PIL), with
 // the SDK against warmboxd. Run by spec/integration/sdk_interp_data_spec.lua

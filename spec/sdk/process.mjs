@@ -1,4 +1,4 @@
-// SDK conformance of warmboxd's process RPCs (issue 14): commands.connect,
+// SDK conformance of warmboxd's process RPCs: commands.connect,
 // sendStdin, and the pty module (create, sendInput, resize, connect, kill),
 // with the official `e2b` JS SDK against warmboxd, each check the behaviour
 // one of the SDK's own tests exercises. Run by

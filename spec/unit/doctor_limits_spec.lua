@@ -1,4 +1,4 @@
--- `warmbox doctor`'s "sandbox limits" check (issue 22, item 7): it says which
+-- `warmbox doctor`'s "sandbox limits" check: it says which
 -- per-sandbox limits a warmboxd run by this user gets. CI runs as root; the
 -- non-root case runs the same check as user nobody (setpriv needs root).
 local util = require "warmbox.util"

@@ -308,7 +308,7 @@ insulate("warmbox.e2b", function()
       assert.equals("list sandboxes: refused", msg)
     end)
 
-    it("says PROTOCOL for a list answer of the wrong shape, never an empty list (issue 26 item 9)", function()
+    it("says PROTOCOL for a list answer of the wrong shape, never an empty list", function()
       for _, body in ipairs({ "{}", '{"sandboxes":[]}', "[1, 2]", '["a"]', "[{}]", '[{"sandboxID": 7}]',
         '[{"sandboxID":"a"}, null]' }) do
         push{ body = body }
@@ -750,7 +750,7 @@ insulate("warmbox.e2b", function()
     end)
 
     it("run_code: a run that reached its timeout is TIMEOUT whatever the kernel says of the cell", function()
-      -- issue 22 item 15: an interrupt can land where the kernel ends the cell
+      -- an interrupt can land where the kernel ends the cell
       -- without an error (an empty, "successful" cell), or with another error
       for _, err in ipairs({ false, { name = "TimeoutError", value = "restarted" } }) do
         local now = 0
@@ -771,7 +771,7 @@ insulate("warmbox.e2b", function()
     end)
 
     it("run_code: a client-side timeout says started whenever the request may have reached the kernel", function()
-      -- issue 26 item 7: an answer that trickles (no line yet) is a cell that may run
+      -- an answer that trickles (no line yet) is a cell that may run
       push{ frames = {}, fail = { "operation timed out", "TIMEOUT", true } }
       local _, _, code, detail = s:run_code("x", { timeout = 1 })
       assert.equals("TIMEOUT", code)

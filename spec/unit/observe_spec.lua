@@ -1,4 +1,4 @@
--- Observable where users work (issue 23, part 5): `on_event` and `log`
+-- Observable where users work: `on_event` and `log`
 -- accepted by warmbox.new and wb:session, the run events, `r.timings` on
 -- every result and failure, wb:stats() (runs by outcome and code, reuse /
 -- resume / create, latency quantiles in bounded memory), the low-level

@@ -91,7 +91,7 @@ describe("warmbox.runner", function()
     r:close()
   end)
 
-  it("a long-lived task keeps none of the locks its runs closed (issue 26, item 6)", function()
+  it("a long-lived task keeps none of the locks its runs closed", function()
     local r = assert(runner.new())
     local new_lock = r:lock_factory(function() return lock.new{ backend = "memory", timeout = 1 } end)
     local function runs(n)

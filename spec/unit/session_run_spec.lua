@@ -438,7 +438,7 @@ describe("warmbox.session", function()
       assert.equal("SANDBOX_GONE", code)
     end)
 
-    -- Issue 26 item 1: a cell answered 502 with no stream byte while its
+    -- a cell answered 502 with no stream byte while its
     -- sandbox went away may have run there.
     it("never sends a cell of a language without a guard again after an unclear answer", function()
       local e = setup({ exec_timeout = 300, idle_timeout = 300 })

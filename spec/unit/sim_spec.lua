@@ -408,7 +408,7 @@ describe("warmbox.sim", function()
     end)
   end)
 
-  describe("prewarm (issue 16)", function()
+  describe("prewarm", function()
     -- A conversation's turns start 3 s before their runs (the model thinks); the third
     -- turn runs no code. exec = idle = 60: lease 65 s (the 60 s timeout + LEASE_MARGIN),
     -- model defaults: rtt 20 ms, create 500 ms, kernel start 1000 ms, resume 1000 ms.
