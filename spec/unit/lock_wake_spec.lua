@@ -1,4 +1,5 @@
--- Lock waiters are woken by a release, not by their backoff: in one process (runner tasks) and across processes (blocking
+-- Lock waiters are woken by a release, not by their backoff: in one process
+-- (runner tasks) and across processes (blocking
 -- waits on the file and redis locks). A waiter that is not the queue's head
 -- sleeps steps of 5 s here: it gets the lock after the release with none
 -- of its waits run to the end (lk:wait_counts(): polls 0, wakes >= 1).
