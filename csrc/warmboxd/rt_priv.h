@@ -1,6 +1,6 @@
 /*
- * rt_priv.h: what runtime.c and interp.c share beyond runtime.h (both files
- * belong to the same owner; nothing else includes this).
+ * rt_priv.h: what runtime.c, interp.c and health.c share beyond runtime.h
+ * (the files belong to the same owner; nothing else includes this).
  */
 #ifndef WBD_RT_PRIV_H
 #define WBD_RT_PRIV_H
@@ -60,5 +60,11 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
                     pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
 int wbd_rt_signal_rt(struct wbd_rt *rt, pid_t pid, int sig);
 int wbd_rt_wait_rt(struct wbd_rt *rt, pid_t pid);
+
+/* health.c: answers GET /health on listening socket fd (port 49999 of a
+ * sandbox's network namespace), which it then owns; a handle for
+ * wbd_health_remove, which closes it, or NULL (fd not taken). */
+void *wbd_health_add(int fd);
+void wbd_health_remove(void *handle);
 
 #endif

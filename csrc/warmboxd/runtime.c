@@ -117,6 +117,7 @@ struct wbd_rt {
   pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
   int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
   int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
+  void *health;             /* health.c's handle of port 49999 in net_fd, or NULL */
   int net_checked;          /* slirp_ready_fd was read (under mu) */
   int frozen;
   int dead;                 /* torn down: no new processes */
@@ -483,6 +484,7 @@ struct spawn_job {
   int err;
   int done;
   int out_net, out_userns;  /* JOB_NETNS: the namespaces made */
+  int chan;                 /* JOB_NETNS: a datagram socket the child sends its listener on, or -1 */
   struct spawn_job *next;
 };
 
@@ -498,7 +500,7 @@ static void job_init(struct spawn_job *j) {
   memset(j, 0, sizeof *j);
   for (int i = 0; i < 3; i++) j->fds[i] = -1;
   for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
-  j->userns_fd = j->net_fd = j->out_net = j->out_userns = j->errfd = -1;
+  j->userns_fd = j->net_fd = j->out_net = j->out_userns = j->errfd = j->chan = -1;
 }
 
 static void child_fail(int errpipe, int e) {
@@ -554,11 +556,67 @@ static int reject_route(int s, struct in_addr a) {
   return 0;
 }
 
+/* In the JOB_NETNS child: a socket listening on port 49999 of the new
+ * namespace (every address, IPv6 and IPv4), sent over chan for health.c
+ * (the code interpreter's port, where a process of the sandbox asks its
+ * /health). Without it the sandbox has no such port: no error. */
+static void send_listener(int chan) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int off = 0, on = 1;
+  if (fd >= 0) {
+    struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons(49999), .sin6_addr = IN6ADDR_ANY_INIT };
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    if (bind(fd, (struct sockaddr *)&a6, sizeof a6) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {   /* no IPv6 in this kernel */
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons(49999), .sin_addr.s_addr = htonl(INADDR_ANY) };
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a4, sizeof a4) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0 || listen(fd, 16) != 0) return;
+  char ctl[CMSG_SPACE(sizeof(int))];
+  memset(ctl, 0, sizeof ctl);
+  char b = 0;
+  struct iovec iov = { &b, 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (sendmsg(chan, &m, MSG_NOSIGNAL) < 0) {}
+  close(fd);
+}
+
+/* The listener child_netns sent over chan, or -1. */
+static int recv_listener(int chan) {
+  char ctl[CMSG_SPACE(sizeof(int))];
+  char b;
+  struct iovec iov = { &b, 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+  if (recvmsg(chan, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) != 1) return -1;
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
+    return -1;
+  int fd;
+  memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
+}
+
 /* JOB_NETNS child: a fresh network namespace (owned by a fresh user
- * namespace mapping only our own ids, when warmboxd is not root) with lo up
- * and an unreachable route to each of the host's own addresses, reported
- * ready through errpipe (a 0), then kept until the parent has opened it. */
-static void child_netns(pid_t parent, int errpipe) {
+ * namespace mapping only our own ids, when warmboxd is not root) with lo up,
+ * an unreachable route to each of the host's own addresses and the
+ * interpreter's port (send_listener), reported ready through errpipe (a 0),
+ * then kept until the parent has opened it. */
+static void child_netns(pid_t parent, int errpipe, int chan) {
   uid_t uid = geteuid();
   gid_t gid = getegid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -597,6 +655,7 @@ static void child_netns(pid_t parent, int errpipe) {
   close(s);
   /* The jail's "root" may listen on port 80 in its own namespace. */
   write_at("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
+  if (chan >= 0) send_listener(chan);
   int zero = 0;
   if (write(errpipe, &zero, sizeof zero) < 0) {}
   for (;;) pause();
@@ -714,7 +773,7 @@ static void run_job(struct spawn_job *j) {
   }
   if (pid == 0) {
     close(ep[0]);
-    if (j->kind == JOB_NETNS) child_netns(parent, ep[1]);
+    if (j->kind == JOB_NETNS) child_netns(parent, ep[1], j->chan);
     child_exec(j, parent, ep[1]);
   }
   close(ep[1]);
@@ -1085,7 +1144,13 @@ static int net_make(struct wbd_rt *rt) {
   struct spawn_job j;
   job_init(&j);
   j.kind = JOB_NETNS;
+  int chan[2] = { -1, -1 };
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, chan) == 0) j.chan = chan[1];
   int rc = spawn_via_thread(&j);
+  if (chan[1] >= 0) close(chan[1]);
+  int lfd = !rc && chan[0] >= 0 ? recv_listener(chan[0]) : -1;
+  if (chan[0] >= 0) close(chan[0]);
+  if (lfd >= 0 && !(rt->health = wbd_health_add(lfd))) close(lfd);
   if (rc) return rc;
   rt->net_fd = j.out_net;
   rt->userns_fd = j.out_userns;
@@ -1140,6 +1205,8 @@ static int net_make(struct wbd_rt *rt) {
 }
 
 static void net_end(struct wbd_rt *rt) {
+  wbd_health_remove(rt->health);
+  rt->health = NULL;
   if (rt->slirp_exit_fd >= 0) close(rt->slirp_exit_fd);
   rt->slirp_exit_fd = -1;
   if (rt->slirp_pid > 0) {
