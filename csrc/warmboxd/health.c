@@ -18,9 +18,11 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +58,7 @@ struct tag {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_ep = -1;
+static int g_wake = -1;   /* an eventfd: a listener was removed (free it) */
 static struct conn *g_conns;
 static struct listener *g_dead;
 
@@ -139,12 +142,17 @@ static void *serve(void *arg) {
   struct epoll_event evs[64];
   for (;;) {
     pthread_mutex_lock(&g_mu);
-    int idle = g_conns == NULL && g_dead == NULL;
+    int idle = g_conns == NULL;
     pthread_mutex_unlock(&g_mu);
     int n = epoll_wait(g_ep, evs, 64, idle ? -1 : 1000);
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < n; i++) {
       struct tag *t = evs[i].data.ptr;
+      if (!t) {
+        uint64_t v;
+        if (read(g_wake, &v, sizeof v) < 0) {}
+        continue;
+      }
       if (!t->conn) {
         struct listener *l = t->p;
         if (!l->dead) on_accept(l);
@@ -172,6 +180,14 @@ static void *serve(void *arg) {
 static void start(void) {
   g_ep = epoll_create1(EPOLL_CLOEXEC);
   if (g_ep < 0) return;
+  g_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+  if (g_wake < 0 || epoll_ctl(g_ep, EPOLL_CTL_ADD, g_wake, &ev) != 0) {
+    if (g_wake >= 0) close(g_wake);
+    close(g_ep);
+    g_ep = -1;
+    return;
+  }
   pthread_t th;
   pthread_attr_t a;
   pthread_attr_init(&a);
@@ -213,4 +229,6 @@ void wbd_health_remove(void *h) {
   l->next = g_dead;
   g_dead = l;
   pthread_mutex_unlock(&g_mu);
+  uint64_t one = 1;
+  if (write(g_wake, &one, sizeof one) < 0) {}
 }
