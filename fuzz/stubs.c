@@ -109,3 +109,7 @@ enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team) {
   (void)team;
   return wbd_reply_error(req, 404, "no metrics in the fuzzer");
 }
+json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
+  (void)sb;
+  return json_object();
+}

@@ -1,7 +1,7 @@
 # warmboxd's kernel: one persistent interpreter per code-interpreter context.
 #
 # Started by interp.c inside the sandbox's jail as
-#   /usr/bin/python3 -c <this file> python|bash
+#   /usr/bin/python3 -c <this file> python|bash [<charts.py>]
 # fd 0 carries requests from warmboxd, one JSON object a line:
 #   {"op": "exec", "code": "...", "env": {"K": "V"}}   run a cell
 #   {"op": "interrupt"}                                  interrupt the running cell
@@ -21,6 +21,9 @@ import threading
 import time
 import codecs
 from datetime import datetime, timezone
+
+CHARTS_SRC = sys.argv[2] if len(sys.argv) > 2 else None
+del sys.argv[2:]   # the cells see the argv they always saw
 
 CTL = os.dup(0)
 EVT = os.dup(1)
@@ -290,9 +293,9 @@ def result_line(data, main):
 # What E2B's code-interpreter template adds to every Python kernel at start-up
 # (its startup_scripts): the `e2b/data` form of a pandas DataFrame (the SDK's
 # `result.data`) and images as results when a PIL image is saved to a path or
-# shown. matplotlib figures need nothing more: the inline backend displays a
-# shown figure, and every figure still open at the end of a cell (a saved
-# one, say), as png. pandas and PIL are optional: nothing is imported here
+# shown, and the `e2b/chart` form of a matplotlib figure (charts.py). The
+# inline backend displays a shown figure, and every figure still open at the
+# end of a cell (a saved one, say), as png. pandas and PIL are optional: nothing is imported here
 # that the cell did not import itself (PIL's modules are patched as a cell
 # imports them).
 
@@ -338,6 +341,16 @@ def _install_e2b_formatters(shell):
 
     formatter = shell.display_formatter
     formatter.formatters["e2b/data"] = E2BDataFormatter(parent=formatter)
+
+
+def _install_charts(shell):
+    """charts.py (its source is this kernel's third argument): the
+    `e2b/chart` form of a matplotlib figure."""
+    if CHARTS_SRC:
+        import types
+        mod = types.ModuleType("_warmbox_charts")
+        exec(compile(CHARTS_SRC, "<warmbox charts>", "exec"), mod.__dict__)
+        mod.install(shell)
 
 
 class _AfterImport:
@@ -547,7 +560,8 @@ def python_main():
 
     shell = Shell.instance(colors="Neutral")
     shell.history_manager.enabled = False
-    for setup in (lambda: _install_e2b_formatters(shell), _install_image_hooks):
+    for setup in (lambda: _install_e2b_formatters(shell), lambda: _install_charts(shell),
+                  _install_image_hooks):
         try:
             setup()
         except Exception:   # a start-up extra must never stop the kernel

@@ -1862,20 +1862,6 @@ static enum MHD_Result envs(struct wbd_req *req, struct wbd_sandbox *sb) {
   return wbd_reply_json(req, 200, e ? e : json_object(), NULL);
 }
 
-static enum MHD_Result metrics(struct wbd_req *req) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
-  long psz = sysconf(_SC_PAGESIZE);
-  long long total = (long long)pages * psz, used = (long long)(pages - avail) * psz;
-  return wbd_reply_json(req, 200,
-                        json_pack("{s:I,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "ts", (json_int_t)time(NULL),
-                                  "cpu_count", (json_int_t)cpus, "cpu_used_pct", 0.0, "mem_total",
-                                  (json_int_t)total, "mem_used", (json_int_t)used, "mem_cache", (json_int_t)0,
-                                  "mem_total_mib", (json_int_t)(total >> 20), "mem_used_mib",
-                                  (json_int_t)(used >> 20), "disk_used", (json_int_t)0, "disk_total",
-                                  (json_int_t)0),
-                        NULL);
-}
-
 enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
   const char *path = req->path;
   int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
@@ -1883,7 +1869,7 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (strcmp(path, "/files") == 0 && get) return files_get(req, sb);
   if (strcmp(path, "/files") == 0 && post) return files_post(req, sb);
   if (strcmp(path, "/envs") == 0 && get) return envs(req, sb);
-  if (strcmp(path, "/metrics") == 0 && get) return metrics(req);
+  if (strcmp(path, "/metrics") == 0 && get) return wbd_reply_json(req, 200, wbd_metrics_envd(sb), NULL);
   if (strcmp(path, "/process.Process/Start") == 0) {
     if (!post) return wbd_reply_error(req, 405, "method not allowed");
     return process_start(req, sb);

@@ -433,7 +433,11 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
     snprintf(err, errlen, "%s is not embedded", file);
     return -1;
   }
-  char *py_argv[] = { "/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang, NULL };
+  /* A python kernel also gets charts.py, its e2b/chart formatter. */
+  size_t clen = 0;
+  const unsigned char *charts = strcmp(c->lang, "python") == 0 ? wbd_embedded("charts.py", &clen) : NULL;
+  char *py_argv[] = { "/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang,
+                      (char *)(uintptr_t)charts, NULL };
   /* node cannot move its own fds aside: the shell gives it the control pipe
    * as fd 3, the event pipe as fd 4 and /dev/null as fds 0-2 (kernel.js). */
   char *js_argv[] = { "/bin/sh", "-c", "exec /usr/bin/node -e \"$0\" \"$1\" 3<&0 4>&1 </dev/null >&2",

@@ -62,11 +62,13 @@ struct spawn_job {
   uid_t uid;
   gid_t gid;
   long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
-  /* NULL: the child execs argv. Else it runs hold(parent, errpipe) instead,
-   * which never returns: it writes a 0 on errpipe once ready (an errno on
-   * failure) and then waits to be killed. wbd_spawn returns with it alive
-   * (pid), for the caller to read what it made before wbd_spawn_reap. */
-  void (*hold)(pid_t parent, int errpipe);
+  /* NULL: the child execs argv. Else it runs hold(parent, errpipe, hold_fd)
+   * instead, which never returns: it writes a 0 on errpipe once ready (an
+   * errno on failure) and then waits to be killed. wbd_spawn returns with it
+   * alive (pid), for the caller to read what it made before wbd_spawn_reap.
+   * hold_fd: a descriptor of the caller's for hold, or -1. */
+  void (*hold)(pid_t parent, int errpipe, int hold_fd);
+  int hold_fd;
   pid_t pid;
   int errfd;                /* the child's error pipe, inside wbd_spawn */
   int err;
@@ -106,6 +108,7 @@ struct wbd_net {
   int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
   int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
   int checked;              /* slirp_ready_fd was read */
+  void *health;             /* health.c's handle of port 49999 in net_fd, or NULL */
 };
 
 /* Once, isolated, before the first wbd_net_make: root says whether
@@ -125,6 +128,12 @@ void wbd_net_wait_ready(struct wbd_net *n, const char *id);
 void wbd_net_end(struct wbd_net *n);
 /* Closes the namespace's descriptors. */
 void wbd_net_close(struct wbd_net *n);
+
+/* health.c: answers GET /health on listening socket fd (port 49999 of a
+ * sandbox's network namespace, which net.c opens), which it then owns; a
+ * handle for wbd_health_remove, which closes it, or NULL (fd not taken). */
+void *wbd_health_add(int fd);
+void wbd_health_remove(void *handle);
 
 /* ------------------------------------------------------------------ */
 /* seccomp.c: the jails' syscall filter                                */

@@ -2,7 +2,7 @@
  * metrics.c: E2B's sandbox metrics, GET /sandboxes/{id}/metrics?start&end
  * (`SandboxMetric[]`) and GET /sandboxes/metrics?sandbox_ids=a,b
  * (`{"sandboxes": {id: SandboxMetric}}`), from the jail's cgroups and disk
- * (runtime.c's wbd_rt_usage).
+ * (runtime.c's wbd_rt_usage); and envd's own GET /metrics, of the same samples.
  *
  * E2B samples every 5 s; warmboxd samples a running sandbox when asked (at
  * most one sample a second: a second ask in the same second replaces it) and
@@ -92,6 +92,26 @@ static int query_seconds(struct wbd_req *req, const char *name, long long dflt, 
   if (errno || end == s || *end || v < 0) return -1;
   *out = v;
   return 0;
+}
+
+/* envd's own GET /metrics (port 49983): the sandbox as seen from inside, in
+ * envd's `Metrics` shape, from a sample taken now (the same samples, kept
+ * with the others). A sandbox that cannot be sampled reads 0 but for its size. */
+json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
+  sample(sb);
+  wbd_store_lock();
+  struct metric *last = sb->metrics ? newest(sb->metrics) : NULL;
+  struct metric x = last ? *last : (struct metric){ .ts_us = wbd_now_us() };
+  if (!last) {
+    x.cpu_count = sb->cpu_count;
+    x.mem_total = (long long)sb->memory_mb << 20;
+  }
+  wbd_store_unlock();
+  return json_pack("{s:I,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "ts", (json_int_t)(x.ts_us / 1000000),
+                   "cpu_count", x.cpu_count, "cpu_used_pct", x.cpu_pct, "mem_total", (json_int_t)x.mem_total,
+                   "mem_used", (json_int_t)x.mem_used, "mem_cache", (json_int_t)x.mem_cache, "mem_total_mib",
+                   (json_int_t)(x.mem_total >> 20), "mem_used_mib", (json_int_t)(x.mem_used >> 20), "disk_used",
+                   (json_int_t)x.disk_used, "disk_total", (json_int_t)x.disk_total);
 }
 
 enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id) {

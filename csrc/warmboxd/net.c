@@ -132,11 +132,67 @@ static void child_loopback(const struct in_addr *host, int nhost, int errpipe) {
   close(s);
 }
 
+/* In the hold child: a socket listening on port 49999 of the new namespace
+ * (every address, IPv6 and IPv4), sent over chan for health.c (the code
+ * interpreter's port, where a process of the sandbox asks its /health).
+ * Without it the sandbox has no such port: no error. */
+static void send_listener(int chan) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int off = 0, on = 1;
+  if (fd >= 0) {
+    struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons(49999), .sin6_addr = IN6ADDR_ANY_INIT };
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    if (bind(fd, (struct sockaddr *)&a6, sizeof a6) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {   /* no IPv6 in this kernel */
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons(49999), .sin_addr.s_addr = htonl(INADDR_ANY) };
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a4, sizeof a4) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0 || listen(fd, 16) != 0) return;
+  char ctl[CMSG_SPACE(sizeof(int))];
+  memset(ctl, 0, sizeof ctl);
+  char b = 0;
+  struct iovec iov = { &b, 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (sendmsg(chan, &m, MSG_NOSIGNAL) < 0) {}
+  close(fd);
+}
+
+/* The listener send_listener sent over chan, or -1. */
+static int recv_listener(int chan) {
+  char ctl[CMSG_SPACE(sizeof(int))];
+  char b;
+  struct iovec iov = { &b, 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+  if (recvmsg(chan, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) != 1) return -1;
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
+    return -1;
+  int fd;
+  memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
+}
+
 /* The spawn job's hold: a fresh network namespace (owned by a fresh user
  * namespace mapping only our own ids, when warmboxd is not root) with lo up
- * and an unreachable route to each of the host's own addresses, reported
- * ready through errpipe (a 0), then kept until the parent has opened it. */
-static void child_netns(pid_t parent, int errpipe) {
+ * and an unreachable route to each of the host's own addresses and the
+ * interpreter's port (send_listener over chan), reported ready through
+ * errpipe (a 0), then kept until the parent has opened it. */
+static void child_netns(pid_t parent, int errpipe, int chan) {
   uid_t uid = geteuid();
   gid_t gid = getegid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -150,6 +206,7 @@ static void child_netns(pid_t parent, int errpipe) {
   child_loopback(host, nhost, errpipe);
   /* The jail's "root" may listen on port 80 in its own namespace. */
   write_at("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
+  if (chan >= 0) send_listener(chan);
   int zero = 0;
   if (write(errpipe, &zero, sizeof zero) < 0) {}
   for (;;) pause();
@@ -161,7 +218,13 @@ static int netns_open(struct wbd_net *n) {
   struct spawn_job j;
   wbd_job_init(&j);
   j.hold = child_netns;
+  int chan[2] = { -1, -1 };
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, chan) == 0) j.hold_fd = chan[1];
   int rc = wbd_spawn(&j);
+  if (chan[1] >= 0) close(chan[1]);
+  int lfd = !rc && chan[0] >= 0 ? recv_listener(chan[0]) : -1;
+  if (chan[0] >= 0) close(chan[0]);
+  if (lfd >= 0 && !(n->health = wbd_health_add(lfd))) close(lfd);
   if (rc) return rc;
   char p[64];
   snprintf(p, sizeof p, "/proc/%d/ns/net", (int)j.pid);
@@ -258,6 +321,8 @@ void wbd_net_wait_ready(struct wbd_net *n, const char *id) {
 }
 
 void wbd_net_end(struct wbd_net *n) {
+  wbd_health_remove(n->health);
+  n->health = NULL;
   if (n->slirp_exit_fd >= 0) close(n->slirp_exit_fd);
   n->slirp_exit_fd = -1;
   if (n->slirp_pid > 0) {

@@ -61,4 +61,5 @@ int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const c
 int wbd_rt_signal_rt(struct wbd_rt *rt, pid_t pid, int sig);
 int wbd_rt_wait_rt(struct wbd_rt *rt, pid_t pid);
 
+
 #endif

@@ -82,7 +82,7 @@ void wbd_job_init(struct spawn_job *j) {
   memset(j, 0, sizeof *j);
   for (int i = 0; i < 3; i++) j->fds[i] = -1;
   for (int i = 0; i < CG_N; i++) j->cg_fd[i] = -1;
-  j->userns_fd = j->net_fd = j->errfd = -1;
+  j->userns_fd = j->net_fd = j->errfd = j->hold_fd = -1;
 }
 
 void wbd_child_fail(int errpipe, int e) {
@@ -217,7 +217,7 @@ static void run_job(struct spawn_job *j) {
   }
   if (pid == 0) {
     close(ep[0]);
-    if (j->hold) j->hold(parent, ep[1]);
+    if (j->hold) j->hold(parent, ep[1], j->hold_fd);
     child_exec(j, parent, ep[1]);
   }
   close(ep[1]);

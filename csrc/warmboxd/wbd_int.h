@@ -102,6 +102,8 @@ enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
 /* metrics.c: GET /sandboxes/{id}/metrics and GET /sandboxes/metrics. */
 enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id);
 enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team);
+/* envd's GET /metrics body for a referenced sandbox (a new sample). */
+json_t *wbd_metrics_envd(struct wbd_sandbox *sb);
 /* knobs.c: the admin API, /_warmboxd/... (stats, faults, config, seed,
  * clock), once server.c's gate let the request in. */
 enum MHD_Result wbd_knob_handle(struct wbd_req *req);

@@ -1,7 +1,7 @@
 -- warmboxd's sandbox metrics over real HTTP, in E2B's shapes (spec/openapi.yml
 -- of e2b-dev/E2B): GET /sandboxes/{id}/metrics?start&end -> SandboxMetric[],
 -- GET /sandboxes/metrics?sandbox_ids=a,b -> {"sandboxes": {id: SandboxMetric}},
--- read from the jail's cgroups and disk.
+-- read from the jail's cgroups and disk; and envd's own GET /metrics, of the same.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local nd = require "spec.helpers.ndjson"
@@ -106,5 +106,29 @@ describe("warmboxd metrics", function()
     for i = 1, 101 do ids[i] = "i" .. i end
     assert.are.equal(400, http.api(srv, "GET", "/sandboxes/metrics?sandbox_ids=" .. table.concat(ids, ",")).status)
     assert.are.equal(404, metrics("iunknown00000000000").status)
+  end)
+
+  it("envd's own GET /metrics (port 49983) reports the sandbox, not the host", function()
+    local res = http.sandbox(srv, sb, 49983, "GET", "/metrics")
+    assert.are.equal(200, res.status, res.body)
+    local m = res.json
+    for _, f in ipairs({ "ts", "cpu_count", "cpu_used_pct", "mem_total", "mem_used", "mem_cache", "mem_total_mib",
+      "mem_used_mib", "disk_used", "disk_total" }) do
+      assert.is_not_nil(m[f], f)
+    end
+    -- one of the sandbox's samples (warmboxd's clock)
+    local series = metrics(sb.sandboxID).json
+    assert.is_true(math.abs(m.ts - series[#series].timestampUnix) <= 2, tostring(m.ts))
+    -- the template's size (2 vCPU, 2048 MiB), whatever the host has
+    assert.are.same({ 2, 2048 * 1024 * 1024, 2048 }, { m.cpu_count, m.mem_total, m.mem_total_mib })
+    assert.are.equal(m.mem_used >> 20, m.mem_used_mib)
+    -- envd checks the access token of a secure sandbox here, as on every route but /health and /files
+    local bare = { sandboxID = sb.sandboxID }
+    assert.are.equal(401, http.sandbox(srv, bare, 49983, "GET", "/metrics").status)
+    if not as_root then return end   -- no cgroups or disk tmpfs without root: those read 0
+    -- the jail's memory group (the 100 MB the kernel holds) and disk tmpfs (the 20 MB file)
+    assert.is_true(m.mem_used >= 100 * 1024 * 1024 and m.mem_used <= m.mem_total, tostring(m.mem_used))
+    assert.is_true(m.disk_used >= 20 * 1024 * 1024, tostring(m.disk_used))
+    assert.are.equal(1024 * 1024 * 1024, m.disk_total)
   end)
 end)
