@@ -1063,7 +1063,7 @@ static void run_send(struct run *r, const struct exec_req *e) {
  * send the cell, stream the kernel's lines (run_read). */
 static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *sb) {
   struct exec_req e;
-  enum MHD_Result m;
+  enum MHD_Result m = MHD_NO;
   if (exec_parse(req, &e, &m) != 0) return m;
   struct wbd_rt *rt = wbd_rt_get(sb);
   if (!rt) {
