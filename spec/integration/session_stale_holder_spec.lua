@@ -196,12 +196,13 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
       local a, first, ferr = result_of(out)
       assert(b[1], b[2])
       assert.equal(("b"):rep(600000), b[1].files[1].content)
-      -- The restart lost the lock's state, fencing numbers included, so the
-      -- later run may empty the output directory before the stale one reads
-      -- its file: then the stale run says its file is gone (files_error
-      -- NOT_FOUND), never returns the later run's, and its cell ran once.
+      -- The later run empties the output directory before its cell raises the
+      -- sandbox's fence, so a stale run collecting in between finds its own
+      -- file gone: it returns no file (with files_error NOT_FOUND when it had
+      -- listed it), never the later run's, and its cell ran once. A known
+      -- limit, in docs/locks.md.
       local own = a == "ok" and first == "a"
-      local gone = a == "ok" and first == "-" and ferr == "NOT_FOUND"
+      local gone = a == "ok" and first == "-" and (ferr == "NOT_FOUND" or ferr == "-")
       assert.is_true(a == "FENCED" or own or gone, "the stale run gave " .. a .. " " .. first .. " " .. ferr)
       once_each(id, home, mark1, mark2)
       wb:close()
