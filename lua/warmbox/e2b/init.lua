@@ -310,27 +310,59 @@ end
 
 local function has_sandbox_id(t) return type(json.value(t.sandboxID)) == "string" end
 
--- One list page from h:request's answer: items, token_used, next_token |
--- false, msg, code, token_used, detail.
-local function list_page(res, msg, code, sent, used, filter)
+-- One page from h:request's answer, for `what` ("list sandboxes"): each
+-- element that passes `has_id` turned into an item by `item` (nil: left out).
+-- → items, token_used, next_token | false, msg, code, token_used, detail.
+local function read_page(res, msg, code, sent, used, what, has_id, item)
   local _, m, c, d
   if not res then
-    _, m, c, d = transport_failure("list sandboxes", msg, code, sent)
+    _, m, c, d = transport_failure(what, msg, code, sent)
   elseif res.status < 200 or res.status > 299 then
-    _, m, c, d = http_failure(res, "list sandboxes")
+    _, m, c, d = http_failure(res, what)
   end
   if m then return false, m, c, used, d end
   local arr
-  arr, m, c, d = decode_array(res, "list sandboxes", has_sandbox_id)
+  arr, m, c, d = decode_array(res, what, has_id)
   if not arr then return false, m, c, used, d end
   local items = {}
   for _, t in ipairs(arr) do
-    local dt = to_detail(t)
-    if metadata_matches(dt, filter) then items[#items + 1] = dt end
+    local it = item(t)
+    if it ~= nil then items[#items + 1] = it end
   end
   local nxt = res.headers["x-next-token"]
   if nxt == "" then nxt = nil end
   return items, used, nxt
+end
+
+-- One sandbox list page (see read_page), the items re-checked against `filter`.
+local function list_page(res, msg, code, sent, used, filter)
+  return read_page(res, msg, code, sent, used, "list sandboxes", has_sandbox_id, function(t)
+    local dt = to_detail(t)
+    if metadata_matches(dt, filter) then return dt end
+    return nil
+  end)
+end
+
+-- The page iterator of a listing (list_pages, list_snapshot_pages): a GET of `path_of(token)` per page until the
+-- server names no next page; `read(res, msg, code, sent, used)` is read_page's.
+-- Yields `items, token_used | false, next_token`, or `false, msg, code, token,
+-- detail` once, then stops.
+local function page_iter(self, token, path_of, retry, read)
+  if token == "" then token = nil end
+  local finished = false
+  return function()
+    if finished then return nil end
+    local used = token
+    local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
+      url = self.api_url .. path_of(used), headers = self.api_headers, retry = retry }
+    local items, a, b, c, d = read(res, msg, code, sent, used)
+    if items == false then
+      finished = true
+      return false, a, b, c, d
+    end
+    token, finished = b, b == nil
+    return items, used or false, b
+  end
 end
 
 --- Iterates over pages of listed sandboxes.
@@ -340,23 +372,8 @@ function Client:list_pages(opts)
   check_client(self, "list_pages")
   opts = check_list_opts(opts, "list_pages")
   local filter = opts.metadata and util.copy(opts.metadata)
-  local token = opts.next_token
-  if token == "" then token = nil end
-  local finished = false
-  return function()
-    if finished then return nil end
-    local used = token
-    local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
-      url = self.api_url .. page_path(opts, used), headers = self.api_headers, retry = self.retry }
-    local items, a, b, c, d = list_page(res, msg, code, sent, used, filter)
-    if items == false then
-      finished = true
-      return false, a, b, c, d
-    end
-    token = b
-    if not b then finished = true end
-    return items, used or false, b
-  end
+  return page_iter(self, opts.next_token, function(t) return page_path(opts, t) end, self.retry,
+    function(res, msg, code, sent, used) return list_page(res, msg, code, sent, used, filter) end)
 end
 
 --- Iterates over listed sandboxes, following every page.
@@ -614,32 +631,10 @@ function Client:list_snapshot_pages(opts)
   if opts.limit ~= nil and not (opts.limit >= 1 and opts.limit <= 100) then
     bad_option(1, "list_snapshot_pages", "limit", "1..100 expected, got " .. tostring(opts.limit))
   end
-  local token = opts.next_token ~= "" and opts.next_token or nil
-  local finished = false
-  return function()
-    if finished then return nil end
-    local used = token
-    local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
-      url = self.api_url .. wire.snapshots_path(opts, used), headers = self.api_headers, retry = self.retry_idem }
-    local _, m, c, d
-    if not res then
-      _, m, c, d = transport_failure("list snapshots", msg, code, sent)
-    elseif res.status < 200 or res.status > 299 then
-      _, m, c, d = http_failure(res, "list snapshots")
-    end
-    local arr
-    if not m then arr, m, c, d = decode_array(res, "list snapshots", has_snapshot_id) end
-    if not arr then
-      finished = true
-      return false, m, c, used, d
-    end
-    local items = {}
-    for i, t in ipairs(arr) do items[i] = wire.to_snapshot(t) end
-    local nxt = res.headers["x-next-token"]
-    if nxt == "" then nxt = nil end
-    token, finished = nxt, nxt == nil
-    return items, used or false, nxt
-  end
+  return page_iter(self, opts.next_token, function(t) return wire.snapshots_path(opts, t) end, self.retry_idem,
+    function(res, msg, code, sent, used)
+      return read_page(res, msg, code, sent, used, "list snapshots", has_snapshot_id, wire.to_snapshot)
+    end)
 end
 
 --- Every matching snapshot (all pages), newest first.
