@@ -141,8 +141,7 @@ local unanswered = sdecide.unanswered
 -- ----------------------------------------------------------------
 
 -- The tenant of a tag value's key: the policy's `tenant` hook, else its default.
-local g_tenant = gdecide.tenant
-local function tenant(tenant_of, key) return g_tenant(tenant_of, key) end
+local tenant = gdecide.tenant
 
 -- The policy's `tenant` hook, or the default one.
 local function tenant_hook(policy)
