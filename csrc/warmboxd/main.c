@@ -3,6 +3,7 @@
  */
 #include "wbd_int.h"
 #include "state.h"
+#include "events.h"
 
 #include "envd_util.h"
 
@@ -24,9 +25,9 @@
 /* The one place handlers are wired to the server: server.c calls through
  * this table, so it depends on no handler file (they depend on it). */
 static const struct wbd_routes routes = {
-  .control_route = wbd_state_route,
+  .control_route = wbd_events_route,
   .control_key_ok = wbd_control_key_ok,
-  .control = wbd_state_control,
+  .control = wbd_events_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
   .admin = wbd_knob_handle,
@@ -350,6 +351,11 @@ static int start_all(void) {
     return -1;
   }
   wbd_snapshot_load_all();
+  if (wbd_events_start() != 0) {
+    fprintf(stderr, "warmboxd: cannot start the lifecycle events\n");
+    wbd_rt_shutdown();
+    return -1;
+  }
   raise_fd_limit();
   static char token_buf[65];
   if (!wbd_lim.admin_token) {
@@ -407,6 +413,7 @@ static void stop_all(void) {
   wbd_server_quiesce();
   wbd_lifecycle_stop();
   wbd_state_shutdown();
+  wbd_events_stop();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();
