@@ -321,6 +321,15 @@ function Warmbox:_tagged()
   return out
 end
 
+--- What the conversations, tenants or days cost, from E2B's lifecycle events
+-- (see `warmbox.ledger`): `wb:costs{ since, until, by = "conversation" | "tenant" | "day" }`.
+-- @treturn[1] table rows, table totals
+-- @return[2] nil, message, code
+function Warmbox:costs(opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  return require("warmbox.ledger").costs_of(self, opts)
+end
+
 --- Kill every sandbox of a conversation (any env/actor fingerprint): the
 -- conversation was deleted. Waits for a run in progress on that session
 -- (delegates to `warmbox.gc.release`).

@@ -476,6 +476,9 @@ end
 function Session:branch(cp, new_key, opts) return checkpoints().branch(self, cp, new_key, opts) end
 --- The conversation goes back to `cp`: a sandbox from it replaces its own.
 function Session:rewind(cp) return checkpoints().rewind(self, cp) end
+--- What this conversation cost (`warmbox.ledger`'s row: its sandboxes of every fingerprint, rewinds
+-- included; `usd_with_branches` adds its branches).
+function Session:cost(opts) return require("warmbox.ledger").session_cost(self, opts) end
 --- Waits for the automatic checkpoint of the last run, if one is being taken.
 function Session:await_checkpoint() return checkpoints().settle(self) end
 
