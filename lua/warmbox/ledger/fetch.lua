@@ -58,7 +58,7 @@ function _M.sync(client, state, add, page_fn)
   while start > 0 do
     local page, msg, code, detail = page_fn(client, start, limit)
     if not page then return nil, msg, code, detail end
-    if any_seen(page, state.seen) or #page == 0 then break end
+    if any_seen(page, state.seen) then break end
     start = math_max(0, start - limit)
   end
   local new = 0
