@@ -401,6 +401,12 @@ local function gc_run_opts(self, opts, fname)
       o.policy = p
     end
   end
+  if o.policy.budget then -- a conversation over its budget: what the budget says in GC first
+    local p = {}
+    for k, v in pairs(o.policy) do p[k] = v end
+    p.gc = require("warmbox.session.budget").wrap_gc(p, self.client, self.tag, self.clock())
+    o.policy = p
+  end
   local user_action = o.on_action
   if self.on_event or self.log then
     -- GC's kills are events of this object too ("gc_kill", the action as info).
