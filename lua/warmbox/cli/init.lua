@@ -13,6 +13,7 @@
 --   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
 --                              [--idle-timeout S,S,S] [--policy FILE | --policies all]
 --                              [--chart out.svg] [--csv rows.csv]
+--   warmbox [options] costs [--json] [--chart FILE] [--since T] [--until T]
 --   warmbox demo
 --   warmbox [options] smoke
 --   warmbox --version
@@ -102,6 +103,10 @@ commands:
       --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
                                    gnuplot when installed, else the built-in SVG
       --csv FILE                   write the rows as CSV
+  costs                          what each conversation, tenant and day cost (E2B's lifecycle events, its rates)
+      --since T, --until T         a window (unix seconds or RFC 3339)
+      --json                       one JSON object {conversation, tenant, day: {rows, totals}}
+      --chart FILE                 draw cost per day by tenant and sandboxes over time (PNG or SVG)
   demo                           a short conversation on an embedded warmboxd, with timings
   smoke                          a short self-cleaning live check of the selected backend (E2B or warmboxd)
 
@@ -152,7 +157,7 @@ local NUMERIC = { exec_timeout = true, idle_timeout = true }
 
 -- The commands, in the order the usage lists them: each is the module warmbox.cli.<name>.
 local COMMAND_LIST = { "run", "prewarm", "server", "doctor", "release", "checkpoints", "sessions", "gc", "simulate",
-  "demo", "smoke" }
+  "demo", "smoke", "costs" }
 local COMMANDS = {}
 for _, c in ipairs(COMMAND_LIST) do COMMANDS[c] = "warmbox.cli." .. c end
 

@@ -67,7 +67,7 @@ function _M.new(o)
   end
   local self = setmetatable({
     client = o.client, tag = o.tag or "warmboxSessionId", prices = prices, snapshot_gb = o.snapshot_gb or 10,
-    tenant = o.tenant or default_tenant, now = o.now or function() return require("warmbox.core").now() end,
+    tenant = o.tenant or default_tenant, now = o.now or os.time,
     state_file = o.state_file, boxes = {}, state = { offset = 0, seen = {} }, raw = {}, running = {},
   }, Ledger)
   if self.state_file then self:_load() end
