@@ -10,7 +10,7 @@
 --   warmbox [options] sessions [--tenant T] [--state running|paused] [--json]
 --   warmbox [options] gc [--dry-run] [--json] [--policy FILE] [--retention 7d] [--max-kills N]
 --                        [--concurrency N] [--next-token T] [--pages N]
---   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
+--   warmbox [options] simulate [--trace FILE | --events FILE | --sessions N --turns A-B --gap S --seed N]
 --                              [--idle-timeout S,S,S] [--policy FILE | --policies all]
 --                              [--chart out.svg] [--csv rows.csv]
 --   warmbox [options] costs [--json] [--chart FILE] [--since T] [--until T]
@@ -84,6 +84,7 @@ commands:
                                    the exit status is 1 when any action failed)
   simulate                       replay a trace or a generated workload against a virtual-time model of E2B
       --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}, or CSV (FILE.csv)
+      --events FILE                a recorded stretch of E2B's lifecycle events (JSON array or lines) as the trace
       --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
                                    --span S, --seed N, --arrival uniform|poisson, --abandon P, --lead S:
                                    a turn's start to its run, --no-run P: turns without a run); a value
