@@ -113,3 +113,14 @@ json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
   (void)sb;
   return json_object();
 }
+
+/* The lifecycle events (control/events.c, control/webhooks.c) are left out:
+ * the control plane's hooks record nothing, the knobs have their storage. */
+#include "events.h"
+int wbd_webhook_retry_ms = 10000, wbd_webhook_retries = 3, wbd_webhook_duplicates = 0;
+int wbd_events_ttl_days = 7;
+void wbd_event_locked(const struct wbd_sandbox *sb, enum wbd_event_type type, int64_t at_us) {
+  (void)sb;
+  (void)type;
+  (void)at_us;
+}
