@@ -43,8 +43,9 @@ def main(data_path, out):
 
     if timeline:
         ts = [datetime.fromtimestamp(p["t"], tz=timezone.utc) for p in timeline]
-        ax2.step(ts, [p["running"] for p in timeline], where="post", label="running (billed)")
-        ax2.step(ts, [p["paused"] for p in timeline], where="post", label="paused (free at E2B)")
+        running, paused = [p["running"] for p in timeline], [p["paused"] for p in timeline]
+        ax2.step(ts, paused, where="post", color="tab:orange", label="paused (free at E2B)")
+        ax2.step(ts, running, where="post", color="tab:blue", linewidth=1.8, zorder=3, label="running (billed)")
         span = timeline[-1]["t"] - timeline[0]["t"]
         ax2.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if span < 3 * 3600 else "%m-%d %H:%M"))
         plt.setp(ax2.get_xticklabels(), rotation=30, ha="right")

@@ -53,7 +53,8 @@ local function default_tenant(key) return require("warmbox.gc.decide").default_t
 --   E2B's rates, plus `snapshot_gib_month`), `snapshot_gb` (10: the disk a
 --   checkpoint keeps beside the RAM, as the simulator counts it), `tenant`
 --   (function(key) -> tenant; default: the key's part before the first `:`),
---   `now` (function() -> unix seconds; default the wall clock), `state_file`
+--   `now` (function() -> unix seconds; default the wall clock, or the newest event's time when
+--   that is later: a server whose clock is ahead), `state_file`
 --   (where to keep the events read, so a new ledger resumes)
 function _M.new(o)
   o = errors.check_options(o, { client = "table", tag = "string", prices = "table", snapshot_gb = "number",
@@ -67,9 +68,13 @@ function _M.new(o)
   end
   local self = setmetatable({
     client = o.client, tag = o.tag or "warmboxSessionId", prices = prices, snapshot_gb = o.snapshot_gb or 10,
-    tenant = o.tenant or default_tenant, now = o.now or os.time,
+    tenant = o.tenant or default_tenant, now = o.now,
     state_file = o.state_file, boxes = {}, state = { offset = 0, seen = {} }, raw = {}, running = {},
   }, Ledger)
+  if not self.now then
+    -- the wall clock, or the newest event's time when the server's clock is ahead (a moved clock)
+    self.now = function() return math_max(os.time(), self.latest or 0) end
+  end
   if self.state_file then self:_load() end
   return self
 end
@@ -135,6 +140,7 @@ local function apply(self, e)
     b.checkpoints[#b.checkpoints + 1] = ts
   end
   b.first = math_min(b.first or ts, ts)
+  self.latest = math_max(self.latest or ts, ts)
   return true
 end
 
