@@ -1,7 +1,8 @@
 /* harness.c: warmboxd's server in-process for the HTTP fuzz targets. */
-#include "wbd_int.h"
+#include "control.h"
+#include "envd.h"
 #include "harness.h"
-#include "envd_util.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

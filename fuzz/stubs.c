@@ -5,8 +5,10 @@
  * reaches only envd's POST /files (uploads land in a scratch directory),
  * every other data-plane request gets a plain 204.
  */
-#include "wbd_int.h"
-#include "runtime.h"
+#include "control.h"
+#include "jail.h"
+#include "envd.h"
+#include "interp.h"
 #include "harness.h"
 
 #include <errno.h>

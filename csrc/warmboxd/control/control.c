@@ -5,10 +5,8 @@
  * in knobs.c. Runtime hooks are always called without the store
  * lock; a record's `busy` flag keeps its transitions one at a time.
  */
-#include "wbd_int.h"
-#include "envd_util.h"
+#include "util.h"
 #include "control.h"
-#include "state.h"
 
 #include <ctype.h>
 #include <errno.h>

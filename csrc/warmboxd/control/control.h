@@ -1,15 +1,26 @@
 /*
- * control.h: what the control-plane files share (control.c, list.c,
- * knobs.c): request-body helpers, auth, the listed view of a record, the
- * list handlers and their parsers (also the fuzz targets' entry points).
+ * control.h: the control layer (control/): E2B's control plane
+ * (control.c, list.c), the snapshot and fork routes (snapshot_api.c,
+ * fork.c) and the admin API (knobs.c). What they share: request-body
+ * helpers, auth, the listed view of a record, the list handlers and their
+ * parsers (also the fuzz targets' entry points).
  */
 #ifndef WBD_CONTROL_H
 #define WBD_CONTROL_H
 
-#include "wbd_int.h"
+#include "wbd.h"
+#include "server.h"
+#include "state.h"
 
 #define US 1000000LL
 #define VERR "validation error: request body has an error: "
+#define WBD_CLIENT_ID "6532622b"
+#define WBD_ENVD_VERSION "0.6.4"
+/* E2B-style bounds on a sandbox's metadata and envVars (control.c). */
+#define WBD_MAP_MAX_KEYS 1000
+#define WBD_MAP_MAX_KEY 256
+#define WBD_META_MAX_BYTES (64 << 10)          /* keys + values */
+#define WBD_ENV_MAX_BYTES (256 << 10)
 
 enum jtype { J_BOOL, J_INT, J_STRING, J_OBJECT, J_STRMAP };
 
@@ -24,8 +35,6 @@ json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jty
 int wbd_ctl_authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Result *r);
 /* `ListedSandbox`; with `detail`, `SandboxDetail`. Under the store lock. */
 json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail);
-
-#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 /* The {id} of a /sandboxes/{id}... or /v2/sandboxes/{id}... path: 0, or -1
  * when malformed (400 "Invalid sandbox ID"). */
@@ -54,5 +63,33 @@ json_t *wbd_parse_metadata(const char *q, const char **err);
 int wbd_parse_token(const char *tok, int asc, int64_t *ts, char *id, size_t idlen);
 /* RFC 3339 to unix microseconds: 0, or -1. */
 int wbd_parse_time(const char *s, int64_t *us);
+
+/* ---- control.c, knobs.c ---- */
+enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
+/* knobs.c: the admin API, /_warmboxd/... (stats, faults, config, seed,
+ * clock), once server.c's gate let the request in. */
+enum MHD_Result wbd_knob_handle(struct wbd_req *req);
+/* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
+const char *wbd_control_route(const char *method, const char *path);
+/* Whether X-API-Key names a team (the same test the handlers make). */
+int wbd_control_key_ok(const char *key);
+/* A data-plane request for sandbox `id` on `port`: finds it, auto-resumes it
+ * when paused, hands it to wbd_dataplane_handle. */
+enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port);
+int wbd_lifecycle_start(void);
+void wbd_lifecycle_stop(void);
+/* Pauses or kills every sandbox past its end now (what the lifecycle thread
+ * does every 100 ms), in the calling thread. */
+void wbd_lifecycle_expire_now(void);
+
+/* ---- fork.c ---- */
+enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const char *id);
+
+/* ---- snapshot_api.c (main.c's route table) ---- */
+const char *wbd_state_route(const char *method, const char *path);
+enum MHD_Result wbd_state_control(struct wbd_req *req, const char *route);
+/* Shutdown: running sandboxes that pause at their timeout are paused
+ * (files only) now, so that they come back after the restart. */
+void wbd_state_shutdown(void);
 
 #endif

@@ -5,7 +5,6 @@
  * clock. server.c's gate checks the admin token first and keeps the counts
  * and faults it applies to every request; these handlers read and set them.
  */
-#include "wbd_int.h"
 #include "control.h"
 
 #include <stdio.h>

@@ -4,9 +4,7 @@
  * /templates/{id}) and fork's, put in front of control.c's in main.c's
  * route table, and the graceful stop that pauses what should come back.
  */
-#include "wbd_int.h"
 #include "control.h"
-#include "state.h"
 
 #include <limits.h>
 #include <stdio.h>

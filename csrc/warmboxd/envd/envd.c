@@ -7,11 +7,12 @@
  * /home/user and /tmp. Process.Start is a server stream: one envelope per
  * event, written by a reader that parks its connection while there is none.
  */
-#include "runtime.h"
-#include "envd_fs.h"
-#include "envd_util.h"
-#include "envd_watch.h"
-#include "wbd_int.h"   /* wbd_lim.max_upload_mb: the cap of an inflated upload */
+#include "jail.h"
+#include "envd.h"
+#include "state.h"
+#include "server.h"
+#include "util.h"
+
 
 #include <ctype.h>
 #include <limits.h>

@@ -9,8 +9,8 @@
  * API's gate. The admin API's handlers, which read and set the counts and
  * faults, are knobs.c's.
  */
-#include "wbd_int.h"
-#include "envd_util.h"
+#include "server.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
