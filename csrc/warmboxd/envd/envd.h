@@ -24,6 +24,7 @@
 
 #include "wbd.h"
 #include <limits.h>
+#include <stdarg.h>
 #include <sys/types.h>
 
 struct wbd_fspath {
@@ -96,6 +97,33 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb);
  * sandbox's access token, or for an upload a valid URL signature; always
  * for a sandbox without a token. The server asks before reading a body. */
 int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
+
+/* What envd.c's Connect-RPC helpers give process.c. */
+#define ENVD_HOME "/home/user"
+/* E2B's Connect error object {"code", "message"}. */
+json_t *wbd_connect_error_json(const char *code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+/* A unary Connect error: non-200 status, {"code":"<connect code>","message"}. */
+enum MHD_Result wbd_rpc_error(struct wbd_req *req, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+enum MHD_Result wbd_rpc_ok(struct wbd_req *req, json_t *body);
+/* The request's envd user (Authorization: Basic <user>:): 0, or -1 with
+ * the bad name in `name`. */
+int wbd_rpc_user(struct wbd_req *req, char *name, size_t len);
+int wbd_content_type_is(struct wbd_req *req, const char *want);
+/* A string field, accepting protojson's lowerCamelCase or the proto name;
+ * an integer field (number or numeric string), or def. */
+const char *wbd_jstr(json_t *o, const char *camel, const char *snake);
+long long wbd_jint(json_t *o, const char *name, long long def);
+
+/* ---- process.c: process.Process ---- */
+enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb);
+enum MHD_Result wbd_process_connect(struct wbd_req *req, struct wbd_sandbox *sb);
+enum MHD_Result wbd_process_stream_input(struct wbd_req *req, struct wbd_sandbox *sb);
+/* The unary process RPCs, `in` the request's JSON object. */
+enum MHD_Result wbd_process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in);
+/* A streaming RPC that failed before streaming: HTTP 200, only the trailer. */
+enum MHD_Result wbd_envd_stream_error(struct wbd_req *req, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- envd_watch.c: envd's directory watchers (filesystem.Filesystem/WatchDir,
  * a server stream, and the polled CreateWatcher / GetWatcherEvents /
