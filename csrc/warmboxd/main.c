@@ -24,13 +24,11 @@
 
 /* The one place handlers are wired to the server: server.c calls through
  * this table, so it depends on no handler file (they depend on it). */
-static const struct wbd_routes routes = {
-  .control_route = wbd_state_route,
+static struct wbd_routes routes = {
+  .call = wbd_route_call,
   .control_key_ok = wbd_control_key_ok,
-  .control = wbd_state_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
-  .admin = wbd_knob_handle,
 };
 
 /* A pidfd for `pid` (Linux 5.3 and later), or -1 with errno. */
@@ -354,6 +352,8 @@ static int start_all(void) {
     }
     wbd_lim.admin_token = token_buf;
   }
+  routes.table = wbd_route_table;
+  routes.n = wbd_route_count;
   wbd_server_routes(&routes);
   if (wbd_server_start() != 0) {
     wbd_rt_shutdown();

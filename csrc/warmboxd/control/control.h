@@ -64,13 +64,42 @@ int wbd_parse_token(const char *tok, int asc, int64_t *ts, char *id, size_t idle
 /* RFC 3339 to unix microseconds: 0, or -1. */
 int wbd_parse_time(const char *s, int64_t *us);
 
-/* ---- control.c, knobs.c ---- */
-enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route);
+/* ---- routes.c: the route table, every control-plane and admin route ---- */
+extern const struct wbd_route wbd_route_table[];
+extern const size_t wbd_route_count;
+/* Checks the row's auth (TEAM, SANDBOX) and calls its handler. */
+enum MHD_Result wbd_route_call(struct wbd_req *req, const struct wbd_route *row);
+
+/* ---- the handlers the table names (struct wbd_call: team, id, arg) ---- */
+/* control.c; wbd_h_connect's arg: */
+enum { WBD_CONNECT = 0, WBD_CONNECT_V2 = 1, WBD_RESUME = 2 };
+enum MHD_Result wbd_h_health(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_create(struct wbd_req *req, const struct wbd_call *c);   /* arg: v2 */
+enum MHD_Result wbd_h_list_v2(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_list_v1(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_metrics_many(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_info(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_metrics_one(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_kill(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_timeout(struct wbd_req *req, const struct wbd_call *c);  /* arg: a refresh */
+enum MHD_Result wbd_h_pause(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_connect(struct wbd_req *req, const struct wbd_call *c);
+/* snapshot_api.c */
+enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c);
 /* knobs.c: the admin API, /_warmboxd/... (stats, faults, config, seed,
  * clock), once server.c's gate let the request in. */
-enum MHD_Result wbd_knob_handle(struct wbd_req *req);
-/* Route template for a control-plane request ("GET /sandboxes/{id}"), or NULL. */
-const char *wbd_control_route(const char *method, const char *path);
+enum MHD_Result wbd_admin_stats(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_stats_reset(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_fault_add(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_clock(struct wbd_req *req, const struct wbd_call *c);   /* GET reads, POST moves */
+
+/* ---- control.c ---- */
 /* Whether X-API-Key names a team (the same test the handlers make). */
 int wbd_control_key_ok(const char *key);
 /* A data-plane request for sandbox `id` on `port`: finds it, auto-resumes it
@@ -85,9 +114,7 @@ void wbd_lifecycle_expire_now(void);
 /* ---- fork.c ---- */
 enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const char *id);
 
-/* ---- snapshot_api.c (main.c's route table) ---- */
-const char *wbd_state_route(const char *method, const char *path);
-enum MHD_Result wbd_state_control(struct wbd_req *req, const char *route);
+/* ---- snapshot_api.c ---- */
 /* Shutdown: running sandboxes that pause at their timeout are paused
  * (files only) now, so that they come back after the restart. */
 void wbd_state_shutdown(void);

@@ -12,18 +12,56 @@
 
 #include "wbd.h"
 
+/* ---- route.c: the route table ---- */
+
+/* Who may call a route: the server checks ADMIN (its admin gate) before
+ * the row is found; wbd_routes.call checks the others before the handler. */
+enum wbd_auth {
+  WBD_AUTH_NONE,      /* anyone */
+  WBD_AUTH_TEAM,      /* X-API-Key names a team (401 otherwise) */
+  WBD_AUTH_SANDBOX,   /* as TEAM, and the path's {id} is a sandbox id (400 "Invalid sandbox ID") */
+  WBD_AUTH_ADMIN,     /* the admin API, /_warmboxd/... (X-Warmboxd-Token) */
+};
+
+/* What a handler is called with, once its row's auth let the request in:
+ * the caller's team ("" for NONE and ADMIN), the sandbox id of the path
+ * (SANDBOX only, else ""), and the row's arg. */
+struct wbd_call {
+  const char *team;
+  const char *id;
+  int arg;
+};
+
+/* One route: "METHOD /path/{id}/..." (method "*": any; a {name} matches one
+ * non-empty path segment, everything else itself), which is also the name
+ * the request counts and injected faults use; who may call it; its handler
+ * (NULL: what matches this row has no route) and an argument for it. */
+struct wbd_route {
+  const char *route;
+  enum wbd_auth auth;
+  enum MHD_Result (*fn)(struct wbd_req *req, const struct wbd_call *c);
+  int arg;
+};
+
+/* The first row of table[0..n) that matches method and path, among the
+ * admin rows (admin = 1) or the others (admin = 0); NULL when none does or
+ * that row has no handler. */
+const struct wbd_route *wbd_route_match(const struct wbd_route *table, size_t n, const char *method,
+                                        const char *path, int admin);
+
 /* ---- server.c ---- */
 
 /* What the server calls for each kind of request. main.c fills this in
  * (server.c knows no handler by name: every layer only calls down). */
 struct wbd_routes {
-  const char *(*control_route)(const char *method, const char *path);
+  const struct wbd_route *table;   /* every control-plane and admin route (control/routes.c) */
+  size_t n;
+  /* checks a matched row's auth (not ADMIN: the server did) and calls its handler */
+  enum MHD_Result (*call)(struct wbd_req *req, const struct wbd_route *row);
   int (*control_key_ok)(const char *key);
-  enum MHD_Result (*control)(struct wbd_req *req, const char *route);
   enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
   /* whether a data-plane request may send its body (token / signature) */
   int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
-  enum MHD_Result (*admin)(struct wbd_req *req);   /* past the admin gate; NULL: 404 */
 };
 void wbd_server_routes(const struct wbd_routes *r);
 
