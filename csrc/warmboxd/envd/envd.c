@@ -1,8 +1,8 @@
 /*
  * envd.c: the in-sandbox daemon's API (port 49983) as E2B's envd serves it:
- * its routing, the HTTP routes (/health, /envs, /metrics, /files), the
- * Connect-RPC service filesystem.Filesystem with the JSON codec, and the
- * Connect helpers process.c (process.Process) shares.
+ * its routing, the HTTP routes (/health, /envs, /metrics, /files) and the
+ * Connect-RPC service filesystem.Filesystem with the JSON codec (process.c
+ * holds process.Process, rpc.c what both share).
  *
  * Every path goes through envd_fs.c, which confines it to the sandbox's
  * /home/user and /tmp.
@@ -38,45 +38,6 @@
 #include <zlib.h>
 
 
-/* ------------------------------------------------------------------ */
-/* Connect errors and replies                                          */
-/* ------------------------------------------------------------------ */
-
-static unsigned connect_status(const char *code) {
-  static const struct { const char *code; unsigned status; } map[] = {
-    { "canceled", 499 }, { "unknown", 500 }, { "invalid_argument", 400 },
-    { "deadline_exceeded", 504 }, { "not_found", 404 }, { "already_exists", 409 },
-    { "permission_denied", 403 }, { "resource_exhausted", 429 }, { "failed_precondition", 400 },
-    { "aborted", 409 }, { "out_of_range", 400 }, { "unimplemented", 501 }, { "internal", 500 },
-    { "unavailable", 503 }, { "data_loss", 500 }, { "unauthenticated", 401 },
-  };
-  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-    if (strcmp(map[i].code, code) == 0) return map[i].status;
-  return 500;
-}
-
-json_t *wbd_connect_error_json(const char *code, const char *fmt, va_list ap) {
-  char msg[1024];
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  json_t *e = json_object();
-  json_object_set_new(e, "code", json_string(code));
-  json_object_set_new(e, "message", wbd_json_str(msg));
-  return e;
-}
-
-/* A unary Connect error: non-200 status, {"code":"<connect code>","message"}. */
-enum MHD_Result wbd_rpc_error(struct wbd_req *req, const char *code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  json_t *e = wbd_connect_error_json(code, fmt, ap);
-  va_end(ap);
-  return wbd_reply_json(req, connect_status(code), e, NULL);
-}
-
-enum MHD_Result wbd_rpc_ok(struct wbd_req *req, json_t *body) {
-  return wbd_reply_json(req, 200, body ? body : json_object(), NULL);
-}
-
 /* The Connect code for a filesystem errno. */
 static const char *errno_code(int err) {
   switch (-err) {
@@ -93,61 +54,6 @@ static const char *errno_code(int err) {
 static enum MHD_Result rpc_fs_error(struct wbd_req *req, int err, const char *path) {
   if (err == -ENOENT) return wbd_rpc_error(req, "not_found", "no such file or directory: '%s'", path);
   return wbd_rpc_error(req, errno_code(err), "'%s': %s", path, wbd_fs_strerror(err));
-}
-
-/* ------------------------------------------------------------------ */
-/* Users                                                               */
-/* ------------------------------------------------------------------ */
-
-static int known_user(const char *u) {
-  return !u || !*u || strcmp(u, "user") == 0 || strcmp(u, "root") == 0;
-}
-
-/* RPCs carry the user as Authorization: Basic base64("<user>:"). Returns 0
- * with the user's name in `name` ("" when none is given), or -1 with the
- * unknown name there. */
-int wbd_rpc_user(struct wbd_req *req, char *name, size_t len) {
-  name[0] = 0;
-  const char *auth = wbd_req_header(req, "Authorization");
-  if (!auth || strncasecmp(auth, "Basic ", 6) != 0) return 0;
-  size_t n;
-  unsigned char *dec = wbd_b64_decode(auth + 6, &n);
-  if (!dec) {
-    snprintf(name, len, "%s", "(malformed)");
-    return -1;
-  }
-  char *colon = strchr((char *)dec, ':');
-  if (colon) *colon = 0;
-  int ok = known_user((char *)dec);
-  snprintf(name, len, "%s", (char *)dec);
-  free(dec);
-  return ok ? 0 : -1;
-}
-
-/* ------------------------------------------------------------------ */
-/* Request bodies                                                      */
-/* ------------------------------------------------------------------ */
-
-int wbd_content_type_is(struct wbd_req *req, const char *want) {
-  const char *ct = wbd_req_header(req, "Content-Type");
-  if (!ct) return 0;
-  size_t n = strlen(want);
-  return strncasecmp(ct, want, n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
-}
-
-/* A string field, accepting protojson's lowerCamelCase or the proto name. */
-const char *wbd_jstr(json_t *o, const char *camel, const char *snake) {
-  json_t *v = json_object_get(o, camel);
-  if (!v && snake) v = json_object_get(o, snake);
-  return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-long long wbd_jint(json_t *o, const char *name, long long def) {
-  json_t *v = json_object_get(o, name);
-  if (json_is_integer(v)) return json_integer_value(v);
-  long long n;
-  if (json_is_string(v) && wbd_parse_ll(json_string_value(v), LLONG_MIN / 2, LLONG_MAX / 2, def, &n) == 0) return n;
-  return def;
 }
 
 /* ------------------------------------------------------------------ */
@@ -365,7 +271,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   const char *why = NULL;
   if (!path) path = "";
   if (files_auth(req, sb, "read", path, user, &why) != 0) return wbd_reply_error(req, 401, "%s", why);
-  if (!known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
+  if (!wbd_known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
 
   struct wbd_fspath p;
   int rc = wbd_fs_resolve_as(sb, path, user, &p);
@@ -667,7 +573,7 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
   const char *user = wbd_req_query(req, "username");
   const char *why = NULL;
   if (files_auth(req, sb, "write", path ? path : "", user, &why) != 0) return wbd_reply_error(req, 401, "%s", why);
-  if (!known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
+  if (!wbd_known_user(user)) return wbd_reply_error(req, 401, "error looking up user '%s': unknown user", user);
 
   const char *enc = wbd_req_header(req, "Content-Encoding");
   int gz = enc && *enc && strcasecmp(enc, "identity") != 0;

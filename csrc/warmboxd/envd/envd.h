@@ -98,7 +98,7 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb);
  * for a sandbox without a token. The server asks before reading a body. */
 int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
 
-/* What envd.c's Connect-RPC helpers give process.c. */
+/* ---- rpc.c: what the Connect-RPC services share (envd.c, process.c) ---- */
 #define ENVD_HOME "/home/user"
 /* E2B's Connect error object {"code", "message"}. */
 json_t *wbd_connect_error_json(const char *code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -109,6 +109,8 @@ enum MHD_Result wbd_rpc_ok(struct wbd_req *req, json_t *body);
 /* The request's envd user (Authorization: Basic <user>:): 0, or -1 with
  * the bad name in `name`. */
 int wbd_rpc_user(struct wbd_req *req, char *name, size_t len);
+/* envd's users: "user", "root", or none given. */
+int wbd_known_user(const char *u);
 int wbd_content_type_is(struct wbd_req *req, const char *want);
 /* A string field, accepting protojson's lowerCamelCase or the proto name;
  * an integer field (number or numeric string), or def. */

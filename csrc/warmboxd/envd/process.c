@@ -3,8 +3,8 @@
  * and the unary RPCs: List, SendInput, SendSignal, CloseStdin, Update), as
  * E2B's envd serves it with the JSON codec. Start and Connect are server
  * streams: one envelope per event, written by a reader that parks its
- * connection while there is none. envd.c routes here and shares its
- * Connect helpers (envd.h).
+ * connection while there is none. envd.c routes here; rpc.c holds
+ * the Connect helpers both use (envd.h).
  */
 #include "jail.h"
 #include "envd.h"
