@@ -1,5 +1,5 @@
 /*
- * events.c: E2B's sandbox lifecycle events (see events.h): recorded by the
+ * events.c: E2B's sandbox lifecycle events (control.h's events section): recorded by the
  * control plane's hooks, kept for the retention (in memory, and appended to
  * <data_dir>/.state/events/events.jsonl with --data-dir so they outlive a
  * restart), served by GET /events/sandboxes[/{id}] with E2B's paging
@@ -13,9 +13,7 @@
  * sandboxBuildId, sandboxTeamId (UUIDs derived from the template and the
  * team).
  */
-#include "wbd_int.h"
 #include "control.h"
-#include "events.h"
 #include "state.h"
 
 #include <limits.h>
@@ -293,37 +291,15 @@ static enum MHD_Result h_list(struct wbd_req *req, const char *team, const char 
 }
 
 /* ------------------------------------------------------------------ */
-/* Routes                                                              */
+/* Handlers (rows of routes.c's table)                                 */
 /* ------------------------------------------------------------------ */
 
-#define R_ALL "GET /events/sandboxes"
-#define R_ONE "GET /events/sandboxes/{id}"
-static const char *const wh_routes[] = { "GET /events/webhooks", "POST /events/webhooks", "GET /events/webhooks/{id}",
-                                         "PATCH /events/webhooks/{id}", "DELETE /events/webhooks/{id}" };
-
-static const char *own_route(const char *method, const char *path) {
-  if (strcmp(path, "/events/sandboxes") == 0) return strcmp(method, "GET") == 0 ? R_ALL : NULL;
-  if (strncmp(path, "/events/sandboxes/", 18) == 0 && path[18] && !strchr(path + 18, '/'))
-    return strcmp(method, "GET") == 0 ? R_ONE : NULL;
-  int one = strncmp(path, "/events/webhooks/", 17) == 0 && path[17] && !strchr(path + 17, '/');
-  if (!one && strcmp(path, "/events/webhooks") != 0) return NULL;
-  size_t from = one ? 2 : 0, to = one ? 5 : 2;
-  for (size_t i = from; i < to; i++)
-    if (strncmp(wh_routes[i], method, strlen(method)) == 0 && wh_routes[i][strlen(method)] == ' ') return wh_routes[i];
-  return NULL;
+/* GET /events/sandboxes (arg 0) and GET /events/sandboxes/{id} (arg 1). */
+enum MHD_Result wbd_h_events(struct wbd_req *req, const struct wbd_call *c) {
+  return h_list(req, c->team, c->arg ? req->path + strlen("/events/sandboxes/") : NULL);
 }
 
-const char *wbd_events_route(const char *method, const char *path) {
-  const char *r = own_route(method, path);
-  return r ? r : wbd_state_route(method, path);
-}
-
-enum MHD_Result wbd_events_control(struct wbd_req *req, const char *route) {
-  if (strstr(route, " /events/") == NULL) return wbd_state_control(req, route);
-  char team[64];
-  enum MHD_Result r = MHD_NO;
-  if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
-  if (strcmp(route, R_ALL) == 0) return h_list(req, team, NULL);
-  if (strcmp(route, R_ONE) == 0) return h_list(req, team, req->path + 18);
-  return wbd_webhooks_handle(req, team);
+/* POST, GET /events/webhooks and GET, PATCH, DELETE /events/webhooks/{id}. */
+enum MHD_Result wbd_h_webhooks(struct wbd_req *req, const struct wbd_call *c) {
+  return wbd_webhooks_handle(req, c->team);
 }

@@ -1,5 +1,5 @@
 /*
- * webhooks.c: E2B's lifecycle webhooks (see events.h). Registration as
+ * webhooks.c: E2B's lifecycle webhooks (control.h's events section). Registration as
  * E2B's API has it (POST /events/webhooks {name, url, enabled, events,
  * signatureSecret} -> 201; GET list; GET/PATCH/DELETE /events/webhooks/{id}),
  * loopback URLs only (http(s) to 127.0.0.0/8, ::1 or localhost: warmboxd
@@ -13,11 +13,9 @@
  * that one may arrive twice). Webhooks are kept in
  * <data_dir>/.state/events/webhooks.json with --data-dir.
  */
-#include "wbd_int.h"
 #include "control.h"
-#include "events.h"
 #include "state.h"
-#include "envd_util.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
