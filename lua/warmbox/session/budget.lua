@@ -80,18 +80,19 @@ function _M.check(s, phase)
   return action, reason
 end
 
---- After a run: pauses the sandbox at once when the budget says so, and
--- forgets its lease so that the next run resumes it.
+--- After a run: pauses the sandbox at once when the budget says so, under
+-- the session's lock (a run of another process never has its sandbox paused
+-- underneath it), and forgets its lease so that the next run resumes it.
 function _M.after_run(s, r)
   local action = _M.check(s, "after_run")
   if action ~= "pause" or type(r) ~= "table" or not r.sandbox_id then return end
-  local ok = s.client:pause(r.sandbox_id)
+  local ok
   s:_with_lock(function(lk)
     local st = s._decode(lk:get_state())
-    if st.sandbox_id == r.sandbox_id then
-      st.lease_end = 0
-      lk:set_state(s._encode(st))
-    end
+    if st.sandbox_id ~= r.sandbox_id then return true end  -- replaced meanwhile: not ours to pause
+    ok = s.client:pause(r.sandbox_id)
+    st.lease_end = 0
+    lk:set_state(s._encode(st))
     return true
   end)
   s:_event("budget_pause", { sandbox_id = r.sandbox_id, ok = ok ~= nil })
