@@ -10,7 +10,8 @@
  * delivery that does not answer 2xx within 5 s is retried
  * wbd_webhook_retries times, wbd_webhook_retry_ms apart; with
  * wbd_webhook_duplicates each delivered event is sent once more (E2B warns
- * that one may arrive twice). Webhooks are kept in
+ * that one may arrive twice); at most 10000 deliveries wait (more are
+ * dropped and counted: webhook_dropped). Webhooks are kept in
  * <data_dir>/.state/events/webhooks.json with --data-dir.
  */
 #include "control.h"
@@ -29,6 +30,7 @@
 int wbd_webhook_retry_ms = 10000, wbd_webhook_retries = 3, wbd_webhook_duplicates = 0;
 
 #define MAX_WEBHOOKS 100   /* per team */
+#define MAX_QUEUED 10000   /* deliveries waiting (a receiver that never answers cannot grow memory without bound) */
 #define ALL_TYPES 0x3fu
 
 static const char *const type_names[] = {
@@ -59,6 +61,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static struct webhook *hooks;
 static struct delivery *queue;   /* by due_ms */
+static size_t queued;
 static pthread_t thread;
 static int started, stopping;
 
@@ -168,6 +171,12 @@ static void delivery_free(struct delivery *d) {
 
 /* Under mu. */
 static void enqueue_locked(struct delivery *d) {
+  if (queued >= MAX_QUEUED) {
+    wbd_stat_add("webhook_dropped", 1);
+    delivery_free(d);
+    return;
+  }
+  queued++;
   struct delivery **pp = &queue;
   while (*pp && (*pp)->due_ms <= d->due_ms) pp = &(*pp)->next;
   d->next = *pp;
@@ -214,6 +223,7 @@ static void *deliver_main(void *arg) {
     }
     struct delivery *d = queue;
     queue = d->next;
+    queued--;
     pthread_mutex_unlock(&mu);
     int ok = post(d);
     pthread_mutex_lock(&mu);
@@ -349,6 +359,7 @@ void wbd_webhooks_stop(void) {
     queue = d->next;
     delivery_free(d);
   }
+  queued = 0;
   while (hooks) {
     struct webhook *w = hooks;
     hooks = w->next;
