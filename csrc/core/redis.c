@@ -219,7 +219,7 @@ static int warmbox_redis_new(lua_State *L) {
   luaL_setmetatable(L, WARMBOX_REDIS_MT);
   lua_replace(L, 1);
   lua_settop(L, 1);
-  if (!warmbox_redis_ensure(L, r)) return 3;
+  if (!warmbox_redis_ensure(L, r)) return 4;
   return 1;
 }
 

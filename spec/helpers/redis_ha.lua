@@ -42,7 +42,7 @@ local Topo = {}
 Topo.__index = Topo
 
 local function port_free(port)
-  return not os.execute(string.format("(exec 3<>/dev/tcp/127.0.0.1/%d) 2>/dev/null", port))
+  return not os.execute(string.format("bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d' 2>/dev/null", port))
 end
 
 -- A free port (and, for a cluster node, its bus port + 10000).
@@ -54,7 +54,8 @@ local function free_port(cluster)
   error("no free port")
 end
 
--- Starts one process `bin args` logging to dir/name.log; waits for `ready` in the log.
+-- Starts one process `bin args` logging to dir/name.log; waits for `ready`
+-- in the log. → pid | nil when its port was taken meanwhile.
 local function spawn(self, name, bin, args, ready)
   local logf = self.dir .. "/" .. name .. ".log"
   local p = assert(io.popen(string.format("env -u LD_PRELOAD %s %s >%s 2>&1 & echo $!", bin, args, q(logf))))
@@ -65,10 +66,23 @@ local function spawn(self, name, bin, args, ready)
   while core.now() < deadline do
     local log = read_all(logf) or ""
     if log:find(ready, 1, true) then return pid end
-    if not alive(pid) then error(name .. " did not start: " .. log) end
+    if not alive(pid) then
+      if log:find("Address already in use", 1, true) then return nil end
+      error(name .. " did not start: " .. log)
+    end
     sleep(0.02)
   end
   error(name .. " did not become ready: " .. (read_all(logf) or ""))
+end
+
+-- spawn on a free port: args(port) makes the arguments. → pid, port
+local function spawn_free(self, name, bin, args, ready, cluster)
+  for _ = 1, 20 do
+    local port = free_port(cluster)
+    local pid = spawn(self, name, bin, args(port), ready)
+    if pid then return pid, port end
+  end
+  error(name .. ": no free port")
 end
 
 local function server_args(self, port, extra)
@@ -92,22 +106,23 @@ local function eventually(fn, what, seconds)
 end
 
 local function start_sentinel(self)
-  local pport = free_port()
   self.pid_of = {}
-  self.pid_of["127.0.0.1:" .. pport] = spawn(self, "primary", "redis-server", server_args(self, pport),
+  local ppid, pport = spawn_free(self, "primary", "redis-server", function(p) return server_args(self, p) end,
     "Ready to accept connections")
+  self.pid_of["127.0.0.1:" .. pport] = ppid
   for i = 1, 2 do
-    local p = free_port()
-    self.pid_of["127.0.0.1:" .. p] = spawn(self, "replica" .. i, "redis-server",
-      server_args(self, p, string.format("--replicaof 127.0.0.1 %d", pport)), "Ready to accept connections")
+    local pid, p = spawn_free(self, "replica" .. i, "redis-server",
+      function(p) return server_args(self, p, string.format("--replicaof 127.0.0.1 %d", pport)) end,
+      "Ready to accept connections")
+    self.pid_of["127.0.0.1:" .. p] = pid
   end
   self.master = "wbmaster"
   self.sentinels = {}
   for i = 1, 3 do
-    local sp = free_port()
     local conf = self.dir .. "/sentinel" .. i .. ".conf"
-    local f = assert(io.open(conf, "w"))
-    f:write(string.format([[
+    local _, sp = spawn_free(self, "sentinel" .. i, "redis-sentinel", function(sp)
+      local f = assert(io.open(conf, "w"))
+      f:write(string.format([[
 port %d
 bind 127.0.0.1
 daemonize no
@@ -118,8 +133,9 @@ sentinel down-after-milliseconds %s 1000
 sentinel failover-timeout %s 4000
 sentinel parallel-syncs %s 2
 ]], sp, self.dir, self.master, pport, self.master, self.master, self.master))
-    f:close()
-    spawn(self, "sentinel" .. i, "redis-sentinel", q(conf), "+monitor master")
+      f:close()
+      return q(conf)
+    end, "+monitor master")
     self.sentinels[i] = "127.0.0.1:" .. sp
   end
   -- every sentinel knows both replicas and the other two sentinels
@@ -141,11 +157,12 @@ local function start_cluster(self)
   local addrs = {}
   self.pid_of = {}
   for i = 1, 6 do
-    local p = free_port(true)
+    local pid, p = spawn_free(self, "node" .. i, "redis-server", function(p)
+      return server_args(self, p, string.format("--cluster-enabled yes --cluster-config-file nodes-%d.conf "
+        .. "--cluster-node-timeout 1000 --cluster-replica-validity-factor 0", p))
+    end, "Ready to accept connections", true)
     local a = "127.0.0.1:" .. p
-    self.pid_of[a] = spawn(self, "node" .. i, "redis-server", server_args(self, p, string.format(
-      "--cluster-enabled yes --cluster-config-file nodes-%d.conf --cluster-node-timeout 1000 "
-      .. "--cluster-replica-validity-factor 0", p)), "Ready to accept connections")
+    self.pid_of[a] = pid
     addrs[i] = a
   end
   local out = self.dir .. "/create.log"
@@ -181,9 +198,9 @@ local function start_cluster(self)
 end
 
 local function start_single(self)
-  local p = free_port()
-  self.pid_of = { ["127.0.0.1:" .. p] = spawn(self, "redis", "redis-server", server_args(self, p),
-    "Ready to accept connections") }
+  local pid, p = spawn_free(self, "redis", "redis-server", function(p) return server_args(self, p) end,
+    "Ready to accept connections")
+  self.pid_of = { ["127.0.0.1:" .. p] = pid }
   self.redis = { host = "127.0.0.1", port = p, timeout = 1 }
 end
 
@@ -201,6 +218,7 @@ function M.start(kind)
   end
   local r = { prefix = "" }
   for k, v in pairs(self.redis) do r[k] = v end
+  r.timeout = 3 -- a client (and connections) of its own, not the lock's
   self.client = rc.client(r)
   self.copts = r
   return self
@@ -215,6 +233,15 @@ end
 function Topo:call(key, ...)
   local _, tag = rc.name(self.copts, "x", key)
   return self.client:call(tag, ...)
+end
+
+--- A command on the primary serving `key` (CLIENT PAUSE, CLIENT KILL, ...).
+function Topo:on_primary(key, ...)
+  local _, a = self:primary(key)
+  local c = assert(conn(assert(a, "no primary")))
+  local res, err, code = c:command(...)
+  c:close()
+  return res, err, code
 end
 
 --- Lua source of the lock's redis options with `prefix` (for child processes).
@@ -344,11 +371,12 @@ function Topo:restart(addr)
   local log = self.dir .. "/restart-" .. port .. ".log"
   os.remove(log)
   for _ = 1, 100 do
-    local ok = pcall(function()
-      self.pid_of[addr] = spawn(self, "restart-" .. port, "redis-server", server_args(self, port, extra),
-        "Ready to accept connections")
-    end)
-    if ok then return end
+    local ok, pid = pcall(spawn, self, "restart-" .. port, "redis-server", server_args(self, port, extra),
+      "Ready to accept connections")
+    if ok and pid then
+      self.pid_of[addr] = pid
+      return
+    end
     sleep(0.1)
   end
   error("could not restart " .. addr)
@@ -362,7 +390,11 @@ function Topo:stop()
     while alive(pid) and core.now() < deadline do sleep(0.01) end
   end
   self.pids = {}
-  if self.dir:match("^/tmp/") then os.execute("rm -rf " .. q(self.dir)) end
+  if os.getenv("WARMBOX_HA_KEEP") then
+    io.stderr:write("redis_ha: kept ", self.dir, "\n")
+  elseif self.dir:match("^/tmp/") then
+    os.execute("rm -rf " .. q(self.dir))
+  end
   rc.reset()
 end
 
