@@ -275,7 +275,8 @@ function Cluster:call(tag, ...)
     addr = self:next_addr(addr)
     ::continue::
   end
-  return nil, err, code or "TRANSPORT", false
+  -- never run: a failover under way (MOVED to a dead node, CLUSTERDOWN); try again later
+  return nil, tostring(err), "TRANSPORT", false
 end
 
 function Cluster:keeper(tag, ...)
