@@ -86,8 +86,8 @@ local function spawn_free(self, name, bin, args, ready, cluster)
 end
 
 local function server_args(self, port, extra)
-  return string.format("--port %d --bind 127.0.0.1 --save '' --appendonly no --daemonize no --dir %s --logfile '' %s",
-    port, q(self.dir), extra or "")
+  return string.format("--port %d --bind 127.0.0.1 --save '' --appendonly no --daemonize no --dir %s --logfile '' "
+    .. "--repl-diskless-sync-delay 0 %s", port, q(self.dir), extra or "")
 end
 
 local function conn(host_port)
@@ -116,6 +116,12 @@ local function start_sentinel(self)
       "Ready to accept connections")
     self.pid_of["127.0.0.1:" .. p] = pid
   end
+  local pc = assert(conn("127.0.0.1:" .. pport))
+  eventually(function() -- both replicas synced
+    local role = pc:command("ROLE")
+    return type(role) == "table" and type(role[3]) == "table" and #role[3] == 2
+  end, "the replicas to sync")
+  pc:close()
   self.master = "wbmaster"
   self.sentinels = {}
   for i = 1, 3 do

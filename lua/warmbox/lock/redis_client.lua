@@ -120,6 +120,23 @@ function _M.parse_url(url, what)
   return r
 end
 
+--- The redis options of the environment: $WARMBOX_REDIS_URL (any form of
+-- parse_url) with $WARMBOX_REDIS_USERNAME and $WARMBOX_REDIS_PASSWORD (they
+-- keep the secret out of the URL), or nil when the URL is unset.
+function _M.from_env(getenv)
+  local function get(n)
+    local v = getenv(n)
+    if v == "" then return nil end
+    return v
+  end
+  local url = get("WARMBOX_REDIS_URL")
+  if not url then return nil end
+  local r = _M.parse_url(url, "WARMBOX_REDIS_URL")
+  r.username = r.username or get("WARMBOX_REDIS_USERNAME")
+  r.password = r.password or get("WARMBOX_REDIS_PASSWORD")
+  return r
+end
+
 local function check_list(l, k, bad)
   if l == nil then return end
   if type(l) ~= "table" or #l < 1 then bad(k, 'a list of "host:port" expected') end
@@ -246,10 +263,10 @@ end
 -- redirects. → value | nil, msg, code, sent
 function Cluster:call(tag, ...)
   local addr = self.routes[tag] or self.order[1]
-  local res, err, code, sent
+  local err
   for _ = 1, 2 * #self.order + 4 do
-    local c
-    c, err, code = self:node(addr)
+    local c, res, code, sent
+    c, err = self:node(addr)
     if c then
       res, err, code, sent = c:command(...)
       if res ~= nil or err == nil then return res end
