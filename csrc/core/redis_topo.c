@@ -236,7 +236,8 @@ static int topo_prefix(const redisReply *rep, const char *p) {
 
 int warmbox_redis_failover_reply(const redisReply *rep) {
   return topo_prefix(rep, "READONLY") || topo_prefix(rep, "MASTERDOWN") || topo_prefix(rep, "LOADING") ||
-         topo_prefix(rep, "UNBLOCKED") || topo_prefix(rep, "CLUSTERDOWN") || topo_prefix(rep, "TRYAGAIN");
+         topo_prefix(rep, "UNBLOCKED") || topo_prefix(rep, "CLUSTERDOWN") || topo_prefix(rep, "TRYAGAIN") ||
+         topo_prefix(rep, "NOREPLICAS");
 }
 
 int warmbox_redis_redirect(const redisReply *rep, char **host, int *port) {

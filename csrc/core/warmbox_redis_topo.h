@@ -41,7 +41,8 @@ redisContext *warmbox_redis_connect(warmbox_redis_conf *c, char *err, size_t err
 
 /* Whether an error reply says the command was not run because the node is
  * not (or no longer) the primary: READONLY, MASTERDOWN, LOADING, UNBLOCKED
- * (a blocked client released by a role change), CLUSTERDOWN, TRYAGAIN. */
+ * (a blocked client released by a role change), CLUSTERDOWN, TRYAGAIN,
+ * NOREPLICAS (min-replicas-to-write: a primary cut off from its replicas). */
 int warmbox_redis_failover_reply(const redisReply *rep);
 
 /* "MOVED <slot> <host>:<port>" / "ASK <slot> <host>:<port>": 1 MOVED, 2 ASK,
