@@ -42,7 +42,7 @@ local Topo = {}
 Topo.__index = Topo
 
 local function port_free(port)
-  return not os.execute(string.format("bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d' 2>/dev/null", port))
+  return not os.execute(string.format("env -u LD_PRELOAD bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d' 2>/dev/null", port))
 end
 
 -- A free port (and, for a cluster node, its bus port + 10000).
@@ -172,7 +172,7 @@ local function start_cluster(self)
     addrs[i] = a
   end
   local out = self.dir .. "/create.log"
-  local ok = os.execute(string.format("redis-cli --cluster create %s --cluster-replicas 1 --cluster-yes >%s 2>&1",
+  local ok = os.execute(string.format("env -u LD_PRELOAD redis-cli --cluster create %s --cluster-replicas 1 --cluster-yes >%s 2>&1",
     table.concat(addrs, " "), q(out)))
   if not ok then error("redis-cli --cluster create failed: " .. (read_all(out) or "")) end
   for _, a in ipairs(addrs) do
