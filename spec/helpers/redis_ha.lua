@@ -172,7 +172,8 @@ local function start_cluster(self)
     addrs[i] = a
   end
   local out = self.dir .. "/create.log"
-  local ok = os.execute(string.format("env -u LD_PRELOAD redis-cli --cluster create %s --cluster-replicas 1 --cluster-yes >%s 2>&1",
+  local ok = os.execute(string.format(
+    "env -u LD_PRELOAD redis-cli --cluster create %s --cluster-replicas 1 --cluster-yes >%s 2>&1",
     table.concat(addrs, " "), q(out)))
   if not ok then error("redis-cli --cluster create failed: " .. (read_all(out) or "")) end
   for _, a in ipairs(addrs) do
