@@ -62,6 +62,43 @@ describe_redis("redis", function()
       c:close()
     end)
 
+    it("authenticates as an ACL user (or with a password alone) and selects the database", function()
+      assert.equal("OK", r:command("ACL", "SETUSER", "wbapp", "on", ">s3cret", "~*", "+@all"))
+      local c = assert(core.redis{ host = srv.host, port = srv.port, username = "wbapp", password = "s3cret", db = 3 })
+      assert.equal("wbapp", c:command("ACL", "WHOAMI"))
+      assert.equal("OK", c:command("SET", "in-db-3", "x"))
+      assert.is_nil(r:command("GET", "in-db-3"))
+      assert.equal("OK", r:command("SELECT", 3))
+      assert.equal("x", r:command("GET", "in-db-3"))
+      assert.equal("OK", r:command("SELECT", 0))
+      c:close()
+      local bad, err, code = core.redis{ host = srv.host, port = srv.port, username = "wbapp", password = "wrong" }
+      assert.is_nil(bad)
+      assert.matches("AUTH", err)
+      assert.equal("TRANSPORT", code)
+      -- the lock, its keeper thread included, as that user
+      local lk = lock.new{ backend = "redis", redis = { host = srv.host, port = srv.port, prefix = "acl:" },
+        username = "wbapp", password = "s3cret", db = 3, ttl = 0.3 }
+      assert.truthy(lk:lock("k"))
+      core.sleep(0.5) -- the keeper refreshed the key past its ttl
+      assert.is_true(lk:held())
+      assert.is_true(lk:unlock())
+      assert.equal(1, r:command("ACL", "DELUSER", "wbapp"))
+    end)
+
+    it("refuses bad topology options", function()
+      assert.has_error(function() core.redis{ master = "m" } end,
+        "bad argument #1 to 'redis' (option 'master' needs 'sentinels')")
+      assert.has_error(function() core.redis{ sentinels = { "h:1" } } end,
+        "bad argument #1 to 'redis' (option 'sentinels' needs 'master')")
+      assert.has_error(function() core.redis{ nodes = { "nope" } } end,
+        "bad argument #1 to 'redis' (option 'nodes': \"host:port\" expected at 1)")
+      assert.has_error(function() core.redis{ username = "u" } end,
+        "bad argument #1 to 'redis' (option 'username' needs 'password')")
+      assert.has_error(function() lock.new{ backend = "redis", nodes = { "127.0.0.1:1" }, db = 2 } end)
+      assert.has_error(function() lock.new{ backend = "redis", url = "redis-cluster://a:1/x{y}" } end)
+    end)
+
     it("raises on misuse and after close", function()
       assert.has_error(function() core.redis{ hots = "x" } end,
         "bad argument #1 to 'redis' (unknown option 'hots')")
