@@ -247,6 +247,20 @@ for _, kind in ipairs(ha.kinds()) do
       core.sleep(math.max(0, 2.1 - (core.now() - t0)))
     end)
 
+    it("warmbox doctor checks it (and says what is wrong)", function()
+      local doctor = require "warmbox.doctor"
+      local checks = doctor.redis(t:opts("doc:"))
+      assert.matches(kind, checks[1].detail, 1, true)
+      for _, c in ipairs(checks) do assert.are_not.equal("fail", c.status, c.name .. ": " .. tostring(c.detail)) end
+      local bad = t:opts("doc:")
+      if kind == "sentinel" then bad.master = "no-such-master"
+      elseif kind == "cluster" then bad.nodes = { "127.0.0.1:1" }
+      else bad.port = 1 end
+      local failed = false
+      for _, c in ipairs(doctor.redis(bad)) do failed = failed or c.status == "fail" or c.status == "warn" end
+      assert.is_true(failed)
+    end)
+
     it("hands out a fencing number that grows with every hold, never below the server's clock in us", function()
       local k = key()
       local a, b = new(), new()
