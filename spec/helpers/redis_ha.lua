@@ -273,15 +273,30 @@ function Topo:opts(prefix)
   return r
 end
 
+-- The primary the sentinels name, once every sentinel that answers names
+-- the same one (right after a failover one may still name the old primary).
 local function sentinel_primary(self)
-  for _, s in ipairs(self.sentinels) do
-    local c = conn(s)
-    if c then
-      local a = c:command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master)
-      c:close()
-      if type(a) == "table" then return a[1] .. ":" .. a[2] end
+  local deadline = core.now() + 10
+  local seen
+  repeat
+    seen = nil
+    local agree = true
+    for _, s in ipairs(self.sentinels) do
+      local c = conn(s)
+      if c then
+        local a = c:command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master)
+        c:close()
+        if type(a) == "table" then
+          local addr = a[1] .. ":" .. a[2]
+          if seen and seen ~= addr then agree = false end
+          seen = seen or addr
+        end
+      end
     end
-  end
+    if agree and seen then return seen end
+    sleep(0.05)
+  until core.now() > deadline
+  return seen
 end
 
 -- The cluster node serving `key`'s slot, and one of its replicas.
