@@ -88,21 +88,19 @@ local function client_options(o, base)
 end
 
 -- The lock when `new` is given none: $WARMBOX_LOCK ("file" | "redis" | "memory"),
--- the redis one at $WARMBOX_REDIS_URL (redis://host[:port][/prefix]) when set.
+-- the redis one at $WARMBOX_REDIS_URL (redis://, redis-sentinel://,
+-- redis-cluster://; see warmbox.lock.redis_client) when set, with
+-- $WARMBOX_REDIS_USERNAME / $WARMBOX_REDIS_PASSWORD.
 local function env_lock()
-  local url = os_getenv("WARMBOX_REDIS_URL")
-  if url == "" then url = nil end
   local name = os_getenv("WARMBOX_LOCK")
   if name == "" then name = nil end
   if name and name ~= "file" and name ~= "redis" and name ~= "memory" then
     error('WARMBOX_LOCK: "file", "redis" or "memory" expected, got "' .. name .. '"', 3)
   end
-  if not url then return name end
   if name and name ~= "redis" then return name end
-  local host, port, prefix = url:match("^redis://([^:/]+):?(%d*)/?(.*)$")
-  if not host then error("WARMBOX_REDIS_URL: redis://host[:port][/prefix] expected, got '" .. url .. "'", 3) end
-  return { backend = "redis", redis = { host = host, port = tonumber(port) or 6379,
-    prefix = prefix ~= "" and prefix or nil } }
+  local r = require("warmbox.lock.redis_client").from_env(os_getenv)
+  if not r then return name end
+  return { backend = "redis", redis = r }
 end
 
 local Warmbox = {}

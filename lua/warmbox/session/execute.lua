@@ -306,6 +306,15 @@ local function collect(s, sbx, st, id, report, python, cap)
   return out_files, files_error
 end
 
+-- { msg, code } when the lock `lk` is no longer held (asked of its backend
+-- now, `lk:held()`), else nil (held, or a lock without `held`).
+local function lock_lost(lk)
+  if not (lk and type(lk.held) == "function") then return nil end
+  local ok, err, code = lk:held()
+  if ok then return nil end
+  return { tostring(err), code or "LOCK" }
+end
+
 -- One attempt: everything before the cell, the cell, its outputs. → r | nil,
 -- msg, code, detail, reach ("never" | "gone" only when the cell cannot have
 -- run, see warmbox.session.retry)
@@ -357,9 +366,13 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
     local rep = outputs_of(res)
     if rep then report = report or rep else results[#results + 1] = res end
   end
+  -- Still the holder? Asked of the lock's backend now (a Redis failover may
+  -- have lost the lock while the keeper had not looked yet): a run that lost
+  -- it says so, and its outputs are checked against the sandbox's fence.
+  lock_error = lock_error or lock_lost(lk)
   local cap = { left = s.max_files_bytes, dropped = {} }
   local out_files, files_error = collect(s, sbx, st, info.sandbox_id, report, python, cap)
-  if fence and read_over_envd(report) then
+  if fence and (lock_error or read_over_envd(report)) then
     local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
     if not ok then
       if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end
