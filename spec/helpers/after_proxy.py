@@ -9,8 +9,11 @@ whole answer (the cell ran), then answers `status` instead; "before" answers
 `status` without forwarding; "late" answers `status` at once and forwards the
 execute `delay` seconds later (a copy that arrives after the client gave up).
 An execute with nothing queued is forwarded.
+{"create": [...]} likewise queues what the next creates (POST /sandboxes, when the
+proxy is also the API's address) get: "after" (forwarded, then `status` answered),
+"twice" (forwarded twice at once, the first answer given).
 GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
-by the plan, "late_done": late copies whose forward has ended}.
+by the plan, "late_done": late copies whose forward has ended, "creates": creates forwarded}.
 """
 import http.client
 import json
@@ -21,7 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 UP = urllib.parse.urlsplit(sys.argv[1])
 PLAN = []
-STATS = {"executes": 0, "answered": 0, "late_done": 0}
+CREATE_PLAN = []
+STATS = {"executes": 0, "answered": 0, "late_done": 0, "creates": 0}
 LOCK = threading.Lock()
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
 
@@ -56,7 +60,9 @@ class Handler(BaseHTTPRequestHandler):
     def control(self, body):
         if self.command == "POST" and self.path == "/_proxy/plan":
             with LOCK:
-                PLAN.extend(json.loads(body or b"{}").get("execute", []))
+                plan = json.loads(body or b"{}")
+                PLAN.extend(plan.get("execute", []))
+                CREATE_PLAN.extend(plan.get("create", []))
             return self.reply(204)
         with LOCK:
             out = json.dumps(STATS).encode()
@@ -68,6 +74,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/_proxy/"):
             return self.control(body)
         step = None
+        if self.command == "POST" and self.path.split("?")[0] == "/sandboxes":
+            return self.create(body)
         if self.command == "POST" and self.path.split("?")[0] == "/execute":
             with LOCK:
                 step = PLAN.pop(0) if PLAN else None
@@ -84,6 +92,23 @@ class Handler(BaseHTTPRequestHandler):
         status, data, headers = self.forward(body)
         if step is not None:
             return self.reply(int(step["status"]), b'{"message":"intermediary"}', step.get("headers"))
+        return self.reply(status, data, headers)
+
+    def create(self, body):
+        with LOCK:
+            step = CREATE_PLAN.pop(0) if CREATE_PLAN else None
+            STATS["creates"] += 2 if step is not None and step.get("mode") == "twice" else 1
+        if step is not None and step.get("mode") == "twice":
+            req = self.request_line()
+            other = threading.Thread(target=self.forward, args=(body, req))
+            other.start()
+            status, data, headers = self.forward(body, req)
+            other.join()
+            return self.reply(status, data, headers)
+        status, data, headers = self.forward(body)
+        if step is not None:
+            return self.reply(int(step["status"]), b'{"code":%d,"message":"intermediary"}' % int(step["status"]),
+                              step.get("headers"))
         return self.reply(status, data, headers)
 
     def late(self, body, req):

@@ -161,10 +161,13 @@ end
 
 -- Creates in flight: each create carries a fresh id in its metadata
 -- (`warmbox.tag.CREATE_TAG`), recorded in the remembered state before the
--- create is sent and dropped once its answer came. A listed sandbox whose id
--- is still recorded is an orphan (its create was given up: a timeout, a
--- crash, a cancelled task): never preferred to another, collected once a
--- sandbox is secured.
+-- create is sent. A listed sandbox whose id is still recorded is an orphan
+-- (its create was given up: a timeout, a crash, a cancelled task; or it was
+-- made more than once: answered 503/429 after an intermediary forwarded it,
+-- then sent again with the same id, or forwarded twice): never preferred to
+-- another, collected once a sandbox is secured. An answered create keeps its
+-- record, with the sandbox it answered (`kept`: never an orphan), until the
+-- first listing after a run (`collect_orphans`) has seen what else it made.
 local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
 
 -- The recorded creates younger than CREATE_WINDOW (a create given up longer
@@ -199,12 +202,21 @@ local function settle_create(st, id)
   if #list == 0 then st.creating = nil end
 end
 
--- The create id of a listed sandbox whose create is still recorded (an orphan), else nil.
+-- The create `id` was answered with sandbox `sandbox_id`: its record stays
+-- (the create may have made others), that sandbox is not its orphan.
+local function answered_create(st, id, sandbox_id)
+  for _, c in ipairs(st.creating or {}) do
+    if type(c) == "table" and c.id == id then c.kept = sandbox_id end
+  end
+end
+
+-- The create id of a listed sandbox whose create is still recorded (an
+-- orphan: not the sandbox the create answered), else nil.
 local function orphan_of(st, it)
   local id = type(it.metadata) == "table" and it.metadata[CREATE_TAG]
   if type(id) ~= "string" then return nil end
   for _, c in ipairs(st.creating or {}) do
-    if type(c) == "table" and c.id == id then return id end
+    if type(c) == "table" and c.id == id and c.kept ~= it.sandbox_id then return id end
   end
   return nil
 end
@@ -251,13 +263,21 @@ function _M.create(s, st, lease, from)
     s:_save(st)
     return nil, cerr, ccode, cdetail
   end
-  settle_create(st, nonce)
+  answered_create(st, nonce, sb.sandbox_id)
   s:_event("create", { sandbox_id = sb.sandbox_id })
   remember(s, st, sb, t0 + params.timeout, t0)
   st.auto_resume = auto_resumes(params.lifecycle)
   return sb
 end
 local create = _M.create
+
+-- Whether a listed candidate was made by the create `id` (its record then goes).
+local function orphan_seen(cands, id)
+  for _, it in ipairs(cands) do
+    if type(it.metadata) == "table" and it.metadata[CREATE_TAG] == id then return true end
+  end
+  return false
+end
 
 -- The candidates in `ordered`, the orphans (see `orphan_of`) moved last: an
 -- empty sandbox whose create was given up never wins over one in use.
@@ -273,20 +293,25 @@ local function orphans_last(st, ordered)
 end
 
 --- After a run: the orphans of the creates still recorded (listed by tag) are
--- killed, their records dropped. One list, only while a create is recorded.
+-- killed, their records dropped (an answered create's too: the listing saw
+-- what else it made; a record whose orphan could not be killed stays). One
+-- list, only while a create is recorded.
 function _M.collect_orphans(s, st)
   local cands = list_candidates(s)
   if not cands then return end
+  local failed = {}
   for _, it in ipairs(cands) do
     local orphan = orphan_of(st, it)
-    if orphan then
-      if it.sandbox_id ~= st.sandbox_id and s.client:kill(it.sandbox_id) ~= nil then
-        s:_event("kill", { sandbox_id = it.sandbox_id, reason = "orphan" })
-      end
-      settle_create(st, orphan)
+    if orphan and it.sandbox_id ~= st.sandbox_id then
+      local ok = s.client:kill(it.sandbox_id)
+      if ok then s:_event("kill", { sandbox_id = it.sandbox_id, reason = "orphan" }) end
+      if ok == nil then failed[orphan] = true end
     end
   end
-  local left = recent_creates(st, s.clock())
+  local left = {}
+  for _, c in ipairs(recent_creates(st, s.clock())) do
+    if failed[c.id] or (c.kept == nil and not orphan_seen(cands, c.id)) then left[#left + 1] = c end
+  end
   st.creating = #left > 0 and left or nil
 end
 
