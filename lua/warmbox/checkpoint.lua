@@ -200,11 +200,22 @@ local function restore_locked(target, lk, cp, fresh)
   st.turns = cp.turn
   st.last_run = target.wall()
   lk:set_state(target._encode(st))
+  local killed, kill_error
   if old and old ~= sb.sandbox_id then
-    local ok = target.client:kill(old)
+    local ok, kerr, kcode = target.client:kill(old)
     target:_event("kill", { sandbox_id = old, reason = "rewind", ok = ok ~= nil })
+    if ok ~= nil then
+      killed = old
+    else
+      -- Still tagged with the conversation: the next run kills it.
+      kill_error = { tostring(kerr), kcode }
+      local list = type(st.replaced) == "table" and st.replaced or {}
+      list[#list + 1] = old
+      st.replaced = list
+      lk:set_state(target._encode(st))
+    end
   end
-  return { sandbox_id = sb.sandbox_id, killed = old }
+  return { sandbox_id = sb.sandbox_id, killed = killed, kill_error = kill_error }
 end
 
 -- Checkpoints that a branch or rewind is creating from now, in this process

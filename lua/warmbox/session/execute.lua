@@ -507,6 +507,7 @@ local function succeeded(s, st, r)
   -- It has run since it lost its memory: what its kernel holds now is kept.
   st.memory_lost = nil
   if st.creating then resolve.collect_orphans(s, st) end
+  if st.replaced then resolve.collect_replaced(s, st) end
 end
 
 -- The state saved once the cell ran: a compare-and-set on the lock's token,

@@ -32,9 +32,9 @@ end
 --- Forgets the remembered sandbox; the creates in flight stay recorded (their
 -- orphans are recognised later, see `create`).
 function _M.forget(st)
-  local creating, turns = st.creating, st.turns
+  local creating, turns, replaced = st.creating, st.turns, st.replaced
   for k in pairs(st) do st[k] = nil end
-  st.creating, st.turns = creating, turns
+  st.creating, st.turns, st.replaced = creating, turns, replaced
 end
 local forget = _M.forget
 
@@ -313,6 +313,20 @@ function _M.collect_orphans(s, st)
     if failed[c.id] or (c.kept == nil and not orphan_seen(cands, c.id)) then left[#left + 1] = c end
   end
   st.creating = #left > 0 and left or nil
+end
+
+--- After a run: the sandboxes a rewind replaced but could not kill are killed
+-- (those whose kill fails again stay recorded).
+function _M.collect_replaced(s, st)
+  local left = {}
+  for _, id in ipairs(type(st.replaced) == "table" and st.replaced or {}) do
+    if type(id) == "string" and id ~= st.sandbox_id then
+      local ok = s.client:kill(id)
+      if ok then s:_event("kill", { sandbox_id = id, reason = "rewind" }) end
+      if ok == nil then left[#left + 1] = id end
+    end
+  end
+  st.replaced = #left > 0 and left or nil
 end
 
 -- Finds or creates the session's sandbox and secures its lease (the reference
