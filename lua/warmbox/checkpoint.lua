@@ -176,6 +176,17 @@ function _M.checkpoints(self)
   return list
 end
 
+-- A branch's new sandbox carries its source's fencing number (the snapshot
+-- has the file), which the branch's own lock may be below: a new conversation
+-- starts from none. A failure is an event (its first runs may be refused).
+local function clear_fence(target, sb)
+  local sbx = target.client:sandbox(sb, { access_token = sb.envd_access_token })
+  local ok, err, code = sbx:remove(require("warmbox.outputs").FENCE_FILE)
+  if ok == nil and code ~= "NOT_FOUND" then
+    target:_event("fence_kept", { sandbox_id = sb.sandbox_id, code = code, error = tostring(err) })
+  end
+end
+
 -- Under `target`'s lock: its sandbox is replaced by one created from `cp`
 -- (secured first); the one it had is killed after. `fresh`: a branch, which
 -- refuses a session that has a sandbox already.
@@ -197,6 +208,7 @@ local function restore_locked(target, lk, cp, fresh)
     return nil, string_format("%s session '%s' from checkpoint '%s': %s", fresh and "branch to" or "rewind of",
       target.key, cp.id, tostring(err)), code, detail
   end
+  if fresh then clear_fence(target, sb) end
   st.turns = cp.turn
   st.last_run = target.wall()
   lk:set_state(target._encode(st))

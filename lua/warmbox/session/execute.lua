@@ -239,7 +239,8 @@ local function refusal(out)
 end
 
 local function fenced_msg(id, why)
-  return string_format("run in sandbox '%s' refused: its lock was taken over by a later run (%s)", id,
+  return string_format("run in sandbox '%s' refused: the sandbox accepted a cell with a higher fencing number "
+    .. "(its lock was lost or taken over) (%s)", id,
     tostring(why):gsub("^warmbox: fenced: ", ""))
 end
 
