@@ -31,10 +31,10 @@ function M.start(upstream)
   error("the intermediary did not start")
 end
 
---- Queues what the next executes get (see after_proxy.py); `{ create = steps }`:
--- what the next creates get.
+--- Queues what the next executes get (see after_proxy.py); `{ create = steps }`,
+-- `{ kill = steps }`: what the next creates, kills get.
 function Proxy:plan(steps)
-  local body = steps.create and steps or { execute = steps }
+  local body = (steps.create or steps.kill) and steps or { execute = steps }
   local res = http.request{ method = "POST", url = self.url .. "/_proxy/plan", json = body }
   assert(res.status == 204, "plan: " .. tostring(res.status))
 end

@@ -11,7 +11,8 @@ execute `delay` seconds later (a copy that arrives after the client gave up).
 An execute with nothing queued is forwarded.
 {"create": [...]} likewise queues what the next creates (POST /sandboxes, when the
 proxy is also the API's address) get: "after" (forwarded, then `status` answered),
-"twice" (forwarded twice at once, the first answer given).
+"twice" (forwarded twice at once, the first answer given). {"kill": [...]}: the
+same for the next kills (DELETE /sandboxes/{id}).
 GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
 by the plan, "late_done": late copies whose forward has ended, "creates": creates forwarded}.
 """
@@ -25,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 UP = urllib.parse.urlsplit(sys.argv[1])
 PLAN = []
 CREATE_PLAN = []
+KILL_PLAN = []
 STATS = {"executes": 0, "answered": 0, "late_done": 0, "creates": 0}
 LOCK = threading.Lock()
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
@@ -63,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
                 plan = json.loads(body or b"{}")
                 PLAN.extend(plan.get("execute", []))
                 CREATE_PLAN.extend(plan.get("create", []))
+                KILL_PLAN.extend(plan.get("kill", []))
             return self.reply(204)
         with LOCK:
             out = json.dumps(STATS).encode()
@@ -75,7 +78,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.control(body)
         step = None
         if self.command == "POST" and self.path.split("?")[0] == "/sandboxes":
-            return self.create(body)
+            return self.create(body, CREATE_PLAN)
+        if self.command == "DELETE" and self.path.startswith("/sandboxes/"):
+            return self.create(body, KILL_PLAN)
         if self.command == "POST" and self.path.split("?")[0] == "/execute":
             with LOCK:
                 step = PLAN.pop(0) if PLAN else None
@@ -94,10 +99,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(int(step["status"]), b'{"message":"intermediary"}', step.get("headers"))
         return self.reply(status, data, headers)
 
-    def create(self, body):
+    def create(self, body, plan):
         with LOCK:
-            step = CREATE_PLAN.pop(0) if CREATE_PLAN else None
-            STATS["creates"] += 2 if step is not None and step.get("mode") == "twice" else 1
+            step = plan.pop(0) if plan else None
+            if plan is CREATE_PLAN:
+                STATS["creates"] += 2 if step is not None and step.get("mode") == "twice" else 1
         if step is not None and step.get("mode") == "twice":
             req = self.request_line()
             other = threading.Thread(target=self.forward, args=(body, req))

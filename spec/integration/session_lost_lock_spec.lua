@@ -127,7 +127,8 @@ describe("sessions: a lock lost while its cell runs (warmboxd)", function()
     local lang, lang2 = langs[1], langs[2]
     for _, how in ipairs({ "redis restart", "holder stopped" }) do
       local backend = how == "redis restart" and "redis" or "file"
-      it(lang .. " then " .. lang2 .. ", " .. how .. " mid-cell: the later cell never runs while the older one does", function()
+      local name = lang .. " then " .. lang2 .. ", " .. how
+      it(name .. " mid-cell: the later cell never runs while the older one does", function()
         if backend == "redis" and not redis then pending("redis-server not installed") return end
         local key = "lost:" .. lang .. lang2 .. ":" .. how:gsub(" ", "-")
         local wb, s, id = warm(backend, key, lang)

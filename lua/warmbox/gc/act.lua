@@ -299,7 +299,9 @@ local function kill_all(client, ids, concurrency)
   end
   for i = 1, #ids do
     local r = results[i] or {}
-    if r[1] then
+    -- false: gone (404). Listed under the session's lock a moment ago, so
+    -- killed by this release (a retry after a lost answer finds it gone).
+    if r[1] ~= nil then
       killed = killed + 1
     elseif r[1] == nil then
       kerr, kcode = r[2], r[3]
