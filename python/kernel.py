@@ -40,6 +40,17 @@ def _now():
     return datetime.now(timezone.utc).isoformat()
 
 
+# Characters of output per stdout/stderr line: a long write goes out as several
+# lines, each well under warmboxd's longest line kept (16 MiB) and the client's
+# frame limit, so a cap keeps what fits instead of losing the whole line.
+TEXT_CHUNK = 262144
+
+
+def emit_text(name, text):
+    for i in range(0, len(text), TEXT_CHUNK):
+        emit({"type": name, "text": text[i:i + TEXT_CHUNK], "timestamp": _now()})
+
+
 def emit(obj):
     data = (json.dumps(obj) + "\n").encode("utf-8", "replace")
     with _evt_lock:
@@ -100,7 +111,7 @@ class _Stream:
             self._since = None
             self._last = time.monotonic()
             if _active.is_set():
-                emit({"type": self.name, "text": text, "timestamp": _now()})
+                emit_text(self.name, text)
 
     def due(self):
         return self._since is not None and time.monotonic() - self._since > 0.05
