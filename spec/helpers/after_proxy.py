@@ -12,7 +12,8 @@ An execute with nothing queued is forwarded.
 {"create": [...]} likewise queues what the next creates (POST /sandboxes, when the
 proxy is also the API's address) get: "after" (forwarded, then `status` answered),
 "twice" (forwarded twice at once, the first answer given). {"kill": [...]}: the
-same for the next kills (DELETE /sandboxes/{id}).
+same for the next kills (DELETE /sandboxes/{id}); {"connect": [...]}: for the next
+connects (POST /sandboxes/{id}/connect).
 GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
 by the plan, "late_done": late copies whose forward has ended, "creates": creates forwarded}.
 """
@@ -27,6 +28,7 @@ UP = urllib.parse.urlsplit(sys.argv[1])
 PLAN = []
 CREATE_PLAN = []
 KILL_PLAN = []
+CONNECT_PLAN = []
 STATS = {"executes": 0, "answered": 0, "late_done": 0, "creates": 0}
 LOCK = threading.Lock()
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
@@ -66,6 +68,7 @@ class Handler(BaseHTTPRequestHandler):
                 PLAN.extend(plan.get("execute", []))
                 CREATE_PLAN.extend(plan.get("create", []))
                 KILL_PLAN.extend(plan.get("kill", []))
+                CONNECT_PLAN.extend(plan.get("connect", []))
             return self.reply(204)
         with LOCK:
             out = json.dumps(STATS).encode()
@@ -81,6 +84,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.create(body, CREATE_PLAN)
         if self.command == "DELETE" and self.path.startswith("/sandboxes/"):
             return self.create(body, KILL_PLAN)
+        if self.command == "POST" and self.path.startswith("/sandboxes/") and self.path.endswith("/connect"):
+            return self.create(body, CONNECT_PLAN)
         if self.command == "POST" and self.path.split("?")[0] == "/execute":
             with LOCK:
                 step = PLAN.pop(0) if PLAN else None

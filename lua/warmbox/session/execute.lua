@@ -429,7 +429,14 @@ local function extend_alongside(s, ctl, info, lease_end, failed)
     failed.err = { tostring(res), ccode }
     if ctl.main_done() then return nil end
     tries = tries + 1
-    local pause = retry.lease(ccode, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
+    -- A 404 is no proof (an intermediary's after forwarding): only one `info`
+    -- confirms ends the extension; else it is tried again as a passing fault.
+    local rule_code = ccode
+    if is_gone(ccode) then
+      failed.gone = resolve.confirmed_gone(s, id)
+      if not failed.gone then rule_code = "HTTP" end
+    end
+    local pause = retry.lease(rule_code, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
     if not pause then
       ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
       return nil
@@ -477,7 +484,7 @@ local function alongside(s, info, st, code, opts, files, run_timeout, lk)
     detail = type(detail) == "table" and detail or {}
     detail.lease_error = lease_err
     detail.interrupted = true
-    if is_gone(lease_err[2]) then forget(st) end
+    if failed.gone then forget(st) end
     return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
       lease_err[1]), lease_err[2] or ecode, detail, false
   end

@@ -64,6 +64,28 @@ end
 
 local remember = _M.remember
 
+--- Whether sandbox `id` is gone as the control plane's `info` confirms (its
+-- 404): a 404 on another call may be an intermediary's after it forwarded
+-- the call, no proof the sandbox (its kernel, its files) is gone.
+function _M.confirmed_gone(s, id)
+  local _, _, code = s.client:info(id)
+  return code == "NOT_FOUND"
+end
+local confirmed_gone = _M.confirmed_gone
+
+-- connect (as client:connect), then whether the sandbox is gone: a 404
+-- `info` confirms (see confirmed_gone); an unconfirmed one is followed by one
+-- more connect (its failure is then no proof either).
+-- → sb, res, code, detail, gone
+local function connect_confirmed(s, id, lease)
+  local sb, res, ccode, cdetail = s.client:connect(id, { timeout = lease })
+  if sb or not is_gone(ccode) then return sb, res, ccode, cdetail, false end
+  if confirmed_gone(s, id) then return nil, res, ccode, cdetail, true end
+  s:_event("connect", { sandbox_id = id, ok = false, code = ccode, confirmed = false })
+  sb, res, ccode, cdetail = s.client:connect(id, { timeout = lease })
+  return sb, res, ccode, cdetail, false
+end
+
 -- Whether a listed sandbox is known to have lost its memory: the remembered
 -- state says so (GC demoted it: `memory_lost`), or it was paused within
 -- seconds of its resume, as only a demote (connect + pause without memory) does.
@@ -130,11 +152,12 @@ local function secure_candidate(s, st, ordered, lease, avoid, gone)
     end
     do
       local t0 = s.clock()
-      local sb, res, ccode, cdetail = client:connect(it.sandbox_id, { timeout = lease })
+      local sb, res, ccode, cdetail, cgone = connect_confirmed(s, it.sandbox_id, lease)
       s:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
         code = not sb and ccode or nil })
       if not sb then
-        if not is_gone(ccode) then return false, res, ccode, cdetail end
+        -- Only a sandbox `info` says is gone is passed over (its kernel and files are the conversation's).
+        if not cgone then return false, res, ccode, cdetail end
         gone[it.sandbox_id] = true
       else
         local ok, terr, tcode, tdetail = client:set_timeout(it.sandbox_id, lease)
@@ -145,7 +168,7 @@ local function secure_candidate(s, st, ordered, lease, avoid, gone)
           st.auto_resume = auto_resumes(it.lifecycle)
           return sb, resumed
         end
-        if not is_gone(tcode) then
+        if not is_gone(tcode) or not confirmed_gone(s, it.sandbox_id) then
           -- Its lease could not be set: it is not used for this run (it might
           -- pause underneath it), and it is left alone: the next run tries again.
           s:_event("lease_failed", { sandbox_id = it.sandbox_id, code = tcode })
@@ -395,7 +418,7 @@ local function secure_remembered(s, st, ctx, lease, eager)
     return { sandbox_id = st.sandbox_id, reused = true, resumed = how ~= "alongside", how = how, lease = lease }
   end
   local t0 = s.clock()
-  local sb, res, ccode, cdetail = s.client:connect(st.sandbox_id, { timeout = lease })
+  local sb, res, ccode, cdetail, cgone = connect_confirmed(s, st.sandbox_id, lease)
   s:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
     code = not sb and ccode or nil })
   if sb then
@@ -404,8 +427,8 @@ local function secure_remembered(s, st, ctx, lease, eager)
     return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
   end
   -- A transient fault fails the run and keeps what is remembered (the next
-  -- run tries again); only a sandbox that is gone is forgotten.
-  if not is_gone(ccode) then return nil, res, ccode, cdetail end
+  -- run tries again); only a sandbox that is gone (`info` says so) is forgotten.
+  if not cgone then return nil, res, ccode, cdetail end
   forget(st)
   return resolve(s, st, lease)
 end
