@@ -484,7 +484,13 @@ local function alongside(s, info, st, code, opts, files, run_timeout, lk)
     detail = type(detail) == "table" and detail or {}
     detail.lease_error = lease_err
     detail.interrupted = true
-    if failed.gone then forget(st) end
+    if failed.gone then
+      forget(st)
+      -- `info` says the sandbox is gone and none of the cell's output came: as
+      -- the retry rule has it for an execute, only a gone sandbox proves it
+      -- never ran; sent again to a sandbox resolved anew.
+      if not detail.output_started then return nil, err, ecode, detail, "gone" end
+    end
     return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
       lease_err[1]), lease_err[2] or ecode, detail, false
   end
@@ -540,6 +546,9 @@ function _M.run_locked(s, lk, code, opts, files)
   if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then forget(st) end
   local run_timeout = opts.timeout or s.exec_timeout
   local tries, hooks_resent = 0, false
+  -- The conversation's sandbox before the run: one that is gone (killed, or
+  -- lost by a restart of a server that could not keep its paused copy) is said.
+  local had = st.sandbox_id
   while true do
     tries = tries + 1
     local t_resolve = mono_now()
@@ -555,6 +564,10 @@ function _M.run_locked(s, lk, code, opts, files)
       r, err, ecode, detail, reach = attempt(s, info, st, code, opts, files, run_timeout, lk)
     end
     if r then
+      if had and r.sandbox_id ~= had then
+        r.sandbox_lost = had
+        s:_event("sandbox_lost", { sandbox_id = had, new_sandbox_id = r.sandbox_id })
+      end
       succeeded(s, st, r)
       saved_after(lk, st, r)
       return r
