@@ -122,6 +122,24 @@ local function take(self, st, name)
   return snap, err, code, detail
 end
 
+--- Deletes the unnamed snapshots of sandbox `id` (E2B's listing filtered by
+-- it): a checkpoint's request sent twice (an intermediary's copy, a retry
+-- after a lost answer) makes two snapshots, and the later takes the name from
+-- the earlier, which no listing by name finds again. warmbox never takes an
+-- unnamed snapshot of a session's sandbox. → how many were deleted
+function _M.drop_strays(client, id)
+  if type(client.list_snapshots) ~= "function" then return 0 end
+  local snaps = client:list_snapshots{ sandbox_id = id }
+  local n = 0
+  for _, sn in ipairs(snaps or {}) do
+    if type(sn) == "table" and type(sn.snapshot_id) == "string" and type(sn.names) == "table" and #sn.names == 0
+      and client:delete_snapshot(sn.snapshot_id) then
+      n = n + 1
+    end
+  end
+  return n
+end
+
 -- Under the session's lock: the checkpoint of the conversation as the last run left it.
 local function checkpoint_locked(self, lk, label, want_turn)
   local st = own_state(self, lk)
@@ -143,6 +161,8 @@ local function checkpoint_locked(self, lk, label, want_turn)
   end
   local cp = { id = snap.snapshot_id, name = name, turn = turn, label = label, created_at = ms / 1000,
     sandbox_id = st.sandbox_id }
+  local strays = _M.drop_strays(self.client, st.sandbox_id)
+  if strays > 0 then self:_event("checkpoint_strays", { sandbox_id = st.sandbox_id, deleted = strays }) end
   self:_event("checkpoint", { id = cp.id, turn = turn, label = label, sandbox_id = cp.sandbox_id })
   return cp
 end

@@ -11,9 +11,9 @@ execute `delay` seconds later (a copy that arrives after the client gave up).
 An execute with nothing queued is forwarded.
 {"create": [...]} likewise queues what the next creates (POST /sandboxes, when the
 proxy is also the API's address) get: "after" (forwarded, then `status` answered),
-"twice" (forwarded twice at once, the first answer given). {"kill": [...]}: the
+"twice" (forwarded twice, one after the other, the second answer given). {"kill": [...]}: the
 same for the next kills (DELETE /sandboxes/{id}); {"connect": [...]}: for the next
-connects (POST /sandboxes/{id}/connect).
+connects (POST /sandboxes/{id}/connect); {"snapshot": [...]}: for the next snapshots.
 GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
 by the plan, "late_done": late copies whose forward has ended, "creates": creates forwarded}.
 """
@@ -29,6 +29,7 @@ PLAN = []
 CREATE_PLAN = []
 KILL_PLAN = []
 CONNECT_PLAN = []
+SNAPSHOT_PLAN = []
 STATS = {"executes": 0, "answered": 0, "late_done": 0, "creates": 0}
 LOCK = threading.Lock()
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
@@ -69,6 +70,7 @@ class Handler(BaseHTTPRequestHandler):
                 CREATE_PLAN.extend(plan.get("create", []))
                 KILL_PLAN.extend(plan.get("kill", []))
                 CONNECT_PLAN.extend(plan.get("connect", []))
+                SNAPSHOT_PLAN.extend(plan.get("snapshot", []))
             return self.reply(204)
         with LOCK:
             out = json.dumps(STATS).encode()
@@ -86,6 +88,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.create(body, KILL_PLAN)
         if self.command == "POST" and self.path.startswith("/sandboxes/") and self.path.endswith("/connect"):
             return self.create(body, CONNECT_PLAN)
+        if self.command == "POST" and self.path.startswith("/sandboxes/") and self.path.endswith("/snapshots"):
+            return self.create(body, SNAPSHOT_PLAN)
         if self.command == "POST" and self.path.split("?")[0] == "/execute":
             with LOCK:
                 step = PLAN.pop(0) if PLAN else None
@@ -111,10 +115,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATS["creates"] += 2 if step is not None and step.get("mode") == "twice" else 1
         if step is not None and step.get("mode") == "twice":
             req = self.request_line()
-            other = threading.Thread(target=self.forward, args=(body, req))
-            other.start()
+            self.forward(body, req)
             status, data, headers = self.forward(body, req)
-            other.join()
             return self.reply(status, data, headers)
         status, data, headers = self.forward(body)
         if step is not None:
