@@ -86,12 +86,12 @@ local function cell(lang, until_mark)
   local mark = "c" .. seq
   if lang == "bash" then
     return "echo start " .. mark .. " >> /home/user/ledger\n"
-      .. (until_mark and ("for i in $(seq 150); do grep -q '^start " .. until_mark
+      .. (until_mark and ("end=$((SECONDS + 3)); while [ $SECONDS -lt $end ]; do grep -q '^start " .. until_mark
         .. "$' /home/user/ledger && break; sleep 0.02; done\n") or "")
       .. "echo end " .. mark .. " >> /home/user/ledger\n", mark
   end
   return "import time\nopen('/home/user/ledger', 'a').write('start " .. mark .. "\\n')\n"
-    .. (until_mark and ("for _ in range(150):\n  if 'start " .. until_mark
+    .. (until_mark and ("end = time.monotonic() + 3\nwhile time.monotonic() < end:\n  if 'start " .. until_mark
       .. "\\n' in open('/home/user/ledger').read(): break\n  time.sleep(0.02)\n") or "")
     .. "open('/home/user/ledger', 'a').write('end " .. mark .. "\\n')\n", mark
 end
