@@ -324,7 +324,9 @@ end
 --   sandbox_id, execution_count, turn (the session's successful runs, see s:checkpoint),
 --   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
 --   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
---   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`
+--   decoded as U+FFFD), lock_error = { msg, code } | nil, lock_lost = true | nil (the lock was lost
+--   while the cell ran), sandbox_lost = id | nil (the conversation's sandbox was gone: this run
+--   started over), unlock_error = { msg, code } | nil }`
 -- @return[2] nil
 -- @treturn[2] string message
 -- @treturn[2] string code: "BUSY", "LOCK", "POLICY", "BAD_REQUEST", "TIMEOUT", "SANDBOX_GONE",
