@@ -394,10 +394,12 @@ local function extend_alongside(s, ctl, info, lease_end, failed)
       code = not sb and ccode or nil, alongside = true })
     if sb then return sb, t0, res == true end
     failed.err = { tostring(res), ccode }
-    if ctl.main_done() then return nil end
+    -- Gone: no cell runs in it (nothing to interrupt); the execute's own answer says what happened.
+    if ctl.main_done() or is_gone(ccode) then return nil end
     tries = tries + 1
     local pause = retry.lease(ccode, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
     if not pause then
+      failed.interrupted = true
       ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
       return nil
     end
@@ -438,13 +440,14 @@ local function alongside(s, info, st, code, opts, files, run_timeout, lk)
   if type(sb) == "table" then
     if sb.sandbox_id == nil then sb.sandbox_id = id end
     resolve.remember(s, st, sb, t0 + info.lease, resumed and t0 or nil)
-  elseif not r and not reach and lease_err then
+  elseif lease_err and is_gone(lease_err[2]) then
+    forget(st)
+  elseif not r and not reach and lease_err and failed.interrupted then
     -- Interrupted (or failed while the lease could not be secured): the cell
     -- may have started, so it is reported, never sent again.
     detail = type(detail) == "table" and detail or {}
     detail.lease_error = lease_err
     detail.interrupted = true
-    if is_gone(lease_err[2]) then forget(st) end
     return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
       lease_err[1]), lease_err[2] or ecode, detail, false
   end
