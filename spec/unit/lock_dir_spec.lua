@@ -124,8 +124,8 @@ describe("warmbox.server's state directory", function()
   local function local_server(dir, prefix)
     local build = core.module_path():match("^(.*)/warmbox/[^/]*$")
     local code = "local st, err = require('warmbox.server').local_server() print(st and st.url or err)"
-    local p = io.popen(string.format((prefix or "") .. "env XDG_RUNTIME_DIR='%s' LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' "
-      .. "lua5.4 -e \"%s\" 2>&1", dir, build, code))
+    local p = io.popen(string.format((prefix or "") .. "env XDG_RUNTIME_DIR='%s' "
+      .. "LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' lua5.4 -e \"%s\" 2>&1", dir, build, code))
     local out = p:read("a")
     p:close()
     return out
