@@ -178,6 +178,16 @@ local function connect_backend(self, o)
       copts.transport = function(http) return require("warmbox.server").follow(srv, engine_transport(http)) end
     end
     self.client = e2b.new(copts)
+    self.client.rate_limit_hint = function(cap)
+      local n = cap and tostring(cap) or "N"
+      if srv.shared then
+        return string_format("the local server runs at most %s sandboxes at once; its setting: `warmbox server start "
+          .. "--max-running N` (changes a running server), or WARMBOX_SERVER_MAX_RUNNING=N when it starts; 0: no "
+          .. "limit", n)
+      end
+      return string_format("this private local server runs at most %s sandboxes at once; its setting: "
+        .. "warmboxd_args = { \"--max-running\", \"N\" } (0: no limit)", n)
+    end
     -- The shared server's sandboxes outlive it (its data directory): the
     -- origin names the directory and key, not the address of one start.
     self.origin = core.sha256((srv.shared and "shared\0" .. tostring(srv.dir) or srv.url) .. "\0"

@@ -425,16 +425,48 @@ function _M.local_server()
   return st
 end
 
--- The shared server ends once no sandbox has been running for this long
--- (warmboxd --idle-exit): opts.idle_exit, else $WARMBOX_SERVER_IDLE_EXIT, else
--- an hour; 0 (or false): never. Paused sandboxes are kept for the next one.
-_M.IDLE_EXIT = 3600
-local function idle_exit_args(opts)
-  local v = opts.idle_exit
-  if v == nil then v = tonumber(os_getenv("WARMBOX_SERVER_IDLE_EXIT") or "") or _M.IDLE_EXIT end
-  v = math.tointeger(v) or (v and math.ceil(v))
-  if not v or v <= 0 then return {} end
-  return { "--idle-exit", tostring(v) }
+--- The shared server's settings, each a `warmbox server start` flag, an
+-- environment variable read when the server starts, and a default
+-- (docs/warmboxd.md has the table): `idle_exit` (warmboxd --idle-exit: it ends
+-- once no sandbox has been running for this long; paused sandboxes are kept
+-- for the next one; 0: never) and `max_running` (warmboxd --max-running:
+-- sandboxes running at once; 0: no limit). A developer's machine is not E2B's
+-- Hobby tier: the default lets a developer open many conversations.
+_M.SETTINGS = {
+  { name = "idle_exit", flag = "--idle-exit", env = "WARMBOX_SERVER_IDLE_EXIT", default = 3600,
+    what = "seconds with no running sandbox before the server ends (paused sandboxes are kept); 0: never" },
+  { name = "max_running", flag = "--max-running", env = "WARMBOX_SERVER_MAX_RUNNING", default = 100,
+    what = "sandboxes running at once (a create beyond: RATE_LIMITED, naming this setting); 0: no limit" },
+}
+_M.IDLE_EXIT, _M.MAX_RUNNING = 3600, 100
+
+-- The settings of a server to start: opts[name], else $ENV, else the default
+-- (integers >= 0; a fraction of a second is rounded up). → values, warmboxd
+-- arguments | nil, message
+local function settings_of(opts)
+  local values, args = {}, {}
+  for _, set in ipairs(_M.SETTINGS) do
+    local v, from = opts[set.name], set.name
+    if v == nil then
+      local e = os_getenv(set.env)
+      if e and e ~= "" then
+        v, from = tonumber(e), set.env
+        if v == nil then return nil, string_format("%s: a number >= 0 expected, got '%s'", set.env, e) end
+      end
+    end
+    if v == nil then v = set.default end
+    if v == false then v = 0 end
+    if type(v) ~= "number" or v ~= v or v < 0 or v > 2 ^ 30 then
+      return nil, string_format("%s: a number in [0, 2^30] expected, got %s", from, tostring(v))
+    end
+    v = math.tointeger(math.ceil(v))
+    values[set.name] = v
+    if set.name ~= "idle_exit" or v > 0 then
+      args[#args + 1] = set.flag
+      args[#args + 1] = tostring(v)
+    end
+  end
+  return values, args
 end
 
 -- Removes what a shared server in `dir` left but its data directory (the
@@ -459,15 +491,17 @@ local function start_locked(opts, sdir)
   local dir = sdir .. "/warmboxd"
   -- The data directory (paused sandboxes) and the key their team is known by
   -- are kept for the next server; the rest of a dead server's files go.
+  local values, args = settings_of(opts)
+  if not values then return nil, args, "BAD_REQUEST" end
   local key = reusable_key(dir)
   prune_shared_dir(dir)
-  local args = idle_exit_args(opts)
   for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
   local srv, err, code = _M.start{ bin = opts.bin, args = args, start_timeout = opts.start_timeout,
     dir = dir, detach = true, api_key = key }
   if not srv then return nil, err, code end
   st = { url = srv.url, pid = srv.pid, api_key = srv.api_key, admin_token = srv.admin_token, dir = dir,
-    bin = srv.bin, log = srv.log_path, started_at = os_time(), idle_exit = tonumber(args[2]) }
+    bin = srv.bin, log = srv.log_path, started_at = os_time(),
+    idle_exit = values.idle_exit > 0 and values.idle_exit or nil, max_running = values.max_running }
   local ok, werr = write_private(sdir .. "/server.json", require("warmbox.json").encode(st))
   if not ok then
     srv:stop()
@@ -477,18 +511,44 @@ local function start_locked(opts, sdir)
   return st, false
 end
 
+-- The running server `st`, with `opts.max_running` (when given) set at run
+-- time (warmboxd's admin config) and recorded in its state file.
+-- → st, true | nil, message, code
+local function running_with(st, opts)
+  local want = opts.max_running
+  if want == nil or want == st.max_running then return st, true end
+  if math.type(want) ~= "integer" or want < 0 then
+    return nil, "max_running: an integer >= 0 expected, got " .. tostring(want), "BAD_REQUEST"
+  end
+  local h = require("warmbox.core").http{ timeout = 10 }
+  local res, err = h:request{ method = "POST", url = st.url .. "/_warmboxd/config",
+    headers = { ["X-Warmboxd-Token"] = st.admin_token, ["Content-Type"] = "application/json" },
+    body = '{"max_running":' .. want .. "}" }
+  h:close()
+  if not res or res.status ~= 204 then
+    return nil, "cannot change the local server's max_running: " .. tostring(res and res.status or err), "TRANSPORT"
+  end
+  st.max_running = want
+  local ok, werr = write_private(_M.state_dir() .. "/server.json", require("warmbox.json").encode(st))
+  if not ok then return nil, werr, "TRANSPORT" end
+  return st, true
+end
+
 --- Start the per-user server in the background (it outlives this process), or
 -- find the running one. Race-free: starters take a flock on `<state dir>/start.lock`,
 -- so of many processes starting at once (a host's workers) one starts it and
 -- the others use that one.
--- @tparam[opt] table opts `bin`, `args`, `start_timeout`, `idle_exit` (seconds with no
---   running sandbox before it shuts down; default `$WARMBOX_SERVER_IDLE_EXIT`, else 3600; 0: never)
+-- @tparam[opt] table opts `bin`, `args`, `start_timeout`, and the settings of
+--   `_M.SETTINGS`: `idle_exit` (seconds with no running sandbox before it shuts down;
+--   default `$WARMBOX_SERVER_IDLE_EXIT`, else 3600; 0: never), `max_running` (default
+--   `$WARMBOX_SERVER_MAX_RUNNING`, else 100; 0: no limit; given for a running server, it is
+--   changed at once)
 -- @treturn[1] table its state (as `local_server`), and true when it was already running
 -- @return[2] nil, message, code
 function _M.start_local(opts)
   opts = opts or {}
   local st = _M.local_server()
-  if st then return st, true end
+  if st then return running_with(st, opts) end
   local sdir, serr = _M.state_dir()
   if not sdir then return nil, serr, "TRANSPORT" end
   if os_execute("mkdir -p -m 0700 " .. sh_quote(sdir)) ~= true then
@@ -507,6 +567,7 @@ function _M.start_local(opts)
   fl:unlock()
   fl:close()
   if not ok then error(a, 0) end
+  if a and b then return running_with(a, opts) end
   return a, b, c
 end
 

@@ -247,6 +247,12 @@ function Client:create(opts)
   -- honouring Retry-After within the retry budget.
   local res, m2, c2, d2 = api(self, "POST", "/sandboxes", body, "create sandbox", false, self.retry_create)
   if not res then return nil, m2, c2, d2 end
+  if res.status == 429 and type(self.rate_limit_hint) == "function" then
+    -- A local server's cap is a setting of its own, not E2B's billing tier.
+    local n, _, c4, d4 = http_failure(res, "create sandbox")
+    local cap = tostring(d4 and d4.message or ""):match("%((%d+)%)")
+    return n, "create sandbox: http 429: " .. self.rate_limit_hint(tonumber(cap)), c4, d4
+  end
   if res.status ~= 201 and res.status ~= 200 then
     return http_failure(res, "create sandbox")
   end
