@@ -145,9 +145,8 @@ local function cover(s, st, info, run_timeout)
   local t0 = s.clock()
   local want = decide.extension(t0, st.lease_end, run_timeout)
   if not want then return true end
-  local t_lease = mono_now()
   local ok, err, code, detail = s.client:set_timeout(info.sandbox_id, want)
-  metrics.add(s._tm, "lease", t_lease)
+  metrics.phase(s._tm, "lease")
   s:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
   if not ok then return nil, err, code, detail end
   st.lease_end = math_max(st.lease_end, decide.lease_end(t0 + want, st.run_started, s.max_run_length))
@@ -159,6 +158,7 @@ end
 -- connect); only one that is gone is forgotten. → true | nil, msg, code, detail, reach
 local function ready(s, sbx, info, st, files, python, run_timeout, on_line)
   local ok, err, code, detail = prepare(sbx, info, st, files, python, run_timeout, on_line)
+  metrics.phase(s._tm, "prepare")
   if ok then ok, err, code, detail = cover(s, st, info, run_timeout) end
   if ok then return true end
   return nil, err, code, detail, reach_of(s, "prepare", code, detail, sbx, info.sandbox_id)
@@ -299,9 +299,8 @@ end
 
 -- The run's output files (see output_files), timed, and the "outputs" event.
 local function collect(s, sbx, st, id, report, python, cap)
-  local t_out = mono_now()
   local out_files, files_error = output_files(sbx, st, id, report, python, cap)
-  metrics.add(s._tm, "outputs", t_out)
+  metrics.phase(s._tm, "outputs")
   s:_event("outputs", { sandbox_id = id, files = #out_files, code = files_error and files_error[2] or nil })
   return out_files, files_error
 end
@@ -329,7 +328,6 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
   local cell_id
   local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
   code, cell_id = marked_cell(code, language, st.hooked == info.sandbox_id, fence)
-  local t_exec = mono_now()
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = s.max_output,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
@@ -342,7 +340,7 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
     -- Every stream event (keepalives included) keeps the session's lock alive.
     on_line = keepalive and on_line or nil,
   })
-  metrics.add(s._tm, "execute", t_exec)
+  metrics.phase(s._tm, "execute")
   if not out then
     if detail and lock_error then detail.lock_error = lock_error end
     return nil, err, ecode, detail, reach_of(s, "cell", ecode, detail, sbx, info.sandbox_id, cell_id)
@@ -491,10 +489,9 @@ function _M.run_locked(s, lk, code, opts, files)
   local tries, hooks_resent = 0, false
   while true do
     tries = tries + 1
-    local t_resolve = mono_now()
     local info, err, ecode, detail = resolve.acquire(s, st, run_timeout)
-    metrics.add(s._tm, "resolve", t_resolve)
     lk:set_state(state_codec.encode(st))
+    metrics.phase(s._tm, "resolve")
     if not info then return nil, err, ecode, detail end
     started(s, info)
     local r, reach
@@ -503,6 +500,7 @@ function _M.run_locked(s, lk, code, opts, files)
     else
       r, err, ecode, detail, reach = attempt(s, info, st, code, opts, files, run_timeout, lk)
     end
+    metrics.phase(s._tm, "execute") -- (the attempt's end: its fencing, the lease's bookkeeping)
     if r then
       succeeded(s, st, r)
       lk:set_state(state_codec.encode(st))
@@ -524,6 +522,7 @@ function _M.run_locked(s, lk, code, opts, files)
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
     if wait then require("warmbox.lock").wait(wait) end
+    metrics.phase(s._tm, "retry")
   end
 end
 

@@ -345,7 +345,8 @@ function Session:run(code, opts)
   if self._pending_cp then checkpoints().settle(self) end
   local tm = metrics.timer()
   local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
-    tm.lock_wait, tm.locked = mono_now() - tm.t0, true
+    metrics.phase(tm, "lock_wait")
+    tm.locked = true
     self:_event("lock_wait", { waited = tm.lock_wait })
     if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
       lk:expire(math.ceil(run_timeout) + 120)
