@@ -14,7 +14,6 @@ local metrics = require "warmbox.metrics"
 local decide = require "warmbox.session.decide"
 local retry = require "warmbox.session.retry"
 local resolve = require "warmbox.session.resolve"
-local mono_now = require("warmbox.core").now
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
 local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max

@@ -29,7 +29,6 @@ local decide = require "warmbox.session.decide"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local prewarm = require "warmbox.session.prewarm"
-local mono_now = require("warmbox.core").now
 
 local type, pairs, ipairs, tostring, error, setmetatable =
   type, pairs, ipairs, tostring, error, setmetatable
