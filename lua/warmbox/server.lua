@@ -299,9 +299,8 @@ local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
 -- without HOME: a cron job, a service), or nil.
 local function passwd_home()
   local ok, core = pcall(require, "warmbox.core")
-  local uid = ok and type(core) == "table" and core.geteuid and core.geteuid()
-  if not uid then return nil end
-  local p = io_popen("getent passwd " .. tostring(math.tointeger(uid)) .. " 2>/dev/null")
+  local uid = ok and type(core) == "table" and core.geteuid and math.tointeger(core.geteuid())
+  local p = uid and io_popen("getent passwd " .. uid .. " 2>/dev/null")
   local line = p and p:read("l")
   if p then p:close() end
   local home = line and line:match("^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:(/[^:]*):")
@@ -425,13 +424,9 @@ function _M.local_server()
   return st
 end
 
---- The shared server's settings, each a `warmbox server start` flag, an
--- environment variable read when the server starts, and a default
--- (docs/warmboxd.md has the table): `idle_exit` (warmboxd --idle-exit: it ends
--- once no sandbox has been running for this long; paused sandboxes are kept
--- for the next one; 0: never) and `max_running` (warmboxd --max-running:
--- sandboxes running at once; 0: no limit). A developer's machine is not E2B's
--- Hobby tier: the default lets a developer open many conversations.
+--- The shared server's settings: a `warmbox server start` flag, an environment
+-- variable read when the server starts, a default (docs/warmboxd.md's table).
+-- A developer's machine is not E2B's Hobby tier: many conversations at once.
 _M.SETTINGS = {
   { name = "idle_exit", flag = "--idle-exit", env = "WARMBOX_SERVER_IDLE_EXIT", default = 3600,
     what = "seconds with no running sandbox before the server ends (paused sandboxes are kept); 0: never" },
@@ -646,8 +641,7 @@ local function relocate(srv, tried_url)
   return true
 end
 
--- Whether a failure proves the request never left (connection refused).
-local function never_left(code, sent) return code == "TRANSPORT" and sent == false end
+local function never_left(code, sent) return code == "TRANSPORT" and sent == false end -- (connection refused)
 
 local Follow = {}
 Follow.__index = Follow
