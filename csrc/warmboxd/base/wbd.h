@@ -100,6 +100,7 @@ struct wbd_sandbox {
   int refcount;             /* under the store lock; record freed at 0 after kill */
   /* data plane bookkeeping (under the store lock) */
   int runs_in_flight;       /* /execute and Process.Start streams now running */
+  int64_t last_start_mono_us;  /* CLOCK_MONOTONIC of its last Process.Start (a pause lets it settle) */
   int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart) */
   struct wbd_rt *rt;
 };

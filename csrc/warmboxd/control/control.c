@@ -256,6 +256,25 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
 
 #define BUSY_PAUSING 2
 
+/* A command started this recently when a pause comes gets the rest of this
+ * time to get going before its processes are frozen: `bash -l -c "sleep 2 &&
+ * ..."` frozen while still reading its profile would start its sleep only at
+ * the thaw. E2B's pause takes longer than this, so a command started just
+ * before one is under way when it is snapshotted; warmboxd's own pause takes
+ * milliseconds. */
+#define PAUSE_SETTLE_MS 500
+
+static void settle_started(const struct wbd_sandbox *sb) {
+  wbd_store_lock();
+  int64_t started = sb->last_start_mono_us;
+  wbd_store_unlock();
+  if (started == 0) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t age_ms = ((int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 - started) / 1000;
+  if (age_ms >= 0 && age_ms < PAUSE_SETTLE_MS) wbd_sleep_ms((int)(PAUSE_SETTLE_MS - age_ms));
+}
+
 int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
   /* E2B answers 204 to a pause that joins one already in flight */
@@ -276,6 +295,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
   wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
+  if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */
   int rc = wbd_rt_on_pause(sb, memory);
   /* A copy that cannot be written (disk full) leaves the sandbox paused here;
    * only a restart would lose it. */
