@@ -203,6 +203,11 @@ end
 local function run_result(out, info, results, out_files, files_error, cap, lock_error)
   local e = out.error
   if e == json.null then e = nil end
+  if type(e) == "table" and type(e.traceback) == "string" and e.traceback:find("\27", 1, true) then
+    -- IPython colours its tracebacks: the traceback is plain text, the coloured one kept beside it
+    e = util.copy(e)
+    e.traceback_ansi, e.traceback = e.traceback, util.strip_ansi(e.traceback)
+  end
   return {
     stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
     error = e, results = results, files = out_files, files_error = files_error,
@@ -501,12 +506,16 @@ function _M.run_locked(s, lk, code, opts, files)
     end
     metrics.phase(s._tm, "execute") -- (the attempt's end: its fencing, the lease's bookkeeping)
     if r then
+      -- The kernel had lost the hooks it was given (it started afresh: a
+      -- server restart, a crash): what it held before this run is gone.
+      if hooks_resent then r.memory_lost = true end
       succeeded(s, st, r)
       lk:set_state(state_codec.encode(st))
       return r
     end
     local verdict, hooks = retry.again(reach, ecode, tries, hooks_resent)
     hooks_resent = hooks_resent or hooks
+    if hooks then s:_event("memory_lost", { sandbox_id = info.sandbox_id, kernel = true }) end
     -- Sent once more, to the same sandbox while it exists (its kernel and
     -- files are the conversation's), else to one resolved again.
     if verdict then s:_event("retry", { sandbox_id = info.sandbox_id, code = ecode }) end
