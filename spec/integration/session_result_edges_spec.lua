@@ -40,4 +40,17 @@ describe("a run's result", function()
     assert.is_true(seen)
     assert.is_nil(assert(s:run("1")).memory_lost)
   end)
+
+  it("gives a failed run's output so far in detail.partial, shaped as a result's fields", function()
+    local s = wb:session("edges:partial")
+    assert(s:run("0")) -- a warm kernel: the timeout is the cell's
+    local r, _, code, detail = s:run(
+      "print('before', flush=True)\nimport time\ntime.sleep(30)", { timeout = 3 })
+    assert.is_nil(r)
+    assert.equal("TIMEOUT", code)
+    assert.is_table(detail.partial)
+    assert.equal("before\n", detail.partial.stdout)
+    assert.equal("string", type(detail.partial.stderr))
+    assert.is_table(detail.partial.results)
+  end)
 end)

@@ -199,6 +199,30 @@ local function main_text(results)
   return nil
 end
 
+-- A failed run's output so far (`detail.partial`) shaped as a result's
+-- fields: stdout and stderr strings, the results (warmbox's own report left
+-- out), the error (its traceback plain), the main result's text.
+local function partial_result(exec)
+  local results = {}
+  for _, res in ipairs(type(exec.results) == "table" and exec.results or {}) do
+    if not outputs_of(res) then results[#results + 1] = res end
+  end
+  local e = exec.error
+  if e == json.null then e = nil end
+  if type(e) == "table" and type(e.traceback) == "string" then
+    e = util.copy(e)
+    e.traceback_ansi, e.traceback = e.traceback, util.strip_ansi(e.traceback)
+  end
+  return { stdout = concat_chunks(exec.stdout), stderr = concat_chunks(exec.stderr), results = results, error = e,
+    text = main_text(results), execution_count = exec.execution_count, truncated = exec.truncated or false }
+end
+
+-- A failure's detail with its `partial` shaped as a result's fields.
+local function with_partial(detail)
+  if type(detail) == "table" and type(detail.partial) == "table" then detail.partial = partial_result(detail.partial) end
+  return detail
+end
+
 -- The result of a run that ran (see `attempt`).
 local function run_result(out, info, results, out_files, files_error, cap, lock_error)
   local e = out.error
@@ -327,7 +351,7 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
   do
     local ok, perr, pcode, pdetail, preach = ready(s, sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
-    if not ok then return nil, perr, pcode, pdetail, preach end
+    if not ok then return nil, perr, pcode, with_partial(pdetail), preach end
   end
   local cell_id
   local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
@@ -347,6 +371,7 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
   metrics.phase(s._tm, "execute")
   if not out then
     if detail and lock_error then detail.lock_error = lock_error end
+    detail = with_partial(detail)
     return nil, err, ecode, detail, reach_of(s, "cell", ecode, detail, sbx, info.sandbox_id, cell_id)
   end
   if cell_id then
