@@ -219,7 +219,9 @@ end
 
 -- A failure's detail with its `partial` shaped as a result's fields.
 local function with_partial(detail)
-  if type(detail) == "table" and type(detail.partial) == "table" then detail.partial = partial_result(detail.partial) end
+  if type(detail) == "table" and type(detail.partial) == "table" then
+    detail.partial = partial_result(detail.partial)
+  end
   return detail
 end
 
