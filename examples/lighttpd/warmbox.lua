@@ -37,7 +37,7 @@ end
 local function reply(status, text)
   lighty.r.resp_header["Content-Type"] = "text/plain; charset=utf-8"
   lighty.r.resp_header["X-Worker"] = worker_pid()
-  lighty.r.resp_body.set({ text, "\n" })
+  lighty.r.resp_body.set({ text, text:sub(-1) == "\n" and "" or "\n" })
   return status
 end
 
