@@ -16,6 +16,11 @@ if not os.getenv("WARMBOX_BENCH_RUNDIR") then
   p:close()
   local ok = os.execute(string.format("WARMBOX_BENCH_RUNDIR=%s XDG_RUNTIME_DIR=%s lua5.4 %s %s", dir, dir, arg[0],
     arg[1] or ""))
+  -- its shared server ends with it, whatever happened (ours: the state file's pid)
+  local here = arg[0]:match("^(.*)/[^/]*$") or "."
+  os.execute(string.format("XDG_RUNTIME_DIR=%s LUA_PATH='%s/../lua/?.lua;%s/../lua/?/init.lua;;' "
+    .. "LUA_CPATH='%s/../build/?.so;%s/../build/?/?.so;;' lua5.4 -e 'require(\"warmbox.server\").stop_local()'",
+    dir, here, here, here, here))
   os.execute("rm -rf " .. dir)
   os.exit(ok and 0 or 1)
 end
