@@ -55,8 +55,8 @@ describe("warmbox.session", function()
       e.client:add("sb1", s.tag_value, "running")
       local r = assert(s:run("x = 1"))
       assert.same({ "sb1" }, e.client:ids("connect"))
-      -- the policy says max(exec_timeout, idle_timeout) = 600, but the run may take its
-      -- whole 600 s timeout: the lease is that + LEASE_MARGIN (5) = 605
+      -- the policy says the idle window, 300, but a session without a watchdog (no
+      -- `parallel`) covers the run's whole 600 s timeout: that + LEASE_MARGIN (5) = 605
       assert.equal(605, e.client.calls[2][3])
       assert.same({ "sb1" }, e.client:ids("set_timeout"))
       assert.equal(0, e.client:count("create"))
@@ -692,7 +692,7 @@ describe("warmbox.session", function()
       assert.same({ "connect", "pause", "connect", "run_code" }, names)
       local st = s:state()
       assert.equal(e.t.now, st.run_started) -- a new run: the cap moved to now + 3600
-      assert.equal(e.t.now + 600, st.lease_end)
+      assert.equal(e.t.now + 300, st.lease_end)    -- the idle window (the run's 60 s + margin is shorter)
       -- right after, nothing more is needed
       e.client.calls = {}
       assert(s:run("3", { timeout = 60 }))

@@ -271,6 +271,8 @@ function Session:_ctx(st, run_timeout)
     env = self.env, actor = self.actor, now = self.clock(),
     exec_timeout = self.exec_timeout, idle_timeout = self.idle_timeout,
     run_timeout = run_timeout or self.exec_timeout, margin = _M.LEASE_MARGIN,
+    -- a watchdog keeps the lease while a run goes on (see warmbox.session.execute)
+    watched = self.parallel ~= nil,
     lease_end = st and st.lease_end, sandbox_id = st and st.sandbox_id,
   }
 end

@@ -6,6 +6,7 @@
 local state_codec = require "warmbox.state"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
+local decide = require "warmbox.session.decide"
 
 local xpcall, traceback, tostring, setmetatable, error = xpcall, debug.traceback, tostring, setmetatable, error
 local string_format = string.format
@@ -87,6 +88,13 @@ function _M.await(s)
   end
 end
 
+-- The lease a run of `s` would ask for (the policy's `lease`; the idle
+-- window when the hook fails: the run reports that).
+local function prewarm_lease(s, st, within)
+  local lease = resolve.lease(s, s:_ctx(st, within))
+  return decide.lease(lease or s.idle_timeout, within, s.parallel ~= nil)
+end
+
 -- What the prewarm found or did, for its result and event.
 local function action_of(info)
   if info.how == "create" then return "created" end
@@ -95,14 +103,15 @@ local function action_of(info)
   return "extended"
 end
 
--- Under the lock: nothing when the remembered lease covers `within`; else
--- the run's own resolve (`acquire`, eager: connect now), then the output
--- hook in a kernel that may be new (which starts it).
+-- Under the lock: nothing when the remembered lease has the margin a run
+-- coming within `within` needs (decide.prewarm_warm); else the run's own
+-- resolve (`acquire`, eager: connect now), then the output hook in a kernel
+-- that may be new (which starts it), under the run's watchdog.
 local function prewarm_locked(s, lk, within)
   local st = state_codec.decode(lk:get_state())
   if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then resolve.forget(st) end
   local now = s.clock()
-  if st.sandbox_id and st.lease_end and st.lease_end >= now + within
+  if st.sandbox_id and decide.prewarm_warm(now, st.lease_end, within, prewarm_lease(s, st, within))
     and not (s.require_memory and st.memory_lost == st.sandbox_id) then
     return { action = "warm", sandbox_id = st.sandbox_id }
   end
@@ -111,7 +120,9 @@ local function prewarm_locked(s, lk, within)
   if not info then return nil, err, ecode, detail end
   local id = info.sandbox_id
   if st.hooked ~= id or st.memory_lost == id then
-    local ok, herr, hcode, hdetail = execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
+    local ok, herr, hcode, hdetail = execute.watched(s, info, st, function()
+      return execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
+    end)
     lk:set_state(state_codec.encode(st))
     if not ok then return nil, herr, hcode, hdetail end
   end
