@@ -41,6 +41,8 @@ _M.MIN_LEASE = 5
 --- How long (seconds, at most) before its lease ends a running cell's
 -- watchdog extends it (half the lease when that is shorter).
 _M.WATCH_MARGIN = 10
+--- The longest the watchdog sleeps (seconds) before it reads the session's clock again.
+_M.WATCH_POLL = 0.5
 
 --- The lease a run asks for, from the `lease` hook's value, ceiled. Watched
 -- (`watched`: a watchdog extends the lease while the run goes on, see

@@ -17,7 +17,8 @@ local resolve = require "warmbox.session.resolve"
 local mono_now = require("warmbox.core").now
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
-local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max
+local string_format, table_concat, math_floor, math_max, math_min = string.format, table.concat, math.floor,
+  math.max, math.min
 
 local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
 local outputs_of = outputs.outputs_of
@@ -414,8 +415,13 @@ local function watchdog(s, ctl, info, st, w, lease_end)
   while true do
     if not now_first then
       if not lease_end then return end
+      -- (in steps of at most WATCH_POLL: a session clock moved meanwhile is seen)
       local wait = decide.watch_at(lease_end, info.lease) - s.clock()
-      if wait > 0 then ctl.wait(wait) end
+      while wait > 0 do
+        ctl.wait(math_min(wait, decide.WATCH_POLL))
+        if ctl.main_done() then return end
+        wait = decide.watch_at(lease_end, info.lease) - s.clock()
+      end
       if ctl.main_done() then return end
     end
     now_first = false
@@ -491,6 +497,21 @@ local function succeeded(s, st, r)
   if st.creating then resolve.collect_orphans(s, st) end
 end
 
+-- A policy that pauses the sandbox after every run (`pause_after_run`, the
+-- pause-after-every-turn flow): the pause (memory kept), and the lease
+-- remembered as over, so the next run resumes it with a connect. A failed
+-- pause is in the result (`pause_error`); the lease then ends it.
+local function pause_after(s, st, r)
+  local ok, perr, pcode = s.client:pause(r.sandbox_id)
+  s:_event("pause_after_run", { sandbox_id = r.sandbox_id, ok = ok ~= nil, code = ok == nil and pcode or nil })
+  if ok == nil and pcode ~= "NOT_FOUND" then
+    r.pause_error = { tostring(perr), pcode }
+    return
+  end
+  local now = s.clock()
+  st.lease_end = math_min(st.lease_end or now, now - decide.PAUSE_GRACE)
+end
+
 --- Runs `code` holding the session's lock `lk` (`files`: normalized). At
 -- most once: the run is sent again only when warmbox.session.retry says the
 -- cell provably never reached a kernel. → r | nil, msg, code, detail
@@ -514,6 +535,7 @@ function _M.run_locked(s, lk, code, opts, files)
     end)
     if r then
       succeeded(s, st, r)
+      if s.policy.pause_after_run then pause_after(s, st, r) end
       lk:set_state(state_codec.encode(st))
       return r
     end

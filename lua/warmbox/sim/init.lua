@@ -56,9 +56,13 @@ _M.plot, _M.chart = report_mod.plot, report_mod.chart
 local CREATED_KEY = "warmboxCreatedAt"
 
 --- The built-in policies `compare` runs side by side (`warmbox simulate --policies`).
--- * `reference`: E2B's documented flow: a 5 minute lease paused on timeout,
---   resumed on traffic; GC kills a sandbox `max_age` (24 h) after it was
---   created, whatever its activity.
+-- * `reference`: E2B's documented flow (the seed's): a 5 minute lease
+--   refreshed on every run, paused on timeout, resumed on traffic; GC kills a
+--   sandbox `max_age` (24 h) after it was created, whatever its activity.
+-- * `pause-per-turn`: the sandbox paused at the end of every turn (as
+--   AutoGPT's copilot does to stop idle billing) and resumed by a connect at
+--   the next: the cost floor of keeping a conversation's sandbox, a resume
+--   on every turn.
 -- * `no-reuse`: a fresh sandbox per call, killed after it (as before the
 --   reference change); nothing survives a turn.
 -- * `keep-alive`: one sandbox per conversation kept running
@@ -70,6 +74,7 @@ _M.POLICIES = {
   reference = { policy = {
     name = "reference",
     lease = function() return 300 end,
+    should_refresh = function() return true end,
     create_params = function(ctx)
       return { template = ctx.template, timeout = ctx.lease, env_vars = ctx.env,
         metadata = { [ctx.tag] = ctx.tag_value, [CREATED_KEY] = string_format("%d", math_floor(ctx.now)) },
@@ -96,9 +101,10 @@ _M.POLICIES = {
         metadata = { [ctx.tag] = ctx.tag_value }, lifecycle = { on_timeout = "kill" } }
     end,
   } },
+  ["pause-per-turn"] = { policy = { name = "pause-per-turn", pause_after_run = true } },
   default = { policy = { name = "default" } },
 }
-_M.POLICY_ORDER = { "reference", "no-reuse", "keep-alive", "default" }
+_M.POLICY_ORDER = { "reference", "pause-per-turn", "no-reuse", "keep-alive", "default" }
 
 -- ------------------------------------------------------------------
 -- run
