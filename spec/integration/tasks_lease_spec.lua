@@ -142,13 +142,21 @@ describe("the lease follows the idle window; the watchdog keeps a running cell's
 
   it("every extension failing: the run is interrupted before the lease ends, its result says why", function()
     local log = {}
-    -- Each failed connect moves both clocks by 1 s, so the retries reach the
-    -- lease's end on the clocks (their real time moves neither).
+    -- The cell's lines move both clocks up to the watchdog's first extension
+    -- (the lease end less its margin); from then on each failed connect moves
+    -- them by 1 s, so the retries reach the lease's end on the clocks (their
+    -- real time, the transport's own retries included, moves neither).
     local s = watched("watch:fail", log, { on_failed_connect = function() move(1) end })
     local first = assert(s:run("x = 1"))
+    local watch_at = decide.watch_at(s:state().lease_end, 10)
     env:fault("POST /sandboxes/{id}/connect", { status = 503, count = 100000 })
     local moved0 = moved
-    local r, msg, code, detail = s:run(ticking(400) .. "\n'late'", { on_stdout = ticker() })
+    local r, msg, code, detail = s:run(ticking(400) .. "\n'late'", { on_stdout = function(text)
+      for _ in text:gmatch("tick") do
+        if frozen_at + moved < watch_at then move(1) end
+      end
+    end })
+    env.srv:clear_faults()
     assert.is_nil(r)
     assert.matches("interrupted: its lease could not be extended", msg)
     assert.equal("HTTP", code)
@@ -159,7 +167,6 @@ describe("the lease follows the idle window; the watchdog keeps a running cell's
       .. (moved - moved0))
     assert.equal(0, (env:stats().counters or {}).pause_during_run or 0)
     -- Cleared: the next run works on the same sandbox (resumed if it paused since).
-    env.srv:clear_faults()
     local r2 = assert(s:run("x"))
     assert.equal(first.sandbox_id, r2.sandbox_id)
     assert.equal("1", r2.results[1].text)

@@ -152,6 +152,29 @@ describe("s:prewarm", function()
     assert.equal(r.sandbox_id, last_event(e, "prewarm").sandbox_id)
   end)
 
+  it("just in time: waits until JIT_LEAD before `within` ends; a run that comes first cancels it", function()
+    local e = setup()
+    local decide = require "warmbox.session.decide"
+    local s = e.new("pw:jit")
+    local p = s:prewarm{ within = decide.JIT_LEAD + 0.2, just_in_time = true }
+    assert.is_false(p:done())
+    assert.equal(0, #e.client.calls)        -- nothing yet: the run is not coming before 0.2 s
+    assert(e.runner:loop())
+    assert.equal("created", (assert(p:result())).action)
+    assert.equal(1, e.client:count("create"))
+    -- a run before the prewarm's time: it does the work itself, the prewarm is cancelled
+    local s2 = e.new("pw:jit-overtaken")
+    local p2 = s2:prewarm{ within = 600, just_in_time = true }
+    assert(s2:run("1"))
+    assert.is_true(p2:done())
+    assert.equal(1, s2:stats().prewarm_cancelled)
+    assert.equal(2, e.client:count("create"))
+    -- without `within` it starts at once, as ever
+    local s3 = e.new("pw:jit-now")
+    local p3 = s3:prewarm{ just_in_time = true }
+    assert.equal("created", (assert(p3:result())).action)
+  end)
+
   it("a failure is silent: no raise, an event, a count; the run does the work", function()
     local e = setup()
     local s = e.new("pw:fail")

@@ -41,6 +41,9 @@ _M.MIN_LEASE = 5
 --- How long (seconds, at most) before its lease ends a running cell's
 -- watchdog extends it (half the lease when that is shorter).
 _M.WATCH_MARGIN = 10
+--- Seconds before the run a just-in-time prewarm starts its work (a resume
+-- takes about a second on E2B; the rest is margin).
+_M.JIT_LEAD = 2
 --- The longest the watchdog sleeps (seconds) before it reads the session's clock again.
 _M.WATCH_POLL = 0.5
 

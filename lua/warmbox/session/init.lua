@@ -367,7 +367,7 @@ end
 -- Prewarm: get the sandbox ready before the run comes
 -- ------------------------------------------------------------------
 
-local PREWARM_OPTS = { within = "number" }
+local PREWARM_OPTS = { within = "number", just_in_time = "boolean" }
 
 --- Get the session's sandbox ready for a run that is coming, in the
 -- background: returns at once with the task doing it.
@@ -383,7 +383,12 @@ local PREWARM_OPTS = { within = "number" }
 -- work as it would have. Inside a task the work starts at the next round;
 -- outside tasks it is started on the engine now and goes on at the next call
 -- into warmbox (a run of the session finishes it first).
--- @tparam[opt] table opts `within` (seconds until the run may come, default `exec_timeout`)
+-- With `just_in_time` and `within`, the work waits until `decide.JIT_LEAD`
+-- (2 s) before `within` ends, so the sandbox does not run through the time
+-- the run is not coming yet (the model's thinking); a run that comes first
+-- cancels it (`s:stats().prewarm_cancelled`) and does the work itself.
+-- @tparam[opt] table opts `within` (seconds until the run may come, default `exec_timeout`),
+--   `just_in_time` (false)
 -- @treturn warmbox.Task its result: `{ action = "warm"|"busy"|"resumed"|"extended"|"created",
 --   sandbox_id, resumed, reused }` | nil, msg, code
 function Session:prewarm(opts)
@@ -394,13 +399,14 @@ function Session:prewarm(opts)
     bad_option(1, "prewarm", "within", "positive number of seconds up to max_run_length expected, got "
       .. tostring(within))
   end
-  return prewarm.start(self, within or self.exec_timeout)
+  return prewarm.start(self, within or self.exec_timeout, opts.just_in_time and within ~= nil)
 end
 
 --- The counters of `s:prewarm` and of runs (a copy; runs: see warmbox.metrics): `prewarms` (started), `prewarm_ready`
 -- (made ready: resumed, extended or created), `prewarm_warm` (nothing to do),
 -- `prewarm_busy` (skipped: the session was locked), `prewarm_failed`,
--- `prewarm_waits` (runs that waited for a prewarm in flight). Sessions of one
+-- `prewarm_waits` (runs that waited for a prewarm in flight), `prewarm_cancelled` (just-in-time
+-- prewarms a run overtook). Sessions of one
 -- `warmbox` object share them (`wb:stats()`).
 function Session:stats()
   return metrics.stats(self.counters, prewarm.PREWARM_COUNTERS)

@@ -21,7 +21,7 @@ _M.PREWARM_KICK = 0.25
 
 --- The counters a prewarm counts into (see `s:stats`).
 _M.PREWARM_COUNTERS = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
-  prewarm_waits = 0 }
+  prewarm_waits = 0, prewarm_cancelled = 0 }
 
 -- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }
 -- (an entry leaves when its task ends however it ends: returned, cancelled, runner closed).
@@ -71,6 +71,13 @@ function _M.await(s)
   if not e then return end
   if e.task:done() then
     inflight[key] = nil -- cancelled before it ever ran (its runner closed)
+    return
+  end
+  if e.sleeping then
+    -- A just-in-time prewarm that has not started: the run does the work itself.
+    inflight[key] = nil
+    e.task:cancel()
+    count(s, "prewarm_cancelled")
     return
   end
   local t, rn = e.task, e.runner
@@ -153,23 +160,32 @@ end
 
 --- Starts the prewarm of session `s` for a run within `within` seconds (see
 -- `s:prewarm`); a prewarm of the same session in flight is returned as it is.
+-- `jit`: it waits until decide.JIT_LEAD before `within` ends, so the sandbox
+-- does not run while the run is not coming yet (a run that comes first
+-- cancels it and does the work itself).
 -- @treturn warmbox.Task
-function _M.start(s, within)
+function _M.start(s, within, jit)
   local key = inflight_key(s)
   local e = inflight[key]
   if e and not e.task:done() then return e.task end
   local rn = _M.runner(s)
   local t
+  local entry = { runner = rn, sleeping = jit and within > decide.JIT_LEAD or nil }
   t = rn:spawn(function()
     local _ <close> = setmetatable({}, { __close = function()
       if inflight[key] and inflight[key].task == t then inflight[key] = nil end
       if rn.add_background then rn:add_background(-1) end
     end })
+    if entry.sleeping then
+      require("warmbox.task").current().sched:sleep(within - decide.JIT_LEAD)
+      entry.sleeping = nil
+    end
     return body(s, within)
   end)
   -- Blocking lock waits drive a runner with background work (each runner registers with lock.step_while_blocked).
   if rn.add_background then rn:add_background(1) end
-  inflight[key] = { task = t, runner = rn }
+  entry.task = t
+  inflight[key] = entry
   count(s, "prewarms")
   if not rn:current() and rn.kick then rn:kick(_M.PREWARM_KICK) end
   return t

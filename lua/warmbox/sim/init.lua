@@ -179,8 +179,9 @@ local function check_run_choices(o, fname, level)
   if o.policy ~= nil and type(o.policy) ~= "table" and type(o.policy) ~= "string" then
     bad(fname, "'policy' must be a table, a path or nil", level)
   end
-  for _, k in ipairs{ "exact", "prewarm" } do
-    if o[k] ~= nil and type(o[k]) ~= "boolean" then bad(fname, "'" .. k .. "' must be a boolean", level) end
+  if o.exact ~= nil and type(o.exact) ~= "boolean" then bad(fname, "'exact' must be a boolean", level) end
+  if o.prewarm ~= nil and type(o.prewarm) ~= "boolean" and o.prewarm ~= "jit" then
+    bad(fname, "'prewarm' must be a boolean or \"jit\"", level)
   end
 end
 
@@ -287,7 +288,7 @@ local function run(o)
   local log = o.details and {} or nil
   local tail = o.tail
   if tail == nil then
-    -- The default lease: max(exec_timeout, idle_timeout), at least the run's timeout + LEASE_MARGIN.
+    -- Long enough for any lease: the run's timeout + LEASE_MARGIN, or the idle window.
     tail = math_max(exec_timeout + session_mod.LEASE_MARGIN, idle_timeout) + max_age + (gc_every or 0)
   end
   local exact, xerr, xcode = run_path(o, policy)
@@ -296,7 +297,7 @@ local function run(o)
   local X = { convs = convs, policy = policy, per_call = per_call, model = model,
     report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
     idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
-    gc_every = gc_every, tail = tail, prewarm = o.prewarm and true or false, gc_full = o.gc_full == true, fail = fail,
+    gc_every = gc_every, tail = tail, prewarm = o.prewarm == "jit" and "jit" or (o.prewarm and true or false), gc_full = o.gc_full == true, fail = fail,
     note_error = note_error }
   local horizon, nlat
   if not exact then

@@ -258,5 +258,14 @@ local function run(sim, c, st, t, duration, timeout, language)
   end
 end
 
+-- A step `fn(t) -> t_after, b` on sandbox id at t under the watchdog (as
+-- execute's `watched` wraps a prewarm's hooks cell). → t_after, b
+local function watched(sim, st, id, t, fn)
+  local t_exec = t
+  watch_start(sim, st, id, t)
+  local t2, b = fn(t)
+  return watched_end(sim, st, t2, t_exec, b ~= nil), b
+end
+
 -- A table of the session's steps (as warmbox.sim.model's `ops`), for the fast path's files only.
-return { acquire = acquire, run = run }
+return { acquire = acquire, run = run, watched = watched }
