@@ -297,8 +297,8 @@ local function run(o)
   local X = { convs = convs, policy = policy, per_call = per_call, model = model,
     report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
     idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
-    gc_every = gc_every, tail = tail, prewarm = o.prewarm == "jit" and "jit" or (o.prewarm and true or false), gc_full = o.gc_full == true, fail = fail,
-    note_error = note_error }
+    gc_every = gc_every, tail = tail, prewarm = o.prewarm == "jit" and "jit" or (o.prewarm and true or false),
+    gc_full = o.gc_full == true, fail = fail, note_error = note_error }
   local horizon, nlat
   if not exact then
     horizon = fast_mod.simulate(X)
