@@ -185,15 +185,15 @@ describe("sessions under faults (warmboxd)", function()
     end
 
     it("keeps the remembered sandbox when its refresh (connect) fails transiently", function()
-      -- The session's clock moves 35 s on (os.time moved, not slept): less than half
-      -- the 60 s idle window is left, so the run refreshes, and more than 20 s, so the
-      -- extension goes alongside the execute.
+      -- The session's clock moves on (os.time moved, not slept) to 25 s before the lease
+      -- end: less than half the 60 s idle window is left, so the run refreshes, and more
+      -- than 20 s, so the extension goes alongside the execute.
       local moved = 0
       local w = env:warmbox{ exec_timeout = 60, idle_timeout = 60, request_timeout = 2,
         clock = function() return os.time() + moved end }
       local s, id = warm("faults:refresh", w)
       local lease_end = s:state().lease_end
-      moved = 35
+      moved = lease_end - 25 - os.time()    -- 25 s of the lease left on the session's clock
       srv:reset_stats()
       srv:fault{ route = "POST /sandboxes/{id}/connect", count = 9, status = 503 }
       -- The remembered lease has a safe margin, so the extension goes alongside

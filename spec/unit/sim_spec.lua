@@ -1123,7 +1123,7 @@ describe("warmbox.sim", function()
       status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "maybe" },
         { stdout = out, stderr = err })
       assert.equal(2, status)
-      assert.matches("--prewarm needs on, off or off,on", err:text(), 1, true)
+      assert.matches("--prewarm needs on, off, jit or a list", err:text(), 1, true)
       out, err = sink(), sink()
       status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "on", "--exact" },
         { stdout = out, stderr = err })
