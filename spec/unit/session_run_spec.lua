@@ -678,6 +678,28 @@ describe("warmbox.session", function()
       end
     end)
 
+    it("pause_after_run: pauses after every run; the next run resumes it with a connect first", function()
+      local e = setup{ policy = { pause_after_run = true }, idle_timeout = 30 }
+      local events = {}
+      -- watched (a `parallel` that runs the main part alone): the lease is the idle window
+      local s = e.new("w:pause", { parallel = function(main) return nil, main() end,
+        on_event = function(name, info)
+          if name == "pause_after_run" then events[#events + 1] = info.ok end
+        end })
+      local r1 = assert(s:run("x = 1"))
+      assert.equal("paused", e.client.sb[r1.sandbox_id].state)
+      assert.same({ true }, events)
+      e.t.now = e.t.now + 1                  -- a second later: it is paused all the same
+      e.client.calls = {}
+      local r2 = assert(s:run("x"))
+      assert.equal(r1.sandbox_id, r2.sandbox_id)
+      assert.is_true(r2.resumed)
+      local names = {}
+      for _, call in ipairs(e.client.calls) do names[#names + 1] = call[1] end
+      assert.same({ "connect", "run_code", "pause" }, names)
+      assert.equal(30, e.client.calls[1][3])  -- resumed for the idle window's lease
+    end)
+
     it("recycles a sandbox whose run would cross E2B's maximum run length: pause, then connect", function()
       local e = setup()
       local s = e.new("w:t", { max_run_length = 3600 })
