@@ -59,16 +59,12 @@ describe("the lease follows the idle window; the watchdog keeps a running cell's
     return ("import time\nfor i in range(%d):\n    print('tick', flush=True)\n    time.sleep(0.5)\n'done'"):format(n)
   end
 
-  -- The run's on_stdout: each line moves both clocks by 1 s.
-  local function ticker()
-    return function(text)
-      for _ in text:gmatch("tick") do move(1) end
-    end
+  -- A cell printing a line every 0.5 s until /home/user/stop exists, then `tail`.
+  local function until_stop(tail)
+    return "import os, time\nwhile not os.path.exists('/home/user/stop'):\n"
+      .. "    print('tick', flush=True)\n    time.sleep(0.5)\nos.remove('/home/user/stop')\n" .. tail
   end
-
-  -- A cell printing a line every 0.5 s until /home/user/stop exists, then x + 1.
-  local UNTIL_STOP = "import os, time\nwhile not os.path.exists('/home/user/stop'):\n"
-    .. "    print('tick', flush=True)\n    time.sleep(0.5)\nx + 1"
+  local UNTIL_STOP = until_stop("x + 1")
 
   -- The on_stdout of a cell of sandbox `id` that goes on until told: each line
   -- moves both clocks by 1 s, but never to within 1 s of the lease's end as
@@ -166,10 +162,10 @@ describe("the lease follows the idle window; the watchdog keeps a running cell's
   it("a failing extension is retried while the cell runs, then holds", function()
     local log = {}
     local s = watched("watch:retry", log)
-    assert(s:run("0"))
+    local id = assert(s:run("0")).sandbox_id
     env:fault("POST /sandboxes/{id}/connect", { status = 503, count = 2 })
     env:reset_stats()
-    local r = assert(s:run(ticking(12) .. "\n'ok'", { on_stdout = ticker() }))
+    local r = assert(s:run(until_stop("'ok'"), { on_stdout = steady_ticker(id, 12) }))
     assert.equal("ok", r.results[1].text)
     assert.is_nil(r.lease_error)
     -- two failed and at least one that held (the transport may retry a 503 itself)
@@ -188,6 +184,7 @@ describe("the lease follows the idle window; the watchdog keeps a running cell's
     local first = assert(s:run("x = 1"))
     local watch_at = decide.watch_at(s:state().lease_end, 10)
     env:fault("POST /sandboxes/{id}/connect", { status = 503, count = 100000 })
+    env:reset_stats()
     local moved0 = moved
     local r, msg, code, detail = s:run(ticking(400) .. "\n'late'", { on_stdout = function(text)
       for _ in text:gmatch("tick") do
