@@ -13,7 +13,10 @@ describe("sessions: a 404 after forwarding on connect (warmboxd)", function()
   lazy_setup(function()
     srv = env:start()
     proxy = after_proxy.start(srv.url)
-    wb = env:warmbox{ api_url = proxy.url, exec_timeout = 60, idle_timeout = 60 }
+    -- A refresh before every run (as the reference flow does): with the lease
+    -- following the idle window, a warm run would otherwise send no connect.
+    wb = env:warmbox{ api_url = proxy.url, exec_timeout = 60, idle_timeout = 60,
+      policy = { should_refresh = function() return true end } }
   end)
   lazy_teardown(function()
     env:stop()
@@ -42,7 +45,7 @@ describe("sessions: a 404 after forwarding on connect (warmboxd)", function()
     local s, id = env:warm(wb, "connect404:alongside")
     local along = 0
     s.on_event = function(name, info) if name == "connect" and info.alongside then along = along + 1 end end
-    -- the remembered lease no longer covers the run with its margin: extended alongside the cell
+    -- the policy refreshes on every run: the extension goes alongside the cell
     local st = s:state()
     assert.is_number(st.lease_end)
     proxy:plan{ connect = { { mode = "after", status = 404 } } }
