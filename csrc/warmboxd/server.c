@@ -405,17 +405,29 @@ static int dataplane_target(struct wbd_req *req, char *id, size_t idlen, int *po
 
 /* A signed /files URL (the SDK's uploadUrl/downloadUrl with E2B_SANDBOX_URL)
  * carries no sandbox id: the signature, made with one sandbox's access
- * token, is what names it. */
+ * token, is what names it. A request that names its sandbox (E2b-Sandbox-Id,
+ * or a Host) is looked up by id first (dataplane_target) and never comes
+ * here. The search costs what the request cannot inflate: the part of the
+ * signed string before the token (its path, bounded) is hashed once, and
+ * each running secure sandbox's token adds only its own few blocks. */
 struct signed_want {
-  const char *path, *op, *user, *exp, *sig;
+  struct wbd_sha256 prefix;   /* "path:op:user:" */
+  const char *exp, *sig;
+  size_t hashed;              /* bytes hashed (the stat signed_url_hashed_bytes) */
 };
 
 static int signed_match(const char *token, void *cls) {
-  const struct signed_want *w = cls;
+  struct signed_want *w = cls;
   char sig[64];
-  wbd_files_signature(w->path, w->op, w->user, token, w->exp, sig);
+  wbd_files_sig_finish(&w->prefix, token, w->exp, sig);
+  w->hashed += strlen(token) + (w->exp ? 1 + strlen(w->exp) : 0);
   return wbd_str_eq_ct(w->sig, sig);
 }
+
+/* What a signed request may hold: a path envd could serve (PATH_MAX), a
+ * user name and an expiration of sane length. */
+#define SIGNED_PATH_MAX 4096
+#define SIGNED_FIELD_MAX 256
 
 /* 1 with the sandbox's id when the request is a signed GET/POST /files whose
  * signature one running secure sandbox's token made; 0 when it is not a
@@ -428,10 +440,16 @@ static int signed_target(struct wbd_req *req, char *id, size_t idlen) {
   if (!sig) return 0;
   /* "v1_" + 43 characters of unpadded base64: anything else matches no one. */
   if (strncmp(sig, "v1_", 3) != 0 || strlen(sig) != 46) return -1;
-  const char *path = wbd_req_query(req, "path");
-  struct signed_want w = { path ? path : "", get ? "read" : "write", wbd_req_query(req, "username"),
-                           wbd_req_query(req, "signature_expiration"), sig };
-  return wbd_store_find_signed(signed_match, &w, id, idlen) ? 1 : -1;
+  const char *path = wbd_req_query(req, "path"), *user = wbd_req_query(req, "username");
+  struct signed_want w = { .exp = wbd_req_query(req, "signature_expiration"), .sig = sig };
+  if ((path && strlen(path) > SIGNED_PATH_MAX) || (user && strlen(user) > SIGNED_FIELD_MAX) ||
+      (w.exp && strlen(w.exp) > SIGNED_FIELD_MAX))
+    return -1;
+  wbd_files_sig_prefix(&w.prefix, path ? path : "", get ? "read" : "write", user);
+  w.hashed = w.prefix.len;
+  int found = wbd_store_find_signed(signed_match, &w, id, idlen);
+  wbd_stat_add("signed_url_hashed_bytes", (long)w.hashed);
+  return found ? 1 : -1;
 }
 
 /* Data-plane paths that stats name one by one; any other path counts as
