@@ -509,8 +509,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   if (env) json_object_update(sb->env_vars, env);
   /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system
    * communication with the sandbox is always secured"; the SDK no longer sends
-   * `secure`). The older path keeps the opt-in `secure` flag. */
-  sb->secure = v2 || (secure && json_is_true(secure));
+   * `secure`). The older path keeps the opt-in `secure` flag, unless
+   * --secure-all (warmbox's own servers): then no sandbox's data plane answers
+   * on its id alone, which every local user might learn. */
+  sb->secure = v2 || (secure && json_is_true(secure)) || wbd_opt.secure_all;
   if (!sb->secure) sb->access_token[0] = 0;
   sb->allow_internet = inet ? json_is_true(inet) : 1;
   sb->auto_pause = auto_pause;

@@ -285,6 +285,17 @@ static enum MHD_Result knob_seed(struct wbd_req *req) {
   return wbd_reply_json(req, 200, res, NULL);
 }
 
+/* GET /_warmboxd/runtime?id=ID: {"name", "dir"}, where the sandbox's files
+ * live on the host (wbd_rt_name: the host shows no id), for tests. */
+static enum MHD_Result knob_runtime(struct wbd_req *req) {
+  const char *id = wbd_req_query(req, "id");
+  if (!id || !*id || strlen(id) > 64) return wbd_reply_error(req, 400, "runtime: ?id=SANDBOX_ID expected");
+  char name[32], dir[4200];
+  wbd_rt_name(id, name, sizeof name);
+  snprintf(dir, sizeof dir, "%s/%s", wbd_opt.data_dir, name);
+  return wbd_reply_json(req, 200, json_pack("{s:s, s:s}", "name", name, "dir", dir), NULL);
+}
+
 /* ------------------------------------------------------------------ */
 /* Routing                                                             */
 /* ------------------------------------------------------------------ */
@@ -301,6 +312,7 @@ static const struct {
   { "/config", "POST", knob_config },
   { "/seed", "POST", knob_seed },
   { "/clock", NULL, knob_clock },
+  { "/runtime", "GET", knob_runtime },
 };
 
 enum MHD_Result wbd_knob_handle(struct wbd_req *req) {

@@ -70,6 +70,7 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   sb->auto_pause_memory = apm;
   sb->auto_resume = ar;
   sb->timeout_s = timeout;
+  if (!identity && wbd_opt.secure_all) sb->secure = 1;   /* a fork gets a token of its own */
   if (!sb->secure) sb->access_token[0] = 0;
   if (identity) {
     snprintf(sb->id, sizeof sb->id, "%s", id);
@@ -174,15 +175,16 @@ static void load_one(const char *dir) {
   if (clash) wbd_store_discard(sb);
 }
 
-/* Sandbox directories (<data_dir>/i...) a killed warmboxd left: its
- * runtimes, never anyone's state (that is under .state). */
+/* Sandbox directories (<data_dir>/r..., wbd_rt_name; <data_dir>/i... from
+ * older servers) a killed warmboxd left: its runtimes, never anyone's state
+ * (that is under .state). */
 static void remove_stale_runtimes(void) {
   DIR *d = opendir(wbd_opt.data_dir);
   if (!d) return;
   struct dirent *e;
   char path[PATH_MAX + 300];
   while ((e = readdir(d)))
-    if (valid_id(e->d_name)) {
+    if (valid_id(e->d_name) || wbd_rt_is_name(e->d_name)) {
       snprintf(path, sizeof path, "%s/%s", wbd_opt.data_dir, e->d_name);
       wbd_files_remove(path);
     }

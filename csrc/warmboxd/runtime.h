@@ -2,9 +2,10 @@
  * runtime.h: sandboxes as processes (runtime.c), the code interpreter
  * (interp.c) and envd (envd.c), as seen by each other.
  *
- * Layout on disk, per sandbox: <data_dir>/<id>/home  (the jail's /home/user)
- *                              <data_dir>/<id>/tmp   (the jail's /tmp)
- *                              <data_dir>/<id>/root  (the jail's /, under the rest)
+ * Layout on disk, per sandbox: <data_dir>/<name>/home  (the jail's /home/user)
+ *                              <data_dir>/<name>/tmp   (the jail's /tmp)
+ *                              <data_dir>/<name>/root  (the jail's /, under the rest)
+ * where <name> is wbd_rt_name(id), never the id itself.
  */
 #ifndef WBD_RUNTIME_H
 #define WBD_RUNTIME_H

@@ -141,6 +141,13 @@ int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) o
 int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its processes */
 void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
 void wbd_rt_shutdown(void);                                   /* warmboxd exits: clean up everything */
+/* The name of a sandbox's runtime on the host (its directory under the data
+ * directory, its cgroups, bubblewrap's command line): "r" + 20 hex, a keyed
+ * hash of the id that only this process can make (out: 22 bytes or more),
+ * so nothing the host shows other users carries an id. wbd_rt_is_name: 1
+ * for a string of that form (a runtime a killed warmboxd left). */
+void wbd_rt_name(const char *id, char *out, size_t len);
+int wbd_rt_is_name(const char *s);
 
 /* ------------------------------------------------------------------ */
 /* Data plane (dataplane.c); the server calls this                     */
@@ -174,6 +181,9 @@ struct wbd_options {
   int verbose;
   int max_list_entries;     /* envd ListDir answers at most this many (default 50000) */
   int max_contexts;         /* code contexts per sandbox, the two defaults included (default 128) */
+  int secure_all;           /* --secure-all: every sandbox gets an access token (no id-only data plane) */
+  int max_team_memory_mb;   /* memoryMB of a team's sandboxes held in RAM (-1: the host's; 0: none) */
+  int max_streams;          /* concurrent streamed calls per team (default 64; 0: unlimited) */
 };
 extern struct wbd_options wbd_opt;
 

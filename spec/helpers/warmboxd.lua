@@ -223,9 +223,22 @@ function Server:ns_path(path)
   return "/proc/" .. self.pid .. "/root" .. path
 end
 
+--- The name of sandbox `id`'s runtime on the host (`r` + 20 hex, never the
+-- id): its directory under the data directory, its cgroups, and what names
+-- it on its jails' bubblewrap command lines (the admin API's /runtime).
+local function runtime(self, id)
+  local res = self:admin("GET", "/runtime?id=" .. id)
+  if res.status ~= 200 then error("runtime: http " .. tostring(res.status) .. ": " .. tostring(res.body), 3) end
+  return res.json
+end
+function Server:runtime_name(id) return runtime(self, id).name end
+
+--- The directory (as warmboxd sees it) holding sandbox `id`'s home, tmp and root.
+function Server:sandbox_dir(id) return runtime(self, id).dir end
+
 --- The host path of the directory that is /home/user inside sandbox `id`.
 function Server:sandbox_home(id)
-  return self:ns_path(self.dir .. "/data/" .. id .. "/home")
+  return self:ns_path(self:sandbox_dir(id) .. "/home")
 end
 
 function Server:log()
