@@ -14,7 +14,8 @@
 -- A spec file is one team that leaves its sandboxes running (600 s leases), many
 -- more than warmboxd's default per-team cap (--max-running 20): servers started
 -- here get --max-running 0 (no cap) unless opts.args gives one or
--- opts.default_max_running keeps warmboxd's default.
+-- opts.default_max_running keeps warmboxd's default; the same for the team's
+-- other budgets (--max-streams, --max-team-memory-mb).
 --
 -- WARMBOXD_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full")
 -- runs the server under a wrapper; WARMBOXD_BIN overrides the binary.
@@ -131,14 +132,23 @@ function M.start(opts)
     args[#args + 1] = tostring(me)
   end
   local admin_token, max_running = nil, opts.default_max_running
+  -- the per-team budgets that default to a figure, off unless a spec gives them
+  local budgets = { ["--max-streams"] = false, ["--max-team-memory-mb"] = false }
   for i, a in ipairs(opts.args or {}) do
     args[#args + 1] = a
     if a == "--admin-token" then admin_token = opts.args[i + 1] end
     if a == "--max-running" then max_running = true end
+    if budgets[a] == false then budgets[a] = true end
   end
   if not max_running then
     args[#args + 1] = "--max-running"
     args[#args + 1] = "0"
+  end
+  for _, flag in ipairs({ "--max-streams", "--max-team-memory-mb" }) do
+    if not budgets[flag] and not opts.default_max_running then
+      args[#args + 1] = flag
+      args[#args + 1] = "0"
+    end
   end
   if not admin_token then
     admin_token = random_token()

@@ -100,7 +100,11 @@ struct wbd_sandbox {
   int refcount;             /* under the store lock; record freed at 0 after kill */
   /* data plane bookkeeping (under the store lock) */
   int runs_in_flight;       /* /execute and Process.Start streams now running */
-  int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart) */
+  int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart,
+                             * or released by a pause without memory) */
+  int paused_ram;           /* paused with its runtime in host RAM (frozen processes, its tmpfs):
+                             * counts toward the team's --max-team-memory-mb; set it with
+                             * wbd_store_set_paused_ram_locked once the record is in the store */
   struct wbd_rt *rt;
 };
 
@@ -140,6 +144,10 @@ int  wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u);
 int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) or end (no memory) its processes */
 int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its processes */
 void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
+/* A paused sandbox whose files are kept on disk gives its runtime up
+ * (processes, tmpfs, cgroups, network): what held host RAM. The next use
+ * makes a fresh one (as after a restart). 0, or -1 (killed, shutting down). */
+int  wbd_rt_release(struct wbd_sandbox *sb);
 void wbd_rt_shutdown(void);                                   /* warmboxd exits: clean up everything */
 /* The name of a sandbox's runtime on the host (its directory under the data
  * directory, its cgroups, bubblewrap's command line): "r" + 20 hex, a keyed

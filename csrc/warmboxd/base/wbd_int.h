@@ -43,6 +43,7 @@ struct wbd_rec {
   struct wbd_team *team;
   size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
   size_t sidx;                 /* 1 + position in the signing index; 0: not in it */
+  long held_mb;                /* what it adds to its team's held_mb now */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
 
@@ -52,6 +53,8 @@ struct wbd_team {
   size_t n, cap;
   struct wbd_rec *run_head;    /* running records, any order */
   int running, paused, reserved;  /* reserved: creates/resumes in flight */
+  long held_mb, reserved_mb;   /* memoryMB held in host RAM (running, and paused_ram), and
+                                * that creates/resumes in flight will hold */
   struct wbd_team *next;
 };
 
@@ -82,6 +85,10 @@ void wbd_store_unref_locked(struct wbd_sandbox *sb);
 /* Waits (releasing the lock) until no operation is in flight on sb. */
 void wbd_store_wait_idle_locked(struct wbd_sandbox *sb);
 void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
+/* Sets sb->paused_ram, keeping its team's held_mb right. */
+void wbd_store_set_paused_ram_locked(struct wbd_sandbox *sb, int in_ram);
+/* The memoryMB a record holds in host RAM when running (its template's). */
+long wbd_store_rec_mb(const struct wbd_sandbox *sb);
 /* Index in team->v of the first record ordered after (started, id) in asc order. */
 size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char *id);
 /* Index of the first record not ordered before (started, id) in asc order. */

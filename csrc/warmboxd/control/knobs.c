@@ -142,7 +142,8 @@ static enum MHD_Result knob_faults_clear(struct wbd_req *req) {
 /* ------------------------------------------------------------------ */
 
 /* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
- * "resume_ms", "max_running": 0..600000}: all checked before any is set. */
+ * "resume_ms", "max_running", "max_team_memory_mb", "max_streams":
+ * 0..600000}: all checked before any is set. */
 static enum MHD_Result knob_config(struct wbd_req *req) {
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, 1, &r);
@@ -152,7 +153,8 @@ static enum MHD_Result knob_config(struct wbd_req *req) {
   json_object_foreach(o, k, v) {
     int is_bool = strcmp(k, "loose_metadata") == 0;
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
-                 strcmp(k, "max_running") == 0;
+                 strcmp(k, "max_running") == 0 || strcmp(k, "max_team_memory_mb") == 0 ||
+                 strcmp(k, "max_streams") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -172,6 +174,8 @@ static enum MHD_Result knob_config(struct wbd_req *req) {
     else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
     else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
     else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
+    else if (strcmp(k, "max_team_memory_mb") == 0) wbd_knob_set(&wbd_opt.max_team_memory_mb, iv);
+    else if (strcmp(k, "max_streams") == 0) wbd_knob_set(&wbd_opt.max_streams, iv);
   }
   json_decref(o);
   return wbd_reply_json(req, 204, NULL, NULL);

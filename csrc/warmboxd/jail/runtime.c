@@ -1708,6 +1708,20 @@ void wbd_rt_on_kill(struct wbd_sandbox *sb) {
   }
 }
 
+int wbd_rt_release(struct wbd_sandbox *sb) {
+  wbd_store_lock();
+  struct wbd_rt *rt = sb->rt;
+  int dead = rt == RT_KILLED || g_shut || sb->state == WBD_KILLED;
+  if (!dead) sb->rt = NULL;
+  wbd_store_unlock();
+  if (dead) return -1;
+  if (rt) {
+    teardown(rt, 1);
+    drop_owner(rt);
+  }
+  return 0;
+}
+
 const char *wbd_rt_dir(const struct wbd_rt *rt) { return rt->dir; }
 
 void wbd_rt_remove_tree(const char *path) { rm_rf(path); }

@@ -82,8 +82,8 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   return 0;
 }
 
-int wbd_persist_save(struct wbd_sandbox *sb) {
-  if (!wbd_opt.keep_state) return 0;
+/* The record and a copy of the files in .state/paused/<id>: 0 or -1. */
+static int save_copy(struct wbd_sandbox *sb) {
   char dir[PATH_MAX + 64];
   if (!paused_dir(sb->id, dir, sizeof dir)) return -1;
   wbd_files_remove(dir);
@@ -104,6 +104,14 @@ int wbd_persist_save(struct wbd_sandbox *sb) {
     return -1;
   }
   return 0;
+}
+
+int wbd_persist_save(struct wbd_sandbox *sb) { return wbd_opt.keep_state ? save_copy(sb) : 0; }
+
+int wbd_persist_release(struct wbd_sandbox *sb) {
+  /* with --data-dir wbd_persist_save made the copy already */
+  if (!wbd_opt.keep_state && save_copy(sb) != 0) return -1;
+  return wbd_rt_release(sb);
 }
 
 int wbd_persist_restore(struct wbd_sandbox *sb) {
@@ -128,7 +136,6 @@ static void *remove_main(void *arg) {
 /* The copy is renamed out of the way at once (a resume does not wait for
  * it to be removed) and removed by a thread of its own. */
 void wbd_persist_drop(struct wbd_sandbox *sb) {
-  if (!wbd_opt.keep_state) return;
   char dir[PATH_MAX + 64], trash[PATH_MAX], *gone;
   struct stat st;
   static long seq;

@@ -51,6 +51,11 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity);
 int wbd_persist_save(struct wbd_sandbox *sb);      /* paused: record and files to disk; 0 or -1 */
 int wbd_persist_restore(struct wbd_sandbox *sb);   /* resuming: files back when they are on disk only */
 void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget the copy */
+/* A pause without memory, saved: the files stay on disk only (a copy made
+ * now without --data-dir) and the runtime that held them in RAM goes
+ * (wbd_rt_release); the resume brings them back (wbd_persist_restore).
+ * 0, or -1: the sandbox keeps its runtime. */
+int wbd_persist_release(struct wbd_sandbox *sb);
 /* Start-up: takes the data directory (an flock: one server each), cleans
  * what a killed warmboxd left, loads the paused records. 0 or -1. */
 int wbd_persist_load_all(void);
