@@ -5,8 +5,10 @@
  * reaches only envd's POST /files (uploads land in a scratch directory),
  * every other data-plane request gets a plain 204.
  */
-#include "wbd_int.h"
-#include "runtime.h"
+#include "control.h"
+#include "jail.h"
+#include "envd.h"
+#include "interp.h"
 #include "harness.h"
 
 #include <errno.h>
@@ -113,3 +115,12 @@ json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
   (void)sb;
   return json_object();
 }
+
+/* The snapshot and fork routes keep state on disk: not built in here. */
+static enum MHD_Result no_route(struct wbd_req *req) {
+  return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
+}
+enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }

@@ -10,7 +10,8 @@
  * yet, so nothing in a jail can swap a path under the copy.
  */
 #include "state.h"
-#include "rt_priv.h"
+#include "interp.h"
+#include "jail.h"
 
 #include <errno.h>
 #include <fcntl.h>

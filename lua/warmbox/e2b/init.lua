@@ -34,8 +34,7 @@ local Client = { __name = "warmbox.e2b.Client" }
 Client.__index = Client
 local argcheck, check_options, bad_option = errors.argcheck, errors.check_options, errors.bad_option
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
-local to_sandbox, to_detail, decode_body, decode_array = wire.to_sandbox, wire.to_detail, wire.decode_body,
-  wire.decode_array
+local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
 local sandbox_new = sandbox_mod.new
 
 -- ======================================================================
@@ -47,12 +46,9 @@ local client_fields = { api_key = "string", api_url = "string", sandbox_url = "s
   ca_file = "string", user_agent = "string", max_connections = "number", retry_after_max = "number",
   transport = "table|function", max_body = "number", max_pages = "number" }
 
--- A control-plane answer is read whole into memory: at most this many bytes
--- (a list page of 100 sandboxes with E2B's largest metadata is under 7 MB).
-local DEFAULT_MAX_BODY = 32 * 1048576
--- A listing call follows at most this many pages (100 items each by
--- default): a server that names a next page for ever is refused.
-local DEFAULT_MAX_PAGES = 10000
+-- A control-plane answer is read whole (a page of 100 sandboxes with E2B's largest metadata
+-- is under 7 MB); a listing call follows this many pages (a server may name them for ever).
+local DEFAULT_MAX_BODY, DEFAULT_MAX_PAGES = 32 * 1048576, 10000
 
 -- new's range checks of `retries`, the timeouts and `max_connections` (errors
 -- name new's caller); returns `retries`, 3 by default.
@@ -337,33 +333,9 @@ end
 
 local function has_sandbox_id(t) return type(json.value(t.sandboxID)) == "string" end
 
--- One page from h:request's answer, for `what` ("list sandboxes"): each
--- element that passes `has_id` turned into an item by `item` (nil: left out).
--- → items, token_used, next_token | false, msg, code, token_used, detail.
-local function read_page(res, msg, code, sent, used, what, has_id, item)
-  local _, m, c, d
-  if not res then
-    _, m, c, d = transport_failure(what, msg, code, sent)
-  elseif res.status < 200 or res.status > 299 then
-    _, m, c, d = http_failure(res, what)
-  end
-  if m then return false, m, c, used, d end
-  local arr
-  arr, m, c, d = decode_array(res, what, has_id)
-  if not arr then return false, m, c, used, d end
-  local items = {}
-  for _, t in ipairs(arr) do
-    local it = item(t)
-    if it ~= nil then items[#items + 1] = it end
-  end
-  local nxt = res.headers["x-next-token"]
-  if nxt == "" then nxt = nil end
-  return items, used, nxt
-end
-
--- One sandbox list page (see read_page), the items re-checked against `filter`.
+-- One sandbox list page (see wire.read_page), the items re-checked against `filter`.
 local function list_page(res, msg, code, sent, used, filter)
-  return read_page(res, msg, code, sent, used, "list sandboxes", has_sandbox_id, function(t)
+  return wire.read_page(res, msg, code, sent, used, "list sandboxes", has_sandbox_id, function(t)
     local dt = to_detail(t)
     if metadata_matches(dt, filter) then return dt end
     return nil
@@ -373,7 +345,7 @@ end
 -- The page iterator of a listing (list_pages, list_snapshot_pages): a GET of `path_of(token)` per page until the
 -- server names no next page, at most `max_pages` pages (a server that names
 -- one for ever is refused: TOO_LARGE); `read(res, msg, code, sent, used)` is
--- read_page's. Yields `items, token_used | false, next_token`, or `false, msg,
+-- wire.read_page's. Yields `items, token_used | false, next_token`, or `false, msg,
 -- code, token, detail` once, then stops.
 local function page_iter(self, token, path_of, retry, read, what, max_pages)
   if token == "" then token = nil end
@@ -673,7 +645,7 @@ function Client:list_snapshot_pages(opts)
   end
   return page_iter(self, opts.next_token, function(t) return wire.snapshots_path(opts, t) end, self.retry_idem,
     function(res, msg, code, sent, used)
-      return read_page(res, msg, code, sent, used, "list snapshots", has_snapshot_id, wire.to_snapshot)
+      return wire.read_page(res, msg, code, sent, used, "list snapshots", has_snapshot_id, wire.to_snapshot)
     end, "list snapshots", opts.max_pages)
 end
 
