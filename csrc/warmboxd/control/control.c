@@ -231,6 +231,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
     return 404;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("kill_during_run", 1);
+  wbd_event_locked(sb, WBD_EV_KILLED, expire_only ? sb->end_at_us : 0);
   wbd_store_remove_locked(sb);
   sb->state = WBD_KILLED;
   wbd_store_unlock();
@@ -275,6 +276,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   if (rc == 0 && !memory && !released) wbd_stat_add("pause_kept_in_ram", 1);
   wbd_store_lock();
   if (rc == 0) {
+    wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
     if (released) sb->files_on_disk = 1;
     sb->paused_ram = !released;   /* counted when it turns paused, just below */
@@ -305,7 +307,10 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     }
     if (mode == R_CONNECT) {
       int64_t end = cap_end(sb, wbd_now_us() + (int64_t)timeout_s * US);
-      if (end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
+      if (end > sb->end_at_us) {
+        wbd_store_set_end_locked(sb, end);
+        wbd_event_locked(sb, WBD_EV_UPDATED, 0);
+      }
     }
     if (out) *out = wbd_ctl_sandbox_json(sb);
     wbd_store_unlock();
@@ -347,6 +352,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
     wbd_store_set_end_locked(sb, cap_end(sb, now + (int64_t)timeout_s * US));
+    wbd_event_locked(sb, WBD_EV_RESUMED, 0);
     if (out) *out = wbd_ctl_sandbox_json(sb);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -451,6 +457,7 @@ int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_
   sb->end_at_us = cap_end(sb, now + to * US);
   sb->state = WBD_RUNNING;
   wbd_store_insert_locked(sb);
+  wbd_event_locked(sb, WBD_EV_CREATED, 0);
   *out = wbd_ctl_sandbox_json(sb);
   wbd_store_unlock();
   return 0;
@@ -590,7 +597,10 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
       status = 400;
     } else {
       int64_t end = cap_end(sb, now + secs * US);
-      if (!refresh || end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
+      if (!refresh || end > sb->end_at_us) {
+        wbd_store_set_end_locked(sb, end);
+        wbd_event_locked(sb, WBD_EV_UPDATED, 0);
+      }
     }
   }
   wbd_store_unlock();

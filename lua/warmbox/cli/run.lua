@@ -110,6 +110,7 @@ local function write_run_text(out, err, r, tb)
     if res.text then out:write(res.text, "\n") end
   end
   if tb then err:write(tb, tb:sub(-1) == "\n" and "" or "\n") end
+  if r.truncated then err:write("warmbox: the output was truncated (past the run's output cap)\n") end
 end
 
 --- The command: status 0, 1 (the cell raised) or 2.

@@ -266,7 +266,9 @@ function Client:create(opts)
   end
   local t, m3, c3, d3 = decode_body(res, "create sandbox")
   if not t then return nil, m3, c3, d3 end
-  return to_sandbox(t), nil
+  -- `attempts` > 1: an earlier attempt may have made a sandbox too (a 503/429
+  -- an intermediary gave after forwarding it).
+  return to_sandbox(t), nil, nil, { attempts = res.attempts or 1 }
 end
 
 local list_fields = { state = "string|table", metadata = "map", limit = "number", order = "string",
