@@ -142,7 +142,7 @@ local function local_backend(o)
   local st, err, code = server.start_local{ bin = o.warmboxd }
   if not st then return nil, err, code end
   return { shared = true, url = st.url, pid = st.pid, api_key = st.api_key, admin_token = st.admin_token,
-    dir = st.dir }
+    dir = st.dir, bin = o.warmboxd }
 end
 
 -- Without a client: an E2B client for the key (or the API URL) given, else an
@@ -169,8 +169,27 @@ local function connect_backend(self, o)
     local srv, serr, scode = local_backend(o)
     if not srv then return nil, serr, scode end
     self.server = srv
-    self.client = e2b.new(client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url }))
-    self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
+    local copts = client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url })
+    if srv.shared then
+      -- The shared server may end (idle, `warmbox server stop`, a crash) while
+      -- this object lives: its requests follow it to the next one.
+      copts.transport = function(http) return require("warmbox.server").follow(srv, engine_transport(http)) end
+    end
+    self.client = e2b.new(copts)
+    self.client.rate_limit_hint = function(cap)
+      local n = cap and tostring(cap) or "N"
+      if srv.shared then
+        return string_format("the local server runs at most %s sandboxes at once; its setting: `warmbox server start "
+          .. "--max-running N` (changes a running server), or WARMBOX_SERVER_MAX_RUNNING=N when it starts; 0: no "
+          .. "limit", n)
+      end
+      return string_format("this private local server runs at most %s sandboxes at once; its setting: "
+        .. "warmboxd_args = { \"--max-running\", \"N\" } (0: no limit)", n)
+    end
+    -- The shared server's sandboxes outlive it (its data directory): the
+    -- origin names the directory and key, not the address of one start.
+    self.origin = core.sha256((srv.shared and "shared\0" .. tostring(srv.dir) or srv.url) .. "\0"
+      .. srv.api_key):sub(1, 16)
   end
   self.owns_client = true
   return true

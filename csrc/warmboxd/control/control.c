@@ -245,6 +245,35 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
 
 #define BUSY_PAUSING 2
 
+/* A pause that comes right after a command's start lets the command get
+ * going before its processes are frozen: `bash -l -c "sleep 2 && ..."` frozen
+ * while still reading its profile would start its sleep only at the thaw.
+ * E2B's pause takes long enough for a command started just before it to be
+ * under way; warmboxd's takes milliseconds. So: within PAUSE_SETTLE_MAX_MS of
+ * the last Process.Start, the pause waits (at least PAUSE_SETTLE_MIN_MS after
+ * the start) until none of the sandbox's processes runs or waits for a CPU. */
+#define PAUSE_SETTLE_MIN_MS 500
+#define PAUSE_SETTLE_MAX_MS 2000
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void settle_started(struct wbd_sandbox *sb) {
+  wbd_store_lock();
+  int64_t started = sb->last_start_mono_us / 1000;
+  wbd_store_unlock();
+  if (started == 0) return;
+  for (;;) {
+    int64_t age = mono_ms() - started;
+    if (age < 0 || age >= PAUSE_SETTLE_MAX_MS) return;
+    if (age >= PAUSE_SETTLE_MIN_MS && !wbd_rt_settling(sb)) return;
+    wbd_sleep_ms(age < PAUSE_SETTLE_MIN_MS ? (int)(PAUSE_SETTLE_MIN_MS - age) : 20);
+  }
+}
+
 int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
   /* E2B answers 204 to a pause that joins one already in flight */
@@ -265,6 +294,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
   wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
+  if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */
   int rc = wbd_rt_on_pause(sb, memory);
   /* A copy that cannot be written (disk full) leaves the sandbox paused here;
    * only a restart would lose it. */

@@ -152,7 +152,9 @@ function _M.call(p, hook, ...)
   local ok, v = xpcall(fn, traceback, ...)
   if not ok then
     v = errors.reraise_interrupt(v)
-    return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, tostring(v)), "POLICY"
+    -- The hook's own error (its file and line); the traceback through warmbox's frames is left out.
+    local msg = tostring(v):gsub("\nstack traceback:.*$", "")
+    return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, msg), "POLICY"
   end
   return v
 end

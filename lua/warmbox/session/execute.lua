@@ -14,7 +14,6 @@ local metrics = require "warmbox.metrics"
 local decide = require "warmbox.session.decide"
 local retry = require "warmbox.session.retry"
 local resolve = require "warmbox.session.resolve"
-local mono_now = require("warmbox.core").now
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
 local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max
@@ -146,9 +145,8 @@ local function cover(s, st, info, run_timeout)
   local t0 = s.clock()
   local want = decide.extension(t0, st.lease_end, run_timeout)
   if not want then return true end
-  local t_lease = mono_now()
   local ok, err, code, detail = s.client:set_timeout(info.sandbox_id, want)
-  metrics.add(s._tm, "lease", t_lease)
+  metrics.phase(s._tm, "lease")
   s:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
   if not ok then return nil, err, code, detail end
   st.lease_end = math_max(st.lease_end, decide.lease_end(t0 + want, st.run_started, s.max_run_length))
@@ -160,6 +158,7 @@ end
 -- connect); only one that is gone is forgotten. → true | nil, msg, code, detail, reach
 local function ready(s, sbx, info, st, files, python, run_timeout, on_line)
   local ok, err, code, detail = prepare(sbx, info, st, files, python, run_timeout, on_line)
+  metrics.phase(s._tm, "prepare")
   if ok then ok, err, code, detail = cover(s, st, info, run_timeout) end
   if ok then return true end
   return nil, err, code, detail, reach_of(s, "prepare", code, detail, sbx, info.sandbox_id)
@@ -201,10 +200,41 @@ local function main_text(results)
   return nil
 end
 
+-- A failed run's output so far (`detail.partial`) shaped as a result's
+-- fields: stdout and stderr strings, the results (warmbox's own report left
+-- out), the error (its traceback plain), the main result's text.
+local function partial_result(exec)
+  local results = {}
+  for _, res in ipairs(type(exec.results) == "table" and exec.results or {}) do
+    if not outputs_of(res) then results[#results + 1] = res end
+  end
+  local e = exec.error
+  if e == json.null then e = nil end
+  if type(e) == "table" and type(e.traceback) == "string" then
+    e = util.copy(e)
+    e.traceback_ansi, e.traceback = e.traceback, util.strip_ansi(e.traceback)
+  end
+  return { stdout = concat_chunks(exec.stdout), stderr = concat_chunks(exec.stderr), results = results, error = e,
+    text = main_text(results), execution_count = exec.execution_count, truncated = exec.truncated or false }
+end
+
+-- A failure's detail with its `partial` shaped as a result's fields.
+local function with_partial(detail)
+  if type(detail) == "table" and type(detail.partial) == "table" then
+    detail.partial = partial_result(detail.partial)
+  end
+  return detail
+end
+
 -- The result of a run that ran (see `attempt`).
 local function run_result(out, info, results, out_files, files_error, cap, lock_error)
   local e = out.error
   if e == json.null then e = nil end
+  if type(e) == "table" and type(e.traceback) == "string" and e.traceback:find("\27", 1, true) then
+    -- IPython colours its tracebacks: the traceback is plain text, the coloured one kept beside it
+    e = util.copy(e)
+    e.traceback_ansi, e.traceback = e.traceback, util.strip_ansi(e.traceback)
+  end
   return {
     stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
     error = e, results = results, files = out_files, files_error = files_error,
@@ -304,9 +334,8 @@ end
 
 -- The run's output files (see output_files), timed, and the "outputs" event.
 local function collect(s, sbx, st, id, report, python, cap)
-  local t_out = mono_now()
   local out_files, files_error = output_files(sbx, st, id, report, python, cap)
-  metrics.add(s._tm, "outputs", t_out)
+  metrics.phase(s._tm, "outputs")
   s:_event("outputs", { sandbox_id = id, files = #out_files, code = files_error and files_error[2] or nil })
   return out_files, files_error
 end
@@ -381,11 +410,10 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
   do
     local ok, perr, pcode, pdetail, preach = ready(s, sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
-    if not ok then return nil, perr, pcode, pdetail, preach end
+    if not ok then return nil, perr, pcode, with_partial(pdetail), preach end
   end
   local cell_id
   code, cell_id = marked_cell(code, language, st.hooked == info.sandbox_id, fence)
-  local t_exec = mono_now()
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = s.max_output,
     fence = fence,
@@ -399,9 +427,10 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
     -- Every stream event (keepalives included) keeps the session's lock alive.
     on_line = keepalive and on_line or nil,
   })
-  metrics.add(s._tm, "execute", t_exec)
+  metrics.phase(s._tm, "execute")
   if not out then
     if detail and lock_error then detail.lock_error, detail.lock_lost = lock_error, lock_error[2] == "LOCK" or nil end
+    detail = with_partial(detail)
     return cell_failed(s, err, ecode, detail, sbx, info.sandbox_id, cell_id)
   end
   if cell_id then
@@ -443,14 +472,18 @@ local function extend_alongside(s, ctl, info, lease_end, failed)
     if ctl.main_done() then return nil end
     tries = tries + 1
     -- A 404 is no proof (an intermediary's after forwarding): only one `info`
-    -- confirms ends the extension; else it is tried again as a passing fault.
+    -- confirms it; else it is tried again as a passing fault. Confirmed gone:
+    -- no cell runs in it (nothing to interrupt); the execute's own answer says
+    -- what happened.
     local rule_code = ccode
     if is_gone(ccode) then
       failed.gone = resolve.confirmed_gone(s, id)
-      if not failed.gone then rule_code = "HTTP" end
+      if failed.gone then return nil end
+      rule_code = "HTTP"
     end
     local pause = retry.lease(rule_code, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
     if not pause then
+      failed.interrupted = true
       ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
       return nil
     end
@@ -491,19 +524,14 @@ local function alongside(s, info, st, code, opts, files, run_timeout, lk)
   if type(sb) == "table" then
     if sb.sandbox_id == nil then sb.sandbox_id = id end
     resolve.remember(s, st, sb, t0 + info.lease, resumed and t0 or nil)
-  elseif not r and not reach and lease_err then
+  elseif failed.gone then
+    forget(st)
+  elseif not r and not reach and lease_err and failed.interrupted then
     -- Interrupted (or failed while the lease could not be secured): the cell
     -- may have started, so it is reported, never sent again.
     detail = type(detail) == "table" and detail or {}
     detail.lease_error = lease_err
     detail.interrupted = true
-    if failed.gone then
-      forget(st)
-      -- `info` says the sandbox is gone and none of the cell's output came: as
-      -- the retry rule has it for an execute, only a gone sandbox proves it
-      -- never ran; sent again to a sandbox resolved anew.
-      if not detail.output_started then return nil, err, ecode, detail, "gone" end
-    end
     return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
       lease_err[1]), lease_err[2] or ecode, detail, false
   end
@@ -564,10 +592,9 @@ function _M.run_locked(s, lk, code, opts, files)
   local had = st.sandbox_id
   while true do
     tries = tries + 1
-    local t_resolve = mono_now()
     local info, err, ecode, detail = resolve.acquire(s, st, run_timeout)
-    metrics.add(s._tm, "resolve", t_resolve)
     lk:set_state(state_codec.encode(st))
+    metrics.phase(s._tm, "resolve")
     if not info then return nil, err, ecode, detail end
     started(s, info)
     local r, reach
@@ -576,17 +603,22 @@ function _M.run_locked(s, lk, code, opts, files)
     else
       r, err, ecode, detail, reach = attempt(s, info, st, code, opts, files, run_timeout, lk)
     end
+    metrics.phase(s._tm, "execute") -- (the attempt's end: its fencing, the lease's bookkeeping)
     if r then
       if had and r.sandbox_id ~= had then
         r.sandbox_lost = had
         s:_event("sandbox_lost", { sandbox_id = had, new_sandbox_id = r.sandbox_id })
       end
+      -- The kernel had lost the hooks it was given (it started afresh: a
+      -- server restart, a crash): what it held before this run is gone.
+      if hooks_resent then r.memory_lost = true end
       succeeded(s, st, r)
       saved_after(lk, st, r)
       return r
     end
     local verdict, hooks = retry.again(reach, ecode, tries, hooks_resent)
     hooks_resent = hooks_resent or hooks
+    if hooks then s:_event("memory_lost", { sandbox_id = info.sandbox_id, kernel = true }) end
     -- Sent once more, to the same sandbox while it exists (its kernel and
     -- files are the conversation's), else to one resolved again.
     if verdict then s:_event("retry", { sandbox_id = info.sandbox_id, code = ecode }) end
@@ -601,6 +633,7 @@ function _M.run_locked(s, lk, code, opts, files)
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
     if wait then require("warmbox.lock").wait(wait) end
+    metrics.phase(s._tm, "retry")
   end
 end
 

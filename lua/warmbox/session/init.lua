@@ -29,7 +29,6 @@ local decide = require "warmbox.session.decide"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local prewarm = require "warmbox.session.prewarm"
-local mono_now = require("warmbox.core").now
 
 local type, pairs, ipairs, tostring, error, setmetatable =
   type, pairs, ipairs, tostring, error, setmetatable
@@ -351,7 +350,8 @@ function Session:run(code, opts)
   end
   local tm = metrics.timer()
   local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
-    tm.lock_wait, tm.locked = mono_now() - tm.t0, true
+    metrics.phase(tm, "lock_wait")
+    tm.locked = true
     self:_event("lock_wait", { waited = tm.lock_wait })
     if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
       lk:expire(math.ceil(run_timeout) + 120)
