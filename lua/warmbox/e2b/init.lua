@@ -35,7 +35,7 @@ Client.__index = Client
 local argcheck, check_options, bad_option = errors.argcheck, errors.check_options, errors.bad_option
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
 local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
-local sandbox_new = sandbox_mod.new
+local sandbox_new, check_max_pages = sandbox_mod.new, wire.check_max_pages
 
 -- ======================================================================
 -- The client
@@ -51,7 +51,7 @@ local client_fields = { api_key = "string", api_url = "string", sandbox_url = "s
 local DEFAULT_MAX_BODY, DEFAULT_MAX_PAGES = 32 * 1048576, 10000
 
 -- new's range checks of `retries`, the timeouts and `max_connections` (errors
--- name new's caller); returns `retries`, 3 by default.
+-- name new's caller); returns `retries` (3), `max_body` and `max_pages` (their defaults).
 local function check_ranges(opts)
   local retries = opts.retries or 3
   if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
@@ -73,10 +73,8 @@ local function check_ranges(opts)
   if opts.max_body ~= nil and not (opts.max_body >= 1 and opts.max_body <= 2 ^ 40) then
     bad_option(1, "new", "max_body", "bytes in [1, 2^40] expected, got " .. tostring(opts.max_body), 3)
   end
-  if opts.max_pages ~= nil and not (opts.max_pages >= 1 and opts.max_pages == math.floor(opts.max_pages)) then
-    bad_option(1, "new", "max_pages", "an integer >= 1 expected, got " .. tostring(opts.max_pages), 3)
-  end
-  return retries
+  check_max_pages(opts, "new", 4)
+  return retries, math.floor(opts.max_body or DEFAULT_MAX_BODY), opts.max_pages or DEFAULT_MAX_PAGES
 end
 
 local function is_loopback(url)
@@ -115,7 +113,7 @@ function _M.new(opts)
   local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
   -- A loopback API URL is a local warmboxd: it serves the data plane on the same port.
   if not sandbox_url and is_loopback(api_url) then sandbox_url = api_url end
-  local retries = check_ranges(opts)
+  local retries, max_body, max_pages = check_ranges(opts)
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
     proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
@@ -127,8 +125,8 @@ function _M.new(opts)
     sandbox_url = sandbox_url and (sandbox_url:gsub("/+$", "")) or nil,
     domain = domain,
     request_timeout = opts.request_timeout or 60,
-    max_body = math.floor(opts.max_body or DEFAULT_MAX_BODY),
-    max_pages = opts.max_pages or DEFAULT_MAX_PAGES,
+    max_body = max_body,
+    max_pages = max_pages,
     http = http,
     retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
     retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
@@ -308,18 +306,10 @@ function _M.list_path(opts)
   return "/v2/sandboxes?" .. table_concat(q, "&")
 end
 
--- A listing's max_pages; `level` as bad_option's.
-local function check_max_pages(opts, fname, level)
-  local mp = opts.max_pages
-  if mp ~= nil and not (mp >= 1 and mp == math.floor(mp)) then
-    bad_option(1, fname, "max_pages", "an integer >= 1 expected, got " .. tostring(mp), level + 1)
-  end
-end
-
 -- Level 3: the caller of list_pages, list or list_all.
 local function check_list_opts(opts, fname)
   opts = check_options(opts, list_fields, fname, 1, 3)
-  check_max_pages(opts, fname, 3)
+  check_max_pages(opts, fname, 4)
   if type(opts.state) == "table" then
     for _, s in ipairs(opts.state) do
       if type(s) ~= "string" then bad_option(1, fname, "state", "a list of strings expected", 3) end
@@ -372,8 +362,7 @@ local function page_iter(self, token, path_of, retry, read, what, max_pages)
     local used = token
     if pages >= max_pages then
       finished = true
-      local msg = ("%s: the server named a next page after %d pages (max_pages): not followed"):format(what,
-        pages)
+      local msg = ("%s: the server named a next page after %d pages (max_pages)"):format(what, pages)
       return false, msg, "TOO_LARGE", used, errors.detail(nil, msg)
     end
     pages = pages + 1
@@ -655,7 +644,7 @@ local function has_snapshot_id(t) return type(json.value(t.snapshotID)) == "stri
 function Client:list_snapshot_pages(opts)
   check_client(self, "list_snapshot_pages")
   opts = check_options(opts, snapshot_list_fields, "list_snapshot_pages", 1)
-  check_max_pages(opts, "list_snapshot_pages", 2)
+  check_max_pages(opts, "list_snapshot_pages", 3)
   if opts.limit ~= nil and not (opts.limit >= 1 and opts.limit <= 100) then
     bad_option(1, "list_snapshot_pages", "limit", "1..100 expected, got " .. tostring(opts.limit))
   end

@@ -145,6 +145,15 @@ local function read_page(res, msg, code, sent, used, what, has_id, item)
 end
 
 _M.read_page = read_page
+
+--- A listing's (or a client's) `max_pages` option: an integer >= 1 or nil;
+-- raises at `level` as error's, counted from this function's caller.
+function _M.check_max_pages(opts, fname, level)
+  local mp = opts.max_pages
+  if mp ~= nil and not (mp >= 1 and mp == math.floor(mp)) then
+    errors.bad_option(1, fname, "max_pages", "an integer >= 1 expected, got " .. tostring(mp), level)
+  end
+end
 _M.lower = lower
 _M.body_message = body_message
 _M.decode_body = decode_body
