@@ -6,7 +6,9 @@
 -- whose signature matches none (the worst case), over warmbox.core's HTTP
 -- client on a kept-alive connection.
 -- Usage (from the repository root, after scripts/setup):
---   lua5.4 bench/warmboxd_signed.lua [requests=200] [sizes=0,10000,100000]
+--   lua5.4 bench/warmboxd_signed.lua [requests=200] [sizes=0,10000,100000] [path_bytes=5]
+-- path_bytes: the length of the no-match URL's path (the part a client sizes,
+-- hashed once whatever the count of sandboxes; over 4096 it is refused unhashed).
 -- WARMBOX_BUILD_DIR selects the build (default build/), WARMBOXD_BIN the server.
 local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
@@ -20,6 +22,7 @@ local function sign(raw) return envd.urlencode(envd.sign(raw)) end
 local N = tonumber(arg[1]) or 200
 local SIZES = {}
 for s in (arg[2] or "0,10000,100000"):gmatch("%d+") do SIZES[#SIZES + 1] = tonumber(s) end
+local PATH = tonumber(arg[3]) and tonumber(arg[3]) > 5 and string.rep("p", tonumber(arg[3])) or "b.txt"
 
 local function pct(t, p)
   table.sort(t)
@@ -34,7 +37,7 @@ local sb = res.json
 assert(http.sandbox(srv, sb, 49983, "POST", "/files?path=b.txt",
   { body = "bench", headers = { ["Content-Type"] = "application/octet-stream" } }).status == 200)
 local good = srv.url .. "/files?path=b.txt&signature=" .. sign("b.txt:read::" .. sb.envdAccessToken)
-local bad = srv.url .. "/files?path=b.txt&signature=" .. sign("b.txt:read::ea_" .. string.rep("0", 64))
+local bad = srv.url .. "/files?path=" .. PATH .. "&signature=" .. sign(PATH .. ":read::ea_" .. string.rep("0", 64))
 
 local seeded = 0
 print(string.format("%-10s %-8s %10s %10s", "secure", "url", "p50 ms", "p95 ms"))

@@ -84,6 +84,13 @@ static void usage(FILE *f) {
           "  --strict-tokens       a secure sandbox's token on every code interpreter call but\n"
           "                        /health (default: on /execute only, as E2B checks it);\n"
           "                        warmbox.server and `warmbox server start` use it\n"
+          "  --secure-all          every sandbox gets an access token (as POST /v2/sandboxes\n"
+          "                        gives; `secure: false` is not honoured): no data-plane call\n"
+          "                        runs on a sandbox id alone; warmbox.server uses it\n"
+          "  --max-team-memory-mb N  memoryMB of a team's running and paused-in-memory\n"
+          "                        sandboxes together (default: the host's memory; 0: none)\n"
+          "  --max-streams N       concurrent streamed calls per team (Process Start/Connect,\n"
+          "                        WatchDir, /execute; default 64; 0: unlimited)\n"
           "  --unisolated          run sandboxes without bubblewrap (unsafe)\n"
           "  --exit-with PID       shut down (as on SIGTERM) when process PID ends: an embedded\n"
           "                        server does not outlive its host, even one killed by SIGKILL\n"
@@ -200,7 +207,8 @@ struct run_opts {
 static int parse_args(int argc, char **argv, struct run_opts *run) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
-         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT };
+         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT, O_SECALL, O_TEAMMEM,
+         O_MAXSTREAMS };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -216,6 +224,9 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     { "data-dir", required_argument, 0, O_DATA },
     { "unisolated", no_argument, 0, O_UNISO },
     { "strict-tokens", no_argument, 0, O_STRICT },
+    { "secure-all", no_argument, 0, O_SECALL },
+    { "max-team-memory-mb", required_argument, 0, O_TEAMMEM },
+    { "max-streams", required_argument, 0, O_MAXSTREAMS },
     { "admin-token", required_argument, 0, O_ADMIN },
     { "conn-timeout", required_argument, 0, O_CONNTO },
     { "max-conns", required_argument, 0, O_MAXCONN },
@@ -249,6 +260,9 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     case O_DATA: wbd_opt.data_dir = optarg; break;
     case O_UNISO: wbd_opt.unisolated = 1; break;
     case O_STRICT: wbd_opt.strict_tokens = 1; break;
+    case O_SECALL: wbd_opt.secure_all = 1; break;
+    case O_TEAMMEM: rc = parse_int("--max-team-memory-mb", optarg, 0, INT_MAX, &wbd_opt.max_team_memory_mb); break;
+    case O_MAXSTREAMS: rc = parse_int("--max-streams", optarg, 0, 1 << 20, &wbd_opt.max_streams); break;
     case O_ADMIN:
       if (strlen(optarg) < 16) {
         fprintf(stderr, "warmboxd: --admin-token must be at least 16 characters\n");
@@ -419,6 +433,12 @@ int main(int argc, char **argv) {
   struct run_opts run = { 0, 0 };
   int rc = parse_args(argc, argv, &run);
   if (rc >= 0) return rc;
+  if (wbd_opt.max_team_memory_mb < 0) {
+    /* a team's sandboxes may together be as large as the host, no larger */
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    long long mb = pages > 0 && psz > 0 ? (long long)pages * psz / (1 << 20) : 0;
+    wbd_opt.max_team_memory_mb = mb > INT_MAX ? INT_MAX : (int)mb;
+  }
   int host_fd = -1;
   if (run.exit_with > 0 && host_watch_open(run.exit_with, &host_fd) != 0) return 2;
   char *made_dir;

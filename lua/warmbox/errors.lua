@@ -36,8 +36,8 @@ _M.codes = {
   HTTP = "any other HTTP status, or an answer that is not what E2B sends",
   PROTOCOL = "an answer of the wrong shape: a list that is not an array of objects, a file read shorter than "
     .. "its reported size, an output file name that climbs out of the output directory",
-  TOO_LARGE = "a body longer than the request's limit (the core's max_body, read_file's max_bytes): cut off "
-    .. "while it downloaded",
+  TOO_LARGE = "a body longer than the request's limit (the core's max_body, read_file's max_bytes, the E2B "
+    .. "client's max_body): cut off while it downloaded; a listing that names more pages than its max_pages",
   IO = "a local file or descriptor operation failed (the file lock, the engine's poll)",
   REDIS = "Redis answered a command with an error",
   TASK = "a warmbox.task task raised (its result carries the error)",

@@ -180,9 +180,9 @@ end
 -- warmboxd's arguments for a server in dir, `extra`, then `opts.args` last;
 -- returns them and the `--admin-token` given there, if any.
 local function server_args(opts, dir, extra)
-  -- warmbox's client sends a secure sandbox's token on every call: its own
-  -- server asks for it everywhere (warmboxd's default checks what E2B checks).
-  local args = { "--port", "0", "--data-dir", dir .. "/data", "--strict-tokens" }
+  -- warmbox's client sends a secure sandbox's token on every call: its own server asks for it
+  -- everywhere (warmboxd's default checks what E2B checks) and gives every sandbox one.
+  local args = { "--port", "0", "--data-dir", dir .. "/data", "--strict-tokens", "--secure-all" }
   -- An embedded server ends with this process, even one killed by SIGKILL
   -- (whose Server object never gets to stop it); a detached one outlives it.
   local host = not opts.detach and own_pid()

@@ -11,7 +11,9 @@ TRICKLE_S > 0: meanwhile send each one more byte of header every TRICKLE_S
 (a client that is never idle but never finishes its request head).
 KIND "body" (default "head"): each sends a whole request head (a POST with
 Content-Length: 60000, under the 64 KiB a caller without a key may send) and
-then its body only as TRICKLE_S says;
+then its body only as TRICKLE_S says; "head-now": as "head", but /health is
+asked at once after the last connection opened (all of them younger than a
+second), before the count of held connections settles;
 HEALTH_FROM (default 127.0.0.2): the address /health is asked from
 (127.0.0.1: the same one as the slow connections);
 SERVER_PID: also report the server's threads and RSS (/proc/PID/status)
@@ -26,6 +28,8 @@ port, n = int(sys.argv[1]), int(sys.argv[2])
 wait_close = float(sys.argv[3]) if len(sys.argv) > 3 else 0
 trickle = float(sys.argv[4]) if len(sys.argv) > 4 else 0
 kind = sys.argv[5] if len(sys.argv) > 5 else "head"
+at_once = kind.endswith("-now")
+kind = kind[:-4] if at_once else kind
 health_from = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.2"
 server_pid = sys.argv[7] if len(sys.argv) > 7 else None
 START = (b"POST /sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -59,6 +63,27 @@ def still_open(s):
         return False
 
 
+def ask_health():
+    t0 = time.monotonic()
+    status = 0
+    h = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    h.settimeout(5)
+    try:
+        h.bind((health_from, 0))
+        h.connect(("127.0.0.1", port))
+        h.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        line = h.recv(64).split(b"\r\n")[0].split()
+        status = int(line[1]) if len(line) > 1 else 0
+    except OSError:
+        status = 0
+    finally:
+        h.close()
+    return status, (time.monotonic() - t0) * 1000
+
+
+if at_once:
+    status, health_ms = ask_health()
+
 # The server refuses what is over its caps as it accepts: wait until the
 # count of connections it keeps has settled (a slow server, e.g. under
 # valgrind, takes a while to go through its backlog).
@@ -79,21 +104,8 @@ if server_pid:
             elif k == "VmRSS":
                 server["server_rss_kb"] = int(v.split()[0])
 
-t0 = time.monotonic()
-status = 0
-h = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-h.settimeout(5)
-try:
-    h.bind((health_from, 0))
-    h.connect(("127.0.0.1", port))
-    h.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-    line = h.recv(64).split(b"\r\n")[0].split()
-    status = int(line[1]) if len(line) > 1 else 0
-except OSError:
-    status = 0
-finally:
-    h.close()
-health_ms = (time.monotonic() - t0) * 1000
+if not at_once:
+    status, health_ms = ask_health()
 
 closed_after = None
 if wait_close > 0:

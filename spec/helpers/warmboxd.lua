@@ -14,7 +14,8 @@
 -- A spec file is one team that leaves its sandboxes running (600 s leases), many
 -- more than warmboxd's default per-team cap (--max-running 20): servers started
 -- here get --max-running 0 (no cap) unless opts.args gives one or
--- opts.default_max_running keeps warmboxd's default.
+-- opts.default_max_running keeps warmboxd's default; the same for the team's
+-- other budgets (--max-streams, --max-team-memory-mb).
 --
 -- WARMBOXD_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full")
 -- runs the server under a wrapper; WARMBOXD_BIN overrides the binary.
@@ -131,14 +132,23 @@ function M.start(opts)
     args[#args + 1] = tostring(me)
   end
   local admin_token, max_running = nil, opts.default_max_running
+  -- the per-team budgets that default to a figure, off unless a spec gives them
+  local budgets = { ["--max-streams"] = false, ["--max-team-memory-mb"] = false }
   for i, a in ipairs(opts.args or {}) do
     args[#args + 1] = a
     if a == "--admin-token" then admin_token = opts.args[i + 1] end
     if a == "--max-running" then max_running = true end
+    if budgets[a] == false then budgets[a] = true end
   end
   if not max_running then
     args[#args + 1] = "--max-running"
     args[#args + 1] = "0"
+  end
+  for _, flag in ipairs({ "--max-streams", "--max-team-memory-mb" }) do
+    if not budgets[flag] and not opts.default_max_running then
+      args[#args + 1] = flag
+      args[#args + 1] = "0"
+    end
   end
   if not admin_token then
     admin_token = random_token()
@@ -223,9 +233,22 @@ function Server:ns_path(path)
   return "/proc/" .. self.pid .. "/root" .. path
 end
 
+--- The name of sandbox `id`'s runtime on the host (`r` + 20 hex, never the
+-- id): its directory under the data directory, its cgroups, and what names
+-- it on its jails' bubblewrap command lines (the admin API's /runtime).
+local function runtime(self, id)
+  local res = self:admin("GET", "/runtime?id=" .. id)
+  if res.status ~= 200 then error("runtime: http " .. tostring(res.status) .. ": " .. tostring(res.body), 3) end
+  return res.json
+end
+function Server:runtime_name(id) return runtime(self, id).name end
+
+--- The directory (as warmboxd sees it) holding sandbox `id`'s home, tmp and root.
+function Server:sandbox_dir(id) return runtime(self, id).dir end
+
 --- The host path of the directory that is /home/user inside sandbox `id`.
 function Server:sandbox_home(id)
-  return self:ns_path(self.dir .. "/data/" .. id .. "/home")
+  return self:ns_path(self:sandbox_dir(id) .. "/home")
 end
 
 function Server:log()

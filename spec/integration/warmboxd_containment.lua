@@ -264,7 +264,7 @@ describe("warmboxd containment", function()
       local sb = create()
       py(sb, "import os\nopen('/home/user/mine', 'w').write('x')\nos.chmod('/home/user/mine', 0o4755)\n"
         .. "open('/tmp/t', 'w').write('x')\nNone")
-      local dir = srv:ns_path(srv.dir .. "/data/" .. sb.sandboxID)
+      local dir = srv:ns_path(srv:sandbox_dir(sb.sandboxID))
       local st = sh("stat -c '%u %a' " .. q(dir .. "/home/mine")):gsub("%s+$", "")
       local uid, mode = st:match("^(%d+) (%d+)$")
       assert.is_truthy(uid, st)
@@ -356,7 +356,8 @@ describe("warmboxd containment", function()
       assert.are.same({ 2, 2048 }, { info.cpuCount, info.memoryMB })
       py(sb, "1")
       local function read(ctrl, file)
-        local v = wbd.read_all(string.format("/sys/fs/cgroup/%s/warmboxd-%d/%s/%s", ctrl, srv.pid, sb.sandboxID, file))
+        local v = wbd.read_all(string.format("/sys/fs/cgroup/%s/warmboxd-%d/%s/%s", ctrl, srv.pid,
+          srv:runtime_name(sb.sandboxID), file))
         return v and v:gsub("%s+$", "")
       end
       if not read("memory", "memory.limit_in_bytes") then

@@ -129,4 +129,24 @@ describe("warmboxd signed /files URLs without routing headers", function()
     http.request{ url = srv.url .. "/files?path=x&signature=v1_bad" }
     assert.are.equal(2, srv:count("envd GET /files"))
   end)
+
+  it("costs one hash of its path, not one per running secure sandbox, and nothing for an oversized path", function()
+    -- 3 running secure sandboxes (a, b, other): a forged signature is tried
+    -- against each token, but the path (the part a client sizes) is hashed once.
+    local exp = tostring(os.time() + 600)
+    local forged = "v1_" .. string.rep("A", 43)
+    local function hashed(path)
+      assert.are.equal(204, http.request{ method = "POST", url = srv.url .. "/_warmboxd/stats/reset" }.status)
+      local res = http.request{ url = srv.url .. "/files?path=" .. path .. "&signature=" .. forged
+        .. "&signature_expiration=" .. exp }
+      assert.are.equal(401, res.status, res.body)
+      return srv:stats().counters.signed_url_hashed_bytes or 0
+    end
+    local n = hashed(string.rep("p", 4000))
+    assert.is_true(n >= 4000, n)
+    -- each token adds its own "token:expiration" (about 80 bytes), never the path again
+    assert.is_true(n < 4000 + 3 * 128, n)
+    -- a path no envd serves (over 4096 bytes) is refused before any hashing
+    assert.are.equal(0, hashed(string.rep("p", 20000)))
+  end)
 end)

@@ -297,7 +297,7 @@ describe("warmboxd jail audit", function()
           "r",
         }, "\n")))
         -- warmboxd's own files stay outside: the data directory on the host is empty of them
-        local p = assert(io.popen("ls -A " .. wbd.sh_quote(data .. "/d/" .. box.sandboxID) .. " 2>&1"))
+        local p = assert(io.popen("ls -A " .. wbd.sh_quote(nr:sandbox_dir(box.sandboxID)) .. " 2>&1"))
         local listed = p:read("a")
         p:close()
         assert.are.equal("", listed)

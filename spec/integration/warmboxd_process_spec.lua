@@ -146,10 +146,11 @@ describe("warmboxd envd processes", function()
       -- its environ is the fixed one, and no value is on its command line,
       -- which every host user can read.
       local environ, cmdline
+      local name = srv:runtime_name(box.sandboxID)
       local ls = io.popen("ls /proc")
       for pid in ls:read("a"):gmatch("%d+") do
         local c = wbd.read_all("/proc/" .. pid .. "/cmdline") or ""
-        if c:find("^/usr/bin/bwrap%z") and c:find(box.sandboxID, 1, true) and c:find("$WB_PROBE", 1, true) then
+        if c:find("^/usr/bin/bwrap%z") and c:find(name, 1, true) and c:find("$WB_PROBE", 1, true) then
           environ, cmdline = wbd.read_all("/proc/" .. pid .. "/environ"), c
           break
         end

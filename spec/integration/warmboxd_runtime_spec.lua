@@ -19,7 +19,7 @@ local function sh(cmd)
 end
 
 -- Host processes whose command line mentions `s` (bwrap's arguments name the
--- sandbox's id, so this finds a sandbox's jails).
+-- sandbox's runtime, srv:runtime_name(id), so this finds a sandbox's jails).
 local function procs_mentioning(s)
   local out = {}
   for line in sh("ps -eo pid=,args="):gmatch("[^\n]+") do
@@ -72,9 +72,9 @@ describe("warmboxd runtime", function()
   end)
 
   describe("directories", function()
-    it("makes <data-dir>/<id>/home and tmp at create, seen as /home/user and /tmp", function()
+    it("makes <data-dir>/<runtime name>/home and tmp at create, seen as /home/user and /tmp", function()
       local sb = create()
-      local dir = in_ns(srv, data .. "/" .. sb.sandboxID)
+      local dir = in_ns(srv, srv:sandbox_dir(sb.sandboxID))
       assert.is_true(exists(dir .. "/home"))
       assert.is_true(exists(dir .. "/tmp"))
       py(sb, "open('/home/user/h.txt', 'w').write('home')\nopen('/tmp/t.txt', 'w').write('tmp')")
@@ -160,7 +160,7 @@ describe("warmboxd runtime", function()
       local sb = create()
       py(sb, "import subprocess\nsubprocess.Popen(['bash', '-c', 'while true; do echo x >> /home/user/tick; "
         .. "sleep 0.05; done'])\nNone")
-      local tick = in_ns(srv, data .. "/" .. sb.sandboxID .. "/home/tick")
+      local tick = in_ns(srv, srv:sandbox_dir(sb.sandboxID) .. "/home/tick")
       for _ = 1, 200 do
         if file_size(tick) > 0 then break end
         wbd.sleep(0.05)
@@ -171,7 +171,7 @@ describe("warmboxd runtime", function()
       wbd.sleep(0.5)
       assert.are.equal(frozen, file_size(tick))
       -- the processes are still there, only stopped
-      assert.is_true(#procs_mentioning(sb.sandboxID) > 0)
+      assert.is_true(#procs_mentioning(srv:runtime_name(sb.sandboxID)) > 0)
       assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/connect", { timeout = 60 }).status)
       for _ = 1, 200 do
         if file_size(tick) > frozen then break end
@@ -181,14 +181,15 @@ describe("warmboxd runtime", function()
       kill(sb)
     end)
 
-    it("without memory ends the processes and keeps the files", function()
+    it("without memory ends the processes and keeps the files, on disk only (the runtime is given up)", function()
       local sb = create()
       py(sb, "import subprocess\nsubprocess.Popen(['sleep', '600'])\nopen('/home/user/f', 'w').write('kept')")
-      local dir = in_ns(srv, data .. "/" .. sb.sandboxID)
-      assert.is_true(#procs_mentioning(sb.sandboxID) > 0)
+      local dir = in_ns(srv, srv:sandbox_dir(sb.sandboxID))
+      assert.is_true(#procs_mentioning(srv:runtime_name(sb.sandboxID)) > 0)
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/pause", { memory = false }).status)
-      assert.are.same({}, procs_mentioning(sb.sandboxID))
-      assert.is_true(exists(dir .. "/home/f"))
+      assert.are.same({}, procs_mentioning(srv:runtime_name(sb.sandboxID)))
+      assert.is_false(exists(dir))
+      assert.is_true(exists(data .. "/.state/paused/" .. sb.sandboxID .. "/files/home/f"))
       assert.are.equal(201, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/connect", { timeout = 60 }).status)
       assert.are.equal("kept", py(sb, "open('/home/user/f').read()"))
       kill(sb)
@@ -201,10 +202,10 @@ describe("warmboxd runtime", function()
       py(sb, "import subprocess\nsubprocess.Popen(['sleep', '600'])\nNone")
       local res = http.sandbox(srv, sb, 49999, "POST", "/execute", { json = { code = "B=1", language = "bash" } })
       assert.are.equal(200, res.status)
-      local dir = data .. "/" .. sb.sandboxID
-      assert.is_true(#procs_mentioning(sb.sandboxID) >= 2)
+      local dir = srv:sandbox_dir(sb.sandboxID)
+      assert.is_true(#procs_mentioning(srv:runtime_name(sb.sandboxID)) >= 2)
       assert.are.equal(204, kill(sb).status)
-      assert.are.same({}, procs_mentioning(sb.sandboxID))
+      assert.are.same({}, procs_mentioning(srv:runtime_name(sb.sandboxID)))
       assert.is_false(exists(dir))
       assert.is_false(exists(in_ns(srv, dir)))
     end)
@@ -229,7 +230,7 @@ describe("warmboxd runtime", function()
       end
       os.remove(tmp)
       assert.is_truthy(out:find("done", 1, true))
-      assert.are.same({}, procs_mentioning(sb.sandboxID))
+      assert.are.same({}, procs_mentioning(srv:runtime_name(sb.sandboxID)))
     end)
   end)
 
@@ -249,7 +250,7 @@ describe("warmboxd runtime", function()
           "len(os.getcwd())" }, "\n") } })
         assert.are.equal(200, res.status)
         assert.is_true(tonumber(main_text(res.body)) > 4096, res.body)
-        local dir = s3.dir .. "/data/" .. sb.sandboxID
+        local dir = s3:sandbox_dir(sb.sandboxID)
         assert.is_true(exists(dir .. "/home/dd/dd"))
         assert.are.equal(204, http.api(s3, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
         assert.is_false(exists(dir))
@@ -274,7 +275,7 @@ describe("warmboxd runtime", function()
       local paused = http.api(s2, "POST", "/sandboxes", { templateID = "code-interpreter-v1", timeout = 600 }).json
       http.sandbox(s2, paused, 49999, "POST", "/execute", { json = { code = "1" } })
       assert.are.equal(204, http.api(s2, "POST", "/sandboxes/" .. paused.sandboxID .. "/pause", {}).status)
-      local ids = { sb.sandboxID, paused.sandboxID }
+      local ids = { s2:runtime_name(sb.sandboxID), s2:runtime_name(paused.sandboxID) }
       assert.is_true(#procs_mentioning(ids[1]) + #procs_mentioning(ids[2]) >= 3)
       s2:stop()
       for _, id in ipairs(ids) do assert.are.same({}, procs_mentioning(id)) end
@@ -298,7 +299,7 @@ describe("warmboxd runtime", function()
           "subprocess.Popen(['bash', '-c', 'while true; do echo x >> /home/user/tick; sleep 0.05; done'])",
           "state = 'kept'" }, "\n") } })
         assert.are.equal(200, res.status)
-        local tick = in_ns(s4, dir .. "/" .. sb.sandboxID .. "/home/tick")
+        local tick = in_ns(s4, s4:sandbox_dir(sb.sandboxID) .. "/home/tick")
         for _ = 1, 200 do
           if file_size(tick) > 0 then break end
           wbd.sleep(0.05)
@@ -317,7 +318,7 @@ describe("warmboxd runtime", function()
         end
         assert.is_true(file_size(tick) > frozen)
         assert.are.equal(204, http.api(s4, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
-        assert.are.same({}, procs_mentioning(sb.sandboxID))
+        assert.are.same({}, procs_mentioning(s4:runtime_name(sb.sandboxID)))
       end)
       s4:stop()
       os.execute("rm -rf " .. q(dir))

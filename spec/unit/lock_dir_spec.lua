@@ -39,15 +39,48 @@ describe("warmbox.lock's directory", function()
     dirs = {}
   end)
 
-  it("is one per user by default: $XDG_RUNTIME_DIR/warmbox/locks, else /tmp/warmbox-locks-<uid>", function()
+  it("is one per user by default: $XDG_RUNTIME_DIR/warmbox/locks when set", function()
     local dflt = lock.default_dir()
     local run = os.getenv("XDG_RUNTIME_DIR")
     if run and run ~= "" then
       assert.are.equal(run .. "/warmbox/locks", dflt)
-    else
-      assert.are.equal("/tmp/warmbox-locks-" .. core.geteuid(), dflt)
     end
     assert.are.equal(dflt, lock.new{ backend = "file" }.dir)
+  end)
+
+  -- A lua5.4 with `env` (e.g. "-u XDG_RUNTIME_DIR HOME=/x") that prints the
+  -- default directory, then what locking a key there answered.
+  local function in_env(env)
+    local build = core.module_path():match("^(.*)/warmbox/[^/]*$")
+    local code = "local l = require('warmbox.lock') print(l.default_dir()) "
+      .. "local lk = l.new{ backend = 'file', timeout = 1 } local ok, err = lk:lock('k') "
+      .. "print(ok and 'locked' or err) if ok then lk:unlock() end"
+    local p = io.popen(string.format("env %s LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' "
+      .. "lua5.4 -e \"%s\" 2>&1", env, build, code))
+    local dir, res = p:read("l"), p:read("l")
+    p:close()
+    return dir, res
+  end
+
+  it("without XDG_RUNTIME_DIR is under the user's home, never a name under /tmp another user could make first",
+    function()
+      local home = fresh()
+      assert(sh("mkdir -m 0700 '" .. home .. "'"))
+      local dir, res = in_env("-u XDG_RUNTIME_DIR -u XDG_STATE_HOME HOME='" .. home .. "'")
+      assert.are.equal(home .. "/.local/state/warmbox/locks", dir)
+      assert.are.equal("locked", res)
+      local p = io.popen("stat -c %a '" .. dir .. "'")
+      assert.are.equal("700", p:read("l"))
+      p:close()
+      dir = in_env("-u XDG_RUNTIME_DIR XDG_STATE_HOME='" .. home .. "/st' HOME='" .. home .. "'")
+      assert.are.equal(home .. "/st/warmbox/locks", dir)
+    end)
+
+  it("names the fix when its directory is refused", function()
+    local d = fresh()
+    assert(sh("mkdir -m 0777 '" .. d .. "' && chmod 0777 '" .. d .. "'"))
+    local _, err = use(d)
+    assert.matches("fix: remove it if it is not yours, or give warmbox.lock.new a dir of your own", err, 1, true)
   end)
 
   it("is made owner-only when missing, and used", function()

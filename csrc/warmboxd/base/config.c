@@ -20,6 +20,8 @@ struct wbd_options wbd_opt = {
   .data_dir = NULL,
   .max_list_entries = 50000,
   .max_contexts = 128,
+  .max_team_memory_mb = -1,   /* main.c: the host's memory */
+  .max_streams = 64,
 };
 
 struct wbd_limits wbd_lim = {

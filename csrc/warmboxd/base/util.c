@@ -229,49 +229,89 @@ static void sha_block(uint32_t h[8], const unsigned char *p) {
   h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
 }
 
-void wbd_sha256(const void *data, size_t len, unsigned char out[32]) {
-  uint32_t h[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+void wbd_sha256_init(struct wbd_sha256 *c) {
+  static const uint32_t h0[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+  memcpy(c->h, h0, sizeof h0);
+  c->n = 0;
+  c->len = 0;
+}
+
+void wbd_sha256_update(struct wbd_sha256 *c, const void *data, size_t len) {
   const unsigned char *p = data;
-  size_t n = len;
-  for (; n >= 64; n -= 64, p += 64) sha_block(h, p);
+  c->len += len;
+  if (c->n) {
+    size_t take = 64 - c->n < len ? 64 - c->n : len;
+    memcpy(c->buf + c->n, p, take);
+    c->n += take;
+    p += take;
+    len -= take;
+    if (c->n < 64) return;
+    sha_block(c->h, c->buf);
+    c->n = 0;
+  }
+  for (; len >= 64; len -= 64, p += 64) sha_block(c->h, p);
+  memcpy(c->buf, p, len);
+  c->n = len;
+}
+
+void wbd_sha256_final(struct wbd_sha256 *c, unsigned char out[32]) {
   unsigned char tail[128] = { 0 };
-  memcpy(tail, p, n);
+  size_t n = c->n;
+  memcpy(tail, c->buf, n);
   tail[n] = 0x80;
   size_t tl = n + 1 + 8 <= 64 ? 64 : 128;
-  uint64_t bits = (uint64_t)len * 8;
+  uint64_t bits = c->len * 8;
   for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (unsigned char)(bits >> (8 * i));
-  sha_block(h, tail);
-  if (tl == 128) sha_block(h, tail + 64);
+  sha_block(c->h, tail);
+  if (tl == 128) sha_block(c->h, tail + 64);
   for (int i = 0; i < 8; i++) {
-    out[4 * i] = (unsigned char)(h[i] >> 24);
-    out[4 * i + 1] = (unsigned char)(h[i] >> 16);
-    out[4 * i + 2] = (unsigned char)(h[i] >> 8);
-    out[4 * i + 3] = (unsigned char)h[i];
+    out[4 * i] = (unsigned char)(c->h[i] >> 24);
+    out[4 * i + 1] = (unsigned char)(c->h[i] >> 16);
+    out[4 * i + 2] = (unsigned char)(c->h[i] >> 8);
+    out[4 * i + 3] = (unsigned char)c->h[i];
   }
 }
 
-void wbd_files_signature(const char *path, const char *op, const char *user, const char *token,
-                         const char *expiration, char out[64]) {
-  struct wbd_buf raw = { 0 };
-  const char *parts[] = { path ? path : "", ":", op, ":", user ? user : "", ":", token };
-  int ok = 1;
-  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-    ok &= wbd_buf_add(&raw, parts[i], strlen(parts[i])) == 0;
+void wbd_sha256(const void *data, size_t len, unsigned char out[32]) {
+  struct wbd_sha256 c;
+  wbd_sha256_init(&c);
+  wbd_sha256_update(&c, data, len);
+  wbd_sha256_final(&c, out);
+}
+
+/* The signature's input is "path:op:user:token[:expiration]": the part
+ * before the token is hashed once (wbd_files_sig_prefix), then each
+ * candidate token costs only its own few blocks (wbd_files_sig_finish). */
+void wbd_files_sig_prefix(struct wbd_sha256 *c, const char *path, const char *op, const char *user) {
+  wbd_sha256_init(c);
+  const char *parts[] = { path ? path : "", ":", op, ":", user ? user : "", ":" };
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) wbd_sha256_update(c, parts[i], strlen(parts[i]));
+}
+
+void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, const char *expiration,
+                          char out[64]) {
+  struct wbd_sha256 c = *prefix;
+  wbd_sha256_update(&c, token, strlen(token));
   if (expiration) {
-    ok &= wbd_buf_add(&raw, ":", 1) == 0;
-    ok &= wbd_buf_add(&raw, expiration, strlen(expiration)) == 0;
+    wbd_sha256_update(&c, ":", 1);
+    wbd_sha256_update(&c, expiration, strlen(expiration));
   }
-  if (!ok) abort();   /* out of memory, as elsewhere in warmboxd */
   unsigned char digest[32];
-  wbd_sha256(raw.data, raw.len, digest);
-  wbd_buf_free(&raw);
+  wbd_sha256_final(&c, digest);
   char *b64 = wbd_b64_encode(digest, sizeof digest);
   if (!b64) abort();
   size_t bl = strlen(b64);
   while (bl && b64[bl - 1] == '=') b64[--bl] = 0;
   snprintf(out, 64, "v1_%s", b64);
   free(b64);
+}
+
+void wbd_files_signature(const char *path, const char *op, const char *user, const char *token,
+                         const char *expiration, char out[64]) {
+  struct wbd_sha256 c;
+  wbd_files_sig_prefix(&c, path, op, user);
+  wbd_files_sig_finish(&c, token, expiration, out);
 }
 
 int wbd_str_eq_ct(const char *a, const char *b) {

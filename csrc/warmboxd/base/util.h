@@ -29,6 +29,21 @@ char *wbd_b64_encode(const void *data, size_t len);
 unsigned char *wbd_b64_decode(const char *s, size_t *out_len);
 
 void wbd_sha256(const void *data, size_t len, unsigned char out[32]);
+/* The same, a piece at a time; a copy of a context goes on from where it was. */
+struct wbd_sha256 {
+  uint32_t h[8];
+  unsigned char buf[64];
+  size_t n;           /* bytes in buf */
+  uint64_t len;       /* bytes hashed in all */
+};
+void wbd_sha256_init(struct wbd_sha256 *c);
+void wbd_sha256_update(struct wbd_sha256 *c, const void *data, size_t len);
+void wbd_sha256_final(struct wbd_sha256 *c, unsigned char out[32]);
+/* wbd_files_signature in two steps: the part every token shares ("path:op:
+ * user:"), once; then one token's signature from a copy of it. */
+void wbd_files_sig_prefix(struct wbd_sha256 *c, const char *path, const char *op, const char *user);
+void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, const char *expiration,
+                          char out[64]);
 
 /* The one source of randomness (ids, tokens, UUIDs, the admin token):
  * getrandom(2), retried when a signal interrupts it; warmboxd aborts when

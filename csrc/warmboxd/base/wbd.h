@@ -100,7 +100,11 @@ struct wbd_sandbox {
   /* data plane bookkeeping (under the store lock) */
   int runs_in_flight;       /* /execute and Process.Start streams now running */
   int64_t last_start_mono_us;  /* CLOCK_MONOTONIC of its last Process.Start (a pause lets it settle) */
-  int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart) */
+  int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart,
+                             * or released by a pause without memory) */
+  int paused_ram;           /* paused with its runtime in host RAM (frozen processes, its tmpfs):
+                             * counts toward the team's --max-team-memory-mb; set it with
+                             * wbd_store_set_paused_ram_locked once the record is in the store */
   struct wbd_rt *rt;
 };
 
@@ -150,7 +154,18 @@ int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its pr
  * has not settled into waiting yet), else 0. */
 int  wbd_rt_settling(struct wbd_sandbox *sb);
 void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
+/* A paused sandbox whose files are kept on disk gives its runtime up
+ * (processes, tmpfs, cgroups, network): what held host RAM. The next use
+ * makes a fresh one (as after a restart). 0, or -1 (killed, shutting down). */
+int  wbd_rt_release(struct wbd_sandbox *sb);
 void wbd_rt_shutdown(void);                                   /* warmboxd exits: clean up everything */
+/* The name of a sandbox's runtime on the host (its directory under the data
+ * directory, its cgroups, bubblewrap's command line): "r" + 20 hex, a keyed
+ * hash of the id that only this process can make (out: 22 bytes or more),
+ * so nothing the host shows other users carries an id. wbd_rt_is_name: 1
+ * for a string of that form (a runtime a killed warmboxd left). */
+void wbd_rt_name(const char *id, char *out, size_t len);
+int wbd_rt_is_name(const char *s);
 
 /* ------------------------------------------------------------------ */
 /* Data plane (dataplane.c); the server calls this                     */
@@ -184,6 +199,9 @@ struct wbd_options {
   int verbose;
   int max_list_entries;     /* envd ListDir answers at most this many (default 50000) */
   int max_contexts;         /* code contexts per sandbox, the two defaults included (default 128) */
+  int secure_all;           /* --secure-all: every sandbox gets an access token (no id-only data plane) */
+  int max_team_memory_mb;   /* memoryMB of a team's sandboxes held in RAM (-1: the host's; 0: none) */
+  int max_streams;          /* concurrent streamed calls per team (default 64; 0: unlimited) */
 };
 extern struct wbd_options wbd_opt;
 

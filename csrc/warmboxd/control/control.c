@@ -29,6 +29,25 @@ static enum MHD_Result reply_429(struct wbd_req *req) {
                          wbd_knob(&wbd_opt.max_running));
 }
 
+/* The team's memory budget (--max-team-memory-mb): the memoryMB of its
+ * sandboxes held in host RAM, running or paused with their runtime (a
+ * pause with memory keeps the processes; one without gives the runtime up,
+ * its files kept on disk), and of those being created or resumed. Under
+ * the store lock: whether `add_mb` more would go over. */
+static int over_memory_locked(const struct wbd_team *t, long add_mb) {
+  int cap = wbd_knob(&wbd_opt.max_team_memory_mb);
+  return cap > 0 && add_mb > 0 && t->held_mb + t->reserved_mb + add_mb > cap;
+}
+
+enum MHD_Result wbd_ctl_reply_limit(struct wbd_req *req, int rc) {
+  if (rc != WBD_OVER_MEMORY) return reply_429(req);
+  return wbd_reply_error(req, 429,
+                         "you have reached the maximum memory of your running and paused sandboxes (%d MB): "
+                         "kill some, or pause them with memory: false, which keeps only their files "
+                         "(warmboxd --max-team-memory-mb)",
+                         wbd_knob(&wbd_opt.max_team_memory_mb));
+}
+
 /* ------------------------------------------------------------------ */
 /* Routes                                                              */
 /* ------------------------------------------------------------------ */
@@ -265,11 +284,18 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   int rc = wbd_rt_on_pause(sb, memory);
   /* A copy that cannot be written (disk full) leaves the sandbox paused here;
    * only a restart would lose it. */
-  if (rc == 0 && wbd_persist_save(sb) != 0) wbd_stat_add("persist_failed", 1);
+  int saved = rc == 0 ? wbd_persist_save(sb) : -1;
+  if (rc == 0 && saved != 0) wbd_stat_add("persist_failed", 1);
+  /* Without memory nothing needs the runtime until the resume: the files
+   * go to disk and what held RAM (the tmpfs, the groups) goes. */
+  int released = rc == 0 && saved == 0 && !memory && wbd_persist_release(sb) == 0;
+  if (rc == 0 && !memory && !released) wbd_stat_add("pause_kept_in_ram", 1);
   wbd_store_lock();
   if (rc == 0) {
     wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
+    if (released) sb->files_on_disk = 1;
+    sb->paused_ram = !released;   /* counted when it turns paused, just below */
     wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
   }
@@ -312,7 +338,14 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     wbd_store_unlock();
     return 429;
   }
+  /* a sandbox paused in RAM holds its memory already */
+  long add_mb = sb->paused_ram ? 0 : wbd_store_rec_mb(sb);
+  if (over_memory_locked(t, add_mb)) {
+    wbd_store_unlock();
+    return WBD_OVER_MEMORY;
+  }
   t->reserved++;
+  t->reserved_mb += add_mb;
   wbd_store_set_busy_locked(sb, 1);
   int reboot = memory == 0 && sb->paused_with_memory;
   wbd_store_unlock();
@@ -327,8 +360,10 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
 
   wbd_store_lock();
   t->reserved--;
+  t->reserved_mb -= add_mb;
   if (rc == 0) {
     if (reboot) sb->paused_with_memory = 0;
+    wbd_store_set_paused_ram_locked(sb, 0);
     if (mode == R_RESUME && auto_pause >= 0) sb->auto_pause = auto_pause;
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
@@ -381,9 +416,9 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
       return sandbox_gone(req, id);
     }
     int rc = wbd_sandbox_auto_resume(sb);
-    if (rc == 429) {
+    if (rc == 429 || rc == WBD_OVER_MEMORY) {
       wbd_sandbox_unref(sb);
-      return reply_429(req);
+      return wbd_ctl_reply_limit(req, rc);
     }
     if (rc != 0) {
       wbd_sandbox_unref(sb);
@@ -404,12 +439,16 @@ int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_
   wbd_store_lock();
   struct wbd_team *t = wbd_store_team_locked(sb->team, 1);
   int maxr = wbd_knob(&wbd_opt.max_running);
-  if (maxr > 0 && t->running + t->reserved >= maxr) {
+  int over = maxr > 0 && t->running + t->reserved >= maxr ? 429 : 0;
+  long add_mb = wbd_store_rec_mb(sb);
+  if (!over && over_memory_locked(t, add_mb)) over = WBD_OVER_MEMORY;
+  if (over) {
     wbd_store_unlock();
     wbd_store_discard(sb);
-    return 429;
+    return over;
   }
   t->reserved++;
+  t->reserved_mb += add_mb;
   wbd_store_unlock();
 
   wbd_sleep_ms(wbd_knob(&wbd_opt.create_ms));
@@ -421,12 +460,14 @@ int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_
     wbd_rt_on_kill(sb);
     wbd_store_lock();
     t->reserved--;
+    t->reserved_mb -= add_mb;
     wbd_store_unlock();
     wbd_store_discard(sb);
     return 500;
   }
   wbd_store_lock();
   t->reserved--;
+  t->reserved_mb -= add_mb;
   int64_t now = wbd_now_us();
   sb->started_at_us = now;
   sb->end_at_us = cap_end(sb, now + to * US);
@@ -501,8 +542,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   if (env) json_object_update(sb->env_vars, env);
   /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system
    * communication with the sandbox is always secured"; the SDK no longer sends
-   * `secure`). The older path keeps the opt-in `secure` flag. */
-  sb->secure = v2 || (secure && json_is_true(secure));
+   * `secure`). The older path keeps the opt-in `secure` flag, unless
+   * --secure-all (warmbox's own servers): then no sandbox's data plane answers
+   * on its id alone, which every local user might learn. */
+  sb->secure = v2 || (secure && json_is_true(secure)) || wbd_opt.secure_all;
   if (!sb->secure) sb->access_token[0] = 0;
   sb->allow_internet = inet ? json_is_true(inet) : 1;
   sb->auto_pause = auto_pause;
@@ -514,7 +557,7 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   json_t *res = NULL;
   int rc = wbd_ctl_launch(sb, to, snap ? wbd_snapshot_fill : NULL, snap, &res);
   wbd_snapshot_put(snap);
-  if (rc == 429) return reply_429(req);
+  if (rc == 429 || rc == WBD_OVER_MEMORY) return wbd_ctl_reply_limit(req, rc);
   if (rc != 0) return wbd_reply_error(req, 500, "Failed to create sandbox");
   return wbd_reply_json(req, 201, res, NULL);
 }
@@ -636,7 +679,8 @@ static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const ch
   case 201: return wbd_reply_json(req, (unsigned)rc, out, NULL);
   case 404: return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   case 409: return wbd_reply_error(req, 409, "Sandbox %s is already running", id);
-  case 429: return reply_429(req);
+  case 429:
+  case WBD_OVER_MEMORY: return wbd_ctl_reply_limit(req, rc);
   default: return wbd_reply_error(req, 500, "Failed to resume sandbox");
   }
 }

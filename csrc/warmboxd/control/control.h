@@ -44,9 +44,14 @@ json_t *wbd_ctl_sandbox_json(const struct wbd_sandbox *sb);
 /* The team's record with that id, not killed, referenced; or NULL. */
 struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id);
 /* Starts a new record (wbd_store_alloc'd and filled in, not inserted) for a
- * lease of `to` seconds: reserves a place under the team's cap, makes its
+ * lease of `to` seconds: reserves a place under the team's caps, makes its
  * runtime, lets `fill` (may be NULL) put files in it, inserts it running.
- * 0 and *out (its `Sandbox`), or 429 / 500 (the record is then freed). */
+ * 0 and *out (its `Sandbox`), or 429 (--max-running) / WBD_OVER_MEMORY
+ * (--max-team-memory-mb) / 500 (the record is then freed). */
+#define WBD_OVER_MEMORY 1429
+/* The 429 answer of a team's cap: --max-running, or (WBD_OVER_MEMORY) its
+ * memory budget. */
+enum MHD_Result wbd_ctl_reply_limit(struct wbd_req *req, int rc);
 int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_sandbox *sb, void *cls), void *cls,
                    json_t **out);
 /* Pauses a referenced record (expire_only: the lease timer's call): 204,
@@ -92,6 +97,7 @@ enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c);
 /* knobs.c: the admin API, /_warmboxd/... (stats, faults, config, seed,
  * clock), once server.c's gate let the request in. */
 enum MHD_Result wbd_admin_stats(struct wbd_req *req, const struct wbd_call *c);
+enum MHD_Result wbd_admin_runtime(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_admin_stats_reset(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_admin_fault_add(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_call *c);

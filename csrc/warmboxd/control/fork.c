@@ -35,6 +35,9 @@ static json_t *fork_one(const char *team, json_t *rec, char *dir, long long time
   int rc = wbd_ctl_launch(sb, timeout, fill_from, dir, &out);
   if (rc == 429)
     return fork_error(429, "you have reached the maximum number of concurrent E2B sandboxes");
+  if (rc == WBD_OVER_MEMORY)
+    return fork_error(429, "you have reached the maximum memory of your running and paused sandboxes "
+                           "(warmboxd --max-team-memory-mb)");
   if (rc != 0) return fork_error(500, "Failed to start forked sandbox");
   return json_pack("{s:o}", "sandbox", out);
 }

@@ -145,9 +145,9 @@ enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_cal
 /* ------------------------------------------------------------------ */
 
 /* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
- * "resume_ms", "max_running": 0..600000, the lifecycle events'
- * "webhook_duplicates": bool, "webhook_retry_ms", "webhook_retries",
- * "events_ttl_days"}: all checked before any is set. */
+ * "resume_ms", "max_running", "max_team_memory_mb", "max_streams": 0..600000, the
+ * lifecycle events' "webhook_duplicates": bool, "webhook_retry_ms",
+ * "webhook_retries", "events_ttl_days"}: all checked before any is set. */
 enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *call) {
   (void)call;
   enum MHD_Result r = MHD_NO;
@@ -159,7 +159,8 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
     int is_bool = strcmp(k, "loose_metadata") == 0 || strcmp(k, "webhook_duplicates") == 0;
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
                  strcmp(k, "max_running") == 0 || strcmp(k, "webhook_retry_ms") == 0 ||
-                 strcmp(k, "webhook_retries") == 0 || strcmp(k, "events_ttl_days") == 0;
+                 strcmp(k, "webhook_retries") == 0 || strcmp(k, "events_ttl_days") == 0 ||
+                 strcmp(k, "max_team_memory_mb") == 0 || strcmp(k, "max_streams") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -179,6 +180,8 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
     else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
     else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
     else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
+    else if (strcmp(k, "max_team_memory_mb") == 0) wbd_knob_set(&wbd_opt.max_team_memory_mb, iv);
+    else if (strcmp(k, "max_streams") == 0) wbd_knob_set(&wbd_opt.max_streams, iv);
     else if (strcmp(k, "webhook_duplicates") == 0) wbd_knob_set(&wbd_webhook_duplicates, iv);
     else if (strcmp(k, "webhook_retry_ms") == 0) wbd_knob_set(&wbd_webhook_retry_ms, iv);
     else if (strcmp(k, "webhook_retries") == 0) wbd_knob_set(&wbd_webhook_retries, iv);
@@ -296,4 +299,16 @@ enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *call)
   json_t *res = json_object();
   json_object_set_new(res, "created", json_integer(n));
   return wbd_reply_json(req, 200, res, NULL);
+}
+
+/* GET /_warmboxd/runtime?id=ID: {"name", "dir"}, where the sandbox's files
+ * live on the host (wbd_rt_name: the host shows no id), for tests. */
+enum MHD_Result wbd_admin_runtime(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
+  const char *id = wbd_req_query(req, "id");
+  if (!id || !*id || strlen(id) > 64) return wbd_reply_error(req, 400, "runtime: ?id=SANDBOX_ID expected");
+  char name[32], dir[4200];
+  wbd_rt_name(id, name, sizeof name);
+  snprintf(dir, sizeof dir, "%s/%s", wbd_opt.data_dir, name);
+  return wbd_reply_json(req, 200, json_pack("{s:s, s:s}", "name", name, "dir", dir), NULL);
 }

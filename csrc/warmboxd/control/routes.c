@@ -51,6 +51,7 @@ const struct wbd_route wbd_route_table[] = {
   { "POST /_warmboxd/config", WBD_AUTH_ADMIN, wbd_admin_config, 0 },
   { "POST /_warmboxd/seed", WBD_AUTH_ADMIN, wbd_admin_seed, 0 },
   { "* /_warmboxd/clock", WBD_AUTH_ADMIN, wbd_admin_clock, 0 },
+  { "GET /_warmboxd/runtime", WBD_AUTH_ADMIN, wbd_admin_runtime, 0 },
 };
 const size_t wbd_route_count = sizeof wbd_route_table / sizeof *wbd_route_table;
 

@@ -10,9 +10,10 @@
  * The first part is what other layers use (envd, the code interpreter,
  * the state on disk); the rest, from "spawn.c" on, only jail/'s files.
  *
- * Layout on disk, per sandbox: <data_dir>/<id>/home  (the jail's /home/user)
- *                              <data_dir>/<id>/tmp   (the jail's /tmp)
- *                              <data_dir>/<id>/root  (the jail's /, under the rest)
+ * Layout on disk, per sandbox: <data_dir>/<name>/home  (the jail's /home/user)
+ *                              <data_dir>/<name>/tmp   (the jail's /tmp)
+ *                              <data_dir>/<name>/root  (the jail's /, under the rest)
+ * where <name> is wbd_rt_name(id) (wbd.h), never the id itself.
  */
 #ifndef WBD_JAIL_H
 #define WBD_JAIL_H

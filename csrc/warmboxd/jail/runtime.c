@@ -17,8 +17,10 @@
 #include "jail.h"
 #include "util.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <sys/random.h>
 #include <grp.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -76,6 +78,7 @@ struct wbd_rt {
   int refs;                 /* under g_mu */
   int owner;                /* sb->rt's reference is still held (under g_mu) */
   char id[32];
+  char name[32];            /* wbd_rt_name(id): what the host sees (dir, cgroups) */
   char dir[PATH_MAX + 64];
   char cg[PATH_MAX + 64];   /* freezer group, "" without one */
   char cgx[CG_N][PATH_MAX + 64];  /* memory, pids, cpu groups ([CG_FREEZER] unused), "" without */
@@ -116,6 +119,7 @@ static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
 static int g_private_mnt;         /* warmboxd has its own mount namespace: homes are tmpfs */
 static long g_pids_max = PIDS_MAX_DEFAULT, g_disk_mb = WBD_DISK_MB;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
+static unsigned char g_name_key[32];   /* wbd_rt_name's key, random per process */
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -471,8 +475,10 @@ static void jail_args(struct wbd_sv *a, const char *id, const struct jail_src *f
     wbd_sv_add(a, "--seccomp");
     wbd_sv_add(a, n);
   }
-  /* Names the sandbox in bubblewrap's own command line (ps, tests). */
-  wbd_sv_add3(a, "--setenv", "E2B_SANDBOX_ID", id);
+  /* Names the sandbox's runtime (wbd_rt_name: not its id, which every
+   * local user could read here) in bubblewrap's command line (ps, tests);
+   * the jail's own environment (E2B_SANDBOX_ID...) comes by --args. */
+  wbd_sv_add3(a, "--setenv", "WARMBOXD_RUNTIME", id);
   wbd_sv_add(a, "--unshare-all");
   wbd_sv_add(a, "--unshare-user");
   /* No nested user namespaces: they open kernel surface a sandbox needs not. */
@@ -610,7 +616,7 @@ static void cg_make(struct wbd_rt *rt) {
     rt->cgx[i][0] = 0;
     if (i == CG_FREEZER || !g_cgx_root[i][0]) continue;
     char *p = rt->cgx[i];
-    snprintf(p, sizeof rt->cgx[i], "%.*s/%s", PATH_MAX, g_cgx_root[i], rt->id);
+    snprintf(p, sizeof rt->cgx[i], "%.*s/%s", PATH_MAX, g_cgx_root[i], rt->name);
     if (mkdir(p, 0755) != 0 && errno != EEXIST) {
       p[0] = 0;
       continue;
@@ -761,7 +767,8 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   struct wbd_rt *rt = calloc(1, sizeof *rt);
   if (!rt) return NULL;
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
-  snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
+  wbd_rt_name(sb->id, rt->name, sizeof rt->name);
+  snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, rt->name);
   rt->allow_net = sb->allow_internet;
   rt->memory_mb = sb->memory_mb > 0 ? sb->memory_mb : WBD_MEMORY_MB;
   rt->cpu_count = sb->cpu_count > 0 ? sb->cpu_count : WBD_CPU_COUNT;
@@ -827,7 +834,7 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
     return NULL;
   }
   if (g_cg_root[0]) {
-    snprintf(rt->cg, sizeof rt->cg, "%s/%s", g_cg_root, sb->id);
+    snprintf(rt->cg, sizeof rt->cg, "%s/%s", g_cg_root, rt->name);
     if (mkdir(rt->cg, 0755) != 0 && errno != EEXIST) rt->cg[0] = 0;
   }
   cg_make(rt);
@@ -948,12 +955,16 @@ void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks) { rt-
 pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) { return &rt->interp_mu; }
 
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
-  snprintf(buf, len, "%s/%s/home", g_data[0] ? g_data : wbd_opt.data_dir, sb->id);
+  char name[32];
+  wbd_rt_name(sb->id, name, sizeof name);
+  snprintf(buf, len, "%s/%s/home", g_data[0] ? g_data : wbd_opt.data_dir, name);
   return buf;
 }
 
 const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len) {
-  snprintf(buf, len, "%s/%s/tmp", g_data[0] ? g_data : wbd_opt.data_dir, sb->id);
+  char name[32];
+  wbd_rt_name(sb->id, name, sizeof name);
+  snprintf(buf, len, "%s/%s/tmp", g_data[0] ? g_data : wbd_opt.data_dir, name);
   return buf;
 }
 
@@ -968,11 +979,13 @@ static int path_under(const char *p, const char *prefix, const char **rest) {
 int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest) {
   const char *data = g_data[0] ? g_data : wbd_opt.data_dir;
   const char *r;
+  char name[32];
+  wbd_rt_name(sb->id, name, sizeof name);
   int n = -1, kind = WBD_TREE_OWN;
   if (path_under(jail, "/home/user", &r)) {
-    n = snprintf(host, hlen, "%s/%s/home", data, sb->id);
+    n = snprintf(host, hlen, "%s/%s/home", data, name);
   } else if (path_under(jail, "/tmp", &r)) {
-    n = snprintf(host, hlen, "%s/%s/tmp", data, sb->id);
+    n = snprintf(host, hlen, "%s/%s/tmp", data, name);
   } else if (!g_isolated || path_under(jail, "/proc", &r) || path_under(jail, "/dev", &r) ||
              path_under(jail, "/sys", &r) || path_under(jail, "/usr/local/bin", &r)) {
     /* Not the sandbox's, or a view of its own per process (jail_args). */
@@ -1017,7 +1030,7 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
     }
     if (n < 0) {   /* everything else is the sandbox's own root */
       r = jail[1] ? jail + 1 : ".";
-      n = snprintf(host, hlen, "%s/%s/root", data, sb->id);
+      n = snprintf(host, hlen, "%s/%s/root", data, name);
     }
   }
   if (n < 0 || (size_t)n >= hlen) return -ENAMETOOLONG;
@@ -1157,7 +1170,7 @@ static void bwrap_args(const struct wbd_rt *rt, const struct spawn *s, int keep_
   struct jail_src src = spawn_src(rt, s), staged = g_staged;
   staged.memory_mb = rt->memory_mb;
   if (!rt->allow_net) staged.resolv = NULL;
-  jail_args(av, rt->id, g_root ? &staged : &src, 1, seccomp_n, boot_n, sudo_n, keep_tty, cwd);
+  jail_args(av, rt->name, g_root ? &staged : &src, 1, seccomp_n, boot_n, sudo_n, keep_tty, cwd);
   char n[16];
   snprintf(n, sizeof n, "%d", next++);
   free(av->v[--av->n]);   /* jail_args' closing "--": the arguments go before it */
@@ -1707,10 +1720,25 @@ void wbd_rt_on_kill(struct wbd_sandbox *sb) {
     teardown(rt, 1);
     drop_owner(rt);
   } else if (!shut && g_data[0]) {
-    char dir[PATH_MAX + 64];
-    snprintf(dir, sizeof dir, "%s/%s", g_data, sb->id);
+    char dir[PATH_MAX + 64], name[32];
+    wbd_rt_name(sb->id, name, sizeof name);
+    snprintf(dir, sizeof dir, "%s/%s", g_data, name);
     rm_rf(dir);
   }
+}
+
+int wbd_rt_release(struct wbd_sandbox *sb) {
+  wbd_store_lock();
+  struct wbd_rt *rt = sb->rt;
+  int dead = rt == RT_KILLED || g_shut || sb->state == WBD_KILLED;
+  if (!dead) sb->rt = NULL;
+  wbd_store_unlock();
+  if (dead) return -1;
+  if (rt) {
+    teardown(rt, 1);
+    drop_owner(rt);
+  }
+  return 0;
 }
 
 const char *wbd_rt_dir(const struct wbd_rt *rt) { return rt->dir; }
@@ -1987,7 +2015,38 @@ static void cgroups_init(void) {
   }
 }
 
+/* A sandbox's runtime name: "r" + 20 hex of SHA-256(key, id), with a key
+ * random per process. It names what the host shows every local user (the
+ * tmpfs's mount point in /proc/PID/mountinfo, the cgroups, bubblewrap's
+ * command line), so none of those gives away a sandbox's id (which, for a
+ * sandbox without an access token, is all its data plane asks). */
+void wbd_rt_name(const char *id, char *out, size_t len) {
+  struct wbd_sha256 c;
+  unsigned char d[32];
+  wbd_sha256_init(&c);
+  wbd_sha256_update(&c, g_name_key, sizeof g_name_key);
+  wbd_sha256_update(&c, id, strlen(id));
+  wbd_sha256_final(&c, d);
+  char hex[22];
+  hex[0] = 'r';
+  for (int i = 0; i < 10; i++) snprintf(hex + 1 + 2 * i, 3, "%02x", d[i]);
+  snprintf(out, len, "%s", hex);
+}
+
+int wbd_rt_is_name(const char *s) {
+  if (strlen(s) != 21 || s[0] != 'r') return 0;
+  for (int i = 1; i < 21; i++)
+    if (!isdigit((unsigned char)s[i]) && !(s[i] >= 'a' && s[i] <= 'f')) return 0;
+  return 1;
+}
+
 int wbd_rt_init(void) {
+  size_t got = 0;
+  while (got < sizeof g_name_key) {
+    ssize_t r = getrandom(g_name_key + got, sizeof g_name_key - got, 0);
+    if (r > 0) got += (size_t)r;
+    else if (errno != EINTR) return -1;
+  }
   if (data_dir_prepare() != 0) return -1;
   g_root = geteuid() == 0;
   if (g_root && !wbd_opt.unisolated && uid_range_init() != 0) return -1;

@@ -405,17 +405,29 @@ static int dataplane_target(struct wbd_req *req, char *id, size_t idlen, int *po
 
 /* A signed /files URL (the SDK's uploadUrl/downloadUrl with E2B_SANDBOX_URL)
  * carries no sandbox id: the signature, made with one sandbox's access
- * token, is what names it. */
+ * token, is what names it. A request that names its sandbox (E2b-Sandbox-Id,
+ * or a Host) is looked up by id first (dataplane_target) and never comes
+ * here. The search costs what the request cannot inflate: the part of the
+ * signed string before the token (its path, bounded) is hashed once, and
+ * each running secure sandbox's token adds only its own few blocks. */
 struct signed_want {
-  const char *path, *op, *user, *exp, *sig;
+  struct wbd_sha256 prefix;   /* "path:op:user:" */
+  const char *exp, *sig;
+  size_t hashed;              /* bytes hashed (the stat signed_url_hashed_bytes) */
 };
 
 static int signed_match(const char *token, void *cls) {
-  const struct signed_want *w = cls;
+  struct signed_want *w = cls;
   char sig[64];
-  wbd_files_signature(w->path, w->op, w->user, token, w->exp, sig);
+  wbd_files_sig_finish(&w->prefix, token, w->exp, sig);
+  w->hashed += strlen(token) + (w->exp ? 1 + strlen(w->exp) : 0);
   return wbd_str_eq_ct(w->sig, sig);
 }
+
+/* What a signed request may hold: a path envd could serve (PATH_MAX), a
+ * user name and an expiration of sane length. */
+#define SIGNED_PATH_MAX 4096
+#define SIGNED_FIELD_MAX 256
 
 /* 1 with the sandbox's id when the request is a signed GET/POST /files whose
  * signature one running secure sandbox's token made; 0 when it is not a
@@ -428,10 +440,16 @@ static int signed_target(struct wbd_req *req, char *id, size_t idlen) {
   if (!sig) return 0;
   /* "v1_" + 43 characters of unpadded base64: anything else matches no one. */
   if (strncmp(sig, "v1_", 3) != 0 || strlen(sig) != 46) return -1;
-  const char *path = wbd_req_query(req, "path");
-  struct signed_want w = { path ? path : "", get ? "read" : "write", wbd_req_query(req, "username"),
-                           wbd_req_query(req, "signature_expiration"), sig };
-  return wbd_store_find_signed(signed_match, &w, id, idlen) ? 1 : -1;
+  const char *path = wbd_req_query(req, "path"), *user = wbd_req_query(req, "username");
+  struct signed_want w = { .exp = wbd_req_query(req, "signature_expiration"), .sig = sig };
+  if ((path && strlen(path) > SIGNED_PATH_MAX) || (user && strlen(user) > SIGNED_FIELD_MAX) ||
+      (w.exp && strlen(w.exp) > SIGNED_FIELD_MAX))
+    return -1;
+  wbd_files_sig_prefix(&w.prefix, path ? path : "", get ? "read" : "write", user);
+  w.hashed = w.prefix.len;
+  int found = wbd_store_find_signed(signed_match, &w, id, idlen);
+  wbd_stat_add("signed_url_hashed_bytes", (long)w.hashed);
+  return found ? 1 : -1;
 }
 
 /* Data-plane paths that stats name one by one; any other path counts as
@@ -491,12 +509,24 @@ static void dataplane_route(struct wbd_req *req, int port, char *buf, size_t len
  *
  * The connection caps (--max-conns-per-ip, --max-conns) are warmboxd's own
  * (accept_policy): a new connection over a cap makes room by shutting the
- * oldest connection of that address (or of all) that is not being served
- * and has been waiting at least EVICT_GRACE_US, and is refused only when
- * there is none. Local clients all share 127.0.0.1, so without this one of
- * them holding its slots with slow requests would lock out the others. */
+ * oldest connection of that address (or of all) that is waiting: one that
+ * has waited at least EVICT_GRACE_US, else (a flood of new connections, all
+ * younger) the oldest still waiting for its request head. It never shuts a
+ * request being served, nor one whose body is making progress (an upload);
+ * and is refused only when there is none. Local clients all share
+ * 127.0.0.1, so without this one of them holding its slots with slow
+ * requests (or opening many at once) would lock out the others.
+ *
+ * Streams (a request served for as long as it likes: Process Start and
+ * Connect, WatchDir, /execute) are never shut, so they take slots of their
+ * own, bounded (stream_take): --max-streams per team, and never the last
+ * STREAM_RESERVE of an address's or of all the slots, which stay for new
+ * requests (/health, the admin API, another client). */
 enum { W_HEAD, W_BODY, W_SERVING };
 #define EVICT_GRACE_US (1000 * 1000)
+/* A body makes progress while its bytes came within EVICT_GRACE_US and at
+ * BODY_MIN_RATE bytes a second on average since its head. */
+#define BODY_MIN_RATE 4096
 
 struct conn_watch {
   MHD_socket fd;
@@ -504,6 +534,10 @@ struct conn_watch {
   int64_t since_us;           /* monotonic: when the present state began */
   int state;                  /* W_* */
   int shut;
+  int64_t body_bytes;         /* W_BODY: bytes of the body in so far */
+  int64_t chunk_us;           /* W_BODY: when the last of them came */
+  int stream;                 /* holds a stream slot (stream_take) of `team` */
+  char team[64];
   struct conn_watch *prev, *next;
 };
 
@@ -556,6 +590,25 @@ static void pending_drop(uint32_t addr) {
     }
 }
 
+static int body_progressing(const struct conn_watch *w, int64_t now) {
+  if (w->state != W_BODY || now - w->chunk_us >= EVICT_GRACE_US) return 0;
+  return w->body_bytes * 1000000 >= (int64_t)BODY_MIN_RATE * (now - w->since_us);
+}
+
+/* Which waiting connection to shut first: 2 one that waited the grace
+ * (oldest first), 1 a younger one still without its request head, 0 none. */
+static int evict_rank(const struct conn_watch *w, int64_t now) {
+  if (w->state == W_SERVING || body_progressing(w, now)) return 0;
+  if (now - w->since_us >= EVICT_GRACE_US) return 2;
+  return w->state == W_HEAD ? 1 : 0;
+}
+
+static int evict_before(const struct conn_watch *a, const struct conn_watch *b, int64_t now) {
+  if (!b) return 1;
+  int ra = evict_rank(a, now), rb = evict_rank(b, now);
+  return ra != rb ? ra > rb : a->since_us < b->since_us;
+}
+
 /* Under watch_mu: room for one more connection from addr (1), shutting the
  * oldest waiting connection over a cap, or 0 when there is none to shut. */
 static int make_room(uint32_t addr, int64_t now) {
@@ -568,9 +621,9 @@ static int make_room(uint32_t addr, int64_t now) {
     if (w->shut) continue;
     total++;
     mine += w->addr == addr;
-    if (w->state == W_SERVING || now - w->since_us < EVICT_GRACE_US) continue;
-    if (!old_all || w->since_us < old_all->since_us) old_all = w;
-    if (w->addr == addr && (!old_mine || w->since_us < old_mine->since_us)) old_mine = w;
+    if (!evict_rank(w, now)) continue;
+    if (evict_before(w, old_all, now)) old_all = w;
+    if (w->addr == addr && evict_before(w, old_mine, now)) old_mine = w;
   }
   if (mine >= wbd_lim.max_conns_per_ip) {
     if (!old_mine) return 0;
@@ -632,15 +685,76 @@ static void notify_connection(void *cls, struct MHD_Connection *conn, void **soc
   }
 }
 
-/* The connection's request moved to `state` (W_*). */
-static void watch_mark(struct MHD_Connection *conn, int state) {
+static struct conn_watch *watch_of(struct MHD_Connection *conn) {
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-  struct conn_watch *w = ci ? ci->socket_context : NULL;
+  return ci ? ci->socket_context : NULL;
+}
+
+/* The connection's request moved to `state` (W_*); a request that ended
+ * (W_HEAD: waiting for the next) gives its stream slot back. */
+static void watch_mark(struct MHD_Connection *conn, int state) {
+  struct conn_watch *w = watch_of(conn);
   if (!w) return;
   pthread_mutex_lock(&watch_mu);
   w->state = state;
-  w->since_us = mono_us();
+  w->since_us = w->chunk_us = mono_us();
+  w->body_bytes = 0;
+  if (state == W_HEAD) w->stream = 0;
   pthread_mutex_unlock(&watch_mu);
+}
+
+/* n more bytes of the connection's request body came in. */
+static void watch_body(struct MHD_Connection *conn, size_t n) {
+  struct conn_watch *w = watch_of(conn);
+  if (!w) return;
+  pthread_mutex_lock(&watch_mu);
+  w->body_bytes += (int64_t)n;
+  w->chunk_us = mono_us();
+  pthread_mutex_unlock(&watch_mu);
+}
+
+/* Routes whose answer streams for as long as the caller likes. */
+static int stream_route(int port, const char *path) {
+  if (port == 49999) return strcmp(path, "/execute") == 0;
+  return port == 49983 && (strcmp(path, "/process.Process/Start") == 0 ||
+                           strcmp(path, "/process.Process/Connect") == 0 ||
+                           strcmp(path, "/filesystem.Filesystem/WatchDir") == 0);
+}
+
+/* Slots of a cap that streams never take: room for new requests. */
+static long stream_reserve(long cap) {
+  long r = cap / 8;
+  if (r < 4) r = 4;
+  return r < cap ? r : cap - 1;
+}
+
+/* A stream slot for the connection, for `team`: 0, or -1 with what is full
+ * in *why (the team's --max-streams, or the slots of its address or of all
+ * that are kept for new requests). */
+static int stream_take(struct MHD_Connection *conn, const char *team, const char **why) {
+  struct conn_watch *me = watch_of(conn);
+  if (!me) return 0;
+  int max_team = wbd_knob(&wbd_opt.max_streams);
+  long of_team = 0, of_addr = 0, total = 0;
+  pthread_mutex_lock(&watch_mu);
+  for (struct conn_watch *w = watch_head; w; w = w->next) {
+    if (!w->stream || w->shut) continue;
+    total++;
+    of_addr += w->addr == me->addr;
+    of_team += strcmp(w->team, team) == 0;
+  }
+  *why = NULL;
+  if (max_team > 0 && of_team >= max_team) *why = "this team's concurrent streams (--max-streams)";
+  else if (of_addr >= wbd_lim.max_conns_per_ip - stream_reserve(wbd_lim.max_conns_per_ip))
+    *why = "the streams this client address may hold (--max-conns-per-ip, less the slots kept for new requests)";
+  else if (total >= wbd_lim.max_conns - stream_reserve(wbd_lim.max_conns))
+    *why = "the streams the server may hold (--max-conns, less the slots kept for new requests)";
+  if (!*why) {
+    me->stream = 1;
+    snprintf(me->team, sizeof me->team, "%s", team);
+  }
+  pthread_mutex_unlock(&watch_mu);
+  return *why ? -1 : 0;
 }
 
 static void *reaper_main(void *arg) {
@@ -758,6 +872,29 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   return 0;
 }
 
+/* A streamed call takes a stream slot of its sandbox's team before its
+ * handler runs (an unknown sandbox: the handler's own 502); replies 429
+ * (envd: Connect's resource_exhausted) and returns -1 when none is free. */
+static int stream_gate(struct req_ctx *ctx, enum MHD_Result *r) {
+  struct wbd_sandbox *sb = wbd_sandbox_get(ctx->id);
+  if (!sb) return 0;
+  char team[64];
+  wbd_store_lock();
+  snprintf(team, sizeof team, "%s", sb->team);
+  wbd_store_unlock();
+  wbd_sandbox_unref(sb);
+  const char *why;
+  if (stream_take(ctx->req.conn, team, &why) == 0) return 0;
+  wbd_stat_add("refused_stream", 1);
+  char msg[256];
+  snprintf(msg, sizeof msg, "too many concurrent streams: %s are all taken; end one and retry", why);
+  json_t *e = json_object();
+  json_object_set_new(e, "code", ctx->port == 49983 ? json_string("resource_exhausted") : json_integer(429));
+  json_object_set_new(e, "message", json_string(msg));
+  *r = wbd_reply_json(&ctx->req, 429, e, NULL);
+  return -1;
+}
+
 static enum MHD_Result dispatch(struct req_ctx *ctx) {
   struct wbd_req *req = &ctx->req;
   if (ctx->kind == K_ADMIN) {
@@ -806,6 +943,10 @@ static enum MHD_Result dispatch(struct req_ctx *ctx) {
 
   /* envd's own answer to a signature its sandbox's token did not make */
   if (ctx->kind == K_DATA && ctx->bad_signature) return wbd_reply_error(req, 401, "invalid signature");
+  if (ctx->kind == K_DATA && stream_route(ctx->port, req->path)) {
+    enum MHD_Result r;
+    if (stream_gate(ctx, &r) != 0) return r;
+  }
   if (ctx->kind == K_DATA && routes_.dataplane) return routes_.dataplane(req, ctx->id, ctx->port);
   if (ctx->kind == K_CONTROL && routes_.call) return routes_.call(req, ctx->row);
   return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
@@ -915,6 +1056,7 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
       wbd_stat_add("body_too_large", 1);
       return MHD_NO;
     }
+    watch_body(conn, n);
     if (ctx->spool) {
       spool_write(ctx, upload_data, n);
       *upload_data_size = 0;
@@ -981,8 +1123,11 @@ int wbd_server_start(void) {
     fprintf(stderr, "warmboxd: --host must be an IPv4 address, got '%s'\n", wbd_opt.host);
     return -1;
   }
-  /* The caps are accept_policy's; libmicrohttpd's own, a little higher, leave
-   * room for connections it shut that are not closed yet. */
+  /* The caps are accept_policy's; libmicrohttpd's own, higher, leave room
+   * for connections it shut that are not closed yet: under a flood from one
+   * address (each new connection shutting an older one) those can be many,
+   * so its per-address cap is the total one (a connection refused there
+   * would be one accept_policy let in, /health's included). */
   if (wbd_defer_start() != 0) {
     fprintf(stderr, "warmboxd: cannot start the server's workers: %s\n", strerror(errno));
     return -1;
@@ -1000,7 +1145,7 @@ int wbd_server_start(void) {
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s,
                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
-                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns_per_ip + CONN_SLACK,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
                              MHD_OPTION_END);
   if (!daemon_) {
     fprintf(stderr, "warmboxd: cannot listen on %s:%d: %s\n", wbd_opt.host, wbd_opt.port, strerror(errno));

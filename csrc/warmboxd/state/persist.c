@@ -70,6 +70,7 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   sb->auto_pause_memory = apm;
   sb->auto_resume = ar;
   sb->timeout_s = timeout;
+  if (!identity && wbd_opt.secure_all) sb->secure = 1;   /* a fork gets a token of its own */
   if (!sb->secure) sb->access_token[0] = 0;
   if (identity) {
     snprintf(sb->id, sizeof sb->id, "%s", id);
@@ -81,8 +82,8 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   return 0;
 }
 
-int wbd_persist_save(struct wbd_sandbox *sb) {
-  if (!wbd_opt.keep_state) return 0;
+/* The record and a copy of the files in .state/paused/<id>: 0 or -1. */
+static int save_copy(struct wbd_sandbox *sb) {
   char dir[PATH_MAX + 64];
   if (!paused_dir(sb->id, dir, sizeof dir)) return -1;
   wbd_files_remove(dir);
@@ -103,6 +104,14 @@ int wbd_persist_save(struct wbd_sandbox *sb) {
     return -1;
   }
   return 0;
+}
+
+int wbd_persist_save(struct wbd_sandbox *sb) { return wbd_opt.keep_state ? save_copy(sb) : 0; }
+
+int wbd_persist_release(struct wbd_sandbox *sb) {
+  /* with --data-dir wbd_persist_save made the copy already */
+  if (!wbd_opt.keep_state && save_copy(sb) != 0) return -1;
+  return wbd_rt_release(sb);
 }
 
 int wbd_persist_restore(struct wbd_sandbox *sb) {
@@ -127,7 +136,6 @@ static void *remove_main(void *arg) {
 /* The copy is renamed out of the way at once (a resume does not wait for
  * it to be removed) and removed by a thread of its own. */
 void wbd_persist_drop(struct wbd_sandbox *sb) {
-  if (!wbd_opt.keep_state) return;
   char dir[PATH_MAX + 64], trash[PATH_MAX], *gone;
   struct stat st;
   static long seq;
@@ -174,15 +182,16 @@ static void load_one(const char *dir) {
   if (clash) wbd_store_discard(sb);
 }
 
-/* Sandbox directories (<data_dir>/i...) a killed warmboxd left: its
- * runtimes, never anyone's state (that is under .state). */
+/* Sandbox directories (<data_dir>/r..., wbd_rt_name; <data_dir>/i... from
+ * older servers) a killed warmboxd left: its runtimes, never anyone's state
+ * (that is under .state). */
 static void remove_stale_runtimes(void) {
   DIR *d = opendir(wbd_opt.data_dir);
   if (!d) return;
   struct dirent *e;
   char path[PATH_MAX + 300];
   while ((e = readdir(d)))
-    if (valid_id(e->d_name)) {
+    if (valid_id(e->d_name) || wbd_rt_is_name(e->d_name)) {
       snprintf(path, sizeof path, "%s/%s", wbd_opt.data_dir, e->d_name);
       wbd_files_remove(path);
     }

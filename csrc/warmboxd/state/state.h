@@ -36,6 +36,7 @@ struct wbd_rec {
   struct wbd_team *team;
   size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
   size_t sidx;                 /* 1 + position in the signing index; 0: not in it */
+  long held_mb;                /* what it adds to its team's held_mb now */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
 
@@ -45,6 +46,8 @@ struct wbd_team {
   size_t n, cap;
   struct wbd_rec *run_head;    /* running records, any order */
   int running, paused, reserved;  /* reserved: creates/resumes in flight */
+  long held_mb, reserved_mb;   /* memoryMB held in host RAM (running, and paused_ram), and
+                                * that creates/resumes in flight will hold */
   struct wbd_team *next;
 };
 
@@ -75,6 +78,10 @@ void wbd_store_unref_locked(struct wbd_sandbox *sb);
 /* Waits (releasing the lock) until no operation is in flight on sb. */
 void wbd_store_wait_idle_locked(struct wbd_sandbox *sb);
 void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
+/* Sets sb->paused_ram, keeping its team's held_mb right. */
+void wbd_store_set_paused_ram_locked(struct wbd_sandbox *sb, int in_ram);
+/* The memoryMB a record holds in host RAM when running (its template's). */
+long wbd_store_rec_mb(const struct wbd_sandbox *sb);
 /* Index in team->v of the first record ordered after (started, id) in asc order. */
 size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char *id);
 /* Index of the first record not ordered before (started, id) in asc order. */
@@ -118,6 +125,11 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity);
 int wbd_persist_save(struct wbd_sandbox *sb);      /* paused: record and files to disk; 0 or -1 */
 int wbd_persist_restore(struct wbd_sandbox *sb);   /* resuming: files back when they are on disk only */
 void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget the copy */
+/* A pause without memory, saved: the files stay on disk only (a copy made
+ * now without --data-dir) and the runtime that held them in RAM goes
+ * (wbd_rt_release); the resume brings them back (wbd_persist_restore).
+ * 0, or -1: the sandbox keeps its runtime. */
+int wbd_persist_release(struct wbd_sandbox *sb);
 /* Start-up: takes the data directory (an flock: one server each), cleans
  * what a killed warmboxd left, loads the paused records. 0 or -1. */
 int wbd_persist_load_all(void);

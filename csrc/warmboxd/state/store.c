@@ -364,7 +364,23 @@ static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
   if (leave_hook) leave_hook(&r->sb);
 }
 
+long wbd_store_rec_mb(const struct wbd_sandbox *sb) { return sb->memory_mb > 0 ? sb->memory_mb : WBD_MEMORY_MB; }
+
+/* What a record in its present state holds of its team's memory budget:
+ * all of its size running, or paused with its runtime in RAM. */
+static void count_held(struct wbd_team *t, struct wbd_rec *r, int add) {
+  if (add) {
+    int held = r->sb.state == WBD_RUNNING || (r->sb.state == WBD_PAUSED && r->sb.paused_ram);
+    r->held_mb = held ? wbd_store_rec_mb(&r->sb) : 0;
+    t->held_mb += r->held_mb;
+  } else {
+    t->held_mb -= r->held_mb;
+    r->held_mb = 0;
+  }
+}
+
 static void count_state(struct wbd_team *t, struct wbd_rec *r, int add) {
+  count_held(t, r, add);
   if (r->sb.state == WBD_RUNNING) {
     if (add) run_link(t, r);
     else run_unlink(t, r);
@@ -490,6 +506,13 @@ void wbd_store_wait_idle_locked(struct wbd_sandbox *sb) {
 void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy) {
   WBD_REC(sb)->busy = busy;
   if (!busy) pthread_cond_broadcast(&store_cv);
+}
+
+void wbd_store_set_paused_ram_locked(struct wbd_sandbox *sb, int in_ram) {
+  struct wbd_rec *r = WBD_REC(sb);
+  if (r->indexed) count_held(r->team, r, 0);
+  sb->paused_ram = in_ram;
+  if (r->indexed) count_held(r->team, r, 1);
 }
 
 void wbd_store_counts_locked(long *running, long *paused) {

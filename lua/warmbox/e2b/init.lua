@@ -34,9 +34,8 @@ local Client = { __name = "warmbox.e2b.Client" }
 Client.__index = Client
 local argcheck, check_options, bad_option = errors.argcheck, errors.check_options, errors.bad_option
 local uri_component, http_failure, transport_failure = wire.uri_component, wire.http_failure, wire.transport_failure
-local to_sandbox, to_detail, decode_body, decode_array = wire.to_sandbox, wire.to_detail, wire.decode_body,
-  wire.decode_array
-local sandbox_new = sandbox_mod.new
+local to_sandbox, to_detail, decode_body = wire.to_sandbox, wire.to_detail, wire.decode_body
+local sandbox_new, check_max_pages = sandbox_mod.new, wire.check_max_pages
 
 -- ======================================================================
 -- The client
@@ -45,10 +44,14 @@ local sandbox_new = sandbox_mod.new
 local client_fields = { api_key = "string", api_url = "string", sandbox_url = "string", domain = "string",
   request_timeout = "number", retries = "number", connect_timeout = "number", proxy = "string|false",
   ca_file = "string", user_agent = "string", max_connections = "number", retry_after_max = "number",
-  transport = "table|function" }
+  transport = "table|function", max_body = "number", max_pages = "number" }
+
+-- A control-plane answer is read whole (a page of 100 sandboxes with E2B's largest metadata
+-- is under 7 MB); a listing call follows this many pages (a server may name them for ever).
+local DEFAULT_MAX_BODY, DEFAULT_MAX_PAGES = 32 * 1048576, 10000
 
 -- new's range checks of `retries`, the timeouts and `max_connections` (errors
--- name new's caller); returns `retries`, 3 by default.
+-- name new's caller); returns `retries` (3), `max_body` and `max_pages` (their defaults).
 local function check_ranges(opts)
   local retries = opts.retries or 3
   if retries < 0 or retries > 100 or retries ~= math.floor(retries) then
@@ -67,7 +70,11 @@ local function check_ranges(opts)
   if ram ~= nil and not (ram >= 0 and ram <= 86400) then
     bad_option(1, "new", "retry_after_max", "seconds in [0, 86400] expected, got " .. tostring(ram), 3)
   end
-  return retries
+  if opts.max_body ~= nil and not (opts.max_body >= 1 and opts.max_body <= 2 ^ 40) then
+    bad_option(1, "new", "max_body", "bytes in [1, 2^40] expected, got " .. tostring(opts.max_body), 3)
+  end
+  check_max_pages(opts, "new", 4)
+  return retries, math.floor(opts.max_body or DEFAULT_MAX_BODY), opts.max_pages or DEFAULT_MAX_PAGES
 end
 
 local function is_loopback(url)
@@ -85,7 +92,10 @@ end
 --   `retry_after_max` (seconds: the longest `Retry-After` waited; a longer one waits this long;
 --   default none), `transport` (what the requests go through instead of the connection: an
 --   object with its `request` and `batch` methods, or a function(http) returning one, given
---   the client's connection: warmbox.runner's transport runs them on the engine inside a task).
+--   the client's connection: warmbox.runner's transport runs them on the engine inside a task),
+--   `max_body` (32 MiB: the largest control-plane answer read, and the largest error body of a
+--   run's or a command's stream; longer: `TOO_LARGE`), `max_pages` (10000: the most pages one
+--   listing call follows; more: `TOO_LARGE`; a listing's own `max_pages` overrides it).
 -- @treturn warmbox.e2b.Client
 function _M.new(opts)
   opts = check_options(opts, client_fields, "new", 1)
@@ -103,7 +113,7 @@ function _M.new(opts)
   local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
   -- A loopback API URL is a local warmboxd: it serves the data plane on the same port.
   if not sandbox_url and is_loopback(api_url) then sandbox_url = api_url end
-  local retries = check_ranges(opts)
+  local retries, max_body, max_pages = check_ranges(opts)
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
     proxy = opts.proxy, ca_file = opts.ca_file, max_connections = opts.max_connections,
@@ -115,6 +125,8 @@ function _M.new(opts)
     sandbox_url = sandbox_url and (sandbox_url:gsub("/+$", "")) or nil,
     domain = domain,
     request_timeout = opts.request_timeout or 60,
+    max_body = max_body,
+    max_pages = max_pages,
     http = http,
     retry = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2 },
     retry_idem = { attempts = math.floor(retries) + 1, budget = 30, base = 0.1, cap = 2, idempotent = true },
@@ -181,7 +193,7 @@ local function api(self, method, path, body, what, idempotent, retry)
   local req = {
     method = method, url = self.api_url .. path,
     headers = body ~= nil and self.json_headers or self.api_headers,
-    retry = retry or (idempotent and self.retry_idem or self.retry),
+    retry = retry or (idempotent and self.retry_idem or self.retry), max_body = self.max_body,
   }
   if body ~= nil then
     local s, err = json.encode(body)
@@ -272,7 +284,7 @@ function Client:create(opts)
 end
 
 local list_fields = { state = "string|table", metadata = "map", limit = "number", order = "string",
-  next_token = "string", template = "string", started_after = "string" }
+  next_token = "string", template = "string", started_after = "string", max_pages = "number" }
 
 --- Builds the `/v2/sandboxes` URL path and query (exposed for specs).
 function _M.list_path(opts)
@@ -297,6 +309,7 @@ end
 -- Level 3: the caller of list_pages, list or list_all.
 local function check_list_opts(opts, fname)
   opts = check_options(opts, list_fields, fname, 1, 3)
+  check_max_pages(opts, fname, 4)
   if type(opts.state) == "table" then
     for _, s in ipairs(opts.state) do
       if type(s) ~= "string" then bad_option(1, fname, "state", "a list of strings expected", 3) end
@@ -326,33 +339,9 @@ end
 
 local function has_sandbox_id(t) return type(json.value(t.sandboxID)) == "string" end
 
--- One page from h:request's answer, for `what` ("list sandboxes"): each
--- element that passes `has_id` turned into an item by `item` (nil: left out).
--- → items, token_used, next_token | false, msg, code, token_used, detail.
-local function read_page(res, msg, code, sent, used, what, has_id, item)
-  local _, m, c, d
-  if not res then
-    _, m, c, d = transport_failure(what, msg, code, sent)
-  elseif res.status < 200 or res.status > 299 then
-    _, m, c, d = http_failure(res, what)
-  end
-  if m then return false, m, c, used, d end
-  local arr
-  arr, m, c, d = decode_array(res, what, has_id)
-  if not arr then return false, m, c, used, d end
-  local items = {}
-  for _, t in ipairs(arr) do
-    local it = item(t)
-    if it ~= nil then items[#items + 1] = it end
-  end
-  local nxt = res.headers["x-next-token"]
-  if nxt == "" then nxt = nil end
-  return items, used, nxt
-end
-
--- One sandbox list page (see read_page), the items re-checked against `filter`.
+-- One sandbox list page (see wire.read_page), the items re-checked against `filter`.
 local function list_page(res, msg, code, sent, used, filter)
-  return read_page(res, msg, code, sent, used, "list sandboxes", has_sandbox_id, function(t)
+  return wire.read_page(res, msg, code, sent, used, "list sandboxes", has_sandbox_id, function(t)
     local dt = to_detail(t)
     if metadata_matches(dt, filter) then return dt end
     return nil
@@ -360,17 +349,25 @@ local function list_page(res, msg, code, sent, used, filter)
 end
 
 -- The page iterator of a listing (list_pages, list_snapshot_pages): a GET of `path_of(token)` per page until the
--- server names no next page; `read(res, msg, code, sent, used)` is read_page's.
--- Yields `items, token_used | false, next_token`, or `false, msg, code, token,
--- detail` once, then stops.
-local function page_iter(self, token, path_of, retry, read)
+-- server names no next page, at most `max_pages` pages (a server that names
+-- one for ever is refused: TOO_LARGE); `read(res, msg, code, sent, used)` is
+-- wire.read_page's. Yields `items, token_used | false, next_token`, or `false, msg,
+-- code, token, detail` once, then stops.
+local function page_iter(self, token, path_of, retry, read, what, max_pages)
   if token == "" then token = nil end
-  local finished = false
+  local finished, pages = false, 0
+  max_pages = max_pages or self.max_pages
   return function()
     if finished then return nil end
     local used = token
+    if pages >= max_pages then
+      finished = true
+      local msg = ("%s: the server named a next page after %d pages (max_pages)"):format(what, pages)
+      return false, msg, "TOO_LARGE", used, errors.detail(nil, msg)
+    end
+    pages = pages + 1
     local res, msg, code, sent = (self.transport or self.http):request{ method = "GET",
-      url = self.api_url .. path_of(used), headers = self.api_headers, retry = retry }
+      url = self.api_url .. path_of(used), headers = self.api_headers, retry = retry, max_body = self.max_body }
     local items, a, b, c, d = read(res, msg, code, sent, used)
     if items == false then
       finished = true
@@ -389,13 +386,15 @@ function Client:list_pages(opts)
   opts = check_list_opts(opts, "list_pages")
   local filter = opts.metadata and util.copy(opts.metadata)
   return page_iter(self, opts.next_token, function(t) return page_path(opts, t) end, self.retry,
-    function(res, msg, code, sent, used) return list_page(res, msg, code, sent, used, filter) end)
+    function(res, msg, code, sent, used) return list_page(res, msg, code, sent, used, filter) end,
+    "list sandboxes", opts.max_pages)
 end
 
 --- Iterates over listed sandboxes, following every page.
 -- @tparam[opt] table opts `state` ("running", "paused" or a list; default both),
 --   `metadata` (exact AND filter, re-checked client-side), `limit` (page size, 1..100),
---   `order` ("asc"|"desc"), `next_token` (resume from a page), `template`, `started_after`.
+--   `order` ("asc"|"desc"), `next_token` (resume from a page), `template`, `started_after`,
+--   `max_pages` (the client's, 10000: a server that names more pages gets `TOO_LARGE`).
 -- @return an iterator: `for item in c:list(opts) do ... end`; on an error the loop
 --   gets `false, msg, code, token (the page it failed at), detail`, then stops.
 function Client:list(opts)
@@ -545,12 +544,12 @@ function Client:batch(ops, opts)
       local id = check_id(o.id, 1, "batch")
       what[i] = { "kill", ("kill sandbox '%s'"):format(id) }
       reqs[i] = { method = "DELETE", url = self.api_url .. "/sandboxes/" .. uri_component(id),
-        headers = self.api_headers, retry = self.retry }
+        headers = self.api_headers, retry = self.retry, max_body = self.max_body }
     elseif o.op == "list" then
       local lo = check_list_opts(o.opts, "batch")
       what[i] = { "list", lo.next_token or false, lo.metadata and util.copy(lo.metadata) }
       reqs[i] = { method = "GET", url = self.api_url .. page_path(lo, lo.next_token), headers = self.api_headers,
-        retry = self.retry }
+        retry = self.retry, max_body = self.max_body }
     else
       argcheck(false, 1, "batch", "op " .. i .. " must be \"list\" or \"kill\"")
     end
@@ -629,7 +628,8 @@ function Client:snapshot(id, opts)
   return snap
 end
 
-local snapshot_list_fields = { sandbox_id = "string", name = "string", limit = "number", next_token = "string" }
+local snapshot_list_fields = { sandbox_id = "string", name = "string", limit = "number", next_token = "string",
+  max_pages = "number" }
 
 --- The `/snapshots` URL path and query of one page (exposed for specs; `warmbox.e2b.wire`'s).
 _M.snapshots_path = wire.snapshots_path
@@ -644,13 +644,14 @@ local function has_snapshot_id(t) return type(json.value(t.snapshotID)) == "stri
 function Client:list_snapshot_pages(opts)
   check_client(self, "list_snapshot_pages")
   opts = check_options(opts, snapshot_list_fields, "list_snapshot_pages", 1)
+  check_max_pages(opts, "list_snapshot_pages", 3)
   if opts.limit ~= nil and not (opts.limit >= 1 and opts.limit <= 100) then
     bad_option(1, "list_snapshot_pages", "limit", "1..100 expected, got " .. tostring(opts.limit))
   end
   return page_iter(self, opts.next_token, function(t) return wire.snapshots_path(opts, t) end, self.retry_idem,
     function(res, msg, code, sent, used)
-      return read_page(res, msg, code, sent, used, "list snapshots", has_snapshot_id, wire.to_snapshot)
-    end)
+      return wire.read_page(res, msg, code, sent, used, "list snapshots", has_snapshot_id, wire.to_snapshot)
+    end, "list snapshots", opts.max_pages)
 end
 
 --- Every matching snapshot (all pages), newest first.

@@ -325,7 +325,7 @@ function Sandbox:run_command(cmd, opts)
   local on_stdout, on_stderr = opts.on_stdout, opts.on_stderr
   local res, msg, code, sent = (self.client.transport or self.client.http):request{
     method = "POST", url = self.envd_url .. "/process.Process/Start", headers = headers,
-    body = envelope(body), stream = "connect", retry = false,
+    body = envelope(body), stream = "connect", retry = false, max_body = self.client.max_body,
     timeout = timeout > 0 and (timeout + self.client.request_timeout) or 0,
     on_chunk = function(frame, flags)
       local t = json.decode(frame)
@@ -617,7 +617,7 @@ function Sandbox:run_code(code, opts)
   local t0 = mono()
   local res, msg, ecode, sent = (self.client.transport or self.client.http):request{
     method = "POST", url = self.interp_url .. "/execute", headers = hdrs, body = s,
-    stream = "lines", retry = self.client.exec_retry, max_frame = max_frame,
+    stream = "lines", retry = self.client.exec_retry, max_frame = max_frame, max_body = self.client.max_body,
     timeout = timeout > 0 and (timeout + _M.EXEC_GRACE) or 0,
     on_chunk = function(line, flags) execute_line(st, line, flags) end,
   }

@@ -120,6 +120,40 @@ local function decode_array(res, what, want)
   return arr
 end
 
+-- One page from h:request's answer, for `what` ("list sandboxes"): each
+-- element that passes `has_id` turned into an item by `item` (nil: left out).
+-- → items, token_used, next_token | false, msg, code, token_used, detail.
+local function read_page(res, msg, code, sent, used, what, has_id, item)
+  local _, m, c, d
+  if not res then
+    _, m, c, d = transport_failure(what, msg, code, sent)
+  elseif res.status < 200 or res.status > 299 then
+    _, m, c, d = http_failure(res, what)
+  end
+  if m then return false, m, c, used, d end
+  local arr
+  arr, m, c, d = decode_array(res, what, has_id)
+  if not arr then return false, m, c, used, d end
+  local items = {}
+  for _, t in ipairs(arr) do
+    local it = item(t)
+    if it ~= nil then items[#items + 1] = it end
+  end
+  local nxt = res.headers["x-next-token"]
+  if nxt == "" then nxt = nil end
+  return items, used, nxt
+end
+
+_M.read_page = read_page
+
+--- A listing's (or a client's) `max_pages` option: an integer >= 1 or nil;
+-- raises at `level` as error's, counted from this function's caller.
+function _M.check_max_pages(opts, fname, level)
+  local mp = opts.max_pages
+  if mp ~= nil and not (mp >= 1 and mp == math.floor(mp)) then
+    errors.bad_option(1, fname, "max_pages", "an integer >= 1 expected, got " .. tostring(mp), level)
+  end
+end
 _M.lower = lower
 _M.body_message = body_message
 _M.decode_body = decode_body

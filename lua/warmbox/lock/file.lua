@@ -63,7 +63,10 @@ local function private_dir(dir)
     os.execute("mkdir -p -m 0700 " .. sh_quote(dir) .. " 2>/dev/null")
   end
   local ok, err, code = core.private_dir(dir)
-  if not ok then return nil, "lock directory: " .. err, code end
+  if not ok then
+    return nil, "lock directory: " .. err .. "; fix: remove it if it is not yours, or give warmbox.lock.new a dir "
+      .. "of your own (the default is $XDG_RUNTIME_DIR/warmbox/locks, else ~/.local/state/warmbox/locks)", code
+  end
   made_dirs[dir] = true
   return true
 end
@@ -74,11 +77,20 @@ local function open_in(dir, name)
   return core.flock_open(dir .. "/" .. name)
 end
 
---- The default directory of the file lock: `$XDG_RUNTIME_DIR/warmbox/locks`
--- when set, else `/tmp/warmbox-locks-<uid>`: one per user, never shared.
+local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
+
+--- The default directory of the file lock, one per user, never shared:
+-- `$XDG_RUNTIME_DIR/warmbox/locks` when set, else `$XDG_STATE_HOME/warmbox/locks`,
+-- else `~/.local/state/warmbox/locks` (as warmbox.server's state directory):
+-- never a name under /tmp that another local user could make first. Only
+-- without any of them (no HOME) `/tmp/warmbox-locks-<uid>`, checked as any.
 function _M.default_dir()
-  local run = os.getenv("XDG_RUNTIME_DIR")
-  if run and run ~= "" then return run .. "/warmbox/locks" end
+  local run = nonempty(os.getenv("XDG_RUNTIME_DIR"))
+  if run then return run .. "/warmbox/locks" end
+  local st = nonempty(os.getenv("XDG_STATE_HOME"))
+  if st then return st .. "/warmbox/locks" end
+  local home = nonempty(os.getenv("HOME"))
+  if home then return home .. "/.local/state/warmbox/locks" end
   local uid = core.geteuid and core.geteuid()
   if not uid then -- a stand-in core (unit specs) without it
     local p = io.popen("id -u")
