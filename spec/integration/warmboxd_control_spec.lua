@@ -1,5 +1,5 @@
 -- warmboxd's control plane over real HTTP: every endpoint, status and error
--- body that E2B's API answers (e2b-api.md sections 1, 5, 7, 9).
+-- body that E2B's API answers: create, list, lifecycle, errors.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 

@@ -1,6 +1,6 @@
 -- warmbox.gc listing from both ends (newest first and oldest first, meeting in
 -- the middle) against a fake that follows E2B's pagination to the letter
--- (e2b-api.md, Pagination): newest first by startedAt to the microsecond, ties
+-- (E2B's API, pagination): newest first by startedAt to the microsecond, ties
 -- by sandbox id ascending, `order=asc` the exact reverse, a page starts
 -- strictly after its cursor's item, a token of the other order is refused.
 -- Pages change between calls (sandboxes killed, created, resumed): each

@@ -26,7 +26,7 @@ local gone_before, unanswered, cell_marked, never_arrived = rules.gone_before, r
   rules.never_arrived
 local ready_retry, retryable_of, refresh_next = rules.ready_retry, rules.retryable, rules.refresh_next
 
--- The maximum run length (Session:_acquire): pause (memory kept) and
+-- The maximum run length (session/resolve.lua's acquire): pause (memory kept) and
 -- connect, a new run of the same kernel. → t_after, id, reused | t_after, nil, msg, code
 local function recycle(sim, st, id, reused, lease, t)
   local box = st.box
@@ -46,7 +46,7 @@ local function recycle(sim, st, id, reused, lease, t)
   return t, id, reused
 end
 
--- A sandbox for one run at t (Session:_acquire). → t_after, id, reused | t_after, nil, msg, code
+-- A sandbox for one run at t (session/resolve.lua's acquire). → t_after, id, reused | t_after, nil, msg, code
 local function acquire(sim, c, st, t, run_timeout)
   local ctx = fill(sim, c, st, t, run_timeout)
   local ok, value = pcall(sim.lease_hook, ctx)
@@ -92,7 +92,7 @@ local function acquire(sim, c, st, t, run_timeout)
 end
 
 -- The run's own cell sent at t → t_after, b | nil, msg, code, asked: when its
--- execute was unanswered, what asking the sandbox gave (Session:_never_arrived:
+-- execute was unanswered, what asking the sandbox gave (session/retry.lua's reach:
 -- give a marked cell's id up over envd, else the control plane's info):
 -- "again", "gone" or false.
 local function send_cell(sim, id, st, language, duration, run_timeout, t, box)
@@ -109,7 +109,7 @@ local function send_cell(sim, id, st, language, duration, run_timeout, t, box)
   return t2, nil, err, code_, never_arrived(claimed, exists)
 end
 
--- The lease covers the whole run (Session:_cover): one that no longer
+-- The lease covers the whole run (session/execute.lua's cover): one that no longer
 -- covers the cell after the hooks cell is extended before it.
 -- → t_after, true | t_after, nil, msg, code
 local function cover(sim, id, st, run_timeout, t, box)
@@ -121,7 +121,7 @@ local function cover(sim, id, st, run_timeout, t, box)
   return t1, true
 end
 
--- Before the run's cell (Session:_prepare, then _cover): the output directory
+-- Before the run's cell (session/execute.lua's prepare, then cover): the output directory
 -- (another language: emptied on a reused sandbox, made), or the hooks cell on
 -- a kernel without them, then the lease. → t_after, truthy | t_after, nil, msg, code
 local function prepare(sim, id, st, python, reused, run_timeout, t, box)
@@ -150,7 +150,7 @@ local function run(sim, c, st, t, duration, timeout, language)
     local b, err, code_, asked
     t, b, err, code_ = prepare(sim, id, st, python, reused, run_timeout, t, box)
     if not b and gone_before(code_) then
-      -- unreachable before the cell (Session:_ready): sent again while it exists
+      -- unreachable before the cell (session/execute.lua's ready): sent again while it exists
       local exists
       t, exists = info(sim, id, t, box)
       asked = ready_retry(exists)
