@@ -30,8 +30,8 @@ end
 -- (another client, one with a transport of its own, or already inside a
 -- task: then the batch loop).
 local function on_engine(client)
-  local e2b = package.loaded["warmbox.e2b"]
-  if not e2b or getmetatable(client) ~= e2b.Client or client.transport ~= nil then return nil end
+  -- a warmbox.e2b client says so by `with_transport` (as warmbox.new checks)
+  if type(client.with_transport) ~= "function" or client.transport ~= nil or client.http == nil then return nil end
   local runner = require "warmbox.runner"
   if runner.running() then return nil end
   local r = runner.new()
