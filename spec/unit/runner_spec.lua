@@ -1,6 +1,6 @@
 -- warmbox.runner without a server: the scheduler over the C engine's fd
 -- (timers only here), the lock's wait hook inside tasks, locks tracked per
--- task, timeout()/count(). Transfers are covered by spec/integration/tasks_*.
+-- task, timeout()/count(). Transfers are covered by spec/integration/tasks/*.
 local runner = require "warmbox.runner"
 local lock = require "warmbox.lock"
 

@@ -8,7 +8,7 @@
 -- the fast path calls that module: the rule is written once. What is left
 -- here is the bookkeeping on the fast path's own records and the two rules
 -- the engine states inline (the create's lifecycle and timeout). The agreement specs
--- (spec/unit/sim_spec.lua, spec/integration/sim_agreement_spec.lua) check
+-- (spec/unit/sim_spec.lua, spec/integration/sim/agreement_spec.lua) check
 -- that the two paths give the same counts.
 -- @module warmbox.sim.fast.rules
 

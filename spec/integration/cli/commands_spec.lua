@@ -2,7 +2,7 @@
 local wbd = require "spec.helpers.warmboxd"
 
 -- A private XDG dir with no per-user server in it: the commands below run as they would
--- for someone who never ran `warmbox server start` (cli_server.lua covers that server).
+-- for someone who never ran `warmbox server start` (cli/server.lua covers that server).
 local XDG = os.tmpname()
 os.remove(XDG)
 

@@ -148,7 +148,7 @@ describe("warmboxd runtime", function()
       kill(sb)
     end)
 
-    it("does not reach warmboxd with allow_internet_access either (more in warmboxd_containment.lua)", function()
+    it("does not reach warmboxd with allow_internet_access either (more in warmboxd/containment.lua)", function()
       local sb = create{ allow_internet_access = true }
       assert.are_not.equal("connected", py(sb, connect_code(srv.port)))
       kill(sb)
