@@ -12,8 +12,8 @@ local decide = require "warmbox.gc.decide"
 local listing = require "warmbox.gc.listing"
 local act = require "warmbox.gc.act"
 
-local type, pairs, ipairs, tostring, setmetatable, getmetatable, error =
-  type, pairs, ipairs, tostring, setmetatable, getmetatable, error
+local type, pairs, ipairs, tostring, setmetatable, error =
+  type, pairs, ipairs, tostring, setmetatable, error
 
 local _M = {}
 
