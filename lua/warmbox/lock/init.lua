@@ -28,7 +28,7 @@ local core = require "warmbox.core"
 local errors = require "warmbox.errors"
 local common = require "warmbox.lock.common"
 local file = require "warmbox.lock.file"
-local task_current = require("warmbox.task").current
+local task = require "warmbox.task"
 
 local next = next
 local error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring =
@@ -53,41 +53,14 @@ function _M.stats()
   return { polls = stats.polls, wakes = stats.wakes }
 end
 
--- owner -> step(owner), called before each blocking wait (weak keys: an
--- owner nobody else keeps leaves, and its function with it).
-local blocked_steps = setmetatable({}, { __mode = "k" })
+--- Registers `step` to run before every blocking wait outside tasks: the
+-- scheduler's (`warmbox.task.step_while_blocked`), kept here by its old name.
+_M.step_while_blocked = task.step_while_blocked
 
---- Registers `step`: every blocking lock wait of this process (outside
--- tasks) first calls `step(owner)`, for as long as `owner` lives (held
--- weakly). warmbox.runner registers each runner it makes: one with
--- background work in flight (a prewarm started from blocking code, which may
--- hold the very lock waited for) goes on meanwhile.
-function _M.step_while_blocked(owner, step)
-  if type(step) ~= "function" then
-    error("bad argument #2 to 'step_while_blocked' (function expected, got " .. type(step) .. ")", 2)
-  end
-  blocked_steps[owner] = step
-end
-
---- The default wait between attempts (seconds), see the header: inside a
--- task whose scheduler's backend has `lock_wait`, that; else it blocks, on
--- the backend's notification when it has one (`waker.block`), else
--- sleeping. Returns true when a release ended it.
-function _M.wait(s, waker)
-  local t = task_current()
-  if t then
-    local b = t.sched.backend
-    if b.lock_wait then return b:lock_wait(t, s, waker) end
-  elseif next(blocked_steps) then
-    -- (a copy: a step may make a runner, which registers itself)
-    local list = {}
-    for o, step in pairs(blocked_steps) do list[#list + 1] = o list[#list + 1] = step end
-    for i = 1, #list, 2 do list[i + 1](list[i]) end
-  end
-  if waker and waker.block then return waker.block(s) end
-  sleep(s)
-  return false
-end
+--- The default wait between attempts, `wait(seconds, waker)`: the
+-- scheduler's cooperative sleep (`warmbox.task.pause`). Returns true when a
+-- release ended it.
+_M.wait = task.pause
 
 _M.default_dir = file.default_dir
 _M._file_name = file.file_name

@@ -15,6 +15,7 @@ local decide = require "warmbox.session.decide"
 local retry = require "warmbox.session.retry"
 local resolve = require "warmbox.session.resolve"
 local mono_now = require("warmbox.core").now
+local task = require "warmbox.task"
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
 local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max
@@ -520,7 +521,7 @@ function _M.run_locked(s, lk, code, opts, files)
     lk:set_state(state_codec.encode(st))
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
-    if wait then require("warmbox.lock").wait(wait) end
+    if wait then task.pause(wait) end
   end
 end
 
