@@ -20,6 +20,8 @@
 -- @module warmbox.checkpoint
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
+local state_codec = require "warmbox.state"
+local decide = require "warmbox.session.decide"
 
 local type, ipairs, pairs, tostring, tonumber, math_floor, string_format =
   type, ipairs, pairs, tostring, tonumber, math.floor, string.format
@@ -103,7 +105,7 @@ end
 
 -- The remembered state under the lock, nil when it is not this session's.
 local function own_state(self, lk)
-  local st = self._decode(lk:get_state())
+  local st = state_codec.decode(lk:get_state())
   if (st.tag ~= nil and st.tag ~= self.tag_value) or st.origin ~= self.origin then return {} end
   return st
 end
@@ -137,7 +139,7 @@ local function checkpoint_locked(self, lk, label, want_turn)
   local name = _M.conv_prefix(self.tag_value, self.key) .. string_format("%d-%d-%s", turn, ms, nonce())
     .. (label and "_" .. label or "")
   local snap, err, code, detail = take(self, st, name)
-  lk:set_state(self._encode(st))
+  lk:set_state(state_codec.encode(st))
   if not snap then
     return nil, string_format("checkpoint of session '%s': %s", self.key, tostring(err)), code, detail
   end
@@ -187,19 +189,19 @@ local function restore_locked(target, lk, cp, fresh)
   local old = st.sandbox_id
   local lease, lerr, lcode = target:_lease(target:_ctx(st))
   if not lease then return nil, lerr, lcode end
-  lease = math.max(lease, math.ceil(target.exec_timeout + target._margin))
+  lease = math.max(lease, math.ceil(target.exec_timeout + decide.LEASE_MARGIN))
   local saved = util.copy(st)
   local sb, err, code, detail = target:_create_from(st, lease, cp.id)
   if not sb then
     -- As it was: the remembered sandbox stays (a create whose answer never came is recorded, see session).
     saved.creating = st.creating
-    lk:set_state(target._encode(saved))
+    lk:set_state(state_codec.encode(saved))
     return nil, string_format("%s session '%s' from checkpoint '%s': %s", fresh and "branch to" or "rewind of",
       target.key, cp.id, tostring(err)), code, detail
   end
   st.turns = cp.turn
   st.last_run = target.wall()
-  lk:set_state(target._encode(st))
+  lk:set_state(state_codec.encode(st))
   if old and old ~= sb.sandbox_id then
     local ok = target.client:kill(old)
     target:_event("kill", { sandbox_id = old, reason = "rewind", ok = ok ~= nil })

@@ -39,6 +39,31 @@ function _M.encode(st)
   })
 end
 
+-- The operations on a decoded state `st` (what session/resolve.lua,
+-- session/execute.lua, session/prewarm.lua and gc/act.lua change in it).
+
+--- Forgets the remembered sandbox; the creates in flight (`creating`, their
+-- orphans are recognised later) and the run count (`turns`) stay.
+function _M.forget(st)
+  local creating, turns = st.creating, st.turns
+  for k in pairs(st) do st[k] = nil end
+  st.creating, st.turns = creating, turns
+end
+
+--- Whether `st` was written by a session of another tag value or origin (a
+-- key shared by two deployments): then it is forgotten, never used.
+function _M.foreign(st, tag_value, origin)
+  return (st.tag ~= nil and st.tag ~= tag_value) or st.origin ~= origin
+end
+
+--- GC demoted the remembered sandbox `sandbox_id` (its kernel and memory are
+-- gone): the session installs its output hooks again, and one with
+-- require_memory replaces it.
+function _M.kernel_lost(st, sandbox_id)
+  st.hooked = nil
+  st.memory_lost = sandbox_id
+end
+
 --- Seconds within which a pause after a resume marks a GC demote.
 _M.DEMOTE_MARK = 10
 

@@ -275,8 +275,7 @@ function Pass:acted(e, action, r, err, code)
       else
         -- its kernel is gone: the session must install its output hooks again
         -- and its memory: a session with require_memory replaces it
-        h.state.hooked = nil
-        h.state.memory_lost = item.sandbox_id
+        state_codec.kernel_lost(h.state, item.sandbox_id)
         h.rewrite = true
       end
     end

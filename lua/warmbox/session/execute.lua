@@ -484,7 +484,7 @@ end
 function _M.run_locked(s, lk, code, opts, files)
   local st = state_codec.decode(lk:get_state())
   -- State written for another tag value or another E2B endpoint/account is not ours.
-  if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then forget(st) end
+  if state_codec.foreign(st, s.tag_value, s.origin) then forget(st) end
   local run_timeout = opts.timeout or s.exec_timeout
   local tries, hooks_resent = 0, false
   while true do

@@ -458,8 +458,9 @@ end
 -- Checkpoints: see warmbox.checkpoint and README, "Checkpoints"
 -- ------------------------------------------------------------------
 
-Session._decode, Session._encode, Session._new, Session._margin = state_codec.decode, state_codec.encode, _M.new,
-  decide.LEASE_MARGIN
+-- (warmbox.checkpoint's branch makes its session with this constructor: a
+-- require of warmbox.session from there would close a cycle)
+Session._new = _M.new
 
 --- Snapshots the conversation's sandbox as its last run left it (under the lock:
 -- a run in progress finishes first).

@@ -29,13 +29,9 @@ local function bad_hook(s, hook, shown, want)
     shown, want), "POLICY"
 end
 
---- Forgets the remembered sandbox; the creates in flight stay recorded (their
--- orphans are recognised later, see `create`).
-function _M.forget(st)
-  local creating, turns = st.creating, st.turns
-  for k in pairs(st) do st[k] = nil end
-  st.creating, st.turns = creating, turns
-end
+--- Forgets the remembered sandbox (warmbox.state's forget; the creates in
+-- flight stay recorded, their orphans are recognised later, see `create`).
+_M.forget = state_codec.forget
 local forget = _M.forget
 
 --- The lease the policy's `lease` hook asks for (ceiled). → lease | nil, msg, code
