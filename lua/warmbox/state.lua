@@ -16,7 +16,7 @@ local _M = {}
 -- is the sandbox id whose python kernel has warmbox's output hooks;
 -- `auto_resume`: the sandbox pauses at its lease end and traffic resumes it;
 -- `creating`: the creates sent whose answer never came, `{ {id, at} }`, see warmbox.session;
--- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.checkpoint).
+-- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.session.checkpoint).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
 function _M.decode(s)

@@ -24,7 +24,7 @@ local FIELDS = {
   name = "string", version = "string", description = "string",
   order = "function", lease = "function", should_refresh = "function",
   create_params = "function", gc = "function", tenant = "function",
-  -- Checkpoints (warmbox.checkpoint, warmbox.gc.checkpoints): optional, no default.
+  -- Checkpoints (warmbox.session.checkpoint, warmbox.gc.checkpoints): optional, no default.
   checkpoint = "function", checkpoint_gc = "function",
 }
 _M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc", "tenant" }

@@ -232,7 +232,7 @@ local function create_params(s, st, lease, from)
 end
 
 --- Creates the session's sandbox with the policy's `create_params` (`from`:
--- the id of a snapshot to start from, for warmbox.checkpoint).
+-- the id of a snapshot to start from, for warmbox.session.checkpoint).
 -- → sb | nil, msg, code, detail
 function _M.create(s, st, lease, from)
   local params, perr, pcode = create_params(s, st, lease, from)

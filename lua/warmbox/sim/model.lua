@@ -433,7 +433,7 @@ function Model:kill_many(ids, opts)
 end
 
 -- ------------------------------------------------------------------
--- Checkpoints: persistent snapshots (`warmbox.checkpoint`)
+-- Checkpoints: persistent snapshots (`warmbox.session.checkpoint`)
 -- ------------------------------------------------------------------
 
 --- Books the GiB-seconds the live snapshots stored since the last time.

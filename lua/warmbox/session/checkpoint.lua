@@ -17,7 +17,7 @@
 -- metadata (E2B has no call to change it), so it would carry the
 -- conversation's tag. A branch or rewind creates from a snapshot with new
 -- metadata instead.
--- @module warmbox.checkpoint
+-- @module warmbox.session.checkpoint
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
 local state_codec = require "warmbox.state"
