@@ -40,7 +40,7 @@ function _M.encode(st)
 end
 
 -- The operations on a decoded state `st` (what session/resolve.lua,
--- session/execute.lua, session/prewarm.lua and gc/act.lua change in it).
+-- session/execute.lua, session/prewarm.lua and gc/pass.lua change in it).
 
 --- Forgets the remembered sandbox; the creates in flight (`creating`, their
 -- orphans are recognised later) and the run count (`turns`) stay.
