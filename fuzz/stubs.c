@@ -124,3 +124,15 @@ enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *
 enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
 enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
 enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+
+/* The lifecycle events (control/events.c, control/webhooks.c) are left out:
+ * the control plane's hooks record nothing, the knobs have their storage. */
+int wbd_webhook_retry_ms = 10000, wbd_webhook_retries = 3, wbd_webhook_duplicates = 0;
+int wbd_events_ttl_days = 7;
+void wbd_event_locked(const struct wbd_sandbox *sb, enum wbd_event_type type, int64_t at_us) {
+  (void)sb;
+  (void)type;
+  (void)at_us;
+}
+enum MHD_Result wbd_h_events(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_webhooks(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }

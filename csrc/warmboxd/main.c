@@ -343,6 +343,11 @@ static int start_all(void) {
     return -1;
   }
   wbd_snapshot_load_all();
+  if (wbd_events_start() != 0) {
+    fprintf(stderr, "warmboxd: cannot start the lifecycle events\n");
+    wbd_rt_shutdown();
+    return -1;
+  }
   raise_fd_limit();
   static char token_buf[65];
   if (!wbd_lim.admin_token) {
@@ -402,6 +407,7 @@ static void stop_all(void) {
   wbd_server_quiesce();
   wbd_lifecycle_stop();
   wbd_state_shutdown();
+  wbd_events_stop();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();

@@ -14,13 +14,15 @@ _M.codes = {
   BUSY = "the session's lock was not free within the lock timeout (another run holds it)",
   LOCK = "the lock backend failed (e.g. Redis unreachable), or a held lock was lost",
   POLICY = "a policy hook raised or returned a wrong value; a policy file did not load",
+  BUDGET = "the policy's budget refused a run or a prewarm: the conversation or its tenant spent its budget",
+  CHART = "a chart could not be drawn (warmbox costs --chart: python3 with matplotlib is needed)",
   BAD_REQUEST = "bad input: an input file name that could escape /home/user; E2B's 400/422",
   TIMEOUT = "a request or the run exceeded its timeout (for a run, detail.started says whether the cell "
     .. "had started)",
   SANDBOX_GONE = "the sandbox proxy answered 502 (gone or paused); a run is sent again only when its sandbox "
     .. "says the cell never arrived",
-  FENCED = "the run's lock was taken over by a later run (its holder was paused past the lock's expiry): "
-    .. "the sandbox refused its cell, or its outputs, which may be the later run's",
+  FENCED = "the sandbox accepted a cell with a higher fencing number (the run's lock was lost or taken over): "
+    .. "it refused the run's cell (never run), or, as files_error, its outputs, which may be the later run's",
   HOOKS_LOST = "a python kernel lost warmbox's hooks (restarted) before the run's cell, twice: nothing of it ran",
   STREAM_BROKEN = "a run's or a command's stream broke after output started (not re-run)",
   NOT_FOUND = "E2B's 404; the warmboxd binary not found",

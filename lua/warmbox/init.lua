@@ -88,21 +88,19 @@ local function client_options(o, base)
 end
 
 -- The lock when `new` is given none: $WARMBOX_LOCK ("file" | "redis" | "memory"),
--- the redis one at $WARMBOX_REDIS_URL (redis://host[:port][/prefix]) when set.
+-- the redis one at $WARMBOX_REDIS_URL (redis://, redis-sentinel://,
+-- redis-cluster://; see warmbox.lock.redis_client) when set, with
+-- $WARMBOX_REDIS_USERNAME / $WARMBOX_REDIS_PASSWORD.
 local function env_lock()
-  local url = os_getenv("WARMBOX_REDIS_URL")
-  if url == "" then url = nil end
   local name = os_getenv("WARMBOX_LOCK")
   if name == "" then name = nil end
   if name and name ~= "file" and name ~= "redis" and name ~= "memory" then
     error('WARMBOX_LOCK: "file", "redis" or "memory" expected, got "' .. name .. '"', 3)
   end
-  if not url then return name end
   if name and name ~= "redis" then return name end
-  local host, port, prefix = url:match("^redis://([^:/]+):?(%d*)/?(.*)$")
-  if not host then error("WARMBOX_REDIS_URL: redis://host[:port][/prefix] expected, got '" .. url .. "'", 3) end
-  return { backend = "redis", redis = { host = host, port = tonumber(port) or 6379,
-    prefix = prefix ~= "" and prefix or nil } }
+  local r = require("warmbox.lock.redis_client").from_env(os_getenv)
+  if not r then return name end
+  return { backend = "redis", redis = r }
 end
 
 local Warmbox = {}
@@ -144,7 +142,7 @@ local function local_backend(o)
   local st, err, code = server.start_local{ bin = o.warmboxd }
   if not st then return nil, err, code end
   return { shared = true, url = st.url, pid = st.pid, api_key = st.api_key, admin_token = st.admin_token,
-    dir = st.dir }
+    dir = st.dir, bin = o.warmboxd }
 end
 
 -- Without a client: an E2B client for the key (or the API URL) given, else an
@@ -171,8 +169,27 @@ local function connect_backend(self, o)
     local srv, serr, scode = local_backend(o)
     if not srv then return nil, serr, scode end
     self.server = srv
-    self.client = e2b.new(client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url }))
-    self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
+    local copts = client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url })
+    if srv.shared then
+      -- The shared server may end (idle, `warmbox server stop`, a crash) while
+      -- this object lives: its requests follow it to the next one.
+      copts.transport = function(http) return require("warmbox.server").follow(srv, engine_transport(http)) end
+    end
+    self.client = e2b.new(copts)
+    self.client.rate_limit_hint = function(cap)
+      local n = cap and tostring(cap) or "N"
+      if srv.shared then
+        return string_format("the local server runs at most %s sandboxes at once; its setting: `warmbox server start "
+          .. "--max-running N` (changes a running server), or WARMBOX_SERVER_MAX_RUNNING=N when it starts; 0: no "
+          .. "limit", n)
+      end
+      return string_format("this private local server runs at most %s sandboxes at once; its setting: "
+        .. "warmboxd_args = { \"--max-running\", \"N\" } (0: no limit)", n)
+    end
+    -- The shared server's sandboxes outlive it (its data directory): the
+    -- origin names the directory and key, not the address of one start.
+    self.origin = core.sha256((srv.shared and "shared\0" .. tostring(srv.dir) or srv.url) .. "\0"
+      .. srv.api_key):sub(1, 16)
   end
   self.owns_client = true
   return true
@@ -321,6 +338,15 @@ function Warmbox:_tagged()
   return out
 end
 
+--- What the conversations, tenants or days cost, from E2B's lifecycle events
+-- (see `warmbox.ledger`): `wb:costs{ since, until, by = "conversation" | "tenant" | "day" }`.
+-- @treturn[1] table rows, table totals
+-- @return[2] nil, message, code
+function Warmbox:costs(opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  return require("warmbox.ledger").costs_of(self, opts)
+end
+
 --- Kill every sandbox of a conversation (any env/actor fingerprint): the
 -- conversation was deleted. Waits for a run in progress on that session
 -- (delegates to `warmbox.gc.release`).
@@ -391,6 +417,12 @@ local function gc_run_opts(self, opts, fname)
       if not p then return nil, perr, pcode end
       o.policy = p
     end
+  end
+  if o.policy.budget then -- a conversation over its budget: what the budget says in GC first
+    local p = {}
+    for k, v in pairs(o.policy) do p[k] = v end
+    p.gc = require("warmbox.session.budget").wrap_gc(p, self.client, self.tag, self.clock())
+    o.policy = p
   end
   local user_action = o.on_action
   if self.on_event or self.log then

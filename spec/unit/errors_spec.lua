@@ -25,14 +25,20 @@ end
 -- Upper-case literals in lua/ that are not error codes, and why.
 local NOT_CODES = {
   GET = "HTTP method", POST = "HTTP method", DELETE = "HTTP method", HEAD = "HTTP method",
-  EVAL = "Redis command", BLPOP = "Redis command", DEL = "Redis command",
+  EVAL = "Redis command", BLPOP = "Redis command", DEL = "Redis command", ASKING = "Redis command",
+  SENTINEL = "Redis command", CLUSTER = "Redis command", ROLE = "Redis command", PING = "Redis command",
+  SET = "Redis command", INFO = "Redis command", CONFIG = "Redis command", MASTER = "Redis command",
+  REPLICAS = "Redis command", SLOTS = "Redis command", PX = "Redis command", MOVED = "Redis redirection",
+  ASK = "Redis redirection",
+  WARMBOX_REDIS_USERNAME = "environment variable", WARMBOX_REDIS_PASSWORD = "environment variable",
   SESSION = "CLI column header", TENANT = "CLI column header", AGE = "CLI column header",
-  SANDBOX = "CLI column header", STATE = "CLI column header",
+  SANDBOX = "CLI column header", STATE = "CLI column header", KEY = "CLI column header",
+  SANDBOXES = "CLI column header",
   FILE_TYPE_DIRECTORY = "envd file type", FILE_TYPE_SYMLINK = "envd file type",
   WARMBOXD_BIN = "environment variable", WARMBOX_LOCK = "environment variable",
   WARMBOX_REDIS_URL = "environment variable", NO_COLOR = "environment variable", HOME = "environment variable",
   XDG_RUNTIME_DIR = "environment variable", XDG_STATE_HOME = "environment variable",
-  WARMBOX_SERVER_IDLE_EXIT = "environment variable",
+  WARMBOX_SERVER_IDLE_EXIT = "environment variable", WARMBOX_PYTHON = "environment variable",
   FAIL = "doctor check status",
   FAILED = "smoke step status", ERROR = "simulator report: a run raised", GC = "simulator report: a GC pass raised",
 }

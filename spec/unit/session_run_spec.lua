@@ -147,6 +147,7 @@ describe("warmbox.session", function()
       e.client:add("live", s.tag_value)
       e.client:add("dead", s.tag_value)
       e.client.fail.connect = { dead = "NOT_FOUND" }
+      e.client.info_over.dead = "gone" -- info confirms it
       local r = assert(s:run("1"))
       assert.equal("live", r.sandbox_id)
       assert.same({ "dead", "live" }, e.client:ids("connect"))
@@ -159,9 +160,27 @@ describe("warmbox.session", function()
       local s = e.new("w:t")
       e.client:add("dead", s.tag_value)
       e.client.fail.connect = { dead = "NOT_FOUND" }
+      e.client.info_over.dead = "gone"
       local r = assert(s:run("1"))
       assert.equal(1, e.client:count("create"))
       assert.equal("new1", r.sandbox_id)
+    end)
+
+    it("a 404 on connect that info does not confirm never gives the candidate up: connected once more", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("kept", s.tag_value)
+      e.client.fail.connect = { kept = "NOT_FOUND" }
+      -- 404 twice, info says it exists: the run fails, nothing is created or killed
+      local r, _, code = s:run("1")
+      assert.is_nil(r)
+      assert.equal("NOT_FOUND", code)
+      assert.same({ "kept", "kept" }, e.client:ids("connect"))
+      assert.equal(0, e.client:count("create"))
+      assert.same({}, e.client:ids("kill"))
+      -- the 404 was an intermediary's: the next run keeps the sandbox
+      e.client.fail.connect = nil
+      assert.equal("kept", assert(s:run("2")).sandbox_id)
     end)
 
     it("never reaps the candidate a transient fault hid: the run fails before any kill", function()

@@ -212,6 +212,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
     return 404;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("kill_during_run", 1);
+  wbd_event_locked(sb, WBD_EV_KILLED, expire_only ? sb->end_at_us : 0);
   wbd_store_remove_locked(sb);
   sb->state = WBD_KILLED;
   wbd_store_unlock();
@@ -224,6 +225,35 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
 }
 
 #define BUSY_PAUSING 2
+
+/* A pause that comes right after a command's start lets the command get
+ * going before its processes are frozen: `bash -l -c "sleep 2 && ..."` frozen
+ * while still reading its profile would start its sleep only at the thaw.
+ * E2B's pause takes long enough for a command started just before it to be
+ * under way; warmboxd's takes milliseconds. So: within PAUSE_SETTLE_MAX_MS of
+ * the last Process.Start, the pause waits (at least PAUSE_SETTLE_MIN_MS after
+ * the start) until none of the sandbox's processes runs or waits for a CPU. */
+#define PAUSE_SETTLE_MIN_MS 500
+#define PAUSE_SETTLE_MAX_MS 2000
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void settle_started(struct wbd_sandbox *sb) {
+  wbd_store_lock();
+  int64_t started = sb->last_start_mono_us / 1000;
+  wbd_store_unlock();
+  if (started == 0) return;
+  for (;;) {
+    int64_t age = mono_ms() - started;
+    if (age < 0 || age >= PAUSE_SETTLE_MAX_MS) return;
+    if (age >= PAUSE_SETTLE_MIN_MS && !wbd_rt_settling(sb)) return;
+    wbd_sleep_ms(age < PAUSE_SETTLE_MIN_MS ? (int)(PAUSE_SETTLE_MIN_MS - age) : 20);
+  }
+}
 
 int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   wbd_store_lock();
@@ -245,12 +275,14 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
   wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
+  if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */
   int rc = wbd_rt_on_pause(sb, memory);
   /* A copy that cannot be written (disk full) leaves the sandbox paused here;
    * only a restart would lose it. */
   if (rc == 0 && wbd_persist_save(sb) != 0) wbd_stat_add("persist_failed", 1);
   wbd_store_lock();
   if (rc == 0) {
+    wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
     wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
@@ -279,7 +311,10 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     }
     if (mode == R_CONNECT) {
       int64_t end = cap_end(sb, wbd_now_us() + (int64_t)timeout_s * US);
-      if (end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
+      if (end > sb->end_at_us) {
+        wbd_store_set_end_locked(sb, end);
+        wbd_event_locked(sb, WBD_EV_UPDATED, 0);
+      }
     }
     if (out) *out = wbd_ctl_sandbox_json(sb);
     wbd_store_unlock();
@@ -312,6 +347,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
     wbd_store_set_end_locked(sb, cap_end(sb, now + (int64_t)timeout_s * US));
+    wbd_event_locked(sb, WBD_EV_RESUMED, 0);
     if (out) *out = wbd_ctl_sandbox_json(sb);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -410,6 +446,7 @@ int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_
   sb->end_at_us = cap_end(sb, now + to * US);
   sb->state = WBD_RUNNING;
   wbd_store_insert_locked(sb);
+  wbd_event_locked(sb, WBD_EV_CREATED, 0);
   *out = wbd_ctl_sandbox_json(sb);
   wbd_store_unlock();
   return 0;
@@ -547,7 +584,10 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
       status = 400;
     } else {
       int64_t end = cap_end(sb, now + secs * US);
-      if (!refresh || end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
+      if (!refresh || end > sb->end_at_us) {
+        wbd_store_set_end_locked(sb, end);
+        wbd_event_locked(sb, WBD_EV_UPDATED, 0);
+      }
     }
   }
   wbd_store_unlock();

@@ -145,7 +145,9 @@ enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_cal
 /* ------------------------------------------------------------------ */
 
 /* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
- * "resume_ms", "max_running": 0..600000}: all checked before any is set. */
+ * "resume_ms", "max_running": 0..600000, the lifecycle events'
+ * "webhook_duplicates": bool, "webhook_retry_ms", "webhook_retries",
+ * "events_ttl_days"}: all checked before any is set. */
 enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *call) {
   (void)call;
   enum MHD_Result r = MHD_NO;
@@ -154,9 +156,10 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
   const char *k;
   json_t *v;
   json_object_foreach(o, k, v) {
-    int is_bool = strcmp(k, "loose_metadata") == 0;
+    int is_bool = strcmp(k, "loose_metadata") == 0 || strcmp(k, "webhook_duplicates") == 0;
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
-                 strcmp(k, "max_running") == 0;
+                 strcmp(k, "max_running") == 0 || strcmp(k, "webhook_retry_ms") == 0 ||
+                 strcmp(k, "webhook_retries") == 0 || strcmp(k, "events_ttl_days") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -176,6 +179,10 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
     else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
     else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
     else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
+    else if (strcmp(k, "webhook_duplicates") == 0) wbd_knob_set(&wbd_webhook_duplicates, iv);
+    else if (strcmp(k, "webhook_retry_ms") == 0) wbd_knob_set(&wbd_webhook_retry_ms, iv);
+    else if (strcmp(k, "webhook_retries") == 0) wbd_knob_set(&wbd_webhook_retries, iv);
+    else if (strcmp(k, "events_ttl_days") == 0) wbd_knob_set(&wbd_events_ttl_days, iv);
   }
   json_decref(o);
   return wbd_reply_json(req, 204, NULL, NULL);

@@ -35,6 +35,14 @@ const struct wbd_route wbd_route_table[] = {
   { "POST /sandboxes/{id}/fork", WBD_AUTH_SANDBOX, wbd_h_fork, 0 },
   { "GET /snapshots", WBD_AUTH_TEAM, wbd_h_snapshot_list, 0 },
   { "DELETE /templates/{id}", WBD_AUTH_TEAM, wbd_h_template_delete, 0 },
+  /* E2B's lifecycle events and webhooks (events.c, webhooks.c) */
+  { "GET /events/sandboxes", WBD_AUTH_TEAM, wbd_h_events, 0 },
+  { "GET /events/sandboxes/{id}", WBD_AUTH_TEAM, wbd_h_events, 1 },
+  { "GET /events/webhooks", WBD_AUTH_TEAM, wbd_h_webhooks, 0 },
+  { "POST /events/webhooks", WBD_AUTH_TEAM, wbd_h_webhooks, 0 },
+  { "GET /events/webhooks/{id}", WBD_AUTH_TEAM, wbd_h_webhooks, 0 },
+  { "PATCH /events/webhooks/{id}", WBD_AUTH_TEAM, wbd_h_webhooks, 0 },
+  { "DELETE /events/webhooks/{id}", WBD_AUTH_TEAM, wbd_h_webhooks, 0 },
   /* the admin API (knobs.c) */
   { "GET /_warmboxd/stats", WBD_AUTH_ADMIN, wbd_admin_stats, 0 },
   { "POST /_warmboxd/stats/reset", WBD_AUTH_ADMIN, wbd_admin_stats_reset, 0 },

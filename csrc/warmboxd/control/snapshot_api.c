@@ -39,6 +39,13 @@ static enum MHD_Result h_take(struct wbd_req *req, const char *team) {
   if (rc != 0) return wbd_reply_error(req, 500, "Error creating the snapshot");
   json_t *out = wbd_snapshot_info(s);
   wbd_snapshot_put(s);
+  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
+  if (sb) {
+    wbd_store_lock();
+    wbd_event_locked(sb, WBD_EV_CHECKPOINTED, 0);
+    wbd_store_unlock();
+    wbd_sandbox_unref(sb);
+  }
   return wbd_reply_json(req, 201, out, NULL);
 }
 

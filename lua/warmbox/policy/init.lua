@@ -26,6 +26,8 @@ local FIELDS = {
   create_params = "function", gc = "function", tenant = "function",
   -- Checkpoints (warmbox.session.checkpoint, warmbox.gc.checkpoints): optional, no default.
   checkpoint = "function", checkpoint_gc = "function",
+  -- Budgets (warmbox.session.budget, rules.budget{...}): optional, no default.
+  budget = "function",
 }
 _M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc", "tenant" }
 
@@ -150,7 +152,9 @@ function _M.call(p, hook, ...)
   local ok, v = xpcall(fn, traceback, ...)
   if not ok then
     v = errors.reraise_interrupt(v)
-    return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, tostring(v)), "POLICY"
+    -- The hook's own error (its file and line); the traceback through warmbox's frames is left out.
+    local msg = tostring(v):gsub("\nstack traceback:.*$", "")
+    return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, msg), "POLICY"
   end
   return v
 end

@@ -121,7 +121,7 @@ local ASK_AFTER = { SANDBOX_GONE = true, NOT_FOUND = true, RATE_LIMITED = true, 
 -- unreachable a moment ago: the next run connects first).
 function _M.unanswered(code, detail)
   if type(detail) == "table" then
-    if detail.started then return false end
+    if detail.output_started then return false end
     return ASK_AFTER[code] or ASK_AFTER[detail.status] or false
   end
   return ASK_AFTER[code] or false

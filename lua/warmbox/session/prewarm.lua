@@ -123,7 +123,7 @@ local function body(s, within)
   local ok, r, err, ecode = xpcall(s._with_lock, traceback, s, function(lk)
     return prewarm_locked(s, lk, within)
   end, true)
-  if not ok then r, err, ecode = nil, tostring(r), "TASK" end
+  if not ok then r, err, ecode = nil, (tostring(r):gsub("\nstack traceback:.*$", "")), "TASK" end
   if r then
     count(s, r.action == "warm" and "prewarm_warm" or "prewarm_ready")
     s:_event("prewarm", { ok = true, action = r.action, sandbox_id = r.sandbox_id, resumed = r.resumed })

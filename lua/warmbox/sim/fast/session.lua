@@ -75,6 +75,7 @@ local function acquire(sim, c, st, t, run_timeout)
       elseif not is_gone(ccode) then
         return t, nil, cerr, ccode
       else
+        t = info(sim, sid, t, box) -- the 404 confirmed (the model's are real)
         forget(st)
       end
     end
