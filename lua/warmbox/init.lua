@@ -28,6 +28,12 @@ local os_getenv, string_format, table_sort = os.getenv, string.format, table.sor
 -- warmbox.core; spec/unit/version_spec.lua checks both and the rockspec agree).
 local _M = { _VERSION = "0.1.0" }
 
+--- `new`'s default idle window (seconds): the longest window at least 5x
+-- cheaper than the seed's flow on the README's chat workload, at its p95
+-- (bench/cost.lua's sweep, docs/cost.md). A running cell keeps its own
+-- sandbox alive whatever this is.
+_M.IDLE_TIMEOUT = 30
+
 local check_options, bad_option = errors.check_options, errors.bad_option
 
 if core._VERSION ~= _M._VERSION then
@@ -213,7 +219,8 @@ end
 
 --- Make a warmbox object.
 -- @tparam[opt] table opts `template` ("code-interpreter-v1"), `exec_timeout` (300),
---   `idle_timeout` (300), `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
+--   `idle_timeout` (30, `IDLE_TIMEOUT`: chosen with the simulator, see docs/cost.md),
+--   `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
 --   lock options), `policy` (nil | table | path), `api_key` (default `$E2B_API_KEY`),
 --   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
 --   server), `warmboxd_args`, `clock` (function returning unix seconds), `mono` (a monotonic
@@ -249,7 +256,7 @@ function _M.new(opts)
   local self = setmetatable({
     template = o.template or "code-interpreter-v1",
     exec_timeout = o.exec_timeout or 300,
-    idle_timeout = o.idle_timeout or 300,
+    idle_timeout = o.idle_timeout or _M.IDLE_TIMEOUT,
     max_run_length = o.max_run_length or 24 * 3600,
     max_output = o.max_output or session.MAX_OUTPUT,
     max_files_bytes = o.max_files_bytes or session.MAX_FILES_BYTES,

@@ -12,8 +12,8 @@
 -- the clean-up after a failure). The backend is whatever the options select
 -- (`warmbox.new`): E2B when an API key is given or `E2B_API_KEY` is set,
 -- else the user's shared local warmboxd. Short timeouts by default (`exec_timeout` 15 s,
--- `idle_timeout` 5 s, so the pause comes after max(15 + 5, 5) s of lease: a
--- run's timeout plus `LEASE_MARGIN`).
+-- `idle_timeout` 5 s: the pause comes about 5 s after the last run, whatever
+-- `exec_timeout` is (a running cell keeps its own lease).
 --
 --   local code = require("warmbox.smoke").run({ api_key = ... }, { stdout = io.stdout })
 -- @module warmbox.smoke

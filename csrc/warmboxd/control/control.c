@@ -101,34 +101,8 @@ int wbd_ctl_authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_R
 }
 
 /* ------------------------------------------------------------------ */
-/* JSON bodies                                                         */
+/* JSON bodies (the object itself: body.c)                             */
 /* ------------------------------------------------------------------ */
-
-
-/* Parses the body as a JSON object. An empty body gives an empty object
- * unless `required` (then 400, as the validator answers). */
-json_t *wbd_ctl_body_object(struct wbd_req *req, int required, enum MHD_Result *r) {
-  if (req->body_len == 0) {
-    if (required) {
-      *r = wbd_reply_error(req, 400, VERR "value is required but missing");
-      return NULL;
-    }
-    return json_object();
-  }
-  json_error_t err;
-  json_t *o = json_loadb(req->body, req->body_len, 0, &err);
-  if (!o) {
-    *r = wbd_reply_error(req, 400, VERR "failed to decode request body: %s", err.text);
-    return NULL;
-  }
-  if (!json_is_object(o)) {
-    json_decref(o);
-    *r = wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/\": value must be an object");
-    return NULL;
-  }
-  return o;
-}
-
 
 /* Field `name` of `o`: NULL when absent or null. Sets *bad and replies 400
  * when it has the wrong type. */
@@ -202,6 +176,16 @@ static struct wbd_sandbox *find_locked(const char *team, const char *id) {
 
 struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) { return wbd_store_team_ref(team, id); }
 
+/* Cost accounting (the stats' "running_ms"): the milliseconds of a run that
+ * ends now (a pause or a kill; the lease timer's at the lease end, however
+ * late the timer or a clock move found it due). Store lock held. */
+static void count_running_locked(struct wbd_sandbox *sb, int expire_only) {
+  if (sb->state != WBD_RUNNING) return;
+  int64_t end = wbd_now_us();
+  if (expire_only && sb->end_at_us < end) end = sb->end_at_us;
+  if (end > sb->started_at_us) wbd_stat_add("running_ms", (long)((end - sb->started_at_us) / 1000));
+}
+
 /* expire_only: the lease timer's call; skip when the lease moved meanwhile. */
 static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   wbd_store_lock();
@@ -212,6 +196,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
     return 404;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("kill_during_run", 1);
+  count_running_locked(sb, expire_only);
   wbd_event_locked(sb, WBD_EV_KILLED, expire_only ? sb->end_at_us : 0);
   wbd_store_remove_locked(sb);
   sb->state = WBD_KILLED;
@@ -273,6 +258,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
     return 204;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
+  count_running_locked(sb, expire_only);
   wbd_store_set_busy_locked(sb, BUSY_PAUSING);
   wbd_store_unlock();
   if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */

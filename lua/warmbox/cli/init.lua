@@ -93,10 +93,10 @@ commands:
                                    --span S, --seed N, --arrival uniform|poisson, --abandon P, --lead S:
                                    a turn's start to its run, --no-run P: turns without a run); a value
                                    may be a distribution: lognormal:MEDIAN:SIGMA, pareto:ALPHA:MIN, exp:MEAN
-      --prewarm on|off|off,on      prewarm each turn's sandbox at its start (off,on: one row each)
+      --prewarm on|off|jit|off,on  prewarm each turn's sandbox at its start or 2 s before its run
       --exact                      drive the real warmbox.session code (slower; the cap and --rate need it)
       --idle-timeout S[,S...]      one row per value (also --exec-timeout, --max-age, --gc-every)
-      --policies all|P,P...        one row per built-in policy: reference, no-reuse, keep-alive, default
+      --policies all|P,P...        one row per built-in policy (reference, pause-per-turn, ...)
       --tail S                     seconds simulated after the last run (default lease + max-age + gc-every)
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
       --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)

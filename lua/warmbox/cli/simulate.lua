@@ -95,9 +95,11 @@ local function simulate_args(o, args, sim)
     ["--policies"] = function(v) st.policies = policies_arg(sim, v) end,
     ["--exact"] = { function() opts.exact = true end },
     ["--prewarm"] = function(v)
-      local map, values = { on = true, off = false }, {}
+      local map, values = { on = true, off = false, jit = "jit" }, {}
       for item in (v .. ","):gmatch("([^,]*),") do
-        if map[item] == nil then error("option --prewarm needs on, off or off,on, got '" .. v .. "'", 0) end
+        if map[item] == nil then
+          error("option --prewarm needs on, off, jit or a list (off,on,jit), got '" .. v .. "'", 0)
+        end
         values[#values + 1] = map[item]
       end
       set_or_sweep(st, "prewarm", values)

@@ -22,6 +22,8 @@ local _M = { default = default, rules = rules }
 -- Fields a policy may have, and whether each is a hook (function).
 local FIELDS = {
   name = "string", version = "string", description = "string",
+  -- the session pauses the sandbox after every run (the pause-after-every-turn flow)
+  pause_after_run = "boolean",
   order = "function", lease = "function", should_refresh = "function",
   create_params = "function", gc = "function", tenant = "function",
   -- Checkpoints (warmbox.session.checkpoint, warmbox.gc.checkpoints): optional, no default.

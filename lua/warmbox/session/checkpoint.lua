@@ -220,7 +220,12 @@ local function restore_locked(target, lk, cp, fresh)
   local old = st.sandbox_id
   local lease, lerr, lcode = target:_lease(target:_ctx(st))
   if not lease then return nil, lerr, lcode end
-  lease = math.max(lease, math.ceil(target.exec_timeout + decide.LEASE_MARGIN))
+  if target.parallel then
+    -- the idle window's lease (from MIN_LEASE up): the next run's watchdog keeps a long cell's
+    lease = math.max(lease, decide.MIN_LEASE)
+  else
+    lease = math.max(lease, math.ceil(target.exec_timeout + decide.LEASE_MARGIN))
+  end
   local saved = util.copy(st)
   local sb, err, code, detail = target:_create_from(st, lease, cp.id)
   if not sb then

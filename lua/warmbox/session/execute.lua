@@ -17,7 +17,8 @@ local resolve = require "warmbox.session.resolve"
 local task = require "warmbox.task"
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
-local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max
+local string_format, table_concat, math_floor, math_max, math_min = string.format, table.concat, math.floor,
+  math.max, math.min
 local math_type = math.type
 
 local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
@@ -134,15 +135,13 @@ local function prepare(sbx, info, st, files, python, run_timeout, on_line)
   return true
 end
 
--- The ways to a sandbox whose lease the execute's side task extends (see `alongside`).
-local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
-
--- The lease covers the whole run: after the uploads, the output directory and
--- the hooks cell (which took time of the lease set before them), a lease that
--- no longer covers the cell's timeout + COVER_MARGIN is extended before the
--- cell is sent (one request, only then). → true | nil, msg, code, detail
+-- Unwatched (no `parallel`), the lease covers the whole run: after the
+-- uploads, the output directory and the hooks cell (which took time of the
+-- lease set before them), a lease that no longer covers the cell's timeout +
+-- COVER_MARGIN is extended before the cell is sent (one request, only then).
+-- Watched, the run's watchdog does it (see `watched`). → true | nil, msg, code, detail
 local function cover(s, st, info, run_timeout)
-  if ALONGSIDE[info.how] or not st.lease_end then return true end
+  if s.parallel or not st.lease_end then return true end
   local t0 = s.clock()
   local want = decide.extension(t0, st.lease_end, run_timeout)
   if not want then return true end
@@ -446,30 +445,30 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
 end
 
 -- ------------------------------------------------------------------
--- The lease extended alongside the execute
+-- The watchdog: the lease kept while the run goes on
 -- ------------------------------------------------------------------
 
--- The side task of `alongside`: connects (the lease extension) until it
--- holds, under retry.lease's rule; it interrupts the execute when the lease
--- cannot be secured in time. → sb, t0, resumed | nil; `failed.err`: the last failure
-local function extend_alongside(s, ctl, info, lease_end, failed)
+-- One extension of the lease (connect with the run's lease), tried again on
+-- a transient fault under retry.lease's rule until it holds or could no
+-- longer land before the lease ends: then the run is interrupted (its
+-- connection closed: the server stops the cell) rather than paused
+-- underneath. → the new lease end | nil; `w.err`: the last failure
+local function extend(s, ctl, info, st, w, lease_end)
   local id, lease = info.sandbox_id, info.lease
-  if info.how ~= "alongside" then
-    -- The resume's lease covers the run until ALONGSIDE_MARGIN before its
-    -- end: extend it only for a cell still running then (no connect races
-    -- the execute's resume, and a short run costs one round trip).
-    local wait = lease_end - decide.ALONGSIDE_MARGIN - s.clock()
-    if wait > 0 then ctl.wait(wait) end
-    if ctl.main_done() then return nil end
-  end
   local tries = 0
   while true do
     local t0 = s.clock()
     local sb, res, ccode = s.client:connect(id, { timeout = lease })
     s:_event("connect", { sandbox_id = id, ok = sb ~= nil, resumed = sb and res or nil,
       code = not sb and ccode or nil, alongside = true })
-    if sb then return sb, t0, res == true end
-    failed.err = { tostring(res), ccode }
+    s:_event("extend", { sandbox_id = id, ok = sb ~= nil, code = not sb and ccode or nil, watchdog = true })
+    if sb then
+      w.err, w.extended = nil, (w.extended or 0) + 1
+      if sb.sandbox_id == nil then sb.sandbox_id = id end
+      resolve.remember(s, st, sb, t0 + lease, res == true and t0 or nil)
+      return st.lease_end
+    end
+    w.err = { tostring(res), ccode }
     if ctl.main_done() then return nil end
     tries = tries + 1
     -- A 404 is no proof (an intermediary's after forwarding): only one `info`
@@ -478,13 +477,13 @@ local function extend_alongside(s, ctl, info, lease_end, failed)
     -- what happened.
     local rule_code = ccode
     if is_gone(ccode) then
-      failed.gone = resolve.confirmed_gone(s, id)
-      if failed.gone then return nil end
+      w.gone = resolve.confirmed_gone(s, id)
+      if w.gone then return nil end
       rule_code = "HTTP"
     end
-    local pause = retry.lease(rule_code, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
+    local pause = lease_end and retry.lease(rule_code, tries, s.clock(), decide.watch_deadline(lease_end, lease))
     if not pause then
-      failed.interrupted = true
+      w.interrupted = true
       ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
       return nil
     end
@@ -492,42 +491,62 @@ local function extend_alongside(s, ctl, info, lease_end, failed)
   end
 end
 
--- The execute and the lease extension (connect) at once, on the engine. A
--- failed extension is retried while the cell runs; when it cannot be secured
--- before the lease ends (minus LEASE_MARGIN), the execute is interrupted (its
--- connection closed: the server stops the cell) and the run is reported, so
--- the sandbox is never paused underneath it.
--- info.how: "alongside" (the remembered lease still has ALONGSIDE_MARGIN),
--- "auto_resume" (paused; the execute resumes it and the lease that gives
--- covers the run: no extension), "auto_resume_alongside" (paused; the run
--- may outlast that lease: a cell still running ALONGSIDE_MARGIN before its
--- end gets the extension then, under the same rules).
-local function alongside(s, info, st, code, opts, files, run_timeout, lk)
+-- The watchdog of a run (a side task while the run goes on, see `watched`):
+-- extends the lease at once when the run came that way ("alongside"), then
+-- each time the lease comes within decide.watch_margin of its end, until the
+-- run is over; one connect per extension. `lease_end`: the lease end it
+-- starts from (a resume by traffic: the lease that gives).
+local function watchdog(s, ctl, info, st, w, lease_end)
+  local now_first = info.how == "alongside"
+  while true do
+    if not now_first then
+      if not lease_end then return end
+      -- (in steps of at most WATCH_POLL: a session clock moved meanwhile is seen)
+      local wait = decide.watch_at(lease_end, info.lease) - s.clock()
+      while wait > 0 do
+        ctl.wait(math_min(wait, decide.WATCH_POLL))
+        if ctl.main_done() then return end
+        wait = decide.watch_at(lease_end, info.lease) - s.clock()
+      end
+      if ctl.main_done() then return end
+    end
+    now_first = false
+    lease_end = extend(s, ctl, info, st, w, lease_end)
+    if not lease_end then return end
+  end
+end
+
+--- Runs `main()` (the whole attempt: uploads, the hooks cell, the cell, its
+-- outputs) under the lease's watchdog when the session has `parallel`, else
+-- as it is. A run that failed because no extension held is reported as
+-- interrupted (never sent again: the cell may have started); a run that
+-- ended while the last extension was failing says so in `lease_error`.
+-- → main's returns
+function _M.watched(s, info, st, main)
+  if not s.parallel or not info.lease then return main() end
   local id, how = info.sandbox_id, info.how
   local t_exec = s.clock()
-  local function main() return attempt(s, info, st, code, opts, files, run_timeout, lk) end
-  if how == "auto_resume" then
-    local r, err, ecode, detail, reach = main()
-    if r then st.run_started, st.lease_end = t_exec, decide.auto_resume_end(t_exec, s.max_run_length) end
-    return r, err, ecode, detail, reach
-  end
-  local lease_end = how == "alongside" and st.lease_end or t_exec + decide.AUTO_RESUME_LEASE
-  local failed = {}
-  local side, r, err, ecode, detail, reach = s.parallel(main, function(ctl)
-    return extend_alongside(s, ctl, info, lease_end, failed)
+  local start_end = st.lease_end
+  if how == "auto_resume" then start_end = decide.auto_resume_end(t_exec, s.max_run_length) end
+  local w = {}
+  local _, r, err, ecode, detail, reach = s.parallel(main, function(ctl)
+    return watchdog(s, ctl, info, st, w, start_end)
   end)
-  local sb, t0, resumed = side:result()
-  if how ~= "alongside" and (r or not reach) then
+  if how == "auto_resume" and (r or not reach) then
     -- The execute reached the sandbox: traffic resumed it (a new E2B run).
-    st.run_started, st.lease_end = t_exec, decide.auto_resume_end(t_exec, s.max_run_length)
+    st.run_started = t_exec
+    st.lease_end = math_max(st.lease_end or 0, decide.auto_resume_end(t_exec, s.max_run_length))
   end
-  local lease_err = failed.err
-  if type(sb) == "table" then
-    if sb.sandbox_id == nil then sb.sandbox_id = id end
-    resolve.remember(s, st, sb, t0 + info.lease, resumed and t0 or nil)
-  elseif failed.gone then
-    forget(st)
-  elseif not r and not reach and lease_err and failed.interrupted then
+  local lease_err = w.err
+  -- Confirmed gone: forgotten; the execute's own answer says what happened.
+  if w.gone then forget(st) end
+  if not lease_err then return r, err, ecode, detail, reach end
+  s:_event("lease_failed", { sandbox_id = id, code = lease_err[2], watchdog = true })
+  if r then
+    r.lease_error = lease_err
+    return r
+  end
+  if not reach and not w.gone then
     -- Interrupted (or failed while the lease could not be secured): the cell
     -- may have started, so it is reported, never sent again.
     detail = type(detail) == "table" and detail or {}
@@ -579,6 +598,21 @@ local function saved_after(lk, st, r)
   if code == "LOCK" then r.lock_lost = true end
 end
 
+-- A policy that pauses the sandbox after every run (`pause_after_run`, the
+-- pause-after-every-turn flow): the pause (memory kept), and the lease
+-- remembered as over, so the next run resumes it with a connect. A failed
+-- pause is in the result (`pause_error`); the lease then ends it.
+local function pause_after(s, st, r)
+  local ok, perr, pcode = s.client:pause(r.sandbox_id)
+  s:_event("pause_after_run", { sandbox_id = r.sandbox_id, ok = ok ~= nil, code = ok == nil and pcode or nil })
+  if ok == nil and pcode ~= "NOT_FOUND" then
+    r.pause_error = { tostring(perr), pcode }
+    return
+  end
+  local now = s.clock()
+  st.lease_end = math_min(st.lease_end or now, now - decide.PAUSE_GRACE)
+end
+
 --- Runs `code` holding the session's lock `lk` (`files`: normalized). At
 -- most once: the run is sent again only when warmbox.session.retry says the
 -- cell provably never reached a kernel. → r | nil, msg, code, detail
@@ -599,11 +633,9 @@ function _M.run_locked(s, lk, code, opts, files)
     if not info then return nil, err, ecode, detail end
     started(s, info)
     local r, reach
-    if ALONGSIDE[info.how] then
-      r, err, ecode, detail, reach = alongside(s, info, st, code, opts, files, run_timeout, lk)
-    else
-      r, err, ecode, detail, reach = attempt(s, info, st, code, opts, files, run_timeout, lk)
-    end
+    r, err, ecode, detail, reach = _M.watched(s, info, st, function()
+      return attempt(s, info, st, code, opts, files, run_timeout, lk)
+    end)
     metrics.phase(s._tm, "execute") -- (the attempt's end: its fencing, the lease's bookkeeping)
     if r then
       if had and r.sandbox_id ~= had then
@@ -614,6 +646,7 @@ function _M.run_locked(s, lk, code, opts, files)
       -- server restart, a crash): what it held before this run is gone.
       if hooks_resent then r.memory_lost = true end
       succeeded(s, st, r)
+      if s.policy.pause_after_run then pause_after(s, st, r) end
       saved_after(lk, st, r)
       return r
     end

@@ -392,7 +392,7 @@ local function resolve(s, st, lease, avoid)
     if orphan then settle_create(st, orphan) end
   end
   return { sandbox_id = kept.sandbox_id, reused = not created, resumed = resumed, how = created and "create"
-    or "resolve" }
+    or "resolve", lease = lease }
 end
 
 -- The remembered sandbox (same tag value) for one run: as it is when
@@ -402,15 +402,14 @@ local function secure_remembered(s, st, ctx, lease, eager)
   local refresh, perr, pcode = policy_mod.call(s.policy, "should_refresh", ctx)
   if pcode then return nil, perr, pcode end
   if not refresh then
-    return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered", lease = lease }
   end
   -- Alongside the execute (one round trip) when the remembered lease still
   -- has a safe margin, or the execute resumes a paused sandbox (see
   -- warmbox.session.execute). Both need `parallel` (warmbox.new gives it;
   -- without it: connect first). A prewarm (`eager`) connects now instead:
   -- the sandbox is made ready before the run.
-  local how = decide.remembered_way(st.lease_end, st.auto_resume, s.clock(), ctx.run_timeout,
-    s.parallel and not eager)
+  local how = decide.remembered_way(st.lease_end, st.auto_resume, s.clock(), lease, s.parallel and not eager)
   if how then
     return { sandbox_id = st.sandbox_id, reused = true, resumed = how ~= "alongside", how = how, lease = lease }
   end
@@ -421,7 +420,7 @@ local function secure_remembered(s, st, ctx, lease, eager)
   if sb then
     if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
     remember(s, st, sb, t0 + lease, res == true and t0 or nil)
-    return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh", lease = lease }
   end
   -- A transient fault fails the run and keeps what is remembered (the next
   -- run tries again); only a sandbox that is gone (`info` says so) is forgotten.
@@ -446,9 +445,10 @@ local function secure(s, st, ctx, lease, eager)
   return resolve(s, st, lease)
 end
 
--- Once per session object: idle_timeout cannot take effect, as a run's lease
--- covers the run's timeout and LEASE_MARGIN (the sandbox pauses `lease` s
--- after the run starts, not idle_timeout s). Event "lease_floor".
+-- Once per session object without a watchdog (no `parallel`): idle_timeout
+-- cannot take effect, as a run's lease covers the run's timeout and
+-- LEASE_MARGIN (the sandbox pauses `lease` s after the run starts, not
+-- idle_timeout s). Event "lease_floor".
 local function warn_floor(s, run_timeout, lease)
   if s.floor_warned or s.idle_timeout >= run_timeout then return end
   s.floor_warned = true
@@ -476,8 +476,8 @@ local function recycle(s, st, got, lease)
   return got
 end
 
---- Secures a sandbox for one run: the remembered one when its lease provably
--- covers the run (no request), the remembered one refreshed by `connect` (one
+--- Secures a sandbox for one run: the remembered one when the policy says
+-- its lease needs no refresh (no request), the remembered one refreshed by `connect` (one
 -- request: resumes a paused one and extends the lease), else resolve.
 -- `eager` (a prewarm): the sandbox is made ready now, never left to the
 -- execute (no alongside extension, no auto-resume by traffic).
@@ -486,7 +486,9 @@ function _M.acquire(s, st, run_timeout, eager)
   local ctx = s:_ctx(st, run_timeout)
   local v, err, code = policy_mod.call(s.policy, "lease", ctx)
   if code then return nil, err, code end
-  local lease, floored = decide.lease(v, run_timeout)
+  -- Watched (`parallel`): the run's watchdog keeps the lease while it goes
+  -- on, so the lease is the policy's (the idle window), not the run's timeout.
+  local lease, floored = decide.lease(v, run_timeout, ctx.watched)
   if not lease then return bad_hook(s, "lease", tostring(v), "positive number") end
   if floored then warn_floor(s, run_timeout, lease) end
   ctx.lease = lease

@@ -96,7 +96,7 @@ local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
   report.paused_during_run = st.paused_during_run
   report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
   report.retry_after_waits = st.retry_after_waits
-  report.prewarm = o.prewarm and true or false
+  report.prewarm = o.prewarm == "jit" and "jit" or (o.prewarm and true or false)
   report.prewarms = report.prewarms or 0
   report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
   report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
