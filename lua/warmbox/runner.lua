@@ -15,16 +15,15 @@
 --   local t = r:spawn(function() return tp:request{ url = "..." } end)
 --   r:loop()
 --
--- Lock waits: the engine backend has `lock_wait`, which `lock.wait` (the
--- lock's default wait) calls inside a task of its scheduler, so lock waits
--- yield to the engine; and each runner is registered with
--- `lock.step_while_blocked`, so a blocking lock wait steps a runner with
--- background work in flight.
+-- Pauses (lock waits, Retry-After): the engine backend has `pause`, which
+-- `task.pause` (the scheduler's cooperative sleep, the lock's default wait)
+-- calls inside a task of its scheduler, so they yield to the engine; and
+-- each runner is registered with `task.step_while_blocked`, so a blocking
+-- pause steps a runner with background work in flight.
 -- @module warmbox.runner
 
 local core = require "warmbox.core"
 local task = require "warmbox.task"
-local lock = require "warmbox.lock"
 
 local type, error, setmetatable, pairs, pcall =
   type, error, setmetatable, pairs, pcall
@@ -104,12 +103,12 @@ function Backend:wait(deadline)
 end
 
 --- The lock's wait inside task `t` of this backend's scheduler (see
--- warmbox.lock: `lock.wait` calls it): sleeps on the scheduler, so the other
+-- warmbox.task: `task.pause` calls it, and so the lock's wait): sleeps on the scheduler, so the other
 -- tasks go on. It ends early when the lock is released in this process
 -- (`waker.wake`), or by another process when the backend has a watch the
 -- engine's poll can wait on (`waker.watch`: the file lock's inotify watch,
 -- put in the engine's epoll set); redis: at the next step.
-function Backend:lock_wait(t, s, waker)
+function Backend:pause(t, s, waker)
   local sched = t.sched
   if not waker then return sched:sleep(s) end
   if waker.woken then return true end
@@ -156,7 +155,7 @@ function _M.new(opts)
   -- Live tasks are held here (a spawned task nobody keeps still runs to its end).
   local r = setmetatable({ eng = eng, backend = b, sched = sched, live = {}, nbackground = 0 }, Runner)
   by_sched[sched] = r
-  lock.step_while_blocked(r, step_background)
+  task.step_while_blocked(r, step_background)
   return r
 end
 

@@ -17,7 +17,7 @@ local _M = {}
 -- `auto_resume`: the sandbox pauses at its lease end and traffic resumes it;
 -- `creating`: the creates sent whose answer never came, `{ {id, at} }`, see warmbox.session;
 -- `replaced`: ids of sandboxes a rewind replaced but could not kill (the next run kills them);
--- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.checkpoint).
+-- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.session.checkpoint).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
 function _M.decode(s)
@@ -38,6 +38,32 @@ function _M.encode(st)
     domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
     hooked = st.hooked, memory_lost = st.memory_lost, auto_resume = st.auto_resume, turns = st.turns,
   })
+end
+
+-- The operations on a decoded state `st` (what session/resolve.lua,
+-- session/execute.lua, session/prewarm.lua and gc/pass.lua change in it).
+
+--- Forgets the remembered sandbox; the creates in flight (`creating`, their
+-- orphans are recognised later), the run count (`turns`) and the replaced
+-- sandboxes still to kill (`replaced`) stay.
+function _M.forget(st)
+  local creating, turns, replaced = st.creating, st.turns, st.replaced
+  for k in pairs(st) do st[k] = nil end
+  st.creating, st.turns, st.replaced = creating, turns, replaced
+end
+
+--- Whether `st` was written by a session of another tag value or origin (a
+-- key shared by two deployments): then it is forgotten, never used.
+function _M.foreign(st, tag_value, origin)
+  return (st.tag ~= nil and st.tag ~= tag_value) or st.origin ~= origin
+end
+
+--- GC demoted the remembered sandbox `sandbox_id` (its kernel and memory are
+-- gone): the session installs its output hooks again, and one with
+-- require_memory replaces it.
+function _M.kernel_lost(st, sandbox_id)
+  st.hooked = nil
+  st.memory_lost = sandbox_id
 end
 
 --- Seconds within which a pause after a resume marks a GC demote.

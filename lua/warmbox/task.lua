@@ -33,8 +33,8 @@
 -- order they began to wait, and an event wakes its waiters in arrival order.
 -- @module warmbox.task
 
-local type, error, setmetatable, tostring, pairs, ipairs =
-  type, error, setmetatable, tostring, pairs, ipairs
+local type, error, setmetatable, tostring, pairs, ipairs, next =
+  type, error, setmetatable, tostring, pairs, ipairs, next
 local co_create, co_resume, co_running, co_status, co_yield, co_close =
   coroutine.create, coroutine.resume, coroutine.running, coroutine.status, coroutine.yield, coroutine.close
 local table_pack, table_unpack, table_sort, string_format = table.pack, table.unpack, table.sort, string.format
@@ -273,6 +273,45 @@ end
 --- The running task (of any scheduler), or nil outside tasks.
 function _M.current()
   return by_co[co_running()]
+end
+
+-- owner -> step(owner), called before each blocking pause (weak keys: an
+-- owner nobody else keeps leaves, and its function with it).
+local blocked_steps = setmetatable({}, { __mode = "k" })
+
+--- Registers `step`: every blocking pause of this process (outside tasks)
+-- first calls `step(owner)`, for as long as `owner` lives (held weakly).
+-- warmbox.runner registers each runner it makes: one with background work
+-- in flight (a prewarm started from blocking code, which may hold the very
+-- lock waited for) goes on meanwhile.
+function _M.step_while_blocked(owner, step)
+  if type(step) ~= "function" then
+    error("bad argument #2 to 'step_while_blocked' (function expected, got " .. type(step) .. ")", 2)
+  end
+  blocked_steps[owner] = step
+end
+
+--- The one cooperative sleep, for every wait that is not a request (a lock's
+-- wait between attempts, a Retry-After pause): inside a task whose
+-- scheduler's backend has `pause(t, seconds, waker)` (warmbox.runner's
+-- engine backend), that, and the other tasks go on; else it blocks, after
+-- the steps registered with `step_while_blocked` (outside tasks), on
+-- `waker.block(seconds)` when given, else sleeping. Returns true when a
+-- `waker.wake()` ended it.
+function _M.pause(seconds, waker)
+  local t = _M.current()
+  if t then
+    local b = t.sched.backend
+    if b.pause then return b:pause(t, seconds, waker) end
+  elseif next(blocked_steps) then
+    -- (a copy: a step may make a runner, which registers itself)
+    local list = {}
+    for o, step in pairs(blocked_steps) do list[#list + 1] = o list[#list + 1] = step end
+    for i = 1, #list, 2 do list[i + 1](list[i]) end
+  end
+  if waker and waker.block then return waker.block(seconds) end
+  require("warmbox.core").sleep(seconds)
+  return false
 end
 
 --- The running task if it belongs to this scheduler, else nil.

@@ -1,9 +1,9 @@
--- warmbox.checkpoint against the fake E2B client (spec.helpers.fake_e2b) and
+-- warmbox.session.checkpoint against the fake E2B client (spec.helpers.fake_e2b) and
 -- a memory lock: names and their parse, the order of a rewind (the new
 -- sandbox first, the old one killed after), what a failure leaves, a
 -- paused sandbox, a fork with the conversation's tag.
 local session = require "warmbox.session"
-local checkpoint = require "warmbox.checkpoint"
+local checkpoint = require "warmbox.session.checkpoint"
 local fake_e2b = require "spec.helpers.fake_e2b"
 local fakes = require "spec.helpers.fakes"
 
@@ -37,7 +37,7 @@ local function setup()
   return { t = t, client = client, new = mk, events = events, state = state }
 end
 
-describe("warmbox.checkpoint", function()
+describe("warmbox.session.checkpoint", function()
   it("names carry the conversation, the key, the turn, the time and the label; others are not parsed", function()
     local e = setup()
     local s = e.new("conv:1")

@@ -2,7 +2,7 @@
 -- argument checking, the pollable fd and its timer, cancel/close/GC of
 -- transfers that cannot connect (127.0.0.1:1 refuses at once), and the pure
 -- retry rules shared with h:request. Behaviour against real servers:
--- spec/integration/core_engine_spec.lua.
+-- spec/integration/core/engine_spec.lua.
 local core = require "warmbox.core"
 
 local REFUSED = "http://127.0.0.1:1/"

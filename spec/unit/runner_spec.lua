@@ -1,6 +1,6 @@
 -- warmbox.runner without a server: the scheduler over the C engine's fd
 -- (timers only here), the lock's wait hook inside tasks, locks tracked per
--- task, timeout()/count(). Transfers are covered by spec/integration/tasks_*.
+-- task, timeout()/count(). Transfers are covered by spec/integration/tasks/*.
 local runner = require "warmbox.runner"
 local lock = require "warmbox.lock"
 
@@ -53,7 +53,7 @@ describe("warmbox.runner", function()
     r:close()
   end)
 
-  it("patches nothing in warmbox.lock: the wait inside tasks is its backend's lock_wait", function()
+  it("patches nothing in warmbox.lock: the wait inside tasks is its backend's pause", function()
     local before = {}
     for k, v in pairs(lock) do before[k] = v end
     package.loaded["warmbox.runner"] = nil
@@ -63,9 +63,11 @@ describe("warmbox.runner", function()
     for k, v in pairs(lock) do after[k] = v end
     assert.same(before, after)
     local eng = assert(require("warmbox.core").engine{})
-    assert.is_function(fresh.backend(eng).lock_wait)
+    assert.is_function(fresh.backend(eng).pause)
     eng:close()
-    -- a task of a scheduler whose backend has no lock_wait (the virtual one) blocks
+    -- the lock's default wait is the scheduler's cooperative sleep
+    assert.equal(require("warmbox.task").pause, lock.wait)
+    -- a task of a scheduler whose backend has no pause (the virtual one) blocks
     local task = require "warmbox.task"
     local s = task.scheduler{ backend = task.virtual(0) }
     local t = s:spawn(function() return lock.wait(0.01) end)

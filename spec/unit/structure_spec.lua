@@ -80,6 +80,22 @@ describe("the lua/warmbox module graph", function()
       end
     end
   end)
+
+  it("finds collaborators by require or by argument, never by reading package.loaded", function()
+    for _, path in ipairs(find("lua", "*.lua")) do
+      local code = read(path):gsub("%-%-[^\n]*", "")
+      assert.falsy(code:find("package%.loaded"), path .. " reads package.loaded")
+    end
+  end)
+
+  it("makes event engines in one place: warmbox.runner", function()
+    for _, path in ipairs(find("lua", "*.lua")) do
+      local code = read(path):gsub("%-%-[^\n]*", "")
+      if path ~= "lua/warmbox/runner.lua" then
+        assert.falsy(code:find("core%.engine%s*[%({]") or code:find("engine%.new%s*%("), path .. " makes an engine")
+      end
+    end
+  end)
 end)
 
 describe("csrc/core", function()

@@ -2,7 +2,7 @@
 -- whatever math.random does: two processes started together without ASLR (as
 -- under ASan), or a host that seeds math.random with a constant, once gave
 -- four processes the same cell ids, and each refused the others' cells as
--- "given up" (spec/integration/session_serial_spec.lua under ASan).
+-- "given up" (spec/integration/session/serial_spec.lua under ASan).
 local util = require "warmbox.util"
 
 describe("warmbox.util.unique_id", function()

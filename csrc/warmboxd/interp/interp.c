@@ -1,5 +1,5 @@
 /*
- * interp.c: the code interpreter on port 49999 (e2b-api.md section 4).
+ * interp.c: the code interpreter on port 49999, as E2B's code interpreter serves it.
  *
  * A context is a language, a cwd and, once used, a kernel: python/kernel.py
  * run as `/usr/bin/python3 -c <kernel.py> python|bash`, or embed/kernel.js

@@ -27,8 +27,9 @@ local function form_component(s)
   return (s:gsub("[^%w%*%-%._ ]", function(c) return string_format("%%%02X", string_byte(c)) end):gsub(" ", "+"))
 end
 
---- The three-layer metadata filter encoding of the official SDKs (e2b-api.md
--- 1.5): pct(k)=pct(v) pairs form-joined, then the whole value escaped again.
+--- The three-layer metadata filter encoding of the official SDKs (E2B's API,
+-- metadata filters): pct(k)=pct(v) pairs form-joined, then the whole value
+-- escaped again.
 -- Keys are sorted so the URL is deterministic.
 -- @tparam table metadata
 -- @treturn string the value of the `metadata` query parameter, as sent

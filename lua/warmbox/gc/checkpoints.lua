@@ -10,11 +10,11 @@
 -- O(page + conversations), whatever the number of checkpoints.
 --
 -- Never deleted: a checkpoint that a branch or rewind of this process is
--- creating from (`warmbox.checkpoint.in_use`), and one whose conversation's
+-- creating from (`warmbox.session.checkpoint.in_use`), and one whose conversation's
 -- session is locked (a rewind or branch of any process holds it: try-locked,
 -- skipped as "busy").
 -- @module warmbox.gc.checkpoints
-local checkpoint = require "warmbox.checkpoint"
+local checkpoint = require "warmbox.session.checkpoint"
 local lock_mod = require "warmbox.lock"
 
 local type, ipairs, tostring, pcall, fmt = type, ipairs, tostring, pcall, string.format

@@ -25,8 +25,9 @@
 -- The parts: `warmbox.gc.pass` (a pass as an object: what it was given, what
 -- it did, what it holds), `warmbox.gc.listing` (the pages, from one end or
 -- both; resume tokens), `warmbox.gc.decide` (what the policy's answer means:
--- the decision of a kill, as pure functions), `warmbox.gc.act` (lock, re-check,
--- kill or demote), `warmbox.gc.drive` (the loops: dry run, batches, tasks on
+-- the decision of a kill, as pure functions), `warmbox.gc.pass` also
+-- locks, re-checks, kills or demotes; `warmbox.gc.release` (a conversation's
+-- sandboxes killed), `warmbox.gc.drive` (the loops: dry run, batches, tasks on
 -- the event engine), `warmbox.gc.checkpoints` (the checkpoint pass).
 --
 -- Last activity (unix seconds, the clock's unit): a paused sandbox's
@@ -49,7 +50,7 @@ local util = require "warmbox.util"
 local rules = require "warmbox.policy.rules"
 local decide = require "warmbox.gc.decide"
 local listing = require "warmbox.gc.listing"
-local act = require "warmbox.gc.act"
+local release = require "warmbox.gc.release"
 local pass = require "warmbox.gc.pass"
 local drive = require "warmbox.gc.drive"
 
@@ -234,7 +235,7 @@ function _M.release(opts)
     end)
     if not ok then return nil, err, code end
   end
-  local killed, kerr, kcode = act.release(client, tag, order, key, new_lock, opts.concurrency or 8)
+  local killed, kerr, kcode = release.release(client, tag, order, key, new_lock, opts.concurrency or 8)
   if not killed then return nil, kerr, kcode end
   return release_checkpoints(client, key, tv, killed)
 end

@@ -22,7 +22,7 @@ local _M = {}
 -- the listing order
 -- ---------------------------------------------------------------------------
 
---- E2B's listing order (e2b-api.md, pagination): newest first by `startedAt`
+--- E2B's listing order (E2B's API, pagination): newest first by `startedAt`
 -- truncated to microseconds, ties by sandbox id ascending; `order=asc` is the
 -- exact reverse, and a page starts strictly after its cursor's item. A key is
 -- `{ microseconds, id }`, or nil when `started_at` cannot be read.

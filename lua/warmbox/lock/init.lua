@@ -1,65 +1,16 @@
 --- warmbox.lock: one holder per key, across the coroutines of one process
 -- (every backend), the processes of one host (`file`) and hosts (`redis`).
--- Mirrors lua-resty-lock: `elapsed, err = lk:lock(key)`, `lk:unlock()`,
--- `lk:expire(t)`, errors "timeout" | "locked" | "unlocked" | "expired"; new
--- for 5.4, `local lk <close> = lock.new(opts)` unlocks when the block is
--- left; `lk:close()` does the same by hand (idempotent).
+-- Mirrors lua-resty-lock. The public API and `lock.new`'s options are listed
+-- once, in README.md (warmbox.lock); the contract this file keeps (fair
+-- queue, expiry and fencing, waits and wake-ups, the per-key state) is
+-- HACKING.md's "warmbox.lock" section.
 --
 -- This file is the lock object and what every backend shares; one file per
 -- backend: lock/memory.lua (this Lua state only), lock/file.lua (flock(2),
--- one host), lock/redis.lua (hosts); lock/queue.lua the ticket queue.
---
--- Fair: waiters for one key are served in arrival order, across coroutines,
--- processes and hosts. Each `lock()` call takes a ticket in a queue kept in
--- the backend (memory: a table; file: `<name>q` next to the lock file; redis:
--- two sorted sets and a counter updated by one script, with the server's
--- clock). Only the queue's head may take the lock, and `try_lock` only when
--- nobody is queued. A waiter refreshes its ticket on every attempt; a ticket
--- not refreshed for `ticket_ttl` seconds (its waiter died or gave up) is
--- dropped by the next waiter, so a dead waiter delays the queue by at most
--- `ticket_ttl`.
---
--- Each lock also carries a small per-key state (`get_state`/`set_state`,
--- only while held): the session code keeps the remembered sandbox id and
--- lease there, so processes that share a key share that memory. The state
--- is a cache: losing it (a broken lock, a wiped /tmp) costs one lookup.
---
--- Expiry. `exptime` bounds how long a holder may keep the lock without
--- calling `expire()` (a hung holder's limit; the session sets it from its
--- run timeout). How a dead holder frees the key: memory, with the Lua state;
--- file, the kernel drops the flock when its process dies (a holder alive but
--- stuck past exptime may be broken, see lock/file.lua); redis, the key's
--- short PX lapses within `ttl` once the holder's keeper thread stops. A
--- holder broken past its expiry is fenced (`lk:fence()`: the next holder's
--- number is higher). `lk:keepalive()` (cheap: it looks at the backend at
--- most every ttl/3, redis, or every second, file) tells the holder whether
--- it still holds the lock; with `keeper = false` (redis) it refreshes the key
--- itself, and then must be called more often than `ttl`.
---
--- Every backend first takes an in-process table entry, so coroutines of one
+-- one host), lock/redis.lua (hosts); lock/queue.lua the ticket queue. Every
+-- backend first takes an in-process table entry, so coroutines of one
 -- process serialize without a second flock on another descriptor (which
 -- would block the whole process).
---
--- Waiting. Between attempts a waiter calls its wait, `wait(seconds, waker)`:
--- the `wait` option, else `lock.wait` (taken when the lock is made). It ends
--- within the time given (it must return within `ticket_ttl`, or the ticket
--- lapses), or earlier when `waker.wake()` is called (it sets `waker.wake` for
--- the wait's length; `waker.woken` true: return at once). `lock.wait` asks
--- where it runs: inside a task whose scheduler's backend has
--- `lock_wait(t, seconds, waker)` (warmbox.runner's engine backend, given to
--- the scheduler when it is made), that waits, yielding to the scheduler;
--- elsewhere it first calls what `lock.step_while_blocked` registered (a
--- runner with background work goes on meanwhile), then blocks: it never
--- yields into the caller's coroutines. Steps: `step` growing by `ratio` up to
--- `max_step`; a waiter that becomes the queue's head starts again from
--- `step` and polls at least every `head_step` (10 ms).
---
--- Wake-ups: the steps are a fallback. A release wakes the key's waiters of
--- the same process at once (`waker.wake`), and the blocking wait
--- (`waker.block(seconds)`) also returns when a holder in another process
--- releases: file, an inotify watch on the lock file; redis, a BLPOP on the
--- waiter's wake list. `lock.stats()` counts the waits that ran their full
--- step (`polls`) and those a release ended (`wakes`).
 --
 -- The backend interface (lock/memory.lua, lock/file.lua, lock/redis.lua),
 -- with `lk` the lock object, `e` the in-process entry `{ token, expires,
@@ -77,7 +28,7 @@ local core = require "warmbox.core"
 local errors = require "warmbox.errors"
 local common = require "warmbox.lock.common"
 local file = require "warmbox.lock.file"
-local task_current = require("warmbox.task").current
+local task = require "warmbox.task"
 
 local next = next
 local error, ipairs, pairs, pcall, setmetatable, getmetatable, type, tostring =
@@ -102,41 +53,14 @@ function _M.stats()
   return { polls = stats.polls, wakes = stats.wakes }
 end
 
--- owner -> step(owner), called before each blocking wait (weak keys: an
--- owner nobody else keeps leaves, and its function with it).
-local blocked_steps = setmetatable({}, { __mode = "k" })
+--- Registers `step` to run before every blocking wait outside tasks: the
+-- scheduler's (`warmbox.task.step_while_blocked`), kept here by its old name.
+_M.step_while_blocked = task.step_while_blocked
 
---- Registers `step`: every blocking lock wait of this process (outside
--- tasks) first calls `step(owner)`, for as long as `owner` lives (held
--- weakly). warmbox.runner registers each runner it makes: one with
--- background work in flight (a prewarm started from blocking code, which may
--- hold the very lock waited for) goes on meanwhile.
-function _M.step_while_blocked(owner, step)
-  if type(step) ~= "function" then
-    error("bad argument #2 to 'step_while_blocked' (function expected, got " .. type(step) .. ")", 2)
-  end
-  blocked_steps[owner] = step
-end
-
---- The default wait between attempts (seconds), see the header: inside a
--- task whose scheduler's backend has `lock_wait`, that; else it blocks, on
--- the backend's notification when it has one (`waker.block`), else
--- sleeping. Returns true when a release ended it.
-function _M.wait(s, waker)
-  local t = task_current()
-  if t then
-    local b = t.sched.backend
-    if b.lock_wait then return b:lock_wait(t, s, waker) end
-  elseif next(blocked_steps) then
-    -- (a copy: a step may make a runner, which registers itself)
-    local list = {}
-    for o, step in pairs(blocked_steps) do list[#list + 1] = o list[#list + 1] = step end
-    for i = 1, #list, 2 do list[i + 1](list[i]) end
-  end
-  if waker and waker.block then return waker.block(s) end
-  sleep(s)
-  return false
-end
+--- The default wait between attempts, `wait(seconds, waker)`: the
+-- scheduler's cooperative sleep (`warmbox.task.pause`). Returns true when a
+-- release ended it.
+_M.wait = task.pause
 
 _M.default_dir = file.default_dir
 _M._file_name = file.file_name

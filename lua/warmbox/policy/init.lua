@@ -26,7 +26,7 @@ local FIELDS = {
   pause_after_run = "boolean",
   order = "function", lease = "function", should_refresh = "function",
   create_params = "function", gc = "function", tenant = "function",
-  -- Checkpoints (warmbox.checkpoint, warmbox.gc.checkpoints): optional, no default.
+  -- Checkpoints (warmbox.session.checkpoint, warmbox.gc.checkpoints): optional, no default.
   checkpoint = "function", checkpoint_gc = "function",
   -- Budgets (warmbox.session.budget, rules.budget{...}): optional, no default.
   budget = "function",

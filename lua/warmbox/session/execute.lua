@@ -14,6 +14,7 @@ local metrics = require "warmbox.metrics"
 local decide = require "warmbox.session.decide"
 local retry = require "warmbox.session.retry"
 local resolve = require "warmbox.session.resolve"
+local task = require "warmbox.task"
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
 local string_format, table_concat, math_floor, math_max, math_min = string.format, table.concat, math.floor,
@@ -618,7 +619,7 @@ end
 function _M.run_locked(s, lk, code, opts, files)
   local st = state_codec.decode(lk:get_state())
   -- State written for another tag value or another E2B endpoint/account is not ours.
-  if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then forget(st) end
+  if state_codec.foreign(st, s.tag_value, s.origin) then forget(st) end
   local run_timeout = opts.timeout or s.exec_timeout
   local tries, hooks_resent = 0, false
   -- The conversation's sandbox before the run: one that is gone (killed, or
@@ -665,7 +666,7 @@ function _M.run_locked(s, lk, code, opts, files)
     lk:set_state(state_codec.encode(st))
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
-    if wait then require("warmbox.lock").wait(wait) end
+    if wait then task.pause(wait) end
     metrics.phase(s._tm, "retry")
   end
 end

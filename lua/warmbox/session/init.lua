@@ -153,7 +153,7 @@ _M.lease_clock = lease_clock
 -- The lock module, required when a session first needs it (a session given
 -- its own lock function never loads warmbox.lock).
 local function locks() return require "warmbox.lock" end
-local function checkpoints() return require "warmbox.checkpoint" end
+local function checkpoints() return require "warmbox.session.checkpoint" end
 
 --- The lock options a session's lock gets unless given: it waits long enough
 -- for a run of the same session to finish; a dead holder's lock expires
@@ -199,7 +199,7 @@ function _M.new(key, opts)
   if type(opts.client) ~= "table" then bad_option(2, "new", "client", "E2B client expected") end
   local self = {
     key = key,
-    new_opts = opts, -- what s:branch makes its session with (warmbox.checkpoint)
+    new_opts = opts, -- what s:branch makes its session with (warmbox.session.checkpoint)
     client = opts.client,
     -- `clock`: lease bookkeeping (durations); `wall`: unix seconds (last_run, which GC
     -- compares with E2B's times). With `mono` the first follows the monotonic clock.
@@ -277,10 +277,10 @@ function Session:_ctx(st, run_timeout)
 end
 
 
--- The lease the policy's `lease` hook asks for (ceiled; warmbox.checkpoint's restore).
+-- The lease the policy's `lease` hook asks for (ceiled; warmbox.session.checkpoint's restore).
 function Session:_lease(ctx) return resolve.lease(self, ctx) end
 
--- A sandbox created from a snapshot (`from`: its id) for warmbox.checkpoint.
+-- A sandbox created from a snapshot (`from`: its id) for warmbox.session.checkpoint.
 function Session:_create_from(st, lease, from) return resolve.create(self, st, lease, from) end
 
 -- The runner prewarms and automatic checkpoints are spawned on (see warmbox.session.prewarm).
@@ -474,11 +474,12 @@ function Session:state()
 end
 
 -- ------------------------------------------------------------------
--- Checkpoints: see warmbox.checkpoint and README, "Checkpoints"
+-- Checkpoints: see warmbox.session.checkpoint and README, "Checkpoints"
 -- ------------------------------------------------------------------
 
-Session._decode, Session._encode, Session._new, Session._margin = state_codec.decode, state_codec.encode, _M.new,
-  decide.LEASE_MARGIN
+-- (warmbox.session.checkpoint's branch makes its session with this constructor: a
+-- require of warmbox.session from there would close a cycle)
+Session._new = _M.new
 
 --- Snapshots the conversation's sandbox as its last run left it (under the lock:
 -- a run in progress finishes first).

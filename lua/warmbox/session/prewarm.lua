@@ -116,7 +116,7 @@ end
 -- that may be new (which starts it), under the run's watchdog.
 local function prewarm_locked(s, lk, within)
   local st = state_codec.decode(lk:get_state())
-  if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then resolve.forget(st) end
+  if state_codec.foreign(st, s.tag_value, s.origin) then state_codec.forget(st) end
   local now = s.clock()
   if st.sandbox_id and decide.prewarm_warm(now, st.lease_end, within, prewarm_lease(s, st, within))
     and not (s.require_memory and st.memory_lost == st.sandbox_id) then

@@ -29,13 +29,9 @@ local function bad_hook(s, hook, shown, want)
     shown, want), "POLICY"
 end
 
---- Forgets the remembered sandbox; the creates in flight stay recorded (their
--- orphans are recognised later, see `create`).
-function _M.forget(st)
-  local creating, turns, replaced = st.creating, st.turns, st.replaced
-  for k in pairs(st) do st[k] = nil end
-  st.creating, st.turns, st.replaced = creating, turns, replaced
-end
+--- Forgets the remembered sandbox (warmbox.state's forget; the creates in
+-- flight stay recorded, their orphans are recognised later, see `create`).
+_M.forget = state_codec.forget
 local forget = _M.forget
 
 --- The lease the policy's `lease` hook asks for (ceiled). → lease | nil, msg, code
@@ -273,7 +269,7 @@ local function create_params(s, st, lease, from)
 end
 
 --- Creates the session's sandbox with the policy's `create_params` (`from`:
--- the id of a snapshot to start from, for warmbox.checkpoint).
+-- the id of a snapshot to start from, for warmbox.session.checkpoint).
 -- → sb | nil, msg, code, detail
 function _M.create(s, st, lease, from)
   local params, perr, pcode = create_params(s, st, lease, from)

@@ -26,7 +26,7 @@ local function log_record(key, due, start, finish, t0, ok, r, ecode, mark)
     created = mark.created or false, resumed = mark.resumed or false }
 end
 
--- A runner (the `warmbox.runner` methods `warmbox.checkpoint` calls) on the
+-- A runner (the `warmbox.runner` methods `warmbox.session.checkpoint` calls) on the
 -- simulator's scheduler: an automatic checkpoint is a task of the simulation.
 local function sim_runner(sched)
   local rn = {}

@@ -5,7 +5,7 @@
 -- `connect`, `set_timeout`, `pause`, `kill`, `kill_many`, `sandbox` and, on a
 -- sandbox handle, `run_code`, `read_file`, `write_file(s)`, `remove`,
 -- `make_dir`, `list_dir`, `stat`), whose state machine follows E2B's
--- lifecycle (e2b-api.md section 5):
+-- lifecycle (E2B's API, sandbox lifecycle):
 --
 -- * a running sandbox has a lease (`end_at`); when it passes, the sandbox is
 --   paused (`onTimeout = pause`, memory kept) or killed;
@@ -433,7 +433,7 @@ function Model:kill_many(ids, opts)
 end
 
 -- ------------------------------------------------------------------
--- Checkpoints: persistent snapshots (`warmbox.checkpoint`)
+-- Checkpoints: persistent snapshots (`warmbox.session.checkpoint`)
 -- ------------------------------------------------------------------
 
 --- Books the GiB-seconds the live snapshots stored since the last time.

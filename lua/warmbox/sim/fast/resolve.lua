@@ -1,4 +1,4 @@
---- warmbox.sim.fast.resolve: the session's resolve (Session:_resolve) on the
+--- warmbox.sim.fast.resolve: the session's resolve (session/resolve.lua's resolve) on the
 -- model: a list by tag, the policy's `order`, `connect` + `set_timeout` per
 -- candidate, else a `create` with `create_params`; the duplicates reaped.
 -- Also the policy hooks' shared context (`fill`). `sim` is the fast path's
@@ -116,7 +116,7 @@ local function secure_candidate(sim, c, st, lease, t, cands)
   return t, nil, gone
 end
 
--- A new sandbox with `create_params` at t (create_sandbox). → t_after, id | t_after, nil, msg, code
+-- A new sandbox with `create_params` at t (resolve.create). → t_after, id | t_after, nil, msg, code
 local function create(sim, c, st, lease, t)
   local ctx = fill(sim, c, st, t)
   ctx.lease = lease

@@ -8,7 +8,7 @@
 -- the fast path calls that module: the rule is written once. What is left
 -- here is the bookkeeping on the fast path's own records and the two rules
 -- the engine states inline (the create's lifecycle and timeout). The agreement specs
--- (spec/unit/sim_spec.lua, spec/integration/sim_agreement_spec.lua) check
+-- (spec/unit/sim_spec.lua, spec/integration/sim/agreement_spec.lua) check
 -- that the two paths give the same counts.
 -- @module warmbox.sim.fast.rules
 
@@ -50,7 +50,7 @@ local function forget(st)
   st.box = nil
 end
 
--- Remembers the secured sandbox b (Session:_remember): one secured for
+-- Remembers the secured sandbox b (session/resolve.lua's remember): one secured for
 -- another id forgets what the session knew of the old one's kernel (hooked,
 -- run_started, auto_resume); the lease end is capped (see `capped`).
 local function remember(st, b, lease_end, run_started, max_length)
@@ -63,19 +63,19 @@ local function remember(st, b, lease_end, run_started, max_length)
 end
 
 -- Whether a secured sandbox resumes by traffic after its lease ends: its
--- lifecycle pauses and auto-resumes (secure_candidate, create_sandbox).
+-- lifecycle pauses and auto-resumes (secure_candidate, resolve.create).
 local function auto_resume_of(lc)
   return type(lc) == "table" and lc.auto_resume == true and lc.on_timeout == "pause" or nil
 end
 
--- The lifecycle a `create_params` answer without one gets (create_sandbox).
+-- The lifecycle a `create_params` answer without one gets (resolve.create).
 local function default_lifecycle()
   return { on_timeout = "pause", auto_resume = true }
 end
 
 -- The timeout of a create from the `create_params` answer's `timeout`: nil
 -- when given and not a positive finite number, else never shorter than the
--- lease (create_sandbox: the first run must not be paused underneath itself).
+-- lease (resolve.create: the first run must not be paused underneath itself).
 local function create_timeout(timeout, lease)
   if timeout ~= nil and not (type(timeout) == "number" and timeout > 0 and timeout < math_huge) then return nil end
   return math_max(timeout or lease, lease)
@@ -100,7 +100,7 @@ local function gone_before(code)
 end
 
 -- Whether the run's cell carries the mark the session gives up when it never
--- arrived (Session:_never_arrived's cell_id: python once the kernel has the
+-- arrived (session/retry.lua's reach's cell_id: python once the kernel has the
 -- hooks, another language when `outputs.cell_guarded` guards it).
 local function cell_marked(python, hooked, guarded)
   if python then return hooked end
@@ -123,7 +123,7 @@ local function ready_retry(exists)
   return retry.answer("prepare", "exists", exists) == "never" and "again" or "gone"
 end
 
--- Whether a failed run may be sent again, and how (Session:_run_locked's
+-- Whether a failed run may be sent again, and how (session/execute.lua's run_locked's
 -- `retryable`): what asking the sandbox gave, or "gone" for a failure before
 -- the cell that says its sandbox is gone; nil or false: not again.
 local function retryable(asked, code)
@@ -132,7 +132,7 @@ local function retryable(asked, code)
 end
 
 -- Whether a run that is not sent again leaves its lease unknown, so the next
--- run refreshes it first (Session:_run_locked: "Not retried"). The engine
+-- run refreshes it first (session/execute.lua's run_locked: "Not retried"). The engine
 -- tests `unanswered(code)`; the fast path resets it when asking the sandbox
 -- gave false (an unanswered execute that may have reached the kernel).
 local function refresh_next(asked)

@@ -29,7 +29,7 @@ local gone_before, unanswered, cell_marked, never_arrived = rules.gone_before, r
   rules.never_arrived
 local ready_retry, retryable_of, refresh_next = rules.ready_retry, rules.retryable, rules.refresh_next
 
--- The maximum run length (Session:_acquire): pause (memory kept) and
+-- The maximum run length (session/resolve.lua's acquire): pause (memory kept) and
 -- connect, a new run of the same kernel. → t_after, id, reused | t_after, nil, msg, code
 local function recycle(sim, st, id, reused, lease, t)
   local box = st.box
@@ -49,7 +49,7 @@ local function recycle(sim, st, id, reused, lease, t)
   return t, id, reused
 end
 
--- A sandbox for one run at t (Session:_acquire; `eager`: a prewarm). How it
+-- A sandbox for one run at t (session/resolve.lua's acquire; `eager`: a prewarm). How it
 -- came and its lease are left in sim.w_how, sim.w_lease for the watchdog.
 -- → t_after, id, reused | t_after, nil, msg, code
 local function acquire(sim, c, st, t, run_timeout, eager)
@@ -102,7 +102,7 @@ local function acquire(sim, c, st, t, run_timeout, eager)
 end
 
 -- The run's own cell sent at t → t_after, b | nil, msg, code, asked: when its
--- execute was unanswered, what asking the sandbox gave (Session:_never_arrived:
+-- execute was unanswered, what asking the sandbox gave (session/retry.lua's reach:
 -- give a marked cell's id up over envd, else the control plane's info):
 -- "again", "gone" or false.
 local function send_cell(sim, id, st, language, duration, run_timeout, t, box)
@@ -165,7 +165,7 @@ local function watch_start(sim, st, id, t)
   if how == "alongside" then extend(sim, st, t) end
 end
 
--- Before the run's cell (Session:_prepare; watched: no cover): the output
+-- Before the run's cell (session/execute.lua's prepare; watched: no cover): the output
 -- directory (another language: emptied on a reused sandbox, made), or the
 -- hooks cell on a kernel without them. → t_after, truthy | t_after, nil, msg, code
 local function prepare(sim, id, st, python, reused, run_timeout, t, box)
@@ -220,7 +220,7 @@ local function run(sim, c, st, t, duration, timeout, language)
     watch_start(sim, st, id, t)
     t, b, err, code_ = prepare(sim, id, st, python, reused, run_timeout, t, box)
     if not b and gone_before(code_) then
-      -- unreachable before the cell (Session:_ready): sent again while it exists
+      -- unreachable before the cell (session/execute.lua's ready): sent again while it exists
       local exists
       t, exists = info(sim, id, t, box)
       asked = ready_retry(exists)
