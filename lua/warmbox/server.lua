@@ -432,6 +432,11 @@ _M.SETTINGS = {
     what = "seconds with no running sandbox before the server ends (paused sandboxes are kept); 0: never" },
   { name = "max_running", flag = "--max-running", env = "WARMBOX_SERVER_MAX_RUNNING", default = 100,
     what = "sandboxes running at once (a create beyond: RATE_LIMITED, naming this setting); 0: no limit" },
+  -- warmboxd's own default budget is the host's memory counted by each
+  -- sandbox's memoryMB (2048 for code-interpreter-v1): about ten sandboxes
+  -- on a developer's machine. One user's server is bounded by max_running.
+  { name = "max_memory_mb", flag = "--max-team-memory-mb", env = "WARMBOX_SERVER_MAX_MEMORY_MB", default = 0,
+    what = "memoryMB of the sandboxes held in RAM (running or paused with memory); 0: no budget" },
 }
 _M.IDLE_EXIT, _M.MAX_RUNNING = 3600, 100
 

@@ -23,7 +23,7 @@ function _M.execute(o, args, io_)
   local server = require "warmbox.server"
   local sub = args[1]
   if not (sub == "start" or sub == "stop" or sub == "status") or (sub ~= "start" and #args ~= 1) then
-    error("usage: warmbox server start [--max-running N] [--idle-exit S] | stop | status", 0)
+    error("usage: warmbox server start [--max-running N] [--idle-exit S] [--max-team-memory-mb N] | stop | status", 0)
   end
   local out = io_.stdout
   if sub == "start" then

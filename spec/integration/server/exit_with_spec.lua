@@ -19,7 +19,12 @@ describe("warmboxd --exit-with", function()
         .. ', lock = "memory" })',
       'local r = assert(wb:session("exit-with:1"):run("1 + 1"))',
       'local f = assert(io.open(' .. string.format("%q", out) .. ', "w"))',
-      'f:write(wb.server.pid, " ", r.sandbox_id, "\\n") f:close()',
+      -- its runtime's name (what its jails' command lines carry: never the sandbox id)
+      'local res = assert(require("warmbox.core").http{ timeout = 10 }:request{ method = "GET",',
+      '  url = wb.server.url .. "/_warmboxd/runtime?id=" .. r.sandbox_id,',
+      '  headers = { ["X-Warmboxd-Token"] = wb.server.admin_token } })',
+      'local name = assert(require("cjson").decode(res.body).name)',
+      'f:write(wb.server.pid, " ", name, "\\n") f:close()',
       'os.execute("sleep 117")',
     }, "\n")
     local p = assert(io.popen("cd " .. q(wbd.root()) .. " && env -u E2B_API_KEY -u E2B_API_URL lua5.4 -e "
@@ -33,7 +38,7 @@ describe("warmboxd --exit-with", function()
       return server ~= nil
     end, 60), "the host did not start its server")
     assert.is_true(alive(server))
-    -- its jails name the sandbox on their command line
+    -- its jails name the sandbox's runtime on their command line
     local function jails()
       local ps = io.popen("ps -eo args=")
       local n = 0
