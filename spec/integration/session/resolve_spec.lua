@@ -127,6 +127,9 @@ describe("sessions: finding the sandbox (warmboxd)", function()
     local s = wb:session("workspace-1:thread-5")
     local ids = tagged(s.tag_value, 2) -- ids[2] is listed first
     fault("POST /sandboxes/{id}/connect", { status = 404 })
+    -- a 404 is proof only once `info` says so too (an intermediary may answer
+    -- 404 after forwarding): the first candidate's info answers 404 as well
+    fault("GET /sandboxes/{id}", { status = 404 })
     reset_stats()
     local r = assert(s:run("true", { language = "bash" }))
     local st = stats()
