@@ -16,17 +16,10 @@ describe("simulator and ledger on recorded lifecycle events", function()
 
   lazy_setup(function()
     srv = env:start()
-    -- The simulator plays Session:run without `parallel` (docs/simulator.md): so does this
-    -- warmbox object, given a client with a transport of its own (a warmbox.new whose client
-    -- goes through the engine runs a paused sandbox's first cell through the data plane's
-    -- auto-resume, whose lease is E2B's 300 s at least, where the simulator connects with the
-    -- policy's lease).
-    local client = require("warmbox.e2b").new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key,
-      transport = (function()
-        local h = require("warmbox.core").http{}
-        return { request = function(_, req) return h:request(req) end }
-      end)() }
-    wb = env:warmbox{ exec_timeout = 30, idle_timeout = 60, clock = server_now, client = client }
+    -- The simulator plays Session:run with a `parallel` on its virtual scheduler (the
+    -- run's watchdog, the idle window's lease, a paused sandbox resumed by a connect with
+    -- that lease): so does this warmbox object, whose client goes through the engine.
+    wb = env:warmbox{ exec_timeout = 30, idle_timeout = 60, clock = server_now }
   end)
   lazy_teardown(function() env:stop() end)
 
