@@ -254,12 +254,10 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   return 204;
 }
 
-#define BUSY_PAUSING 2
-
-int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
+int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg, size_t len) {
   wbd_store_lock();
   /* E2B answers 204 to a pause that joins one already in flight */
-  int joined = WBD_REC(sb)->busy == BUSY_PAUSING;
+  int joined = WBD_REC(sb)->busy == WBD_BUSY_PAUSING;
   wbd_store_wait_idle_locked(sb);
   if (sb->state == WBD_KILLED) {
     wbd_store_unlock();
@@ -274,21 +272,33 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
     return 204;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
-  wbd_store_set_busy_locked(sb, BUSY_PAUSING);
+  wbd_store_set_busy_locked(sb, WBD_BUSY_PAUSING);
+  /* envd's changes already under way end first; new ones are refused */
+  wbd_store_wait_changes_locked(sb);
   wbd_store_unlock();
-  int rc = wbd_rt_on_pause(sb, memory);
-  /* A copy that cannot be written (disk full) leaves the sandbox paused here;
-   * only a restart would lose it. */
-  if (rc == 0 && wbd_persist_save(sb) != 0) wbd_stat_add("persist_failed", 1);
+  if (wbd_opt.keep_state) wbd_sleep_ms(wbd_knob(&wbd_state_lim.copy_ms));
+  int rc = wbd_rt_on_pause(sb, memory), kept = 0;
+  char why[800] = "";
+  if (rc == 0 && (kept = wbd_persist_save(sb, why, sizeof why)) != 0) {
+    wbd_stat_add("persist_failed", 1);
+    /* An explicit pause whose copy cannot be kept fails and the sandbox
+     * runs on; the lease timer's stays paused (in memory only: a restart
+     * would lose it). */
+    if (!expire_only) wbd_rt_on_resume(sb);
+    else fprintf(stderr, "warmboxd: %s paused at its timeout but not kept on disk: %s\n", sb->id, why);
+  }
+  int failed = rc != 0 || (kept && !expire_only);
   wbd_store_lock();
-  if (rc == 0) {
+  if (!failed) {
     sb->paused_with_memory = memory;
     wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
   }
   wbd_store_set_busy_locked(sb, 0);
   wbd_store_unlock();
-  return rc == 0 ? 204 : 500;
+  if (msg) snprintf(msg, len, "%s", why);
+  if (rc != 0) return 500;
+  return failed ? kept : 204;
 }
 
 enum resume_mode { R_CONNECT, R_RESUME, R_AUTO };
@@ -377,6 +387,18 @@ static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
   return wbd_reply_json(req, 502, o, NULL);
 }
 
+/* The proxy's 409 for a sandbox in transition, in E2B's words. */
+static enum MHD_Result in_transition(struct wbd_req *req, const char *id, int busy) {
+  char msg[128];
+  snprintf(msg, sizeof msg, "Sandbox \"%s\" is being %s", id,
+           busy == WBD_BUSY_SNAPSHOT ? "snapshotted" : busy == WBD_BUSY_PAUSING ? "paused" : "resumed");
+  json_t *o = json_object();
+  json_object_set_new(o, "sandboxId", wbd_json_str(id));
+  json_object_set_new(o, "message", json_string(msg));
+  json_object_set_new(o, "code", json_integer(409));
+  return wbd_reply_json(req, 409, o, NULL);
+}
+
 enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port) {
   struct wbd_sandbox *sb = wbd_sandbox_get(id);
   if (!sb) return sandbox_gone(req, id);
@@ -399,7 +421,25 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
       return sandbox_gone(req, id);
     }
   }
+  /* While its files are copied (a pause, a snapshot, a fork), what could
+   * change them is refused, as E2B's proxy answers a sandbox in transition. */
+  int changes = wbd_dataplane_changes(req, port), busy = 0;
+  if (changes) {
+    wbd_store_lock();
+    busy = wbd_store_change_begin_locked(sb);
+    wbd_store_unlock();
+  }
+  if (busy) {
+    wbd_stat_add("dataplane_in_transition", 1);
+    wbd_sandbox_unref(sb);
+    return in_transition(req, id, busy);
+  }
   enum MHD_Result r = wbd_dataplane_handle(req, sb, port);
+  if (changes) {
+    wbd_store_lock();
+    wbd_store_change_end_locked(sb);
+    wbd_store_unlock();
+  }
   wbd_sandbox_unref(sb);
   return r;
 }
@@ -504,7 +544,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   }
   struct wbd_sandbox *sb = wbd_store_alloc(team);
   wbd_sandbox_set_template(sb, snap ? wbd_snapshot_template(snap) : tid);
-  if (snap) wbd_snapshot_env(snap, sb->env_vars);
+  if (snap) {
+    wbd_snapshot_size(snap, sb);
+    wbd_snapshot_env(snap, sb->env_vars);
+  }
   if (meta) json_object_update(sb->metadata, meta);
   if (env) json_object_update(sb->env_vars, env);
   /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system
@@ -598,11 +641,13 @@ static enum MHD_Result h_pause(struct wbd_req *req, const char *team, const char
   json_decref(o);
   if (bad) return r;
   struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
-  int rc = sb ? wbd_ctl_pause(sb, memory, 0) : 404;
+  char why[800] = "";
+  int rc = sb ? wbd_ctl_pause(sb, memory, 0, why, sizeof why) : 404;
   wbd_sandbox_unref(sb);
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   if (rc == 409) return wbd_reply_error(req, 409, "Error pausing sandbox - sandbox '%s' is already paused", id);
-  if (rc == 500) return wbd_reply_error(req, 500, "Error pausing sandbox");
+  if (rc == 429 || rc == 507) return wbd_reply_error(req, (unsigned)rc, "Error pausing sandbox: %s", why);
+  if (rc == 500) return wbd_reply_error(req, 500, "Error pausing sandbox%s%s", why[0] ? ": " : "", why);
   return wbd_reply_json(req, 204, NULL, NULL);
 }
 
@@ -692,7 +737,7 @@ static void expire_once(void) {
   wbd_store_unlock();
   for (size_t i = 0; i < n; i++) {
     struct wbd_sandbox *sb = v[i];
-    if (pause[i] >= 0) wbd_ctl_pause(sb, pause[i], 1);
+    if (pause[i] >= 0) wbd_ctl_pause(sb, pause[i], 1, NULL, 0);
     else op_kill(sb, 1);
     wbd_sandbox_unref(sb);
   }

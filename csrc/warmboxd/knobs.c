@@ -7,6 +7,7 @@
  */
 #include "wbd_int.h"
 #include "control.h"
+#include "state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,7 +143,9 @@ static enum MHD_Result knob_faults_clear(struct wbd_req *req) {
 /* ------------------------------------------------------------------ */
 
 /* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
- * "resume_ms", "max_running": 0..600000}: all checked before any is set. */
+ * "resume_ms", "max_running", "copy_ms": 0..600000}: all checked before
+ * any is set. copy_ms: a pause's, snapshot's or fork's copy starts that
+ * much later, the sandbox in transition meanwhile (specs). */
 static enum MHD_Result knob_config(struct wbd_req *req) {
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, 1, &r);
@@ -152,7 +155,7 @@ static enum MHD_Result knob_config(struct wbd_req *req) {
   json_object_foreach(o, k, v) {
     int is_bool = strcmp(k, "loose_metadata") == 0;
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
-                 strcmp(k, "max_running") == 0;
+                 strcmp(k, "max_running") == 0 || strcmp(k, "copy_ms") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -172,6 +175,7 @@ static enum MHD_Result knob_config(struct wbd_req *req) {
     else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
     else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
     else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
+    else if (strcmp(k, "copy_ms") == 0) wbd_knob_set(&wbd_state_lim.copy_ms, iv);
   }
   json_decref(o);
   return wbd_reply_json(req, 204, NULL, NULL);

@@ -26,12 +26,59 @@
 /* The python namespace's dump next to a copy's files (persist.c, rtfiles.c). */
 #define KERNEL_DUMP "kernel.json"
 
+/* ---- treecopy.c ---- */
+/* One copy's bounds and outcome. budget: bytes it may write (-1: no
+ * bound; over it: ENOSPC); pool (may be NULL): a shared count the bytes
+ * are added to as they are written, pool_limit its bound (-1: none; over
+ * it: EDQUOT). remap: what from_uid/from_gid owned becomes to_uid/to_gid's.
+ * On failure err is the errno and msg says which entry and why. */
+struct wbd_copy {
+  long long budget, pool_limit;
+  long long *pool;
+  int remap;
+  uid_t from_uid, to_uid;
+  gid_t from_gid, to_gid;
+  long long bytes;         /* written (also added to *pool) */
+  int err;
+  char msg[768];
+};
+/* Copies directory sparent/name to dparent/name (merged into a directory
+ * already there), descriptor-relative, no symlink followed at any level
+ * (treecopy.c says what is kept). 0, or -1 with c->err and c->msg. */
+int wbd_copy_tree(int sparent, const char *name, int dparent, struct wbd_copy *c);
+/* A failed copy's HTTP status: 507 (disk full), 429 (the team's storage
+ * limit), 500 (anything else). */
+int wbd_copy_status(const struct wbd_copy *c);
+
+/* ---- quota.c ---- */
+/* What a team may keep on disk and how the copies are made (main.c's
+ * flags; 0: no limit). */
+struct wbd_state_limits {
+  int max_snapshots;   /* --max-snapshots: per team (default 100) */
+  int max_state_mb;    /* --max-state-mb: a team's snapshots and paused copies (default 8192) */
+  int min_free_mb;     /* --min-free-mb: free space a copy leaves in the data directory (default 1024) */
+  int max_spool_mb;    /* --max-spool-mb: upload bodies spooled at once, all teams (default 1024) */
+  int pause_workers;   /* --pause-workers: lease-end pauses at once (default 4) */
+  int copy_ms;         /* POST /_warmboxd/config's copy_ms: a copy starts this late (wbd_knob) */
+};
+extern struct wbd_state_limits wbd_state_lim;
+/* Before a copy for `team` (snapshot: a snapshot's, counted among the
+ * team's): fills c's budget and pool, or answers 429 (the team's count or
+ * bytes) / 507 (the data directory's free space) with c->msg. */
+int wbd_quota_begin(const char *team, int snapshot, struct wbd_copy *c);
+/* Gives back what a copy held: bytes, and the snapshot's place. */
+void wbd_quota_end(const char *team, int snapshot, long long bytes);
+/* Counts a copy found on disk at start-up. */
+void wbd_quota_add(const char *team, int snapshot, long long bytes);
+void wbd_quota_free_all(void);
+
 /* ---- rtfiles.c ---- */
 /* <data_dir>/.state/<sub> into buf (made on first use): buf, or NULL. */
 const char *wbd_state_dir(const char *sub, char *buf, size_t len);
 /* Copies the running sandbox's files into dest/files (dest is made; the
- * jail's processes are held still meanwhile when `hold`). 0 or -1. */
-int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold);
+ * jail's processes are held still meanwhile when `hold`) within c's
+ * bounds. 0 or -1 (c says why). */
+int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold, struct wbd_copy *c);
 /* Copies src/files into the sandbox's (fresh) runtime, giving what the
  * saved jail's user owned to this one's. 0 or -1. */
 int wbd_files_load(struct wbd_sandbox *sb, const char *src);
@@ -48,7 +95,8 @@ json_t *wbd_persist_record_json(const struct wbd_sandbox *sb);
  * token and times (a restart), else only what a fork inherits. 0 or -1. */
 int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity);
 /* The hooks control.c calls (without the store lock): */
-int wbd_persist_save(struct wbd_sandbox *sb);      /* paused: record and files to disk; 0 or -1 */
+/* paused: record and files to disk; 0, or 429 / 507 / 500 with msg */
+int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len);
 int wbd_persist_restore(struct wbd_sandbox *sb);   /* resuming: files back when they are on disk only */
 void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget the copy */
 /* Start-up: takes the data directory (an flock: one server each), cleans
@@ -56,10 +104,12 @@ void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget 
 int wbd_persist_load_all(void);
 void wbd_persist_close(void);                      /* lets go of the data directory */
 /* Holds the team's running sandbox `id` still while its files are copied
- * to dir/files; *rec gets its record (wbd_persist_record_json). 0, 404,
- * 409 (a snapshot of it is being taken), paused_status when it is paused,
- * or 500. */
-int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec);
+ * to dir/files within c's bounds (envd's changes refused meanwhile); *rec
+ * gets its record (wbd_persist_record_json). 0, 404, 409 (a snapshot of it
+ * is being taken), paused_status when it is paused, or the copy's failure
+ * (wbd_copy_status, c->msg). */
+int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec,
+                      struct wbd_copy *c);
 
 /* ---- snapshot.c ---- */
 struct wbd_snapshot;
@@ -72,9 +122,12 @@ const char *wbd_snapshot_template(const struct wbd_snapshot *s);
 void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env);
 /* wbd_ctl_launch's fill: the snapshot's files into sb (cls: the snapshot). */
 int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls);
+/* The source's size (cpuCount, memoryMB) onto a sandbox made from it. */
+void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb);
 /* Takes a snapshot of the team's running sandbox `id`: 0 and a referenced
- * *out, or 404 / 409 / 500. */
-int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out);
+ * *out, or 404 / 409, or 429 / 507 / 500 with msg (quota.c, the copy). */
+int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out, char *msg,
+                      size_t len);
 /* E2B's SnapshotInfo {snapshotID, names}. */
 json_t *wbd_snapshot_info(struct wbd_snapshot *s);
 /* One page of the team's snapshots, newest first, after (after_us,

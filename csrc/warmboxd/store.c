@@ -513,6 +513,21 @@ void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy) {
   if (!busy) pthread_cond_broadcast(&store_cv);
 }
 
+int wbd_store_change_begin_locked(struct wbd_sandbox *sb) {
+  struct wbd_rec *r = WBD_REC(sb);
+  if (r->busy) return r->busy;
+  r->changing++;
+  return 0;
+}
+
+void wbd_store_change_end_locked(struct wbd_sandbox *sb) {
+  if (--WBD_REC(sb)->changing == 0) pthread_cond_broadcast(&store_cv);
+}
+
+void wbd_store_wait_changes_locked(struct wbd_sandbox *sb) {
+  while (WBD_REC(sb)->changing) pthread_cond_wait(&store_cv, &store_mu);
+}
+
 void wbd_store_counts_locked(long *running, long *paused) {
   *running = total_running;
   *paused = total_paused;

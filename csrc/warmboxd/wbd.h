@@ -150,6 +150,10 @@ void wbd_rt_shutdown(void);                                   /* warmboxd exits:
  * referenced; access token NOT yet checked) on `port` (49983 envd, 49999 code
  * interpreter). Must reply. */
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port);
+/* Whether a data-plane request may change the sandbox's files or start a
+ * process (everything but the reads): refused while the sandbox's files
+ * are copied (a pause, a snapshot, a fork). */
+int wbd_dataplane_changes(const struct wbd_req *req, int port);
 
 /* ------------------------------------------------------------------ */
 /* Stats and options (server.c / config.c)                             */

@@ -36,7 +36,8 @@ struct wbd_team;
 /* A record as the store keeps it; `sb` first so the two pointers convert. */
 struct wbd_rec {
   struct wbd_sandbox sb;
-  int busy;                    /* a pause/resume/create is in flight */
+  int busy;                    /* a pause/resume/create is in flight (WBD_BUSY_*) */
+  int changing;                /* data-plane requests that may change its files, in flight */
   int indexed;                 /* in the hash and the team's index */
   struct wbd_rec *hnext;       /* hash chain */
   struct wbd_rec *rprev, *rnext;  /* the team's running list */
@@ -45,6 +46,8 @@ struct wbd_rec {
   size_t sidx;                 /* 1 + position in the signing index; 0: not in it */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
+#define WBD_BUSY_PAUSING 2     /* busy: a pause (and its copy) */
+#define WBD_BUSY_SNAPSHOT 3    /* busy: a snapshot's or a fork's copy */
 
 struct wbd_team {
   char name[64];
@@ -82,6 +85,13 @@ void wbd_store_unref_locked(struct wbd_sandbox *sb);
 /* Waits (releasing the lock) until no operation is in flight on sb. */
 void wbd_store_wait_idle_locked(struct wbd_sandbox *sb);
 void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
+/* A data-plane request that may change the sandbox's files or start a
+ * process: 0 and counted, or the busy value it is refused for (a pause, a
+ * snapshot or a fork copies the files meanwhile). End each counted one;
+ * wait_changes waits (releasing the lock) until none is in flight. */
+int wbd_store_change_begin_locked(struct wbd_sandbox *sb);
+void wbd_store_change_end_locked(struct wbd_sandbox *sb);
+void wbd_store_wait_changes_locked(struct wbd_sandbox *sb);
 /* Index in team->v of the first record ordered after (started, id) in asc order. */
 size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char *id);
 /* Index of the first record not ordered before (started, id) in asc order. */
