@@ -726,7 +726,108 @@ static pthread_mutex_t lc_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t lc_cv = PTHREAD_COND_INITIALIZER;
 static int lc_stop, lc_started;
 
-static void expire_once(void) {
+/* Lease-end pauses (each a copy of the sandbox's files with --data-dir) run
+ * on up to --pause-workers threads. A worker takes the queued pause of the
+ * team with the fewest in flight (the oldest among equals), and one team has
+ * at most half the workers (at least one): one team's many expiring
+ * sandboxes never hold back another team's pause. */
+struct pjob {
+  struct wbd_sandbox *sb;    /* referenced */
+  int memory;
+  struct pjob *next;
+};
+static pthread_mutex_t pq_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pq_cv = PTHREAD_COND_INITIALIZER;
+static struct pjob *pq_queue, *pq_running;   /* queued (oldest first), in flight */
+static pthread_t *pq_threads;
+static int pq_nthreads, pq_stop;
+
+/* Under pq_mu. */
+static int pq_has(const struct pjob *l, const struct wbd_sandbox *sb) {
+  for (; l; l = l->next)
+    if (l->sb == sb) return 1;
+  return 0;
+}
+
+static int pq_team_running(const char *team) {
+  int n = 0;
+  for (const struct pjob *j = pq_running; j; j = j->next) n += strcmp(j->sb->team, team) == 0;
+  return n;
+}
+
+/* The next job to run (unlinked), or NULL. */
+static struct pjob *pq_take(void) {
+  int cap = pq_nthreads / 2 > 1 ? pq_nthreads / 2 : 1, best = -1;
+  struct pjob **bp = NULL;
+  for (struct pjob **pp = &pq_queue; *pp; pp = &(*pp)->next) {
+    int n = pq_team_running((*pp)->sb->team);
+    if (n < cap && (best < 0 || n < best)) {
+      best = n;
+      bp = pp;
+    }
+  }
+  if (!bp) return NULL;
+  struct pjob *j = *bp;
+  *bp = j->next;
+  return j;
+}
+
+static void *pause_worker(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&pq_mu);
+  for (;;) {
+    struct pjob *j = pq_stop ? NULL : pq_take();
+    if (!j) {
+      if (pq_stop) break;
+      pthread_cond_wait(&pq_cv, &pq_mu);
+      continue;
+    }
+    j->next = pq_running;
+    pq_running = j;
+    pthread_mutex_unlock(&pq_mu);
+    wbd_ctl_pause(j->sb, j->memory, 1, NULL, 0);
+    pthread_mutex_lock(&pq_mu);
+    for (struct pjob **pp = &pq_running; *pp; pp = &(*pp)->next)
+      if (*pp == j) {
+        *pp = j->next;
+        break;
+      }
+    wbd_sandbox_unref(j->sb);
+    free(j);
+    pthread_cond_broadcast(&pq_cv);   /* a team's slot is free; and for expire_once's wait */
+  }
+  pthread_mutex_unlock(&pq_mu);
+  return NULL;
+}
+
+/* Queues sb's lease-end pause (takes the reference), or runs it here when
+ * no worker runs. */
+static void pause_queue(struct wbd_sandbox *sb, int memory) {
+  pthread_mutex_lock(&pq_mu);
+  if (pq_nthreads == 0 || pq_stop) {
+    pthread_mutex_unlock(&pq_mu);
+    wbd_ctl_pause(sb, memory, 1, NULL, 0);
+    wbd_sandbox_unref(sb);
+    return;
+  }
+  if (pq_has(pq_queue, sb) || pq_has(pq_running, sb)) {
+    pthread_mutex_unlock(&pq_mu);
+    wbd_sandbox_unref(sb);
+    return;
+  }
+  struct pjob *j = calloc(1, sizeof *j), **pp = &pq_queue;
+  if (!j) abort();
+  j->sb = sb;
+  j->memory = memory;
+  while (*pp) pp = &(*pp)->next;
+  *pp = j;
+  pthread_cond_broadcast(&pq_cv);
+  pthread_mutex_unlock(&pq_mu);
+}
+
+/* Kills what expired, queues the pauses; `wait`: returns once no pause is
+ * queued or in flight. */
+static void expire_once(int wait) {
   size_t n = 0;
   int64_t now = wbd_now_us();
   wbd_store_lock();
@@ -736,23 +837,29 @@ static void expire_once(void) {
   for (size_t i = 0; i < n; i++) pause[i] = v[i]->auto_pause ? v[i]->auto_pause_memory : -1;
   wbd_store_unlock();
   for (size_t i = 0; i < n; i++) {
-    struct wbd_sandbox *sb = v[i];
-    if (pause[i] >= 0) wbd_ctl_pause(sb, pause[i], 1, NULL, 0);
-    else op_kill(sb, 1);
-    wbd_sandbox_unref(sb);
+    if (pause[i] >= 0) {
+      pause_queue(v[i], pause[i]);
+      continue;
+    }
+    op_kill(v[i], 1);
+    wbd_sandbox_unref(v[i]);
   }
   free(v);
   free(pause);
+  if (!wait) return;
+  pthread_mutex_lock(&pq_mu);
+  while ((pq_queue || pq_running) && !pq_stop) pthread_cond_wait(&pq_cv, &pq_mu);
+  pthread_mutex_unlock(&pq_mu);
 }
 
-void wbd_lifecycle_expire_now(void) { expire_once(); }
+void wbd_lifecycle_expire_now(void) { expire_once(1); }
 
 static void *lifecycle_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&lc_mu);
   while (!lc_stop) {
     pthread_mutex_unlock(&lc_mu);
-    expire_once();
+    expire_once(0);
     pthread_mutex_lock(&lc_mu);
     if (lc_stop) break;
     struct timespec ts;
@@ -769,17 +876,44 @@ static void *lifecycle_main(void *arg) {
 }
 
 int wbd_lifecycle_start(void) {
+  int n = wbd_state_lim.pause_workers > 0 ? wbd_state_lim.pause_workers : 1;
+  pq_threads = calloc((size_t)n, sizeof *pq_threads);
+  if (!pq_threads) return -1;
+  pthread_mutex_lock(&pq_mu);
+  pq_stop = 0;
+  for (int i = 0; i < n && pthread_create(&pq_threads[i], NULL, pause_worker, NULL) == 0; i++) pq_nthreads++;
+  pthread_mutex_unlock(&pq_mu);
   if (pthread_create(&lc_thread, NULL, lifecycle_main, NULL) != 0) return -1;
   lc_started = 1;
   return 0;
 }
 
 void wbd_lifecycle_stop(void) {
-  if (!lc_started) return;
-  pthread_mutex_lock(&lc_mu);
-  lc_stop = 1;
-  pthread_cond_signal(&lc_cv);
-  pthread_mutex_unlock(&lc_mu);
-  pthread_join(lc_thread, NULL);
-  lc_started = 0;
+  if (lc_started) {
+    pthread_mutex_lock(&lc_mu);
+    lc_stop = 1;
+    pthread_cond_signal(&lc_cv);
+    pthread_mutex_unlock(&lc_mu);
+    pthread_join(lc_thread, NULL);
+    lc_started = 0;
+  }
+  /* pauses in flight end; queued ones are dropped (the graceful stop
+   * pauses what should come back) */
+  pthread_mutex_lock(&pq_mu);
+  pq_stop = 1;
+  pthread_cond_broadcast(&pq_cv);
+  int n = pq_nthreads;
+  pthread_mutex_unlock(&pq_mu);
+  for (int i = 0; i < n; i++) pthread_join(pq_threads[i], NULL);
+  pthread_mutex_lock(&pq_mu);
+  pq_nthreads = 0;
+  while (pq_queue) {
+    struct pjob *j = pq_queue;
+    pq_queue = j->next;
+    wbd_sandbox_unref(j->sb);
+    free(j);
+  }
+  pthread_mutex_unlock(&pq_mu);
+  free(pq_threads);
+  pq_threads = NULL;
 }
