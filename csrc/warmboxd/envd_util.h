@@ -57,6 +57,9 @@ int wbd_connect_envelope(const char *body, size_t body_len, size_t *len);
 struct wbd_req;
 struct wbd_sandbox;
 int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
+/* The free bytes of the sandbox's disk (its home's filesystem): what an
+ * upload may bring at most; -1 when unknown. */
+long long wbd_envd_upload_room(struct wbd_sandbox *sb);
 
 /* envd's URL signature for /files: "v1_" + unpadded base64 of
  * SHA-256("<path>:<op>:<user>:<token>[:<expiration>]"), op "read" or

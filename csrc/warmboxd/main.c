@@ -29,6 +29,7 @@ static const struct wbd_routes routes = {
   .control = wbd_state_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
+  .upload_room = wbd_envd_upload_room,
   .admin = wbd_knob_handle,
 };
 
@@ -287,7 +288,7 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     case O_MAXSNAP: rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots); break;
     case O_MAXSTATE: rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb); break;
     case O_MINFREE: rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb); break;
-    case O_MAXSPOOL: rc = parse_int("--max-spool-mb", optarg, 1, 1 << 30, &wbd_state_lim.max_spool_mb); break;
+    case O_MAXSPOOL: rc = parse_int("--max-spool-mb", optarg, 1, 1 << 30, &wbd_lim.max_spool_mb); break;
     case O_PAUSEW: rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;

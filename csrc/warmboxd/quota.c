@@ -20,7 +20,6 @@ struct wbd_state_limits wbd_state_lim = {
   .max_snapshots = 100,
   .max_state_mb = 8192,
   .min_free_mb = 1024,
-  .max_spool_mb = 1024,
   .pause_workers = 4,
 };
 

@@ -57,7 +57,6 @@ struct wbd_state_limits {
   int max_snapshots;   /* --max-snapshots: per team (default 100) */
   int max_state_mb;    /* --max-state-mb: a team's snapshots and paused copies (default 8192) */
   int min_free_mb;     /* --min-free-mb: free space a copy leaves in the data directory (default 1024) */
-  int max_spool_mb;    /* --max-spool-mb: upload bodies spooled at once, all teams (default 1024) */
   int pause_workers;   /* --pause-workers: lease-end pauses at once (default 4) */
   int copy_ms;         /* POST /_warmboxd/config's copy_ms: a copy starts this late (wbd_knob) */
 };

@@ -141,6 +141,8 @@ struct wbd_routes {
   enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
   /* whether a data-plane request may send its body (token / signature) */
   int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
+  /* the bytes an upload to the sandbox may bring (its disk's free space), -1: unknown */
+  long long (*upload_room)(struct wbd_sandbox *sb);
   enum MHD_Result (*admin)(struct wbd_req *req);   /* past the admin gate; NULL: 404 */
 };
 void wbd_server_routes(const struct wbd_routes *r);
@@ -180,6 +182,7 @@ struct wbd_limits {
   int max_conns_per_ip;        /* connections per client address, default 128 */
   int max_upload_mb;           /* envd POST /files body, default 100 */
   int body_timeout_s;          /* a request body must be in within this, default 120 */
+  int max_spool_mb;            /* upload bodies spooled at once, all sandboxes, default 1024 */
 };
 extern struct wbd_limits wbd_lim;
 #define WBD_ADMIN_HEADER "X-Warmboxd-Token"

@@ -3,8 +3,10 @@
 -- bits, modes, owners, times) in a snapshot and in a pause kept across a
 -- SIGKILL restart; the size a sandbox made from a snapshot gets (its
 -- source's); the team's limits on snapshots and stored bytes and the data
--- directory's free-space reserve, answered as E2B answers its limits; and
--- lease-end pauses run in parallel and fairly between teams.
+-- directory's free-space reserve, answered as E2B answers its limits; the
+-- bounds on uploads (the sandbox's free disk space, checked before the body,
+-- and the spool of all uploads); and lease-end pauses run in parallel and
+-- fairly between teams.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cell = require "spec.helpers.cell"
@@ -145,6 +147,37 @@ describe("warmboxd copies", function()
     assert.matches("^not enough disk space: %d+ MB free in the data directory, 1073741823 MB are kept free$",
       snap.json.message)
     assert.are.equal(507, fork.status, fork.body)
+  end)
+
+  it("refuses an upload the sandbox's disk cannot take before its body, and bounds the spool of all uploads", function()
+    local up = wbd.start{ args = { "--max-upload-mb", "4096", "--max-spool-mb", "1" } }
+    local res = http.api(up, "POST", "/sandboxes", { templateID = "base", timeout = 60, secure = true })
+    assert.are.equal(201, res.status, res.body)
+    local sb = res.json
+    local function upload(body, headers)
+      local h = { ["Content-Type"] = "application/octet-stream" }
+      for k, v in pairs(headers or {}) do h[k] = v end
+      return http.sandbox(up, sb, 49983, "POST", "/files?path=/home/user/up.bin", { body = body, headers = h,
+        timeout = 20 })
+    end
+    -- the spool holds 1 MB of uploads at once: a 2 MB body is dropped
+    local two = upload(string.rep("x", 2 << 20))
+    assert.are.equal(507, two.status, two.body)
+    assert.matches("the server holds 1 MB of uploads at once", two.json.message, 1, true)
+    assert.are.equal(200, upload("small").status)
+    -- a Content-Length past the sandbox's free disk space: 507 before any body
+    local free = tonumber((cell(up, sb, "df -B1 --output=avail /home/user | tail -1")))
+    local early
+    if free and free < (3 << 30) then
+      early = upload("x", { ["Content-Length"] = tostring(free + (1 << 20)) })
+    end
+    up:stop()
+    if not early then
+      pending("the sandbox's disk is not a tmpfs of its own here")
+      return
+    end
+    assert.are.equal(507, early.status, early.body)
+    assert.matches("^not enough disk space in the sandbox: the upload has %d+ bytes, %d+ are free$", early.json.message)
   end)
 
   it("pauses expiring sandboxes in parallel, one team's many not holding back another team's", function()
