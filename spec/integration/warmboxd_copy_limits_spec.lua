@@ -30,10 +30,11 @@ local SUMMARY = "cd /home/user/keep && python3 -c \"" .. table.concat({
   "for n in sorted(os.listdir('.')) + ['.']:",
   "  st = os.lstat(n)",
   "  t = stat.S_IFMT(st.st_mode)",
-  "  x = sorted((k, os.getxattr(n, k)) for k in os.listxattr(n, follow_symlinks=False)) if not stat.S_ISLNK(st.st_mode) else []",
+  "  link = stat.S_ISLNK(st.st_mode)",
+  "  x = [] if link else sorted((k, os.getxattr(n, k)) for k in os.listxattr(n))",
   "  out.append('%s %o %o %d %d %s %s %s' % (n, t, stat.S_IMODE(st.st_mode), st.st_uid, st.st_nlink, "
     .. "st.st_size if not stat.S_ISDIR(st.st_mode) else '-', int(st.st_mtime) if n == 'plain' else '-', x))",
-  "  if stat.S_ISLNK(st.st_mode): out.append('-> ' + os.readlink(n))",
+  "  if link: out.append('-> ' + os.readlink(n))",
   "out.append('hard-same %s' % (os.lstat('plain').st_ino == os.lstat('hard').st_ino))",
   "out.append('sparse-small %s' % (os.lstat('sparse').st_blocks < 1024))",
   "print(chr(10).join(out))",

@@ -100,7 +100,7 @@ describe("warmboxd copies", function()
     assert.are.equal(6, made)
   end)
 
-  it("refuses envd's changes while a snapshot copies the files, as E2B's proxy answers a sandbox in transition", function()
+  it("refuses envd's changes while a snapshot copies the files, as E2B's proxy answers in transition", function()
     local sb = create()
     cell(srv, sb, "echo a > /home/user/a.txt")
     admin{ copy_ms = 4000 }
@@ -116,7 +116,8 @@ describe("warmboxd copies", function()
     local up = http.sandbox(srv, sb, 49983, "POST", "/files?path=/home/user/up.txt",
       { body = "x", headers = { ["Content-Type"] = "application/octet-stream" } })
     local mv = rpc(sb, "filesystem.Filesystem/Move", { source = "/home/user/a.txt", destination = "/home/user/b.txt" })
-    local start = http.sandbox(srv, sb, 49999, "POST", "/execute", { json = { code = "touch /tmp/x", language = "bash" } })
+    local start = http.sandbox(srv, sb, 49999, "POST", "/execute",
+      { json = { code = "touch /tmp/x", language = "bash" } })
     local stat = rpc(sb, "filesystem.Filesystem/Stat", { path = "/home/user/a.txt" })
     local get = http.sandbox(srv, sb, 49983, "GET", "/files?path=/home/user/a.txt")
     admin{ copy_ms = 0 }
