@@ -10,6 +10,8 @@
  *                   the copy of a running sandbox (held still) for both
  *   rtfiles.c       the one copy step: a sandbox's files (root, home, /tmp)
  *                   out to a directory and back into a fresh sandbox
+ *   treecopy.c      the copy itself: descriptor-relative, no symlink followed
+ *   quota.c         what a team may keep on disk; the free-space reserve
  * Kernel memory is never on disk: a sandbox started from a snapshot, a fork,
  * or a paused sandbox after a restart boots afresh on the saved files (as
  * after a filesystem-only pause). The one exception: a snapshot's or fork's
