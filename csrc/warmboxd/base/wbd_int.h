@@ -87,7 +87,8 @@ void wbd_store_wait_idle_locked(struct wbd_sandbox *sb);
 void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
 /* A data-plane request that may change the sandbox's files or start a
  * process: 0 and counted, or the busy value it is refused for (a pause, a
- * snapshot or a fork copies the files meanwhile). End each counted one;
+ * snapshot or a fork copies the files meanwhile), or -1 when the sandbox no
+ * longer runs. End each counted one;
  * wait_changes waits (releasing the lock) until none is in flight. */
 int wbd_store_change_begin_locked(struct wbd_sandbox *sb);
 void wbd_store_change_end_locked(struct wbd_sandbox *sb);

@@ -429,6 +429,10 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
     busy = wbd_store_change_begin_locked(sb);
     wbd_store_unlock();
   }
+  if (busy < 0) {
+    wbd_sandbox_unref(sb);
+    return sandbox_gone(req, id);
+  }
   if (busy) {
     wbd_stat_add("dataplane_in_transition", 1);
     wbd_sandbox_unref(sb);

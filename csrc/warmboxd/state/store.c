@@ -516,6 +516,7 @@ void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy) {
 int wbd_store_change_begin_locked(struct wbd_sandbox *sb) {
   struct wbd_rec *r = WBD_REC(sb);
   if (r->busy) return r->busy;
+  if (sb->state != WBD_RUNNING) return -1;
   r->changing++;
   return 0;
 }
