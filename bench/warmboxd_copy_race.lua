@@ -6,7 +6,7 @@
 -- Moves answered 200 / 409, and the files from outside the sandbox found in
 -- a copy (0 is the promise).
 -- Usage (from the repository root, after scripts/setup):
---   lua5.4 bench/warmboxd_copy_race.lua [attempts=200] [large file MB=96]
+--   lua5.4 bench/warmboxd_copy_race.lua [attempts=200] [large file MB=96] [kinds=snapshot,fork]
 -- WARMBOXD_BIN selects the server (e.g. an older build: the leak before the fix).
 local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
@@ -16,6 +16,8 @@ local race = require "spec.helpers.copy_race"
 
 local ATTEMPTS = tonumber(arg[1]) or 200
 local BIG_MB = tonumber(arg[2]) or 96
+local KINDS = {}
+for k in (arg[3] or "snapshot,fork"):gmatch("[^,]+") do KINDS[#KINDS + 1] = k end
 local srv = wbd.start{ bin = env.warmboxd }
 
 -- One copy raced: whether it was made, the files of the host found in it,
@@ -38,7 +40,7 @@ end
 
 print(string.format("%-9s %8s %6s %6s %8s %8s %7s", "copy", "attempts", "made", "failed", "move200", "move409",
   "leaked"))
-for _, kind in ipairs{ "snapshot", "fork" } do
+for _, kind in ipairs(KINDS) do
   local sb = http.create(srv, { templateID = "base", timeout = 3600, secure = true })
   local r = race.new(srv, sb, BIG_MB)
   local made, failed, leaked, counts = 0, 0, 0, {}
