@@ -1,6 +1,6 @@
 /* fuzz_connect: Connect streaming envelopes and the JSON inside them, and
  * the JSON strings warmboxd writes from raw bytes. */
-#include "envd_util.h"
+#include "util.h"
 
 #include <stdint.h>
 #include <stdlib.h>

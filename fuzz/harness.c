@@ -1,7 +1,8 @@
 /* harness.c: warmboxd's server in-process for the HTTP fuzz targets. */
-#include "wbd_int.h"
+#include "control.h"
+#include "envd.h"
 #include "harness.h"
-#include "envd_util.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,19 +21,17 @@ static char sandbox_id[32];
 
 /* The admin API without its clock: a fuzzed move of it would end the
  * lease of the sandbox the data-plane targets use. */
-static enum MHD_Result fuzz_admin(struct wbd_req *req) {
-  if (strcmp(req->path, "/_warmboxd/clock") == 0)
+static enum MHD_Result fuzz_call(struct wbd_req *req, const struct wbd_route *row) {
+  if (row->fn == wbd_admin_clock)
     return wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", req->method, req->path);
-  return wbd_knob_handle(req);
+  return wbd_route_call(req, row);
 }
 
-static const struct wbd_routes routes = {
-  .control_route = wbd_control_route,
+static struct wbd_routes routes = {
+  .call = fuzz_call,
   .control_key_ok = wbd_control_key_ok,
-  .control = wbd_control_handle,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
-  .admin = fuzz_admin,
 };
 
 int fuzz_server(void) {
@@ -47,6 +46,8 @@ int fuzz_server(void) {
   mkdir(d, 0700);
   fuzz_options();
   wbd_opt.data_dir = fuzz_scratch;
+  routes.table = wbd_route_table;
+  routes.n = wbd_route_count;
   wbd_server_routes(&routes);
   if (wbd_server_start() != 0) abort();
   port = wbd_server_port();

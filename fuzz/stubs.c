@@ -5,8 +5,10 @@
  * reaches only envd's POST /files (uploads land in a scratch directory),
  * every other data-plane request gets a plain 204.
  */
-#include "wbd_int.h"
-#include "runtime.h"
+#include "control.h"
+#include "jail.h"
+#include "envd.h"
+#include "interp.h"
 #include "harness.h"
 
 #include <errno.h>
@@ -129,3 +131,24 @@ json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
   (void)sb;
   return json_object();
 }
+
+/* The snapshot and fork routes keep state on disk: not built in here. */
+static enum MHD_Result no_route(struct wbd_req *req) {
+  return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
+}
+enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+
+/* The lifecycle events (control/events.c, control/webhooks.c) are left out:
+ * the control plane's hooks record nothing, the knobs have their storage. */
+int wbd_webhook_retry_ms = 10000, wbd_webhook_retries = 3, wbd_webhook_duplicates = 0;
+int wbd_events_ttl_days = 7;
+void wbd_event_locked(const struct wbd_sandbox *sb, enum wbd_event_type type, int64_t at_us) {
+  (void)sb;
+  (void)type;
+  (void)at_us;
+}
+enum MHD_Result wbd_h_events(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_webhooks(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }

@@ -1,10 +1,11 @@
 /*
  * main.c: warmboxd's options, start-up and clean exit.
  */
-#include "wbd_int.h"
+#include "control.h"
+#include "envd.h"
 #include "state.h"
 
-#include "envd_util.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,14 +24,12 @@
 
 /* The one place handlers are wired to the server: server.c calls through
  * this table, so it depends on no handler file (they depend on it). */
-static const struct wbd_routes routes = {
-  .control_route = wbd_state_route,
+static struct wbd_routes routes = {
+  .call = wbd_route_call,
   .control_key_ok = wbd_control_key_ok,
-  .control = wbd_state_control,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
   .upload_room = wbd_envd_upload_room,
-  .admin = wbd_knob_handle,
 };
 
 /* A pidfd for `pid` (Linux 5.3 and later), or -1 with errno. */
@@ -183,20 +182,14 @@ static const char *read_key_file(const char *path) {
 /* A random admin token (32 bytes, hex) in DATA-DIR/admin-token, mode 0600. */
 static int make_admin_token(char out[65]) {
   unsigned char raw[32];
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || read(fd, raw, sizeof raw) != (ssize_t)sizeof raw) {
-    fprintf(stderr, "warmboxd: cannot read /dev/urandom for the admin token\n");
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  close(fd);
+  wbd_random(raw, sizeof raw);
   for (size_t i = 0; i < sizeof raw; i++) snprintf(out + 2 * i, 3, "%02x", raw[i]);
   size_t n = strlen(wbd_opt.data_dir) + 16;
   char *path = malloc(n);
   if (!path) return -1;
   snprintf(path, n, "%s/admin-token", wbd_opt.data_dir);
   unlink(path);   /* never write through a planted link or into someone's file */
-  fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   int ok = fd >= 0 && fchmod(fd, 0600) == 0 && write(fd, out, 64) == 64;
   if (fd >= 0 && close(fd) != 0) ok = 0;
   if (!ok) fprintf(stderr, "warmboxd: cannot write the admin token to %s: %s\n", path, strerror(errno));
@@ -369,6 +362,11 @@ static int start_all(void) {
     return -1;
   }
   wbd_snapshot_load_all();
+  if (wbd_events_start() != 0) {
+    fprintf(stderr, "warmboxd: cannot start the lifecycle events\n");
+    wbd_rt_shutdown();
+    return -1;
+  }
   raise_fd_limit();
   static char token_buf[65];
   if (!wbd_lim.admin_token) {
@@ -378,6 +376,8 @@ static int start_all(void) {
     }
     wbd_lim.admin_token = token_buf;
   }
+  routes.table = wbd_route_table;
+  routes.n = wbd_route_count;
   wbd_server_routes(&routes);
   if (wbd_server_start() != 0) {
     wbd_rt_shutdown();
@@ -426,6 +426,7 @@ static void stop_all(void) {
   wbd_server_quiesce();
   wbd_lifecycle_stop();
   wbd_state_shutdown();
+  wbd_events_stop();
   wbd_rt_shutdown();
   wbd_server_stop();
   wbd_store_free_all();

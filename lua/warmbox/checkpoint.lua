@@ -233,6 +233,7 @@ function _M.branch(self, cp, new_key, opts)
   for k, v in pairs(errors.check_options(opts, { env = "map", actor = "string" }, "branch", 3, 3)) do o[k] = v end
   o.lock, o.policy = self.new_lock, self.policy
   local s2 = self._new(new_key, o)
+  s2._branch_of = self.tag_value
   if s2.tag_value == self.tag_value then
     return nil, string_format("branch to session '%s': that is this conversation (rewind it instead)", new_key),
       "BAD_REQUEST"

@@ -14,6 +14,8 @@ _M.codes = {
   BUSY = "the session's lock was not free within the lock timeout (another run holds it)",
   LOCK = "the lock backend failed (e.g. Redis unreachable), or a held lock was lost",
   POLICY = "a policy hook raised or returned a wrong value; a policy file did not load",
+  BUDGET = "the policy's budget refused a run or a prewarm: the conversation or its tenant spent its budget",
+  CHART = "a chart could not be drawn (warmbox costs --chart: python3 with matplotlib is needed)",
   BAD_REQUEST = "bad input: an input file name that could escape /home/user; E2B's 400/422",
   TIMEOUT = "a request or the run exceeded its timeout (for a run, detail.started says whether the cell "
     .. "had started)",

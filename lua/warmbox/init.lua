@@ -321,6 +321,15 @@ function Warmbox:_tagged()
   return out
 end
 
+--- What the conversations, tenants or days cost, from E2B's lifecycle events
+-- (see `warmbox.ledger`): `wb:costs{ since, until, by = "conversation" | "tenant" | "day" }`.
+-- @treturn[1] table rows, table totals
+-- @return[2] nil, message, code
+function Warmbox:costs(opts)
+  if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
+  return require("warmbox.ledger").costs_of(self, opts)
+end
+
 --- Kill every sandbox of a conversation (any env/actor fingerprint): the
 -- conversation was deleted. Waits for a run in progress on that session
 -- (delegates to `warmbox.gc.release`).
@@ -391,6 +400,12 @@ local function gc_run_opts(self, opts, fname)
       if not p then return nil, perr, pcode end
       o.policy = p
     end
+  end
+  if o.policy.budget then -- a conversation over its budget: what the budget says in GC first
+    local p = {}
+    for k, v in pairs(o.policy) do p[k] = v end
+    p.gc = require("warmbox.session.budget").wrap_gc(p, self.client, self.tag, self.clock())
+    o.policy = p
   end
   local user_action = o.on_action
   if self.on_event or self.log then

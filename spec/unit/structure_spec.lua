@@ -151,4 +151,45 @@ describe("csrc/warmboxd", function()
     end
     for f in pairs(g) do visit(f) end
   end)
+
+  -- The layer table is written once, in scripts/warmboxd_layers.lua.
+  local layers = dofile("scripts/warmboxd_layers.lua")
+
+  -- A scratch copy of csrc/warmboxd, changed by `edit` (rel path -> text to append).
+  local function copy_with(edit)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute(("mkdir -p '%s' && cp -r csrc/warmboxd/. '%s'"):format(dir, dir)))
+    for rel, text in pairs(edit) do
+      local f = assert(io.open(dir .. "/" .. rel, "ab"))
+      f:write(text)
+      f:close()
+    end
+    return dir
+  end
+
+  local function count_lines(path)
+    local n = 0
+    for _ in io.lines(path) do n = n + 1 end
+    return n
+  end
+
+  it("keeps its layers: each file includes only the headers of layers its own may use", function()
+    assert.same({}, layers.check("csrc/warmboxd"))
+  end)
+
+  it("reports an include of a layer a file's layer may not use, and a second header in a layer", function()
+    local n = count_lines("csrc/warmboxd/jail/spawn.c")
+    local dir = copy_with({
+      ["jail/spawn.c"] = '#include "control.h"\n',
+      ["envd/envd_fs.c"] = '#include "jail.h"\n',   -- allowed: envd uses jail
+      ["jail/rt_priv.h"] = "/* a private header beside jail.h */\n",
+    })
+    local bad = layers.check(dir)
+    os.execute(("rm -rf '%s'"):format(dir))
+    assert.same({
+      "jail/rt_priv.h: not a header of layer 'jail' (its own: jail.h)",
+      ("jail/spawn.c:%d: includes \"control.h\": layer 'jail' may not use layer 'control'"):format(n + 1),
+    }, bad)
+  end)
 end)

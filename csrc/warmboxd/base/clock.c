@@ -3,7 +3,7 @@
  * listing reads, and what the admin API moves: knobs.c), its RFC 3339
  * format and a sleep that outlasts signals.
  */
-#include "wbd_int.h"
+#include "wbd.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -5,7 +5,7 @@
  * here rather than in main.c keeps every other file from calling up into
  * the top of the program.
  */
-#include "wbd_int.h"
+#include "wbd.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,11 +1,10 @@
 /*
- * wbd.h: the contract between warmboxd's parts.
- *
- *   server.c / main.c / store.c / control.c   HTTP server (libmicrohttpd), sandbox
- *   knobs.c / clock.c                         records, control plane, admin API,
- *                                             the server's clock
- *   runtime.c / dataplane.c / envd.c / interp.c   sandbox directories, bubblewrap
- *                                             jails, kernels, envd and code interpreter
+ * wbd.h: the contract between warmboxd's layers (the folders beside base/:
+ * server/ the HTTP server, control/ the control plane and admin API,
+ * state/ records and what is kept on disk, jail/ sandbox directories and
+ * bubblewrap jails, envd/ and interp/ the data plane; main.c wires them).
+ * Every layer may include it; which layer may include which other's header
+ * is written in scripts/warmboxd_layers.lua.
  *
  * Threading: libmicrohttpd's few polling threads serve every connection; a
  * request's handler runs on a worker thread of its own, so it may block, and
@@ -110,6 +109,13 @@ void wbd_store_unlock(void);
  * or killed. Release with wbd_sandbox_unref. Takes the store lock itself. */
 struct wbd_sandbox *wbd_sandbox_get(const char *id);
 void wbd_sandbox_unref(struct wbd_sandbox *sb);
+/* The running secure sandbox whose access token makes `match` true (a
+ * signed /files URL names no sandbox: the signature is what finds it).
+ * Walks the secure running records (only those: a sandbox without a token
+ * is never found this way) 256 per hold of the store lock, testing them
+ * outside it; a record that stays running throughout is never skipped.
+ * 1 with its id in `id`, or 0. Takes the store lock itself. */
+int wbd_store_find_signed(int (*match)(const char *token, void *cls), void *cls, char *id, size_t idlen);
 
 /* One hook the data plane may set, called with the store lock held each
  * time a record stops running (paused, killed or dropped): envd's watchers
@@ -198,5 +204,40 @@ void wbd_clock_advance(int64_t us, int freeze);
 void wbd_clock_state(int64_t *offset_us, int *frozen);
 /* RFC 3339 with nanoseconds, UTC ("2026-08-21T20:00:00.123456000Z"); buf >= 40 */
 void wbd_format_time(int64_t us, char *buf, size_t len);
+
+/* ------------------------------------------------------------------ */
+/* Sizes, knobs, limits and sleep (config.c / clock.c)                  */
+/* ------------------------------------------------------------------ */
+
+/* A sandbox's size when its template is not in config.c's table, and its
+ * disk: what the listing shows and the jail gets. */
+#define WBD_CPU_COUNT 2
+#define WBD_MEMORY_MB 512
+#define WBD_DISK_MB 1024
+/* E2B's 404 for a sandbox id a team cannot see */
+#define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
+
+/* Options changed at run time by POST /_warmboxd/config are read and written
+ * atomically (handlers run on many threads). */
+static inline int wbd_knob(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline void wbd_knob_set(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+extern int wbd_loose_metadata;
+
+/* Server limits (main.c's flags). Body limits are per route class, checked
+ * against Content-Length when the headers are in and again while the body
+ * streams, once the route and the caller's credentials are known. */
+struct wbd_limits {
+  const char *admin_token;     /* required on the admin API (X-Warmboxd-Token) */
+  int conn_timeout_s;          /* idle connection / slow headers, default 30 */
+  int max_conns;               /* connections in total, default 1024 */
+  int max_conns_per_ip;        /* connections per client address, default 128 */
+  int max_upload_mb;           /* envd POST /files body, default 100 */
+  int body_timeout_s;          /* a request body must be in within this, default 120 */
+  int max_spool_mb;            /* upload bodies spooled at once, all sandboxes, default 1024 */
+};
+extern struct wbd_limits wbd_lim;
+
+/* Sleeps ms milliseconds, however many signals arrive. */
+void wbd_sleep_ms(int ms);
 
 #endif

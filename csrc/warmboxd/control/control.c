@@ -5,10 +5,8 @@
  * in knobs.c. Runtime hooks are always called without the store
  * lock; a record's `busy` flag keeps its transitions one at a time.
  */
-#include "wbd_int.h"
-#include "envd_util.h"
+#include "util.h"
 #include "control.h"
-#include "state.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -37,35 +35,6 @@ static enum MHD_Result reply_429(struct wbd_req *req) {
 
 /* One path segment (no '/'), returns its length or 0. */
 static size_t segment(const char *p) { return strcspn(p, "/"); }
-
-const char *wbd_control_route(const char *method, const char *path) {
-  int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
-  if (strcmp(path, "/health") == 0) return get ? "GET /health" : NULL;
-  if (strcmp(path, "/sandboxes") == 0) return post ? "POST /sandboxes" : get ? "GET /sandboxes" : NULL;
-  if (strcmp(path, "/v2/sandboxes") == 0) return post ? "POST /v2/sandboxes" : get ? "GET /v2/sandboxes" : NULL;
-  if (strcmp(path, "/sandboxes/metrics") == 0) return get ? "GET /sandboxes/metrics" : NULL;
-  int v2 = 0;
-  const char *p;
-  if (strncmp(path, "/sandboxes/", 11) == 0) p = path + 11;
-  else if (strncmp(path, "/v2/sandboxes/", 14) == 0) {
-    p = path + 14;
-    v2 = 1;
-  } else
-    return NULL;
-  size_t n = segment(p);
-  if (n == 0) return NULL;
-  const char *rest = p + n;
-  if (v2) return strcmp(rest, "/connect") == 0 && post ? "POST /v2/sandboxes/{id}/connect" : NULL;
-  if (*rest == 0) return get ? "GET /sandboxes/{id}" : del ? "DELETE /sandboxes/{id}" : NULL;
-  if (strcmp(rest, "/metrics") == 0) return get ? "GET /sandboxes/{id}/metrics" : NULL;
-  if (!post) return NULL;
-  if (strcmp(rest, "/timeout") == 0) return "POST /sandboxes/{id}/timeout";
-  if (strcmp(rest, "/pause") == 0) return "POST /sandboxes/{id}/pause";
-  if (strcmp(rest, "/connect") == 0) return "POST /sandboxes/{id}/connect";
-  if (strcmp(rest, "/resume") == 0) return "POST /sandboxes/{id}/resume";
-  if (strcmp(rest, "/refreshes") == 0) return "POST /sandboxes/{id}/refreshes";
-  return NULL;
-}
 
 /* The {id} of a path, as E2B reads it ("<id>" or the old "<id>-<clientID>").
  * Returns 0, or -1 for a malformed id (400 "Invalid sandbox ID"). */
@@ -243,6 +212,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
     return 404;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("kill_during_run", 1);
+  wbd_event_locked(sb, WBD_EV_KILLED, expire_only ? sb->end_at_us : 0);
   wbd_store_remove_locked(sb);
   sb->state = WBD_KILLED;
   wbd_store_unlock();
@@ -290,6 +260,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg
   int failed = rc != 0 || (kept && !expire_only);
   wbd_store_lock();
   if (!failed) {
+    wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
     wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
@@ -320,7 +291,10 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     }
     if (mode == R_CONNECT) {
       int64_t end = cap_end(sb, wbd_now_us() + (int64_t)timeout_s * US);
-      if (end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
+      if (end > sb->end_at_us) {
+        wbd_store_set_end_locked(sb, end);
+        wbd_event_locked(sb, WBD_EV_UPDATED, 0);
+      }
     }
     if (out) *out = wbd_ctl_sandbox_json(sb);
     wbd_store_unlock();
@@ -353,6 +327,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
     int64_t now = wbd_now_us();
     wbd_store_update_locked(sb, now, WBD_RUNNING);
     wbd_store_set_end_locked(sb, cap_end(sb, now + (int64_t)timeout_s * US));
+    wbd_event_locked(sb, WBD_EV_RESUMED, 0);
     if (out) *out = wbd_ctl_sandbox_json(sb);
   }
   wbd_store_set_busy_locked(sb, 0);
@@ -485,6 +460,7 @@ int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_
   sb->end_at_us = cap_end(sb, now + to * US);
   sb->state = WBD_RUNNING;
   wbd_store_insert_locked(sb);
+  wbd_event_locked(sb, WBD_EV_CREATED, 0);
   *out = wbd_ctl_sandbox_json(sb);
   wbd_store_unlock();
   return 0;
@@ -625,7 +601,10 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
       status = 400;
     } else {
       int64_t end = cap_end(sb, now + secs * US);
-      if (!refresh || end > sb->end_at_us) wbd_store_set_end_locked(sb, end);
+      if (!refresh || end > sb->end_at_us) {
+        wbd_store_set_end_locked(sb, end);
+        wbd_event_locked(sb, WBD_EV_UPDATED, 0);
+      }
     }
   }
   wbd_store_unlock();
@@ -695,30 +674,29 @@ static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const ch
   }
 }
 
-enum MHD_Result wbd_control_handle(struct wbd_req *req, const char *route) {
-  if (strcmp(route, "GET /health") == 0) {
-    static const char ok[] = "Health check successful";
-    return wbd_reply_raw(req, 200, "text/plain; charset=utf-8", ok, sizeof ok - 1, NULL);
-  }
-  char team[64], id[64];
-  enum MHD_Result r = MHD_NO;
-  if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
-  if (strcmp(route, "POST /sandboxes") == 0) return h_create(req, team, 0);
-  if (strcmp(route, "POST /v2/sandboxes") == 0) return h_create(req, team, 1);
-  if (strcmp(route, "GET /v2/sandboxes") == 0) return wbd_list_v2(req, team);
-  if (strcmp(route, "GET /sandboxes") == 0) return wbd_list_v1(req, team);
-  if (strcmp(route, "GET /sandboxes/metrics") == 0) return wbd_metrics_many(req, team);
-  if (wbd_ctl_path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
-  if (strcmp(route, "GET /sandboxes/{id}") == 0) return h_info(req, team, id);
-  if (strcmp(route, "GET /sandboxes/{id}/metrics") == 0) return wbd_metrics_one(req, team, id);
-  if (strcmp(route, "DELETE /sandboxes/{id}") == 0) return h_kill(req, team, id);
-  if (strcmp(route, "POST /sandboxes/{id}/timeout") == 0) return h_timeout(req, team, id, 0);
-  if (strcmp(route, "POST /sandboxes/{id}/refreshes") == 0) return h_timeout(req, team, id, 1);
-  if (strcmp(route, "POST /sandboxes/{id}/pause") == 0) return h_pause(req, team, id);
-  if (strcmp(route, "POST /sandboxes/{id}/connect") == 0) return h_connect(req, team, id, R_CONNECT, 0);
-  if (strcmp(route, "POST /v2/sandboxes/{id}/connect") == 0) return h_connect(req, team, id, R_CONNECT, 1);
-  if (strcmp(route, "POST /sandboxes/{id}/resume") == 0) return h_connect(req, team, id, R_RESUME, 0);
-  return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
+/* The handlers as the route table (routes.c) calls them. */
+enum MHD_Result wbd_h_health(struct wbd_req *req, const struct wbd_call *c) {
+  static const char ok[] = "Health check successful";
+  (void)c;
+  return wbd_reply_raw(req, 200, "text/plain; charset=utf-8", ok, sizeof ok - 1, NULL);
+}
+enum MHD_Result wbd_h_create(struct wbd_req *req, const struct wbd_call *c) { return h_create(req, c->team, c->arg); }
+enum MHD_Result wbd_h_list_v2(struct wbd_req *req, const struct wbd_call *c) { return wbd_list_v2(req, c->team); }
+enum MHD_Result wbd_h_list_v1(struct wbd_req *req, const struct wbd_call *c) { return wbd_list_v1(req, c->team); }
+enum MHD_Result wbd_h_metrics_many(struct wbd_req *req, const struct wbd_call *c) {
+  return wbd_metrics_many(req, c->team);
+}
+enum MHD_Result wbd_h_info(struct wbd_req *req, const struct wbd_call *c) { return h_info(req, c->team, c->id); }
+enum MHD_Result wbd_h_metrics_one(struct wbd_req *req, const struct wbd_call *c) {
+  return wbd_metrics_one(req, c->team, c->id);
+}
+enum MHD_Result wbd_h_kill(struct wbd_req *req, const struct wbd_call *c) { return h_kill(req, c->team, c->id); }
+enum MHD_Result wbd_h_timeout(struct wbd_req *req, const struct wbd_call *c) {
+  return h_timeout(req, c->team, c->id, c->arg);
+}
+enum MHD_Result wbd_h_pause(struct wbd_req *req, const struct wbd_call *c) { return h_pause(req, c->team, c->id); }
+enum MHD_Result wbd_h_connect(struct wbd_req *req, const struct wbd_call *c) {
+  return h_connect(req, c->team, c->id, c->arg == WBD_RESUME ? R_RESUME : R_CONNECT, c->arg == WBD_CONNECT_V2);
 }
 
 /* ------------------------------------------------------------------ */

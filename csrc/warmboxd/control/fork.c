@@ -8,9 +8,7 @@
  * snapshotted. Process memory is not carried, the default python
  * context's namespace is, serialised (state.h); other kernels start afresh.
  */
-#include "wbd_int.h"
 #include "control.h"
-#include "state.h"
 
 #include <limits.h>
 #include <stdio.h>

@@ -5,7 +5,6 @@
  * clock. server.c's gate checks the admin token first and keeps the counts
  * and faults it applies to every request; these handlers read and set them.
  */
-#include "wbd_int.h"
 #include "control.h"
 #include "state.h"
 
@@ -42,7 +41,8 @@ static long long heap_in_use(void) {
 /* GET /_warmboxd/stats: the server's counts (wbd_stats_json; the counters
  * a test reads shown as 0 before they first count), the store's records by
  * state and the heap in use. */
-static enum MHD_Result knob_stats(struct wbd_req *req) {
+enum MHD_Result wbd_admin_stats(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   long running, paused;
   wbd_store_lock();
   wbd_store_counts_locked(&running, &paused);
@@ -60,7 +60,8 @@ static enum MHD_Result knob_stats(struct wbd_req *req) {
   return wbd_reply_json(req, 200, o, NULL);
 }
 
-static enum MHD_Result knob_stats_reset(struct wbd_req *req) {
+enum MHD_Result wbd_admin_stats_reset(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   wbd_stats_reset();
   return wbd_reply_json(req, 204, NULL, NULL);
 }
@@ -116,7 +117,8 @@ static struct wbd_fault *fault_new(json_t *o) {
 /* POST /_warmboxd/faults {"route", "count", "status", "body", "headers",
  * "delay_ms", "drop"}: queues a fault (struct wbd_fault); count 0 queues
  * none. */
-static enum MHD_Result knob_fault_add(struct wbd_req *req) {
+enum MHD_Result wbd_admin_fault_add(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   json_error_t err;
   json_t *o = json_loadb(req->body, req->body_len, 0, &err);
   if (!json_is_object(o)) {
@@ -133,7 +135,8 @@ static enum MHD_Result knob_fault_add(struct wbd_req *req) {
   return wbd_reply_json(req, 204, NULL, NULL);
 }
 
-static enum MHD_Result knob_faults_clear(struct wbd_req *req) {
+enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   wbd_faults_clear();
   return wbd_reply_json(req, 204, NULL, NULL);
 }
@@ -143,19 +146,24 @@ static enum MHD_Result knob_faults_clear(struct wbd_req *req) {
 /* ------------------------------------------------------------------ */
 
 /* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
- * "resume_ms", "max_running", "copy_ms": 0..600000}: all checked before
- * any is set. copy_ms: a pause's, snapshot's or fork's copy starts that
- * much later, the sandbox in transition meanwhile (specs). */
-static enum MHD_Result knob_config(struct wbd_req *req) {
+ * "resume_ms", "max_running", "copy_ms": 0..600000, the lifecycle events'
+ * "webhook_duplicates": bool, "webhook_retry_ms", "webhook_retries",
+ * "events_ttl_days"}: all checked before any is set. copy_ms: a pause's,
+ * snapshot's or fork's copy starts that much later, the sandbox in
+ * transition meanwhile (specs). */
+enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, 1, &r);
   if (!o) return r;
   const char *k;
   json_t *v;
   json_object_foreach(o, k, v) {
-    int is_bool = strcmp(k, "loose_metadata") == 0;
+    int is_bool = strcmp(k, "loose_metadata") == 0 || strcmp(k, "webhook_duplicates") == 0;
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
-                 strcmp(k, "max_running") == 0 || strcmp(k, "copy_ms") == 0;
+                 strcmp(k, "max_running") == 0 || strcmp(k, "webhook_retry_ms") == 0 ||
+                 strcmp(k, "webhook_retries") == 0 || strcmp(k, "events_ttl_days") == 0 ||
+                 strcmp(k, "copy_ms") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -175,6 +183,10 @@ static enum MHD_Result knob_config(struct wbd_req *req) {
     else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
     else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
     else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
+    else if (strcmp(k, "webhook_duplicates") == 0) wbd_knob_set(&wbd_webhook_duplicates, iv);
+    else if (strcmp(k, "webhook_retry_ms") == 0) wbd_knob_set(&wbd_webhook_retry_ms, iv);
+    else if (strcmp(k, "webhook_retries") == 0) wbd_knob_set(&wbd_webhook_retries, iv);
+    else if (strcmp(k, "events_ttl_days") == 0) wbd_knob_set(&wbd_events_ttl_days, iv);
     else if (strcmp(k, "copy_ms") == 0) wbd_knob_set(&wbd_state_lim.copy_ms, iv);
   }
   json_decref(o);
@@ -186,7 +198,8 @@ static enum MHD_Result knob_config(struct wbd_req *req) {
  * (leases, auto-pause, endAt, listings' times) and freezes or thaws it, then
  * expires what that made due before answering, so the caller sees the
  * result of the move when the call returns. */
-static enum MHD_Result knob_clock(struct wbd_req *req) {
+enum MHD_Result wbd_admin_clock(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   enum MHD_Result r = MHD_NO;
   if (strcmp(req->method, "POST") == 0) {
     json_t *o = wbd_ctl_body_object(req, 1, &r);
@@ -219,7 +232,8 @@ static enum MHD_Result knob_clock(struct wbd_req *req) {
  * "timeout", "started_ago_s", "paused_ago_s", "autoPause", "autoResume"}:
  * `count` records of the caller's team put straight into the store
  * (records only: no jail is made for them). */
-static enum MHD_Result knob_seed(struct wbd_req *req) {
+enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *call) {
+  (void)call;
   char team[64];
   enum MHD_Result r = MHD_NO;
   if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
@@ -287,30 +301,4 @@ static enum MHD_Result knob_seed(struct wbd_req *req) {
   json_t *res = json_object();
   json_object_set_new(res, "created", json_integer(n));
   return wbd_reply_json(req, 200, res, NULL);
-}
-
-/* ------------------------------------------------------------------ */
-/* Routing                                                             */
-/* ------------------------------------------------------------------ */
-
-static const struct {
-  const char *path;
-  const char *method;   /* NULL: any (the handler tells them apart) */
-  enum MHD_Result (*fn)(struct wbd_req *req);
-} knobs[] = {
-  { "/stats", "GET", knob_stats },
-  { "/stats/reset", "POST", knob_stats_reset },
-  { "/faults", "POST", knob_fault_add },
-  { "/faults", "DELETE", knob_faults_clear },
-  { "/config", "POST", knob_config },
-  { "/seed", "POST", knob_seed },
-  { "/clock", NULL, knob_clock },
-};
-
-enum MHD_Result wbd_knob_handle(struct wbd_req *req) {
-  const char *p = req->path + strlen("/_warmboxd");
-  for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++)
-    if (strcmp(p, knobs[i].path) == 0 && (!knobs[i].method || strcmp(req->method, knobs[i].method) == 0))
-      return knobs[i].fn(req);
-  return wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", req->method, req->path);
 }

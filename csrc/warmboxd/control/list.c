@@ -5,7 +5,6 @@
  * time under the store lock, so one team's large listing never holds every
  * other request back (see list_walk).
  */
-#include "wbd_int.h"
 #include "control.h"
 
 #include <ctype.h>

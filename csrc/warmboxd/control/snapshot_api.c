@@ -1,12 +1,10 @@
 /*
  * snapshot_api.c: the HTTP side of state.h, above control.c: the snapshot
  * routes (POST /sandboxes/{id}/snapshots, GET /snapshots, DELETE
- * /templates/{id}) and fork's, put in front of control.c's in main.c's
- * route table, and the graceful stop that pauses what should come back.
+ * /templates/{id}) and fork's, rows of routes.c's table, and the graceful
+ * stop that pauses what should come back.
  */
-#include "wbd_int.h"
 #include "control.h"
-#include "state.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -43,6 +41,13 @@ static enum MHD_Result h_take(struct wbd_req *req, const char *team) {
   if (rc != 0) return wbd_reply_error(req, 500, "Error creating the snapshot: %s", msg);
   json_t *out = wbd_snapshot_info(s);
   wbd_snapshot_put(s);
+  struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
+  if (sb) {
+    wbd_store_lock();
+    wbd_event_locked(sb, WBD_EV_CHECKPOINTED, 0);
+    wbd_store_unlock();
+    wbd_sandbox_unref(sb);
+  }
   return wbd_reply_json(req, 201, out, NULL);
 }
 
@@ -74,48 +79,13 @@ static enum MHD_Result h_delete(struct wbd_req *req, const char *team) {
 /* Routes                                                              */
 /* ------------------------------------------------------------------ */
 
-#define R_TAKE "POST /sandboxes/{id}/snapshots"
-#define R_FORK "POST /sandboxes/{id}/fork"
-#define R_LIST "GET /snapshots"
-#define R_DELETE "DELETE /templates/{id}"
-
-static const char *own_route(const char *method, const char *path) {
-  if (strcmp(path, "/snapshots") == 0) return strcmp(method, "GET") == 0 ? R_LIST : NULL;
-  if (strncmp(path, "/templates/", 11) == 0 && path[11])
-    return strcmp(method, "DELETE") == 0 && !strchr(path + 11, '/') ? R_DELETE : NULL;
-  if (strncmp(path, "/sandboxes/", 11) != 0 || strcmp(method, "POST") != 0) return NULL;
-  const char *rest = strchr(path + 11, '/');
-  if (!rest || rest == path + 11) return NULL;
-  if (strcmp(rest, "/snapshots") == 0) return R_TAKE;
-  if (strcmp(rest, "/fork") == 0) return R_FORK;
-  return NULL;
+enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) { return h_take(req, c->team); }
+enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) { return h_list(req, c->team); }
+enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) {
+  return h_delete(req, c->team);
 }
-
-static int owns(const char *route) {
-  return strcmp(route, R_TAKE) == 0 || strcmp(route, R_FORK) == 0 || strcmp(route, R_LIST) == 0 ||
-         strcmp(route, R_DELETE) == 0;
-}
-
-static enum MHD_Result handle(struct wbd_req *req, const char *route, const char *team) {
-  if (strcmp(route, R_LIST) == 0) return h_list(req, team);
-  if (strcmp(route, R_DELETE) == 0) return h_delete(req, team);
-  if (strcmp(route, R_TAKE) == 0) return h_take(req, team);
-  char id[64];
-  if (wbd_ctl_path_id(req->path, id, sizeof id) != 0) return wbd_reply_error(req, 400, "Invalid sandbox ID");
-  return wbd_fork_handle(req, team, id);
-}
-
-const char *wbd_state_route(const char *method, const char *path) {
-  const char *r = own_route(method, path);
-  return r ? r : wbd_control_route(method, path);
-}
-
-enum MHD_Result wbd_state_control(struct wbd_req *req, const char *route) {
-  if (!owns(route)) return wbd_control_handle(req, route);
-  char team[64];
-  enum MHD_Result r = MHD_NO;
-  if (wbd_ctl_authenticate(req, team, sizeof team, &r) != 0) return r;
-  return handle(req, route, team);
+enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c) {
+  return wbd_fork_handle(req, c->team, c->id);
 }
 
 /* ------------------------------------------------------------------ */

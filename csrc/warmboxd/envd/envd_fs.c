@@ -1,14 +1,14 @@
 /*
- * envd_fs.c: confined filesystem operations for envd (see envd_fs.h).
+ * envd_fs.c: confined filesystem operations for envd (see envd.h).
  *
  * Why openat2 and not realpath + prefix checks: the sandbox's own processes
  * can change its tree at any moment (swap a directory for a symlink between
  * our check and our use). Resolving in the kernel from a root fd with
  * RESOLVE_BENEATH makes the check and the use one step.
  */
-#include "envd_fs.h"
-#include "envd_util.h"
-#include "runtime.h"
+#include "envd.h"
+#include "util.h"
+#include "jail.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * envd_watch.c: envd's directory watchers (see envd_watch.h), as E2B's envd
+ * envd_watch.c: envd's directory watchers (see envd.h), as E2B's envd
  * serves them on fsnotify: WatchDir streams {"start":{}}, then one
  * {"filesystem":{"name","type"[,"entry"]}} per event and {"keepalive":{}}
  * at the client's Keepalive-Ping-Interval, until Connect-Timeout-Ms ends it
@@ -23,9 +23,8 @@
  * WATCH_QUEUE_MAX bytes per watcher (then the watcher has overflowed, as
  * inotify's own queue would), and wakes the watcher's eventfd.
  */
-#include "envd_watch.h"
-#include "envd_fs.h"
-#include "envd_util.h"
+#include "envd.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -39,7 +38,6 @@
 #include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -563,12 +561,9 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
   }
   /* Registered only while the sandbox runs; the count is per sandbox. The
    * store lock comes first, as when the store calls on_leave. */
-  unsigned char rnd[20];
   static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-  if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) abort();
   w->id[0] = 'w';
-  for (size_t i = 0; i < sizeof rnd; i++) w->id[i + 1] = alnum[rnd[i] % 36];
-  w->id[sizeof rnd + 1] = 0;
+  wbd_random_chars(w->id + 1, 20, alnum, 36);
   wbd_store_lock();
   int running = sb->state == WBD_RUNNING, count = 0;
   pthread_mutex_lock(&mu);

@@ -13,7 +13,10 @@
  * gone) and the kernel said the cell is done, so that a run whose client went
  * away keeps the context until the interrupted cell has finished.
  */
-#include "rt_priv.h"
+#include "jail.h"
+#include "interp.h"
+#include "server.h"
+#include "util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -114,19 +117,6 @@ struct run {
 /* Small helpers                                                       */
 /* ------------------------------------------------------------------ */
 
-static void new_uuid(char *buf, size_t len) {
-  unsigned char b[16];
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  ssize_t r = fd >= 0 ? read(fd, b, sizeof b) : -1;
-  if (fd >= 0) close(fd);
-  if (r != (ssize_t)sizeof b)
-    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)(rand() & 0xff);
-  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-}
-
 static void notify(struct run *r) {
   uint64_t one = 1;
   if (r->efd >= 0 && write(r->efd, &one, sizeof one) < 0) {}
@@ -199,7 +189,7 @@ static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const c
   struct ictx *c = calloc(1, sizeof *c);
   if (!c) abort();
   c->refs = 1;  /* the list's */
-  new_uuid(c->id, sizeof c->id);
+  wbd_uuid4(c->id, sizeof c->id);
   snprintf(c->lang, sizeof c->lang, "%s", lang);
   snprintf(c->cwd, sizeof c->cwd, "%s", cwd && *cwd ? cwd : "/home/user");
   pthread_cond_init(&c->cond, NULL);

@@ -1,16 +1,127 @@
 /*
- * jail.h: the pieces of the jail runtime kept out of runtime.c, their only
- * user: the spawner thread and what its children do before they exec
- * (spawn.c), a sandbox's network namespace and slirp4netns (net.c), the
- * seccomp program (seccomp.c) and the host uid range of a root warmboxd
- * (uidmap.c). They call nothing of runtime.c: net.c and seccomp.c call
- * spawn.c, which calls none of them.
+ * jail.h: the jail layer (jail/): sandboxes as processes (runtime.c) and
+ * the pieces kept out of runtime.c: the spawner thread and what its
+ * children do before they exec (spawn.c), a sandbox's network namespace
+ * and slirp4netns (net.c), the code interpreter's /health answered inside
+ * it (health.c), the seccomp program (seccomp.c) and the host uid range of
+ * a root warmboxd (uidmap.c). Those pieces call nothing of runtime.c:
+ * net.c and seccomp.c call spawn.c, net.c health.c; spawn.c calls none.
+ *
+ * The first part is what other layers use (envd, the code interpreter,
+ * the state on disk); the rest, from "spawn.c" on, only jail/'s files.
+ *
+ * Layout on disk, per sandbox: <data_dir>/<id>/home  (the jail's /home/user)
+ *                              <data_dir>/<id>/tmp   (the jail's /tmp)
+ *                              <data_dir>/<id>/root  (the jail's /, under the rest)
  */
 #ifndef WBD_JAIL_H
 #define WBD_JAIL_H
 
+#include "wbd.h"
 #include <stddef.h>
 #include <sys/types.h>
+
+/* ------------------------------------------------------------------ */
+/* runtime.c: a sandbox's directories, processes, pause, resume, kill */
+/* ------------------------------------------------------------------ */
+
+/* Host path of the sandbox's /home/user or /tmp; returns buf. */
+const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len);
+const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len);
+
+/* Where the jail's path `jail` (absolute, clean) lives on the host, as
+ * jail_args mounts it: `host` gets the directory of the tree that holds it,
+ * *rest the path below that ("." for the tree itself, else a suffix of
+ * `jail`). Returns WBD_TREE_OWN (the sandbox's own writable trees: home,
+ * /tmp, and its root for every path not mounted over), WBD_TREE_HOST (a
+ * host tree the jail binds read-only: /usr, /lib..., /etc's bound entries,
+ * the generated /etc/passwd and group), or -EACCES: not served (the
+ * per-process /proc, /dev and /sys, the jail's /usr/local/bin; without
+ * isolation, everything outside /home/user and /tmp). */
+enum { WBD_TREE_OWN = 0, WBD_TREE_HOST = 1 };
+int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest);
+/* 1 when removing or renaming the cleaned jail path `jail` (or moving
+ * something onto it) would take away part of the jail's skeleton: a mount
+ * point or top-level symlink root_prepare made in the sandbox's `/`, /root,
+ * /run, /var/tmp, or a directory holding one. envd refuses those
+ * (permission_denied) for every user; 0 otherwise and when unisolated. */
+int wbd_rt_skeleton(const char *jail);
+
+/* Starts argv inside the sandbox's jail (bubblewrap, or unisolated when
+ * wbd_opt.unisolated), cwd and paths as the jail sees them, environment =
+ * the sandbox's envVars overlaid with `envs` (object or NULL). Fills the
+ * pipe ends the caller now owns (any may be NULL to get /dev/null). The
+ * process is tracked: pause stops it, kill ends it. Returns 0 or -errno. */
+int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd,
+                 pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
+/* As wbd_rt_spawn, on a new pseudo-terminal of cols x rows (0: 80 x 24):
+ * the process leads a session whose controlling terminal it is (its fds
+ * 0-2 are the slave end); *master_fd (close-on-exec) is the caller's: the
+ * process's input and output, and TIOCSWINSZ resizes it. Same jail,
+ * namespaces, groups, limits and seccomp filter as any process. */
+int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, unsigned cols,
+                     unsigned rows, pid_t *pid, int *master_fd);
+/* The sandbox's boot id (a new one after a pause without memory: a cold
+ * boot) into buf; "" when the sandbox has no runtime (killed). */
+void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len);
+/* Signal a process started by wbd_rt_spawn (its whole process group). */
+int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig);
+/* Reap: blocks until it exits; returns the wait status. */
+int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid);
+
+/* A sandbox's runtime state. Reference-counted: sb->rt holds one reference
+ * until the sandbox is killed (then sb->rt points at a sentinel), and every
+ * stream or kernel thread that uses it holds one. */
+struct wbd_rt;
+
+/* A referenced runtime for sb (created with its directories on first use), or
+ * NULL when the sandbox is killed or the directories cannot be made. */
+struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb);
+void wbd_rt_ref(struct wbd_rt *rt);
+void wbd_rt_put(struct wbd_rt *rt);
+
+/* The code interpreter's per-sandbox state slot (its owner frees what it
+ * holds through the hooks below). */
+void **wbd_rt_interp_slot(struct wbd_rt *rt);
+pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt);
+
+/* What the runtime calls in the interpreter: given to it, with the state,
+ * by the interpreter (interp.c) so that runtime.c only calls down.
+ *  - on_pause(memory=1): streams in flight are dropped (as E2B drops outside
+ *    connections at a pause); the kernels stay, frozen.
+ *  - on_pause(memory=0) or kill: every context is forgotten (old ids 404),
+ *    streams dropped; runtime.c then ends the processes.
+ *  - free_slot(slot): the runtime is freed; slot = *wbd_rt_interp_slot(rt). */
+struct wbd_rt_hooks {
+  void (*on_pause)(struct wbd_rt *rt, int memory);
+  void (*free_slot)(void *slot);
+};
+/* Under wbd_rt_interp_mu(rt), when filling the slot. */
+void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks);
+
+/* Processes the sandbox's memory group has OOM-killed so far (-1: no memory
+ * group), and its limit in MB. */
+long wbd_rt_oom_kills(struct wbd_rt *rt);
+long wbd_rt_memory_mb(const struct wbd_rt *rt);
+
+/* The runtime's directory (<data_dir>/<id>: home, tmp, root) and the host
+ * uid/gid its jail runs as. */
+const char *wbd_rt_dir(const struct wbd_rt *rt);
+void wbd_rt_owner(const struct wbd_rt *rt, uid_t *uid, gid_t *gid);
+/* Freezes (on = 1) or thaws the jail's processes and nothing else; 1 when
+ * this call froze them. */
+int wbd_rt_hold(struct wbd_rt *rt, int on);
+/* Removes a tree without following symlinks (what a kill does to a sandbox's directory). */
+void wbd_rt_remove_tree(const char *path);
+
+/* 1 when sandboxes run in bubblewrap jails (0: --unisolated). */
+int wbd_rt_isolated(void);
+
+/* wbd_rt_spawn on a runtime; inherit_stderr: the child's stderr is warmboxd's. */
+int wbd_rt_spawn_rt(struct wbd_rt *rt, char *const argv[], json_t *envs, const char *cwd, int inherit_stderr,
+                    pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
+int wbd_rt_signal_rt(struct wbd_rt *rt, pid_t pid, int sig);
+int wbd_rt_wait_rt(struct wbd_rt *rt, pid_t pid);
 
 /* ------------------------------------------------------------------ */
 /* spawn.c: argument vectors, and the spawner thread                   */

@@ -14,9 +14,8 @@
  * (net.c), the seccomp filter (seccomp.c) and a root instance's uid range
  * (uidmap.c).
  */
-#include "rt_priv.h"
-#include "envd_util.h"
 #include "jail.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -46,9 +45,6 @@
 /* Where a root warmboxd locks its uid range (uidmap.c). */
 #define UID_LOCK_DIR "/run/warmboxd"
 #define PIDS_MAX_DEFAULT 256
-#define MEMORY_MB_DEFAULT 512
-#define DISK_MB_DEFAULT 1024
-#define CPU_COUNT_DEFAULT 2
 static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
 
 /* Host paths (as bubblewrap sees them) of what a jail binds, NULL: none. */
@@ -118,7 +114,7 @@ static int g_root;                /* warmboxd is host root: jails get their own 
 static uid_t g_uid_base = UID_BASE_DEFAULT;
 static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
 static int g_private_mnt;         /* warmboxd has its own mount namespace: homes are tmpfs */
-static long g_pids_max = PIDS_MAX_DEFAULT, g_disk_mb = DISK_MB_DEFAULT;
+static long g_pids_max = PIDS_MAX_DEFAULT, g_disk_mb = WBD_DISK_MB;
 static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
 
 /* ------------------------------------------------------------------ */
@@ -559,7 +555,7 @@ static void jail_args(struct wbd_sv *a, const char *id, const struct jail_src *f
    * half the memory limit as on a VM; in the user namespace of the jail, so
    * without root too. */
   char shm[32];
-  snprintf(shm, sizeof shm, "%lld", (long long)(f->memory_mb > 0 ? f->memory_mb : MEMORY_MB_DEFAULT) << 19);
+  snprintf(shm, sizeof shm, "%lld", (long long)(f->memory_mb > 0 ? f->memory_mb : WBD_MEMORY_MB) << 19);
   wbd_sv_add(a, "--perms");
   wbd_sv_add(a, "01777");
   wbd_sv_add(a, "--size");
@@ -659,16 +655,10 @@ static void slot_give(int s) {
 
 /* A random (version 4) UUID and a newline, as the kernel's boot_id. */
 static void new_boot_id(char *buf, size_t len) {
-  unsigned char b[16];
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  ssize_t r = fd >= 0 ? read(fd, b, sizeof b) : -1;
-  if (fd >= 0) close(fd);
-  if (r != (ssize_t)sizeof b)
-    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)(rand() & 0xff);
-  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1], b[2],
-           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  wbd_uuid4(buf, len - 1);
+  size_t n = strlen(buf);
+  buf[n] = '\n';
+  buf[n + 1] = 0;
 }
 
 /* The sandbox's `/` (<dir>/root, in the sandbox's tmpfs with home and
@@ -773,8 +763,8 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
   snprintf(rt->id, sizeof rt->id, "%s", sb->id);
   snprintf(rt->dir, sizeof rt->dir, "%s/%s", g_data, sb->id);
   rt->allow_net = sb->allow_internet;
-  rt->memory_mb = sb->memory_mb > 0 ? sb->memory_mb : MEMORY_MB_DEFAULT;
-  rt->cpu_count = sb->cpu_count > 0 ? sb->cpu_count : CPU_COUNT_DEFAULT;
+  rt->memory_mb = sb->memory_mb > 0 ? sb->memory_mb : WBD_MEMORY_MB;
+  rt->cpu_count = sb->cpu_count > 0 ? sb->cpu_count : WBD_CPU_COUNT;
   wbd_net_clear(&rt->net);
   rt->slot = -1;
   new_boot_id(rt->boot_id, sizeof rt->boot_id);

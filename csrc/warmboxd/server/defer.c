@@ -23,7 +23,7 @@
  * suspended connection): parks are refused from then on, every parked
  * connection is resumed, and the handlers in flight are waited for.
  */
-#include "wbd_int.h"
+#include "server.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -9,8 +9,8 @@
  * API's gate. The admin API's handlers, which read and set the counts and
  * faults, are knobs.c's.
  */
-#include "wbd_int.h"
-#include "envd_util.h"
+#include "server.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -688,7 +688,7 @@ struct req_ctx {
   size_t cap;
   size_t limit;              /* body bytes this request may send */
   enum req_kind kind;
-  const char *croute;        /* control route template */
+  const struct wbd_route *row;   /* the control route's row */
   char id[64];               /* data plane: sandbox id and port */
   int port;
   int bad_signature;         /* a signed /files URL that no sandbox signed */
@@ -742,9 +742,9 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
     dataplane_route(req, ctx->port, ctx->route, sizeof ctx->route);
     ctx->bad_signature = signed_kind < 0;
     ctx->limit = ctx->bad_signature ? WBD_BODY_UNAUTH : dataplane_limit(ctx);
-  } else if ((ctx->croute = routes_.control_route ? routes_.control_route(req->method, req->path) : NULL)) {
+  } else if ((ctx->row = wbd_route_match(routes_.table, routes_.n, req->method, req->path, 0))) {
     ctx->kind = K_CONTROL;
-    snprintf(ctx->route, sizeof ctx->route, "%s", ctx->croute);
+    snprintf(ctx->route, sizeof ctx->route, "%s", ctx->row->route);
     const char *key = wbd_req_header(req, "X-API-Key");
     ctx->limit = key && routes_.control_key_ok && routes_.control_key_ok(key) ? WBD_BODY_CONTROL : WBD_BODY_UNAUTH;
   } else {
@@ -772,9 +772,11 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
 
 static enum MHD_Result dispatch(struct req_ctx *ctx) {
   struct wbd_req *req = &ctx->req;
-  if (ctx->kind == K_ADMIN)
-    return routes_.admin ? routes_.admin(req)
-                         : wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", req->method, req->path);
+  if (ctx->kind == K_ADMIN) {
+    const struct wbd_route *row = wbd_route_match(routes_.table, routes_.n, req->method, req->path, 1);
+    return row && routes_.call ? routes_.call(req, row)
+                               : wbd_reply_error(req, 404, "unknown warmboxd knob %s %s", req->method, req->path);
+  }
   wbd_sleep_ms(wbd_knob(&wbd_opt.rtt_ms));
 
   struct wbd_fault *f = fault_take(ctx->route);
@@ -817,7 +819,7 @@ static enum MHD_Result dispatch(struct req_ctx *ctx) {
   /* envd's own answer to a signature its sandbox's token did not make */
   if (ctx->kind == K_DATA && ctx->bad_signature) return wbd_reply_error(req, 401, "invalid signature");
   if (ctx->kind == K_DATA && routes_.dataplane) return routes_.dataplane(req, ctx->id, ctx->port);
-  if (ctx->kind == K_CONTROL && routes_.control) return routes_.control(req, ctx->croute);
+  if (ctx->kind == K_CONTROL && routes_.call) return routes_.call(req, ctx->row);
   return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
 }
 

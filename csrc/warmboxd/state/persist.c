@@ -8,9 +8,9 @@
  * graceful stop first pauses (files only) the running sandboxes whose
  * timeout would pause them.
  */
-#include "wbd_int.h"
 #include "state.h"
-#include "runtime.h"
+#include "jail.h"
+#include "interp.h"
 
 #include <ctype.h>
 #include <dirent.h>

@@ -12,7 +12,8 @@
  * new sandbox no process runs in yet.
  */
 #include "state.h"
-#include "rt_priv.h"
+#include "interp.h"
+#include "jail.h"
 
 #include <errno.h>
 #include <fcntl.h>

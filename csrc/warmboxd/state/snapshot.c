@@ -11,8 +11,8 @@
  * --max-state-mb (quota.c). Process memory is not in them, the python
  * namespace is (serialised): see state.h.
  */
-#include "wbd_int.h"
 #include "state.h"
+#include "util.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -152,12 +152,8 @@ static struct wbd_snapshot *snap_new(const char *team) {
   static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   struct wbd_snapshot *s = calloc(1, sizeof *s);
   if (!s) abort();
-  unsigned char r[20];
-  FILE *f = fopen("/dev/urandom", "rb");
-  if (!f || fread(r, 1, sizeof r, f) != sizeof r) abort();
-  fclose(f);
   s->tid[0] = 's';
-  for (int i = 0; i < 20; i++) s->tid[i + 1] = alnum[r[i] % 36];
+  wbd_random_chars(s->tid + 1, 20, alnum, 36);
   snprintf(s->team, sizeof s->team, "%s", team);
   snprintf(s->tag, sizeof s->tag, "%s", TAG_DEFAULT);
   s->refs = 1;

@@ -1,10 +1,9 @@
 /*
- * state.h: a sandbox's state on disk, in <data_dir>/.state/. Layers, each
- * calling only down:
- *   snapshot_api.c  the routes (snapshots, fork) in front of control.c's,
- *                   and the graceful stop; calls fork.c, control.c and below
- *   fork.c          POST /sandboxes/{id}/fork (calls control.c's launch)
- *   control.c       calls snapshot.c (create from a snapshot), persist.c (hooks)
+ * state.h: the state layer (state/): sandbox records (store.c), their
+ * metrics samples (metrics.c) and a sandbox's state on disk, in
+ * <data_dir>/.state/. Layers, each calling only down (the routes above it
+ * are control/'s: snapshot_api.c, fork.c; control.c calls snapshot.c in
+ * create and persist.c's hooks):
  *   snapshot.c      the snapshots: kept in memory and on disk
  *   persist.c       paused sandboxes (record and files) outlive a restart;
  *                   the copy of a running sandbox (held still) for both
@@ -24,6 +23,85 @@
 #define WBD_STATE_H
 
 #include "wbd.h"
+
+/* ---- store.c: records and indexes (the *_locked functions need wbd_store_lock) ---- */
+
+struct wbd_team;
+
+/* A record as the store keeps it; `sb` first so the two pointers convert. */
+struct wbd_rec {
+  struct wbd_sandbox sb;
+  int busy;                    /* a pause/resume/create is in flight (WBD_BUSY_*) */
+  int changing;                /* data-plane requests that may change its files, in flight */
+  int indexed;                 /* in the hash and the team's index */
+  struct wbd_rec *hnext;       /* hash chain */
+  struct wbd_rec *rprev, *rnext;  /* the team's running list */
+  struct wbd_team *team;
+  size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
+  size_t sidx;                 /* 1 + position in the signing index; 0: not in it */
+};
+#define WBD_REC(s) ((struct wbd_rec *)(s))
+#define WBD_BUSY_PAUSING 2     /* busy: a pause (and its copy) */
+#define WBD_BUSY_SNAPSHOT 3    /* busy: a snapshot's or a fork's copy */
+
+struct wbd_team {
+  char name[64];
+  struct wbd_rec **v;          /* ordered: startedAt asc, id desc (the asc listing) */
+  size_t n, cap;
+  struct wbd_rec *run_head;    /* running records, any order */
+  int running, paused, reserved;  /* reserved: creates/resumes in flight */
+  struct wbd_team *next;
+};
+
+/* A new record: fresh id, refcount 1 (the store's), empty metadata/env. */
+struct wbd_sandbox *wbd_store_alloc(const char *team);
+/* Frees a record that was never inserted. */
+void wbd_store_discard(struct wbd_sandbox *sb);
+/* The team's record with that id (not killed), referenced, or NULL (takes the lock). */
+struct wbd_sandbox *wbd_store_team_ref(const char *team, const char *id);
+struct wbd_team *wbd_store_team_locked(const char *team, int create);
+void wbd_store_insert_locked(struct wbd_sandbox *sb);
+/* Bulk insert (seed): one sort at the end. */
+void wbd_store_insert_many_locked(struct wbd_sandbox **v, size_t n);
+void wbd_store_remove_locked(struct wbd_sandbox *sb);
+/* Sets a record's lease end (end_at_us), keeping the lease heap right: use
+ * it for every record already inserted. */
+void wbd_store_set_end_locked(struct wbd_sandbox *sb, int64_t end_at_us);
+/* The running records whose lease ended by `now` and that no operation is
+ * busy with, each referenced (release with wbd_store_unref_locked); *n is
+ * their number. Costs what expired, not what is running (a min-heap on
+ * end_at_us holds every running record). NULL when none. */
+struct wbd_sandbox **wbd_store_expired_locked(int64_t now, size_t *n);
+/* Moves a record to a new startedAt and/or state, keeping indexes right. */
+void wbd_store_update_locked(struct wbd_sandbox *sb, int64_t started_at_us, enum wbd_state st);
+struct wbd_sandbox *wbd_store_lookup_locked(const char *id);
+void wbd_store_ref_locked(struct wbd_sandbox *sb);
+void wbd_store_unref_locked(struct wbd_sandbox *sb);
+/* Waits (releasing the lock) until no operation is in flight on sb. */
+void wbd_store_wait_idle_locked(struct wbd_sandbox *sb);
+void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
+/* A data-plane request that may change the sandbox's files or start a
+ * process: 0 and counted, or the busy value it is refused for (a pause, a
+ * snapshot or a fork copies the files meanwhile), or -1 when the sandbox no
+ * longer runs. End each counted one; wait_changes waits (releasing the
+ * lock) until none is in flight. */
+int wbd_store_change_begin_locked(struct wbd_sandbox *sb);
+void wbd_store_change_end_locked(struct wbd_sandbox *sb);
+void wbd_store_wait_changes_locked(struct wbd_sandbox *sb);
+/* Index in team->v of the first record ordered after (started, id) in asc order. */
+size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char *id);
+/* Index of the first record not ordered before (started, id) in asc order. */
+size_t wbd_store_lower_locked(struct wbd_team *t, int64_t started_us, const char *id);
+void wbd_store_counts_locked(long *running, long *paused);
+struct wbd_team *wbd_store_teams_locked(void);
+void wbd_store_free_all(void);
+
+/* ---- metrics.c ---- */
+/* GET /sandboxes/{id}/metrics and GET /sandboxes/metrics. */
+enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id);
+enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team);
+/* envd's GET /metrics body for a referenced sandbox (a new sample). */
+json_t *wbd_metrics_envd(struct wbd_sandbox *sb);
 
 /* The python namespace's dump next to a copy's files (persist.c, rtfiles.c). */
 #define KERNEL_DUMP "kernel.json"
@@ -141,15 +219,5 @@ int wbd_snapshot_delete(const char *team, const char *ref);   /* 0, or -1: none 
 int wbd_snapshot_name_ok(const char *name);
 void wbd_snapshot_load_all(void);                /* start-up, with --data-dir */
 void wbd_snapshot_free_all(void);
-
-/* ---- fork.c ---- */
-enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const char *id);
-
-/* ---- snapshot_api.c (main.c's route table) ---- */
-const char *wbd_state_route(const char *method, const char *path);
-enum MHD_Result wbd_state_control(struct wbd_req *req, const char *route);
-/* Shutdown: running sandboxes that pause at their timeout are paused
- * (files only) now, so that they come back after the restart. */
-void wbd_state_shutdown(void);
 
 #endif

@@ -5,11 +5,11 @@
  * the total. Running records are also in a min-heap on their lease end, so
  * the lease timer finds the expired ones without scanning the others.
  */
-#include "wbd_int.h"
+#include "state.h"
+#include "util.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t store_cv = PTHREAD_COND_INITIALIZER;
@@ -26,27 +26,6 @@ void wbd_store_unlock(void) { pthread_mutex_unlock(&store_mu); }
 /* Ids and tokens                                                      */
 /* ------------------------------------------------------------------ */
 
-static void random_bytes(unsigned char *buf, size_t len) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t r = getrandom(buf + got, len - got, 0);
-    if (r > 0) got += (size_t)r;
-  }
-}
-
-static void random_chars(char *out, size_t n, const char *alphabet, size_t alen) {
-  unsigned char b[128];
-  size_t i = 0;
-  while (i < n) {
-    random_bytes(b, sizeof b);
-    for (size_t j = 0; j < sizeof b && i < n; j++) {
-      /* rejection sampling keeps the characters uniform */
-      if (b[j] >= 256 - (256 % alen)) continue;
-      out[i++] = alphabet[b[j] % alen];
-    }
-  }
-  out[n] = 0;
-}
 
 static uint64_t hash_id(const char *s) {
   uint64_t h = 1469598103934665603ULL;
@@ -406,12 +385,12 @@ struct wbd_sandbox *wbd_store_alloc(const char *team) {
   if (!r) abort();
   struct wbd_sandbox *sb = &r->sb;
   sb->id[0] = 'i';
-  random_chars(sb->id + 1, 20, alnum, 36);
+  wbd_random_chars(sb->id + 1, 20, alnum, 36);
   snprintf(sb->team, sizeof sb->team, "%s", team);
   sb->metadata = json_object();
   sb->env_vars = json_object();
   memcpy(sb->access_token, "ea_", 3);  /* token prefix; the rest random hex */
-  random_chars(sb->access_token + 3, 64, hex, 16);
+  wbd_random_chars(sb->access_token + 3, 64, hex, 16);
   sb->allow_internet = 1;
   sb->auto_pause_memory = 1;
   sb->paused_with_memory = 1;
@@ -434,7 +413,7 @@ void wbd_store_insert_locked(struct wbd_sandbox *sb) {
   /* ids are random; a clash among 36^20 is a bug elsewhere, but be safe */
   while (wbd_store_lookup_locked(sb->id)) {
     static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-    random_chars(sb->id + 1, 20, alnum, 36);
+    wbd_random_chars(sb->id + 1, 20, alnum, 36);
   }
   r->team = wbd_store_team_locked(sb->team, 1);
   hash_add(r);
@@ -456,7 +435,7 @@ void wbd_store_insert_many_locked(struct wbd_sandbox **v, size_t n) {
     struct wbd_rec *r = WBD_REC(v[i]);
     while (wbd_store_lookup_locked(r->sb.id)) {
       static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-      random_chars(r->sb.id + 1, 20, alnum, 36);
+      wbd_random_chars(r->sb.id + 1, 20, alnum, 36);
     }
     r->team = t;
     hash_add(r);

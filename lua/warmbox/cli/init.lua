@@ -10,9 +10,10 @@
 --   warmbox [options] sessions [--tenant T] [--state running|paused] [--json]
 --   warmbox [options] gc [--dry-run] [--json] [--policy FILE] [--retention 7d] [--max-kills N]
 --                        [--concurrency N] [--next-token T] [--pages N]
---   warmbox [options] simulate [--trace FILE | --sessions N --turns A-B --gap S --seed N]
+--   warmbox [options] simulate [--trace FILE | --events FILE | --sessions N --turns A-B --gap S --seed N]
 --                              [--idle-timeout S,S,S] [--policy FILE | --policies all]
 --                              [--chart out.svg] [--csv rows.csv]
+--   warmbox [options] costs [--json] [--chart FILE] [--since T] [--until T]
 --   warmbox demo
 --   warmbox [options] smoke
 --   warmbox --version
@@ -83,6 +84,7 @@ commands:
                                    the exit status is 1 when any action failed)
   simulate                       replay a trace or a generated workload against a virtual-time model of E2B
       --trace FILE                 JSON lines {"t": s, "session": "key", "duration": s}, or CSV (FILE.csv)
+      --events FILE                a recorded stretch of E2B's lifecycle events (JSON array or lines) as the trace
       --sessions N --turns A-B     a generated workload (also --gap S, --duration S|A-B, --think S,
                                    --span S, --seed N, --arrival uniform|poisson, --abandon P, --lead S:
                                    a turn's start to its run, --no-run P: turns without a run); a value
@@ -102,6 +104,10 @@ commands:
       --chart FILE                 write a chart (cost vs p95 added latency; --chart-x/--chart-y METRIC):
                                    gnuplot when installed, else the built-in SVG
       --csv FILE                   write the rows as CSV
+  costs                          what each conversation, tenant and day cost (E2B's lifecycle events, its rates)
+      --since T, --until T         a window (unix seconds or RFC 3339)
+      --json                       one JSON object {conversation, tenant, day: {rows, totals}}
+      --chart FILE                 draw cost per day by tenant and sandboxes over time (PNG or SVG)
   demo                           a short conversation on an embedded warmboxd, with timings
   smoke                          a short self-cleaning live check of the selected backend (E2B or warmboxd)
 
@@ -152,7 +158,7 @@ local NUMERIC = { exec_timeout = true, idle_timeout = true }
 
 -- The commands, in the order the usage lists them: each is the module warmbox.cli.<name>.
 local COMMAND_LIST = { "run", "prewarm", "server", "doctor", "release", "checkpoints", "sessions", "gc", "simulate",
-  "demo", "smoke" }
+  "demo", "smoke", "costs" }
 local COMMANDS = {}
 for _, c in ipairs(COMMAND_LIST) do COMMANDS[c] = "warmbox.cli." .. c end
 

@@ -79,6 +79,7 @@ local function simulate_args(o, args, sim)
   local function workload() st.workload = st.workload or {} return st.workload end
   local flags = {
     ["--trace"] = function(v) opts.trace = v end,
+    ["--events"] = function(v) st.events = v end,
     ["--policy"] = function(v) opts.policy = v end,
     ["--chart"] = function(v) st.chart = v end,
     ["--chart-x"] = function(v) st.chart_x = v end,
@@ -125,12 +126,28 @@ local function simulate_args(o, args, sim)
   return st
 end
 
+-- `--events FILE`: the recorded lifecycle events as the trace (and the size most runs had).
+-- The header's label | false, msg, code.
+local function events_trace(st, opts)
+  if not st.events then return opts.trace end
+  if opts.trace then error("give --trace or --events, not both", 0) end
+  local ev = require "warmbox.sim.events"
+  local list, emsg, ecode = ev.load(st.events)
+  if not list then return false, emsg, ecode end
+  local turns, info = ev.trace(list, { tag = opts.tag })
+  if not turns then return false, info, "BAD_REQUEST" end
+  opts.trace, opts.size = turns, opts.size or info.size
+  return "events " .. st.events
+end
+
 --- The command: status 0 or 2.
 function _M.execute(o, args, io_)
   local sim = require "warmbox.sim"
   local st = simulate_args(o, args, sim)
   local opts, workload, model, sweep, policies = st.opts, st.workload, st.model, st.sweep, st.policies
   local chart, chart_x, chart_y, csv = st.chart, st.chart_x, st.chart_y, st.csv
+  local label, emsg, ecode = events_trace(st, opts)
+  if label == false then return fail(io_.stderr, emsg, ecode) end
   if opts.trace and workload then error("give --trace or a generated workload (--sessions ...), not both", 0) end
   if not opts.trace then
     workload = workload or {}
@@ -157,7 +174,7 @@ function _M.execute(o, args, io_)
     return string_format("%gs", r1[k])
   end
   io_.stdout:write(string_format("%s: %d conversations, %d turns, exec timeout %s, idle timeout %s, max age %s, "
-    .. "GC every %s, policy %s, %s path\n", opts.trace or "generated workload", r1.conversations, r1.turns,
+    .. "GC every %s, policy %s, %s path\n", label or "generated workload", r1.conversations, r1.turns,
     shown("exec_timeout"), shown("idle_timeout"), shown("max_age"), shown("gc_every"),
     policies and "(compared)" or r1.policy, r1.path))
   io_.stdout:write(sim.format(rows))

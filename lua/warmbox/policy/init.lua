@@ -26,6 +26,8 @@ local FIELDS = {
   create_params = "function", gc = "function", tenant = "function",
   -- Checkpoints (warmbox.checkpoint, warmbox.gc.checkpoints): optional, no default.
   checkpoint = "function", checkpoint_gc = "function",
+  -- Budgets (warmbox.session.budget, rules.budget{...}): optional, no default.
+  budget = "function",
 }
 _M.HOOKS = { "order", "lease", "should_refresh", "create_params", "gc", "tenant" }
 

@@ -21,7 +21,7 @@
 -- is marked independent of the order (`any_order`), so GC lists it from both
 -- ends at once; wrap a hand-written hook in `rules.any_order` to say the same.
 -- @module warmbox.policy.rules
-local type, tostring, tonumber, error, select, floor = type, tostring, tonumber, error, select, math.floor
+local type, tostring, tonumber, error, select, floor, pairs = type, tostring, tonumber, error, select, math.floor, pairs
 local fmt = string.format
 
 local _M = {}
@@ -180,7 +180,43 @@ function _M.chain(...)
 end
 
 --- At most `n` kills per pass: once `n` kills were decided, a kill becomes "keep".
+local REFRESH = setmetatable({}, { __mode = "k" })
+
+-- rules.budget{...}: a cost budget (a policy's `budget` hook).
+local function cost_budget(o)
+  o = require("warmbox.errors").check_options(o, { per_conversation_usd = "number",
+    per_tenant_per_day_usd = "number", near = "number", on_over = "table", refresh = "number" }, "budget", 1)
+  local near = o.near or 0.8
+  local on_over = { run = "refuse", after_run = "pause", prewarm = "refuse", gc = "keep" }
+  for k, v in pairs(o.on_over or {}) do
+    if on_over[k] == nil or type(v) ~= "string" then error("bad argument #1 to 'budget' (on_over." .. tostring(k)
+      .. ": run, after_run, prewarm or gc expected)", 3) end
+    on_over[k] = v
+  end
+  local fn = function(ctx)
+    local worst, what, limit = 0, nil, nil
+    local function consider(spent, cap, name)
+      if cap and cap > 0 and spent and spent / cap > worst then worst, what, limit = spent / cap, name, cap end
+    end
+    consider(ctx.spent.conversation, o.per_conversation_usd, "conversation")
+    consider(ctx.spent.tenant_day, o.per_tenant_per_day_usd, "tenant's day")
+    if worst >= 1 then
+      local a = on_over[ctx.phase]
+      return a ~= "keep" and a ~= "allow" and a or nil,
+        fmt("over budget: the %s spent $%.6f of $%.6f", what, worst * limit, limit)
+    end
+    if worst >= near then return "near", fmt("near budget: the %s spent $%.6f of $%.6f", what, worst * limit, limit) end
+    return nil
+  end
+  REFRESH[fn] = o.refresh
+  return fn
+end
+
+--- Seconds between reads of the events a cost budget asked for (nil: the default).
+function _M.budget_refresh(fn) return REFRESH[fn] end
+
 function _M.budget(n, rule)
+  if type(n) == "table" then return cost_budget(n) end
   n = count(n, "n", "budget")
   if type(rule) ~= "function" then error("bad argument #2 to 'budget' (function expected)", 2) end
   local fn = function(item, ctx)

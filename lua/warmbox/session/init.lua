@@ -343,6 +343,10 @@ function Session:run(code, opts)
   -- A run allowed to take longer than exec_timeout keeps its lock long enough.
   local run_timeout = opts.timeout or self.exec_timeout
   if self._pending_cp then checkpoints().settle(self) end
+  if self.policy.budget then
+    local action, reason = require("warmbox.session.budget").check(self, "run")
+    if action == "refuse" then return nil, "budget: " .. tostring(reason), "BUDGET" end
+  end
   local tm = metrics.timer()
   local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
     tm.lock_wait, tm.locked = mono_now() - tm.t0, true
@@ -358,6 +362,7 @@ function Session:run(code, opts)
   -- A failed unlock is reported with the run (the lock retries it itself).
   if unlock_error then detail = attach(r, detail, "unlock_error", unlock_error) end
   if r and self.policy.checkpoint then checkpoints().after_run(self, r, r.turn) end
+  if r and self.policy.budget then require("warmbox.session.budget").after_run(self, r) end
   return self:_ended(tm, r, err, ecode, detail)
 end
 
@@ -391,6 +396,10 @@ function Session:prewarm(opts)
   if within ~= nil and not (is_positive_number(within) and within <= self.max_run_length) then
     bad_option(1, "prewarm", "within", "positive number of seconds up to max_run_length expected, got "
       .. tostring(within))
+  end
+  if self.policy.budget then
+    local action, reason = require("warmbox.session.budget").check(self, "prewarm")
+    if action == "refuse" then return nil, "budget: " .. tostring(reason), "BUDGET" end
   end
   return prewarm.start(self, within or self.exec_timeout)
 end
@@ -476,6 +485,9 @@ end
 function Session:branch(cp, new_key, opts) return checkpoints().branch(self, cp, new_key, opts) end
 --- The conversation goes back to `cp`: a sandbox from it replaces its own.
 function Session:rewind(cp) return checkpoints().rewind(self, cp) end
+--- What this conversation cost (`warmbox.ledger`'s row: its sandboxes of every fingerprint, rewinds
+-- included; `usd_with_branches` adds its branches).
+function Session:cost(opts) return require("warmbox.ledger").session_cost(self, opts) end
 --- Waits for the automatic checkpoint of the last run, if one is being taken.
 function Session:await_checkpoint() return checkpoints().settle(self) end
 

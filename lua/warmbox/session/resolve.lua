@@ -230,6 +230,7 @@ local function create_params(s, st, lease, from)
   local md = {}
   for k, v in pairs(params.metadata or {}) do md[k] = v end
   md[s.tag] = s.tag_value -- the tag is not negotiable: it is what keeps tenants apart
+  if s._branch_of then md.warmboxBranchOf = s._branch_of end  -- the ledger's lineage of a branch
   params.metadata = md
   if next(s.env) and params.env_vars == nil then params.env_vars = s.env end
   return params

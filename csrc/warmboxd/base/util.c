@@ -1,10 +1,12 @@
-/* envd_util.c: byte buffer, base64 and SHA-256 for envd. */
-#include "envd_util.h"
+/* util.c: byte buffer, base64, SHA-256, randomness and checks (util.h). */
+#include "util.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 /* ------------------------------------------------------------------ */
 /* Buffer                                                              */
@@ -289,4 +291,44 @@ int wbd_env_refused(const char *name) {
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (strcmp(name, names[i]) == 0) return 1;
   return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Randomness                                                          */
+/* ------------------------------------------------------------------ */
+
+void wbd_random(void *buf, size_t len) {
+  unsigned char *p = buf;
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = getrandom(p + got, len - got, 0);
+    if (r > 0) got += (size_t)r;
+    else if (r < 0 && errno != EINTR) {
+      fprintf(stderr, "warmboxd: getrandom: %s\n", strerror(errno));
+      abort();
+    }
+  }
+}
+
+void wbd_random_chars(char *out, size_t n, const char *alphabet, size_t alen) {
+  unsigned char b[128];
+  size_t i = 0;
+  while (i < n) {
+    wbd_random(b, sizeof b);
+    for (size_t j = 0; j < sizeof b && i < n; j++) {
+      /* rejection sampling keeps the characters uniform */
+      if (b[j] >= 256 - (256 % alen)) continue;
+      out[i++] = alphabet[b[j] % alen];
+    }
+  }
+  out[n] = 0;
+}
+
+void wbd_uuid4(char *buf, size_t len) {
+  unsigned char b[16];
+  wbd_random(b, sizeof b);
+  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }

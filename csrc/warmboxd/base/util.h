@@ -1,10 +1,11 @@
 /*
- * envd_util.h: small helpers for envd (envd.c, envd_fs.c, dataplane.c):
- * a growable byte buffer, standard base64 and SHA-256 (warmboxd links no
- * crypto library; the signed-URL check needs one digest).
+ * util.h: small helpers any layer may use: a growable byte buffer,
+ * standard base64, SHA-256 (warmboxd links no crypto library; the
+ * signed-URL check needs one digest), random bytes, ids and UUIDs, and
+ * checks of what comes from outside.
  */
-#ifndef WBD_ENVD_UTIL_H
-#define WBD_ENVD_UTIL_H
+#ifndef WBD_UTIL_H
+#define WBD_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,17 @@ unsigned char *wbd_b64_decode(const char *s, size_t *out_len);
 
 void wbd_sha256(const void *data, size_t len, unsigned char out[32]);
 
+/* The one source of randomness (ids, tokens, UUIDs, the admin token):
+ * getrandom(2), retried when a signal interrupts it; warmboxd aborts when
+ * the kernel cannot give random bytes, as it does when memory runs out (an
+ * id or token must never be guessable). */
+void wbd_random(void *buf, size_t len);
+/* n characters drawn uniformly from `alphabet` (its length alen <= 256),
+ * then a NUL: out gets n + 1 bytes. */
+void wbd_random_chars(char *out, size_t n, const char *alphabet, size_t alen);
+/* A random (version 4) UUID, lowercase, with dashes, no newline; buf >= 37. */
+void wbd_uuid4(char *buf, size_t len);
+
 /* A JSON string for bytes that came from outside (paths, file names, header
  * values, messages that quote them): json_string() returns NULL for bytes
  * that are not UTF-8, so every invalid byte becomes U+FFFD (as Go's
@@ -50,16 +62,6 @@ int wbd_parse_ll(const char *s, long long lo, long long hi, long long def, long 
  * for WBD_ENV_LENGTH). */
 enum { WBD_ENV_OK = 0, WBD_ENV_SHORT, WBD_ENV_COMPRESSED, WBD_ENV_LENGTH };
 int wbd_connect_envelope(const char *body, size_t body_len, size_t *len);
-
-/* Whether a data-plane request carries what lets its body in (envd.c): the
- * sandbox's access token, or for an upload a valid URL signature; always
- * for a sandbox without a token. The server asks before reading a body. */
-struct wbd_req;
-struct wbd_sandbox;
-int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
-/* The free bytes of the sandbox's disk (its home's filesystem): what an
- * upload may bring at most; -1 when unknown. */
-long long wbd_envd_upload_room(struct wbd_sandbox *sb);
 
 /* envd's URL signature for /files: "v1_" + unpadded base64 of
  * SHA-256("<path>:<op>:<user>:<token>[:<expiration>]"), op "read" or

@@ -1,5 +1,7 @@
 /*
- * envd_fs.h: the sandbox's filesystem as envd sees it, confined.
+ * envd.h: the envd layer (envd/): the in-sandbox daemon's API on port
+ * 49983 (envd.c), the sandbox's filesystem as envd sees it, confined
+ * (envd_fs.c), and directory watchers (envd_watch.c).
  *
  * envd serves the jail's filesystem as the sandbox's processes see it, tree
  * by tree, as jail_args mounts them (wbd_rt_locate): the sandbox's own
@@ -17,11 +19,12 @@
  * warmboxd is root, and every change is refused in them first). Final
  * components that are modified (remove, move, mkdir) are never followed.
  */
-#ifndef WBD_ENVD_FS_H
-#define WBD_ENVD_FS_H
+#ifndef WBD_ENVD_H
+#define WBD_ENVD_H
 
 #include "wbd.h"
 #include <limits.h>
+#include <stdarg.h>
 #include <sys/types.h>
 
 struct wbd_fspath {
@@ -86,5 +89,64 @@ json_t *wbd_fs_meta_read(int fd);
 
 /* Message for a resolution error, e.g. "path '/etc' is outside the sandbox". */
 const char *wbd_fs_strerror(int err);
+
+/* ---- envd.c ---- */
+/* The routes of port 49983. Must reply. */
+enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb);
+/* Whether a data-plane request carries what lets its body in: the
+ * sandbox's access token, or for an upload a valid URL signature; always
+ * for a sandbox without a token. The server asks before reading a body. */
+int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
+/* The free bytes of the sandbox's disk (its home's filesystem): what an
+ * upload may bring at most; -1 when unknown. */
+long long wbd_envd_upload_room(struct wbd_sandbox *sb);
+
+/* ---- rpc.c: what the Connect-RPC services share (envd.c, process.c) ---- */
+#define ENVD_HOME "/home/user"
+/* E2B's Connect error object {"code", "message"}. */
+json_t *wbd_connect_error_json(const char *code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+/* A unary Connect error: non-200 status, {"code":"<connect code>","message"}. */
+enum MHD_Result wbd_rpc_error(struct wbd_req *req, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+enum MHD_Result wbd_rpc_ok(struct wbd_req *req, json_t *body);
+/* The request's envd user (Authorization: Basic <user>:): 0, or -1 with
+ * the bad name in `name`. */
+int wbd_rpc_user(struct wbd_req *req, char *name, size_t len);
+/* envd's users: "user", "root", or none given. */
+int wbd_known_user(const char *u);
+int wbd_content_type_is(struct wbd_req *req, const char *want);
+/* A string field, accepting protojson's lowerCamelCase or the proto name;
+ * an integer field (number or numeric string), or def. */
+const char *wbd_jstr(json_t *o, const char *camel, const char *snake);
+long long wbd_jint(json_t *o, const char *name, long long def);
+
+/* ---- process.c: process.Process ---- */
+enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb);
+enum MHD_Result wbd_process_connect(struct wbd_req *req, struct wbd_sandbox *sb);
+enum MHD_Result wbd_process_stream_input(struct wbd_req *req, struct wbd_sandbox *sb);
+/* The unary process RPCs, `in` the request's JSON object. */
+enum MHD_Result wbd_process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in);
+/* A streaming RPC that failed before streaming: HTTP 200, only the trailer. */
+enum MHD_Result wbd_envd_stream_error(struct wbd_req *req, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- envd_watch.c: envd's directory watchers (filesystem.Filesystem/WatchDir,
+ * a server stream, and the polled CreateWatcher / GetWatcherEvents /
+ * RemoveWatcher), on inotify in warmboxd over the sandbox's own trees.
+ *
+ * Watchers belong to their sandbox: at most WBD_WATCH_MAX per sandbox
+ * (streams and polled ones together), at most WBD_WATCH_MAX_DIRS watched
+ * directories each (a recursive watch) and WBD_WATCH_SANDBOX_DIRS for all
+ * of a sandbox's watchers together, and all of them end when the
+ * sandbox stops running (kill or pause): a stream is dropped as a process
+ * stream is, a polled watcher is freed (its id is then not found). */
+#define WBD_WATCH_MAX 32
+#define WBD_WATCH_MAX_DIRS 4096
+#define WBD_WATCH_SANDBOX_DIRS 8192
+
+/* Serves the request when its path is one of the four watcher RPCs:
+ * returns 1 with *r set; 0 (nothing sent) for any other path. The access
+ * token was checked by the data plane. */
+int wbd_envd_watch_route(struct wbd_req *req, struct wbd_sandbox *sb, enum MHD_Result *r);
 
 #endif

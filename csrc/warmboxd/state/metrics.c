@@ -10,7 +10,7 @@
  * read. cpuUsedPct is the CPU time used since the previous sample (the run's
  * start for the first) over the wall time and cpuCount cores.
  */
-#include "wbd_int.h"
+#include "state.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -3,8 +3,9 @@
  * sees it, once the server has found the (running, referenced) sandbox:
  * port routing, the proxy's errors, and envd's access-token check.
  */
-#include "runtime.h"
-#include "envd_util.h"
+#include "envd.h"
+#include "interp.h"
+#include "util.h"
 
 #include <string.h>
 
