@@ -185,33 +185,45 @@ describe("warmboxd copies", function()
     local fair = wbd.start{ args = { "--pause-workers", "2" } }
     local a, b = fair.api_key, wbd.new_key()
     local function make(key)
-      local res = http.api(fair, "POST", "/sandboxes", { templateID = "base", timeout = 3, autoPause = true },
+      local res = http.api(fair, "POST", "/sandboxes", { templateID = "base", timeout = 600, autoPause = true },
         { headers = { ["X-API-Key"] = key } })
       assert.are.equal(201, res.status, res.body)
       return res.json.sandboxID
     end
+    local function expire_soon(id, key)
+      local res = http.api(fair, "POST", "/sandboxes/" .. id .. "/timeout", { timeout = 2 },
+        { headers = { ["X-API-Key"] = key } })
+      assert.are.equal(204, res.status, res.body)
+    end
     local function state(id, key)
       return http.api(fair, "GET", "/sandboxes/" .. id, nil, { headers = { ["X-API-Key"] = key } }).json.state
     end
-    -- each pause's copy takes 2 s
+    -- each pause's copy takes 5 s
     assert.are.equal(204, http.request{ method = "POST", url = fair.url .. "/_warmboxd/config",
-      json = { copy_ms = 2000 } }.status)
+      json = { copy_ms = 5000 } }.status)
     local many = {}
     for i = 1, 5 do many[i] = make(a) end
     local one = make(b)
-    assert.is_true(wbd.eventually(function() return state(one, b) == "paused" end, 40))
-    local paused = 0
-    for _, id in ipairs(many) do
-      if state(id, a) == "paused" then paused = paused + 1 end
+    -- all six expire together (however long the creates took), team b's last
+    for _, id in ipairs(many) do expire_soon(id, a) end
+    expire_soon(one, b)
+    local function info(id, key)
+      return http.api(fair, "GET", "/sandboxes/" .. id, nil, { headers = { ["X-API-Key"] = key } }).json
     end
     assert.is_true(wbd.eventually(function()
+      if state(one, b) ~= "paused" then return false end
       for _, id in ipairs(many) do
         if state(id, a) ~= "paused" then return false end
       end
       return true
-    end, 40))
+    end, 90))
+    -- a paused sandbox's endAt is when it was paused: the order the pauses ended in
+    local b_at, before = wbd.utc(info(one, b).endAt), 0
+    for _, id in ipairs(many) do
+      if wbd.utc(info(id, a).endAt) < b_at then before = before + 1 end
+    end
     fair:stop()
     -- one at a time, team b's would have waited for all five of team a's
-    assert.is_true(paused <= 3, "team a's paused before team b's: " .. paused)
+    assert.is_true(before <= 3, "team a's pauses that ended before team b's: " .. before)
   end)
 end)
