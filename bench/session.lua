@@ -7,13 +7,12 @@
 -- Prints round trips per warm run (from warmboxd's request counters) and the
 -- p50/p95 latency of a warm run, for:
 --   warmbox, lease covers the run   steady state: one request (the run itself)
---   warmbox, default config         exec_timeout = idle_timeout = 300: every run extends
---                                   the lease, the connect goes alongside the execute (the
---                                   session's clock moves 2 s per run: a run in the same
---                                   second as the last extension is covered by it)
+--   warmbox, default config         exec_timeout = idle_timeout = 300: the lease is the idle
+--                                   window, refreshed (alongside the execute) only once half
+--                                   of it is gone (the session's clock moves 2 s per run)
 --   warmbox, paused before each run the sandbox is paused by hand (untimed) before every
---                                   run: the execute resumes it (autoResume), the lease
---                                   extension goes alongside
+--                                   run: the execute resumes it (autoResume: a 300 s lease,
+--                                   the idle window's); the watchdog extends it only for a long cell
 --   reference flow (JS SDKs)         list, connect, setTimeout, exists, remove, makeDir, runCode, list
 local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 local root = env.root

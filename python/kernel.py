@@ -40,6 +40,77 @@ def _now():
     return datetime.now(timezone.utc).isoformat()
 
 
+# ---------------------------------------------------------------- children
+
+# Children the cell's libraries wait for themselves (subprocess.Popen, and
+# multiprocessing's, which go through it or record their own pid): never
+# reaped here, so their return codes stay theirs.
+_OWNED = set()
+
+
+def _own_children():
+    import subprocess
+    import weakref
+
+    orig = subprocess.Popen._execute_child
+
+    def _execute_child(self, *a, **k):
+        orig(self, *a, **k)
+        pid = self.pid
+        _OWNED.add(pid)
+        weakref.finalize(self, _OWNED.discard, pid)
+
+    subprocess.Popen._execute_child = _execute_child
+
+
+def _owned_by_multiprocessing(pid):
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is None:
+        return False
+    try:
+        return any(getattr(p, "pid", None) == pid for p in list(getattr(mp, "_children", ())))
+    except Exception:
+        return False
+
+
+def reap_strays():
+    """After a cell: reap the kernel's children that exited and that nobody
+    waits for (os.fork without a wait, a fork bomb): as zombies they would
+    keep the sandbox at its process limit, and the next cells (bash's) could
+    not start a process."""
+    try:
+        kids = []
+        for t in os.listdir("/proc/self/task"):
+            with open("/proc/self/task/%s/children" % t) as f:
+                kids.extend(int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return
+    for pid in kids:
+        if pid in _OWNED or _owned_by_multiprocessing(pid):
+            continue
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+# Characters of output per stdout/stderr line: a long write goes out as several
+# lines, each well under warmboxd's longest line kept (16 MiB) and the client's
+# frame limit, so a cap keeps what fits instead of losing the whole line.
+TEXT_CHUNK = 262144
+
+
+def emit_text(name, text):
+    for i in range(0, len(text), TEXT_CHUNK):
+        emit({"type": name, "text": text[i:i + TEXT_CHUNK], "timestamp": _now()})
+
+
 def emit(obj):
     data = (json.dumps(obj) + "\n").encode("utf-8", "replace")
     with _evt_lock:
@@ -100,7 +171,7 @@ class _Stream:
             self._since = None
             self._last = time.monotonic()
             if _active.is_set():
-                emit({"type": self.name, "text": text, "timestamp": _now()})
+                emit_text(self.name, text)
 
     def due(self):
         return self._since is not None and time.monotonic() - self._since > 0.05
@@ -561,7 +632,7 @@ def python_main():
     shell = Shell.instance(colors="Neutral")
     shell.history_manager.enabled = False
     for setup in (lambda: _install_e2b_formatters(shell), lambda: _install_charts(shell),
-                  _install_image_hooks):
+                  _install_image_hooks, _own_children):
         try:
             setup()
         except Exception:   # a start-up extra must never stop the kernel
@@ -579,6 +650,10 @@ def python_main():
             FD2.sync()
         finally:
             _active.clear()
+            try:
+                reap_strays()
+            except Exception:
+                pass
             emit({"type": "__wb_done__"})
 
     while True:

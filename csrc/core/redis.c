@@ -28,6 +28,7 @@
 
 #include "warmbox_core.h"
 #include "warmbox_clock.h"
+#include "warmbox_redis_topo.h"
 
 #define WARMBOX_REDIS_MT "warmbox.Redis"
 #define WARMBOX_REDIS_MAX_ARGS 1024
@@ -35,18 +36,8 @@
 typedef struct {
   redisContext *ctx; /* NULL when not connected (yet or after an error) */
   int closed;
-  int port;
-  double timeout;
-  /* host or unix socket path: user value 1 */
+  warmbox_redis_conf *conf; /* where it connects; freed with the object */
 } warmbox_redis;
-
-static struct timeval warmbox_redis_tv(double s) {
-  struct timeval tv;
-  if (!(s > 0)) s = 0.001;
-  tv.tv_sec = (time_t)s;
-  tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
-  return tv;
-}
 
 static warmbox_redis *warmbox_redis_check(lua_State *L) {
   warmbox_redis *r = (warmbox_redis *)luaL_checkudata(L, 1, WARMBOX_REDIS_MT);
@@ -61,56 +52,83 @@ static void warmbox_redis_drop(warmbox_redis *r) {
   }
 }
 
-/* Connects when needed. Returns 1 or pushes nil, msg, "TRANSPORT" and returns 0.
- * Expects the userdata at index 1. */
+/* Connects when needed (sentinel mode: to the primary the sentinels name).
+ * Returns 1 or pushes nil, msg, "TRANSPORT" and returns 0. */
 static int warmbox_redis_ensure(lua_State *L, warmbox_redis *r) {
-  const char *host;
-  struct timeval tv;
+  char err[512];
   if (r->ctx) return 1;
-  lua_getiuservalue(L, 1, 1);
-  host = lua_tostring(L, -1);
-  tv = warmbox_redis_tv(r->timeout);
-  if (host[0] == '/')
-    r->ctx = redisConnectUnixWithTimeout(host, tv);
+  err[0] = '\0';
+  r->ctx = warmbox_redis_connect(r->conf, err, sizeof err);
+  if (r->ctx) return 1;
+  luaL_pushfail(L);
+  if (r->conf->master)
+    lua_pushfstring(L, "redis: no primary for '%s' through %d sentinel(s): %s", r->conf->master, r->conf->naddrs, err);
   else
-    r->ctx = redisConnectWithTimeout(host, r->port, tv);
-  if (r->ctx == NULL || r->ctx->err) {
-    luaL_pushfail(L);
-    if (r->ctx == NULL)
-      lua_pushfstring(L, "redis %s:%d: cannot allocate a connection", host, r->port);
-    else
-      lua_pushfstring(L, "redis %s:%d: %s", host, r->port, r->ctx->errstr);
-    lua_pushliteral(L, "TRANSPORT");
-    lua_remove(L, -4); /* the host */
-    warmbox_redis_drop(r);
-    return 0;
-  }
-  lua_pop(L, 1);
-  if (redisSetTimeout(r->ctx, tv) != REDIS_OK) {
-    luaL_pushfail(L);
-    lua_pushliteral(L, "redis: cannot set the socket timeout");
-    lua_pushliteral(L, "TRANSPORT");
-    warmbox_redis_drop(r);
-    return 0;
-  }
-  return 1;
+    lua_pushstring(L, err[0] ? err : "redis: cannot connect");
+  lua_pushliteral(L, "TRANSPORT");
+  lua_pushboolean(L, 0); /* not sent */
+  return 0;
 }
 
-static const char *warmbox_redis_opt_keys[] = {"host", "port", "timeout", NULL};
+static const char *warmbox_redis_opt_keys[] = {"host", "port", "timeout", "username", "password", "db",
+                                               "sentinels", "master", "nodes", NULL};
 
-/* core.redis{ host = "127.0.0.1", port = 6379, timeout = 5 }
- *   -> warmbox.Redis | nil, msg, "TRANSPORT". host may be a unix socket path. */
-static int warmbox_redis_new(lua_State *L) {
-  warmbox_redis *r;
-  const char *host = "127.0.0.1";
-  lua_Integer port = 6379;
-  double timeout = 5;
-  int i;
-  if (lua_isnoneornil(L, 1)) {
-    lua_settop(L, 0);
-    lua_newtable(L);
+/* Raises a bad option after freeing c. */
+static int warmbox_redis_bad(lua_State *L, warmbox_redis_conf *c, const char *msg) {
+  warmbox_redis_conf_free(c);
+  return luaL_argerror(L, 1, msg);
+}
+
+/* An optional string option `name` of the table at 1: a malloc'd copy, or NULL. */
+static char *warmbox_redis_str_opt(lua_State *L, warmbox_redis_conf *c, const char *name) {
+  char *d = NULL;
+  if (lua_getfield(L, 1, name) != LUA_TNIL) {
+    size_t len;
+    const char *s;
+    if (lua_type(L, -1) != LUA_TSTRING)
+      warmbox_redis_bad(L, c, lua_pushfstring(L, "option '%s': string expected", name));
+    s = lua_tolstring(L, -1, &len);
+    if (strlen(s) != len || len == 0)
+      warmbox_redis_bad(L, c, lua_pushfstring(L, "option '%s': a non-empty string without NUL expected", name));
+    d = (char *)malloc(len + 1);
+    if (!d) {
+      warmbox_redis_conf_free(c);
+      luaL_error(L, "not enough memory");
+    }
+    memcpy(d, s, len + 1);
   }
-  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pop(L, 1);
+  return d;
+}
+
+/* The list option `name` ({ "host:port", ... }) into c's addrs. */
+static void warmbox_redis_addrs_opt(lua_State *L, warmbox_redis_conf *c, const char *name) {
+  lua_Integer i, n;
+  if (lua_getfield(L, 1, name) == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  n = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : 0;
+  if (n < 1 || n > 64 || c->naddrs > 0)
+    warmbox_redis_bad(L, c, lua_pushfstring(L, "option '%s': a list of 1 to 64 \"host:port\" expected", name));
+  c->addr_host = (char **)calloc((size_t)n, sizeof *c->addr_host);
+  c->addr_port = (int *)calloc((size_t)n, sizeof *c->addr_port);
+  if (!c->addr_host || !c->addr_port) {
+    warmbox_redis_conf_free(c);
+    luaL_error(L, "not enough memory");
+  }
+  for (i = 1; i <= n; i++) {
+    int t = lua_rawgeti(L, -1, i);
+    if (t != LUA_TSTRING || warmbox_redis_split(lua_tostring(L, -1), &c->addr_host[i - 1], &c->addr_port[i - 1]) != 0)
+      warmbox_redis_bad(L, c, lua_pushfstring(L, "option '%s': \"host:port\" expected at %d", name, (int)i));
+    c->naddrs = (int)i;
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+static void warmbox_redis_check_keys(lua_State *L) {
+  int i;
   lua_pushnil(L);
   while (lua_next(L, 1)) {
     int known = 0;
@@ -119,44 +137,89 @@ static int warmbox_redis_new(lua_State *L) {
       for (i = 0; warmbox_redis_opt_keys[i]; i++)
         if (strcmp(lua_tostring(L, -1), warmbox_redis_opt_keys[i]) == 0) known = 1;
     }
-    if (!known) {
-      return luaL_argerror(L, 1, lua_pushfstring(L, "unknown option '%s'", luaL_tolstring(L, -1, NULL)));
-    }
+    if (!known) luaL_argerror(L, 1, lua_pushfstring(L, "unknown option '%s'", luaL_tolstring(L, -1, NULL)));
   }
-  if (lua_getfield(L, 1, "host") != LUA_TNIL) {
-    size_t len;
-    if (lua_type(L, -1) != LUA_TSTRING)
-      return luaL_argerror(L, 1, "option 'host': string expected");
-    host = lua_tolstring(L, -1, &len);
-    if (strlen(host) != len || len == 0)
-      return luaL_argerror(L, 1, "option 'host': a non-empty string without NUL expected");
-  }
-  lua_pop(L, 1);
+}
+
+/* The numbers: port, timeout, db. Raises (freeing c) on a bad one. */
+static void warmbox_redis_num_opts(lua_State *L, warmbox_redis_conf *c) {
+  const char *bad = NULL;
   if (lua_getfield(L, 1, "port") != LUA_TNIL) {
     int ok;
-    port = lua_tointegerx(L, -1, &ok);
-    if (!ok || port < 0 || port > 65535)
-      return luaL_argerror(L, 1, "option 'port': an integer in 0..65535 expected");
+    lua_Integer port = lua_tointegerx(L, -1, &ok);
+    if (!ok || port < 0 || port > 65535) bad = "option 'port': an integer in 0..65535 expected";
+    c->port = (int)port;
   }
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "timeout") != LUA_TNIL) {
-    if (lua_type(L, -1) != LUA_TNUMBER || !(lua_tonumber(L, -1) > 0))
-      return luaL_argerror(L, 1, "option 'timeout': a positive number expected");
-    timeout = lua_tonumber(L, -1);
+    if (lua_type(L, -1) != LUA_TNUMBER || !(lua_tonumber(L, -1) > 0)) bad = "option 'timeout': a positive number expected";
+    c->timeout = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
+  if (lua_getfield(L, 1, "db") != LUA_TNIL) {
+    int ok;
+    lua_Integer db = lua_tointegerx(L, -1, &ok);
+    if (!ok || db < 0 || db > 1000000) bad = "option 'db': an integer >= 0 expected";
+    c->db = (long long)db;
+  }
+  lua_pop(L, 1);
+  if (bad) warmbox_redis_bad(L, c, bad);
+}
 
-  r = (warmbox_redis *)lua_newuserdatauv(L, sizeof *r, 1);
+/* The options of the table at 1 into a new conf (raises on misuse). */
+static warmbox_redis_conf *warmbox_redis_conf_new(lua_State *L) {
+  warmbox_redis_conf *c = (warmbox_redis_conf *)calloc(1, sizeof *c);
+  if (!c) luaL_error(L, "not enough memory");
+  c->port = 6379;
+  c->timeout = 5;
+  warmbox_redis_num_opts(L, c);
+  c->host = warmbox_redis_str_opt(L, c, "host");
+  c->username = warmbox_redis_str_opt(L, c, "username");
+  c->password = warmbox_redis_str_opt(L, c, "password");
+  c->master = warmbox_redis_str_opt(L, c, "master");
+  warmbox_redis_addrs_opt(L, c, "sentinels");
+  if (c->master && c->naddrs == 0) warmbox_redis_bad(L, c, "option 'master' needs 'sentinels'");
+  if (!c->master && c->naddrs > 0) warmbox_redis_bad(L, c, "option 'sentinels' needs 'master'");
+  if (!c->master) {
+    warmbox_redis_addrs_opt(L, c, "nodes");
+    c->cluster = c->naddrs > 0;
+  }
+  if (c->username && !c->password) warmbox_redis_bad(L, c, "option 'username' needs 'password'");
+  if (!c->host) {
+    c->host = (char *)malloc(sizeof "127.0.0.1");
+    if (!c->host) {
+      warmbox_redis_conf_free(c);
+      luaL_error(L, "not enough memory");
+    }
+    memcpy(c->host, "127.0.0.1", sizeof "127.0.0.1");
+  }
+  return c;
+}
+
+/* core.redis{ host = "127.0.0.1", port = 6379, timeout = 5, username =, password =, db = 0,
+ *             sentinels = { "host:port", ... }, master = "name" | nodes = { "host:port", ... } }
+ *   -> warmbox.Redis | nil, msg, "TRANSPORT". host may be a unix socket path.
+ * sentinels + master: the primary is the one the sentinels name, found again
+ * after a failover; nodes: host:port is a Redis Cluster node and nodes its
+ * seeds (the keeper follows MOVED/ASK; the object returns them as errors). */
+static int warmbox_redis_new(lua_State *L) {
+  warmbox_redis *r;
+  warmbox_redis_conf *c;
+  if (lua_isnoneornil(L, 1)) {
+    lua_settop(L, 0);
+    lua_newtable(L);
+  }
+  luaL_checktype(L, 1, LUA_TTABLE);
+  warmbox_redis_check_keys(L);
+  c = warmbox_redis_conf_new(L);
+  r = (warmbox_redis *)lua_newuserdatauv(L, sizeof *r, 0);
   r->ctx = NULL;
   r->closed = 0;
-  r->port = (int)port;
-  r->timeout = timeout;
+  r->conf = c;
   luaL_setmetatable(L, WARMBOX_REDIS_MT);
-  lua_pushstring(L, host);
-  lua_setiuservalue(L, -2, 1);
   lua_replace(L, 1);
   lua_settop(L, 1);
-  if (!warmbox_redis_ensure(L, r)) return 3;
+  if (!warmbox_redis_ensure(L, r)) return 4;
   return 1;
 }
 
@@ -195,8 +258,36 @@ static void warmbox_redis_push(lua_State *L, const redisReply *rep, int nested) 
   }
 }
 
-/* r:command(name, ...) -> value | nil, msg, "REDIS" | nil, msg, "TRANSPORT"
- * Arguments are strings or numbers, sent byte for byte. */
+/* Sends one command (connecting first). An answer saying the node is no
+ * longer the primary (READONLY after a failover, ...) drops the connection;
+ * in sentinel mode the command, which did not run, is sent once more to the
+ * primary the sentinels name now. NULL after pushing nil, msg, "TRANSPORT". */
+static redisReply *warmbox_redis_run(lua_State *L, warmbox_redis *r, int n, const char **argv, const size_t *argvlen) {
+  int tries;
+  redisReply *rep = NULL;
+  for (tries = 0; tries < 2; tries++) {
+    if (!warmbox_redis_ensure(L, r)) return NULL;
+    rep = (redisReply *)redisCommandArgv(r->ctx, n, argv, argvlen);
+    if (rep == NULL) {
+      luaL_pushfail(L);
+      lua_pushfstring(L, "redis %s:%d: %s", r->conf->host, r->conf->port, r->ctx->err ? r->ctx->errstr : "no reply");
+      lua_pushliteral(L, "TRANSPORT");
+      lua_pushboolean(L, 1); /* it may have run */
+      warmbox_redis_drop(r);
+      return NULL;
+    }
+    if (!warmbox_redis_failover_reply(rep)) return rep;
+    warmbox_redis_drop(r);
+    if (!r->conf->master || tries == 1) return rep;
+    freeReplyObject(rep);
+  }
+  return rep;
+}
+
+/* r:command(name, ...) -> value | nil, msg, "REDIS" | nil, msg, "TRANSPORT", sent
+ * Arguments are strings or numbers, sent byte for byte. `sent` (4th) is
+ * false when the command cannot have run (no connection, or the node
+ * answered that it is not the primary): it may then be sent elsewhere. */
 static int warmbox_redis_command(lua_State *L) {
   warmbox_redis *r = warmbox_redis_check(L);
   int n = lua_gettop(L) - 1, i;
@@ -212,21 +303,20 @@ static int warmbox_redis_command(lua_State *L) {
   }
   /* Convert numbers in place (lua_tolstring does), after the type checks. */
   for (i = 0; i < n; i++) argv[i] = lua_tolstring(L, i + 2, &argvlen[i]);
-  if (!warmbox_redis_ensure(L, r)) return 3;
-  rep = (redisReply *)redisCommandArgv(r->ctx, n, argv, argvlen);
-  if (rep == NULL) {
-    luaL_pushfail(L);
-    lua_pushfstring(L, "redis: %s", r->ctx->err ? r->ctx->errstr : "no reply");
-    lua_pushliteral(L, "TRANSPORT");
-    warmbox_redis_drop(r);
-    return 3;
-  }
+  rep = warmbox_redis_run(L, r, n, argv, argvlen);
+  if (rep == NULL) return 4;
   if (rep->type == REDIS_REPLY_ERROR) {
+    int failover = warmbox_redis_failover_reply(rep);
     luaL_pushfail(L);
     lua_pushlstring(L, rep->str, rep->len);
-    lua_pushliteral(L, "REDIS");
+    /* not the primary (any more): the command did not run; try again later */
+    if (failover)
+      lua_pushliteral(L, "TRANSPORT");
+    else
+      lua_pushliteral(L, "REDIS");
+    lua_pushboolean(L, !failover);
     freeReplyObject(rep);
-    return 3;
+    return 4;
   }
   warmbox_redis_push(L, rep, 0);
   freeReplyObject(rep);
@@ -245,7 +335,18 @@ static int warmbox_redis_gc(lua_State *L) {
   warmbox_redis *r = (warmbox_redis *)luaL_checkudata(L, 1, WARMBOX_REDIS_MT);
   warmbox_redis_drop(r);
   r->closed = 1;
+  warmbox_redis_conf_free(r->conf);
+  r->conf = NULL;
   return 0;
+}
+
+/* r:address() -> host, port: the node it talks to (sentinel mode: the
+ * primary last found; before any, the configured host). */
+static int warmbox_redis_address(lua_State *L) {
+  warmbox_redis *r = warmbox_redis_check(L);
+  lua_pushstring(L, r->conf->host);
+  lua_pushinteger(L, r->conf->port);
+  return 2;
 }
 
 static int warmbox_redis_tostring(lua_State *L) {
@@ -272,10 +373,10 @@ typedef struct {
   int stop, done, lost, capped, failing;
   double last_ok, cap_at;
   char err[256];
-  /* immutable while the thread runs */
-  double ttl, timeout;
-  int port;
-  char *host, *key, *token;
+  /* immutable while the thread runs (conf: the thread's own copy) */
+  double ttl;
+  warmbox_redis_conf *conf;
+  char *key, *token;
   size_t keylen, toklen;
   char ttlms[32];
 } warmbox_keeper_shared;
@@ -288,34 +389,16 @@ typedef struct {
 static void warmbox_keeper_free(warmbox_keeper_shared *k) {
   pthread_cond_destroy(&k->cv);
   pthread_mutex_destroy(&k->mu);
-  free(k->host);
+  warmbox_redis_conf_free(k->conf);
   free(k->key);
   free(k->token);
   free(k);
 }
 
-/* One compare-and-pexpire: 1 refreshed, 0 lost (the key is not ours), -1
- * transport or server error (err filled, *ctx dropped on transport errors). */
-static int warmbox_keeper_refresh(warmbox_keeper_shared *k, redisContext **ctx, char *err, size_t errlen) {
+/* Sends the compare-and-pexpire on ctx: its reply or NULL (transport). */
+static redisReply *warmbox_keeper_send(warmbox_keeper_shared *k, redisContext *ctx) {
   const char *argv[6];
   size_t argvlen[6];
-  redisReply *rep;
-  int r;
-  double t = k->ttl / 3 < k->timeout ? k->ttl / 3 : k->timeout;
-  struct timeval tv = warmbox_redis_tv(t < 0.05 ? 0.05 : t);
-  if (*ctx == NULL) {
-    if (k->host[0] == '/')
-      *ctx = redisConnectUnixWithTimeout(k->host, tv);
-    else
-      *ctx = redisConnectWithTimeout(k->host, k->port, tv);
-    if (*ctx == NULL || (*ctx)->err || redisSetTimeout(*ctx, tv) != REDIS_OK) {
-      snprintf(err, errlen, "redis %s:%d: %s", k->host, k->port,
-               *ctx && (*ctx)->err ? (*ctx)->errstr : "cannot connect");
-      if (*ctx) redisFree(*ctx);
-      *ctx = NULL;
-      return -1;
-    }
-  }
   argv[0] = "EVAL";
   argvlen[0] = 4;
   argv[1] = warmbox_keeper_script;
@@ -328,19 +411,74 @@ static int warmbox_keeper_refresh(warmbox_keeper_shared *k, redisContext **ctx, 
   argvlen[4] = k->toklen;
   argv[5] = k->ttlms; /* ARGV[2]: the PX */
   argvlen[5] = strlen(k->ttlms);
-  rep = (redisReply *)redisCommandArgv(*ctx, 6, argv, argvlen);
-  if (rep == NULL) {
-    snprintf(err, errlen, "redis: %s", (*ctx)->err ? (*ctx)->errstr : "no reply");
+  return (redisReply *)redisCommandArgv(ctx, 6, argv, argvlen);
+}
+
+/* A cluster's ASK: the one command on host:port after ASKING. */
+static redisReply *warmbox_keeper_ask(warmbox_keeper_shared *k, const char *host, int port, char *err, size_t errlen) {
+  const char *asking[1] = {"ASKING"};
+  redisReply *rep;
+  redisContext *c = warmbox_redis_open(k->conf, host, port, err, errlen);
+  if (!c) return NULL;
+  rep = (redisReply *)redisCommandArgv(c, 1, asking, NULL);
+  if (rep) {
+    freeReplyObject(rep);
+    rep = warmbox_keeper_send(k, c);
+  }
+  if (!rep) snprintf(err, errlen, "redis %s:%d: %s", host, port, c->err ? c->errstr : "no reply");
+  redisFree(c);
+  return rep;
+}
+
+/* One compare-and-pexpire: 1 refreshed, 0 lost (the key is not ours), -1
+ * transport or server error (err filled, *ctx dropped: the next try connects
+ * again, to the primary the sentinels name now, or a cluster's seed). A
+ * cluster's MOVED is followed (the node remembered), an ASK asked once. */
+static int warmbox_keeper_refresh(warmbox_keeper_shared *k, redisContext **ctx, char *err, size_t errlen) {
+  redisReply *rep = NULL;
+  int r = -1, hops;
+  double t = k->ttl / 3 < k->conf->timeout ? k->ttl / 3 : k->conf->timeout;
+  k->conf->timeout = t < 0.05 ? 0.05 : t;
+  for (hops = 0; hops < 4; hops++) {
+    char *host = NULL;
+    int port = 0, kind;
+    if (*ctx == NULL && (*ctx = warmbox_redis_connect(k->conf, err, errlen)) == NULL) return -1;
+    rep = warmbox_keeper_send(k, *ctx);
+    if (rep == NULL) {
+      snprintf(err, errlen, "redis %s:%d: %s", k->conf->host, k->conf->port, (*ctx)->err ? (*ctx)->errstr : "no reply");
+      redisFree(*ctx);
+      *ctx = NULL;
+      return -1;
+    }
+    kind = k->conf->cluster ? warmbox_redis_redirect(rep, &host, &port) : 0;
+    if (kind == 0) break;
+    freeReplyObject(rep);
+    rep = NULL;
+    if (kind == 2) {
+      rep = warmbox_keeper_ask(k, host, port, err, errlen);
+      free(host);
+      if (!rep) return -1;
+      break;
+    }
+    free(k->conf->host); /* MOVED: that node serves the key from now on */
+    k->conf->host = host;
+    k->conf->port = port;
     redisFree(*ctx);
     *ctx = NULL;
+  }
+  if (rep == NULL) {
+    snprintf(err, errlen, "redis: too many redirections");
     return -1;
   }
   if (rep->type == REDIS_REPLY_INTEGER) {
     r = rep->integer == 1 ? 1 : 0;
   } else {
-    snprintf(err, errlen, "redis: %.*s", rep->type == REDIS_REPLY_ERROR ? (int)rep->len : 16,
+    snprintf(err, errlen, "redis: %.*s", rep->type == REDIS_REPLY_ERROR ? (int)(rep->len > 200 ? 200 : rep->len) : 16,
              rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-    r = -1;
+    if (warmbox_redis_failover_reply(rep)) {
+      redisFree(*ctx);
+      *ctx = NULL;
+    }
   }
   freeReplyObject(rep);
   return r;
@@ -433,21 +571,18 @@ static int warmbox_redis_keeper(lua_State *L) {
   warmbox_keeper_shared *k;
   pthread_condattr_t ca;
   int rc;
-  const char *host;
   luaL_argcheck(L, ttl >= 0.01 && ttl <= 1e6, 4, "ttl must be in [0.01, 1e6] seconds");
   luaL_argcheck(L, cap > 0 && cap <= 1e9, 5, "cap must be in (0, 1e9] seconds");
-  lua_getiuservalue(L, 1, 1);
-  host = lua_tostring(L, -1);
   kp = (warmbox_keeper *)lua_newuserdatauv(L, sizeof *kp, 0);
   kp->k = NULL;
   luaL_setmetatable(L, WARMBOX_KEEPER_MT);
   k = (warmbox_keeper_shared *)calloc(1, sizeof *k);
   if (!k) return luaL_error(L, "not enough memory");
-  k->host = warmbox_dup(host, strlen(host));
+  k->conf = warmbox_redis_conf_dup(r->conf);
   k->key = warmbox_dup(key, keylen);
   k->token = warmbox_dup(token, toklen);
-  if (!k->host || !k->key || !k->token) {
-    free(k->host);
+  if (!k->conf || !k->key || !k->token) {
+    warmbox_redis_conf_free(k->conf);
     free(k->key);
     free(k->token);
     free(k);
@@ -455,8 +590,6 @@ static int warmbox_redis_keeper(lua_State *L) {
   }
   k->keylen = keylen;
   k->toklen = toklen;
-  k->port = r->port;
-  k->timeout = r->timeout;
   k->ttl = ttl;
   snprintf(k->ttlms, sizeof k->ttlms, "%lld", (long long)(ttl * 1000 + 0.5));
   k->last_ok = warmbox_clock_now();
@@ -552,6 +685,7 @@ static const luaL_Reg warmbox_keeper_meta[] = {
 
 static const luaL_Reg warmbox_redis_methods[] = {
   {"command", warmbox_redis_command},
+  {"address", warmbox_redis_address},
   {"keeper", warmbox_redis_keeper},
   {"close", warmbox_redis_close},
   {NULL, NULL}

@@ -1,11 +1,13 @@
 -- A lighttpd mod_magnet script (Debian `lighttpd-modules-lua`, Lua 5.4) that
 -- runs code in one warm sandbox per conversation:
---   GET /run?key=KEY&code=CODE   ->  200 and the run's text (r.text), or 422
+--   GET /run?key=KEY&code=CODE   ->  200 and the run's stdout then its text (r.text), or 422
 --   (the cell raised: its error) or 502 (warmbox failed: the message and code)
 --
 -- mod_magnet cannot suspend a request: a run BLOCKS THIS WORKER (every other
--- request of the worker waits until the cell ends). Keep cells short, run more
--- workers (server.max-worker), or use an event-loop host (Prosody, luv, cqueues).
+-- request of the worker waits until the cell ends), and more workers do not
+-- keep long cells apart (the kernel hands a new connection to any worker, a
+-- busy one too). For long cells put lighttpd in front of a warmbox service on
+-- an event loop instead: service.lua with lighttpd-service.conf, next to this file.
 --
 -- Every worker is a process of its own: `warmbox.new{}` uses the user's shared
 -- local server (or E2B with E2B_API_KEY), so all workers see the same sandbox
@@ -35,7 +37,7 @@ end
 local function reply(status, text)
   lighty.r.resp_header["Content-Type"] = "text/plain; charset=utf-8"
   lighty.r.resp_header["X-Worker"] = worker_pid()
-  lighty.r.resp_body.set({ text, "\n" })
+  lighty.r.resp_body.set({ text, text:sub(-1) == "\n" and "" or "\n" })
   return status
 end
 
@@ -48,5 +50,6 @@ if not wb then return reply(502, tostring(err) .. " (" .. tostring(code) .. ")")
 local r
 r, err, code = wb:session(q.key):run(q.code)
 if not r then return reply(502, tostring(err) .. " (" .. tostring(code) .. ")") end
-if r.error then return reply(422, r.error.name .. ": " .. tostring(r.error.value)) end
-return reply(200, r.text or "")
+-- what the cell printed, then its value (as a notebook shows them)
+if r.error then return reply(422, r.stdout .. r.error.name .. ": " .. tostring(r.error.value)) end
+return reply(200, r.stdout .. (r.text or ""))

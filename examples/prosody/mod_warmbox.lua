@@ -11,13 +11,25 @@
 --   modules_enabled = { "http", "warmbox" }  -- with warmbox on Lua's path (LUA_PATH/LUA_CPATH, or a rocks tree)
 --
 -- warmbox.new{} uses the user's shared local server (or E2B with E2B_API_KEY).
+-- It is made at the first request, not at module load: `prosody -D` (how
+-- Debian's service runs it) forks after loading the modules, and a warmbox
+-- object made before a fork refuses to run in the child (its connections and
+-- event engine would be shared with the parent).
 local warmbox = require "warmbox"
 local loop = require "warmbox.loop.prosody"
 
 module:depends("http")
 
-local wb = assert(warmbox.new{})
-local hook = loop.attach(wb)
+local wb, hook
+
+-- The module's warmbox object, made (and attached to Prosody's loop) at first use.
+local function the_wb()
+  if not wb then
+    wb = assert(warmbox.new{})
+    hook = loop.attach(wb)
+  end
+  return wb
+end
 
 local function reply(response, status, text)
   response.status_code = status
@@ -31,7 +43,8 @@ local function run(event, key)
     return reply(event.response, 400, "usage: POST /warmbox/run/KEY with the code as the body")
   end
   local response = event.response
-  wb:spawn(function() return wb:session(key):run(code) end):on_done(function(t)
+  local w = the_wb()
+  w:spawn(function() return w:session(key):run(code) end):on_done(function(t)
     local r, err, ecode = t:result()
     if not r then return reply(response, 502, tostring(err) .. " (" .. tostring(ecode) .. ")") end
     if r.error then return reply(response, 422, r.error.name .. ": " .. tostring(r.error.value)) end
@@ -48,6 +61,8 @@ module:provides("http", {
 })
 
 function module.unload()
+  if not wb then return end
   hook:detach()
   wb:close{ drain = 5 }
+  wb, hook = nil, nil
 end

@@ -122,6 +122,24 @@ local function take(self, st, name)
   return snap, err, code, detail
 end
 
+--- Deletes the unnamed snapshots of sandbox `id` (E2B's listing filtered by
+-- it): a checkpoint's request sent twice (an intermediary's copy, a retry
+-- after a lost answer) makes two snapshots, and the later takes the name from
+-- the earlier, which no listing by name finds again. warmbox never takes an
+-- unnamed snapshot of a session's sandbox. → how many were deleted
+function _M.drop_strays(client, id)
+  if type(client.list_snapshots) ~= "function" then return 0 end
+  local snaps = client:list_snapshots{ sandbox_id = id }
+  local n = 0
+  for _, sn in ipairs(snaps or {}) do
+    if type(sn) == "table" and type(sn.snapshot_id) == "string" and type(sn.names) == "table" and #sn.names == 0
+      and client:delete_snapshot(sn.snapshot_id) then
+      n = n + 1
+    end
+  end
+  return n
+end
+
 -- Under the session's lock: the checkpoint of the conversation as the last run left it.
 local function checkpoint_locked(self, lk, label, want_turn)
   local st = own_state(self, lk)
@@ -143,6 +161,8 @@ local function checkpoint_locked(self, lk, label, want_turn)
   end
   local cp = { id = snap.snapshot_id, name = name, turn = turn, label = label, created_at = ms / 1000,
     sandbox_id = st.sandbox_id }
+  local strays = _M.drop_strays(self.client, st.sandbox_id)
+  if strays > 0 then self:_event("checkpoint_strays", { sandbox_id = st.sandbox_id, deleted = strays }) end
   self:_event("checkpoint", { id = cp.id, turn = turn, label = label, sandbox_id = cp.sandbox_id })
   return cp
 end
@@ -176,6 +196,17 @@ function _M.checkpoints(self)
   return list
 end
 
+-- A branch's new sandbox carries its source's fencing number (the snapshot
+-- has the file), which the branch's own lock may be below: a new conversation
+-- starts from none. A failure is an event (its first runs may be refused).
+local function clear_fence(target, sb)
+  local sbx = target.client:sandbox(sb, { access_token = sb.envd_access_token })
+  local ok, err, code = sbx:remove(require("warmbox.outputs").FENCE_FILE)
+  if ok == nil and code ~= "NOT_FOUND" then
+    target:_event("fence_kept", { sandbox_id = sb.sandbox_id, code = code, error = tostring(err) })
+  end
+end
+
 -- Under `target`'s lock: its sandbox is replaced by one created from `cp`
 -- (secured first); the one it had is killed after. `fresh`: a branch, which
 -- refuses a session that has a sandbox already.
@@ -187,7 +218,12 @@ local function restore_locked(target, lk, cp, fresh)
   local old = st.sandbox_id
   local lease, lerr, lcode = target:_lease(target:_ctx(st))
   if not lease then return nil, lerr, lcode end
-  lease = math.max(lease, math.ceil(target.exec_timeout + target._margin))
+  if target.parallel then
+    -- the idle window's lease (from MIN_LEASE up): the next run's watchdog keeps a long cell's
+    lease = math.max(lease, require("warmbox.session.decide").MIN_LEASE)
+  else
+    lease = math.max(lease, math.ceil(target.exec_timeout + target._margin))
+  end
   local saved = util.copy(st)
   local sb, err, code, detail = target:_create_from(st, lease, cp.id)
   if not sb then
@@ -197,14 +233,26 @@ local function restore_locked(target, lk, cp, fresh)
     return nil, string_format("%s session '%s' from checkpoint '%s': %s", fresh and "branch to" or "rewind of",
       target.key, cp.id, tostring(err)), code, detail
   end
+  if fresh then clear_fence(target, sb) end
   st.turns = cp.turn
   st.last_run = target.wall()
   lk:set_state(target._encode(st))
+  local killed, kill_error
   if old and old ~= sb.sandbox_id then
-    local ok = target.client:kill(old)
+    local ok, kerr, kcode = target.client:kill(old)
     target:_event("kill", { sandbox_id = old, reason = "rewind", ok = ok ~= nil })
+    if ok ~= nil then
+      killed = old
+    else
+      -- Still tagged with the conversation: the next run kills it.
+      kill_error = { tostring(kerr), kcode }
+      local list = type(st.replaced) == "table" and st.replaced or {}
+      list[#list + 1] = old
+      st.replaced = list
+      lk:set_state(target._encode(st))
+    end
   end
-  return { sandbox_id = sb.sandbox_id, killed = old }
+  return { sandbox_id = sb.sandbox_id, killed = killed, kill_error = kill_error }
 end
 
 -- Checkpoints that a branch or rewind is creating from now, in this process

@@ -293,6 +293,133 @@ function _M.e2b(opts)
   return list
 end
 
+-- ---------------------------------------------------------------------------
+-- the Redis lock: one node, Sentinel or Cluster
+-- ---------------------------------------------------------------------------
+
+-- A connection to "host:port" with the lock's auth (no database for a cluster node).
+local function redis_node(r, addr, db)
+  local core = require "warmbox.core"
+  if not core.redis then return nil, "warmbox.core was built without hiredis" end
+  local host, port = addr:match("^%[?(.-)%]?:(%d+)$")
+  return core.redis{ host = host, port = tonumber(port), timeout = r.timeout or 2, username = r.username,
+    password = r.password, db = db }
+end
+
+-- The fields of a flat Redis reply { k1, v1, k2, v2, ... }.
+local function fields(list)
+  local kv = {}
+  for i = 1, type(list) == "table" and #list or 0, 2 do kv[list[i]] = list[i + 1] end
+  return kv
+end
+
+local function sentinel_checks(r, add)
+  local agree, primary = 0, nil
+  for _, a in ipairs(r.sentinels) do
+    local host, port = a:match("^%[?(.-)%]?:(%d+)$")
+    local c, err = require("warmbox.core").redis{ host = host, port = tonumber(port), timeout = r.timeout or 2 }
+    local m = c and c:command("SENTINEL", "MASTER", r.master)
+    if not c then
+      add(check("sentinel " .. a, "warn", "unreachable: " .. tostring(err), "start it, or drop it from the list"))
+    elseif type(m) ~= "table" then
+      add(check("sentinel " .. a, "fail", "does not monitor '" .. r.master .. "'",
+        "sentinel monitor " .. r.master .. " <host> <port> <quorum>"))
+    else
+      local kv = fields(m)
+      agree = agree + 1
+      primary = primary or (kv.ip .. ":" .. kv.port)
+      local flags = tostring(kv.flags)
+      add(check("sentinel " .. a, flags == "master" and "ok" or "warn", string_format(
+        "primary %s:%s (%s), %s replica(s), %s other sentinel(s), quorum %s", kv.ip, kv.port, flags,
+        tostring(kv["num-slaves"]), tostring(kv["num-other-sentinels"]), tostring(kv.quorum)),
+        "a primary is failed over only while a quorum of sentinels sees it down"))
+    end
+    if c then c:close() end
+  end
+  if agree == 0 then
+    add(check("Redis primary", "fail", "no sentinel answered for '" .. r.master .. "'", "check sentinels and master"))
+  end
+  return primary
+end
+
+-- The write test: a key with the lock's prefix set and read back (PX 10 s).
+local function write_check(name, c, r, key)
+  local k = (r.prefix or "warmbox:") .. "doctor:" .. key
+  local ok, err = c:command("SET", k, "1", "PX", 10000)
+  if ok and c:command("GET", k) == "1" then
+    c:command("DEL", k)
+    return check(name, "ok", "writes and reads back")
+  end
+  return check(name, "fail", "cannot write: " .. tostring(err), "check the ACL user's rights on the lock's prefix")
+end
+
+local function cluster_checks(r, add)
+  local rc = require "warmbox.lock.redis_client"
+  for _, a in ipairs(r.nodes) do
+    local c, err = redis_node(r, a)
+    local info = c and c:command("CLUSTER", "INFO")
+    if not c then
+      add(check("cluster node " .. a, "warn", "unreachable: " .. tostring(err), "another seed answers meanwhile"))
+    elseif type(info) ~= "string" then
+      add(check("cluster node " .. a, "fail", "not a cluster node", "use redis:// for a single Redis"))
+    else
+      local state = info:match("cluster_state:(%w+)") or "?"
+      local slots = info:match("cluster_slots_ok:(%d+)") or "?"
+      local reps, prim = 0, 0
+      for _, range in ipairs(c:command("CLUSTER", "SLOTS") or {}) do
+        prim = prim + 1
+        if range[4] then reps = reps + 1 end
+      end
+      add(check("cluster node " .. a, state == "ok" and slots == "16384" and "ok" or "fail",
+        string_format("state %s, %s of 16384 slots ok, %d slot range(s), %d with a replica", state, slots, prim, reps),
+        "every slot must be served: redis-cli --cluster fix"))
+      if reps < prim then
+        add(check("cluster replicas", "warn", "a slot range has no replica: its primary's loss stops its sessions",
+          "add a replica to each primary"))
+      end
+    end
+    if c then c:close() end
+  end
+  -- the lock's scripts touch five keys of one hash tag: run one such script
+  local cl = rc.client(r)
+  local lname, tag = rc.name(r, "lock", "doctor")
+  local res, err = cl:call(tag, "EVAL", "redis.call('set', KEYS[1], 1, 'PX', 10000) "
+    .. "redis.call('set', KEYS[2], 1, 'PX', 10000) return redis.call('del', KEYS[1], KEYS[2])", 2, lname,
+    (rc.name(r, "fence", "doctor")))
+  add(check("cluster scripts", res == 2 and "ok" or "fail", res == 2 and "a script over one hash tag's keys runs"
+    or "a script over one hash tag's keys failed: " .. tostring(err), "check the ACL user's rights (EVAL)"))
+end
+
+--- The checks of a Redis lock: `r` its redis options (warmbox.lock's: host,
+-- port | sentinels, master | nodes; username, password, db, prefix, timeout).
+-- @treturn table a list of checks
+function _M.redis(r)
+  local list = {}
+  local function add(c) list[#list + 1] = c end
+  local rc = require "warmbox.lock.redis_client"
+  add(check("Redis topology", "ok", rc.topology(r) .. (r.username and (" as user " .. r.username) or "")
+    .. (r.password and ", with a password" or "") .. "; no TLS (Debian's hiredis has no TLS)"))
+  if r.nodes then
+    cluster_checks(r, add)
+    return list
+  end
+  local addr = r.sentinels and sentinel_checks(r, add) or ((r.host or "127.0.0.1") .. ":" .. (r.port or 6379))
+  if not addr then return list end
+  local c, err = redis_node(r, addr, r.db)
+  if not c then
+    add(check("Redis primary", "fail", addr .. ": " .. tostring(err), "check the address, the user and the password"))
+    return list
+  end
+  local role = c:command("ROLE")
+  local is_primary = type(role) == "table" and role[1] == "master"
+  add(check("Redis primary", is_primary and "ok" or "fail", addr .. (is_primary
+    and string_format(" is a primary with %d replica(s)", type(role[3]) == "table" and #role[3] or 0)
+    or " is not a primary"), "point the lock at the primary (or use Sentinel)"))
+  if is_primary then add(write_check("Redis writes", c, r, "check")) end
+  c:close()
+  return list
+end
+
 --- The first failing check of a set ("embedded" or "e2b"), or nil.
 function _M.first_failure(which_set, opts)
   local list = (which_set == "e2b" and _M.e2b or _M.embedded)(opts)

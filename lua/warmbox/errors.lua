@@ -21,8 +21,8 @@ _M.codes = {
     .. "had started)",
   SANDBOX_GONE = "the sandbox proxy answered 502 (gone or paused); a run is sent again only when its sandbox "
     .. "says the cell never arrived",
-  FENCED = "the run's lock was taken over by a later run (its holder was paused past the lock's expiry): "
-    .. "the sandbox refused its cell, or its outputs, which may be the later run's",
+  FENCED = "the sandbox accepted a cell with a higher fencing number (the run's lock was lost or taken over): "
+    .. "it refused the run's cell (never run), or, as files_error, its outputs, which may be the later run's",
   HOOKS_LOST = "a python kernel lost warmbox's hooks (restarted) before the run's cell, twice: nothing of it ran",
   STREAM_BROKEN = "a run's or a command's stream broke after output started (not re-run)",
   NOT_FOUND = "E2B's 404; the warmboxd binary not found",

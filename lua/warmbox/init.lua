@@ -28,6 +28,12 @@ local os_getenv, string_format, table_sort = os.getenv, string.format, table.sor
 -- warmbox.core; spec/unit/version_spec.lua checks both and the rockspec agree).
 local _M = { _VERSION = "0.1.0" }
 
+--- `new`'s default idle window (seconds): the longest window at least 5x
+-- cheaper than the seed's flow on the README's chat workload, at its p95
+-- (bench/cost.lua's sweep, docs/cost.md). A running cell keeps its own
+-- sandbox alive whatever this is.
+_M.IDLE_TIMEOUT = 30
+
 local check_options, bad_option = errors.check_options, errors.bad_option
 
 if core._VERSION ~= _M._VERSION then
@@ -88,21 +94,19 @@ local function client_options(o, base)
 end
 
 -- The lock when `new` is given none: $WARMBOX_LOCK ("file" | "redis" | "memory"),
--- the redis one at $WARMBOX_REDIS_URL (redis://host[:port][/prefix]) when set.
+-- the redis one at $WARMBOX_REDIS_URL (redis://, redis-sentinel://,
+-- redis-cluster://; see warmbox.lock.redis_client) when set, with
+-- $WARMBOX_REDIS_USERNAME / $WARMBOX_REDIS_PASSWORD.
 local function env_lock()
-  local url = os_getenv("WARMBOX_REDIS_URL")
-  if url == "" then url = nil end
   local name = os_getenv("WARMBOX_LOCK")
   if name == "" then name = nil end
   if name and name ~= "file" and name ~= "redis" and name ~= "memory" then
     error('WARMBOX_LOCK: "file", "redis" or "memory" expected, got "' .. name .. '"', 3)
   end
-  if not url then return name end
   if name and name ~= "redis" then return name end
-  local host, port, prefix = url:match("^redis://([^:/]+):?(%d*)/?(.*)$")
-  if not host then error("WARMBOX_REDIS_URL: redis://host[:port][/prefix] expected, got '" .. url .. "'", 3) end
-  return { backend = "redis", redis = { host = host, port = tonumber(port) or 6379,
-    prefix = prefix ~= "" and prefix or nil } }
+  local r = require("warmbox.lock.redis_client").from_env(os_getenv)
+  if not r then return name end
+  return { backend = "redis", redis = r }
 end
 
 local Warmbox = {}
@@ -144,7 +148,7 @@ local function local_backend(o)
   local st, err, code = server.start_local{ bin = o.warmboxd }
   if not st then return nil, err, code end
   return { shared = true, url = st.url, pid = st.pid, api_key = st.api_key, admin_token = st.admin_token,
-    dir = st.dir }
+    dir = st.dir, bin = o.warmboxd }
 end
 
 -- Without a client: an E2B client for the key (or the API URL) given, else an
@@ -171,8 +175,27 @@ local function connect_backend(self, o)
     local srv, serr, scode = local_backend(o)
     if not srv then return nil, serr, scode end
     self.server = srv
-    self.client = e2b.new(client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url }))
-    self.origin = core.sha256(srv.url .. "\0" .. srv.api_key):sub(1, 16)
+    local copts = client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url })
+    if srv.shared then
+      -- The shared server may end (idle, `warmbox server stop`, a crash) while
+      -- this object lives: its requests follow it to the next one.
+      copts.transport = function(http) return require("warmbox.server").follow(srv, engine_transport(http)) end
+    end
+    self.client = e2b.new(copts)
+    self.client.rate_limit_hint = function(cap)
+      local n = cap and tostring(cap) or "N"
+      if srv.shared then
+        return string_format("the local server runs at most %s sandboxes at once; its setting: `warmbox server start "
+          .. "--max-running N` (changes a running server), or WARMBOX_SERVER_MAX_RUNNING=N when it starts; 0: no "
+          .. "limit", n)
+      end
+      return string_format("this private local server runs at most %s sandboxes at once; its setting: "
+        .. "warmboxd_args = { \"--max-running\", \"N\" } (0: no limit)", n)
+    end
+    -- The shared server's sandboxes outlive it (its data directory): the
+    -- origin names the directory and key, not the address of one start.
+    self.origin = core.sha256((srv.shared and "shared\0" .. tostring(srv.dir) or srv.url) .. "\0"
+      .. srv.api_key):sub(1, 16)
   end
   self.owns_client = true
   return true
@@ -196,7 +219,8 @@ end
 
 --- Make a warmbox object.
 -- @tparam[opt] table opts `template` ("code-interpreter-v1"), `exec_timeout` (300),
---   `idle_timeout` (300), `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
+--   `idle_timeout` (30, `IDLE_TIMEOUT`: chosen with the simulator, see docs/cost.md),
+--   `tag` ("warmboxSessionId"), `lock` ("file" | "redis" | "memory" |
 --   lock options), `policy` (nil | table | path), `api_key` (default `$E2B_API_KEY`),
 --   `api_url`, `sandbox_url`, `domain`, `warmboxd` (path of the binary for the embedded
 --   server), `warmboxd_args`, `clock` (function returning unix seconds), `mono` (a monotonic
@@ -232,7 +256,7 @@ function _M.new(opts)
   local self = setmetatable({
     template = o.template or "code-interpreter-v1",
     exec_timeout = o.exec_timeout or 300,
-    idle_timeout = o.idle_timeout or 300,
+    idle_timeout = o.idle_timeout or _M.IDLE_TIMEOUT,
     max_run_length = o.max_run_length or 24 * 3600,
     max_output = o.max_output or session.MAX_OUTPUT,
     max_files_bytes = o.max_files_bytes or session.MAX_FILES_BYTES,

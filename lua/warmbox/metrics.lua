@@ -2,9 +2,13 @@
 --
 -- A run's timings (`r.timings`, and `detail.timings` of a failed run): seconds
 -- on the monotonic clock spent waiting for the session's lock (`lock_wait`),
--- finding or making its sandbox (`resolve`: the list, a connect, a create),
--- extending its lease before the cell (`lease`), in the execute (`execute`),
--- reading its output files (`outputs`), and in all (`total`).
+-- finding or making its sandbox (`resolve`: the list, a connect, a create, and
+-- writing the session's state), getting it ready for the cell (`prepare`: the
+-- input files, the output directory, the hooks cell, which starts the kernel of
+-- a new sandbox), extending its lease before the cell (`lease`), in the
+-- execute (`execute`), reading its output files (`outputs`), waiting before a
+-- run is sent again (`retry`), after the cell (`finish`: the state written, the
+-- lock released, a checkpoint), and in all (`total`): the phases add up to it.
 --
 -- The counters a `warmbox` object's sessions share (`wb:stats()`, `s:stats()`):
 -- `runs`, by outcome (`runs_ok`: ran, `runs_error`: ran and the cell raised,
@@ -26,12 +30,25 @@ _M.BASE, _M.RATIO, _M.BUCKETS = 0.001, 1.1, 200
 local LOG_RATIO = log(_M.RATIO)
 
 --- The timing fields, in order.
-_M.FIELDS = { "lock_wait", "resolve", "lease", "execute", "outputs", "total" }
+_M.FIELDS = { "lock_wait", "resolve", "prepare", "lease", "execute", "outputs", "retry", "finish", "total" }
 
---- A run's timer: `tm[field]` accumulates (see `add`); `t0` is its start;
--- `locked` is set once the run has its lock.
+--- A run's timer: `tm[field]` accumulates (see `phase`); `t0` is its start and
+-- `mark` the end of its last phase; `locked` is set once the run has its lock.
 function _M.timer()
-  return { t0 = now(), lock_wait = 0, resolve = 0, lease = 0, execute = 0, outputs = 0 }
+  local t = now()
+  return { t0 = t, mark = t, lock_wait = 0, resolve = 0, prepare = 0, lease = 0, execute = 0, outputs = 0,
+    retry = 0, finish = 0 }
+end
+
+--- Ends a phase: the time since the last one ended (or the run began) goes to
+-- `tm[field]` (nothing without a timer). The phases are contiguous, so they
+-- add up to the total.
+function _M.phase(tm, field)
+  if tm then
+    local t = now()
+    tm[field] = tm[field] + (t - tm.mark)
+    tm.mark = t
+  end
 end
 
 --- Adds the time since `t0` to `tm[field]` (nothing without a timer).
@@ -39,12 +56,18 @@ function _M.add(tm, field, t0)
   if tm then tm[field] = tm[field] + (now() - t0) end
 end
 
---- The timings table of `tm` (a copy; `total` up to now).
+--- The timings table of `tm` (a copy; `total` up to now, and the time since
+-- its last phase in `finish`).
 function _M.timings(tm)
   local out = {}
   for _, f in pairs(_M.FIELDS) do out[f] = tm[f] end
-  out.total = now() - tm.t0
-  if not tm.locked then out.lock_wait = out.total end -- (the lock was never had)
+  local t = now()
+  out.total = t - tm.t0
+  if tm.locked then
+    out.finish = tm.finish + (t - tm.mark)
+  else
+    out.lock_wait, out.finish = out.total, 0 -- (the lock was never had)
+  end
   return out
 end
 

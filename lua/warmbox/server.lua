@@ -14,7 +14,8 @@
 
 local io_open, io_popen, os_getenv, os_execute, os_time, tostring, tonumber, type, ipairs, error =
   io.open, io.popen, os.getenv, os.execute, os.time, tostring, tonumber, type, ipairs, error
-local setmetatable, pcall, string_format, table_concat = setmetatable, pcall, string.format, table.concat
+local setmetatable, pcall, pairs, string_format, table_concat =
+  setmetatable, pcall, pairs, string.format, table.concat
 
 local util = require "warmbox.util"
 local sh_quote, read_file = util.sh_quote, util.read_file
@@ -294,35 +295,48 @@ end
 
 local function nonempty(v) return v ~= nil and v ~= "" and v or nil end
 
+-- The user's home directory from the password database (for a process started
+-- without HOME: a cron job, a service), or nil.
+local function passwd_home()
+  local ok, core = pcall(require, "warmbox.core")
+  local uid = ok and type(core) == "table" and core.geteuid and math.tointeger(core.geteuid())
+  local p = uid and io_popen("getent passwd " .. uid .. " 2>/dev/null")
+  local line = p and p:read("l")
+  if p then p:close() end
+  local home = line and line:match("^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:(/[^:]*):")
+  return nonempty(home)
+end
+
 --- The directory of the per-user server's state: `$XDG_RUNTIME_DIR/warmbox`, else
--- `$XDG_STATE_HOME/warmbox`, else `~/.local/state/warmbox`.
--- @treturn string
+-- `$XDG_STATE_HOME/warmbox`, else `~/.local/state/warmbox` (`~`: `$HOME`, else the
+-- user's home in the password database; never a shared directory such as /tmp).
+-- @treturn[1] string
+-- @return[2] nil, message
 function _M.state_dir()
   local run = nonempty(os_getenv("XDG_RUNTIME_DIR"))
   if run then return run .. "/warmbox" end
   local st = nonempty(os_getenv("XDG_STATE_HOME"))
   if st then return st .. "/warmbox" end
-  return (nonempty(os_getenv("HOME")) or "/tmp") .. "/.local/state/warmbox"
+  local home = nonempty(os_getenv("HOME")) or passwd_home()
+  if not home then
+    return nil, "no directory for the local server's state: set XDG_RUNTIME_DIR, XDG_STATE_HOME or HOME"
+  end
+  return home .. "/.local/state/warmbox"
 end
 
 --- The state file (JSON, mode 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at, idle_exit }`.
-function _M.state_path() return _M.state_dir() .. "/server.json" end
-
--- Whether pid runs warmboxd (a pid reused by another program is not our server).
-local function is_warmboxd(pid)
-  if not alive(pid) then return false end
-  local cmd = read_file("/proc/" .. tostring(pid) .. "/cmdline")
-  if not cmd then return true end -- no /proc: trust kill -0
-  local argv0 = cmd:match("^[^%z]*") or ""
-  return argv0:match("warmboxd[^/]*$") ~= nil
+-- @treturn[1] string
+-- @return[2] nil, message
+function _M.state_path()
+  local dir, err = _M.state_dir()
+  if not dir then return nil, err end
+  return dir .. "/server.json"
 end
 
---- The running per-user server.
--- @treturn[1] table its state `{ url, pid, api_key, admin_token, dir }`
--- @return[2] nil, why ("not running" or "stale state file (pid N is gone)")
 -- The state directory holds the server's API key and admin token: it is used
 -- only when it is this user's and no one else may write to it (another local
--- user could otherwise plant a state file naming their own server).
+-- user could otherwise plant a state file naming their own server, or a fifo
+-- that blocks the reader).
 local function private_state_dir(dir)
   local ok, core = pcall(require, "warmbox.core")
   if not ok or type(core) ~= "table" or not core.private_dir then return true end
@@ -331,33 +345,123 @@ local function private_state_dir(dir)
   return nil, "state directory: " .. err
 end
 
+-- Whether pid runs this user's shared warmboxd: a warmboxd (a pid reused by
+-- another program is not our server) whose data directory is `data` (another
+-- warmboxd, say an embedded server, is not either). "unknown" without /proc.
+local function is_our_warmboxd(pid, data)
+  if not alive(pid) then return false end
+  local cmd = read_file("/proc/" .. tostring(pid) .. "/cmdline")
+  if not cmd then return "unknown" end -- no /proc: trust kill -0 (and the HTTP check)
+  local argv, i = {}, 0
+  for a in cmd:gmatch("([^%z]*)%z") do
+    i = i + 1
+    argv[i] = a
+  end
+  if not (argv[1] or ""):match("warmboxd[^/]*$") then return false end
+  for j = 2, i - 1 do
+    if argv[j] == "--data-dir" then return argv[j + 1] == data end
+  end
+  return false
+end
+
+-- The server at st.url proves it is the one of the state file: its admin API
+-- answers the state's admin token (a warmboxd of another data directory has
+-- another token, and refuses it). → true | nil, why
+local function answers_token(st)
+  if type(st.admin_token) ~= "string" or st.admin_token == "" then return nil, "no admin token in the state" end
+  local ok, core = pcall(require, "warmbox.core")
+  if not ok or type(core) ~= "table" or not core.http then return true end
+  local h = core.http{ timeout = 5, connect_timeout = 2 }
+  if not h then return true end
+  local res, err = h:request{ method = "GET", url = st.url .. "/_warmboxd/clock",
+    headers = { ["X-Warmboxd-Token"] = st.admin_token }, retry = { attempts = 1 } }
+  h:close()
+  if not res then return nil, tostring(err) end
+  if res.status ~= 200 then return nil, "it answered " .. tostring(res.status) .. " to its admin token" end
+  return true
+end
+
+--- The running per-user server.
+-- The state directory is checked (this user's, no one else may write to it)
+-- before its state file is read; the server it names must be this user's
+-- shared warmboxd (its data directory, and its admin API answering the
+-- state's token), not a live process that merely has its pid.
+-- @treturn[1] table its state `{ url, pid, api_key, admin_token, dir }`
+-- @return[2] nil, why ("not running", "stale state file (...)", "state directory: ...")
+-- @return[2] the stale state, when there is one
 function _M.local_server()
-  local text = read_file(_M.state_path())
-  if not text then return nil, "not running" end
-  local private, perr = private_state_dir(_M.state_dir())
+  local sdir, derr = _M.state_dir()
+  if not sdir then return nil, derr end
+  local path = sdir .. "/server.json"
+  local ex = io_open(sdir, "rb")
+  if not ex then return nil, "not running" end
+  ex:close()
+  local private, perr = private_state_dir(sdir)
   if not private then return nil, perr end
+  local text = read_file(path)
+  if not text then return nil, "not running" end
   local st = require("warmbox.json").decode(text)
   if type(st) ~= "table" or type(st.url) ~= "string" or math.tointeger(st.pid) == nil
     or type(st.api_key) ~= "string" then
-    return nil, "unreadable state file " .. _M.state_path()
+    return nil, "unreadable state file " .. path
   end
   st.pid = math.tointeger(st.pid)
-  if not is_warmboxd(st.pid) then
-    return nil, string_format("stale state file (pid %d is gone)", st.pid), st
+  local ours = is_our_warmboxd(st.pid, type(st.dir) == "string" and st.dir .. "/data" or nil)
+  if not ours then
+    return nil, string_format("stale state file (pid %d is gone, or is not this user's shared warmboxd)", st.pid),
+      st
+  end
+  local fine, why = answers_token(st)
+  if not fine then
+    if ours == "unknown" then
+      return nil, string_format("stale state file (the server at %s: %s)", st.url, why), st
+    end
+    -- Our own server (its data directory) that does not answer: hung, or
+    -- starting; never a second one on the same data directory.
+    return nil, string_format("the local server (pid %d) does not answer at %s: %s", st.pid, st.url, why), st,
+      "HUNG"
   end
   return st
 end
 
--- The shared server ends once no sandbox has been running for this long
--- (warmboxd --idle-exit): opts.idle_exit, else $WARMBOX_SERVER_IDLE_EXIT, else
--- an hour; 0 (or false): never. Paused sandboxes are kept for the next one.
-_M.IDLE_EXIT = 3600
-local function idle_exit_args(opts)
-  local v = opts.idle_exit
-  if v == nil then v = tonumber(os_getenv("WARMBOX_SERVER_IDLE_EXIT") or "") or _M.IDLE_EXIT end
-  v = math.tointeger(v) or (v and math.ceil(v))
-  if not v or v <= 0 then return {} end
-  return { "--idle-exit", tostring(v) }
+--- The shared server's settings: a `warmbox server start` flag, an environment
+-- variable read when the server starts, a default (docs/warmboxd.md's table).
+-- A developer's machine is not E2B's Hobby tier: many conversations at once.
+_M.SETTINGS = {
+  { name = "idle_exit", flag = "--idle-exit", env = "WARMBOX_SERVER_IDLE_EXIT", default = 3600,
+    what = "seconds with no running sandbox before the server ends (paused sandboxes are kept); 0: never" },
+  { name = "max_running", flag = "--max-running", env = "WARMBOX_SERVER_MAX_RUNNING", default = 100,
+    what = "sandboxes running at once (a create beyond: RATE_LIMITED, naming this setting); 0: no limit" },
+}
+_M.IDLE_EXIT, _M.MAX_RUNNING = 3600, 100
+
+-- The settings of a server to start: opts[name], else $ENV, else the default
+-- (integers >= 0; a fraction of a second is rounded up). → values, warmboxd
+-- arguments | nil, message
+local function settings_of(opts)
+  local values, args = {}, {}
+  for _, set in ipairs(_M.SETTINGS) do
+    local v, from = opts[set.name], set.name
+    if v == nil then
+      local e = os_getenv(set.env)
+      if e and e ~= "" then
+        v, from = tonumber(e), set.env
+        if v == nil then return nil, string_format("%s: a number >= 0 expected, got '%s'", set.env, e) end
+      end
+    end
+    if v == nil then v = set.default end
+    if v == false then v = 0 end
+    if type(v) ~= "number" or v ~= v or v < 0 or v > 2 ^ 30 then
+      return nil, string_format("%s: a number in [0, 2^30] expected, got %s", from, tostring(v))
+    end
+    v = math.tointeger(math.ceil(v))
+    values[set.name] = v
+    if set.name ~= "idle_exit" or v > 0 then
+      args[#args + 1] = set.flag
+      args[#args + 1] = tostring(v)
+    end
+  end
+  return values, args
 end
 
 -- Removes what a shared server in `dir` left but its data directory (the
@@ -375,21 +479,25 @@ end
 
 -- start_local's part under the start lock: another starter may have won.
 local function start_locked(opts, sdir)
-  local st = _M.local_server()
+  local st, why, _, hung = _M.local_server()
   if st then return st, true end
+  -- Our own server that does not answer keeps its data directory: never a second one on it.
+  if hung then return nil, why, "TRANSPORT" end
   local dir = sdir .. "/warmboxd"
   -- The data directory (paused sandboxes) and the key their team is known by
   -- are kept for the next server; the rest of a dead server's files go.
+  local values, args = settings_of(opts)
+  if not values then return nil, args, "BAD_REQUEST" end
   local key = reusable_key(dir)
   prune_shared_dir(dir)
-  local args = idle_exit_args(opts)
   for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
   local srv, err, code = _M.start{ bin = opts.bin, args = args, start_timeout = opts.start_timeout,
     dir = dir, detach = true, api_key = key }
   if not srv then return nil, err, code end
   st = { url = srv.url, pid = srv.pid, api_key = srv.api_key, admin_token = srv.admin_token, dir = dir,
-    bin = srv.bin, log = srv.log_path, started_at = os_time(), idle_exit = tonumber(args[2]) }
-  local ok, werr = write_private(_M.state_path(), require("warmbox.json").encode(st))
+    bin = srv.bin, log = srv.log_path, started_at = os_time(),
+    idle_exit = values.idle_exit > 0 and values.idle_exit or nil, max_running = values.max_running }
+  local ok, werr = write_private(sdir .. "/server.json", require("warmbox.json").encode(st))
   if not ok then
     srv:stop()
     return nil, werr, "TRANSPORT"
@@ -398,19 +506,46 @@ local function start_locked(opts, sdir)
   return st, false
 end
 
+-- The running server `st`, with `opts.max_running` (when given) set at run
+-- time (warmboxd's admin config) and recorded in its state file.
+-- → st, true | nil, message, code
+local function running_with(st, opts)
+  local want = opts.max_running
+  if want == nil or want == st.max_running then return st, true end
+  if math.type(want) ~= "integer" or want < 0 then
+    return nil, "max_running: an integer >= 0 expected, got " .. tostring(want), "BAD_REQUEST"
+  end
+  local h = require("warmbox.core").http{ timeout = 10 }
+  local res, err = h:request{ method = "POST", url = st.url .. "/_warmboxd/config",
+    headers = { ["X-Warmboxd-Token"] = st.admin_token, ["Content-Type"] = "application/json" },
+    body = '{"max_running":' .. want .. "}" }
+  h:close()
+  if not res or res.status ~= 204 then
+    return nil, "cannot change the local server's max_running: " .. tostring(res and res.status or err), "TRANSPORT"
+  end
+  st.max_running = want
+  local ok, werr = write_private(_M.state_dir() .. "/server.json", require("warmbox.json").encode(st))
+  if not ok then return nil, werr, "TRANSPORT" end
+  return st, true
+end
+
 --- Start the per-user server in the background (it outlives this process), or
 -- find the running one. Race-free: starters take a flock on `<state dir>/start.lock`,
 -- so of many processes starting at once (a host's workers) one starts it and
 -- the others use that one.
--- @tparam[opt] table opts `bin`, `args`, `start_timeout`, `idle_exit` (seconds with no
---   running sandbox before it shuts down; default `$WARMBOX_SERVER_IDLE_EXIT`, else 3600; 0: never)
+-- @tparam[opt] table opts `bin`, `args`, `start_timeout`, and the settings of
+--   `_M.SETTINGS`: `idle_exit` (seconds with no running sandbox before it shuts down;
+--   default `$WARMBOX_SERVER_IDLE_EXIT`, else 3600; 0: never), `max_running` (default
+--   `$WARMBOX_SERVER_MAX_RUNNING`, else 100; 0: no limit; given for a running server, it is
+--   changed at once)
 -- @treturn[1] table its state (as `local_server`), and true when it was already running
 -- @return[2] nil, message, code
 function _M.start_local(opts)
   opts = opts or {}
   local st = _M.local_server()
-  if st then return st, true end
-  local sdir = _M.state_dir()
+  if st then return running_with(st, opts) end
+  local sdir, serr = _M.state_dir()
+  if not sdir then return nil, serr, "TRANSPORT" end
   if os_execute("mkdir -p -m 0700 " .. sh_quote(sdir)) ~= true then
     return nil, "cannot make the directory " .. sdir, "TRANSPORT"
   end
@@ -427,6 +562,7 @@ function _M.start_local(opts)
   fl:unlock()
   fl:close()
   if not ok then error(a, 0) end
+  if a and b then return running_with(a, opts) end
   return a, b, c
 end
 
@@ -434,16 +570,125 @@ end
 -- state file; its data directory and key stay, so the next server has its paused sandboxes.
 -- @treturn[1] table the state it had, or false when none was running
 function _M.stop_local()
-  local st, _, stale = _M.local_server()
+  local st, _, stale, hung = _M.local_server()
+  if hung then st = stale end -- our own server, not answering: stopped all the same
   local running = st ~= nil
   -- SIGTERM: warmboxd pauses its running sandboxes into its data directory first.
   if running then _M.kill(st.pid, 30) end
   st = st or stale
-  if st and type(st.dir) == "string" and st.dir:sub(1, #_M.state_dir() + 1) == _M.state_dir() .. "/" then
+  local sdir = _M.state_dir()
+  if not sdir then return false end
+  if st and type(st.dir) == "string" and st.dir:sub(1, #sdir + 1) == sdir .. "/" then
     prune_shared_dir(st.dir)
   end
-  os.remove(_M.state_path())
+  os.remove(sdir .. "/server.json")
   return running and st or false
+end
+
+-- ------------------------------------------------------------------
+-- A client of the shared server across its restarts
+-- ------------------------------------------------------------------
+
+-- `url` with the origin of a server `srv` had before moved to its current one.
+local function moved(srv, url)
+  if type(url) ~= "string" then return url end
+  for old in pairs(srv.urls) do
+    if old ~= srv.url and url:sub(1, #old) == old and url:sub(#old + 1, #old + 1):match("^[/?]?$") then
+      return srv.url .. url:sub(#old + 1)
+    end
+  end
+  return url
+end
+
+-- A request as sent to the server's current address (and key): a copy when it changed.
+local function readdressed(srv, req)
+  local url = moved(srv, req.url)
+  local h = req.headers
+  local key = type(h) == "table" and h["X-API-Key"]
+  local rekey = key and key ~= srv.api_key and srv.keys[key]
+  if url == req.url and not rekey then return req end
+  local r = {}
+  for k, v in pairs(req) do r[k] = v end
+  r.url = url
+  if rekey then
+    r.headers = {}
+    for k, v in pairs(h) do r.headers[k] = v end
+    r.headers["X-API-Key"] = srv.api_key
+  end
+  return r
+end
+
+-- The shared server `srv` refused a connection: when the server of the state
+-- file is another one (restarted by another process), or none runs (it ended:
+-- idle, `warmbox server stop`, a crash) and one is started now, `srv` follows
+-- it. → true when it moved
+local function relocate(srv, tried_url)
+  if srv.url ~= tried_url then return true end -- another request moved it meanwhile
+  local st, _, _, hung = _M.local_server()
+  if hung then return false end
+  if not st then
+    local err
+    st, err = _M.start_local{ bin = srv.bin }
+    if not st then
+      srv.follow_error = err
+      return false
+    end
+  end
+  if st.url == srv.url then return false end -- the same server: a refusal of its own
+  srv.urls[st.url], srv.keys[st.api_key] = true, true
+  srv.url, srv.pid, srv.api_key, srv.admin_token = st.url, st.pid, st.api_key, st.admin_token
+  srv.restarts = (srv.restarts or 0) + 1
+  return true
+end
+
+local function never_left(code, sent) return code == "TRANSPORT" and sent == false end -- (connection refused)
+
+local Follow = {}
+Follow.__index = Follow
+Follow.__name = "warmbox.Follow"
+
+function Follow:request(req)
+  local srv = self.srv
+  local tried = srv.url
+  local res, msg, code, sent = self.inner:request(readdressed(srv, req))
+  if res or not never_left(code, sent) or not relocate(srv, tried) then return res, msg, code, sent end
+  -- Nothing of the request left: it goes to the server now running (at most once holds).
+  return self.inner:request(readdressed(srv, req))
+end
+
+function Follow:batch(reqs, opts)
+  local srv = self.srv
+  local tried = srv.url
+  local list = {}
+  for i, r in ipairs(reqs) do list[i] = readdressed(srv, r) end
+  local out = self.inner:batch(list, opts)
+  local again, at = {}, {}
+  for i, r in ipairs(out) do
+    if r[1] == nil and never_left(r[3], r[4]) then
+      again[#again + 1] = reqs[i]
+      at[#at + 1] = i
+    end
+  end
+  if #again == 0 or not relocate(srv, tried) then return out end
+  for i, r in ipairs(again) do again[i] = readdressed(srv, r) end
+  local more = self.inner:batch(again, opts)
+  for j, i in ipairs(at) do out[i] = more[j] end
+  return out
+end
+
+--- A transport for a client of the user's shared server that follows it
+-- across its restarts: a request refused before anything of it left
+-- (connection refused: the server ended, idle or stopped or killed) finds
+-- the running shared server, or starts it, and goes there; requests that may
+-- have left are never sent again (at most once). `srv` (`{ url, pid, api_key,
+-- admin_token, bin }`, as `start_local` returns) is updated in place;
+-- `inner` is a transport (`request`, `batch`).
+-- @treturn table a transport
+function _M.follow(srv, inner)
+  if not srv.urls then
+    srv.urls, srv.keys = { [srv.url] = true }, { [srv.api_key] = true }
+  end
+  return setmetatable({ srv = srv, inner = inner }, Follow)
 end
 
 function Server:__gc() pcall(self.stop, self) end

@@ -11,9 +11,9 @@
 -- the session's sandboxes are released whatever happened (step 6 runs, or
 -- the clean-up after a failure). The backend is whatever the options select
 -- (`warmbox.new`): E2B when an API key is given or `E2B_API_KEY` is set,
--- else an embedded warmboxd. Short timeouts by default (`exec_timeout` 15 s,
--- `idle_timeout` 5 s, so the pause comes after max(15 + 5, 5) s of lease: a
--- run's timeout plus `LEASE_MARGIN`).
+-- else the user's shared local warmboxd. Short timeouts by default (`exec_timeout` 15 s,
+-- `idle_timeout` 5 s: the pause comes about 5 s after the last run, whatever
+-- `exec_timeout` is (a running cell keeps its own lease).
 --
 --   local code = require("warmbox.smoke").run({ api_key = ... }, { stdout = io.stdout })
 -- @module warmbox.smoke
@@ -39,6 +39,13 @@ local function run_failed(r, msg, code)
   return nil
 end
 
+-- What the smoke test talks to, in words.
+local function backend_of(wb)
+  local srv = wb.server
+  if not srv then return "E2B at " .. tostring(wb.client.api_url or "the API") end
+  return (srv.shared and "the shared local warmboxd at " or "a private local warmboxd at ") .. srv.url
+end
+
 --- Runs the check. `o`: options for `warmbox.new` (api_url, api_key,
 -- sandbox_url, template, exec_timeout, idle_timeout, tag, lock, policy,
 -- warmboxd; also `client` for tests), `io_`: { stdout = file }.
@@ -59,7 +66,7 @@ function _M.run(o, io_)
   end
   local key = "warmbox-smoke:" .. core.sha256(fmt("%d:%.9f:%s", core.getpid(), now(), tostring({}))):sub(1, 12)
   out:write(fmt("warmbox smoke: %s, session %s (exec timeout %gs, idle timeout %gs)\n",
-    wb.server and ("embedded warmboxd at " .. wb.server.url) or ("E2B at " .. tostring(wb.client.api_url or "the API")),
+    backend_of(wb),
     key, opts.exec_timeout, opts.idle_timeout))
   local s = wb:session(key)
   local sandbox_id

@@ -16,6 +16,7 @@ local _M = {}
 -- is the sandbox id whose python kernel has warmbox's output hooks;
 -- `auto_resume`: the sandbox pauses at its lease end and traffic resumes it;
 -- `creating`: the creates sent whose answer never came, `{ {id, at} }`, see warmbox.session;
+-- `replaced`: ids of sandboxes a rewind replaced but could not kill (the next run kills them);
 -- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.checkpoint).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
@@ -32,7 +33,7 @@ end
 function _M.encode(st)
   if not st.sandbox_id and not st.creating then return nil end
   return json.encode({
-    creating = st.creating,
+    creating = st.creating, replaced = st.replaced,
     v = 1, tag = st.tag, origin = st.origin, sandbox_id = st.sandbox_id, access_token = st.access_token,
     domain = st.domain, lease_end = st.lease_end, run_started = st.run_started, last_run = st.last_run,
     hooked = st.hooked, memory_lost = st.memory_lost, auto_resume = st.auto_resume, turns = st.turns,

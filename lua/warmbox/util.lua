@@ -88,6 +88,11 @@ end
 --- A shallow copy of a table.
 -- @tparam table t
 -- @treturn table
+--- `s` without terminal escape sequences (IPython colours its tracebacks).
+function _M.strip_ansi(s)
+  return (s:gsub("\27%[[%d;?]*[ -/]*[@-~]", ""):gsub("\27%][^\7\27]*\7", ""))
+end
+
 function _M.copy(t)
   local out = {}
   for k, v in pairs(t) do out[k] = v end

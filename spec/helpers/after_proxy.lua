@@ -31,9 +31,12 @@ function M.start(upstream)
   error("the intermediary did not start")
 end
 
---- Queues what the next executes get (see after_proxy.py).
+--- Queues what the next executes get (see after_proxy.py); `{ create = steps }`,
+-- `{ kill = steps }`, `{ connect = steps }`, `{ snapshot = steps }`: what the next creates, kills,
+-- connects, snapshots get.
 function Proxy:plan(steps)
-  local res = http.request{ method = "POST", url = self.url .. "/_proxy/plan", json = { execute = steps } }
+  local body = (steps.create or steps.kill or steps.connect or steps.snapshot) and steps or { execute = steps }
+  local res = http.request{ method = "POST", url = self.url .. "/_proxy/plan", json = body }
   assert(res.status == 204, "plan: " .. tostring(res.status))
 end
 

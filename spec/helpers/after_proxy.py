@@ -9,8 +9,13 @@ whole answer (the cell ran), then answers `status` instead; "before" answers
 `status` without forwarding; "late" answers `status` at once and forwards the
 execute `delay` seconds later (a copy that arrives after the client gave up).
 An execute with nothing queued is forwarded.
+{"create": [...]} likewise queues what the next creates (POST /sandboxes, when the
+proxy is also the API's address) get: "after" (forwarded, then `status` answered),
+"twice" (forwarded twice, one after the other, the second answer given). {"kill": [...]}: the
+same for the next kills (DELETE /sandboxes/{id}); {"connect": [...]}: for the next
+connects (POST /sandboxes/{id}/connect); {"snapshot": [...]}: for the next snapshots.
 GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
-by the plan, "late_done": late copies whose forward has ended}.
+by the plan, "late_done": late copies whose forward has ended, "creates": creates forwarded}.
 """
 import http.client
 import json
@@ -21,7 +26,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 UP = urllib.parse.urlsplit(sys.argv[1])
 PLAN = []
-STATS = {"executes": 0, "answered": 0, "late_done": 0}
+CREATE_PLAN = []
+KILL_PLAN = []
+CONNECT_PLAN = []
+SNAPSHOT_PLAN = []
+STATS = {"executes": 0, "answered": 0, "late_done": 0, "creates": 0}
 LOCK = threading.Lock()
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
 
@@ -56,7 +65,12 @@ class Handler(BaseHTTPRequestHandler):
     def control(self, body):
         if self.command == "POST" and self.path == "/_proxy/plan":
             with LOCK:
-                PLAN.extend(json.loads(body or b"{}").get("execute", []))
+                plan = json.loads(body or b"{}")
+                PLAN.extend(plan.get("execute", []))
+                CREATE_PLAN.extend(plan.get("create", []))
+                KILL_PLAN.extend(plan.get("kill", []))
+                CONNECT_PLAN.extend(plan.get("connect", []))
+                SNAPSHOT_PLAN.extend(plan.get("snapshot", []))
             return self.reply(204)
         with LOCK:
             out = json.dumps(STATS).encode()
@@ -68,6 +82,14 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/_proxy/"):
             return self.control(body)
         step = None
+        if self.command == "POST" and self.path.split("?")[0] == "/sandboxes":
+            return self.create(body, CREATE_PLAN)
+        if self.command == "DELETE" and self.path.startswith("/sandboxes/"):
+            return self.create(body, KILL_PLAN)
+        if self.command == "POST" and self.path.startswith("/sandboxes/") and self.path.endswith("/connect"):
+            return self.create(body, CONNECT_PLAN)
+        if self.command == "POST" and self.path.startswith("/sandboxes/") and self.path.endswith("/snapshots"):
+            return self.create(body, SNAPSHOT_PLAN)
         if self.command == "POST" and self.path.split("?")[0] == "/execute":
             with LOCK:
                 step = PLAN.pop(0) if PLAN else None
@@ -84,6 +106,22 @@ class Handler(BaseHTTPRequestHandler):
         status, data, headers = self.forward(body)
         if step is not None:
             return self.reply(int(step["status"]), b'{"message":"intermediary"}', step.get("headers"))
+        return self.reply(status, data, headers)
+
+    def create(self, body, plan):
+        with LOCK:
+            step = plan.pop(0) if plan else None
+            if plan is CREATE_PLAN:
+                STATS["creates"] += 2 if step is not None and step.get("mode") == "twice" else 1
+        if step is not None and step.get("mode") == "twice":
+            req = self.request_line()
+            self.forward(body, req)
+            status, data, headers = self.forward(body, req)
+            return self.reply(status, data, headers)
+        status, data, headers = self.forward(body)
+        if step is not None:
+            return self.reply(int(step["status"]), b'{"code":%d,"message":"intermediary"}' % int(step["status"]),
+                              step.get("headers"))
         return self.reply(status, data, headers)
 
     def late(self, body, req):

@@ -82,6 +82,18 @@ describe("warmbox gc / sessions", function()
     assert.same({}, json.decode(out))
   end)
 
+  it("sessions: a running sandbox's last activity is now, not its start", function()
+    local tvr = tag_mod.tag_value("gamma:run", {})
+    wbd.seed(srv, { count = 1, state = "running", metadata = { [TAG] = tvr }, started_ago_s = 2 * DAY,
+      timeout = 3 * DAY })
+    local code, out = warmbox(g() .. "sessions --json --state running")
+    assert.equal(0, code)
+    local list = assert(json.decode(out), out)
+    assert.equal(1, #list)
+    assert.equal("gamma:run", list[1].key)
+    assert.is_true(list[1].age_s < DAY, "age " .. tostring(list[1].age_s))
+  end)
+
   it("--policy FILE: a per-tenant cap from the rules library", function()
     local f = os.tmpname() .. ".lua"
     local fh = assert(io.open(f, "w"))

@@ -82,3 +82,38 @@ describe("examples/prosody/mod_warmbox.lua in Prosody", function()
     os.remove(out)
   end)
 end)
+
+describe("examples/prosody/mod_warmbox.lua in a daemonized Prosody (prosody -D, as Debian's service)", function()
+  local dir, base, pid
+  lazy_setup(function()
+    local p = assert(io.popen("mktemp -d /tmp/wb-prosody.XXXXXX"))
+    dir = p:read("l")
+    p:close()
+    local port = hosts.free_port()
+    local cfg = write_config(dir, port)
+    base = "http://127.0.0.1:" .. port .. "/warmbox"
+    -- -D: Prosody loads its modules, then forks (mod_posix) and the parent exits
+    assert.is_true(os.execute("cd " .. q(hosts.root()) .. " && env -u E2B_API_KEY -u E2B_API_URL " .. hosts.lua_env()
+      .. " prosody -D --config " .. q(cfg) .. " >" .. q(dir .. "/stdout.log") .. " 2>&1"))
+    assert.is_true(wbd.eventually(function() return hosts.http("GET", base .. "/ping", nil, 5) == 200 end, 60),
+      "prosody did not serve: " .. tostring(wbd.read_all(dir .. "/prosody.log")))
+    pid = tonumber(wbd.read_all(dir .. "/prosody.pid"))
+  end)
+  lazy_teardown(function()
+    if pid then require("warmbox.server").kill(pid, 20) end
+    if dir then os.execute("rm -rf " .. q(dir)) end
+    require("warmbox.server").stop_local()
+  end)
+
+  it("runs a conversation in the forked child: the counter cell gives 1, 2", function()
+    local log = wbd.read_all(dir .. "/prosody.log") or ""
+    assert.matches("Successfully daemonized to PID " .. pid, log, 1, true)
+    local got = {}
+    for i = 1, 2 do
+      local status, body = hosts.http("POST", base .. "/run/prosody-daemon:1", hosts.COUNTER)
+      assert.equal(200, status, body)
+      got[i] = body:gsub("\n$", "")
+    end
+    assert.same({ "1", "2" }, got)
+  end)
+end)

@@ -185,12 +185,15 @@ describe("sessions under faults (warmboxd)", function()
     end
 
     it("keeps the remembered sandbox when its refresh (connect) fails transiently", function()
-      local s, id = warm("faults:refresh")
+      -- The session's clock moves on (os.time moved, not slept) to 25 s before the lease
+      -- end: less than half the 60 s idle window is left, so the run refreshes, and more
+      -- than 20 s, so the extension goes alongside the execute.
+      local moved = 0
+      local w = env:warmbox{ exec_timeout = 60, idle_timeout = 60, request_timeout = 2,
+        clock = function() return os.time() + moved end }
+      local s, id = warm("faults:refresh", w)
       local lease_end = s:state().lease_end
-      -- exec_timeout = idle_timeout: the lease is the run's timeout + LEASE_MARGIN
-      -- (65 s), so a run in a later second (wb's clock is os.time) refreshes.
-      local set_at = lease_end - (60 + require("warmbox.session").LEASE_MARGIN)
-      while os.time() <= set_at do require("warmbox.core").sleep(0.05) end
+      moved = lease_end - 25 - os.time()    -- 25 s of the lease left on the session's clock
       srv:reset_stats()
       srv:fault{ route = "POST /sandboxes/{id}/connect", count = 9, status = 503 }
       -- The remembered lease has a safe margin, so the extension goes alongside

@@ -38,6 +38,8 @@ describe("sessions behind an intermediary that answers after forwarding", functi
       assert.is_nil(r, "a run answered " .. st .. " after its cell ran reported ok")
       assert.is_string(err)
       assert.is_true(detail.accepted)
+      -- the cell ran: the run never says it did not start
+      assert.is_true(detail.started)
       assert.equal(1, proxy:stats().executes - before)
       assert.equal(1, executions(id, mark))
       survived(s, id)
@@ -79,6 +81,7 @@ describe("sessions behind an intermediary that answers after forwarding", functi
         assert.is_nil(r, "a " .. lang .. " run answered " .. st .. " after its cell ran reported ok")
         assert.is_string(err)
         assert.is_true(detail.accepted)
+        assert.is_true(detail.started)
         assert.equal(1, proxy:stats().executes - before)
         assert.equal(1, executions(id, mark))
       end

@@ -1,15 +1,14 @@
--- The lease covers the run's whole timeout, against a real warmboxd: with
--- exec_timeout = idle_timeout (the lease the default policy asks for is the
--- run's timeout), a cell that uses its whole timeout is interrupted by the
--- server at its timeout and ends TIMEOUT. The lease is set a round trip (and
--- the hooks cell) before the cell starts, so a lease of just the timeout ran
--- out first: the sandbox paused under the cell and the run ended
--- STREAM_BROKEN. The lease is the timeout + session.LEASE_MARGIN.
--- On loopback that round trip takes a few ms, less than warmboxd's lease timer
--- (100 ms ticks) may lag; each execute is delayed 500 ms (a WAN's round trips
--- to E2B and the hooks cell), so the cell starts well after the lease was set.
+-- The lease covers the run's whole timeout, against a real warmboxd, with
+-- exec_timeout = idle_timeout = 2: the lease a run asks for is the idle
+-- window (from decide.MIN_LEASE up), and while the run goes on its watchdog
+-- extends it before it would end. A cell that uses its whole timeout is
+-- interrupted by the server at its timeout and ends TIMEOUT, the sandbox
+-- never paused underneath it, even when the hooks cell, an upload or the
+-- output directory before the cell are slow. On loopback a round trip takes
+-- a few ms, less than warmboxd's lease timer (100 ms ticks) may lag; each
+-- execute is delayed 500 ms (a WAN's round trips to E2B and the hooks cell).
 local sessions = require "spec.helpers.sessions"
-local session_mod = require "warmbox.session"
+local decide = require "warmbox.session.decide"
 
 describe("the lease of a run (warmboxd)", function()
   local env = sessions.new()
@@ -33,7 +32,7 @@ describe("the lease of a run (warmboxd)", function()
     -- A kernel with x = 41 (a long timeout: its start is not what this spec is about).
     local id = assert(s:run("x = 41", { timeout = 30 })).sandbox_id
     -- Forgotten: the next run resolves it again, and its set_timeout replaces the
-    -- warm-up's 35 s lease with the run's own.
+    -- warm-up's lease with the run's own.
     assert(s:forget())
     env:reset_stats()
     slow_execute()
@@ -43,17 +42,14 @@ describe("the lease of a run (warmboxd)", function()
     assert.equal("TIMEOUT", ecode, msg)
     assert.is_true(detail.started)
     local st = env:stats()
-    assert.equal(1, env:route("POST /sandboxes/{id}/connect", st))
-    assert.equal(1, env:route("POST /sandboxes/{id}/timeout", st))
     assert.equal(0, st.counters.pause_during_run or 0)
-    -- The lease the run got: 2 s + LEASE_MARGIN from the set_timeout.
-    local lease = 2 + session_mod.LEASE_MARGIN
+    -- The lease it left: the idle window (MIN_LEASE, as 2 s is shorter), not the timeout's.
     local info = assert(wb.client:info(id))
     assert.equal("running", info.state)
     local end_at = sessions.utc(info.end_at)
-    assert.is_true(end_at >= before + lease - 1 and end_at <= before + lease + 2, "lease end " .. info.end_at)
-    -- Again on the remembered sandbox: its refresh (connect) extends the lease
-    -- to the timeout + LEASE_MARGIN from now, as long as the run may take.
+    assert.is_true(end_at <= os.time() + decide.MIN_LEASE + 1, "lease end " .. info.end_at)
+    assert.is_true(end_at >= before, "lease end " .. info.end_at)
+    -- Again on the remembered sandbox: its watchdog keeps the lease as long as the run takes.
     slow_execute()
     r, msg, ecode = s:run(SLEEP)
     assert.is_nil(r)
@@ -66,11 +62,10 @@ describe("the lease of a run (warmboxd)", function()
     assert.equal(0, env:stats().counters.pause_during_run or 0)
   end)
 
-  -- The lease covers the whole run. The uploads, the output
-  -- directory and the hooks cell come after the lease is set, so a slow one
-  -- (held 6 s, longer than the 2 s + LEASE_MARGIN lease) used it up and the
-  -- sandbox paused under its own cell (STREAM_BROKEN); the session extends a
-  -- lease that no longer covers the cell's timeout before sending it.
+  -- The lease covers the whole run. The uploads, the output directory and the
+  -- hooks cell come after the lease is set, so a slow one (held 6 s, longer
+  -- than the 5 s lease) would use it up and the sandbox would pause under its
+  -- own cell (STREAM_BROKEN); the watchdog extends it while they go on.
   local function times_out_running(s, opts, code)
     local r, msg, ecode, detail = s:run(code or SLEEP, opts)
     assert.is_nil(r)
@@ -83,7 +78,7 @@ describe("the lease of a run (warmboxd)", function()
     srv:clear_faults()
     local s = wb:session("cover:upload")
     assert(s:run("x = 41", { timeout = 30 }))
-    -- forgotten: the next run's resolve sets the lease (2 s + LEASE_MARGIN) before its upload
+    -- forgotten: the next run's resolve sets the lease (5 s: MIN_LEASE) before its upload
     assert(s:forget())
     srv:fault{ route = "envd POST /files", count = 1, delay_ms = 6000 }
     times_out_running(s, { files = { ["in.txt"] = "data" } })
@@ -104,7 +99,7 @@ describe("the lease of a run (warmboxd)", function()
   -- clock (injected) steps by +/-3600 s between two runs: forward, the
   -- remembered lease looked over (the sandbox taken for paused: no extension,
   -- left to an auto-resume that never happens); backward, it looked long
-  -- (no refresh). Either way the 10 s cell outlived the real 7 s lease.
+  -- (no refresh). Either way the 10 s cell outlived the real 5 s lease.
   for _, step in ipairs({ 3600, -3600 }) do
     it(("keeps the lease through a wall-clock step of %+d s"):format(step), function()
       srv:clear_faults()
@@ -112,8 +107,8 @@ describe("the lease of a run (warmboxd)", function()
       local w = env:warmbox{ exec_timeout = 2, idle_timeout = 2, clock = function() return os.time() + offset end,
         mono = require("warmbox.core").now }
       local s = w:session("wallstep:" .. step)
-      -- created with a lease of 2 s + LEASE_MARGIN, auto-resuming
-      assert(s:run("x = 41"))
+      -- created with a lease of MIN_LEASE (5 s), auto-resuming
+      assert(s:run("x = 41", { timeout = 30 }))
       offset = step
       times_out_running(s, { timeout = 10 })
     end)

@@ -85,8 +85,8 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     local p = s:prewarm()
     assert.is_false(p:done())              -- returned at once: the resume takes 1 s
     until_running(id)                      -- the model thinks; nothing calls wb
-    -- The session's clock too: the prewarm's lease (the 300 s `within` + LEASE_MARGIN)
-    -- no longer covers a 300 s run, so the run refreshes it.
+    -- The session's clock too: 2 s on, the prewarm's lease (the 300 s idle
+    -- window) still has half of it left, so the run needs no other request.
     advance(2)
     -- The resume was asked for during s:prewarm itself.
     assert.equal(1, env:route("POST /sandboxes/{id}/connect"))
@@ -97,11 +97,10 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     local info = assert(p:result())
     assert.equal("resumed", info.action)
     assert.equal(waits + 1, wb:stats().prewarm_waits)
-    -- The run's own path: the execute and the lease extension at once (one
-    -- round trip); its connect found the sandbox running.
-    assert.same({ "connect+" }, after(log, "prewarm:resumed"))
+    -- The run's own path: the execute alone (one round trip, one request).
+    assert.same({}, after(log, "prewarm:resumed"))
     local st = env:stats()
-    assert.equal(2, st.requests["POST /sandboxes/{id}/connect"])
+    assert.equal(1, st.requests["POST /sandboxes/{id}/connect"])
     assert.equal(1, st.requests["interp POST /execute"])
     assert.equal(0, st.requests["GET /v2/sandboxes"] or 0)
     assert.equal(0, st.requests["POST /sandboxes"] or 0)
@@ -133,8 +132,8 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal(0, on_path.requests["interp POST /execute"] or 0)
     local st = env:stats()
     assert.equal(1, st.requests["interp POST /execute"])
-    assert.equal(1, st.requests["POST /sandboxes/{id}/connect"] - on_path.requests["POST /sandboxes/{id}/connect"])
-    assert.same({ "connect+" }, after(log, "prewarm:resumed"))
+    assert.equal(0, st.requests["POST /sandboxes/{id}/connect"] - on_path.requests["POST /sandboxes/{id}/connect"])
+    assert.same({}, after(log, "prewarm:resumed"))
   end)
 
   it("without a prewarm the same run is resumed on its path (the second the prewarm hides)", function()
@@ -159,9 +158,9 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     -- the kernel was started and given its output hook by a cell of its own
     assert.equal(1, st.requests["interp POST /execute"])
     -- The run comes in a later second (the session's clock, os.time moved on), as
-    -- a turn does: the prewarm's 305 s lease (the 300 s `within` + LEASE_MARGIN) no
-    -- longer covers a 300 s run, so the run extends it alongside its execute.
-    moved = s:state().lease_end - (300 + session.LEASE_MARGIN) + 1 - os.time()
+    -- a turn does: the prewarm's lease (the 300 s idle window) still has half of
+    -- it left, so the run sends its execute alone.
+    moved = s:state().lease_end - 300 + 1 - os.time()
     env:reset_stats()
     local r = assert(s:run("6 * 7"))
     assert.equal("42", r.results[1].text)
@@ -171,13 +170,14 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal(0, st.requests["POST /sandboxes"] or 0)
     assert.equal(0, st.requests["GET /v2/sandboxes"] or 0)
     assert.equal(1, st.requests["interp POST /execute"])   -- the user's cell alone
-    assert.same({ "create", "prewarm:created", "connect+" }, log)
+    assert.same({ "create", "prewarm:created" }, log)
   end)
 
   it("a warm session: no request at all", function()
     local log = {}
     -- exec_timeout 60, idle_timeout 300: the lease (300 s) covers `within` (60 s).
-    local s = logged("pw:warm", log, { exec_timeout = 60 })
+    local moved = 0
+    local s = logged("pw:warm", log, { exec_timeout = 60, clock = function() return os.time() + moved end })
     assert(s:run("1"))
     env:reset_stats()
     local before = wb:stats()
@@ -186,7 +186,8 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     assert.equal("warm", (p:result()).action)
     assert.equal(0, env:total())
     assert.equal(before.prewarm_warm + 1, wb:stats().prewarm_warm)
-    -- A run expected later than the lease covers: the lease is extended now (one connect).
+    -- Less than half the lease left (151 s on): the lease is extended now (one connect).
+    moved = 151
     local p2 = s:prewarm{ within = 600 }
     assert(wb:loop())
     assert.equal("extended", (p2:result()).action)

@@ -8,24 +8,35 @@
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 local redis_helper = require "spec.helpers.redis"
+local redis_ha = require "spec.helpers.redis_ha"
 
 local q = wbd.sh_quote
 
 describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", function()
   local env = sessions.new()
   local srv, redis
+  -- Sentinel (a primary, two replicas, three sentinels) and Cluster (3
+  -- primaries with a replica each), when this machine has them.
+  local topo = {}
 
   lazy_setup(function()
     srv = env:start()
     if redis_helper.available() then redis = redis_helper.start() end
+    for _, kind in ipairs{ "sentinel", "cluster" } do
+      if redis_ha.available(kind) then topo[kind] = redis_ha.start(kind) end
+    end
   end)
   lazy_teardown(function()
     env:stop()
     if redis then redis:stop() end
+    for _, t in pairs(topo) do t:stop() end
   end)
   before_each(function() srv:clear_faults() end)
 
   local function lock_src(backend)
+    if topo[backend] then
+      return string.format("{ backend = 'redis', redis = %s, ttl = 1, timeout = 60 }", topo[backend]:lua_opts("s:"))
+    end
     if backend == "redis" then
       return string.format("{ backend = 'redis', redis = { host = %q, port = %d }, ttl = 1, timeout = 60 }",
         redis.host, redis.port)
@@ -98,12 +109,19 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
     os.remove(home .. "/go")
   end
 
-  for _, backend in ipairs({ "redis", "file" }) do
-    for _, lang in ipairs({ "python", "bash" }) do
+  -- (Sentinel and Cluster: python cells; the guard is the same for bash.)
+  local function missing(backend)
+    if backend == "redis" and not redis then return "redis-server not installed" end
+    if (backend == "sentinel" or backend == "cluster") and not topo[backend] then
+      return "redis-sentinel or redis-cli not installed"
+    end
+  end
+  for _, backend in ipairs({ "redis", "file", "sentinel", "cluster" }) do
+    for _, lang in ipairs((backend == "sentinel" or backend == "cluster") and { "python" } or { "python", "bash" }) do
       local name = backend .. " lock, " .. lang .. ": "
 
       it(name .. "stopped before its cell: the cell is refused once a later run ran, never run", function()
-        if backend == "redis" and not redis then pending("redis-server not installed") return end
+        if missing(backend) then pending(missing(backend)) return end
         local key = "stale:before-" .. backend .. "-" .. lang
         local wb, s, id = warm(backend, key)
         local code1, mark1 = cell(lang)
@@ -125,7 +143,7 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
       end)
 
       it(name .. "stopped during its cell: the later cell runs after it, never at once", function()
-        if backend == "redis" and not redis then pending("redis-server not installed") return end
+        if missing(backend) then pending(missing(backend)) return end
         local key = "stale:during-" .. backend .. "-" .. lang
         local wb, s, id = warm(backend, key)
         local home = srv:sandbox_home(id)
@@ -148,8 +166,9 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
 
       for _, later in ipairs({ "b", "" }) do
         local what = later == "" and "(the later run wrote none)" or "(the later run wrote its own)"
-        it(name .. "stopped collecting its outputs: never returns the later run's files, FENCED " .. what, function()
-          if backend == "redis" and not redis then pending("redis-server not installed") return end
+        it(name .. "stopped collecting its outputs: never returns the later run's files, files_error FENCED " .. what,
+          function()
+          if missing(backend) then pending(missing(backend)) return end
           local key = "stale:files-" .. backend .. "-" .. lang .. "-" .. #later
           local wb, s = warm(backend, key)
           local out = os.tmpname()
@@ -162,9 +181,12 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
           local r = assert(s:run(later == "" and nothing or BIG[lang](later), { language = lang }))
           assert.equal(later == "" and 0 or 1, #r.files)
           os.execute("kill -CONT " .. pid)
-          local a, first = result_of(out)
+          local a, first, ferr = result_of(out)
           assert.are_not.equal("b", first, "the stale run returned the later run's files")
-          assert.equal("FENCED", a)
+          -- its cell ran to its end: reported, never as refused; no files, the fence said
+          assert.equal("ok", a)
+          assert.equal("-", first)
+          assert.equal("FENCED", ferr)
           wb:close()
         end)
       end
@@ -207,5 +229,50 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
       once_each(id, home, mark1, mark2)
       wb:close()
     end)
+  end
+
+  -- A failover under a holder in the middle of its cell: the primary killed
+  -- (kill -9) or failed over by hand (SENTINEL FAILOVER, CLUSTER FAILOVER)
+  -- while the cell runs; a second run of the conversation waits for the new
+  -- primary. Both cells run once, never at once; the stale one (if its lock
+  -- was lost) never returns the later run's files; the later run uses the
+  -- same sandbox (remembered, or listed again when the state was lost).
+  for _, kind in ipairs({ "sentinel", "cluster" }) do
+    for _, how in ipairs({ "kill", "by hand" }) do
+      it(kind .. " lock: a failover (" .. how .. ") in the middle of a run: once each, no overlap", function()
+        if missing(kind) then pending(missing(kind)) return end
+        local t = topo[kind]
+        local key = "stale:failover-" .. kind .. "-" .. how:gsub(" ", "")
+        local wb, s, id = warm(kind, key)
+        local home = srv:sandbox_home(id)
+        os.remove(home .. "/go")
+        local code1, mark1 = cell("python", WAIT_GO.python .. BIG.python("a"))
+        local code2, mark2 = cell("python", BIG.python("b"))
+        local out = os.tmpname()
+        holder(kind, key, code1, "python", out)
+        wbd.eventually(function() return env:executions(id, mark1) == 1 end, 30)
+        local lkey = s.tag_value
+        if how == "kill" then
+          local _, old = t:signal_primary("KILL", lkey)
+          t:wait_primary(old, lkey)
+          t:restart(old)
+        else
+          t:failover(lkey)
+        end
+        local b
+        wb:spawn(function() b = table.pack(s:run(code2, { language = "python" })) end)
+        local go = assert(io.open(home .. "/go", "w"))
+        go:close()
+        assert(wb:loop())
+        local a, first = result_of(out)
+        assert(b[1], b[2])
+        assert.equal(id, b[1].sandbox_id)
+        assert.equal(("b"):rep(600000), b[1].files[1].content)
+        assert.is_true(a == "ok" or a == "FENCED", a)
+        assert.are_not.equal("b", first, "the stale run returned the later run's files")
+        once_each(id, home, mark1, mark2)
+        wb:close()
+      end)
+    end
   end
 end)

@@ -795,10 +795,36 @@ insulate("warmbox.e2b", function()
       local _, _, code, detail = s:run_code("x")
       assert.equals("TRANSPORT", code)
       assert.is_false(detail.sent)
+      assert.is_false(detail.started)
       push{ fail = { "empty reply", "TRANSPORT", true } }
       _, _, code, detail = s:run_code("x")
       assert.equals("TRANSPORT", code)
       assert.is_true(detail.sent)
+      -- sent: the cell may have started (only the sandbox can tell), no output came
+      assert.is_true(detail.started)
+      assert.is_false(detail.output_started)
+    end)
+
+    it("run_code: a bare status may come after the cell started (an intermediary after forwarding)", function()
+      for _, st in ipairs({ 502, 503, 429, 404, 500 }) do
+        push{ status = st, body = "no" }
+        local r, _, _, detail = s:run_code("1")
+        assert.is_nil(r)
+        assert.is_true(detail.started)
+        assert.is_false(detail.output_started)
+        assert.is_true(detail.sent)
+      end
+    end)
+
+    it("run_code: `fence` goes as X-Warmbox-Fence; a bad one raises", function()
+      push{ frames = { '{"type": "end_of_execution"}' } }
+      assert(s:run_code("1", { fence = 1234567890123 }))
+      assert.equals("1234567890123", last().headers["X-Warmbox-Fence"])
+      push{ frames = { '{"type": "end_of_execution"}' } }
+      assert(s:run_code("1"))
+      assert.is_nil(last().headers["X-Warmbox-Fence"])
+      assert.has_error(function() s:run_code("1", { fence = 1.5 }) end,
+        "bad argument #2 to 'run_code' (option 'fence': an integer >= 0 expected)")
     end)
 
     it("run_code: 502 before output is SANDBOX_GONE", function()

@@ -25,7 +25,12 @@ end
 -- Upper-case literals in lua/ that are not error codes, and why.
 local NOT_CODES = {
   GET = "HTTP method", POST = "HTTP method", DELETE = "HTTP method", HEAD = "HTTP method",
-  EVAL = "Redis command", BLPOP = "Redis command", DEL = "Redis command",
+  EVAL = "Redis command", BLPOP = "Redis command", DEL = "Redis command", ASKING = "Redis command",
+  SENTINEL = "Redis command", CLUSTER = "Redis command", ROLE = "Redis command", PING = "Redis command",
+  SET = "Redis command", INFO = "Redis command", CONFIG = "Redis command", MASTER = "Redis command",
+  REPLICAS = "Redis command", SLOTS = "Redis command", PX = "Redis command", MOVED = "Redis redirection",
+  ASK = "Redis redirection",
+  WARMBOX_REDIS_USERNAME = "environment variable", WARMBOX_REDIS_PASSWORD = "environment variable",
   SESSION = "CLI column header", TENANT = "CLI column header", AGE = "CLI column header",
   SANDBOX = "CLI column header", STATE = "CLI column header", KEY = "CLI column header",
   SANDBOXES = "CLI column header",

@@ -121,11 +121,11 @@ end)
 
 describe("warmbox.server's state directory", function()
   -- A lua5.4 that sees XDG_RUNTIME_DIR = dir and asks for the user's server.
-  local function local_server(dir)
+  local function local_server(dir, prefix)
     local build = core.module_path():match("^(.*)/warmbox/[^/]*$")
     local code = "local st, err = require('warmbox.server').local_server() print(st and st.url or err)"
-    local p = io.popen(string.format("XDG_RUNTIME_DIR='%s' LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' "
-      .. "lua5.4 -e \"%s\" 2>&1", dir, build, code))
+    local p = io.popen(string.format((prefix or "") .. "env XDG_RUNTIME_DIR='%s' "
+      .. "LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' lua5.4 -e \"%s\" 2>&1", dir, build, code))
     local out = p:read("a")
     p:close()
     return out
@@ -147,6 +147,27 @@ describe("warmbox.server's state directory", function()
     local out = planted("0777")
     assert.matches("state directory: refusing directory", out, 1, true)
     assert.matches("writable by others", out, 1, true)
+  end)
+
+  it("checks the directory before it reads the state file: a fifo planted there blocks nothing", function()
+    local run = tmpdir()
+    assert(sh("mkdir -p -m 0777 '" .. run .. "/warmbox' && chmod 0777 '" .. run .. "/warmbox' && mkfifo '"
+      .. run .. "/warmbox/server.json'"))
+    local out = local_server(run, "timeout 20 ")
+    os.execute("rm -rf '" .. run .. "'")
+    assert.matches("state directory: refusing directory", out, 1, true)
+  end)
+
+  it("is the user's own without HOME or XDG directories, never under /tmp", function()
+    local build = core.module_path():match("^(.*)/warmbox/[^/]*$")
+    local p = io.popen(string.format("env -u HOME -u XDG_RUNTIME_DIR -u XDG_STATE_HOME LUA_PATH='lua/?.lua;"
+      .. "lua/?/init.lua;;' LUA_CPATH='%s/?.so;;' lua5.4 -e \"print(require('warmbox.server').state_dir())\" 2>&1",
+      build))
+    local out = p:read("a")
+    p:close()
+    local home = io.popen("getent passwd $(id -u) | cut -d: -f6"):read("l")
+    assert.equal(home .. "/.local/state/warmbox\n", out)
+    assert.is_nil(out:find("^/tmp"))
   end)
 
   it("is read when it is the user's own (0700)", function()

@@ -6,7 +6,7 @@
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"
 local runner = require "warmbox.runner"
-local redis_helper = require "spec.helpers.redis"
+local redis_ha = require "spec.helpers.redis_ha"
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -72,10 +72,10 @@ end)
 -- <dir>/go, releases; "head" waits for <dir>/held, queues (default steps),
 -- takes the lock and releases it at once.
 local CHILD = [[
-local mode, backend, dir, port, key = ...
+local mode, backend, dir, ropts, key = ...
 local lock = require "warmbox.lock"
 local core = require "warmbox.core"
-local lk = lock.new{ backend = backend, dir = dir .. "/locks", redis = { port = tonumber(port), prefix = "wake:" },
+local lk = lock.new{ backend = backend, dir = dir .. "/locks", redis = assert(load("return " .. ropts))(),
                      timeout = 60 }
 local function exists(p) local f = io.open(p) if f then f:close() end return f ~= nil end
 if mode == "hold" then
@@ -90,7 +90,7 @@ else
 end
 ]]
 
-local function queued(backend, port, key, dir)
+local function queued(backend, t, key, dir)
   if backend == "file" then
     local f = io.open(dir .. "/locks/" .. lock._file_name(key) .. "q")
     if not f then return 0 end
@@ -98,12 +98,12 @@ local function queued(backend, port, key, dir)
     f:close()
     return n
   end
-  local c = assert(core.redis{ host = "127.0.0.1", port = port })
-  return c:command("ZCARD", "wake:queue:" .. key)
+  return t:call(key, "ZCARD", t:name("wake:", "queue", key))
 end
 
 local runs = 0
-local function across(backend, port, in_task)
+-- t: the Redis topology (spec.helpers.redis_ha) for backend "redis"
+local function across(backend, t, in_task)
   runs = runs + 1
   local dir = work .. "/" .. backend .. "-" .. runs
   assert(os.execute("mkdir -p " .. q(dir)))
@@ -114,18 +114,18 @@ local function across(backend, port, in_task)
   local key = "wake-across-" .. backend .. "-" .. runs .. "-" .. os.time()
   local env = "LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
   for _, mode in ipairs{ "hold", "head" } do
-    assert(os.execute(string.format("%s lua5.4 %s %s %s %s %d %s >>%s 2>&1 &", env, q(child), mode, backend,
-      q(dir), port or 0, key, q(dir .. "/log"))))
+    assert(os.execute(string.format("%s lua5.4 %s %s %s %s %s %s >>%s 2>&1 &", env, q(child), mode, backend,
+      q(dir), q(t and t:lua_opts("wake:") or "{}"), key, q(dir .. "/log"))))
   end
   -- wait until the head child has queued (its ticket is in the queue)
   local deadline = core.now() + 30
-  while queued(backend, port, key, dir) < 1 do
+  while queued(backend, t, key, dir) < 1 do
     assert(core.now() < deadline, "the head child never queued")
     core.sleep(0.01)
   end
   local go = false
   local lk = lock.new(with({ backend = backend, dir = dir .. "/locks",
-    redis = { port = port, prefix = "wake:" } }, with(SLOW, {
+    redis = t and t:opts("wake:") or nil }, with(SLOW, {
     -- the default blocking wait; the holder is told to release once we are queued
     wait = function(s, waker)
       if not go then
@@ -162,13 +162,15 @@ describe("lock wake-up, across processes (blocking waits)", function()
     assert.is_true(wakes >= 1)
   end)
 
-  local it_redis = redis_helper.available() and it or pending
-  it_redis("redis: the waiter behind the head is woken through its wake list", function()
-    local srv = redis_helper.start()
-    local ok, polls, wakes = pcall(across, "redis", srv.port)
-    srv:stop()
-    assert(ok, polls)
-    assert.equal(0, polls)
-    assert.is_true(wakes >= 1)
-  end)
+  for _, kind in ipairs(redis_ha.kinds()) do
+    it("redis (" .. kind .. "): the waiter behind the head is woken through its wake list", function()
+      local t = redis_ha.start(kind)
+      local ok, polls, wakes = pcall(across, "redis", t)
+      t:stop()
+      assert(ok, polls)
+      assert.equal(0, polls)
+      assert.is_true(wakes >= 1)
+    end)
+  end
+  if #redis_ha.kinds() == 0 then pending("redis-server is not installed") end
 end)

@@ -40,10 +40,34 @@ describe("warmbox.session.decide", function()
     assert.equal("alongside", decide.remembered_way(now + decide.ALONGSIDE_MARGIN, nil, now, 60, true))
     assert.is_nil(decide.remembered_way(now + decide.ALONGSIDE_MARGIN - 1, true, now, 60, true)) -- about to pause
     local paused = now - decide.PAUSE_GRACE
-    assert.equal("auto_resume", decide.remembered_way(paused, true, now, 60, true))
-    assert.is_nil(decide.remembered_way(paused, nil, now, 60, true))
-    assert.equal("auto_resume_alongside",
-      decide.remembered_way(paused, true, now, decide.AUTO_RESUME_LEASE - decide.LEASE_MARGIN + 1, true))
+    -- paused: the execute resumes it only when the lease asked is no shorter
+    -- than a resume by traffic gives; a shorter one is a connect first
+    assert.equal("auto_resume", decide.remembered_way(paused, true, now, decide.AUTO_RESUME_LEASE, true))
+    assert.is_nil(decide.remembered_way(paused, true, now, decide.AUTO_RESUME_LEASE - 1, true))
+    assert.is_nil(decide.remembered_way(paused, true, now, 60, true))
+    assert.is_nil(decide.remembered_way(paused, nil, now, 300, true))
+  end)
+
+  it("lease watched: the policy's value from MIN_LEASE up, whatever the run's timeout", function()
+    assert.same({ 10, false }, { decide.lease(10, 300, true) })
+    assert.same({ decide.MIN_LEASE, false }, { decide.lease(1, 300, true) })
+    assert.same({ 305, true }, { decide.lease(10, 300) })        -- unwatched: the run's timeout + margin
+    assert.is_nil(decide.lease(0, 300, true))
+  end)
+
+  it("watch_at / watch_deadline: the watchdog extends before the end, its retries land before it", function()
+    assert.equal(990, decide.watch_at(1000, 60))
+    assert.equal(997.5, decide.watch_at(1000, 5))                -- half a short lease
+    assert.is_true(decide.watch_deadline(1000, 60) > decide.watch_at(1000, 60))
+    assert.is_true(decide.watch_deadline(1000, 5) < 1000)
+    assert.is_true(decide.watch_deadline(1000, 5) > decide.watch_at(1000, 5))
+  end)
+
+  it("prewarm_warm: nothing to do while the lease has the margin a run needs", function()
+    assert.is_true(decide.prewarm_warm(1000, 1015, 300, 30))     -- half the lease left
+    assert.is_false(decide.prewarm_warm(1000, 1014, 300, 30))
+    assert.is_true(decide.prewarm_warm(1000, 1005, 5, 30))       -- the run comes sooner
+    assert.is_false(decide.prewarm_warm(1000, nil, 5, 30))
   end)
 
   it("arrival and unanswered: what the sandbox's answers mean", function()
@@ -52,7 +76,9 @@ describe("warmbox.session.decide", function()
     assert.equal("unknown", decide.arrival(nil))
     assert.is_true(decide.unanswered("SANDBOX_GONE"))
     assert.is_true(decide.unanswered("HTTP", { status = 503 }))
-    assert.is_false(decide.unanswered("SANDBOX_GONE", { started = true }))
+    assert.is_false(decide.unanswered("SANDBOX_GONE", { started = true, output_started = true }))
+    -- a bare status after the request left: the cell may have started, the sandbox is asked
+    assert.is_true(decide.unanswered("SANDBOX_GONE", { started = true, output_started = false }))
     assert.is_false(decide.unanswered("HTTP", { status = 500 }))
     assert.is_true(decide.is_gone("NOT_FOUND"))
     assert.is_false(decide.is_gone("HTTP"))
@@ -68,7 +94,8 @@ describe("warmbox.session.retry", function()
     assert.is_false(retry.reach("cell", "TRANSPORT", nil, true))
     assert.equal("ask", retry.reach("cell", "SANDBOX_GONE", {}, true))
     assert.is_false(retry.reach("cell", "SANDBOX_GONE", {}, false)) -- no guard: it may have run
-    assert.is_false(retry.reach("cell", "SANDBOX_GONE", { started = true }, true))
+    assert.is_false(retry.reach("cell", "SANDBOX_GONE", { started = true, output_started = true }, true))
+    assert.equal("ask", retry.reach("cell", "SANDBOX_GONE", { started = true, output_started = false }, true))
     assert.is_false(retry.reach("cell", "HTTP", { status = 500 }, true))
     assert.is_false(retry.reach("cell", "TIMEOUT", { started = true }, true))
     assert.equal("never", retry.reach("refused", "HOOKS_LOST"))

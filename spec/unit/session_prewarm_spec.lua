@@ -72,16 +72,18 @@ describe("s:prewarm", function()
     assert.is_nil(e.client.sb["sb-other"].killed)
   end)
 
-  it("does nothing when the remembered lease covers `within`, and extends it when it does not", function()
+  it("does nothing while the remembered lease has a run's margin (half of it, or `within`), else extends it",
+    function()
     local e = setup()
     local s = e.new("pw:warm")
-    assert(s:run("x = 1"))                  -- lease 300 s from now
+    assert(s:run("x = 1"))                  -- lease 300 s (the idle window) from now
     local before = #e.client.calls
     e.t.now = e.t.now + 100
     assert.equal("warm", (assert(s:prewarm():result())).action)            -- 200 s left >= 60
-    assert.equal("warm", (assert(s:prewarm{ within = 200 }:result())).action)
+    assert.equal("warm", (assert(s:prewarm{ within = 150 }:result())).action)  -- 200 s left >= 150
     assert.equal(before, #e.client.calls)
-    local p = s:prewarm{ within = 201 }
+    e.t.now = e.t.now + 51                  -- 149 s left: less than half the lease
+    local p = s:prewarm{ within = 150 }
     assert.equal("extended", (assert(p:result())).action)
     assert.same({ "connect" }, { e.client.calls[before + 1][1] })
     assert.equal(before + 1, #e.client.calls)
@@ -92,7 +94,8 @@ describe("s:prewarm", function()
     local e = setup()
     -- With `parallel`, a run on a paused auto-resume sandbox sends the execute alone;
     -- a prewarm must not leave the resume to a later execute.
-    local s = e.new("pw:paused", { parallel = function() error("a prewarm never runs alongside") end })
+    -- (a parallel that runs the main part alone: no watchdog, no alongside extension)
+    local s = e.new("pw:paused", { parallel = function(main) return nil, main() end })
     assert(s:run("x = 1"))
     local id = s:state().sandbox_id
     assert(e.client:pause(id))
@@ -147,6 +150,29 @@ describe("s:prewarm", function()
     assert.equal(1, e.client:count("create"))
     assert.equal(1, e.client:count("list"))  -- the prewarm's; the run found it remembered
     assert.equal(r.sandbox_id, last_event(e, "prewarm").sandbox_id)
+  end)
+
+  it("just in time: waits until JIT_LEAD before `within` ends; a run that comes first cancels it", function()
+    local e = setup()
+    local decide = require "warmbox.session.decide"
+    local s = e.new("pw:jit")
+    local p = s:prewarm{ within = decide.JIT_LEAD + 0.2, just_in_time = true }
+    assert.is_false(p:done())
+    assert.equal(0, #e.client.calls)        -- nothing yet: the run is not coming before 0.2 s
+    assert(e.runner:loop())
+    assert.equal("created", (assert(p:result())).action)
+    assert.equal(1, e.client:count("create"))
+    -- a run before the prewarm's time: it does the work itself, the prewarm is cancelled
+    local s2 = e.new("pw:jit-overtaken")
+    local p2 = s2:prewarm{ within = 600, just_in_time = true }
+    assert(s2:run("1"))
+    assert.is_true(p2:done())
+    assert.equal(1, s2:stats().prewarm_cancelled)
+    assert.equal(2, e.client:count("create"))
+    -- without `within` it starts at once, as ever
+    local s3 = e.new("pw:jit-now")
+    local p3 = s3:prewarm{ just_in_time = true }
+    assert.equal("created", (assert(p3:result())).action)
   end)
 
   it("a failure is silent: no raise, an event, a count; the run does the work", function()

@@ -55,8 +55,8 @@ describe("warmbox.session", function()
       e.client:add("sb1", s.tag_value, "running")
       local r = assert(s:run("x = 1"))
       assert.same({ "sb1" }, e.client:ids("connect"))
-      -- the policy says max(exec_timeout, idle_timeout) = 600, but the run may take its
-      -- whole 600 s timeout: the lease is that + LEASE_MARGIN (5) = 605
+      -- the policy says the idle window, 300, but a session without a watchdog (no
+      -- `parallel`) covers the run's whole 600 s timeout: that + LEASE_MARGIN (5) = 605
       assert.equal(605, e.client.calls[2][3])
       assert.same({ "sb1" }, e.client:ids("set_timeout"))
       assert.equal(0, e.client:count("create"))
@@ -147,6 +147,7 @@ describe("warmbox.session", function()
       e.client:add("live", s.tag_value)
       e.client:add("dead", s.tag_value)
       e.client.fail.connect = { dead = "NOT_FOUND" }
+      e.client.info_over.dead = "gone" -- info confirms it
       local r = assert(s:run("1"))
       assert.equal("live", r.sandbox_id)
       assert.same({ "dead", "live" }, e.client:ids("connect"))
@@ -159,9 +160,27 @@ describe("warmbox.session", function()
       local s = e.new("w:t")
       e.client:add("dead", s.tag_value)
       e.client.fail.connect = { dead = "NOT_FOUND" }
+      e.client.info_over.dead = "gone"
       local r = assert(s:run("1"))
       assert.equal(1, e.client:count("create"))
       assert.equal("new1", r.sandbox_id)
+    end)
+
+    it("a 404 on connect that info does not confirm never gives the candidate up: connected once more", function()
+      local e = setup()
+      local s = e.new("w:t")
+      e.client:add("kept", s.tag_value)
+      e.client.fail.connect = { kept = "NOT_FOUND" }
+      -- 404 twice, info says it exists: the run fails, nothing is created or killed
+      local r, _, code = s:run("1")
+      assert.is_nil(r)
+      assert.equal("NOT_FOUND", code)
+      assert.same({ "kept", "kept" }, e.client:ids("connect"))
+      assert.equal(0, e.client:count("create"))
+      assert.same({}, e.client:ids("kill"))
+      -- the 404 was an intermediary's: the next run keeps the sandbox
+      e.client.fail.connect = nil
+      assert.equal("kept", assert(s:run("2")).sandbox_id)
     end)
 
     it("never reaps the candidate a transient fault hid: the run fails before any kill", function()
@@ -678,6 +697,28 @@ describe("warmbox.session", function()
       end
     end)
 
+    it("pause_after_run: pauses after every run; the next run resumes it with a connect first", function()
+      local e = setup{ policy = { pause_after_run = true }, idle_timeout = 30 }
+      local events = {}
+      -- watched (a `parallel` that runs the main part alone): the lease is the idle window
+      local s = e.new("w:pause", { parallel = function(main) return nil, main() end,
+        on_event = function(name, info)
+          if name == "pause_after_run" then events[#events + 1] = info.ok end
+        end })
+      local r1 = assert(s:run("x = 1"))
+      assert.equal("paused", e.client.sb[r1.sandbox_id].state)
+      assert.same({ true }, events)
+      e.t.now = e.t.now + 1                  -- a second later: it is paused all the same
+      e.client.calls = {}
+      local r2 = assert(s:run("x"))
+      assert.equal(r1.sandbox_id, r2.sandbox_id)
+      assert.is_true(r2.resumed)
+      local names = {}
+      for _, call in ipairs(e.client.calls) do names[#names + 1] = call[1] end
+      assert.same({ "connect", "run_code", "pause" }, names)
+      assert.equal(30, e.client.calls[1][3])  -- resumed for the idle window's lease
+    end)
+
     it("recycles a sandbox whose run would cross E2B's maximum run length: pause, then connect", function()
       local e = setup()
       local s = e.new("w:t", { max_run_length = 3600 })
@@ -692,7 +733,7 @@ describe("warmbox.session", function()
       assert.same({ "connect", "pause", "connect", "run_code" }, names)
       local st = s:state()
       assert.equal(e.t.now, st.run_started) -- a new run: the cap moved to now + 3600
-      assert.equal(e.t.now + 600, st.lease_end)
+      assert.equal(e.t.now + 300, st.lease_end)    -- the idle window (the run's 60 s + margin is shorter)
       -- right after, nothing more is needed
       e.client.calls = {}
       assert(s:run("3", { timeout = 60 }))

@@ -194,8 +194,8 @@ describe("warmbox.sim", function()
       assert.near(r.compute_seconds * per_s, r.compute_cost, 1e-12)
       assert.same({ { cpu_count = 2, memory_mb = 2048, seconds = r.compute_seconds, cost = r.compute_cost } },
         r.compute_by_size)
-      -- created with a 305 s lease (the 300 s timeout + LEASE_MARGIN), then paused
-      assert.near(305, r.compute_seconds, 1e-6)
+      -- created with a 300 s lease (the idle window: the watchdog keeps a longer run's), then paused
+      assert.near(300, r.compute_seconds, 1e-6)
       assert.near(r.paused_seconds * 0.001, r.storage_cost, 1e-12)
       assert.near(r.compute_cost + r.storage_cost, r.cost, 1e-12)
     end)
@@ -208,11 +208,11 @@ describe("warmbox.sim", function()
       local base = assert(sim.run(opts))
       opts.size = { cpu_count = 8, memory_mb = 8192 }
       local big = assert(sim.run(opts))
-      -- the same 305 s running in each; base is E2B's default size, 2 vCPU / 512 MiB:
-      -- 305 x (2 x 0.000014 + 0.5 x 0.0000045) = $0.00922625; 8 vCPU / 8 GiB: 305 x (8 x 0.000014 + 8 x 0.0000045)
-      assert.near(305, base.compute_seconds, 1e-6)
-      assert.near(305 * (2 * 0.000014 + 0.5 * 0.0000045), base.compute_cost, 1e-12)
-      assert.near(305 * (8 * 0.000014 + 8 * 0.0000045), big.compute_cost, 1e-12)
+      -- the same 300 s running in each; base is E2B's default size, 2 vCPU / 512 MiB:
+      -- 300 x (2 x 0.000014 + 0.5 x 0.0000045); 8 vCPU / 8 GiB: 300 x (8 x 0.000014 + 8 x 0.0000045)
+      assert.near(300, base.compute_seconds, 1e-6)
+      assert.near(300 * (2 * 0.000014 + 0.5 * 0.0000045), base.compute_cost, 1e-12)
+      assert.near(300 * (8 * 0.000014 + 8 * 0.0000045), big.compute_cost, 1e-12)
       assert.same({ 2, 512 }, { base.compute_by_size[1].cpu_count, base.compute_by_size[1].memory_mb })
       -- the model lists what it bills: cpu_count / memory_mb of the record
       assert.same({ 2, 2048 }, { ci.sandboxes[1].cpu_count, ci.sandboxes[1].memory_mb })
@@ -420,13 +420,13 @@ describe("warmbox.sim", function()
     it("without it: the cold start and the resume sit on the run's path", function()
       local r = assert(sim.run(base))
       -- run 1 at 10 s: list 20, create 20 + 500, hooks cell 20 + 1000 (kernel), half a round trip: 1570 ms
-      -- run 2 at 200 s (paused at 75.53 s): connect 20 + 1000 (resume), half a round trip: 1030 ms
+      -- run 2 at 200 s (paused at 70.53 s): connect 20 + 1000 (resume), half a round trip: 1030 ms
       assert.same({ 1030, 1570 }, r.latencies_ms)
       assert.same({ 1030, 1570 }, { r.p50_ms, r.p95_ms })
       assert.same({ 3, 2, 1, 1, 0 }, { r.turns, r.runs, r.cold_starts, r.resumes, r.prewarms })
-      -- running 10.53..75.53 (created at 10.03 + 500 ms, a 65 s lease from there) and
-      -- 201.01..266.01 (resumed at 200.01 + 1 s): 65 + 65
-      assert.near(130, r.compute_seconds, 1e-6)
+      -- running 10.53..70.53 (created at 10.03 + 500 ms, a 60 s lease: the idle window) and
+      -- 201.01..261.01 (resumed at 200.01 + 1 s): 60 + 60
+      assert.near(120, r.compute_seconds, 1e-6)
     end)
 
     it("with it: each run finds its sandbox warm; an unused prewarm is counted and costs compute", function()
@@ -434,17 +434,17 @@ describe("warmbox.sim", function()
       for k, v in pairs(base) do o[k] = v end
       o.prewarm = true
       local r = assert(sim.run(o))
-      -- each run: the lease's refresh (connect, 20 ms) and half a round trip
-      assert.same({ 30, 30 }, r.latencies_ms)
-      assert.same({ 30, 30 }, { r.p50_ms, r.p95_ms })
+      -- each run: half a round trip (the prewarm's lease, 3 s old, needs no refresh)
+      assert.same({ 10, 10 }, r.latencies_ms)
+      assert.same({ 10, 10 }, { r.p50_ms, r.p95_ms })
       assert.same({ 2, 0, 0, 2 }, { r.runs, r.cold_starts, r.resumes, r.warm_hits })
       -- prewarms at 7 s (create + kernel), 197 s (resume) and 397 s (resume, then no run)
       assert.same({ 3, 1, 1, 2, 0 }, { r.prewarms, r.prewarms_unused, r.prewarm_creates, r.prewarm_resumes,
         r.prewarms_failed })
-      -- running 7.53..75.01 (created at 7.53; run 1's connect at 10.01 moves the lease end
-      -- to 10.01 + 65), 198.01..265.01 (resumed at 198.01; run 2's connect at 200.01 + 65)
-      -- and 398.01..463.01 (the unused one's whole 65 s lease)
-      assert.near(67.48 + 67 + 65, r.compute_seconds, 1e-5)
+      -- running 7.53..67.53 (created at 7.53, a 60 s lease: the idle window; run 1 sends
+      -- nothing but its execute), 198.01..258.01 (resumed at 198.01) and 398.01..458.01
+      -- (the unused one): 60 s each
+      assert.near(60 + 60 + 60, r.compute_seconds, 1e-5)
       assert.equal(1, r.created)
     end)
 
@@ -471,10 +471,10 @@ describe("warmbox.sim", function()
 
   describe("Retry-After in a simulation", function()
     it("a create refused by the cap waits what the 429 says, in virtual time, then succeeds", function()
-      -- keep-alive: a's sandbox runs until its lease ends (created at 0.53 s, lease 15 s:
-      -- the 10 s timeout + LEASE_MARGIN; killed at 15.53 s). b's create at 14.03 s and
-      -- 15.05 s gets 429 + Retry-After 1 s; the third attempt, at 16.07 s, finds the slot free.
-      local trace = { { t = 0, session = "a", duration = 0 }, { t = 14, session = "b", duration = 0 } }
+      -- keep-alive: a's sandbox runs until its lease ends (created at 0.53 s, lease 10 s:
+      -- the idle window; killed at 10.53 s). b's create at 9.03 s and 10.05 s gets
+      -- 429 + Retry-After 1 s; the third attempt, at 11.07 s, finds the slot free.
+      local trace = { { t = 0, session = "a", duration = 0 }, { t = 9, session = "b", duration = 0 } }
       local r = assert(sim.run{ trace = trace, builtin = "keep-alive", exec_timeout = 10, idle_timeout = 10,
         model = { max_running = 1 }, gc_every = false, tail = 0, details = true })
       assert.same({ 2, 0 }, { r.ok, r.failed })
@@ -482,11 +482,10 @@ describe("warmbox.sim", function()
       local b = r.log[2]
       assert.equal("b", b.session)
       -- list 20 ms, two refused creates 20 ms + 1 s each, create 20 + 500 ms, hooks cell
-      -- 20 + 1000 ms (kernel start), the lease extended (20 ms: counted from before the
-      -- create, it no longer covers the 10 s cell + COVER_MARGIN), half a round trip:
-      -- 3630 ms before b's code ran
-      assert.near(3.63, b.code_started - b.start, 1e-6)
-      -- without the header the client backs off 0.1-0.4 s: all four attempts fail before 15.53 s
+      -- 20 + 1000 ms (kernel start), half a round trip (no extension before the cell: the
+      -- watchdog keeps the lease): 3610 ms before b's code ran
+      assert.near(3.61, b.code_started - b.start, 1e-6)
+      -- without the header the client backs off 0.1-0.4 s: all four attempts fail before 10.53 s
       local r2 = assert(sim.run{ trace = trace, builtin = "keep-alive", exec_timeout = 10, idle_timeout = 10,
         model = { max_running = 1, retry_after = 0 }, gc_every = false, tail = 0 })
       assert.same({ 1, 1, 4 }, { r2.ok, r2.failed, r2.rejected_cap })
@@ -707,8 +706,8 @@ describe("warmbox.sim", function()
         prices = { paused_second = 1 / 3600 } }))
       local by = {}
       for _, r in ipairs(rows) do by[r.value] = r end
-      assert.same({ "reference", "no-reuse", "keep-alive", "default" },
-        { rows[1].value, rows[2].value, rows[3].value, rows[4].value })
+      assert.same({ "reference", "pause-per-turn", "no-reuse", "keep-alive", "default" },
+        { rows[1].value, rows[2].value, rows[3].value, rows[4].value, rows[5].value })
       -- no reuse: a fresh sandbox per call, killed after it; every later turn lost its state
       assert.same({ 3, 3, 3, 0 }, { by["no-reuse"].cold_starts, by["no-reuse"].created, by["no-reuse"].kills,
         by["no-reuse"].resumes })
@@ -716,6 +715,10 @@ describe("warmbox.sim", function()
       -- keep-alive: killed at the end of the idle window, so the turn at 1000 s starts cold
       assert.same({ 2, 1, 0 }, { by["keep-alive"].cold_starts, by["keep-alive"].conversations_lost_state,
         by["keep-alive"].paused_hours })
+      -- pause-per-turn: paused after every turn, resumed at every later one, never lost
+      assert.same({ 1, 2, 0 }, { by["pause-per-turn"].cold_starts, by["pause-per-turn"].resumes,
+        by["pause-per-turn"].conversations_lost_state })
+      assert.is_true(by["pause-per-turn"].compute_seconds < by["default"].compute_seconds / 10)
       -- reference and default: paused, then resumed with its state
       for _, name in ipairs{ "reference", "default" } do
         assert.same({ 1, 1, 0 }, { by[name].cold_starts, by[name].resumes, by[name].conversations_lost_state })
@@ -829,7 +832,7 @@ describe("warmbox.sim", function()
       rows = assert(sim.sweep({ trace = FIXTURE, exec_timeout = 60 }, { param = "idle_timeout", values = { 60, 900 } }))
     end)
 
-    it("writes the built-in SVG when gnuplot is not installed", function()
+    it("writes the built-in SVG for a path that is not .png", function()
       local path = os.tmpname()
       assert.equal("svg", sim.plot(rows, path, { gnuplot = "/nonexistent/gnuplot" }))
       local f = assert(io.open(path))
@@ -856,7 +859,7 @@ describe("warmbox.sim", function()
       f:close()
       os.execute("chmod +x " .. fake)
       local out = dir .. "/chart.png"
-      assert.equal("gnuplot", sim.plot(rows, out, { gnuplot = fake }))
+      assert.equal("gnuplot", sim.plot(rows, out, { gnuplot = fake, python = false }))
       local function read(p)
         local h = assert(io.open(p))
         local t = h:read("a")
@@ -1035,7 +1038,7 @@ describe("warmbox.sim", function()
         "--paused-price", "0.02", "--csv", csv }, { stdout = out, stderr = err })
       assert.equal(0, status, err:text())
       local text = out:text()
-      for _, name in ipairs{ "reference", "no%-reuse", "keep%-alive", "default" } do
+      for _, name in ipairs{ "reference", "pause%-per%-turn", "no%-reuse", "keep%-alive", "default" } do
         assert.matches("\n" .. name .. " ", text)
       end
       assert.matches("lost state", text)
@@ -1047,9 +1050,10 @@ describe("warmbox.sim", function()
       for l in f:lines() do lines[#lines + 1] = l end
       f:close()
       os.remove(csv)
-      assert.equal(5, #lines)
+      assert.equal(6, #lines)
       assert.equal(table.concat(sim.CSV_FIELDS, ","), lines[1])
-      assert.matches("^no%-reuse,policy,no%-reuse,3,10,", lines[3])
+      assert.matches("^pause%-per%-turn,policy,pause%-per%-turn,", lines[3])
+      assert.matches("^no%-reuse,policy,no%-reuse,3,10,", lines[4])
       out, err = sink(), sink()
       status = require("warmbox.cli").main({ "simulate", "--trace", FIXTURE, "--policies", "fast" },
         { stdout = out, stderr = err })
@@ -1119,7 +1123,7 @@ describe("warmbox.sim", function()
       status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "maybe" },
         { stdout = out, stderr = err })
       assert.equal(2, status)
-      assert.matches("--prewarm needs on, off or off,on", err:text(), 1, true)
+      assert.matches("--prewarm needs on, off, jit or a list", err:text(), 1, true)
       out, err = sink(), sink()
       status = require("warmbox.cli").main({ "simulate", "--sessions", "3", "--prewarm", "on", "--exact" },
         { stdout = out, stderr = err })

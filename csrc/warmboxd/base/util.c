@@ -324,11 +324,29 @@ void wbd_random_chars(char *out, size_t n, const char *alphabet, size_t alen) {
   out[n] = 0;
 }
 
-void wbd_uuid4(char *buf, size_t len) {
-  unsigned char b[16];
-  wbd_random(b, sizeof b);
+/* 16 bytes as a version-4-marked UUID string (the one formatter). */
+static void uuid_format(unsigned char b[16], char *buf, size_t len) {
   b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
   b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
   snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
            b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+void wbd_uuid4(char *buf, size_t len) {
+  unsigned char b[16];
+  wbd_random(b, sizeof b);
+  uuid_format(b, buf, len);
+}
+
+void wbd_uuid_of(const char *kind, const char *seed, char out[37]) {
+  size_t lk = strlen(kind), ls = strlen(seed);
+  char *s = malloc(lk + ls + 2);
+  if (!s) abort();
+  memcpy(s, kind, lk);
+  s[lk] = '\n';
+  memcpy(s + lk + 1, seed, ls + 1);
+  unsigned char d[32];
+  wbd_sha256(s, lk + ls + 1, d);
+  free(s);
+  uuid_format(d, out, 37);
 }

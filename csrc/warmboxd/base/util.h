@@ -40,6 +40,9 @@ void wbd_random(void *buf, size_t len);
 void wbd_random_chars(char *out, size_t n, const char *alphabet, size_t alen);
 /* A random (version 4) UUID, lowercase, with dashes, no newline; buf >= 37. */
 void wbd_uuid4(char *buf, size_t len);
+/* A UUID derived from `kind` and `seed` (SHA-256 of "kind\nseed"), stable
+ * across runs: the ids E2B's events give a team, a build, an execution. */
+void wbd_uuid_of(const char *kind, const char *seed, char out[37]);
 
 /* A JSON string for bytes that came from outside (paths, file names, header
  * values, messages that quote them): json_string() returns NULL for bytes

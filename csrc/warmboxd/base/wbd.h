@@ -99,6 +99,7 @@ struct wbd_sandbox {
   int refcount;             /* under the store lock; record freed at 0 after kill */
   /* data plane bookkeeping (under the store lock) */
   int runs_in_flight;       /* /execute and Process.Start streams now running */
+  int64_t last_start_mono_us;  /* CLOCK_MONOTONIC of its last Process.Start (a pause lets it settle) */
   int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart) */
   struct wbd_rt *rt;
 };
@@ -145,6 +146,9 @@ struct wbd_usage { double cpu_s; long long mem_used, mem_cache, disk_used, disk_
 int  wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u);
 int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) or end (no memory) its processes */
 int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its processes */
+/* 1 while a process of the sandbox runs or waits for a CPU (a command that
+ * has not settled into waiting yet), else 0. */
+int  wbd_rt_settling(struct wbd_sandbox *sb);
 void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
 void wbd_rt_shutdown(void);                                   /* warmboxd exits: clean up everything */
 

@@ -101,34 +101,8 @@ int wbd_ctl_authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_R
 }
 
 /* ------------------------------------------------------------------ */
-/* JSON bodies                                                         */
+/* JSON bodies (the object itself: body.c)                             */
 /* ------------------------------------------------------------------ */
-
-
-/* Parses the body as a JSON object. An empty body gives an empty object
- * unless `required` (then 400, as the validator answers). */
-json_t *wbd_ctl_body_object(struct wbd_req *req, int required, enum MHD_Result *r) {
-  if (req->body_len == 0) {
-    if (required) {
-      *r = wbd_reply_error(req, 400, VERR "value is required but missing");
-      return NULL;
-    }
-    return json_object();
-  }
-  json_error_t err;
-  json_t *o = json_loadb(req->body, req->body_len, 0, &err);
-  if (!o) {
-    *r = wbd_reply_error(req, 400, VERR "failed to decode request body: %s", err.text);
-    return NULL;
-  }
-  if (!json_is_object(o)) {
-    json_decref(o);
-    *r = wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/\": value must be an object");
-    return NULL;
-  }
-  return o;
-}
-
 
 /* Field `name` of `o`: NULL when absent or null. Sets *bad and replies 400
  * when it has the wrong type. */
@@ -202,6 +176,16 @@ static struct wbd_sandbox *find_locked(const char *team, const char *id) {
 
 struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) { return wbd_store_team_ref(team, id); }
 
+/* Cost accounting (the stats' "running_ms"): the milliseconds of a run that
+ * ends now (a pause or a kill; the lease timer's at the lease end, however
+ * late the timer or a clock move found it due). Store lock held. */
+static void count_running_locked(struct wbd_sandbox *sb, int expire_only) {
+  if (sb->state != WBD_RUNNING) return;
+  int64_t end = wbd_now_us();
+  if (expire_only && sb->end_at_us < end) end = sb->end_at_us;
+  if (end > sb->started_at_us) wbd_stat_add("running_ms", (long)((end - sb->started_at_us) / 1000));
+}
+
 /* expire_only: the lease timer's call; skip when the lease moved meanwhile. */
 static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   wbd_store_lock();
@@ -212,6 +196,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
     return 404;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("kill_during_run", 1);
+  count_running_locked(sb, expire_only);
   wbd_event_locked(sb, WBD_EV_KILLED, expire_only ? sb->end_at_us : 0);
   wbd_store_remove_locked(sb);
   sb->state = WBD_KILLED;
@@ -222,6 +207,35 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   wbd_store_unref_locked(sb);  /* the store's own reference */
   wbd_store_unlock();
   return 204;
+}
+
+/* A pause that comes right after a command's start lets the command get
+ * going before its processes are frozen: `bash -l -c "sleep 2 && ..."` frozen
+ * while still reading its profile would start its sleep only at the thaw.
+ * E2B's pause takes long enough for a command started just before it to be
+ * under way; warmboxd's takes milliseconds. So: within PAUSE_SETTLE_MAX_MS of
+ * the last Process.Start, the pause waits (at least PAUSE_SETTLE_MIN_MS after
+ * the start) until none of the sandbox's processes runs or waits for a CPU. */
+#define PAUSE_SETTLE_MIN_MS 500
+#define PAUSE_SETTLE_MAX_MS 2000
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void settle_started(struct wbd_sandbox *sb) {
+  wbd_store_lock();
+  int64_t started = sb->last_start_mono_us / 1000;
+  wbd_store_unlock();
+  if (started == 0) return;
+  for (;;) {
+    int64_t age = mono_ms() - started;
+    if (age < 0 || age >= PAUSE_SETTLE_MAX_MS) return;
+    if (age >= PAUSE_SETTLE_MIN_MS && !wbd_rt_settling(sb)) return;
+    wbd_sleep_ms(age < PAUSE_SETTLE_MIN_MS ? (int)(PAUSE_SETTLE_MIN_MS - age) : 20);
+  }
 }
 
 int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg, size_t len) {
@@ -246,6 +260,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg
   /* envd's changes already under way end first; new ones are refused */
   wbd_store_wait_changes_locked(sb);
   wbd_store_unlock();
+  if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */
   if (wbd_opt.keep_state) wbd_sleep_ms(wbd_knob(&wbd_state_lim.copy_ms));
   int rc = wbd_rt_on_pause(sb, memory), kept = 0;
   char why[800] = "";
@@ -260,6 +275,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg
   int failed = rc != 0 || (kept && !expire_only);
   wbd_store_lock();
   if (!failed) {
+    count_running_locked(sb, expire_only);   /* a failed pause's run goes on */
     wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
     wbd_store_set_end_locked(sb, wbd_now_us());

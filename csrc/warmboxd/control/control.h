@@ -180,9 +180,5 @@ void wbd_webhooks_stop(void);
  * want its type. Takes the webhooks lock only. */
 void wbd_webhooks_publish(const char *team, const char *type, json_t *event);
 enum MHD_Result wbd_webhooks_handle(struct wbd_req *req, const char *team);
-/* A UUID string (36 chars + NUL): random, or derived from `seed`. */
-void wbd_uuid_random(char out[37]);
-void wbd_uuid_of(const char *kind, const char *seed, char out[37]);
-
 
 #endif

@@ -15,6 +15,7 @@
  */
 #include "control.h"
 #include "state.h"
+#include "util.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -125,7 +126,7 @@ static json_t *event_data(const struct wbd_sandbox *sb, int type, int64_t at) {
 
 static json_t *event_json(const struct wbd_sandbox *sb, int type, int64_t at) {
   char id[37], exec[37], build[37], team[37], ts[48], seed[64];
-  wbd_uuid_random(id);
+  wbd_uuid4(id, sizeof id);
   snprintf(seed, sizeof seed, "%s/%lld", sb->id, (long long)sb->started_at_us);
   wbd_uuid_of("execution", seed, exec);
   wbd_uuid_of("build", sb->template_id ? sb->template_id : "", build);

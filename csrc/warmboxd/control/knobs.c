@@ -49,7 +49,7 @@ enum MHD_Result wbd_admin_stats(struct wbd_req *req, const struct wbd_call *call
   wbd_store_unlock();
   json_t *o = wbd_stats_json();
   json_t *c = json_object_get(o, "counters");
-  static const char *const known[] = { "exec_overlap", "kill_during_run", "pause_during_run" };
+  static const char *const known[] = { "exec_overlap", "kill_during_run", "pause_during_run", "running_ms" };
   for (size_t i = 0; i < sizeof known / sizeof *known; i++)
     if (!json_object_get(c, known[i])) json_object_set_new(c, known[i], json_integer(0));
   json_t *s = json_object();

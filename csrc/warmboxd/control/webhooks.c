@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 int wbd_webhook_retry_ms = 10000, wbd_webhook_retries = 3, wbd_webhook_duplicates = 0;
@@ -66,36 +65,6 @@ static pthread_t thread;
 static int started, stopping;
 
 /* ------------------------------------------------------------------ */
-/* UUIDs                                                               */
-/* ------------------------------------------------------------------ */
-
-static void uuid_format(unsigned char b[16], char out[37]) {
-  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-  snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-           b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-}
-
-void wbd_uuid_random(char out[37]) {
-  unsigned char b[16];
-  if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) abort();
-  uuid_format(b, out);
-}
-
-void wbd_uuid_of(const char *kind, const char *seed, char out[37]) {
-  size_t lk = strlen(kind), ls = strlen(seed);
-  char *s = malloc(lk + ls + 2);
-  if (!s) abort();
-  memcpy(s, kind, lk);
-  s[lk] = '\n';
-  memcpy(s + lk + 1, seed, ls + 1);
-  unsigned char d[32];
-  wbd_sha256(s, lk + ls + 1, d);
-  free(s);
-  uuid_format(d, out);
-}
-
-/* ------------------------------------------------------------------ */
 /* Delivery                                                            */
 /* ------------------------------------------------------------------ */
 
@@ -135,7 +104,7 @@ static int post(const struct delivery *d) {
   if (!c) return 0;
   char sig[64], h1[80], h2[80], h3[96];
   char did[37];
-  wbd_uuid_random(did);
+  wbd_uuid4(did, sizeof did);
   sign(d->secret, d->body, sig);
   snprintf(h1, sizeof h1, "e2b-webhook-id: %s", d->wid);
   snprintf(h2, sizeof h2, "e2b-delivery-id: %s", did);
@@ -452,7 +421,7 @@ static struct webhook **find_locked(const char *team, const char *id) {
 static enum MHD_Result h_create(struct wbd_req *req, const char *team, json_t *o) {
   struct webhook *w = calloc(1, sizeof *w);
   if (!w) abort();
-  wbd_uuid_random(w->id);
+  wbd_uuid4(w->id, sizeof w->id);
   snprintf(w->team, sizeof w->team, "%s", team);
   w->name = strdup("");
   w->url = strdup("");

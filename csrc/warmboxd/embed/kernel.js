@@ -58,10 +58,19 @@
   let active = false;   // a cell is running: output is forwarded
   let errorSent = false;
 
+  // A long write goes out as several lines of at most TEXT_CHUNK UTF-16 units
+  // (never splitting a surrogate pair), well under warmboxd's longest line.
+  const TEXT_CHUNK = 262144;
   function out(name, chunk) {
     if (!active) return;
     const text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8');
-    if (text) emit({ type: name, text, timestamp: now() });
+    for (let i = 0; i < text.length;) {
+      let j = Math.min(i + TEXT_CHUNK, text.length);
+      const c = text.charCodeAt(j - 1);
+      if (j < text.length && c >= 0xd800 && c <= 0xdbff) j--;
+      emit({ type: name, text: text.slice(i, j), timestamp: now() });
+      i = j;
+    }
   }
 
   const sink = (name) => ({

@@ -795,8 +795,11 @@ enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
   }
   proc_init(p, req, sb, in);
   json_decref(in);
+  struct timespec started;
+  clock_gettime(CLOCK_MONOTONIC, &started);
   wbd_store_lock();
   sb->refcount++;   /* the pump's */
+  sb->last_start_mono_us = (int64_t)started.tv_sec * 1000000 + started.tv_nsec / 1000;
   wbd_store_unlock();
   p->sb = sb;
   p->refs = 3;      /* the list, the pump, this stream */

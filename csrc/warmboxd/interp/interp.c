@@ -78,6 +78,8 @@ struct ictx {
   int busy_kernel;          /* busy_k still runs this run's cell */
   int busy_stream;          /* this run's stream is not over */
   struct kern *busy_k;
+  int busy_fenced;          /* busy_k's cell came with a fencing number ... */
+  unsigned long long busy_fence;   /* ... this one (X-Warmbox-Fence) */
   struct run *run;          /* the stream that gets the kernel's lines */
   pthread_cond_t cond;      /* the context became free, or gone */
   struct ictx *next;
@@ -109,6 +111,8 @@ struct run {
   int timed_out;            /* restarted because the cell outlived its timeout */
   long oom0;                /* the memory group's OOM kills when the run began, -1 */
   int64_t last_us, deadline_us;
+  int fenced;               /* the execute carried X-Warmbox-Fence: fence */
+  unsigned long long fence;
   char *pend;
   size_t pend_len, pend_off;
 };
@@ -266,6 +270,7 @@ static void kern_cell_over_locked(struct ictx *c, struct kern *k, int dead) {
   if (c->busy_k != k || !c->busy_kernel) return;
   c->busy_kernel = 0;
   c->busy_k = NULL;
+  c->busy_fenced = 0;
   if (c->run && c->run->k == k) {
     if (dead) c->run->kernel_dead = 1;
     else c->run->kernel_done = 1;
@@ -872,7 +877,19 @@ static int client_gone(struct wbd_req *req) {
 struct exec_req {
   json_t *body, *code, *env, *timeout;
   const char *ctx_id, *lang;
+  int fenced;                 /* X-Warmbox-Fence (warmbox's own header; E2B ignores it) */
+  unsigned long long fence;
 };
+
+/* X-Warmbox-Fence: the run's fencing number (a conversation's lock counts
+ * them up: a later holder's is higher). 0 absent, 1 read, -1 malformed. */
+static int exec_fence(struct wbd_req *req, unsigned long long *fence) {
+  const char *h = wbd_req_header(req, "X-Warmbox-Fence");
+  if (!h) return 0;
+  if (!*h || strlen(h) > 19 || strspn(h, "0123456789") != strlen(h)) return -1;
+  *fence = strtoull(h, NULL, 10);
+  return 1;
+}
 
 /* Parses and checks the body as the code interpreter's server does (422
  * with its detail; 400 for both context_id and language). 0, or -1 after
@@ -901,8 +918,16 @@ static int exec_parse(struct wbd_req *req, struct exec_req *e, enum MHD_Result *
     *m = unprocessable(req, "type_error", "body", "Input should be a valid string or object");
     return -1;
   }
+  unsigned long long fence = 0;
+  int fenced = exec_fence(req, &fence);
+  if (fenced < 0) {
+    json_decref(body);
+    *m = reply_text(req, 400, "X-Warmbox-Fence must be a decimal number");
+    return -1;
+  }
   *e = (struct exec_req){ .body = body, .code = code, .env = jenv, .timeout = json_object_get(body, "timeout"),
-                          .ctx_id = json_string_value(jctx), .lang = json_string_value(jlang) };
+                          .ctx_id = json_string_value(jctx), .lang = json_string_value(jlang),
+                          .fenced = fenced, .fence = fence };
   if (e->ctx_id && !*e->ctx_id) e->ctx_id = NULL;
   if (e->lang && !*e->lang) e->lang = NULL;
   if (e->ctx_id && e->lang) {
@@ -949,13 +974,68 @@ static struct ictx *exec_context_locked(struct wbd_req *req, struct wbd_rt *rt, 
   return *def;
 }
 
+/* Under the lock: another context of the sandbox whose kernel still runs a
+ * cell of another fenced run than e's (an older holder's cell goes on after
+ * its lock was lost), else NULL. */
+static struct ictx *fenced_elsewhere_locked(struct istate *ist, const struct ictx *c, const struct exec_req *e) {
+  if (!e->fenced) return NULL;
+  for (struct ictx *o = ist->ctxs; o; o = o->next)
+    if (o != c && o->busy_kernel && o->busy_fenced && o->busy_fence != e->fence) return o;
+  return NULL;
+}
+
+/* How long a fenced execute waits for another run's cell in another context
+ * (the execute's own timeout, else E2B's default 300 s), in µs. */
+static int64_t fence_wait_us(const struct exec_req *e) {
+  double t = json_is_number(e->timeout) ? json_number_value(e->timeout) : 0;
+  return (int64_t)((t > 0 && t < 31536000 ? t : 300) * 1e6);
+}
+
+/* Under the lock, c referenced: waits for the context to be free and, for a
+ * fenced execute, for every other context's cell of another fenced run to be
+ * over: two runs of one conversation never execute at once, in any of the
+ * sandbox's kernels (one context runs one cell at a time already). 0; or -1
+ * after leaving and replying (*m): 409 when the other cell outlived the wait
+ * (this cell is not started), MHD_NO when the client left. */
+static int exec_wait_free_locked(struct wbd_req *req, struct wbd_rt *rt, struct istate *ist, struct ictx *c,
+                                 const struct exec_req *e, enum MHD_Result *m) {
+  pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
+  int64_t until = wbd_now_us() + fence_wait_us(e);
+  int waited = 0;
+  for (;;) {
+    while ((c->busy_kernel || c->busy_stream) && !c->gone) pthread_cond_wait(&c->cond, mu);
+    struct ictx *o = c->gone ? NULL : fenced_elsewhere_locked(ist, c, e);
+    if (!o) return 0;
+    if (!waited++) wbd_stat_add("exec_fence_waited", 1);
+    if (client_gone(req)) return 0;   /* exec_ready_locked replies */
+    if (wbd_now_us() >= until) {
+      unsigned long long other = o->busy_fence;
+      char oid[sizeof o->id];
+      snprintf(oid, sizeof oid, "%s", o->id);
+      exec_leave_locked(rt, c);
+      wbd_stat_add("exec_fence_refused", 1);
+      *m = reply_text(req, 409, "Conflict: run %llu's cell still executes in context %s of this sandbox; the cell "
+                      "of run %llu was not started", other, oid, e->fence);
+      return -1;
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 50 * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&c->cond, mu, &dl);
+  }
+}
+
 /* Under the lock, c referenced: waits for the context to be free and
  * makes sure it has a live kernel. 0; or -1 after leaving and replying
  * (*m): the context went away, or its kernel would not start; or the
  * client left while it waited (MHD_NO: the cell is never started). */
-static int exec_ready_locked(struct wbd_req *req, struct wbd_rt *rt, struct ictx *c, const struct exec_req *e,
-                             enum MHD_Result *m) {
-  while ((c->busy_kernel || c->busy_stream) && !c->gone) pthread_cond_wait(&c->cond, wbd_rt_interp_mu(rt));
+static int exec_ready_locked(struct wbd_req *req, struct wbd_rt *rt, struct istate *ist, struct ictx *c,
+                             const struct exec_req *e, enum MHD_Result *m) {
+  if (exec_wait_free_locked(req, rt, ist, c, e, m) != 0) return -1;
   if (!c->gone && client_gone(req)) {
     exec_leave_locked(rt, c);
     wbd_stat_add("exec_client_gone", 1);
@@ -1013,6 +1093,8 @@ static int run_begin_locked(struct run *r, struct istate *ist) {
   c->busy_kernel = 1;
   c->busy_stream = 1;
   c->busy_k = r->k;
+  c->busy_fenced = r->fenced;
+  c->busy_fence = r->fence;
   int overlap = ist->active_runs > 0;
   ist->active_runs++;
   r->active = 1;
@@ -1067,7 +1149,7 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
     return m;
   }
   c->refs++;
-  if (exec_ready_locked(req, rt, c, &e, &m) != 0) {
+  if (exec_ready_locked(req, rt, ist, c, &e, &m) != 0) {
     json_decref(e.body);
     return m;
   }
@@ -1077,6 +1159,8 @@ static enum MHD_Result handle_execute(struct wbd_req *req, struct wbd_sandbox *s
     json_decref(e.body);
     return sandbox_gone(req, sb);
   }
+  r->fenced = e.fenced;
+  r->fence = e.fence;
   int overlap = run_begin_locked(r, ist);
   ist_unlock(rt);
   if (overlap) wbd_stat_add("exec_overlap", 1);

@@ -1514,6 +1514,35 @@ static void signal_tree_locked(struct wbd_rt *rt, int sig) {
   free(d);
 }
 
+/* Whether pid runs, waits for a CPU or is in an uninterruptible wait. */
+static int proc_busy(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *end = strrchr(buf, ')');
+  return end && end[1] == ' ' && (end[2] == 'R' || end[2] == 'D');
+}
+
+int wbd_rt_settling(struct wbd_sandbox *sb) {
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) return 0;
+  pid_t *roots, *d;
+  pthread_mutex_lock(&rt->mu);
+  size_t nr = live_pids(rt, &roots);
+  pthread_mutex_unlock(&rt->mu);
+  size_t n = descendants(roots, nr, &d);
+  int busy = 0;
+  for (size_t i = 0; i < n && !busy; i++) busy = proc_busy(d[i]);
+  free(roots);
+  free(d);
+  wbd_rt_put(rt);
+  return busy;
+}
+
 /* End every process of the sandbox and reap the ones we started. */
 static void kill_all_procs(struct wbd_rt *rt) {
   pthread_mutex_lock(&rt->mu);

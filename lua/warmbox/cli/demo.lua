@@ -11,19 +11,17 @@ local fail, FAILED = common.fail, common.FAILED
 local _M = {}
 
 local function lease_margin() return require("warmbox.session").LEASE_MARGIN end
-
--- The lease the demo's cold start sets (the default policy): the idle timeout,
--- at least the run's timeout + LEASE_MARGIN.
+-- The lease the demo's cold start sets (the default policy): the idle
+-- timeout, from MIN_LEASE up (a running cell's watchdog keeps it longer).
 local function demo_lease(o)
-  return math.max(o.idle_timeout, math.ceil(o.exec_timeout + lease_margin()))
+  return math.max(math.ceil(o.idle_timeout), require("warmbox.session.decide").MIN_LEASE)
 end
 
--- The demo's header line when --idle-timeout cannot take effect (event lease_floor).
+-- The demo's header line when --idle-timeout is below the shortest lease.
 local function demo_floor_note(o)
-  if o.idle_timeout >= o.exec_timeout then return "" end
-  return string_format("(idle timeout %gs is shorter than a run's %gs timeout: a run's lease covers the timeout + %ds, "
-    .. "so the sandbox pauses %gs after a run starts)\n", o.idle_timeout, o.exec_timeout, lease_margin(),
-    demo_lease(o))
+  if o.idle_timeout >= demo_lease(o) then return "" end
+  return string_format("(idle timeout %gs is shorter than the shortest lease, %ds: the sandbox pauses %ds after "
+    .. "its last run)\n", o.idle_timeout, demo_lease(o), demo_lease(o))
 end
 
 -- A run's failure as a step's answer.
@@ -50,8 +48,7 @@ local STEPS = {
     return true, string_format("x = 41  (created sandbox %s, reused=%s)", r.sandbox_id, tostring(r.reused))
   end },
   { "other session", function(d)
-    -- a conversation that goes quiet at once (a 7 s idle timeout: its 2 s timeout + LEASE_MARGIN):
-    -- GC reclaims it below
+    -- a conversation that goes quiet at once (a 7 s idle timeout): GC reclaims it below
     local quick = require("warmbox").new{ client = d.wb.client, exec_timeout = 2, idle_timeout = 7, lock = d.o.lock }
     local r, msg, code = quick:session("demo-workspace:abandoned"):run("echo bye", { language = "bash" })
     if not r then return failed(msg, code) end
@@ -152,8 +149,8 @@ end
 local function demo(o, io_)
   local out = io_.stdout
   local now = require("warmbox.core").now
-  -- The idle timeout takes effect only when no shorter than a run's timeout (a
-  -- run's lease covers its timeout + LEASE_MARGIN): 15 s, the 10 s timeout + 5.
+  -- A 15 s idle window (the 10 s timeout + 5, as ever: the demo's pause comes
+  -- 15 s after the cold start; any window from MIN_LEASE up takes effect).
   o.exec_timeout = o.exec_timeout or 10
   o.idle_timeout = o.idle_timeout or o.exec_timeout + lease_margin()
   o.lock = o.lock or "memory"

@@ -3,7 +3,7 @@
 --   warmbox [options] run --session KEY [--language L] [--timeout S] [--file NAME=PATH]...
 --                         [--env K=V]... [--actor A] [--out DIR] [--json] [--start] [CODE | -]
 --   warmbox [options] prewarm --session KEY [--env K=V]... [--actor A] [--within S] [--start]
---   warmbox [options] server start|stop|status
+--   warmbox [options] server start [--max-running N] [--idle-exit S] | stop | status
 --   warmbox [options] doctor [--embedded | --e2b]
 --   warmbox [options] release KEY
 --   warmbox [options] checkpoints --session KEY [--env K=V]... [--actor A] [--json] [--delete ID]
@@ -62,6 +62,10 @@ commands:
       --start                      as for run
   server start|stop|status       a warmboxd in the background for this user: without an E2B key
                                  every command uses it, and sessions keep their kernels between commands
+      --max-running N              start: sandboxes running at once (default $WARMBOX_SERVER_MAX_RUNNING,
+                                   else 100; 0: no limit); changes a running server's at once
+      --idle-exit S                start: end after S s with no running sandbox (default
+                                   $WARMBOX_SERVER_IDLE_EXIT, else 3600; 0: never)
   doctor [--embedded | --e2b]    check what the embedded server and E2B need, with what to install or set
   release KEY                    kill every sandbox of the session KEY, delete its checkpoints
   checkpoints --session KEY      list the session's checkpoints (E2B snapshots), oldest first
@@ -89,10 +93,10 @@ commands:
                                    --span S, --seed N, --arrival uniform|poisson, --abandon P, --lead S:
                                    a turn's start to its run, --no-run P: turns without a run); a value
                                    may be a distribution: lognormal:MEDIAN:SIGMA, pareto:ALPHA:MIN, exp:MEAN
-      --prewarm on|off|off,on      prewarm each turn's sandbox at its start (off,on: one row each)
+      --prewarm on|off|jit|off,on  prewarm each turn's sandbox at its start or 2 s before its run
       --exact                      drive the real warmbox.session code (slower; the cap and --rate need it)
       --idle-timeout S[,S...]      one row per value (also --exec-timeout, --max-age, --gc-every)
-      --policies all|P,P...        one row per built-in policy: reference, no-reuse, keep-alive, default
+      --policies all|P,P...        one row per built-in policy (reference, pause-per-turn, ...)
       --tail S                     seconds simulated after the last run (default lease + max-age + gc-every)
       --rtt-ms, --create-ms, --kernel-ms, --resume-ms, --max-length-hours N   the model
       --max-running N, --rate N    E2B's concurrency cap (429) and requests/s limit (0: none)

@@ -14,9 +14,7 @@ local fail, note, FAILED = common.fail, common.note, common.FAILED
 local _M = {}
 
 -- Escape sequences (IPython colours its tracebacks): kept only for a terminal without NO_COLOR.
-local function strip_ansi(s)
-  return (s:gsub("\27%[[%d;?]*[ -/]*[@-~]", ""):gsub("\27%][^\7\27]*\7", ""))
-end
+local strip_ansi = require("warmbox.util").strip_ansi
 _M.strip_ansi = strip_ansi
 
 -- The code interpreter joins IPython's traceback parts without separators; IPython
@@ -77,7 +75,7 @@ end
 
 -- The traceback to show for a run's error, one frame a line (`plain`: no colours).
 local function traceback_of(e, plain)
-  local tb = e.traceback
+  local tb = (not plain and e.traceback_ansi) or e.traceback
   if type(tb) ~= "string" or tb == "" then tb = tostring(e.name) .. ": " .. tostring(e.value) end
   if plain then tb = strip_ansi(tb) end
   return traceback_lines(tb)
@@ -110,6 +108,7 @@ local function write_run_text(out, err, r, tb)
     if res.text then out:write(res.text, "\n") end
   end
   if tb then err:write(tb, tb:sub(-1) == "\n" and "" or "\n") end
+  if r.truncated then err:write("warmbox: the output was truncated (past the run's output cap)\n") end
 end
 
 --- The command: status 0, 1 (the cell raised) or 2.

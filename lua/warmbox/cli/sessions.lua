@@ -69,7 +69,8 @@ function _M.execute(o, args, io_)
   for _, s in ipairs(list) do
     local ok, t = pcall(tenant_of, s.key or s.tag_value)
     s.tenant = ok and type(t) == "string" and t or gc.default_tenant(s.key or s.tag_value)
-    s.last_activity = gc.last_activity(s)
+    -- a running sandbox is active now (its start says nothing of its last run)
+    s.last_activity = s.state == "running" and now or gc.last_activity(s)
     s.age = s.last_activity and now - s.last_activity or nil
     if (not tenant or s.tenant == tenant) and (not state or s.state == state) then rows[#rows + 1] = s end
   end

@@ -1,6 +1,6 @@
 --- `warmbox simulate`: replay a trace or a generated workload against a
 -- virtual-time model of E2B (warmbox.sim), one row per setting.
-local pairs = pairs
+local pairs, ipairs, tostring = pairs, ipairs, tostring
 local string_format = string.format
 
 local args_ = require "warmbox.cli.args"
@@ -57,16 +57,22 @@ local function workload_value(flag, k, v)
   return number_arg(flag, v, SIM_INTEGER[k])
 end
 
--- `--policies all|P,P...`: the built-in policies to compare, in order.
+-- `--policies all|P,P...`: the policies to compare, in order: built-in names
+-- (`all`: every one) and policy files (a path: it has a "/" or ends in ".lua").
+-- → { { builtin = name } | { path = file }, ... }
 local function policies_arg(sim, v)
-  if v == "all" then return { table.unpack(sim.POLICY_ORDER) } end
   local policies = {}
   for item in (v .. ","):gmatch("([^,]*),") do
-    if not sim.POLICIES[item] then
+    if item == "all" then
+      for _, n in ipairs(sim.POLICY_ORDER) do policies[#policies + 1] = { builtin = n } end
+    elseif sim.POLICIES[item] then
+      policies[#policies + 1] = { builtin = item }
+    elseif item:find("/", 1, true) or item:match("%.lua$") then
+      policies[#policies + 1] = { path = item }
+    else
       error("unknown policy '" .. item .. "' to --policies (known: " .. table.concat(sim.POLICY_ORDER, ", ")
-        .. ", all)", 0)
+        .. ", all, or a policy file: a path with a '/' or ending in .lua)", 0)
     end
-    policies[#policies + 1] = item
   end
   return policies
 end
@@ -89,9 +95,11 @@ local function simulate_args(o, args, sim)
     ["--policies"] = function(v) st.policies = policies_arg(sim, v) end,
     ["--exact"] = { function() opts.exact = true end },
     ["--prewarm"] = function(v)
-      local map, values = { on = true, off = false }, {}
+      local map, values = { on = true, off = false, jit = "jit" }, {}
       for item in (v .. ","):gmatch("([^,]*),") do
-        if map[item] == nil then error("option --prewarm needs on, off or off,on, got '" .. v .. "'", 0) end
+        if map[item] == nil then
+          error("option --prewarm needs on, off, jit or a list (off,on,jit), got '" .. v .. "'", 0)
+        end
         values[#values + 1] = map[item]
       end
       set_or_sweep(st, "prewarm", values)
@@ -126,6 +134,61 @@ local function simulate_args(o, args, sim)
   return st
 end
 
+-- The rows of the policies compared (`--policies`, and `--policy FILE` beside
+-- them): a run each, or the sweep for each when a list of values is given
+-- (`series` names the policy of each row). → rows | nil, msg, code
+local function compare_rows(sim, opts, policies, sweep)
+  local rows = {}
+  for _, p in ipairs(policies) do
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.builtin, o.policy = p.builtin, p.path
+    local got, msg, code
+    if sweep then
+      got, msg, code = sim.sweep(o, sweep)
+    else
+      local r
+      r, msg, code = sim.run(o)
+      got = r and { r }
+    end
+    if not got then return nil, msg, code end
+    for _, r in ipairs(got) do
+      local name = p.builtin or r.policy or p.path
+      if sweep then r.series = name else r.param, r.value = "policy", name end
+      rows[#rows + 1] = r
+    end
+  end
+  return rows
+end
+
+-- The first error a raising (or misbehaving) policy hook gave, and in how many
+-- runs: `POLICY` failures and GC errors. → message | nil
+local function policy_error(rows)
+  for _, r in ipairs(rows) do
+    for _, e in ipairs(r.errors or {}) do
+      if e.code == "POLICY" then
+        local n = (r.failures or {}).POLICY or 0
+        return string_format("%s (%d of %d runs failed%s)", tostring(e.message), n, r.runs or 0,
+          (r.gc_errors or 0) > 0 and string_format(", %d GC errors", r.gc_errors) or "")
+      end
+    end
+  end
+  return nil
+end
+
+-- The chart's axes must be numbers of the report: a clean error otherwise.
+local function check_chart_axes(rows, st)
+  local known = require("warmbox.sim.chart").metrics(rows)
+  local set = {}
+  for _, k in ipairs(known) do set[k] = true end
+  for flag, k in pairs({ ["--chart-x"] = st.chart_x, ["--chart-y"] = st.chart_y }) do
+    if not set[k] then
+      error(string_format("%s: '%s' is not a number of the report (one of: %s)", flag, k,
+        table.concat(known, ", ")), 0)
+    end
+  end
+end
+
 -- `--events FILE`: the recorded lifecycle events as the trace (and the size most runs had).
 -- The header's label | false, msg, code.
 local function events_trace(st, opts)
@@ -140,12 +203,12 @@ local function events_trace(st, opts)
   return "events " .. st.events
 end
 
---- The command: status 0 or 2.
+--- The command: status 0 or 2 (also when a policy hook raised: its first error on stderr).
 function _M.execute(o, args, io_)
   local sim = require "warmbox.sim"
   local st = simulate_args(o, args, sim)
   local opts, workload, model, sweep, policies = st.opts, st.workload, st.model, st.sweep, st.policies
-  local chart, chart_x, chart_y, csv = st.chart, st.chart_x, st.chart_y, st.csv
+  local chart, csv = st.chart, st.csv
   local label, emsg, ecode = events_trace(st, opts)
   if label == false then return fail(io_.stderr, emsg, ecode) end
   if opts.trace and workload then error("give --trace or a generated workload (--sessions ...), not both", 0) end
@@ -157,9 +220,10 @@ function _M.execute(o, args, io_)
   opts.model = model
   local rows, msg, code
   if policies then
-    if sweep then error("give --policies or a list of values, not both", 0) end
-    if opts.policy then error("give --policies or --policy, not both", 0) end
-    rows, msg, code = sim.compare(opts, policies)
+    -- --policy FILE sits beside the policies compared
+    if opts.policy then policies[#policies + 1] = { path = opts.policy } end
+    opts.policy = nil
+    rows, msg, code = compare_rows(sim, opts, policies, sweep)
   elseif sweep then
     rows, msg, code = sim.sweep(opts, sweep)
   else
@@ -168,6 +232,8 @@ function _M.execute(o, args, io_)
     rows = r and { r }
   end
   if not rows then return fail(io_.stderr, msg, code) end
+  st.chart_x, st.chart_y = st.chart_x or "compute_cost", st.chart_y or "p95_ms"
+  if chart then check_chart_axes(rows, st) end
   local r1 = rows[1]
   local function shown(k)
     if sweep and sweep.param == k then return "(swept)" end
@@ -186,11 +252,12 @@ function _M.execute(o, args, io_)
     note(io_, string_format("warmbox: rows written to %s\n", csv))
   end
   if chart then
-    local how, perr, pcode = sim.plot(rows, chart, { x = chart_x, y = chart_y })
+    local how, perr, pcode = sim.plot(rows, chart, { x = st.chart_x, y = st.chart_y })
     if not how then return fail(io_.stderr, perr, pcode) end
-    note(io_, string_format("warmbox: chart written to %s%s\n", chart,
-      how == "gnuplot" and " (gnuplot)" or ""))
+    note(io_, string_format("warmbox: chart written to %s%s\n", chart, how ~= "svg" and " (" .. how .. ")" or ""))
   end
+  local perr = policy_error(rows)
+  if perr then return fail(io_.stderr, perr, "POLICY") end
   return 0
 end
 

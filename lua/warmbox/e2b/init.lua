@@ -70,9 +70,15 @@ local function check_ranges(opts)
   return retries
 end
 
+local function is_loopback(url)
+  return (url:match("^https?://127%.") or url:match("^https?://localhost[:/]") or url:match("^https?://localhost$")
+    or url:match("^https?://%[::1%]")) ~= nil
+end
+
 --- Creates a client.
 -- @tparam[opt] table opts `api_key` (default `E2B_API_KEY`), `api_url` (`E2B_API_URL`, else
---   `https://api.<domain>`), `sandbox_url` (`E2B_SANDBOX_URL`, else the per-port host
+--   `https://api.<domain>`), `sandbox_url` (`E2B_SANDBOX_URL`, else `api_url` when it is
+--   a loopback address (a local warmboxd), else the per-port host
 --   `https://<port>-<id>.<domain>`), `domain` (`E2B_DOMAIN`, default `e2b.app`),
 --   `request_timeout` (60 s), `retries` (3: attempts after the first for idempotent calls),
 --   `connect_timeout` (5 s), `proxy`, `ca_file`, `user_agent`, `max_connections`,
@@ -95,6 +101,8 @@ function _M.new(opts)
   local domain = opts.domain or env("E2B_DOMAIN") or DEFAULT_DOMAIN
   local api_url = opts.api_url or env("E2B_API_URL") or ("https://api." .. domain)
   local sandbox_url = opts.sandbox_url or env("E2B_SANDBOX_URL")
+  -- A loopback API URL is a local warmboxd: it serves the data plane on the same port.
+  if not sandbox_url and is_loopback(api_url) then sandbox_url = api_url end
   local retries = check_ranges(opts)
   local http, msg = core.http{
     timeout = opts.request_timeout or 60, connect_timeout = opts.connect_timeout or 5,
@@ -247,12 +255,20 @@ function Client:create(opts)
   -- honouring Retry-After within the retry budget.
   local res, m2, c2, d2 = api(self, "POST", "/sandboxes", body, "create sandbox", false, self.retry_create)
   if not res then return nil, m2, c2, d2 end
+  if res.status == 429 and type(self.rate_limit_hint) == "function" then
+    -- A local server's cap is a setting of its own, not E2B's billing tier.
+    local n, _, c4, d4 = http_failure(res, "create sandbox")
+    local cap = tostring(d4 and d4.message or ""):match("%((%d+)%)")
+    return n, "create sandbox: http 429: " .. self.rate_limit_hint(tonumber(cap)), c4, d4
+  end
   if res.status ~= 201 and res.status ~= 200 then
     return http_failure(res, "create sandbox")
   end
   local t, m3, c3, d3 = decode_body(res, "create sandbox")
   if not t then return nil, m3, c3, d3 end
-  return to_sandbox(t), nil
+  -- `attempts` > 1: an earlier attempt may have made a sandbox too (a 503/429
+  -- an intermediary gave after forwarding it).
+  return to_sandbox(t), nil, nil, { attempts = res.attempts or 1 }
 end
 
 local list_fields = { state = "string|table", metadata = "map", limit = "number", order = "string",

@@ -390,7 +390,7 @@ end
 
 local code_fields = { language = "string", context_id = "string", env_vars = "map", timeout = "number",
   on_stdout = "function", on_stderr = "function", on_result = "function", on_error = "function",
-  on_line = "function", max_output = "number", is_private = "function" }
+  on_line = "function", max_output = "number", is_private = "function", fence = "number" }
 
 --- Seconds the client waits past an execute's own timeout for the server's
 -- interrupt to end the stream (a bash command gets 3 s to stop).
@@ -510,13 +510,16 @@ local function execute_outcome(st, what, timeout, elapsed, res, msg, ecode, sent
       return nil, what .. ": the stream broke after output started: " .. tostring(msg), "STREAM_BROKEN",
         errors.detail(nil, msg, { output_started = true, started = true, sent = true, partial = exec })
     end
+    -- Sent (or maybe sent), the cell may have started: only the sandbox can say.
     local n, m2, c2, d2 = transport_failure(what, msg, ecode, sent)
-    d2.started = false
+    d2.started, d2.output_started = sent ~= false, false
     return n, m2, c2, d2
   end
   if res.status ~= 200 then
+    -- A bare status: whoever answered it (an intermediary after forwarding
+    -- the request, too) may have let the cell start.
     local n, m2, c2, d2 = http_failure(res, what, true)
-    d2.started = false
+    d2.started, d2.output_started = true, false
     d2.sent = true
     d2.attempts = res.attempts
     d2.retry_after = tonumber(res.headers and res.headers["retry-after"])
@@ -529,7 +532,7 @@ local function execute_outcome(st, what, timeout, elapsed, res, msg, ecode, sent
           partial = exec })
     end
     return nil, what .. ": the stream ended without any output", "STREAM_BROKEN",
-      errors.detail(200, "empty stream", { started = false, sent = true })
+      errors.detail(200, "empty stream", { started = true, output_started = false, sent = true })
   end
   if timeout > 0 and elapsed >= timeout then
     -- The run reached its timeout: the server interrupted the cell then,
@@ -564,8 +567,12 @@ end
 --   replaced = n (characters replaced by U+FFFD) }`
 -- @return[2] nil, msg, code, detail: "SANDBOX_GONE" for the proxy's 502 before any output,
 --   "STREAM_BROKEN" when the stream broke after output started (never retried), "TIMEOUT" with
---   `detail.started` (whether the cell may have started: true once the request may have left)
---   and `detail.partial`; `detail.sent` says whether the request may have reached the server
+--   `detail.partial`; on any failure `detail.started` says whether the cell may have started
+--   (true once the request may have left: only the sandbox can say more), `detail.output_started`
+--   whether any of its output came, `detail.sent` whether the request may have reached the server;
+--   `opts.fence` (a run's fencing number) is sent as `X-Warmbox-Fence`: warmboxd then never starts the
+--   cell while another fenced run's cell executes in another context (409 "CONFLICT" when that outlives
+--   the timeout; E2B ignores the header)
 function Sandbox:run_code(code, opts)
   check_sandbox(self, "run_code")
   argcheck(type(code) == "string", 1, "run_code", "string expected, got " .. type(code))
@@ -588,6 +595,14 @@ function Sandbox:run_code(code, opts)
   if timeout > 0 then body.timeout = timeout end
   local s = assert(json.encode(body))
   local what = ("run code in sandbox '%s'"):format(self.sandbox_id)
+  local hdrs = self.interp_headers
+  if opts.fence then
+    if math_type(opts.fence) ~= "integer" or opts.fence < 0 then
+      errors.bad_option(2, "run_code", "fence", "an integer >= 0 expected")
+    end
+    hdrs = util.copy(hdrs)
+    hdrs["X-Warmbox-Fence"] = ("%d"):format(opts.fence)
+  end
   local st = {
     exec = { stdout = {}, stderr = {}, results = {}, error = nil, execution_count = nil, truncated = false,
       undecoded = {}, replaced = 0 },
@@ -601,7 +616,7 @@ function Sandbox:run_code(code, opts)
   local mono = core.now or os.time -- (specs may fake the core without a clock)
   local t0 = mono()
   local res, msg, ecode, sent = (self.client.transport or self.client.http):request{
-    method = "POST", url = self.interp_url .. "/execute", headers = self.interp_headers, body = s,
+    method = "POST", url = self.interp_url .. "/execute", headers = hdrs, body = s,
     stream = "lines", retry = self.client.exec_retry, max_frame = max_frame,
     timeout = timeout > 0 and (timeout + _M.EXEC_GRACE) or 0,
     on_chunk = function(line, flags) execute_line(st, line, flags) end,

@@ -299,7 +299,9 @@ local function kill_all(client, ids, concurrency)
   end
   for i = 1, #ids do
     local r = results[i] or {}
-    if r[1] then
+    -- false: gone (404). Listed under the session's lock a moment ago, so
+    -- killed by this release (a retry after a lost answer finds it gone).
+    if r[1] ~= nil then
       killed = killed + 1
     elseif r[1] == nil then
       kerr, kcode = r[2], r[3]
@@ -329,6 +331,9 @@ function _M.release(client, tag, order, what, new_lock, concurrency)
       end)
     local kerr, kcode = err, code
     if ok then
+      -- A checkpoint's snapshot made twice left an unnamed one of these sandboxes.
+      local drop_strays = require("warmbox.checkpoint").drop_strays
+      for _, id in ipairs(ids) do drop_strays(client, id) end
       local n
       n, kerr, kcode = kill_all(client, ids, concurrency)
       killed = killed + n

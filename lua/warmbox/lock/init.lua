@@ -171,8 +171,40 @@ local OPTS = {
   backend = "string", dir = "string", redis = "table", timeout = "number", exptime = "number",
   step = "number", ratio = "number", max_step = "number", wait = "function", state_ttl = "number",
   ttl = "number", ticket_ttl = "number", keeper = "boolean", head_step = "number",
+  -- redis (also accepted inside `redis`): Sentinel, Cluster, ACL, database, URL
+  sentinels = "table", master = "string", nodes = "table", username = "string", password = "string", db = "number",
+  url = "string",
 }
-local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string" }
+local REDIS_OPTS = { host = "string", port = "number", timeout = "number", prefix = "string", sentinels = "table",
+  master = "string", nodes = "table", username = "string", password = "string", db = "number", url = "string" }
+-- The redis options that may also be given at the lock's top level.
+local REDIS_TOP = { "sentinels", "master", "nodes", "username", "password", "db", "url" }
+
+-- The redis options of lock options `opts` (checked; a bad one raises).
+local function redis_options(opts)
+  local r = opts.redis or {}
+  errors.check_options(r, REDIS_OPTS, "new", 1, 2, "redis.")
+  local o = {}
+  for k, v in pairs(r) do o[k] = v end
+  for _, k in ipairs(REDIS_TOP) do
+    if o[k] == nil then o[k] = opts[k] end
+  end
+  if o.url then
+    local ok, u = pcall(require("warmbox.lock.redis_client").parse_url, o.url, "option 'url'")
+    if not ok then error("bad argument #1 to 'new' (" .. tostring(u):gsub("^[^:]*:%d+: ", "") .. ")", 4) end
+    for k, v in pairs(u) do
+      if o[k] == nil then o[k] = v end
+    end
+    o.url = nil
+  end
+  require("warmbox.lock.redis_client").check(o, function(k, what)
+    errors.bad_option(1, "new", "redis." .. k, what, 5)
+  end)
+  local prefix = o.prefix or "warmbox:"
+  return { host = o.host or "127.0.0.1", port = o.port or 6379, timeout = o.timeout or 5, prefix = prefix,
+    sentinels = o.sentinels, master = o.master, nodes = o.nodes, username = o.username, password = o.password,
+    db = o.db }
+end
 
 -- ---------------------------------------------------------------------------
 -- the lock object
@@ -223,10 +255,7 @@ function _M.new(opts)
   if not (self.ticket_ttl <= 86400 and self.ticket_ttl >= 2 * min(self.max_step, 1)) then
     bad("ticket_ttl", "in [2 x max_step, 86400]")
   end
-  local r = opts.redis or {}
-  errors.check_options(r, REDIS_OPTS, "new", 1, 2, "redis.")
-  self.redis = { host = r.host or "127.0.0.1", port = r.port or 6379, timeout = r.timeout or 5,
-                 prefix = r.prefix or "warmbox:" }
+  self.redis = redis_options(opts)
   self.impl = impls[self.backend] or require(BACKENDS[self.backend])
   impls[self.backend] = self.impl
   self.ns = self.impl.ns(self)
@@ -281,6 +310,11 @@ function _M:lock(key)
     local ok, err, code, head = attempt(self, key, ticket, "wait")
     if ok then return now() - start end
     local elapsed = now() - start
+    -- Redis unreachable for a moment (a failover): try again until the timeout
+    -- (the ticket and the acquire are idempotent).
+    if code == "TRANSPORT" and self.backend == "redis" and elapsed + self.step < timeout then
+      err, head = "busy", false
+    end
     if err ~= "busy" or elapsed >= timeout then
       if self.impl.leave then pcall(self.impl.leave, self, key, pkey, ticket) end
       notify(pkey) -- (a new head, perhaps)
@@ -398,6 +432,17 @@ function _M:keepalive()
   local t = now()
   if t < e.next_check then return true end
   return self.impl.keepalive(self, self._key, e, t)
+end
+
+--- Whether this object still holds its lock, asked of the backend now (redis:
+-- one GET on the primary, which sees a lock a failover lost; others: as
+-- keepalive). A run calls it before it collects its outputs.
+-- @return true | nil, "unlocked" | nil, "expired", "LOCK" | nil, msg, code
+function _M:held()
+  local e, err = current(self)
+  if not e then return nil, err or "unlocked", err and "LOCK" or nil end
+  if self.impl.held then return self.impl.held(self, self._key, e) end
+  return self.impl.keepalive(self, self._key, e, now())
 end
 
 --- The key's shared state (string or nil), only while held.

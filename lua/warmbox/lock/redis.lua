@@ -19,7 +19,15 @@
 -- under `<prefix>state:<key>` with its own TTL (`state_ttl`). A blocking
 -- waiter BLPOPs `<prefix>wake:<key>:<ticket>`, which the release script
 -- pushes to for the queue's head.
-local core = require "warmbox.core"
+--
+-- Topologies (lock/redis_client.lua): one node, a primary behind Sentinel
+-- (found again after a failover, by core.redis and by the keeper thread),
+-- or a Cluster (every name of one key carries the hash tag `{key}`, so each
+-- script touches one slot; MOVED and ASK followed). A failover may lose the
+-- last writes: the fence is never lower than the primary's clock in
+-- microseconds (see ACQUIRE), and a lost lock key is seen by the keeper
+-- (`keepalive`) and by `held` (one GET) before a run collects its outputs.
+local rc = require "warmbox.lock.redis_client"
 local stop_keeper = require("warmbox.lock.common").stop_keeper
 
 local type, tostring, tonumber = type, tostring, tonumber
@@ -27,22 +35,34 @@ local fmt, min, max, floor, ceil = string.format, math.min, math.max, math.floor
 
 local _M = {}
 
--- connections by host:port:timeout
-local redis_conns = {}
-
 -- KEYS: lock, queue, deadlines, seq, fence; ARGV: token, lock PX ms, ticket ms, mode
 -- ("wait" | "try" | "hold" = only refresh the ticket). Returns { 1, fence } taken,
--- 2 head but the lock is held, 0 waiting behind others. The fence counter
--- starts from the server's clock in ms when missing (see next_fence) and
--- lives a year after its last use.
+-- 2 head but the lock is held, 0 waiting behind others. The fence is the
+-- counter plus one, raised to the server's clock in microseconds when that
+-- is higher: after a failover whose new primary lost the last increments
+-- (or the whole counter), the next number is still above every one handed
+-- out, as long as the primaries' clocks agree within the failover's length
+-- (holds of one key are far fewer than one a microsecond). It lives a year
+-- after its last use. A lock key that already holds ARGV[1] is ours (the
+-- reply of an earlier try was lost): taken again, with a new fence.
 local ACQUIRE = [[
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function taken()
-  redis.call('set', KEYS[5], now, 'NX')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local f = redis.call('incr', KEYS[5])
+  if f < us then
+    f = us
+    redis.call('set', KEYS[5], string.format('%.0f', us))
+  end
   redis.call('pexpire', KEYS[5], 31622400000)
   return { 1, f }
+end
+if ARGV[4] ~= 'hold' and redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('zrem', KEYS[2], ARGV[1])
+  redis.call('zrem', KEYS[3], ARGV[1])
+  return taken()
 end
 local tms = tonumber(ARGV[3])
 local dead = redis.call('zrangebyscore', KEYS[3], '-inf', '(' .. now)
@@ -90,33 +110,21 @@ local SET_STATE = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
   .. "if ARGV[2] == '0' then redis.call('del', KEYS[2]) "
   .. "else redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4]) end return 1"
 
--- core.so built without hiredis (CMake's WARMBOX_REDIS) has no core.redis.
-local REDIS_NOT_BUILT = "the redis lock is not built: warmbox.core was built without hiredis "
-  .. "(install libhiredis-dev and rebuild, or use lock = \"file\")"
-
 local function conn(lk)
-  local r = lk.redis
-  local id = fmt("%s:%d:%g", r.host, r.port, r.timeout)
-  local c = redis_conns[id]
-  if c then return c end
-  if not core.redis then return nil, REDIS_NOT_BUILT, "LOCK" end
-  local err, code
-  c, err, code = core.redis{ host = r.host, port = r.port, timeout = r.timeout }
-  if not c then return nil, err, code end
-  redis_conns[id] = c
-  return c
+  return rc.client(lk.redis)
 end
 
 local function ms(t) return max(1, floor(t * 1000 + 0.5)) end
 
 function _M.ns(lk)
-  local r = lk.redis
-  return fmt("redis\0%s:%d\0%s\0", r.host, r.port, r.prefix)
+  return fmt("redis\0%s\0%s\0", rc.id(lk.redis), lk.redis.prefix)
 end
 
+-- The names of key's lock, queue, deadlines, sequence, fence, and its routing tag.
 local function rkeys(lk, key)
-  local p = lk.redis.prefix
-  return p .. "lock:" .. key, p .. "queue:" .. key, p .. "qdl:" .. key, p .. "qseq:" .. key, p .. "fence:" .. key
+  local r, name = lk.redis, rc.name
+  local lkey, tag = name(r, "lock", key)
+  return lkey, name(r, "queue", key), name(r, "qdl", key), name(r, "qseq", key), name(r, "fence", key), tag
 end
 
 -- The keeper's longest cap (core's limit; ~31 years).
@@ -124,42 +132,36 @@ local MAX_CAP = 1e9
 
 function _M.acquire(lk, key, e, prev, mode, local_busy)
   if mode == "try" and local_busy then return nil, "busy" end
-  local c, err, code = conn(lk)
-  if not c then return nil, err, code end
-  local lkey, qkey, dkey, seqkey, fkey = rkeys(lk, key)
+  local c = conn(lk)
+  local lkey, qkey, dkey, seqkey, fkey, tag = rkeys(lk, key)
   if prev and prev.token and not local_busy then
     -- Our own in-process holder overran exptime: drop its key if still there.
     stop_keeper(prev)
-    c:command("EVAL", UNLOCK, 1, lkey, prev.token)
+    c:call(tag, "EVAL", UNLOCK, 1, lkey, prev.token)
   end
-  local res
-  res, err, code = c:command("EVAL", ACQUIRE, 5, lkey, qkey, dkey, seqkey, fkey, e.token, ms(lk.ttl),
+  local res, err, code = c:call(tag, "EVAL", ACQUIRE, 5, lkey, qkey, dkey, seqkey, fkey, e.token, ms(lk.ttl),
     ms(lk.ticket_ttl), local_busy and "hold" or mode)
   if res == nil then return nil, err, code end
   if type(res) ~= "table" then return nil, "busy", nil, res == 2 end
   e.fence = tonumber(res[2])
-  e.lkey, e.skey = lkey, lk.redis.prefix .. "state:" .. key
-  e.qkey, e.wkey = qkey, lk.redis.prefix .. "wake:" .. key .. ":"
+  e.lkey, e.skey, e.tag = lkey, (rc.name(lk.redis, "state", key)), tag
+  e.qkey, e.wkey = qkey, (rc.name(lk.redis, "wake", key)) .. ":"
   if lk.use_keeper then
     -- nil when the thread cannot start: keepalive() then refreshes the key
-    e.keeper = c:keeper(lkey, e.token, lk.ttl, min(lk.exptime, MAX_CAP))
+    e.keeper = c:keeper(tag, lkey, e.token, lk.ttl, min(lk.exptime, MAX_CAP))
   end
   return e
 end
 
 function _M.leave(lk, key, _, token)
-  local c = conn(lk)
-  if not c then return end
-  local _, qkey, dkey = rkeys(lk, key)
-  c:command("EVAL", LEAVE, 2, qkey, dkey, token)
+  local _, qkey, dkey, _, _, tag = rkeys(lk, key)
+  conn(lk):call(tag, "EVAL", LEAVE, 2, qkey, dkey, token)
 end
 
 function _M.release(lk, _, e)
   stop_keeper(e)
-  local c, err, code = conn(lk)
-  if not c then return nil, err, code end
-  local n
-  n, err, code = c:command("EVAL", RELEASE, 2, e.lkey, e.qkey, e.token, e.wkey, ms(2 * lk.ticket_ttl))
+  local n, err, code = conn(lk):call(e.tag, "EVAL", RELEASE, 2, e.lkey, e.qkey, e.token, e.wkey,
+    ms(2 * lk.ticket_ttl))
   if n == nil then return nil, err, code end
   if n == 0 then return nil, "expired", "LOCK" end
   return true
@@ -169,22 +171,19 @@ end
 -- for at most the connection's timeout.
 function _M.blocker(lk, key, ticket)
   local c = conn(lk)
-  if not c then return nil end
-  local wl = lk.redis.prefix .. "wake:" .. key .. ":" .. ticket
+  local wl, tag = rc.name(lk.redis, "wake", key)
+  wl = wl .. ":" .. ticket
   local cap = lk.redis.timeout / 2
   return function(s)
     s = min(s, cap)
     if s < 0.001 then return false end
-    return c:command("BLPOP", wl, fmt("%.3f", s)) ~= nil
-  end, function() c:command("DEL", wl) end
+    return c:call(tag, "BLPOP", wl, fmt("%.3f", s)) ~= nil
+  end, function() c:call(tag, "DEL", wl) end
 end
 
 -- One compare-and-pexpire to `ttl`: true | nil, "expired", "LOCK" | nil, msg, code
 local function refresh(lk, e)
-  local c, err, code = conn(lk)
-  if not c then return nil, err, code end
-  local n
-  n, err, code = c:command("EVAL", PEXPIRE, 1, e.lkey, e.token, ms(lk.ttl))
+  local n, err, code = conn(lk):call(e.tag, "EVAL", PEXPIRE, 1, e.lkey, e.token, ms(lk.ttl))
   if n == nil then return nil, err, code end
   if n == 0 then return nil, "expired", "LOCK" end
   return true
@@ -199,8 +198,7 @@ function _M.expire(lk, _, e, t)
   local cap = min(t or lk.exptime, MAX_CAP)
   if lk.use_keeper and not (e.keeper and e.keeper:extend(cap)) then
     stop_keeper(e)
-    local c = conn(lk)
-    if c then e.keeper = c:keeper(e.lkey, e.token, lk.ttl, cap) end
+    e.keeper = conn(lk):keeper(e.tag, e.lkey, e.token, lk.ttl, cap)
   end
   return true
 end
@@ -221,17 +219,25 @@ function _M.keepalive(lk, _, e, t)
   return nil, "expired", "LOCK"
 end
 
+--- Whether the key still holds this hold's token, asked of the primary now
+-- (one GET; a failover that lost the key answers "expired"): true | nil,
+-- "expired", "LOCK" | nil, msg, code (Redis could not be asked).
+function _M.held(lk, _, e)
+  local v, err, code = conn(lk):call(e.tag, "GET", e.lkey)
+  if v == nil and err then return nil, err, code end
+  if v ~= e.token then
+    stop_keeper(e)
+    return nil, "expired", "LOCK"
+  end
+  return true
+end
+
 function _M.get_state(lk, _, e)
-  local c, err, code = conn(lk)
-  if not c then return nil, err, code end
-  return c:command("GET", e.skey)
+  return conn(lk):call(e.tag, "GET", e.skey)
 end
 
 function _M.set_state(lk, _, e, s)
-  local c, err, code = conn(lk)
-  if not c then return nil, err, code end
-  local n
-  n, err, code = c:command("EVAL", SET_STATE, 2, e.lkey, e.skey, e.token, s and "1" or "0", s or "",
+  local n, err, code = conn(lk):call(e.tag, "EVAL", SET_STATE, 2, e.lkey, e.skey, e.token, s and "1" or "0", s or "",
     ceil(lk.state_ttl))
   if n == nil then return nil, err, code end
   if n == 0 then return nil, "expired", "LOCK" end

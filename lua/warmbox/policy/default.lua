@@ -19,30 +19,38 @@ function _M.order(candidates, ctx) -- luacheck: ignore 212
   return candidates
 end
 
---- Lease length in seconds: long enough for one run and for the idle window
--- before the sandbox pauses, `max(exec_timeout, idle_timeout)` (the reference's
--- `aliveTimeoutMs`).
+--- Lease length in seconds: the idle window, `idle_timeout`. A running cell
+-- keeps its own sandbox alive (its watchdog extends the lease, see
+-- warmbox.session.execute), so the sandbox pauses about `idle_timeout` after
+-- it went quiet; a session without a watchdog (no `parallel`) raises the
+-- lease to the run's timeout + LEASE_MARGIN (the reference's
+-- `max(exec_timeout, idle_timeout)`).
 -- @tparam table ctx `exec_timeout`, `idle_timeout`
 -- @treturn number seconds
 function _M.lease(ctx)
-  return math_max(ctx.exec_timeout, ctx.idle_timeout)
+  return ctx.idle_timeout
 end
 
 --- Whether the remembered lease must be refreshed before a run.
--- A refresh is skipped only when the remembered lease provably covers this
--- run (`now + run_timeout + margin <= lease_end`) and still leaves at least
--- half the idle window, so an idle sandbox pauses between `idle_timeout / 2`
--- and `lease` seconds after its last run (the reference refreshes on every run).
+-- Watched (`ctx.watched`: the run's watchdog extends the lease while it goes
+-- on): a refresh is skipped while the remembered lease still has half the
+-- idle window (at least `margin`), so an idle sandbox pauses between
+-- `idle_timeout / 2` and `idle_timeout` after its last run and a run soon
+-- after another sends no request. Unwatched: only when the remembered lease
+-- also provably covers this run (`now + run_timeout + margin <= lease_end`).
+-- (The reference refreshes on every run.)
 -- @tparam table ctx `now`, `lease_end` (nil when unknown), `lease`, `exec_timeout`,
---   `idle_timeout`, `run_timeout`, `margin`
+--   `idle_timeout`, `run_timeout`, `margin`, `watched`
 -- @treturn boolean
 function _M.should_refresh(ctx)
   local lease_end = ctx.lease_end
   if not lease_end then return true end
-  local now = ctx.now
-  local run_timeout = ctx.run_timeout or ctx.exec_timeout
-  if now + run_timeout + (ctx.margin or 5) > lease_end then return true end
-  return lease_end - now < (ctx.idle_timeout or 0) / 2
+  local now, margin = ctx.now, ctx.margin or 5
+  if not ctx.watched then
+    local run_timeout = ctx.run_timeout or ctx.exec_timeout
+    if now + run_timeout + margin > lease_end then return true end
+  end
+  return lease_end - now < math_max(margin, (ctx.idle_timeout or 0) / 2)
 end
 
 --- What a new sandbox is created with. The session always puts its tag in

@@ -22,6 +22,8 @@ local _M = { default = default, rules = rules }
 -- Fields a policy may have, and whether each is a hook (function).
 local FIELDS = {
   name = "string", version = "string", description = "string",
+  -- the session pauses the sandbox after every run (the pause-after-every-turn flow)
+  pause_after_run = "boolean",
   order = "function", lease = "function", should_refresh = "function",
   create_params = "function", gc = "function", tenant = "function",
   -- Checkpoints (warmbox.checkpoint, warmbox.gc.checkpoints): optional, no default.
@@ -152,7 +154,9 @@ function _M.call(p, hook, ...)
   local ok, v = xpcall(fn, traceback, ...)
   if not ok then
     v = errors.reraise_interrupt(v)
-    return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, tostring(v)), "POLICY"
+    -- The hook's own error (its file and line); the traceback through warmbox's frames is left out.
+    local msg = tostring(v):gsub("\nstack traceback:.*$", "")
+    return nil, string_format("policy '%s' hook '%s' failed: %s", tostring(p.name), hook, msg), "POLICY"
   end
   return v
 end

@@ -3,7 +3,7 @@
 -- the simulator's fast path, so a rule lives in one place.
 -- @module warmbox.session.decide
 
-local type, math_ceil, math_min, math_huge = type, math.ceil, math.min, math.huge
+local type, math_ceil, math_min, math_max, math_huge = type, math.ceil, math.min, math.max, math.huge
 
 local _M = {}
 
@@ -35,19 +35,57 @@ _M.CREATES_KEPT, _M.CREATE_WINDOW = 8, 300
 local LEASE_MARGIN, COVER_MARGIN, ALONGSIDE_MARGIN = _M.LEASE_MARGIN, _M.COVER_MARGIN, _M.ALONGSIDE_MARGIN
 local AUTO_RESUME_LEASE, PAUSE_GRACE = _M.AUTO_RESUME_LEASE, _M.PAUSE_GRACE
 
---- The lease a run asks for, from the `lease` hook's value: ceiled, and never
--- shorter than the run's timeout + LEASE_MARGIN (the lease starts a round
--- trip before the cell does, and the server interrupts the cell at its
--- timeout: the sandbox is never paused underneath the run). Without
--- `run_timeout`: the value ceiled.
+--- The shortest lease a watched run asks for (seconds): `idle_timeout` takes
+-- effect from here up (a round trip and the watchdog's margin fit in it).
+_M.MIN_LEASE = 5
+--- How long (seconds, at most) before its lease ends a running cell's
+-- watchdog extends it (half the lease when that is shorter).
+_M.WATCH_MARGIN = 10
+--- Seconds before the run a just-in-time prewarm starts its work (a resume
+-- takes about a second on E2B; the rest is margin).
+_M.JIT_LEAD = 2
+--- The longest the watchdog sleeps (seconds) before it reads the session's clock again.
+_M.WATCH_POLL = 0.5
+
+--- The lease a run asks for, from the `lease` hook's value, ceiled. Watched
+-- (`watched`: a watchdog extends the lease while the run goes on, see
+-- warmbox.session.execute): never shorter than MIN_LEASE, whatever the run's
+-- timeout. Unwatched: never shorter than the run's timeout + LEASE_MARGIN
+-- (the lease starts a round trip before the cell does, and the server
+-- interrupts the cell at its timeout: the sandbox is never paused underneath
+-- the run). Without `run_timeout`: the value ceiled.
 -- @treturn[1] integer the lease (seconds)
 -- @treturn[1] boolean whether the run's timeout raised it
 -- @return[2] nil when the value is not a positive finite number
-function _M.lease(value, run_timeout)
+function _M.lease(value, run_timeout, watched)
   if not (type(value) == "number" and value > 0 and value < math_huge) then return nil end
   local lease = math_ceil(value)
+  if watched then return math_max(lease, _M.MIN_LEASE), false end
   if run_timeout and run_timeout + LEASE_MARGIN > lease then return math_ceil(run_timeout + LEASE_MARGIN), true end
   return lease, false
+end
+
+--- How long before the lease end the watchdog of a run extends a lease of `lease` seconds.
+function _M.watch_margin(lease)
+  return math_min(_M.WATCH_MARGIN, lease / 2)
+end
+
+--- When the watchdog extends a lease ending at `lease_end` (of `lease` seconds).
+function _M.watch_at(lease_end, lease)
+  return lease_end - _M.watch_margin(lease)
+end
+
+--- The last moment the watchdog tries an extension of a lease ending at
+-- `lease_end` (its round trip must land before the end).
+function _M.watch_deadline(lease_end, lease)
+  return lease_end - math_min(LEASE_MARGIN, _M.watch_margin(lease) / 2)
+end
+
+--- Whether a prewarm for a run coming within `within` seconds has nothing to
+-- do: the remembered lease (of `lease` seconds) still has the margin a run
+-- needs to start without a request (half the lease, or `within` when sooner).
+function _M.prewarm_warm(now, lease_end, within, lease)
+  return lease_end ~= nil and lease_end >= now + math_min(within, lease / 2)
 end
 
 --- A lease end as E2B keeps it: every lease is capped at the sandbox's run
@@ -76,15 +114,16 @@ end
 --- How a run reaches the remembered sandbox when the policy says to refresh
 -- it, with `parallel` (`alongside_ok`; never for a prewarm): "alongside"
 -- (the remembered lease still has ALONGSIDE_MARGIN: the extension goes
--- alongside the execute), "auto_resume" (paused with autoResume: the execute
--- resumes it and the lease that gives covers the run), "auto_resume_alongside"
--- (paused, and the run may outlast that lease: the extension follows
--- alongside), else nil (connect before the execute).
-function _M.remembered_way(lease_end, auto_resume, now, run_timeout, alongside_ok)
+-- alongside the execute), "auto_resume" (paused with autoResume, and the
+-- lease asked, `lease`, is no shorter than the one a resume by traffic gives:
+-- the execute resumes it, the run's watchdog extends it if the run outlasts
+-- it), else nil (connect before the execute: a paused sandbox resumed with
+-- the idle window's lease, never the longer auto-resume one).
+function _M.remembered_way(lease_end, auto_resume, now, lease, alongside_ok)
   if not alongside_ok or not lease_end then return nil end
   if lease_end - now >= ALONGSIDE_MARGIN then return "alongside" end
-  if auto_resume and lease_end + PAUSE_GRACE <= now then
-    return run_timeout + LEASE_MARGIN <= AUTO_RESUME_LEASE and "auto_resume" or "auto_resume_alongside"
+  if auto_resume and lease_end + PAUSE_GRACE <= now and lease >= AUTO_RESUME_LEASE then
+    return "auto_resume"
   end
   return nil
 end
@@ -121,7 +160,7 @@ local ASK_AFTER = { SANDBOX_GONE = true, NOT_FOUND = true, RATE_LIMITED = true, 
 -- unreachable a moment ago: the next run connects first).
 function _M.unanswered(code, detail)
   if type(detail) == "table" then
-    if detail.started then return false end
+    if detail.output_started then return false end
     return ASK_AFTER[code] or ASK_AFTER[detail.status] or false
   end
   return ASK_AFTER[code] or false

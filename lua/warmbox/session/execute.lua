@@ -14,10 +14,11 @@ local metrics = require "warmbox.metrics"
 local decide = require "warmbox.session.decide"
 local retry = require "warmbox.session.retry"
 local resolve = require "warmbox.session.resolve"
-local mono_now = require("warmbox.core").now
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
-local string_format, table_concat, math_floor, math_max = string.format, table.concat, math.floor, math.max
+local string_format, table_concat, math_floor, math_max, math_min = string.format, table.concat, math.floor,
+  math.max, math.min
+local math_type = math.type
 
 local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
 local outputs_of = outputs.outputs_of
@@ -77,10 +78,10 @@ end
 
 --- Registers the python output hook in the kernel of sandbox `id` (starting
 -- the kernel when it is new): a cell of its own, idempotent (guarded in the
--- kernel). → true | nil, msg, code, detail
-function _M.hook(sbx, st, id, run_timeout, on_line)
+-- kernel; `fence`: the run's fencing number, see Sandbox:run_code). → true | nil, msg, code, detail
+function _M.hook(sbx, st, id, run_timeout, on_line, fence)
   local hout, herr, hcode, hdetail = sbx:run_code(outputs.PRELUDE, {
-    language = "python", timeout = run_timeout, on_line = on_line,
+    language = "python", timeout = run_timeout, on_line = on_line, fence = fence,
   })
   if not hout then return nil, herr, hcode, hdetail end
   for _, res in ipairs(hout.results or {}) do
@@ -128,26 +129,23 @@ local function prepare(sbx, info, st, files, python, run_timeout, on_line)
     -- own, so the user's cell is sent as it is (its tracebacks and line numbers
     -- are the user's). Idempotent (guarded in the kernel), and the user's cell
     -- is not sent yet: a failure here is one before the run.
-    return _M.hook(sbx, st, info.sandbox_id, run_timeout, on_line)
+    return _M.hook(sbx, st, info.sandbox_id, run_timeout, on_line, info.fence)
   end
   return true
 end
 
--- The ways to a sandbox whose lease the execute's side task extends (see `alongside`).
-local ALONGSIDE = { alongside = true, auto_resume = true, auto_resume_alongside = true }
-
--- The lease covers the whole run: after the uploads, the output directory and
--- the hooks cell (which took time of the lease set before them), a lease that
--- no longer covers the cell's timeout + COVER_MARGIN is extended before the
--- cell is sent (one request, only then). → true | nil, msg, code, detail
+-- Unwatched (no `parallel`), the lease covers the whole run: after the
+-- uploads, the output directory and the hooks cell (which took time of the
+-- lease set before them), a lease that no longer covers the cell's timeout +
+-- COVER_MARGIN is extended before the cell is sent (one request, only then).
+-- Watched, the run's watchdog does it (see `watched`). → true | nil, msg, code, detail
 local function cover(s, st, info, run_timeout)
-  if ALONGSIDE[info.how] or not st.lease_end then return true end
+  if s.parallel or not st.lease_end then return true end
   local t0 = s.clock()
   local want = decide.extension(t0, st.lease_end, run_timeout)
   if not want then return true end
-  local t_lease = mono_now()
   local ok, err, code, detail = s.client:set_timeout(info.sandbox_id, want)
-  metrics.add(s._tm, "lease", t_lease)
+  metrics.phase(s._tm, "lease")
   s:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
   if not ok then return nil, err, code, detail end
   st.lease_end = math_max(st.lease_end, decide.lease_end(t0 + want, st.run_started, s.max_run_length))
@@ -159,6 +157,7 @@ end
 -- connect); only one that is gone is forgotten. → true | nil, msg, code, detail, reach
 local function ready(s, sbx, info, st, files, python, run_timeout, on_line)
   local ok, err, code, detail = prepare(sbx, info, st, files, python, run_timeout, on_line)
+  metrics.phase(s._tm, "prepare")
   if ok then ok, err, code, detail = cover(s, st, info, run_timeout) end
   if ok then return true end
   return nil, err, code, detail, reach_of(s, "prepare", code, detail, sbx, info.sandbox_id)
@@ -200,10 +199,41 @@ local function main_text(results)
   return nil
 end
 
+-- A failed run's output so far (`detail.partial`) shaped as a result's
+-- fields: stdout and stderr strings, the results (warmbox's own report left
+-- out), the error (its traceback plain), the main result's text.
+local function partial_result(exec)
+  local results = {}
+  for _, res in ipairs(type(exec.results) == "table" and exec.results or {}) do
+    if not outputs_of(res) then results[#results + 1] = res end
+  end
+  local e = exec.error
+  if e == json.null then e = nil end
+  if type(e) == "table" and type(e.traceback) == "string" then
+    e = util.copy(e)
+    e.traceback_ansi, e.traceback = e.traceback, util.strip_ansi(e.traceback)
+  end
+  return { stdout = concat_chunks(exec.stdout), stderr = concat_chunks(exec.stderr), results = results, error = e,
+    text = main_text(results), execution_count = exec.execution_count, truncated = exec.truncated or false }
+end
+
+-- A failure's detail with its `partial` shaped as a result's fields.
+local function with_partial(detail)
+  if type(detail) == "table" and type(detail.partial) == "table" then
+    detail.partial = partial_result(detail.partial)
+  end
+  return detail
+end
+
 -- The result of a run that ran (see `attempt`).
 local function run_result(out, info, results, out_files, files_error, cap, lock_error)
   local e = out.error
   if e == json.null then e = nil end
+  if type(e) == "table" and type(e.traceback) == "string" and e.traceback:find("\27", 1, true) then
+    -- IPython colours its tracebacks: the traceback is plain text, the coloured one kept beside it
+    e = util.copy(e)
+    e.traceback_ansi, e.traceback = e.traceback, util.strip_ansi(e.traceback)
+  end
   return {
     stdout = concat_chunks(out.stdout), stderr = concat_chunks(out.stderr),
     error = e, results = results, files = out_files, files_error = files_error,
@@ -212,6 +242,9 @@ local function run_result(out, info, results, out_files, files_error, cap, lock_
     undecoded = out.undecoded and #out.undecoded > 0 and out.undecoded or nil,
     replaced = out.replaced,
     lock_error = lock_error,
+    -- The lock was lost while the cell ran (it ran all the same): a later run
+    -- of the conversation may have taken over.
+    lock_lost = lock_error ~= nil and lock_error[2] == "LOCK" or nil,
     reused = info.reused, resumed = info.resumed, sandbox_id = info.sandbox_id,
     execution_count = out.execution_count, text = main_text(results),
   }
@@ -235,7 +268,8 @@ local function refusal(out)
 end
 
 local function fenced_msg(id, why)
-  return string_format("run in sandbox '%s' refused: its lock was taken over by a later run (%s)", id,
+  return string_format("run in sandbox '%s' refused: the sandbox accepted a cell with a higher fencing number "
+    .. "(its lock was lost or taken over) (%s)", id,
     tostring(why):gsub("^warmbox: fenced: ", ""))
 end
 
@@ -299,11 +333,59 @@ end
 
 -- The run's output files (see output_files), timed, and the "outputs" event.
 local function collect(s, sbx, st, id, report, python, cap)
-  local t_out = mono_now()
   local out_files, files_error = output_files(sbx, st, id, report, python, cap)
-  metrics.add(s._tm, "outputs", t_out)
+  metrics.phase(s._tm, "outputs")
   s:_event("outputs", { sandbox_id = id, files = #out_files, code = files_error and files_error[2] or nil })
   return out_files, files_error
+end
+
+-- { msg, code } when the lock `lk` is no longer held (asked of its backend
+-- now, `lk:held()`), else nil (held, or a lock without `held`).
+local function lock_lost(lk)
+  if not (lk and type(lk.held) == "function") then return nil end
+  local ok, err, code = lk:held()
+  if ok then return nil end
+  return { tostring(err), code or "LOCK" }
+end
+
+-- A failed execute: its reach (see warmbox.session.retry), `detail.started`
+-- settled by it (false once the sandbox said the cell never came). warmboxd's
+-- 409 for a fenced cell (another run's cell still executes in another of the
+-- sandbox's kernels, its lock lost) is a refusal, reported and never re-sent;
+-- the cell's id claimed proves it never started.
+-- → nil, msg, code, detail, reach
+local function cell_failed(s, err, ecode, detail, sbx, id, cell_id)
+  local reach
+  if ecode == "CONFLICT" and cell_id and type(detail) == "table" then
+    if settle(s, "cell", "ask", sbx, id, cell_id, detail) == "never" then detail.started = false end
+    return nil, string_format("run in sandbox '%s' not started: the cell of an older run of the conversation "
+      .. "still executes there (its lock was lost): %s", id, tostring(err)), ecode, detail, false
+  end
+  reach = reach_of(s, "cell", ecode, detail, sbx, id, cell_id)
+  if reach == "never" and type(detail) == "table" then detail.started = false end
+  return nil, err, ecode, detail, reach
+end
+
+-- The result of a cell that ran: whatever fails from here on is reported in
+-- it, never re-run. A later run's fence found at the collection (the lock was
+-- lost under this run): no files (the output directory may be the later
+-- run's), `lock_lost`, never a refusal (the cell ran to its end).
+local function ran(s, sbx, st, info, out, report, python, fence, lock_error)
+  local results = {}
+  for _, res in ipairs(out.results or {}) do
+    local rep = outputs_of(res)
+    if rep then report = report or rep else results[#results + 1] = res end
+  end
+  local cap = { left = s.max_files_bytes, dropped = {} }
+  local out_files, files_error = collect(s, sbx, st, info.sandbox_id, report, python, cap)
+  local fenced
+  if fence and (lock_error or read_over_envd(report)) then
+    local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
+    if not ok then out_files, files_error, fenced = {}, { ferr, fcode }, fcode == "FENCED" end
+  end
+  local r = run_result(out, info, results, out_files, files_error, cap, lock_error)
+  if fenced then r.lock_lost = true end
+  return r
 end
 
 -- One attempt: everything before the cell, the cell, its outputs. → r | nil,
@@ -321,17 +403,19 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
     local ok, kerr, kcode = keepalive(lk)
     if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
   end
+  local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
+  if math_type(fence) ~= "integer" or fence < 0 then fence = nil end
+  info.fence = fence
   do
     local ok, perr, pcode, pdetail, preach = ready(s, sbx, info, st, files, python, run_timeout,
       keepalive and on_line or nil)
-    if not ok then return nil, perr, pcode, pdetail, preach end
+    if not ok then return nil, perr, pcode, with_partial(pdetail), preach end
   end
   local cell_id
-  local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
   code, cell_id = marked_cell(code, language, st.hooked == info.sandbox_id, fence)
-  local t_exec = mono_now()
   local out, err, ecode, detail = sbx:run_code(code, {
     language = language, timeout = run_timeout, max_output = s.max_output,
+    fence = fence,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
     is_private = function(res) return outputs_of(res) ~= nil end,
     on_result = function(res)
@@ -342,62 +426,63 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
     -- Every stream event (keepalives included) keeps the session's lock alive.
     on_line = keepalive and on_line or nil,
   })
-  metrics.add(s._tm, "execute", t_exec)
+  metrics.phase(s._tm, "execute")
   if not out then
-    if detail and lock_error then detail.lock_error = lock_error end
-    return nil, err, ecode, detail, reach_of(s, "cell", ecode, detail, sbx, info.sandbox_id, cell_id)
+    if detail and lock_error then detail.lock_error, detail.lock_lost = lock_error, lock_error[2] == "LOCK" or nil end
+    detail = with_partial(detail)
+    return cell_failed(s, err, ecode, detail, sbx, info.sandbox_id, cell_id)
   end
   if cell_id then
     local _, rerr, rcode, rdetail, rreach = refused_run(out, info, st)
     if rcode then return nil, rerr, rcode, rdetail, rreach end
   end
-  -- The cell ran: whatever fails from here on is reported in the result, never re-run.
-  local results = {}
-  for _, res in ipairs(out.results or {}) do
-    local rep = outputs_of(res)
-    if rep then report = report or rep else results[#results + 1] = res end
-  end
-  local cap = { left = s.max_files_bytes, dropped = {} }
-  local out_files, files_error = collect(s, sbx, st, info.sandbox_id, report, python, cap)
-  if fence and read_over_envd(report) then
-    local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
-    if not ok then
-      if fcode == "FENCED" then return nil, ferr, fcode, { started = true, fenced = true }, false end
-      out_files, files_error = {}, { ferr, fcode }
-    end
-  end
-  return run_result(out, info, results, out_files, files_error, cap, lock_error)
+  -- Still the holder? Asked of the lock's backend now (a Redis failover may
+  -- have lost the lock while the keeper had not looked yet): a run that lost
+  -- it says so, and its outputs are checked against the sandbox's fence.
+  lock_error = lock_error or lock_lost(lk)
+  return ran(s, sbx, st, info, out, report, python, fence, lock_error)
 end
 
 -- ------------------------------------------------------------------
--- The lease extended alongside the execute
+-- The watchdog: the lease kept while the run goes on
 -- ------------------------------------------------------------------
 
--- The side task of `alongside`: connects (the lease extension) until it
--- holds, under retry.lease's rule; it interrupts the execute when the lease
--- cannot be secured in time. → sb, t0, resumed | nil; `failed.err`: the last failure
-local function extend_alongside(s, ctl, info, lease_end, failed)
+-- One extension of the lease (connect with the run's lease), tried again on
+-- a transient fault under retry.lease's rule until it holds or could no
+-- longer land before the lease ends: then the run is interrupted (its
+-- connection closed: the server stops the cell) rather than paused
+-- underneath. → the new lease end | nil; `w.err`: the last failure
+local function extend(s, ctl, info, st, w, lease_end)
   local id, lease = info.sandbox_id, info.lease
-  if info.how ~= "alongside" then
-    -- The resume's lease covers the run until ALONGSIDE_MARGIN before its
-    -- end: extend it only for a cell still running then (no connect races
-    -- the execute's resume, and a short run costs one round trip).
-    local wait = lease_end - decide.ALONGSIDE_MARGIN - s.clock()
-    if wait > 0 then ctl.wait(wait) end
-    if ctl.main_done() then return nil end
-  end
   local tries = 0
   while true do
     local t0 = s.clock()
     local sb, res, ccode = s.client:connect(id, { timeout = lease })
     s:_event("connect", { sandbox_id = id, ok = sb ~= nil, resumed = sb and res or nil,
       code = not sb and ccode or nil, alongside = true })
-    if sb then return sb, t0, res == true end
-    failed.err = { tostring(res), ccode }
+    s:_event("extend", { sandbox_id = id, ok = sb ~= nil, code = not sb and ccode or nil, watchdog = true })
+    if sb then
+      w.err, w.extended = nil, (w.extended or 0) + 1
+      if sb.sandbox_id == nil then sb.sandbox_id = id end
+      resolve.remember(s, st, sb, t0 + lease, res == true and t0 or nil)
+      return st.lease_end
+    end
+    w.err = { tostring(res), ccode }
     if ctl.main_done() then return nil end
     tries = tries + 1
-    local pause = retry.lease(ccode, tries, s.clock(), lease_end - decide.LEASE_MARGIN)
+    -- A 404 is no proof (an intermediary's after forwarding): only one `info`
+    -- confirms it; else it is tried again as a passing fault. Confirmed gone:
+    -- no cell runs in it (nothing to interrupt); the execute's own answer says
+    -- what happened.
+    local rule_code = ccode
+    if is_gone(ccode) then
+      w.gone = resolve.confirmed_gone(s, id)
+      if w.gone then return nil end
+      rule_code = "HTTP"
+    end
+    local pause = lease_end and retry.lease(rule_code, tries, s.clock(), decide.watch_deadline(lease_end, lease))
     if not pause then
+      w.interrupted = true
       ctl.interrupt(string_format("the lease of sandbox '%s' could not be extended: %s", id, tostring(res)))
       return nil
     end
@@ -405,46 +490,67 @@ local function extend_alongside(s, ctl, info, lease_end, failed)
   end
 end
 
--- The execute and the lease extension (connect) at once, on the engine. A
--- failed extension is retried while the cell runs; when it cannot be secured
--- before the lease ends (minus LEASE_MARGIN), the execute is interrupted (its
--- connection closed: the server stops the cell) and the run is reported, so
--- the sandbox is never paused underneath it.
--- info.how: "alongside" (the remembered lease still has ALONGSIDE_MARGIN),
--- "auto_resume" (paused; the execute resumes it and the lease that gives
--- covers the run: no extension), "auto_resume_alongside" (paused; the run
--- may outlast that lease: a cell still running ALONGSIDE_MARGIN before its
--- end gets the extension then, under the same rules).
-local function alongside(s, info, st, code, opts, files, run_timeout, lk)
+-- The watchdog of a run (a side task while the run goes on, see `watched`):
+-- extends the lease at once when the run came that way ("alongside"), then
+-- each time the lease comes within decide.watch_margin of its end, until the
+-- run is over; one connect per extension. `lease_end`: the lease end it
+-- starts from (a resume by traffic: the lease that gives).
+local function watchdog(s, ctl, info, st, w, lease_end)
+  local now_first = info.how == "alongside"
+  while true do
+    if not now_first then
+      if not lease_end then return end
+      -- (in steps of at most WATCH_POLL: a session clock moved meanwhile is seen)
+      local wait = decide.watch_at(lease_end, info.lease) - s.clock()
+      while wait > 0 do
+        ctl.wait(math_min(wait, decide.WATCH_POLL))
+        if ctl.main_done() then return end
+        wait = decide.watch_at(lease_end, info.lease) - s.clock()
+      end
+      if ctl.main_done() then return end
+    end
+    now_first = false
+    lease_end = extend(s, ctl, info, st, w, lease_end)
+    if not lease_end then return end
+  end
+end
+
+--- Runs `main()` (the whole attempt: uploads, the hooks cell, the cell, its
+-- outputs) under the lease's watchdog when the session has `parallel`, else
+-- as it is. A run that failed because no extension held is reported as
+-- interrupted (never sent again: the cell may have started); a run that
+-- ended while the last extension was failing says so in `lease_error`.
+-- → main's returns
+function _M.watched(s, info, st, main)
+  if not s.parallel or not info.lease then return main() end
   local id, how = info.sandbox_id, info.how
   local t_exec = s.clock()
-  local function main() return attempt(s, info, st, code, opts, files, run_timeout, lk) end
-  if how == "auto_resume" then
-    local r, err, ecode, detail, reach = main()
-    if r then st.run_started, st.lease_end = t_exec, decide.auto_resume_end(t_exec, s.max_run_length) end
-    return r, err, ecode, detail, reach
-  end
-  local lease_end = how == "alongside" and st.lease_end or t_exec + decide.AUTO_RESUME_LEASE
-  local failed = {}
-  local side, r, err, ecode, detail, reach = s.parallel(main, function(ctl)
-    return extend_alongside(s, ctl, info, lease_end, failed)
+  local start_end = st.lease_end
+  if how == "auto_resume" then start_end = decide.auto_resume_end(t_exec, s.max_run_length) end
+  local w = {}
+  local _, r, err, ecode, detail, reach = s.parallel(main, function(ctl)
+    return watchdog(s, ctl, info, st, w, start_end)
   end)
-  local sb, t0, resumed = side:result()
-  if how ~= "alongside" and (r or not reach) then
+  if how == "auto_resume" and (r or not reach) then
     -- The execute reached the sandbox: traffic resumed it (a new E2B run).
-    st.run_started, st.lease_end = t_exec, decide.auto_resume_end(t_exec, s.max_run_length)
+    st.run_started = t_exec
+    st.lease_end = math_max(st.lease_end or 0, decide.auto_resume_end(t_exec, s.max_run_length))
   end
-  local lease_err = failed.err
-  if type(sb) == "table" then
-    if sb.sandbox_id == nil then sb.sandbox_id = id end
-    resolve.remember(s, st, sb, t0 + info.lease, resumed and t0 or nil)
-  elseif not r and not reach and lease_err then
+  local lease_err = w.err
+  -- Confirmed gone: forgotten; the execute's own answer says what happened.
+  if w.gone then forget(st) end
+  if not lease_err then return r, err, ecode, detail, reach end
+  s:_event("lease_failed", { sandbox_id = id, code = lease_err[2], watchdog = true })
+  if r then
+    r.lease_error = lease_err
+    return r
+  end
+  if not reach and not w.gone then
     -- Interrupted (or failed while the lease could not be secured): the cell
     -- may have started, so it is reported, never sent again.
     detail = type(detail) == "table" and detail or {}
     detail.lease_error = lease_err
     detail.interrupted = true
-    if is_gone(lease_err[2]) then forget(st) end
     return nil, string_format("run in sandbox '%s' interrupted: its lease could not be extended (%s)", id,
       lease_err[1]), lease_err[2] or ecode, detail, false
   end
@@ -475,6 +581,35 @@ local function succeeded(s, st, r)
   -- It has run since it lost its memory: what its kernel holds now is kept.
   st.memory_lost = nil
   if st.creating then resolve.collect_orphans(s, st) end
+  if st.replaced then resolve.collect_replaced(s, st) end
+end
+
+-- The state saved once the cell ran: a compare-and-set on the lock's token,
+-- so a lock lost under the run (Redis restarted, the holder cut off past its
+-- expiry) shows here: `r.lock_lost`, `r.lock_error` (a transient failure is
+-- tried once more: a connection a Redis restart broke reconnects).
+local function saved_after(lk, st, r)
+  local enc = state_codec.encode(st)
+  local ok, err, code = lk:set_state(enc)
+  if not ok and (code == "TRANSPORT" or code == "IO") then ok, err, code = lk:set_state(enc) end
+  if ok then return end
+  r.lock_error = r.lock_error or { tostring(err), code }
+  if code == "LOCK" then r.lock_lost = true end
+end
+
+-- A policy that pauses the sandbox after every run (`pause_after_run`, the
+-- pause-after-every-turn flow): the pause (memory kept), and the lease
+-- remembered as over, so the next run resumes it with a connect. A failed
+-- pause is in the result (`pause_error`); the lease then ends it.
+local function pause_after(s, st, r)
+  local ok, perr, pcode = s.client:pause(r.sandbox_id)
+  s:_event("pause_after_run", { sandbox_id = r.sandbox_id, ok = ok ~= nil, code = ok == nil and pcode or nil })
+  if ok == nil and pcode ~= "NOT_FOUND" then
+    r.pause_error = { tostring(perr), pcode }
+    return
+  end
+  local now = s.clock()
+  st.lease_end = math_min(st.lease_end or now, now - decide.PAUSE_GRACE)
 end
 
 --- Runs `code` holding the session's lock `lk` (`files`: normalized). At
@@ -486,27 +621,37 @@ function _M.run_locked(s, lk, code, opts, files)
   if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then forget(st) end
   local run_timeout = opts.timeout or s.exec_timeout
   local tries, hooks_resent = 0, false
+  -- The conversation's sandbox before the run: one that is gone (killed, or
+  -- lost by a restart of a server that could not keep its paused copy) is said.
+  local had = st.sandbox_id
   while true do
     tries = tries + 1
-    local t_resolve = mono_now()
     local info, err, ecode, detail = resolve.acquire(s, st, run_timeout)
-    metrics.add(s._tm, "resolve", t_resolve)
     lk:set_state(state_codec.encode(st))
+    metrics.phase(s._tm, "resolve")
     if not info then return nil, err, ecode, detail end
     started(s, info)
     local r, reach
-    if ALONGSIDE[info.how] then
-      r, err, ecode, detail, reach = alongside(s, info, st, code, opts, files, run_timeout, lk)
-    else
-      r, err, ecode, detail, reach = attempt(s, info, st, code, opts, files, run_timeout, lk)
-    end
+    r, err, ecode, detail, reach = _M.watched(s, info, st, function()
+      return attempt(s, info, st, code, opts, files, run_timeout, lk)
+    end)
+    metrics.phase(s._tm, "execute") -- (the attempt's end: its fencing, the lease's bookkeeping)
     if r then
+      if had and r.sandbox_id ~= had then
+        r.sandbox_lost = had
+        s:_event("sandbox_lost", { sandbox_id = had, new_sandbox_id = r.sandbox_id })
+      end
+      -- The kernel had lost the hooks it was given (it started afresh: a
+      -- server restart, a crash): what it held before this run is gone.
+      if hooks_resent then r.memory_lost = true end
       succeeded(s, st, r)
-      lk:set_state(state_codec.encode(st))
+      if s.policy.pause_after_run then pause_after(s, st, r) end
+      saved_after(lk, st, r)
       return r
     end
     local verdict, hooks = retry.again(reach, ecode, tries, hooks_resent)
     hooks_resent = hooks_resent or hooks
+    if hooks then s:_event("memory_lost", { sandbox_id = info.sandbox_id, kernel = true }) end
     -- Sent once more, to the same sandbox while it exists (its kernel and
     -- files are the conversation's), else to one resolved again.
     if verdict then s:_event("retry", { sandbox_id = info.sandbox_id, code = ecode }) end
@@ -521,6 +666,7 @@ function _M.run_locked(s, lk, code, opts, files)
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
     if wait then require("warmbox.lock").wait(wait) end
+    metrics.phase(s._tm, "retry")
   end
 end
 

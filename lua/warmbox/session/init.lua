@@ -29,7 +29,6 @@ local decide = require "warmbox.session.decide"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local prewarm = require "warmbox.session.prewarm"
-local mono_now = require("warmbox.core").now
 
 local type, pairs, ipairs, tostring, error, setmetatable =
   type, pairs, ipairs, tostring, error, setmetatable
@@ -271,6 +270,8 @@ function Session:_ctx(st, run_timeout)
     env = self.env, actor = self.actor, now = self.clock(),
     exec_timeout = self.exec_timeout, idle_timeout = self.idle_timeout,
     run_timeout = run_timeout or self.exec_timeout, margin = _M.LEASE_MARGIN,
+    -- a watchdog keeps the lease while a run goes on (see warmbox.session.execute)
+    watched = self.parallel ~= nil,
     lease_end = st and st.lease_end, sandbox_id = st and st.sandbox_id,
   }
 end
@@ -324,7 +325,9 @@ end
 --   sandbox_id, execution_count, turn (the session's successful runs, see s:checkpoint),
 --   truncated (a cap dropped output or files), dropped_files = { {name, size} } | nil,
 --   files_error = { msg, code } | nil, undecoded = { raw lines } | nil, replaced (characters
---   decoded as U+FFFD), lock_error = { msg, code } | nil, unlock_error = { msg, code } | nil }`
+--   decoded as U+FFFD), lock_error = { msg, code } | nil, lock_lost = true | nil (the lock was lost
+--   while the cell ran), sandbox_lost = id | nil (the conversation's sandbox was gone: this run
+--   started over), unlock_error = { msg, code } | nil }`
 -- @return[2] nil
 -- @treturn[2] string message
 -- @treturn[2] string code: "BUSY", "LOCK", "POLICY", "BAD_REQUEST", "TIMEOUT", "SANDBOX_GONE",
@@ -349,7 +352,8 @@ function Session:run(code, opts)
   end
   local tm = metrics.timer()
   local r, err, ecode, detail, unlock_error = self:_with_lock(function(lk)
-    tm.lock_wait, tm.locked = mono_now() - tm.t0, true
+    metrics.phase(tm, "lock_wait")
+    tm.locked = true
     self:_event("lock_wait", { waited = tm.lock_wait })
     if run_timeout > self.exec_timeout and type(lk.expire) == "function" then
       lk:expire(math.ceil(run_timeout) + 120)
@@ -370,7 +374,7 @@ end
 -- Prewarm: get the sandbox ready before the run comes
 -- ------------------------------------------------------------------
 
-local PREWARM_OPTS = { within = "number" }
+local PREWARM_OPTS = { within = "number", just_in_time = "boolean" }
 
 --- Get the session's sandbox ready for a run that is coming, in the
 -- background: returns at once with the task doing it.
@@ -386,7 +390,12 @@ local PREWARM_OPTS = { within = "number" }
 -- work as it would have. Inside a task the work starts at the next round;
 -- outside tasks it is started on the engine now and goes on at the next call
 -- into warmbox (a run of the session finishes it first).
--- @tparam[opt] table opts `within` (seconds until the run may come, default `exec_timeout`)
+-- With `just_in_time` and `within`, the work waits until `decide.JIT_LEAD`
+-- (2 s) before `within` ends, so the sandbox does not run through the time
+-- the run is not coming yet (the model's thinking); a run that comes first
+-- cancels it (`s:stats().prewarm_cancelled`) and does the work itself.
+-- @tparam[opt] table opts `within` (seconds until the run may come, default `exec_timeout`),
+--   `just_in_time` (false)
 -- @treturn warmbox.Task its result: `{ action = "warm"|"busy"|"resumed"|"extended"|"created",
 --   sandbox_id, resumed, reused }` | nil, msg, code
 function Session:prewarm(opts)
@@ -401,13 +410,14 @@ function Session:prewarm(opts)
     local action, reason = require("warmbox.session.budget").check(self, "prewarm")
     if action == "refuse" then return nil, "budget: " .. tostring(reason), "BUDGET" end
   end
-  return prewarm.start(self, within or self.exec_timeout)
+  return prewarm.start(self, within or self.exec_timeout, opts.just_in_time and within ~= nil)
 end
 
 --- The counters of `s:prewarm` and of runs (a copy; runs: see warmbox.metrics): `prewarms` (started), `prewarm_ready`
 -- (made ready: resumed, extended or created), `prewarm_warm` (nothing to do),
 -- `prewarm_busy` (skipped: the session was locked), `prewarm_failed`,
--- `prewarm_waits` (runs that waited for a prewarm in flight). Sessions of one
+-- `prewarm_waits` (runs that waited for a prewarm in flight), `prewarm_cancelled` (just-in-time
+-- prewarms a run overtook). Sessions of one
 -- `warmbox` object share them (`wb:stats()`).
 function Session:stats()
   return metrics.stats(self.counters, prewarm.PREWARM_COUNTERS)

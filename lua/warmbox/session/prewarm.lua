@@ -6,6 +6,7 @@
 local state_codec = require "warmbox.state"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
+local decide = require "warmbox.session.decide"
 
 local xpcall, traceback, tostring, setmetatable, error = xpcall, debug.traceback, tostring, setmetatable, error
 local string_format = string.format
@@ -20,7 +21,7 @@ _M.PREWARM_KICK = 0.25
 
 --- The counters a prewarm counts into (see `s:stats`).
 _M.PREWARM_COUNTERS = { prewarms = 0, prewarm_ready = 0, prewarm_warm = 0, prewarm_busy = 0, prewarm_failed = 0,
-  prewarm_waits = 0 }
+  prewarm_waits = 0, prewarm_cancelled = 0 }
 
 -- The prewarms in flight in this process: "<origin>\0<tag value>" -> { task =, runner = }
 -- (an entry leaves when its task ends however it ends: returned, cancelled, runner closed).
@@ -72,6 +73,13 @@ function _M.await(s)
     inflight[key] = nil -- cancelled before it ever ran (its runner closed)
     return
   end
+  if e.sleeping then
+    -- A just-in-time prewarm that has not started: the run does the work itself.
+    inflight[key] = nil
+    e.task:cancel()
+    count(s, "prewarm_cancelled")
+    return
+  end
   local t, rn = e.task, e.runner
   local cur = require("warmbox.task").current()
   if cur then
@@ -87,6 +95,13 @@ function _M.await(s)
   end
 end
 
+-- The lease a run of `s` would ask for (the policy's `lease`; the idle
+-- window when the hook fails: the run reports that).
+local function prewarm_lease(s, st, within)
+  local lease = resolve.lease(s, s:_ctx(st, within))
+  return decide.lease(lease or s.idle_timeout, within, s.parallel ~= nil)
+end
+
 -- What the prewarm found or did, for its result and event.
 local function action_of(info)
   if info.how == "create" then return "created" end
@@ -95,14 +110,15 @@ local function action_of(info)
   return "extended"
 end
 
--- Under the lock: nothing when the remembered lease covers `within`; else
--- the run's own resolve (`acquire`, eager: connect now), then the output
--- hook in a kernel that may be new (which starts it).
+-- Under the lock: nothing when the remembered lease has the margin a run
+-- coming within `within` needs (decide.prewarm_warm); else the run's own
+-- resolve (`acquire`, eager: connect now), then the output hook in a kernel
+-- that may be new (which starts it), under the run's watchdog.
 local function prewarm_locked(s, lk, within)
   local st = state_codec.decode(lk:get_state())
   if (st.tag ~= nil and st.tag ~= s.tag_value) or st.origin ~= s.origin then resolve.forget(st) end
   local now = s.clock()
-  if st.sandbox_id and st.lease_end and st.lease_end >= now + within
+  if st.sandbox_id and decide.prewarm_warm(now, st.lease_end, within, prewarm_lease(s, st, within))
     and not (s.require_memory and st.memory_lost == st.sandbox_id) then
     return { action = "warm", sandbox_id = st.sandbox_id }
   end
@@ -111,7 +127,9 @@ local function prewarm_locked(s, lk, within)
   if not info then return nil, err, ecode, detail end
   local id = info.sandbox_id
   if st.hooked ~= id or st.memory_lost == id then
-    local ok, herr, hcode, hdetail = execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
+    local ok, herr, hcode, hdetail = execute.watched(s, info, st, function()
+      return execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
+    end)
     lk:set_state(state_codec.encode(st))
     if not ok then return nil, herr, hcode, hdetail end
   end
@@ -123,7 +141,7 @@ local function body(s, within)
   local ok, r, err, ecode = xpcall(s._with_lock, traceback, s, function(lk)
     return prewarm_locked(s, lk, within)
   end, true)
-  if not ok then r, err, ecode = nil, tostring(r), "TASK" end
+  if not ok then r, err, ecode = nil, (tostring(r):gsub("\nstack traceback:.*$", "")), "TASK" end
   if r then
     count(s, r.action == "warm" and "prewarm_warm" or "prewarm_ready")
     s:_event("prewarm", { ok = true, action = r.action, sandbox_id = r.sandbox_id, resumed = r.resumed })
@@ -142,23 +160,32 @@ end
 
 --- Starts the prewarm of session `s` for a run within `within` seconds (see
 -- `s:prewarm`); a prewarm of the same session in flight is returned as it is.
+-- `jit`: it waits until decide.JIT_LEAD before `within` ends, so the sandbox
+-- does not run while the run is not coming yet (a run that comes first
+-- cancels it and does the work itself).
 -- @treturn warmbox.Task
-function _M.start(s, within)
+function _M.start(s, within, jit)
   local key = inflight_key(s)
   local e = inflight[key]
   if e and not e.task:done() then return e.task end
   local rn = _M.runner(s)
   local t
+  local entry = { runner = rn, sleeping = jit and within > decide.JIT_LEAD or nil }
   t = rn:spawn(function()
     local _ <close> = setmetatable({}, { __close = function()
       if inflight[key] and inflight[key].task == t then inflight[key] = nil end
       if rn.add_background then rn:add_background(-1) end
     end })
+    if entry.sleeping then
+      require("warmbox.task").current().sched:sleep(within - decide.JIT_LEAD)
+      entry.sleeping = nil
+    end
     return body(s, within)
   end)
   -- Blocking lock waits drive a runner with background work (each runner registers with lock.step_while_blocked).
   if rn.add_background then rn:add_background(1) end
-  inflight[key] = { task = t, runner = rn }
+  entry.task = t
+  inflight[key] = entry
   count(s, "prewarms")
   if not rn:current() and rn.kick then rn:kick(_M.PREWARM_KICK) end
   return t

@@ -32,9 +32,9 @@ end
 --- Forgets the remembered sandbox; the creates in flight stay recorded (their
 -- orphans are recognised later, see `create`).
 function _M.forget(st)
-  local creating, turns = st.creating, st.turns
+  local creating, turns, replaced = st.creating, st.turns, st.replaced
   for k in pairs(st) do st[k] = nil end
-  st.creating, st.turns = creating, turns
+  st.creating, st.turns, st.replaced = creating, turns, replaced
 end
 local forget = _M.forget
 
@@ -63,6 +63,28 @@ function _M.remember(s, st, sb, lease_end, run_started)
 end
 
 local remember = _M.remember
+
+--- Whether sandbox `id` is gone as the control plane's `info` confirms (its
+-- 404): a 404 on another call may be an intermediary's after it forwarded
+-- the call, no proof the sandbox (its kernel, its files) is gone.
+function _M.confirmed_gone(s, id)
+  local _, _, code = s.client:info(id)
+  return code == "NOT_FOUND"
+end
+local confirmed_gone = _M.confirmed_gone
+
+-- connect (as client:connect), then whether the sandbox is gone: a 404
+-- `info` confirms (see confirmed_gone); an unconfirmed one is followed by one
+-- more connect (its failure is then no proof either).
+-- → sb, res, code, detail, gone
+local function connect_confirmed(s, id, lease)
+  local sb, res, ccode, cdetail = s.client:connect(id, { timeout = lease })
+  if sb or not is_gone(ccode) then return sb, res, ccode, cdetail, false end
+  if confirmed_gone(s, id) then return nil, res, ccode, cdetail, true end
+  s:_event("connect", { sandbox_id = id, ok = false, code = ccode, confirmed = false })
+  sb, res, ccode, cdetail = s.client:connect(id, { timeout = lease })
+  return sb, res, ccode, cdetail, false
+end
 
 -- Whether a listed sandbox is known to have lost its memory: the remembered
 -- state says so (GC demoted it: `memory_lost`), or it was paused within
@@ -130,11 +152,12 @@ local function secure_candidate(s, st, ordered, lease, avoid, gone)
     end
     do
       local t0 = s.clock()
-      local sb, res, ccode, cdetail = client:connect(it.sandbox_id, { timeout = lease })
+      local sb, res, ccode, cdetail, cgone = connect_confirmed(s, it.sandbox_id, lease)
       s:_event("connect", { sandbox_id = it.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
         code = not sb and ccode or nil })
       if not sb then
-        if not is_gone(ccode) then return false, res, ccode, cdetail end
+        -- Only a sandbox `info` says is gone is passed over (its kernel and files are the conversation's).
+        if not cgone then return false, res, ccode, cdetail end
         gone[it.sandbox_id] = true
       else
         local ok, terr, tcode, tdetail = client:set_timeout(it.sandbox_id, lease)
@@ -145,7 +168,7 @@ local function secure_candidate(s, st, ordered, lease, avoid, gone)
           st.auto_resume = auto_resumes(it.lifecycle)
           return sb, resumed
         end
-        if not is_gone(tcode) then
+        if not is_gone(tcode) or not confirmed_gone(s, it.sandbox_id) then
           -- Its lease could not be set: it is not used for this run (it might
           -- pause underneath it), and it is left alone: the next run tries again.
           s:_event("lease_failed", { sandbox_id = it.sandbox_id, code = tcode })
@@ -161,10 +184,14 @@ end
 
 -- Creates in flight: each create carries a fresh id in its metadata
 -- (`warmbox.tag.CREATE_TAG`), recorded in the remembered state before the
--- create is sent and dropped once its answer came. A listed sandbox whose id
--- is still recorded is an orphan (its create was given up: a timeout, a
--- crash, a cancelled task): never preferred to another, collected once a
--- sandbox is secured.
+-- create is sent. A listed sandbox whose id is still recorded is an orphan
+-- (its create was given up: a timeout, a crash, a cancelled task; or it was
+-- made more than once: answered 503/429 after an intermediary forwarded it,
+-- then sent again with the same id): never preferred to another, collected
+-- once a sandbox is secured. A create answered after more than one attempt
+-- keeps its record, with the sandbox it answered (`kept`: never an orphan),
+-- until the first listing after a run (`collect_orphans`) has seen what else
+-- it made; one answered at its first attempt drops it (no list is paid for).
 local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
 
 -- The recorded creates younger than CREATE_WINDOW (a create given up longer
@@ -199,12 +226,21 @@ local function settle_create(st, id)
   if #list == 0 then st.creating = nil end
 end
 
--- The create id of a listed sandbox whose create is still recorded (an orphan), else nil.
+-- The create `id` was answered with sandbox `sandbox_id`: its record stays
+-- (the create may have made others), that sandbox is not its orphan.
+local function answered_create(st, id, sandbox_id)
+  for _, c in ipairs(st.creating or {}) do
+    if type(c) == "table" and c.id == id then c.kept = sandbox_id end
+  end
+end
+
+-- The create id of a listed sandbox whose create is still recorded (an
+-- orphan: not the sandbox the create answered), else nil.
 local function orphan_of(st, it)
   local id = type(it.metadata) == "table" and it.metadata[CREATE_TAG]
   if type(id) ~= "string" then return nil end
   for _, c in ipairs(st.creating or {}) do
-    if type(c) == "table" and c.id == id then return id end
+    if type(c) == "table" and c.id == id and c.kept ~= it.sandbox_id then return id end
   end
   return nil
 end
@@ -252,13 +288,27 @@ function _M.create(s, st, lease, from)
     s:_save(st)
     return nil, cerr, ccode, cdetail
   end
-  settle_create(st, nonce)
+  if type(cdetail) == "table" and (tonumber(cdetail.attempts) or 1) > 1 then
+    -- Sent more than once: an earlier attempt may have made a sandbox too,
+    -- found by the listing after the run (collect_orphans).
+    answered_create(st, nonce, sb.sandbox_id)
+  else
+    settle_create(st, nonce)
+  end
   s:_event("create", { sandbox_id = sb.sandbox_id })
   remember(s, st, sb, t0 + params.timeout, t0)
   st.auto_resume = auto_resumes(params.lifecycle)
   return sb
 end
 local create = _M.create
+
+-- Whether a listed candidate was made by the create `id` (its record then goes).
+local function orphan_seen(cands, id)
+  for _, it in ipairs(cands) do
+    if type(it.metadata) == "table" and it.metadata[CREATE_TAG] == id then return true end
+  end
+  return false
+end
 
 -- The candidates in `ordered`, the orphans (see `orphan_of`) moved last: an
 -- empty sandbox whose create was given up never wins over one in use.
@@ -274,21 +324,40 @@ local function orphans_last(st, ordered)
 end
 
 --- After a run: the orphans of the creates still recorded (listed by tag) are
--- killed, their records dropped. One list, only while a create is recorded.
+-- killed, their records dropped (an answered create's too: the listing saw
+-- what else it made; a record whose orphan could not be killed stays). One
+-- list, only while a create is recorded.
 function _M.collect_orphans(s, st)
   local cands = list_candidates(s)
   if not cands then return end
+  local failed = {}
   for _, it in ipairs(cands) do
     local orphan = orphan_of(st, it)
-    if orphan then
-      if it.sandbox_id ~= st.sandbox_id and s.client:kill(it.sandbox_id) ~= nil then
-        s:_event("kill", { sandbox_id = it.sandbox_id, reason = "orphan" })
-      end
-      settle_create(st, orphan)
+    if orphan and it.sandbox_id ~= st.sandbox_id then
+      local ok = s.client:kill(it.sandbox_id)
+      if ok then s:_event("kill", { sandbox_id = it.sandbox_id, reason = "orphan" }) end
+      if ok == nil then failed[orphan] = true end
     end
   end
-  local left = recent_creates(st, s.clock())
+  local left = {}
+  for _, c in ipairs(recent_creates(st, s.clock())) do
+    if failed[c.id] or (c.kept == nil and not orphan_seen(cands, c.id)) then left[#left + 1] = c end
+  end
   st.creating = #left > 0 and left or nil
+end
+
+--- After a run: the sandboxes a rewind replaced but could not kill are killed
+-- (those whose kill fails again stay recorded).
+function _M.collect_replaced(s, st)
+  local left = {}
+  for _, id in ipairs(type(st.replaced) == "table" and st.replaced or {}) do
+    if type(id) == "string" and id ~= st.sandbox_id then
+      local ok = s.client:kill(id)
+      if ok then s:_event("kill", { sandbox_id = id, reason = "rewind" }) end
+      if ok == nil then left[#left + 1] = id end
+    end
+  end
+  st.replaced = #left > 0 and left or nil
 end
 
 -- Finds or creates the session's sandbox and secures its lease (the reference
@@ -327,7 +396,7 @@ local function resolve(s, st, lease, avoid)
     if orphan then settle_create(st, orphan) end
   end
   return { sandbox_id = kept.sandbox_id, reused = not created, resumed = resumed, how = created and "create"
-    or "resolve" }
+    or "resolve", lease = lease }
 end
 
 -- The remembered sandbox (same tag value) for one run: as it is when
@@ -337,30 +406,29 @@ local function secure_remembered(s, st, ctx, lease, eager)
   local refresh, perr, pcode = policy_mod.call(s.policy, "should_refresh", ctx)
   if pcode then return nil, perr, pcode end
   if not refresh then
-    return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered" }
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = false, how = "remembered", lease = lease }
   end
   -- Alongside the execute (one round trip) when the remembered lease still
   -- has a safe margin, or the execute resumes a paused sandbox (see
   -- warmbox.session.execute). Both need `parallel` (warmbox.new gives it;
   -- without it: connect first). A prewarm (`eager`) connects now instead:
   -- the sandbox is made ready before the run.
-  local how = decide.remembered_way(st.lease_end, st.auto_resume, s.clock(), ctx.run_timeout,
-    s.parallel and not eager)
+  local how = decide.remembered_way(st.lease_end, st.auto_resume, s.clock(), lease, s.parallel and not eager)
   if how then
     return { sandbox_id = st.sandbox_id, reused = true, resumed = how ~= "alongside", how = how, lease = lease }
   end
   local t0 = s.clock()
-  local sb, res, ccode, cdetail = s.client:connect(st.sandbox_id, { timeout = lease })
+  local sb, res, ccode, cdetail, cgone = connect_confirmed(s, st.sandbox_id, lease)
   s:_event("connect", { sandbox_id = st.sandbox_id, ok = sb ~= nil, resumed = sb and res or nil,
     code = not sb and ccode or nil })
   if sb then
     if sb.sandbox_id == nil then sb.sandbox_id = st.sandbox_id end
     remember(s, st, sb, t0 + lease, res == true and t0 or nil)
-    return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh" }
+    return { sandbox_id = st.sandbox_id, reused = true, resumed = res == true, how = "refresh", lease = lease }
   end
   -- A transient fault fails the run and keeps what is remembered (the next
-  -- run tries again); only a sandbox that is gone is forgotten.
-  if not is_gone(ccode) then return nil, res, ccode, cdetail end
+  -- run tries again); only a sandbox that is gone (`info` says so) is forgotten.
+  if not cgone then return nil, res, ccode, cdetail end
   forget(st)
   return resolve(s, st, lease)
 end
@@ -381,9 +449,10 @@ local function secure(s, st, ctx, lease, eager)
   return resolve(s, st, lease)
 end
 
--- Once per session object: idle_timeout cannot take effect, as a run's lease
--- covers the run's timeout and LEASE_MARGIN (the sandbox pauses `lease` s
--- after the run starts, not idle_timeout s). Event "lease_floor".
+-- Once per session object without a watchdog (no `parallel`): idle_timeout
+-- cannot take effect, as a run's lease covers the run's timeout and
+-- LEASE_MARGIN (the sandbox pauses `lease` s after the run starts, not
+-- idle_timeout s). Event "lease_floor".
 local function warn_floor(s, run_timeout, lease)
   if s.floor_warned or s.idle_timeout >= run_timeout then return end
   s.floor_warned = true
@@ -411,8 +480,8 @@ local function recycle(s, st, got, lease)
   return got
 end
 
---- Secures a sandbox for one run: the remembered one when its lease provably
--- covers the run (no request), the remembered one refreshed by `connect` (one
+--- Secures a sandbox for one run: the remembered one when the policy says
+-- its lease needs no refresh (no request), the remembered one refreshed by `connect` (one
 -- request: resumes a paused one and extends the lease), else resolve.
 -- `eager` (a prewarm): the sandbox is made ready now, never left to the
 -- execute (no alongside extension, no auto-resume by traffic).
@@ -421,7 +490,9 @@ function _M.acquire(s, st, run_timeout, eager)
   local ctx = s:_ctx(st, run_timeout)
   local v, err, code = policy_mod.call(s.policy, "lease", ctx)
   if code then return nil, err, code end
-  local lease, floored = decide.lease(v, run_timeout)
+  -- Watched (`parallel`): the run's watchdog keeps the lease while it goes
+  -- on, so the lease is the policy's (the idle window), not the run's timeout.
+  local lease, floored = decide.lease(v, run_timeout, ctx.watched)
   if not lease then return bad_hook(s, "lease", tostring(v), "positive number") end
   if floored then warn_floor(s, run_timeout, lease) end
   ctx.lease = lease

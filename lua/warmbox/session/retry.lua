@@ -42,7 +42,7 @@ local function unreachable(code) return code == "SANDBOX_GONE" or code == "NOT_F
 function _M.reach(kind, code, detail, guarded)
   if kind == "prepare" then return unreachable(code) and "exists" or false end
   if kind == "refused" then return code == "HOOKS_LOST" and "never" or false end
-  if type(detail) == "table" and detail.started then return false end
+  if type(detail) == "table" and detail.output_started then return false end
   if code == "TRANSPORT" then return type(detail) == "table" and detail.sent == false and "never" or false end
   if not unanswered(code, detail) then return false end
   -- A cell of a language without a guard may have run: never sent again.

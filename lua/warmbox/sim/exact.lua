@@ -42,6 +42,37 @@ local function sim_runner(sched)
   return rn
 end
 
+-- `parallel` for the simulation's sessions (as warmbox.runner's): `main()` in
+-- the running task, `side(ctl)` as a task of its own on the virtual clock, so
+-- a run's lease watchdog extends the model's leases at the times the engine's
+-- would. (A model request cannot be aborted: `interrupt` does nothing.)
+local function sim_parallel(sched)
+  return function(main, side)
+    local finished = false
+    local wake = sched:event()
+    local ctl = {
+      main_done = function() return finished end,
+      interrupt = function() end,
+      sleep = function(sec) return sched:sleep(sec) end,
+      wait = function(sec)
+        if finished then return true end
+        return wake:wait(sched:now() + sec)
+      end,
+      poke = function() wake:broadcast(true) end,
+    }
+    local child = sched:spawn(side, ctl)
+    local ret = table.pack(main())
+    finished = true
+    wake:broadcast(true)
+    if not child:done() then
+      local ev = sched:event()
+      child:on_done(function() ev:signal() end)
+      ev:wait()
+    end
+    return child, table.unpack(ret, 1, ret.n)
+  end
+end
+
 -- One part of a GC pass, `fn(o)` (warmbox.gc's sandbox pass or the checkpoint
 -- pass): a raise or an error counts in `gc_errors`, a report goes to `count`.
 local function gc_part(report, fn, o, note_error, count)
@@ -178,8 +209,10 @@ function _M.simulate(X)
   local rn = sim_runner(sched)
   local function get_runner() return rn end
   local function on_event(name) events[name] = (events[name] or 0) + 1 end
+  local parallel = sim_parallel(sched)
   function X.new_session(key)
     return session_mod.new(key, { client = model, lock = X.new_lock, clock = clock, policy = policy,
+      parallel = parallel,
       template = X.template, exec_timeout = X.exec_timeout, idle_timeout = X.idle_timeout, tag = X.tag,
       origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length, runner = get_runner })
   end

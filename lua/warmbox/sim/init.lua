@@ -56,9 +56,13 @@ _M.plot, _M.chart = report_mod.plot, report_mod.chart
 local CREATED_KEY = "warmboxCreatedAt"
 
 --- The built-in policies `compare` runs side by side (`warmbox simulate --policies`).
--- * `reference`: E2B's documented flow: a 5 minute lease paused on timeout,
---   resumed on traffic; GC kills a sandbox `max_age` (24 h) after it was
---   created, whatever its activity.
+-- * `reference`: E2B's documented flow (the seed's): a 5 minute lease
+--   refreshed on every run, paused on timeout, resumed on traffic; GC kills a
+--   sandbox `max_age` (24 h) after it was created, whatever its activity.
+-- * `pause-per-turn`: the sandbox paused at the end of every turn (as
+--   AutoGPT's copilot does to stop idle billing) and resumed by a connect at
+--   the next: the cost floor of keeping a conversation's sandbox, a resume
+--   on every turn.
 -- * `no-reuse`: a fresh sandbox per call, killed after it (as before the
 --   reference change); nothing survives a turn.
 -- * `keep-alive`: one sandbox per conversation kept running
@@ -70,6 +74,7 @@ _M.POLICIES = {
   reference = { policy = {
     name = "reference",
     lease = function() return 300 end,
+    should_refresh = function() return true end,
     create_params = function(ctx)
       return { template = ctx.template, timeout = ctx.lease, env_vars = ctx.env,
         metadata = { [ctx.tag] = ctx.tag_value, [CREATED_KEY] = string_format("%d", math_floor(ctx.now)) },
@@ -96,9 +101,10 @@ _M.POLICIES = {
         metadata = { [ctx.tag] = ctx.tag_value }, lifecycle = { on_timeout = "kill" } }
     end,
   } },
+  ["pause-per-turn"] = { policy = { name = "pause-per-turn", pause_after_run = true } },
   default = { policy = { name = "default" } },
 }
-_M.POLICY_ORDER = { "reference", "no-reuse", "keep-alive", "default" }
+_M.POLICY_ORDER = { "reference", "pause-per-turn", "no-reuse", "keep-alive", "default" }
 
 -- ------------------------------------------------------------------
 -- run
@@ -173,8 +179,9 @@ local function check_run_choices(o, fname, level)
   if o.policy ~= nil and type(o.policy) ~= "table" and type(o.policy) ~= "string" then
     bad(fname, "'policy' must be a table, a path or nil", level)
   end
-  for _, k in ipairs{ "exact", "prewarm" } do
-    if o[k] ~= nil and type(o[k]) ~= "boolean" then bad(fname, "'" .. k .. "' must be a boolean", level) end
+  if o.exact ~= nil and type(o.exact) ~= "boolean" then bad(fname, "'exact' must be a boolean", level) end
+  if o.prewarm ~= nil and type(o.prewarm) ~= "boolean" and o.prewarm ~= "jit" then
+    bad(fname, "'prewarm' must be a boolean or \"jit\"", level)
   end
 end
 
@@ -281,7 +288,7 @@ local function run(o)
   local log = o.details and {} or nil
   local tail = o.tail
   if tail == nil then
-    -- The default lease: max(exec_timeout, idle_timeout), at least the run's timeout + LEASE_MARGIN.
+    -- Long enough for any lease: the run's timeout + LEASE_MARGIN, or the idle window.
     tail = math_max(exec_timeout + session_mod.LEASE_MARGIN, idle_timeout) + max_age + (gc_every or 0)
   end
   local exact, xerr, xcode = run_path(o, policy)
@@ -290,8 +297,8 @@ local function run(o)
   local X = { convs = convs, policy = policy, per_call = per_call, model = model,
     report = report, latencies = latencies, log = log, t0 = t0, exec_timeout = exec_timeout,
     idle_timeout = idle_timeout, template = template, tag = tag, env = {}, max_age = max_age,
-    gc_every = gc_every, tail = tail, prewarm = o.prewarm and true or false, gc_full = o.gc_full == true, fail = fail,
-    note_error = note_error }
+    gc_every = gc_every, tail = tail, prewarm = o.prewarm == "jit" and "jit" or (o.prewarm and true or false),
+    gc_full = o.gc_full == true, fail = fail, note_error = note_error }
   local horizon, nlat
   if not exact then
     horizon = fast_mod.simulate(X)

@@ -96,7 +96,7 @@ local function finish_report(report, o, model, prices, latencies, nlat, log, t0)
   report.paused_during_run = st.paused_during_run
   report.rejected_cap, report.rejected_rate, report.retries = st.rejected_cap, st.rejected_rate, st.retries
   report.retry_after_waits = st.retry_after_waits
-  report.prewarm = o.prewarm and true or false
+  report.prewarm = o.prewarm == "jit" and "jit" or (o.prewarm and true or false)
   report.prewarms = report.prewarms or 0
   report.prewarms_unused, report.prewarms_failed = report.prewarms_unused or 0, report.prewarms_failed or 0
   report.prewarm_creates, report.prewarm_resumes = report.prewarm_creates or 0, report.prewarm_resumes or 0
@@ -236,8 +236,8 @@ local function failure_lines(rows)
     for c, n in pairs(r.failures or {}) do codes[#codes + 1] = string_format("%s=%d", c, n) end
     table_sort(codes)
     if #codes > 0 then
-      failures[#failures + 1] = string_format("failures (%s %s): %s", tostring(r.param or "policy"),
-        tostring(r.param and r.value or r.policy), table_concat(codes, ", "))
+      failures[#failures + 1] = string_format("failures (%s%s %s): %s", r.series and (tostring(r.series) .. " ") or "",
+        tostring(r.param or "policy"), tostring(r.param and r.value or r.policy), table_concat(codes, ", "))
     end
   end
   return failures
@@ -249,12 +249,16 @@ end
 function _M.format(rows)
   if type(rows) ~= "table" then error("bad argument #1 to 'format' (table expected, got " .. type(rows) .. ")", 2) end
   if rows.runs then rows = { rows } end
+  -- rows of several policies over a sweep (`series`: the policy): both columns
+  local series = rows[1] and rows[1].series ~= nil
   local header = { rows[1] and rows[1].param or "policy" }
+  if series then header = { "policy", header[1] } end
   local columns = format_columns(rows)
   for _, c in ipairs(columns) do header[#header + 1] = c[1] end
   local lines = { header }
   for _, r in ipairs(rows) do
     local line = { r.param and tostring(r.value) or tostring(r.policy) }
+    if series then line = { tostring(r.series), line[1] } end
     for _, c in ipairs(columns) do
       local v = r[c[2]] or 0
       line[#line + 1] = string_format(c[3], c[3] == "%d" and math_floor(v) or v)
@@ -267,23 +271,22 @@ function _M.format(rows)
   return table_concat(out, "\n") .. "\n" .. (#failures > 0 and table_concat(failures, "\n") .. "\n" or "") .. note
 end
 
---- Draw the chart with gnuplot when it is installed (`opts.gnuplot`, default
--- "gnuplot" on the PATH), else write the built-in SVG.
+--- Draw the chart: a PNG for a `.png` path (matplotlib, else gnuplot; see
+-- `warmbox.sim.chart.png`: never SVG bytes in a .png), else the built-in SVG.
 -- @tparam table rows
--- @tparam string path the image to write (gnuplot: PNG when it ends in .png, else SVG)
--- @tparam[opt] table opts `x`, `y`, `title` (as `chart`), `gnuplot` (a command, or false: built-in SVG only)
--- @treturn[1] string "gnuplot" or "svg" (what drew it)
--- @return[2] nil, message, "IO"
+-- @tparam string path the image to write
+-- @tparam[opt] table opts `x`, `y`, `title` (as `chart`), `python`, `gnuplot` (commands, or
+--   false: not that one)
+-- @treturn[1] string "svg", "matplotlib" or "gnuplot" (what drew it)
+-- @return[2] nil, message, "IO" | "NOT_FOUND" (a PNG asked for, and nothing to draw it)
 function _M.plot(rows, path, opts)
   if type(path) ~= "string" then error("bad argument #2 to 'plot' (string expected, got " .. type(path) .. ")", 2) end
   opts = opts or {}
   local copts = { x = opts.x, y = opts.y, title = opts.title }
   local svg = chart_mod.chart(rows, copts, 2)  -- also checks the rows and options
-  local gp = opts.gnuplot
-  if gp == nil then gp = "gnuplot" end
-  if gp and os.execute("command -v " .. gp .. " >/dev/null 2>&1") then
-    local ok = chart_mod.gnuplot(rows, path, copts, gp)
-    if ok then return "gnuplot" end
+  if path:lower():match("%.png$") then
+    return chart_mod.png(rows, path, { x = opts.x, y = opts.y, title = opts.title, python = opts.python,
+      gnuplot = opts.gnuplot })
   end
   local f, err = io_open(path, "wb")
   if not f then return nil, "cannot write " .. path .. ": " .. tostring(err), "IO" end

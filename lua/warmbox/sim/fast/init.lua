@@ -109,7 +109,8 @@ function _M._new(S)
   -- what happened to the turn being played
   sim.m_created, sim.m_resumed, sim.m_code_started, sim.m_sandbox = false, false, nil, nil
   sim.ctx = { env = sim.env, template = sim.template, tag = tag, exec_timeout = sim.exec_timeout,
-    idle_timeout = sim.idle_timeout, margin = rules.LEASE_MARGIN }
+    idle_timeout = sim.idle_timeout, margin = rules.LEASE_MARGIN, watched = true }
+  sim.pause_after_run = sim.policy.pause_after_run == true
   -- GC: the built-in default hook is played without a call per listed sandbox
   sim.default_gc = sim.gc_hook == require("warmbox.policy.default").gc and not S.gc_full
   sim.tenant_of = rules.tenant_hook(sim.policy)

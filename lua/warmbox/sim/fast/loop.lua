@@ -12,6 +12,7 @@ local gc = require "warmbox.sim.fast.gc"
 local requests = require "warmbox.sim.fast.requests"
 
 local tostring = tostring
+local JIT_LEAD = require("warmbox.session.decide").JIT_LEAD
 local math_floor, math_max, math_huge = math.floor, math.max, math.huge
 
 local heap_push, heap_pop = model_mod.heap_push, model_mod.heap_pop
@@ -47,7 +48,10 @@ local function next_turn(sim, c)
     end
     if sim.prewarm_on then
       c.phase = "prewarm"
-      schedule(sim, c, math_max(due - (lead or 0), c.free))
+      -- at the turn's start, or just in time: JIT_LEAD before the run (Session:prewarm's `just_in_time`)
+      local l = lead or 0
+      if sim.prewarm_on == "jit" and l > JIT_LEAD then l = JIT_LEAD end
+      schedule(sim, c, math_max(due - l, c.free))
       return n
     end
     if c.runs then

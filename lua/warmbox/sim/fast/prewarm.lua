@@ -7,19 +7,33 @@
 
 local requests = require "warmbox.sim.fast.requests"
 local session = require "warmbox.sim.fast.session"
+local resolve = require "warmbox.sim.fast.resolve"
+local rules = require "warmbox.sim.fast.rules"
 
-local run_code, kill, acquire = requests.run_code, requests.kill, session.acquire
+local pcall = pcall
+local run_code, kill, acquire, watched = requests.run_code, requests.kill, session.acquire, session.watched
+local fill, lease_of, prewarm_warm = resolve.fill, rules.lease_of, rules.prewarm_warm
 
--- The prewarm at t under the lock: acquire, then the kernel's start with the
--- hooks cell. → t_after, ok
+-- The prewarm at t under the lock (Session:prewarm, `within` the run's
+-- timeout): nothing while the remembered lease has a run's margin
+-- (decide.prewarm_warm); else acquire (eager: connect now), then the
+-- kernel's start with the hooks cell under the watchdog. → t_after, ok
 local function prewarm(sim, c, st, t)
-  local exec_timeout = sim.exec_timeout
-  local t2, id = acquire(sim, c, st, t, exec_timeout)
+  local within = sim.exec_timeout
+  if st.sandbox_id and st.lease_end then
+    local ok, value = pcall(sim.lease_hook, fill(sim, c, st, t, within))
+    local lease = ok and lease_of(value, within) or lease_of(sim.idle_timeout, within)
+    if prewarm_warm(t, st.lease_end, within, lease) then return t, true end
+  end
+  local t2, id = acquire(sim, c, st, t, within, true)
   t = t2
   if not id then return t, false end
   if st.hooked ~= id then
-    local t3, b = run_code(sim, id, true, 0, exec_timeout, t, st.box)
-    t = t3
+    local b
+    t, b = watched(sim, st, id, t, function(t3)
+      local t4, b2 = run_code(sim, id, true, 0, within, t3, st.box, sim.watcher, st)
+      return t4, b2
+    end)
     if not b then return t, false end
     if b.hooked then st.hooked = id end
   end

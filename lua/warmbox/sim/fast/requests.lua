@@ -192,7 +192,8 @@ end
 
 -- s:run_code(cell) sent at t → t_after, b (its kernel has the hooks: b.hooked) | nil, msg, code.
 -- `prelude`: the hooks cell (it takes no time), else a cell of `duration` seconds.
-local function run_code(sim, id, prelude, duration, timeout, t, bx)
+-- `watch(sim, st, until)`: the run's watchdog, its extensions up to the cell's end booked first.
+local function run_code(sim, id, prelude, duration, timeout, t, bx, watch, st)
   sim.nreq = sim.nreq + 1
   local rtt2 = sim.rtt2
   local b, a = reach(sim, id, t + rtt2, bx)
@@ -207,6 +208,7 @@ local function run_code(sim, id, prelude, duration, timeout, t, bx)
   local d = prelude and 0 or duration
   local timed_out = timeout and d > timeout
   local finish = a + (timed_out and timeout or d)
+  if watch then watch(sim, st, finish) end
   if b.end_at < finish then return broken(sim, b) end
   if timed_out then return finish + rtt2, nil, "execution timed out", "TIMEOUT" end
   b.executions = b.executions + 1

@@ -17,6 +17,7 @@ local table_sort = table.sort
 
 local running_delta, add_box, listed = model_mod.ops.running_delta, model_mod.ops.add_box, model_mod.ops.detail_of
 local at, connect, set_timeout, kill = requests.at, requests.connect, requests.set_timeout, requests.kill
+local info = requests.info
 local remember, auto_resume_of, is_gone = rules.remember, rules.auto_resume_of, rules.is_gone
 local create_timeout, default_lifecycle = rules.create_timeout, rules.default_lifecycle
 
@@ -97,6 +98,7 @@ local function secure_candidate(sim, c, st, lease, t, cands)
     sim.nconnect = sim.nconnect + 1
     if resumed == nil then
       if not is_gone(ccode) then return t, false, cerr, ccode end
+      t = info(sim, id, t, rec[id]) -- the 404 confirmed (the model's are real)
       gone[id] = true
     else
       local t3, ok2, terr, tcode = set_timeout(sim, id, lease, t, rec[id])
@@ -107,6 +109,7 @@ local function secure_candidate(sim, c, st, lease, t, cands)
         return t, id, gone
       end
       if not is_gone(tcode) then return t, false, terr, tcode end
+      t = info(sim, id, t, rec[id])
       gone[id] = true
     end
   end

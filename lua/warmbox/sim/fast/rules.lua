@@ -23,7 +23,7 @@ local math_max, math_min, math_huge = math.max, math.min, math.huge
 -- Constants
 -- ----------------------------------------------------------------
 
-local LEASE_MARGIN, COVER_MARGIN = sdecide.LEASE_MARGIN, sdecide.COVER_MARGIN
+local LEASE_MARGIN, COVER_MARGIN, PAUSE_GRACE = sdecide.LEASE_MARGIN, sdecide.COVER_MARGIN, sdecide.PAUSE_GRACE
 -- warmbox.state.DEMOTE_MARK: a sandbox paused within this many seconds of its resume looks demoted.
 local DEMOTE_MARK = require("warmbox.state").DEMOTE_MARK
 
@@ -33,8 +33,10 @@ local DEMOTE_MARK = require("warmbox.state").DEMOTE_MARK
 
 -- The lease of a run from the `lease` hook's answer (warmbox.session.decide.lease):
 -- nil when the answer is not a positive finite number.
+-- The fast path plays sessions with a watchdog (warmbox.new's, `parallel`):
+-- the lease is the policy's from MIN_LEASE up.
 local s_lease = sdecide.lease
-local function lease_of(value, run_timeout) return (s_lease(value, run_timeout)) end
+local function lease_of(value, run_timeout) return (s_lease(value, run_timeout, true)) end
 
 -- A remembered lease end capped at the run's start + the maximum run length.
 local capped = sdecide.lease_end
@@ -85,6 +87,11 @@ local needs_recycle = sdecide.recycle_due
 local extension = sdecide.extension
 -- Whether a failed control-plane call says the sandbox is gone.
 local is_gone = sdecide.is_gone
+-- How a run reaches the remembered sandbox it refreshes: "alongside",
+-- "auto_resume" or nil (connect first); when its watchdog extends the lease;
+-- the lease a resume by traffic gives; whether a prewarm has nothing to do.
+local remembered_way, watch_at, auto_resume_end, prewarm_warm = sdecide.remembered_way, sdecide.watch_at,
+  sdecide.auto_resume_end, sdecide.prewarm_warm
 
 -- Whether a failure before the cell says its sandbox may be gone, so the
 -- control plane is asked (retry.reach of a step before the cell).
@@ -184,11 +191,13 @@ end
 
 -- A table of the rules (as warmbox.sim.model's `ops`), for the fast path's files only.
 return {
-  LEASE_MARGIN = LEASE_MARGIN, COVER_MARGIN = COVER_MARGIN, DEMOTE_MARK = DEMOTE_MARK, ACTIONS = ACTIONS,
+  LEASE_MARGIN = LEASE_MARGIN, COVER_MARGIN = COVER_MARGIN, PAUSE_GRACE = PAUSE_GRACE,
+  DEMOTE_MARK = DEMOTE_MARK, ACTIONS = ACTIONS,
   lease_of = lease_of, capped = capped, forget = forget, remember = remember, is_gone = is_gone,
   refresh_next = refresh_next, auto_resume_of = auto_resume_of,
   default_lifecycle = default_lifecycle, create_timeout = create_timeout, needs_recycle = needs_recycle,
-  extension = extension, gone_before = gone_before, cell_marked = cell_marked,
+  extension = extension, remembered_way = remembered_way, watch_at = watch_at, auto_resume_end = auto_resume_end,
+  prewarm_warm = prewarm_warm, gone_before = gone_before, cell_marked = cell_marked,
   never_arrived = never_arrived, ready_retry = ready_retry, retryable = retryable, unanswered = unanswered,
   tenant = tenant, tenant_hook = tenant_hook, group = group, looks_demoted = looks_demoted, gc_answer = gc_answer,
   ran_since = ran_since, default_kill = default_kill, count = count,
