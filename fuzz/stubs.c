@@ -84,6 +84,12 @@ void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
 int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig) { (void)sb; (void)pid; (void)sig; return -ESRCH; }
 int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) { (void)sb; (void)pid; return 0; }
 
+int wbd_dataplane_changes(const struct wbd_req *req, int port) {
+  (void)req;
+  (void)port;
+  return 0;
+}
+
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
   if (port == 49983 && strcmp(req->method, "POST") == 0 &&
       (strcmp(req->path, "/files") == 0 || strncmp(req->path, "/process.Process/", 17) == 0))
@@ -98,7 +104,17 @@ void wbd_snapshot_put(struct wbd_snapshot *s) { (void)s; }
 const char *wbd_snapshot_template(const struct wbd_snapshot *s) { (void)s; return ""; }
 void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) { (void)s; (void)env; }
 int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls) { (void)sb; (void)cls; return 0; }
-int wbd_persist_save(struct wbd_sandbox *sb) { (void)sb; return 0; }
+int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len) {
+  (void)sb;
+  (void)msg;
+  (void)len;
+  return 0;
+}
+void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb) {
+  (void)s;
+  (void)sb;
+}
+struct wbd_state_limits wbd_state_lim = { .pause_workers = 1 };
 int wbd_persist_restore(struct wbd_sandbox *sb) { (void)sb; return 0; }
 void wbd_persist_drop(struct wbd_sandbox *sb) { (void)sb; }
 

@@ -34,6 +34,19 @@ static int internal_route(const char *path) {
   return 0;
 }
 
+int wbd_dataplane_changes(const struct wbd_req *req, int port) {
+  static const char *const reads[] = {
+    "/filesystem.Filesystem/Stat", "/filesystem.Filesystem/ListDir", "/filesystem.Filesystem/WatchDir",
+    "/filesystem.Filesystem/CreateWatcher", "/filesystem.Filesystem/GetWatcherEvents",
+    "/filesystem.Filesystem/RemoveWatcher", "/process.Process/List", "/process.Process/Connect", NULL,
+  };
+  if (strcmp(req->method, "GET") == 0 || (port != ENVD_PORT && port != INTERP_PORT)) return 0;
+  if (port == ENVD_PORT && strcmp(req->method, "POST") == 0)
+    for (int i = 0; reads[i]; i++)
+      if (strcmp(req->path, reads[i]) == 0) return 0;
+  return 1;
+}
+
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
   if (port == INTERP_PORT) {
     /* E2B's SDK sends the sandbox's envd token on /execute only (its

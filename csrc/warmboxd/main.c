@@ -29,6 +29,7 @@ static struct wbd_routes routes = {
   .control_key_ok = wbd_control_key_ok,
   .dataplane = wbd_control_dataplane,
   .dataplane_body_ok = wbd_envd_body_authorized,
+  .upload_room = wbd_envd_upload_room,
 };
 
 /* A pidfd for `pid` (Linux 5.3 and later), or -1 with errno. */
@@ -81,6 +82,13 @@ static void usage(FILE *f) {
           "                        after its head (default 120)\n"
           "  --max-list-entries N  most entries envd's ListDir answers (default 50000)\n"
           "  --max-contexts N      most code contexts a sandbox may have (default 128)\n"
+          "  --max-snapshots N     snapshots a team keeps (default 100; 0: unlimited)\n"
+          "  --max-state-mb N      disk a team's snapshots and paused copies take (default 8192;\n"
+          "                        0: unlimited)\n"
+          "  --min-free-mb N       free space a snapshot, fork or pause copy leaves in the data\n"
+          "                        directory (default 1024)\n"
+          "  --max-spool-mb N      upload bodies held at once, all sandboxes (default 1024)\n"
+          "  --pause-workers N     sandboxes paused at once at their timeout (default 4)\n"
           "  --strict-tokens       a secure sandbox's token on every code interpreter call but\n"
           "                        /health (default: on /execute only, as E2B checks it);\n"
           "                        warmbox.server and `warmbox server start` use it\n"
@@ -208,7 +216,7 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
          O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT, O_SECALL, O_TEAMMEM,
-         O_MAXSTREAMS };
+         O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_MAXSPOOL, O_PAUSEW };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -236,6 +244,11 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     { "max-list-entries", required_argument, 0, O_MAXLIST },
     { "max-contexts", required_argument, 0, O_MAXCTX },
     { "idle-exit", required_argument, 0, O_IDLEEXIT },
+    { "max-snapshots", required_argument, 0, O_MAXSNAP },
+    { "max-state-mb", required_argument, 0, O_MAXSTATE },
+    { "min-free-mb", required_argument, 0, O_MINFREE },
+    { "max-spool-mb", required_argument, 0, O_MAXSPOOL },
+    { "pause-workers", required_argument, 0, O_PAUSEW },
     { "verbose", no_argument, 0, O_VERBOSE },
     { "version", no_argument, 0, O_VERSION },
     { "help", no_argument, 0, O_HELP },
@@ -278,6 +291,11 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
     case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with); break;
     case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit); break;
+    case O_MAXSNAP: rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots); break;
+    case O_MAXSTATE: rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb); break;
+    case O_MINFREE: rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb); break;
+    case O_MAXSPOOL: rc = parse_int("--max-spool-mb", optarg, 1, 1 << 30, &wbd_lim.max_spool_mb); break;
+    case O_PAUSEW: rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;

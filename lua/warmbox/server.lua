@@ -424,25 +424,20 @@ function _M.local_server()
   return st
 end
 
---- The shared server's settings: a `warmbox server start` flag, an environment
--- variable read when the server starts, a default (docs/warmboxd.md's table).
--- A developer's machine is not E2B's Hobby tier: many conversations at once.
+--- The shared server's settings (docs/warmboxd.md's table): flag, environment, a
+-- developer's default (not E2B Hobby's 20, nor warmboxd's ~10 by memoryMB).
 _M.SETTINGS = {
   { name = "idle_exit", flag = "--idle-exit", env = "WARMBOX_SERVER_IDLE_EXIT", default = 3600,
     what = "seconds with no running sandbox before the server ends (paused sandboxes are kept); 0: never" },
   { name = "max_running", flag = "--max-running", env = "WARMBOX_SERVER_MAX_RUNNING", default = 100,
     what = "sandboxes running at once (a create beyond: RATE_LIMITED, naming this setting); 0: no limit" },
-  -- warmboxd's own default budget is the host's memory counted by each
-  -- sandbox's memoryMB (2048 for code-interpreter-v1): about ten sandboxes
-  -- on a developer's machine. One user's server is bounded by max_running.
   { name = "max_memory_mb", flag = "--max-team-memory-mb", env = "WARMBOX_SERVER_MAX_MEMORY_MB", default = 0,
     what = "memoryMB of the sandboxes held in RAM (running or paused with memory); 0: no budget" },
 }
 _M.IDLE_EXIT, _M.MAX_RUNNING = 3600, 100
 
 -- The settings of a server to start: opts[name], else $ENV, else the default
--- (integers >= 0; a fraction of a second is rounded up). → values, warmboxd
--- arguments | nil, message
+-- (integers >= 0, rounded up). → values, warmboxd arguments | nil, message
 local function settings_of(opts)
   local values, args = {}, {}
   for _, set in ipairs(_M.SETTINGS) do

@@ -31,6 +31,7 @@ struct wbd_limits wbd_lim = {
   .max_conns_per_ip = 128,
   .max_upload_mb = 100,
   .body_timeout_s = 120,
+  .max_spool_mb = 1024,
 };
 
 /* POST /_warmboxd/config {"loose_metadata": true}: read with wbd_knob(). */

@@ -175,6 +175,10 @@ int wbd_rt_is_name(const char *s);
  * referenced; access token NOT yet checked) on `port` (49983 envd, 49999 code
  * interpreter). Must reply. */
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port);
+/* Whether a data-plane request may change the sandbox's files or start a
+ * process (everything but the reads): refused while the sandbox's files
+ * are copied (a pause, a snapshot, a fork). */
+int wbd_dataplane_changes(const struct wbd_req *req, int port);
 
 /* ------------------------------------------------------------------ */
 /* Stats and options (server.c / config.c)                             */
@@ -251,6 +255,7 @@ struct wbd_limits {
   int max_conns_per_ip;        /* connections per client address, default 128 */
   int max_upload_mb;           /* envd POST /files body, default 100 */
   int body_timeout_s;          /* a request body must be in within this, default 120 */
+  int max_spool_mb;            /* upload bodies spooled at once, all sandboxes, default 1024 */
 };
 extern struct wbd_limits wbd_lim;
 

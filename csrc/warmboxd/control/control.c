@@ -228,8 +228,6 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   return 204;
 }
 
-#define BUSY_PAUSING 2
-
 /* A pause that comes right after a command's start lets the command get
  * going before its processes are frozen: `bash -l -c "sleep 2 && ..."` frozen
  * while still reading its profile would start its sleep only at the thaw.
@@ -259,10 +257,10 @@ static void settle_started(struct wbd_sandbox *sb) {
   }
 }
 
-int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
+int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg, size_t len) {
   wbd_store_lock();
   /* E2B answers 204 to a pause that joins one already in flight */
-  int joined = WBD_REC(sb)->busy == BUSY_PAUSING;
+  int joined = WBD_REC(sb)->busy == WBD_BUSY_PAUSING;
   wbd_store_wait_idle_locked(sb);
   if (sb->state == WBD_KILLED) {
     wbd_store_unlock();
@@ -277,21 +275,30 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
     return 204;
   }
   if (sb->runs_in_flight > 0) wbd_stat_add("pause_during_run", 1);
-  count_running_locked(sb, expire_only);
-  wbd_store_set_busy_locked(sb, BUSY_PAUSING);
+  wbd_store_set_busy_locked(sb, WBD_BUSY_PAUSING);
+  /* envd's changes already under way end first; new ones are refused */
+  wbd_store_wait_changes_locked(sb);
   wbd_store_unlock();
   if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */
-  int rc = wbd_rt_on_pause(sb, memory);
-  /* A copy that cannot be written (disk full) leaves the sandbox paused here;
-   * only a restart would lose it. */
-  int saved = rc == 0 ? wbd_persist_save(sb) : -1;
-  if (rc == 0 && saved != 0) wbd_stat_add("persist_failed", 1);
+  if (wbd_opt.keep_state) wbd_sleep_ms(wbd_knob(&wbd_state_lim.copy_ms));
+  int rc = wbd_rt_on_pause(sb, memory), kept = 0;
+  char why[800] = "";
+  if (rc == 0 && (kept = wbd_persist_save(sb, why, sizeof why)) != 0) {
+    wbd_stat_add("persist_failed", 1);
+    /* An explicit pause whose copy cannot be kept fails and the sandbox
+     * runs on; the lease timer's stays paused (in memory only: a restart
+     * would lose it). */
+    if (!expire_only) wbd_rt_on_resume(sb);
+    else fprintf(stderr, "warmboxd: %s paused at its timeout but not kept on disk: %s\n", sb->id, why);
+  }
+  int failed = rc != 0 || (kept && !expire_only);
   /* Without memory nothing needs the runtime until the resume: the files
    * go to disk and what held RAM (the tmpfs, the groups) goes. */
-  int released = rc == 0 && saved == 0 && !memory && wbd_persist_release(sb) == 0;
-  if (rc == 0 && !memory && !released) wbd_stat_add("pause_kept_in_ram", 1);
+  int released = rc == 0 && !kept && !memory && wbd_persist_release(sb) == 0;
+  if (rc == 0 && !kept && !memory && !released) wbd_stat_add("pause_kept_in_ram", 1);
   wbd_store_lock();
-  if (rc == 0) {
+  if (!failed) {
+    count_running_locked(sb, expire_only);   /* a failed pause's run goes on */
     wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
     if (released) sb->files_on_disk = 1;
@@ -301,7 +308,9 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only) {
   }
   wbd_store_set_busy_locked(sb, 0);
   wbd_store_unlock();
-  return rc == 0 ? 204 : 500;
+  if (msg) snprintf(msg, len, "%s", why);
+  if (rc != 0) return 500;
+  return failed ? kept : 204;
 }
 
 enum resume_mode { R_CONNECT, R_RESUME, R_AUTO };
@@ -403,6 +412,18 @@ static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
   return wbd_reply_json(req, 502, o, NULL);
 }
 
+/* The proxy's 409 for a sandbox in transition, in E2B's words. */
+static enum MHD_Result in_transition(struct wbd_req *req, const char *id, int busy) {
+  char msg[128];
+  snprintf(msg, sizeof msg, "Sandbox \"%s\" is being %s", id,
+           busy == WBD_BUSY_SNAPSHOT ? "snapshotted" : busy == WBD_BUSY_PAUSING ? "paused" : "resumed");
+  json_t *o = json_object();
+  json_object_set_new(o, "sandboxId", wbd_json_str(id));
+  json_object_set_new(o, "message", json_string(msg));
+  json_object_set_new(o, "code", json_integer(409));
+  return wbd_reply_json(req, 409, o, NULL);
+}
+
 enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port) {
   struct wbd_sandbox *sb = wbd_sandbox_get(id);
   if (!sb) return sandbox_gone(req, id);
@@ -425,7 +446,29 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
       return sandbox_gone(req, id);
     }
   }
+  /* While its files are copied (a pause, a snapshot, a fork), what could
+   * change them is refused, as E2B's proxy answers a sandbox in transition. */
+  int changes = wbd_dataplane_changes(req, port), busy = 0;
+  if (changes) {
+    wbd_store_lock();
+    busy = wbd_store_change_begin_locked(sb);
+    wbd_store_unlock();
+  }
+  if (busy < 0) {
+    wbd_sandbox_unref(sb);
+    return sandbox_gone(req, id);
+  }
+  if (busy) {
+    wbd_stat_add("dataplane_in_transition", 1);
+    wbd_sandbox_unref(sb);
+    return in_transition(req, id, busy);
+  }
   enum MHD_Result r = wbd_dataplane_handle(req, sb, port);
+  if (changes) {
+    wbd_store_lock();
+    wbd_store_change_end_locked(sb);
+    wbd_store_unlock();
+  }
   wbd_sandbox_unref(sb);
   return r;
 }
@@ -537,7 +580,10 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   }
   struct wbd_sandbox *sb = wbd_store_alloc(team);
   wbd_sandbox_set_template(sb, snap ? wbd_snapshot_template(snap) : tid);
-  if (snap) wbd_snapshot_env(snap, sb->env_vars);
+  if (snap) {
+    wbd_snapshot_size(snap, sb);
+    wbd_snapshot_env(snap, sb->env_vars);
+  }
   if (meta) json_object_update(sb->metadata, meta);
   if (env) json_object_update(sb->env_vars, env);
   /* POST /v2/sandboxes always secures envd (e2b 2.51's API types: "All system
@@ -636,11 +682,13 @@ static enum MHD_Result h_pause(struct wbd_req *req, const char *team, const char
   json_decref(o);
   if (bad) return r;
   struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
-  int rc = sb ? wbd_ctl_pause(sb, memory, 0) : 404;
+  char why[800] = "";
+  int rc = sb ? wbd_ctl_pause(sb, memory, 0, why, sizeof why) : 404;
   wbd_sandbox_unref(sb);
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   if (rc == 409) return wbd_reply_error(req, 409, "Error pausing sandbox - sandbox '%s' is already paused", id);
-  if (rc == 500) return wbd_reply_error(req, 500, "Error pausing sandbox");
+  if (rc == 429 || rc == 507) return wbd_reply_error(req, (unsigned)rc, "Error pausing sandbox: %s", why);
+  if (rc == 500) return wbd_reply_error(req, 500, "Error pausing sandbox%s%s", why[0] ? ": " : "", why);
   return wbd_reply_json(req, 204, NULL, NULL);
 }
 
@@ -719,7 +767,108 @@ static pthread_mutex_t lc_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t lc_cv = PTHREAD_COND_INITIALIZER;
 static int lc_stop, lc_started;
 
-static void expire_once(void) {
+/* Lease-end pauses (each a copy of the sandbox's files with --data-dir) run
+ * on up to --pause-workers threads. A worker takes the queued pause of the
+ * team with the fewest in flight (the oldest among equals), and one team has
+ * at most half the workers (at least one): one team's many expiring
+ * sandboxes never hold back another team's pause. */
+struct pjob {
+  struct wbd_sandbox *sb;    /* referenced */
+  int memory;
+  struct pjob *next;
+};
+static pthread_mutex_t pq_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pq_cv = PTHREAD_COND_INITIALIZER;
+static struct pjob *pq_queue, *pq_running;   /* queued (oldest first), in flight */
+static pthread_t *pq_threads;
+static int pq_nthreads, pq_stop;
+
+/* Under pq_mu. */
+static int pq_has(const struct pjob *l, const struct wbd_sandbox *sb) {
+  for (; l; l = l->next)
+    if (l->sb == sb) return 1;
+  return 0;
+}
+
+static int pq_team_running(const char *team) {
+  int n = 0;
+  for (const struct pjob *j = pq_running; j; j = j->next) n += strcmp(j->sb->team, team) == 0;
+  return n;
+}
+
+/* The next job to run (unlinked), or NULL. */
+static struct pjob *pq_take(void) {
+  int cap = pq_nthreads / 2 > 1 ? pq_nthreads / 2 : 1, best = -1;
+  struct pjob **bp = NULL;
+  for (struct pjob **pp = &pq_queue; *pp; pp = &(*pp)->next) {
+    int n = pq_team_running((*pp)->sb->team);
+    if (n < cap && (best < 0 || n < best)) {
+      best = n;
+      bp = pp;
+    }
+  }
+  if (!bp) return NULL;
+  struct pjob *j = *bp;
+  *bp = j->next;
+  return j;
+}
+
+static void *pause_worker(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&pq_mu);
+  for (;;) {
+    struct pjob *j = pq_stop ? NULL : pq_take();
+    if (!j) {
+      if (pq_stop) break;
+      pthread_cond_wait(&pq_cv, &pq_mu);
+      continue;
+    }
+    j->next = pq_running;
+    pq_running = j;
+    pthread_mutex_unlock(&pq_mu);
+    wbd_ctl_pause(j->sb, j->memory, 1, NULL, 0);
+    pthread_mutex_lock(&pq_mu);
+    for (struct pjob **pp = &pq_running; *pp; pp = &(*pp)->next)
+      if (*pp == j) {
+        *pp = j->next;
+        break;
+      }
+    wbd_sandbox_unref(j->sb);
+    free(j);
+    pthread_cond_broadcast(&pq_cv);   /* a team's slot is free; and for expire_once's wait */
+  }
+  pthread_mutex_unlock(&pq_mu);
+  return NULL;
+}
+
+/* Queues sb's lease-end pause (takes the reference), or runs it here when
+ * no worker runs. */
+static void pause_queue(struct wbd_sandbox *sb, int memory) {
+  pthread_mutex_lock(&pq_mu);
+  if (pq_nthreads == 0 || pq_stop) {
+    pthread_mutex_unlock(&pq_mu);
+    wbd_ctl_pause(sb, memory, 1, NULL, 0);
+    wbd_sandbox_unref(sb);
+    return;
+  }
+  if (pq_has(pq_queue, sb) || pq_has(pq_running, sb)) {
+    pthread_mutex_unlock(&pq_mu);
+    wbd_sandbox_unref(sb);
+    return;
+  }
+  struct pjob *j = calloc(1, sizeof *j), **pp = &pq_queue;
+  if (!j) abort();
+  j->sb = sb;
+  j->memory = memory;
+  while (*pp) pp = &(*pp)->next;
+  *pp = j;
+  pthread_cond_broadcast(&pq_cv);
+  pthread_mutex_unlock(&pq_mu);
+}
+
+/* Kills what expired, queues the pauses; `wait`: returns once no pause is
+ * queued or in flight. */
+static void expire_once(int wait) {
   size_t n = 0;
   int64_t now = wbd_now_us();
   wbd_store_lock();
@@ -729,23 +878,29 @@ static void expire_once(void) {
   for (size_t i = 0; i < n; i++) pause[i] = v[i]->auto_pause ? v[i]->auto_pause_memory : -1;
   wbd_store_unlock();
   for (size_t i = 0; i < n; i++) {
-    struct wbd_sandbox *sb = v[i];
-    if (pause[i] >= 0) wbd_ctl_pause(sb, pause[i], 1);
-    else op_kill(sb, 1);
-    wbd_sandbox_unref(sb);
+    if (pause[i] >= 0) {
+      pause_queue(v[i], pause[i]);
+      continue;
+    }
+    op_kill(v[i], 1);
+    wbd_sandbox_unref(v[i]);
   }
   free(v);
   free(pause);
+  if (!wait) return;
+  pthread_mutex_lock(&pq_mu);
+  while ((pq_queue || pq_running) && !pq_stop) pthread_cond_wait(&pq_cv, &pq_mu);
+  pthread_mutex_unlock(&pq_mu);
 }
 
-void wbd_lifecycle_expire_now(void) { expire_once(); }
+void wbd_lifecycle_expire_now(void) { expire_once(1); }
 
 static void *lifecycle_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&lc_mu);
   while (!lc_stop) {
     pthread_mutex_unlock(&lc_mu);
-    expire_once();
+    expire_once(0);
     pthread_mutex_lock(&lc_mu);
     if (lc_stop) break;
     struct timespec ts;
@@ -762,17 +917,44 @@ static void *lifecycle_main(void *arg) {
 }
 
 int wbd_lifecycle_start(void) {
+  int n = wbd_state_lim.pause_workers > 0 ? wbd_state_lim.pause_workers : 1;
+  pq_threads = calloc((size_t)n, sizeof *pq_threads);
+  if (!pq_threads) return -1;
+  pthread_mutex_lock(&pq_mu);
+  pq_stop = 0;
+  for (int i = 0; i < n && pthread_create(&pq_threads[i], NULL, pause_worker, NULL) == 0; i++) pq_nthreads++;
+  pthread_mutex_unlock(&pq_mu);
   if (pthread_create(&lc_thread, NULL, lifecycle_main, NULL) != 0) return -1;
   lc_started = 1;
   return 0;
 }
 
 void wbd_lifecycle_stop(void) {
-  if (!lc_started) return;
-  pthread_mutex_lock(&lc_mu);
-  lc_stop = 1;
-  pthread_cond_signal(&lc_cv);
-  pthread_mutex_unlock(&lc_mu);
-  pthread_join(lc_thread, NULL);
-  lc_started = 0;
+  if (lc_started) {
+    pthread_mutex_lock(&lc_mu);
+    lc_stop = 1;
+    pthread_cond_signal(&lc_cv);
+    pthread_mutex_unlock(&lc_mu);
+    pthread_join(lc_thread, NULL);
+    lc_started = 0;
+  }
+  /* pauses in flight end; queued ones are dropped (the graceful stop
+   * pauses what should come back) */
+  pthread_mutex_lock(&pq_mu);
+  pq_stop = 1;
+  pthread_cond_broadcast(&pq_cv);
+  int n = pq_nthreads;
+  pthread_mutex_unlock(&pq_mu);
+  for (int i = 0; i < n; i++) pthread_join(pq_threads[i], NULL);
+  pthread_mutex_lock(&pq_mu);
+  pq_nthreads = 0;
+  while (pq_queue) {
+    struct pjob *j = pq_queue;
+    pq_queue = j->next;
+    wbd_sandbox_unref(j->sb);
+    free(j);
+  }
+  pthread_mutex_unlock(&pq_mu);
+  free(pq_threads);
+  pq_threads = NULL;
 }

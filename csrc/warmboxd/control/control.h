@@ -55,8 +55,10 @@ enum MHD_Result wbd_ctl_reply_limit(struct wbd_req *req, int rc);
 int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_sandbox *sb, void *cls), void *cls,
                    json_t **out);
 /* Pauses a referenced record (expire_only: the lease timer's call): 204,
- * 404 (killed), 409 (already paused) or 500. */
-int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only);
+ * 404 (killed), 409 (already paused) or 500; with --data-dir, 429 / 507 /
+ * 500 and msg (may be NULL) when its copy cannot be kept: then the sandbox
+ * runs on as before (the lease timer's pause stays paused, in memory). */
+int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg, size_t len);
 
 /* list.c */
 enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team);

@@ -72,16 +72,23 @@ enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const cha
   static long seq;
   snprintf(dir, sizeof dir, "%s/%s-%ld", top, id, __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
   json_t *rec = NULL;
-  int rc = wbd_state_capture(team, id, dir, 409, &rec);
+  /* the copy lives until the forks have started: bounded as a snapshot's */
+  struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
+  int rc = wbd_quota_begin(team, 0, &c);
+  if (rc) return wbd_reply_error(req, (unsigned)rc, "%s", c.msg);
+  rc = wbd_state_capture(team, id, dir, 409, &rec, &c);
+  if (rc != 0) {
+    wbd_quota_end(team, 0, c.bytes);
+    wbd_files_remove(dir);
+  }
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   if (rc == 409) return wbd_reply_error(req, 409, "Sandbox \"%s\" is paused or being snapshotted and cannot be forked", id);
-  if (rc != 0) {
-    wbd_files_remove(dir);
-    return wbd_reply_error(req, 500, "Error forking sandbox");
-  }
+  if (rc == 429 || rc == 507) return wbd_reply_error(req, (unsigned)rc, "%s", c.msg);
+  if (rc != 0) return wbd_reply_error(req, 500, "Error forking sandbox: %s", c.msg);
   json_t *arr = json_array();
   for (long long i = 0; i < count; i++) json_array_append_new(arr, fork_one(team, rec, dir, timeout));
   json_decref(rec);
   wbd_files_remove(dir);
+  wbd_quota_end(team, 0, c.bytes);
   return wbd_reply_json(req, 201, arr, NULL);
 }

@@ -6,6 +6,7 @@
  * and faults it applies to every request; these handlers read and set them.
  */
 #include "control.h"
+#include "state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,9 +146,11 @@ enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_cal
 /* ------------------------------------------------------------------ */
 
 /* POST /_warmboxd/config {"loose_metadata": bool, "rtt_ms", "create_ms",
- * "resume_ms", "max_running", "max_team_memory_mb", "max_streams": 0..600000, the
- * lifecycle events' "webhook_duplicates": bool, "webhook_retry_ms",
- * "webhook_retries", "events_ttl_days"}: all checked before any is set. */
+ * "resume_ms", "max_running", "max_team_memory_mb", "max_streams", "copy_ms": 0..600000,
+ * the lifecycle events' "webhook_duplicates": bool, "webhook_retry_ms",
+ * "webhook_retries", "events_ttl_days"}: all checked before any is set.
+ * copy_ms: a pause's, snapshot's or fork's copy starts that much later, the
+ * sandbox in transition meanwhile (specs). */
 enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *call) {
   (void)call;
   enum MHD_Result r = MHD_NO;
@@ -160,7 +163,8 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
                  strcmp(k, "max_running") == 0 || strcmp(k, "webhook_retry_ms") == 0 ||
                  strcmp(k, "webhook_retries") == 0 || strcmp(k, "events_ttl_days") == 0 ||
-                 strcmp(k, "max_team_memory_mb") == 0 || strcmp(k, "max_streams") == 0;
+                 strcmp(k, "max_team_memory_mb") == 0 || strcmp(k, "max_streams") == 0 ||
+                 strcmp(k, "copy_ms") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -186,6 +190,7 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
     else if (strcmp(k, "webhook_retry_ms") == 0) wbd_knob_set(&wbd_webhook_retry_ms, iv);
     else if (strcmp(k, "webhook_retries") == 0) wbd_knob_set(&wbd_webhook_retries, iv);
     else if (strcmp(k, "events_ttl_days") == 0) wbd_knob_set(&wbd_events_ttl_days, iv);
+    else if (strcmp(k, "copy_ms") == 0) wbd_knob_set(&wbd_state_lim.copy_ms, iv);
   }
   json_decref(o);
   return wbd_reply_json(req, 204, NULL, NULL);

@@ -32,11 +32,13 @@ static enum MHD_Result h_take(struct wbd_req *req, const char *team) {
     return wbd_reply_error(req, 400, "Invalid snapshot name: letters, digits, '-', '_' and '.', with an optional ':tag'");
   }
   struct wbd_snapshot *s = NULL;
-  int rc = wbd_snapshot_take(team, id, name ? json_string_value(name) : NULL, &s);
+  char msg[800] = "";
+  int rc = wbd_snapshot_take(team, id, name ? json_string_value(name) : NULL, &s, msg, sizeof msg);
   json_decref(o);
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
   if (rc == 409) return wbd_reply_error(req, 409, "Sandbox \"%s\" is being snapshotted", id);
-  if (rc != 0) return wbd_reply_error(req, 500, "Error creating the snapshot");
+  if (rc == 429 || rc == 507) return wbd_reply_error(req, (unsigned)rc, "%s", msg);
+  if (rc != 0) return wbd_reply_error(req, 500, "Error creating the snapshot: %s", msg);
   json_t *out = wbd_snapshot_info(s);
   wbd_snapshot_put(s);
   struct wbd_sandbox *sb = wbd_ctl_find_ref(team, id);
@@ -104,7 +106,7 @@ void wbd_state_shutdown(void) {
       }
     wbd_store_unlock();
     for (size_t i = 0; i < n; i++) {
-      wbd_ctl_pause(v[i], 0, 0);
+      wbd_ctl_pause(v[i], 0, 0, NULL, 0);
       wbd_sandbox_unref(v[i]);
     }
     free(v);

@@ -95,6 +95,13 @@ static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *o
   return -1;
 }
 
+long long wbd_envd_upload_room(struct wbd_sandbox *sb) {
+  char home[PATH_MAX];
+  struct statvfs v;
+  if (statvfs(wbd_rt_home(sb, home, sizeof home), &v) != 0) return -1;
+  return (long long)v.f_bavail * (long long)v.f_frsize;
+}
+
 int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (!sb->secure || !sb->access_token[0]) return 1;
   const char *tok = wbd_req_header(req, "X-Access-Token");

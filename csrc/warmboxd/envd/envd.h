@@ -97,6 +97,9 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb);
  * sandbox's access token, or for an upload a valid URL signature; always
  * for a sandbox without a token. The server asks before reading a body. */
 int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb);
+/* The free bytes of the sandbox's disk (its home's filesystem): what an
+ * upload may bring at most; -1 when unknown. */
+long long wbd_envd_upload_room(struct wbd_sandbox *sb);
 
 /* ---- rpc.c: what the Connect-RPC services share (envd.c, process.c) ---- */
 #define ENVD_HOME "/home/user"

@@ -808,6 +808,8 @@ struct req_ctx {
   int bad_signature;         /* a signed /files URL that no sandbox signed */
   int spool;                 /* the body goes to an unlinked file (envd's uploads) */
   int spool_err;             /* errno of a failed spool write: the rest is dropped */
+  long long room;            /* an upload: the sandbox's free disk bytes (-1: unknown) */
+  size_t spooled;            /* bytes counted in g_spooled */
   char route[160];           /* the stats / faults name */
   enum { H_NOT, H_WORKER, H_REFUSED } handed;   /* where its handler went (serve) */
   enum MHD_Result result;    /* what serve's handler returned */
@@ -825,6 +827,9 @@ static size_t dataplane_limit(struct req_ctx *ctx) {
   if (!authed) return WBD_BODY_UNAUTH;
   if (ctx->port == 49983 && strcmp(ctx->req.path, "/files") == 0) {
     ctx->spool = strcmp(ctx->req.method, "POST") == 0;
+    sb = ctx->spool && routes_.upload_room ? wbd_sandbox_get(ctx->id) : NULL;
+    ctx->room = sb ? routes_.upload_room(sb) : -1;
+    wbd_sandbox_unref(sb);
     return (size_t)wbd_lim.max_upload_mb << 20;
   }
   return WBD_BODY_DATA;
@@ -867,6 +872,13 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   if (cl && wbd_parse_ll(cl, 0, LLONG_MAX, 0, &n) == 0 && (unsigned long long)n > ctx->limit) {
     wbd_stat_add("body_too_large", 1);
     *r = wbd_reply_error(req, 413, "request body too large: %lld bytes, this route takes at most %zu", n, ctx->limit);
+    return -1;
+  }
+  /* an upload the sandbox's disk cannot take is refused before its body is read */
+  if (ctx->spool && cl && ctx->room >= 0 && wbd_parse_ll(cl, 0, LLONG_MAX, 0, &n) == 0 && n > ctx->room) {
+    wbd_stat_add("upload_no_room", 1);
+    *r = wbd_reply_error(req, 507, "not enough disk space in the sandbox: the upload has %lld bytes, %lld are free",
+                         n, ctx->room);
     return -1;
   }
   return 0;
@@ -952,11 +964,27 @@ static enum MHD_Result dispatch(struct req_ctx *ctx) {
   return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
 }
 
+/* Bytes of upload bodies spooled now (all connections), bounded by
+ * --max-spool-mb. */
+static size_t g_spooled;
+
 /* An upload's body goes to an unlinked file in the data directory as it
- * comes (not into memory); the handler reads it from req->body_fd. */
+ * comes (not into memory); the handler reads it from req->body_fd. A body
+ * past the sandbox's free disk space or the spool's total is dropped (507). */
 static void spool_write(struct req_ctx *ctx, const char *data, size_t n) {
   struct wbd_req *req = &ctx->req;
   if (ctx->spool_err) return;
+  if (ctx->room >= 0 && req->body_len + n > (unsigned long long)ctx->room) {
+    ctx->spool_err = ENOSPC;
+    return;
+  }
+  size_t cap = (size_t)wbd_lim.max_spool_mb << 20;
+  if (__atomic_add_fetch(&g_spooled, n, __ATOMIC_RELAXED) > cap) {
+    __atomic_sub_fetch(&g_spooled, n, __ATOMIC_RELAXED);
+    ctx->spool_err = EDQUOT;
+    return;
+  }
+  ctx->spooled += n;
   if (req->body_fd < 0) {
     req->body_fd = open(wbd_opt.data_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (req->body_fd < 0) {
@@ -985,6 +1013,13 @@ static void spool_write(struct req_ctx *ctx, const char *data, size_t n) {
 
 static enum MHD_Result spool_failed(struct req_ctx *ctx) {
   int e = ctx->spool_err;
+  if (e == EDQUOT) {
+    wbd_stat_add("upload_spool_full", 1);
+    return wbd_reply_error(&ctx->req, 507, "not enough space to take the upload: the server holds %d MB of uploads "
+                           "at once (--max-spool-mb); try again", wbd_lim.max_spool_mb);
+  }
+  if (e == ENOSPC && ctx->room >= 0)
+    return wbd_reply_error(&ctx->req, 507, "not enough disk space in the sandbox: %lld bytes are free", ctx->room);
   if (e == ENOSPC || e == EDQUOT)
     return wbd_reply_error(&ctx->req, 507, "not enough space to take the upload: %s", strerror(e));
   return wbd_reply_error(&ctx->req, 500, "cannot take the upload: %s", strerror(e));
@@ -1087,6 +1122,7 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   struct req_ctx *ctx = *con_cls;
   if (!ctx) return;
   if (ctx->req.body_fd >= 0) close(ctx->req.body_fd);
+  if (ctx->spooled) __atomic_sub_fetch(&g_spooled, ctx->spooled, __ATOMIC_RELAXED);
   free(ctx->req.body);
   free(ctx);
   *con_cls = NULL;

@@ -62,6 +62,8 @@ struct wbd_routes {
   enum MHD_Result (*dataplane)(struct wbd_req *req, const char *id, int port);
   /* whether a data-plane request may send its body (token / signature) */
   int (*dataplane_body_ok)(struct wbd_req *req, struct wbd_sandbox *sb);
+  /* the bytes an upload to the sandbox may bring (its disk's free space), -1: unknown */
+  long long (*upload_room)(struct wbd_sandbox *sb);
 };
 void wbd_server_routes(const struct wbd_routes *r);
 

@@ -33,13 +33,29 @@ static const char *paused_dir(const char *id, char *buf, size_t len) {
   return buf;
 }
 
-json_t *wbd_persist_record_json(const struct wbd_sandbox *sb) {
+static json_t *record_json(const struct wbd_sandbox *sb) {
   return json_pack("{s:s, s:s, s:s, s:O, s:O, s:s, s:b, s:b, s:b, s:b, s:b, s:i, s:I, s:I}", "id", sb->id, "team",
                    sb->team, "templateID", sb->template_id ? sb->template_id : "", "metadata", sb->metadata,
                    "envVars", sb->env_vars, "envdAccessToken", sb->access_token, "secure", sb->secure,
                    "allowInternet", sb->allow_internet, "autoPause", sb->auto_pause, "autoPauseMemory",
                    sb->auto_pause_memory, "autoResume", sb->auto_resume, "timeout", sb->timeout_s, "startedAt",
                    (json_int_t)sb->started_at_us, "endAt", (json_int_t)sb->end_at_us);
+}
+
+/* The size a record carries (its source's, for a sandbox made from a
+ * snapshot), else its template's. */
+static void apply_size(struct wbd_sandbox *sb, json_t *o) {
+  json_int_t cpu = json_integer_value(json_object_get(o, "cpuCount"));
+  json_int_t mem = json_integer_value(json_object_get(o, "memoryMB"));
+  if (cpu > 0 && cpu <= 1024) sb->cpu_count = (int)cpu;
+  if (mem > 0 && mem < (1 << 20)) sb->memory_mb = (int)mem;
+}
+
+json_t *wbd_persist_record_json(const struct wbd_sandbox *sb) {
+  json_t *o = record_json(sb);
+  json_object_set_new(o, "cpuCount", json_integer(sb->cpu_count));
+  json_object_set_new(o, "memoryMB", json_integer(sb->memory_mb));
+  return o;
 }
 
 static int valid_id(const char *s) {
@@ -62,6 +78,7 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
       !json_is_object(meta) || !json_is_object(env) || (identity && (!valid_id(id) || strlen(token) >= 72)))
     return -1;
   wbd_sandbox_set_template(sb, tmpl);   /* and its size */
+  apply_size(sb, o);
   json_object_update(sb->metadata, meta);
   json_object_update(sb->env_vars, env);
   sb->secure = secure;
@@ -82,35 +99,63 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   return 0;
 }
 
-/* The record and a copy of the files in .state/paused/<id>: 0 or -1. */
-static int save_copy(struct wbd_sandbox *sb) {
+/* The bytes a kept copy holds (its record's copyBytes), given back to its team. */
+static void copy_release(const char *dir) {
+  char path[PATH_MAX + 400];
+  snprintf(path, sizeof path, "%s/record.json", dir);
+  json_t *o = json_load_file(path, 0, NULL);
+  const char *team = json_string_value(json_object_get(o, "team"));
+  json_int_t n = json_integer_value(json_object_get(o, "copyBytes"));
+  if (team && n > 0) wbd_quota_end(team, 0, n);
+  json_decref(o);
+}
+
+/* The record and a copy of the files in .state/paused/<id>: 0, or the HTTP
+ * status it fails with (msg says why). */
+static int save_copy(struct wbd_sandbox *sb, char *msg, size_t len) {
   char dir[PATH_MAX + 64];
-  if (!paused_dir(sb->id, dir, sizeof dir)) return -1;
+  if (!paused_dir(sb->id, dir, sizeof dir)) {
+    snprintf(msg, len, "cannot make the state directory");
+    return 500;
+  }
+  copy_release(dir);
   wbd_files_remove(dir);
+  struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
+  int status = wbd_quota_begin(sb->team, 0, &c);
+  if (status) {
+    snprintf(msg, len, "%s", c.msg);
+    return status;
+  }
   wbd_store_lock();
   json_t *rec = wbd_persist_record_json(sb);
   wbd_store_unlock();
   /* a paused sandbox's endAt is when it was paused (E2B's listing) */
   json_object_set_new(rec, "endAt", json_integer((json_int_t)wbd_now_us()));
-  if (wbd_files_save(sb, dir, 0) != 0) {
+  if (wbd_files_save(sb, dir, 0, &c) != 0) status = wbd_copy_status(&c);
+  json_object_set_new(rec, "copyBytes", json_integer(c.bytes));
+  if (!status && wbd_state_write_json(dir, "record.json", rec) != 0) {
+    snprintf(c.msg, sizeof c.msg, "cannot write %.400s/record.json", dir);
+    status = 500;
+  } else if (status) {
     json_decref(rec);
-    wbd_files_remove(dir);
-    return -1;
   }
-  if (wbd_state_write_json(dir, "record.json", rec) != 0) {
-    fprintf(stderr, "warmboxd: cannot keep the paused sandbox %s in %s: it would not survive a restart\n",
-            sb->id, dir);
+  if (status) {
+    fprintf(stderr, "warmboxd: cannot keep the paused sandbox %s in %s: %s\n", sb->id, dir, c.msg);
+    snprintf(msg, len, "cannot keep its files: %s", c.msg);
+    wbd_quota_end(sb->team, 0, c.bytes);
     wbd_files_remove(dir);
-    return -1;
   }
-  return 0;
+  return status;
 }
 
-int wbd_persist_save(struct wbd_sandbox *sb) { return wbd_opt.keep_state ? save_copy(sb) : 0; }
+int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len) {
+  return wbd_opt.keep_state ? save_copy(sb, msg, len) : 0;
+}
 
 int wbd_persist_release(struct wbd_sandbox *sb) {
   /* with --data-dir wbd_persist_save made the copy already */
-  if (!wbd_opt.keep_state && save_copy(sb) != 0) return -1;
+  char why[800];
+  if (!wbd_opt.keep_state && save_copy(sb, why, sizeof why) != 0) return -1;
   return wbd_rt_release(sb);
 }
 
@@ -140,6 +185,7 @@ void wbd_persist_drop(struct wbd_sandbox *sb) {
   struct stat st;
   static long seq;
   if (!paused_dir(sb->id, dir, sizeof dir) || lstat(dir, &st) != 0) return;
+  copy_release(dir);
   if (!wbd_state_dir("trash", trash, sizeof trash) ||
       asprintf(&gone, "%s/%s-%ld", trash, sb->id, __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED)) < 0) {
     wbd_files_remove(dir);
@@ -171,6 +217,7 @@ static void load_one(const char *dir) {
     wbd_files_remove(dir);
     return;
   }
+  json_int_t bytes = json_integer_value(json_object_get(o, "copyBytes"));
   json_decref(o);
   sb->state = WBD_PAUSED;
   sb->paused_with_memory = 0;
@@ -180,6 +227,7 @@ static void load_one(const char *dir) {
   if (!clash) wbd_store_insert_locked(sb);
   wbd_store_unlock();
   if (clash) wbd_store_discard(sb);
+  else if (bytes > 0) wbd_quota_add(sb->team, 0, bytes);
 }
 
 /* Sandbox directories (<data_dir>/r..., wbd_rt_name; <data_dir>/i... from
@@ -242,16 +290,15 @@ void wbd_persist_close(void) {
 /* A copy of a running sandbox (snapshots, forks)                      */
 /* ------------------------------------------------------------------ */
 
-#define BUSY_SNAPSHOT 3
-
-int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec) {
+int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec,
+                      struct wbd_copy *c) {
   wbd_store_lock();
   struct wbd_sandbox *sb = wbd_store_lookup_locked(id);
   if (!sb || sb->state == WBD_KILLED || strcmp(sb->team, team) != 0) {
     wbd_store_unlock();
     return 404;
   }
-  if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) {
+  if (WBD_REC(sb)->busy == WBD_BUSY_SNAPSHOT) {
     wbd_store_unlock();
     return 409;
   }
@@ -259,22 +306,28 @@ int wbd_state_capture(const char *team, const char *id, const char *dir, int pau
   wbd_store_wait_idle_locked(sb);
   int rc = sb->state == WBD_KILLED ? 404 : sb->state == WBD_PAUSED ? paused_status : 0;
   if (rc == 0) {
-    wbd_store_set_busy_locked(sb, BUSY_SNAPSHOT);
+    wbd_store_set_busy_locked(sb, WBD_BUSY_SNAPSHOT);
+    /* envd's changes already under way end before the copy; new ones are refused */
+    wbd_store_wait_changes_locked(sb);
     *rec = wbd_persist_record_json(sb);
   }
   wbd_store_unlock();
+  if (rc == 0) wbd_sleep_ms(wbd_knob(&wbd_state_lim.copy_ms));
   char *dump = rc == 0 ? wbd_interp_dump(sb) : NULL;
-  if (rc == 0 && (wbd_files_save(sb, dir, 1) != 0 ||
-                  (dump && wbd_state_write_json(dir, KERNEL_DUMP, json_loads(dump, 0, NULL)) != 0))) {
+  if (rc == 0 && wbd_files_save(sb, dir, 1, c) != 0) {
+    rc = wbd_copy_status(c);
+  } else if (rc == 0 && dump && wbd_state_write_json(dir, KERNEL_DUMP, json_loads(dump, 0, NULL)) != 0) {
+    snprintf(c->msg, sizeof c->msg, "cannot write the python namespace");
     rc = 500;
+  }
+  if (rc != 0 && *rec) {
     json_decref(*rec);
     *rec = NULL;
   }
   free(dump);
   wbd_store_lock();
-  if (WBD_REC(sb)->busy == BUSY_SNAPSHOT) wbd_store_set_busy_locked(sb, 0);
+  if (WBD_REC(sb)->busy == WBD_BUSY_SNAPSHOT) wbd_store_set_busy_locked(sb, 0);
   wbd_store_unlock();
   wbd_sandbox_unref(sb);
   return rc;
 }
-

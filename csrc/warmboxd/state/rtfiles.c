@@ -4,10 +4,12 @@
  * fresh sandbox. Snapshots, forks and paused sandboxes kept across a
  * restart all go through here (state.h).
  *
- * The copy is GNU cp -a (symlinks copied as links, never followed; owners,
- * modes, times, fifos and sockets kept). The source sandbox's processes are
- * held still meanwhile, and the target is a new sandbox no process runs in
- * yet, so nothing in a jail can swap a path under the copy.
+ * The copy is treecopy.c's: descriptor-relative, no symlink followed at
+ * any level, so a tree the jail (or envd on its behalf) changes under it
+ * can at worst fail the copy, never put a file from outside it in. The
+ * source sandbox's processes are held still meanwhile and envd's calls that
+ * change files are refused (control.c's transition gate); the target is a
+ * new sandbox no process runs in yet.
  */
 #include "state.h"
 #include "interp.h"
@@ -25,9 +27,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-extern char **environ;
-
-#define CP "/bin/cp"
 static const char *const g_trees[] = { "home", "tmp", "root", NULL };
 
 const char *wbd_state_dir(const char *sub, char *buf, size_t len) {
@@ -39,88 +38,52 @@ const char *wbd_state_dir(const char *sub, char *buf, size_t len) {
   return buf;
 }
 
-static int run(char *const argv[]) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  pid_t pid;
-  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) {
-    fprintf(stderr, "warmboxd: cannot run %s: %s\n", argv[0], strerror(rc));
-    return -1;
+static int open_dir(const char *path, struct wbd_copy *c) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && !c->err) {
+    c->err = errno;
+    snprintf(c->msg, sizeof c->msg, "%.400s: %s", path, strerror(errno));
   }
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+  return fd;
 }
 
-/* cp -a from/<tree> ... into to/ for the trees `from` has. */
-static int copy_trees(const char *from, const char *to) {
-  char paths[4][PATH_MAX + 16];
-  char *argv[8] = { CP, "-a", "--reflink=auto", NULL };
-  int n = 3;
-  for (int i = 0; g_trees[i]; i++) {
-    struct stat st;
-    snprintf(paths[i], sizeof paths[i], "%s/%s", from, g_trees[i]);
-    if (lstat(paths[i], &st) == 0 && S_ISDIR(st.st_mode)) argv[n++] = paths[i];
+/* from/<tree> into to/ for the trees `from` has. */
+static int copy_trees(const char *from, const char *to, struct wbd_copy *c) {
+  int sfd = open_dir(from, c), dfd = sfd >= 0 ? open_dir(to, c) : -1;
+  int rc = sfd >= 0 && dfd >= 0 ? 0 : -1;
+  struct stat st;
+  if (rc == 0 && c->remap && fstatat(sfd, "home", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    /* what the saved jail's user owned (the owner of its home) is this jail's */
+    c->from_uid = st.st_uid;
+    c->from_gid = st.st_gid;
   }
-  if (n == 3) return 0;
-  char target[PATH_MAX + 64];
-  snprintf(target, sizeof target, "%s", to);
-  argv[n++] = target;
-  argv[n] = NULL;
-  return run(argv);
-}
-
-int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold) {
-  struct wbd_rt *rt = wbd_rt_get(sb);
-  if (!rt) return -1;
-  char files[PATH_MAX + 16];
-  snprintf(files, sizeof files, "%s/files", dest);
-  int rc = mkdir(dest, 0700) != 0 && errno != EEXIST ? -1 : 0;
-  if (rc == 0 && mkdir(files, 0700) != 0 && errno != EEXIST) rc = -1;
-  int held = rc == 0 && hold ? wbd_rt_hold(rt, 1) : 0;
-  if (rc == 0) rc = copy_trees(wbd_rt_dir(rt), files);
-  if (held) wbd_rt_hold(rt, 0);
-  wbd_rt_put(rt);
-  if (rc != 0) fprintf(stderr, "warmboxd: cannot copy the files of %s to %s\n", sb->id, dest);
+  for (int i = 0; rc == 0 && g_trees[i]; i++) rc = wbd_copy_tree(sfd, g_trees[i], dfd, c);
+  if (sfd >= 0) close(sfd);
+  if (dfd >= 0) close(dfd);
   return rc;
 }
 
-/* nftw has no closure: one remap at a time. */
-static pthread_mutex_t g_remap_mu = PTHREAD_MUTEX_INITIALIZER;
-static uid_t g_from_uid, g_to_uid;
-static gid_t g_from_gid, g_to_gid;
-static int g_remap_err;
-
-static int remap_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)flag;
-  (void)ftw;
-  uid_t u = st->st_uid == g_from_uid ? g_to_uid : (uid_t)-1;
-  gid_t g = st->st_gid == g_from_gid ? g_to_gid : (gid_t)-1;
-  if ((u != (uid_t)-1 || g != (gid_t)-1) && lchown(path, u, g) != 0) g_remap_err = errno;
-  /* lchown clears set-id bits; put them back on what keeps its mode */
-  if (!S_ISLNK(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID)) && u != (uid_t)-1) chmod(path, st->st_mode & 07777);
-  return 0;
-}
-
-/* What the saved jail's user owned (the owner of its home) is this jail's. */
-static int remap_owner(const char *files, const char *dir, uid_t to_uid, gid_t to_gid) {
-  char home[PATH_MAX + 64];
-  struct stat st;
-  snprintf(home, sizeof home, "%s/home", files);
-  if (lstat(home, &st) != 0 || (st.st_uid == to_uid && st.st_gid == to_gid)) return 0;
-  pthread_mutex_lock(&g_remap_mu);
-  g_from_uid = st.st_uid;
-  g_from_gid = st.st_gid;
-  g_to_uid = to_uid;
-  g_to_gid = to_gid;
-  g_remap_err = 0;
-  int rc = nftw(dir, remap_one, 16, FTW_PHYS | FTW_MOUNT);
-  if (rc == 0 && g_remap_err) rc = -1;
-  pthread_mutex_unlock(&g_remap_mu);
-  return rc == 0 ? 0 : -1;
+int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold, struct wbd_copy *c) {
+  struct wbd_rt *rt = wbd_rt_get(sb);
+  if (!rt) {
+    c->err = ESRCH;
+    snprintf(c->msg, sizeof c->msg, "the sandbox is gone");
+    return -1;
+  }
+  char files[PATH_MAX + 16];
+  snprintf(files, sizeof files, "%s/files", dest);
+  int rc = 0;
+  if ((mkdir(dest, 0700) != 0 && errno != EEXIST) || (mkdir(files, 0700) != 0 && errno != EEXIST)) {
+    c->err = errno;
+    snprintf(c->msg, sizeof c->msg, "cannot make %.400s: %s", files, strerror(errno));
+    rc = -1;
+  }
+  int held = rc == 0 && hold ? wbd_rt_hold(rt, 1) : 0;
+  if (rc == 0) rc = copy_trees(wbd_rt_dir(rt), files, c);
+  if (held) wbd_rt_hold(rt, 0);
+  wbd_rt_put(rt);
+  if (rc != 0) fprintf(stderr, "warmboxd: cannot copy the files of %s to %s: %s\n", sb->id, dest, c->msg);
+  return rc;
 }
 
 int wbd_files_load(struct wbd_sandbox *sb, const char *src) {
@@ -128,17 +91,15 @@ int wbd_files_load(struct wbd_sandbox *sb, const char *src) {
   if (!rt) return -1;
   char files[PATH_MAX + 16];
   snprintf(files, sizeof files, "%s/files", src);
-  uid_t uid;
-  gid_t gid;
-  wbd_rt_owner(rt, &uid, &gid);
-  int rc = copy_trees(files, wbd_rt_dir(rt));
-  if (rc == 0) rc = remap_owner(files, wbd_rt_dir(rt), uid, gid);
+  struct wbd_copy c = { .budget = -1, .pool_limit = -1, .remap = 1 };
+  wbd_rt_owner(rt, &c.to_uid, &c.to_gid);
+  int rc = copy_trees(files, wbd_rt_dir(rt), &c);
   wbd_rt_put(rt);
   snprintf(files, sizeof files, "%s/" KERNEL_DUMP, src);
   json_t *dump = rc == 0 ? json_load_file(files, 0, NULL) : NULL;
   if (dump) wbd_interp_restore(sb, dump);
   json_decref(dump);
-  if (rc != 0) fprintf(stderr, "warmboxd: cannot copy the files of %s into %s\n", src, sb->id);
+  if (rc != 0) fprintf(stderr, "warmboxd: cannot copy the files of %s into %s: %s\n", src, sb->id, c.msg);
   return rc;
 }
 

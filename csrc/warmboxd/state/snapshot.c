@@ -5,8 +5,10 @@
  * id and lease); GET /snapshots lists a team's (filters sandboxID and name,
  * pages with X-Next-Token); DELETE /templates/{id} deletes one; POST
  * /sandboxes with templateID = a snapshot's id or name starts a sandbox on
- * its files. Snapshots never expire, outlive their sandbox and (with
- * --data-dir) a restart. Process memory is not in them, the python
+ * its files, and the source's size (cpuCount, memoryMB). Snapshots never
+ * expire, outlive their sandbox and (with --data-dir) a restart; a team
+ * keeps at most --max-snapshots of them, their bytes counted toward its
+ * --max-state-mb (quota.c). Process memory is not in them, the python
  * namespace is (serialised): see state.h.
  */
 #include "state.h"
@@ -32,6 +34,8 @@ struct wbd_snapshot {
   char *template_id;       /* the source sandbox's template */
   json_t *env;             /* the source's envVars */
   int64_t created_us;
+  long long bytes;         /* what its copy holds (the team's quota) */
+  int cpu_count, memory_mb;  /* the source's size */
   int refs;                /* under g_mu; the list holds one */
   int deleted;
   char dir[PATH_MAX + 400];
@@ -46,7 +50,10 @@ static struct wbd_snapshot *g_list;   /* newest first */
 /* ------------------------------------------------------------------ */
 
 static void snap_free(struct wbd_snapshot *s) {
-  if (s->deleted) wbd_files_remove(s->dir);
+  if (s->deleted) {
+    wbd_files_remove(s->dir);
+    wbd_quota_end(s->team, 1, s->bytes);
+  }
   free(s->template_id);
   json_decref(s->env);
   free(s);
@@ -62,6 +69,10 @@ void wbd_snapshot_put(struct wbd_snapshot *s) {
 
 const char *wbd_snapshot_template(const struct wbd_snapshot *s) { return s->tid; }
 void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) { json_object_update(env, s->env); }
+void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb) {
+  if (s->cpu_count > 0) sb->cpu_count = s->cpu_count;
+  if (s->memory_mb > 0) sb->memory_mb = s->memory_mb;
+}
 int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls) {
   return wbd_files_load(sb, ((struct wbd_snapshot *)cls)->dir);
 }
@@ -112,9 +123,10 @@ static json_t *info_json(const struct wbd_snapshot *s) {
 }
 
 static json_t *snap_json(const struct wbd_snapshot *s) {
-  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:O, s:I}", "templateID", s->tid, "team", s->team, "sandboxID",
-                   s->sandbox_id, "name", s->name, "tag", s->tag, "sourceTemplateID", s->template_id, "envVars",
-                   s->env, "createdAt", (json_int_t)s->created_us);
+  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:O, s:I, s:I, s:i, s:i}", "templateID", s->tid, "team", s->team,
+                   "sandboxID", s->sandbox_id, "name", s->name, "tag", s->tag, "sourceTemplateID", s->template_id,
+                   "envVars", s->env, "createdAt", (json_int_t)s->created_us, "bytes", (json_int_t)s->bytes,
+                   "cpuCount", s->cpu_count, "memoryMB", s->memory_mb);
 }
 
 /* Adds s (one reference: the list's) newest first; a name it takes from an
@@ -154,21 +166,36 @@ static struct wbd_snapshot *snap_new(const char *team) {
 /* Taking one                                                          */
 /* ------------------------------------------------------------------ */
 
-int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out) {
+int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out, char *msg,
+                      size_t len) {
   struct wbd_snapshot *s = snap_new(team);
   json_t *rec = NULL;
-  int rc = s->dir[0] ? wbd_state_capture(team, id, s->dir, 404, &rec) : 500;
+  struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
+  int rc = s->dir[0] ? wbd_quota_begin(team, 1, &c) : 500;
+  if (rc != 0) {
+    snprintf(msg, len, "%s", s->dir[0] ? c.msg : "cannot make the state directory");
+    free(s);
+    return rc;
+  }
+  rc = wbd_state_capture(team, id, s->dir, 404, &rec, &c);
+  s->bytes = c.bytes;
   if (rc == 0) {
     if (name) split_ref(name, s->name, sizeof s->name, s->tag, sizeof s->tag);
     snprintf(s->sandbox_id, sizeof s->sandbox_id, "%s", id);
     s->template_id = strdup(json_string_value(json_object_get(rec, "templateID")));
     s->env = json_incref(json_object_get(rec, "envVars"));
+    s->cpu_count = (int)json_integer_value(json_object_get(rec, "cpuCount"));
+    s->memory_mb = (int)json_integer_value(json_object_get(rec, "memoryMB"));
     s->created_us = wbd_now_us();
-    if (wbd_state_write_json(s->dir, "snapshot.json", snap_json(s)) != 0) rc = 500;
+    if (wbd_state_write_json(s->dir, "snapshot.json", snap_json(s)) != 0) {
+      snprintf(c.msg, sizeof c.msg, "cannot write its record");
+      rc = 500;
+    }
   }
   json_decref(rec);
   if (rc != 0) {
-    s->deleted = 1;
+    snprintf(msg, len, "%s", c.msg);
+    s->deleted = 1;   /* its files and its place in the quota go */
     snap_free(s);
     return rc;
   }
@@ -207,7 +234,11 @@ static void load_one(const char *dir, const char *tid) {
   s->template_id = strdup(src);
   s->env = json_incref(env);
   s->created_us = created;
+  s->bytes = json_integer_value(json_object_get(o, "bytes"));
+  s->cpu_count = (int)json_integer_value(json_object_get(o, "cpuCount"));
+  s->memory_mb = (int)json_integer_value(json_object_get(o, "memoryMB"));
   json_decref(o);
+  wbd_quota_add(s->team, 1, s->bytes);
   list_add(s);
 }
 

@@ -9,6 +9,8 @@
  *                   the copy of a running sandbox (held still) for both
  *   rtfiles.c       the one copy step: a sandbox's files (root, home, /tmp)
  *                   out to a directory and back into a fresh sandbox
+ *   treecopy.c      the copy itself: descriptor-relative, no symlink followed
+ *   quota.c         what a team may keep on disk; the free-space reserve
  * Kernel memory is never on disk: a sandbox started from a snapshot, a fork,
  * or a paused sandbox after a restart boots afresh on the saved files (as
  * after a filesystem-only pause). The one exception: a snapshot's or fork's
@@ -29,7 +31,8 @@ struct wbd_team;
 /* A record as the store keeps it; `sb` first so the two pointers convert. */
 struct wbd_rec {
   struct wbd_sandbox sb;
-  int busy;                    /* a pause/resume/create is in flight */
+  int busy;                    /* a pause/resume/create is in flight (WBD_BUSY_*) */
+  int changing;                /* data-plane requests that may change its files, in flight */
   int indexed;                 /* in the hash and the team's index */
   struct wbd_rec *hnext;       /* hash chain */
   struct wbd_rec *rprev, *rnext;  /* the team's running list */
@@ -39,6 +42,8 @@ struct wbd_rec {
   long held_mb;                /* what it adds to its team's held_mb now */
 };
 #define WBD_REC(s) ((struct wbd_rec *)(s))
+#define WBD_BUSY_PAUSING 2     /* busy: a pause (and its copy) */
+#define WBD_BUSY_SNAPSHOT 3    /* busy: a snapshot's or a fork's copy */
 
 struct wbd_team {
   char name[64];
@@ -82,6 +87,14 @@ void wbd_store_set_busy_locked(struct wbd_sandbox *sb, int busy);
 void wbd_store_set_paused_ram_locked(struct wbd_sandbox *sb, int in_ram);
 /* The memoryMB a record holds in host RAM when running (its template's). */
 long wbd_store_rec_mb(const struct wbd_sandbox *sb);
+/* A data-plane request that may change the sandbox's files or start a
+ * process: 0 and counted, or the busy value it is refused for (a pause, a
+ * snapshot or a fork copies the files meanwhile), or -1 when the sandbox no
+ * longer runs. End each counted one; wait_changes waits (releasing the
+ * lock) until none is in flight. */
+int wbd_store_change_begin_locked(struct wbd_sandbox *sb);
+void wbd_store_change_end_locked(struct wbd_sandbox *sb);
+void wbd_store_wait_changes_locked(struct wbd_sandbox *sb);
 /* Index in team->v of the first record ordered after (started, id) in asc order. */
 size_t wbd_store_upper_locked(struct wbd_team *t, int64_t started_us, const char *id);
 /* Index of the first record not ordered before (started, id) in asc order. */
@@ -100,12 +113,58 @@ json_t *wbd_metrics_envd(struct wbd_sandbox *sb);
 /* The python namespace's dump next to a copy's files (persist.c, rtfiles.c). */
 #define KERNEL_DUMP "kernel.json"
 
+/* ---- treecopy.c ---- */
+/* One copy's bounds and outcome. budget: bytes it may write (-1: no
+ * bound; over it: ENOSPC); pool (may be NULL): a shared count the bytes
+ * are added to as they are written, pool_limit its bound (-1: none; over
+ * it: EDQUOT). remap: what from_uid/from_gid owned becomes to_uid/to_gid's.
+ * On failure err is the errno and msg says which entry and why. */
+struct wbd_copy {
+  long long budget, pool_limit;
+  long long *pool;
+  int remap;
+  uid_t from_uid, to_uid;
+  gid_t from_gid, to_gid;
+  long long bytes;         /* written (also added to *pool) */
+  int err;
+  char msg[768];
+};
+/* Copies directory sparent/name to dparent/name (merged into a directory
+ * already there), descriptor-relative, no symlink followed at any level
+ * (treecopy.c says what is kept). 0, or -1 with c->err and c->msg. */
+int wbd_copy_tree(int sparent, const char *name, int dparent, struct wbd_copy *c);
+/* A failed copy's HTTP status: 507 (disk full), 429 (the team's storage
+ * limit), 500 (anything else). */
+int wbd_copy_status(const struct wbd_copy *c);
+
+/* ---- quota.c ---- */
+/* What a team may keep on disk and how the copies are made (main.c's
+ * flags; 0: no limit). */
+struct wbd_state_limits {
+  int max_snapshots;   /* --max-snapshots: per team (default 100) */
+  int max_state_mb;    /* --max-state-mb: a team's snapshots and paused copies (default 8192) */
+  int min_free_mb;     /* --min-free-mb: free space a copy leaves in the data directory (default 1024) */
+  int pause_workers;   /* --pause-workers: lease-end pauses at once (default 4) */
+  int copy_ms;         /* POST /_warmboxd/config's copy_ms: a copy starts this late (wbd_knob) */
+};
+extern struct wbd_state_limits wbd_state_lim;
+/* Before a copy for `team` (snapshot: a snapshot's, counted among the
+ * team's): fills c's budget and pool, or answers 429 (the team's count or
+ * bytes) / 507 (the data directory's free space) with c->msg. */
+int wbd_quota_begin(const char *team, int snapshot, struct wbd_copy *c);
+/* Gives back what a copy held: bytes, and the snapshot's place. */
+void wbd_quota_end(const char *team, int snapshot, long long bytes);
+/* Counts a copy found on disk at start-up. */
+void wbd_quota_add(const char *team, int snapshot, long long bytes);
+void wbd_quota_free_all(void);
+
 /* ---- rtfiles.c ---- */
 /* <data_dir>/.state/<sub> into buf (made on first use): buf, or NULL. */
 const char *wbd_state_dir(const char *sub, char *buf, size_t len);
 /* Copies the running sandbox's files into dest/files (dest is made; the
- * jail's processes are held still meanwhile when `hold`). 0 or -1. */
-int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold);
+ * jail's processes are held still meanwhile when `hold`) within c's
+ * bounds. 0 or -1 (c says why). */
+int wbd_files_save(struct wbd_sandbox *sb, const char *dest, int hold, struct wbd_copy *c);
 /* Copies src/files into the sandbox's (fresh) runtime, giving what the
  * saved jail's user owned to this one's. 0 or -1. */
 int wbd_files_load(struct wbd_sandbox *sb, const char *src);
@@ -122,7 +181,8 @@ json_t *wbd_persist_record_json(const struct wbd_sandbox *sb);
  * token and times (a restart), else only what a fork inherits. 0 or -1. */
 int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity);
 /* The hooks control.c calls (without the store lock): */
-int wbd_persist_save(struct wbd_sandbox *sb);      /* paused: record and files to disk; 0 or -1 */
+/* paused: record and files to disk; 0, or 429 / 507 / 500 with msg */
+int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len);
 int wbd_persist_restore(struct wbd_sandbox *sb);   /* resuming: files back when they are on disk only */
 void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget the copy */
 /* A pause without memory, saved: the files stay on disk only (a copy made
@@ -135,10 +195,12 @@ int wbd_persist_release(struct wbd_sandbox *sb);
 int wbd_persist_load_all(void);
 void wbd_persist_close(void);                      /* lets go of the data directory */
 /* Holds the team's running sandbox `id` still while its files are copied
- * to dir/files; *rec gets its record (wbd_persist_record_json). 0, 404,
- * 409 (a snapshot of it is being taken), paused_status when it is paused,
- * or 500. */
-int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec);
+ * to dir/files within c's bounds (envd's changes refused meanwhile); *rec
+ * gets its record (wbd_persist_record_json). 0, 404, 409 (a snapshot of it
+ * is being taken), paused_status when it is paused, or the copy's failure
+ * (wbd_copy_status, c->msg). */
+int wbd_state_capture(const char *team, const char *id, const char *dir, int paused_status, json_t **rec,
+                      struct wbd_copy *c);
 
 /* ---- snapshot.c ---- */
 struct wbd_snapshot;
@@ -151,9 +213,12 @@ const char *wbd_snapshot_template(const struct wbd_snapshot *s);
 void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env);
 /* wbd_ctl_launch's fill: the snapshot's files into sb (cls: the snapshot). */
 int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls);
+/* The source's size (cpuCount, memoryMB) onto a sandbox made from it. */
+void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb);
 /* Takes a snapshot of the team's running sandbox `id`: 0 and a referenced
- * *out, or 404 / 409 / 500. */
-int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out);
+ * *out, or 404 / 409, or 429 / 507 / 500 with msg (quota.c, the copy). */
+int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out, char *msg,
+                      size_t len);
 /* E2B's SnapshotInfo {snapshotID, names}. */
 json_t *wbd_snapshot_info(struct wbd_snapshot *s);
 /* One page of the team's snapshots, newest first, after (after_us,

@@ -515,6 +515,22 @@ void wbd_store_set_paused_ram_locked(struct wbd_sandbox *sb, int in_ram) {
   if (r->indexed) count_held(r->team, r, 1);
 }
 
+int wbd_store_change_begin_locked(struct wbd_sandbox *sb) {
+  struct wbd_rec *r = WBD_REC(sb);
+  if (r->busy) return r->busy;
+  if (sb->state != WBD_RUNNING) return -1;
+  r->changing++;
+  return 0;
+}
+
+void wbd_store_change_end_locked(struct wbd_sandbox *sb) {
+  if (--WBD_REC(sb)->changing == 0) pthread_cond_broadcast(&store_cv);
+}
+
+void wbd_store_wait_changes_locked(struct wbd_sandbox *sb) {
+  while (WBD_REC(sb)->changing) pthread_cond_wait(&store_cv, &store_mu);
+}
+
 void wbd_store_counts_locked(long *running, long *paused) {
   *running = total_running;
   *paused = total_paused;

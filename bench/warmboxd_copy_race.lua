@@ -1,0 +1,58 @@
+-- The race against warmboxd's copies of a sandbox's files, many times: envd
+-- Filesystem/Move calls swap a directory a snapshot (or a fork) is copying
+-- for a symlink to a host directory (spec.helpers.copy_race says how), and
+-- every snapshot and fork made meanwhile is searched for the host's secret.
+-- Prints, for snapshots and forks: attempts, copies made, copies that failed,
+-- Moves answered 200 / 409, and the files from outside the sandbox found in
+-- a copy (0 is the promise).
+-- Usage (from the repository root, after scripts/setup):
+--   lua5.4 bench/warmboxd_copy_race.lua [attempts=200] [large file MB=96] [kinds=snapshot,fork]
+-- WARMBOXD_BIN selects the server (e.g. an older build: the leak before the fix).
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
+
+local wbd = require "spec.helpers.warmboxd"
+local http = require "spec.helpers.http"
+local race = require "spec.helpers.copy_race"
+
+local ATTEMPTS = tonumber(arg[1]) or 200
+local BIG_MB = tonumber(arg[2]) or 96
+local KINDS = {}
+for k in (arg[3] or "snapshot,fork"):gmatch("[^,]+") do KINDS[#KINDS + 1] = k end
+local srv = wbd.start{ bin = env.warmboxd }
+
+-- One copy raced: whether it was made, the files of the host found in it,
+-- and the statuses of the swap's Moves.
+local function attempt(r, sb, kind)
+  local p = "/sandboxes/" .. sb.sandboxID
+  local res, moves = r:attempt("POST", p .. (kind == "fork" and "/fork" or "/snapshots"),
+    kind == "fork" and { count = 1, timeout = 60 } or {})
+  local json = res.json
+  local leaks = {}
+  if res.status == 201 and kind == "snapshot" then
+    leaks = r:leaks(srv.dir .. "/data/.state/snapshots")
+    http.api(srv, "DELETE", "/templates/" .. json.snapshotID:match("^([^:]+)"))
+  elseif res.status == 201 and json[1].sandbox then
+    leaks = r:leaks(srv.dir .. "/data/" .. json[1].sandbox.sandboxID)
+    http.api(srv, "DELETE", "/sandboxes/" .. json[1].sandbox.sandboxID)
+  end
+  return res.status == 201 and (kind ~= "fork" or json[1].sandbox ~= nil), #leaks, moves
+end
+
+print(string.format("%-9s %8s %6s %6s %8s %8s %7s", "copy", "attempts", "made", "failed", "move200", "move409",
+  "leaked"))
+for _, kind in ipairs(KINDS) do
+  local sb = http.create(srv, { templateID = "base", timeout = 3600, secure = true })
+  local r = race.new(srv, sb, BIG_MB)
+  local made, failed, leaked, counts = 0, 0, 0, {}
+  for _ = 1, ATTEMPTS do
+    local ok, n, moves = attempt(r, sb, kind)
+    if ok then made = made + 1 else failed = failed + 1 end
+    leaked = leaked + n
+    for _, c in ipairs(moves) do counts[c] = (counts[c] or 0) + 1 end
+  end
+  r:cleanup()
+  http.api(srv, "DELETE", "/sandboxes/" .. sb.sandboxID)
+  print(string.format("%-9s %8d %6d %6d %8d %8d %7d", kind, ATTEMPTS, made, failed, counts["200"] or 0,
+    counts["409"] or 0, leaked))
+end
+srv:stop()
