@@ -518,7 +518,7 @@ describe("warmboxd envd processes", function()
     it("a pause with memory keeps a process for Connect; a pause without memory ends it", function()
       local s2 = http.api(srv, "POST", "/sandboxes", { templateID = "base", timeout = 600 }).json
       local poll = background("Start", { process = { cmd = "/bin/bash",
-        args = { "-c", "echo begun; sleep 2; echo done" } } }, s2)
+        args = { "-c", "echo begun; sleep 5; echo done" } } }, s2)   -- (past the pause's settle, on a loaded machine)
       local pid = started(poll)
       assert.is_truthy(wait_for(function() return poll().stdout == "begun\n" end))
       assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. s2.sandboxID .. "/pause", {}).status)
