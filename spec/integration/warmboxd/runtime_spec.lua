@@ -281,7 +281,8 @@ describe("warmboxd runtime", function()
       for _, id in ipairs(ids) do assert.are.same({}, procs_mentioning(id)) end
       -- the paused one comes back after a restart (warmboxd_restart_spec); the running one is gone
       assert.are.equal(".state\n", sh("ls -A " .. q(dir)))
-      assert.are.equal("lock\npaused\nsnapshots\n", sh("ls -A " .. q(dir .. "/.state")))
+      -- (events: the lifecycle events E2B keeps, kept across a restart too)
+      assert.are.equal("events\nlock\npaused\nsnapshots\n", sh("ls -A " .. q(dir .. "/.state")))
       assert.are.equal(paused.sandboxID .. "\n", sh("ls -A " .. q(dir .. "/.state/paused")))
       os.execute("rm -rf " .. q(dir))
     end)
