@@ -12,6 +12,7 @@ local _M = {}
 -- checks that every code lua/ and csrc/core return is in it).
 _M.codes = {
   BUSY = "the session's lock was not free within the lock timeout (another run holds it)",
+  HUNG = "the user's own local server runs on its data directory but does not answer (never a second one there)",
   LOCK = "the lock backend failed (e.g. Redis unreachable), or a held lock was lost",
   POLICY = "a policy hook raised or returned a wrong value; a policy file did not load",
   BUDGET = "the policy's budget refused a run or a prewarm: the conversation or its tenant spent its budget",

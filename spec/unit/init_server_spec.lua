@@ -30,8 +30,8 @@ describe("warmbox.server", function()
     local me = tonumber(io.open("/proc/self/stat"):read("a"):match("^(%d+)"))
     -- the token on every data-plane call (warmbox's client sends it everywhere), its one API
     -- key in a 0600 file of its directory, then the caller's arguments
-    assert.matches("^%-%-port 0 %-%-data%-dir /tmp/warmboxd%.%w+/data %-%-strict%-tokens %-%-exit%-with " .. me
-      .. " %-%-api%-key%-file /tmp/warmboxd%.%w+/api%-key %-%-rtt%-ms 20\n$", args)
+    assert.matches("^%-%-port 0 %-%-data%-dir /tmp/warmboxd%.%w+/data %-%-strict%-tokens %-%-secure%-all "
+      .. "%-%-exit%-with " .. me .. " %-%-api%-key%-file /tmp/warmboxd%.%w+/api%-key %-%-rtt%-ms 20\n$", args)
     assert.is_true(alive(srv.pid))
     local dir = srv.dir
     assert.is_true(srv:stop())

@@ -157,6 +157,7 @@ describe("warmbox.sim.lock", function()
       end
     end
     assert.same({ real:keepalive() }, { lk:keepalive() })
+    assert.same({ real:held() }, { lk:held() })
     assert.same({ real:unlock() }, { lk:unlock() })
     assert.same({ real:close() }, { lk:close() })
     assert.same({ real:remove() }, { lk:remove() })

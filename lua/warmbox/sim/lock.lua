@@ -86,6 +86,12 @@ function Lock:keepalive()
   return true
 end
 
+--- Whether the hold is still this object's: in virtual time no lock is lost.
+function Lock:held()
+  if not self._key then return nil, "unlocked" end
+  return true
+end
+
 --- The hold's fencing number (grows with every hold of the key), nil when nothing is held.
 function Lock:fence()
   return self._key and self._fence or nil
