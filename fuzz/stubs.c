@@ -110,6 +110,16 @@ int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len) {
   (void)len;
   return 0;
 }
+int wbd_persist_release(struct wbd_sandbox *sb) {
+  (void)sb;
+  return -1;   /* the runtime stays (the targets have none to release) */
+}
+/* wbd.h's runtime names and the pause's settle: no jails in the targets. */
+int wbd_rt_settling(struct wbd_sandbox *sb) {
+  (void)sb;
+  return 0;
+}
+void wbd_rt_name(const char *id, char *out, size_t len) { snprintf(out, len, "r-%s", id); }
 void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb) {
   (void)s;
   (void)sb;
