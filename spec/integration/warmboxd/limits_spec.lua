@@ -192,7 +192,8 @@ describe("warmboxd limits", function()
           -- a signature that does not check out is no credential either
           res = http.sandbox(srv, { sandboxID = sb.sandboxID }, 49983, "POST",
             "/files?path=mid.bin&signature=v1_forged", { curl_args = { "--data-binary", "@" .. mid }, headers = octet })
-          assert.are.equal(413, res.status)
+          -- refused: 413, or the connection closed on the body (the forged signature is refused unhashed)
+          assert.is_true(res.status == 413 or res.status == 0, tostring(res.status))
           res = http.sandbox(srv, { sandboxID = "inosuchsandbox" }, 49983, "POST", "/files?path=mid.bin",
             { curl_args = { "--data-binary", "@" .. mid }, headers = octet })
           assert.are.equal(413, res.status)
