@@ -13,7 +13,8 @@
 -- start, so a sandbox that lets B in while A runs shows it in the ledger both
 -- cells write ("start X", "end X"). "create after forwarding": an
 -- intermediary (spec/helpers/after_proxy.py) forwards the create, then
--- answers 503 (or 429): the client sends it again.
+-- answers 503 (or 429): the client sends it again; "create sent twice": it
+-- forwards the create twice and answers the second (the client saw one answer).
 --
 -- Prints per row: executions per cell ("0x:n 1x:m"; only 0 or 1 is right),
 -- overlapping executions (a cell started while another ran: only 0), runs
@@ -163,14 +164,16 @@ local function lost_row(how)
   return row
 end
 
--- One row of creates an intermediary answered `status` after forwarding.
+-- One row of creates an intermediary answered `status` after forwarding
+-- (`status` "twice": forwarded twice, the second answer given).
 local function create_row(status)
   local proxy = after_proxy.start(srv.url)
   local wb = new_wb("file", proxy.url)
   local row = { execs = {}, marks = {}, overlaps = 0, refused_ran = 0, orphans = 0, codes = {} }
   for i = 1, ROUNDS do
     local s = wb:session("bench-lost:create:" .. status .. ":" .. i)
-    proxy:plan{ create = { { mode = "after", status = status, headers = { ["Retry-After"] = "0" } } } }
+    proxy:plan{ create = { status == "twice" and { mode = "twice" }
+      or { mode = "after", status = status, headers = { ["Retry-After"] = "0" } } } }
     local code, mark = cell("python")
     row.marks[#row.marks + 1] = mark
     local r, _, ecode = s:run(code)
@@ -209,6 +212,7 @@ if redis then add("lost lock", "redis restart mid-cell", lost_row("redis restart
 add("lost lock", "holder cut off past its expiry", lost_row("holder cut off"))
 add("create", "503 after forwarding", create_row(503))
 add("create", "429 after forwarding", create_row(429))
+add("create", "sent twice by an intermediary", create_row("twice"))
 
 local head = { "case", "fault", "runs by code", "executions per cell", "overlapping executions",
   "refused whose cell ran", "orphans left" }

@@ -1,6 +1,7 @@
 -- Every sandbox a create may have made is found and collected: a create an
 -- intermediary forwarded and then answered 503 or 429 (the client sends it
--- again: a second sandbox with the same create id). The conversation keeps
+-- again: a second sandbox with the same create id), or forwarded twice and
+-- answered once (the client saw one answer). The conversation keeps
 -- one tagged sandbox, the one it uses.
 local sessions = require "spec.helpers.sessions"
 local after_proxy = require "spec.helpers.after_proxy"
@@ -26,7 +27,7 @@ describe("sessions: a create answered after forwarding, or sent twice (warmboxd)
     return ids
   end
 
-  for _, step in ipairs({ { mode = "after", status = 503 }, { mode = "after", status = 429 } }) do
+  for _, step in ipairs({ { mode = "after", status = 503 }, { mode = "after", status = 429 }, { mode = "twice" } }) do
     local what = step.mode == "twice" and "sent twice" or ("answered " .. step.status .. " after forwarding")
     it("a create " .. what .. ": the other sandbox is collected, the conversation keeps its own", function()
       local s = wb:session("create-after:" .. step.mode .. ":" .. tostring(step.status))
