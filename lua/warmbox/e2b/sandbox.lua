@@ -614,8 +614,7 @@ function Sandbox:run_code(code, opts)
   }
   -- Room for max_output bytes of text in one line, JSON-escaped, and for a kernel's cut result (8 MiB:
   -- what fits is kept); never above the core's limit.
-  local max_frame
-  if max_output < math.huge then max_frame = math.min(64 * 1048576, math.max(9 * 1048576, 2 * max_output + 65536)) end
+  local max_frame = max_output < math.huge and math.min(64 << 20, math.max(9 << 20, 2 * max_output + 65536)) or nil
   local mono = core.now or os.time -- (specs may fake the core without a clock)
   local t0 = mono()
   local res, msg, ecode, sent = (self.client.transport or self.client.http):request{
