@@ -30,14 +30,15 @@ static void wait_parent(pid_t parent) {
   fd = (int)syscall(SYS_pidfd_open, parent, 0);
 #endif
   if (fd >= 0) {
-    struct pollfd p = { fd, POLLIN, 0 };
-    while (poll(&p, 1, -1) < 0 && errno == EINTR) {}
+    struct pollfd p = {fd, POLLIN, 0};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
     close(fd);
     return;
   }
   /* No pidfd (or the parent is already gone): reparented once it ends. */
   while (getppid() == parent) {
-    struct timespec ts = { 0, 200 * 1000000L };
+    struct timespec ts = {0, 200 * 1000000L};
     nanosleep(&ts, NULL);
   }
 }
@@ -45,7 +46,7 @@ static void wait_parent(pid_t parent) {
 /* The child's life: detached from what warmboxd holds, waits, cleans up. */
 static void janitor_main(pid_t parent) {
   prctl(PR_SET_NAME, "wbd-janitor");
-  static const int ignored[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2 };
+  static const int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2};
   for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
   int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (nul >= 0) {

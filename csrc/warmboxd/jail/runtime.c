@@ -1816,7 +1816,7 @@ static void reap_group(const char *top, int freezer) {
         char sub[PATH_MAX + 300];
         snprintf(sub, sizeof sub, "%s/%s", top, se->d_name);
         end_orphans(sub, freezer);
-        rmdir(sub);  /* fails, and stays, while it holds a process */
+        rmdir(sub); /* fails, and stays, while it holds a process */
       }
     closedir(sd);
   }
