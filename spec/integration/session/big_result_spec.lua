@@ -33,6 +33,17 @@ describe("sessions: a result over 16 MiB (warmboxd)", function()
     assert.is_false(r2.truncated)
   end)
 
+  it("javascript: a last expression of 20 MB, cut to fit, truncated = true", function()
+    local s = wb:session("bigresult:js")
+    local r = assert(s:run("const y = 41;\n'j'.repeat(20 << 20)", { language = "javascript" }))
+    local text = assert(form(r, "text"), "the result vanished")
+    assert.is_true(#text >= 1048576)
+    assert.equal(("j"):rep(#text), text)
+    assert.is_true(r.truncated)
+    local r2 = assert(s:run("y + 1", { language = "javascript" }))
+    assert.equal("42", form(r2, "text"))
+  end)
+
   it("display data of 21 MB: its html cut to fit, truncated = true", function()
     local s = wb:session("bigresult:display")
     local r = assert(s:run("from IPython.display import display, HTML\n"
