@@ -17,7 +17,9 @@
 -- the kernel A runs in and runs after it). "create after forwarding": an
 -- intermediary (spec/helpers/after_proxy.py) forwards the create, then
 -- answers 503 (or 429): the client sends it again; "create sent twice": it
--- forwards the create twice and answers the second (the client saw one answer).
+-- forwards the create twice and answers the second (the client saw one answer);
+-- "a copy forwarded after the run": the copy is held until the run returned
+-- (past the listing after it); one GC pass (warmbox:gc) runs before the count.
 --
 -- Prints per row: executions per cell ("0x:n 1x:m"; only 0 or 1 is right),
 -- overlapping executions (a cell started while another ran: only 0), runs
@@ -171,18 +173,25 @@ local function lost_row(how, b_timeout)
 end
 
 -- One row of creates an intermediary answered `status` after forwarding
--- (`status` "twice": forwarded twice, the second answer given).
+-- (`status` "twice": forwarded twice, the second answer given; "late": answered,
+-- then forwarded again once the run returned: one GC pass, then counted).
 local function create_row(status)
   local proxy = after_proxy.start(srv.url)
   local wb = new_wb("file", proxy.url)
   local row = { execs = {}, marks = {}, overlaps = 0, refused_ran = 0, orphans = 0, codes = {} }
   for i = 1, ROUNDS do
     local s = wb:session("bench-lost:create:" .. status .. ":" .. i)
-    proxy:plan{ create = { status == "twice" and { mode = "twice" }
+    local late = proxy:stats().late_done
+    proxy:plan{ create = { (status == "twice" or status == "late") and { mode = status, held = true }
       or { mode = "after", status = status, headers = { ["Retry-After"] = "0" } } } }
     local code, mark = cell("python")
     row.marks[#row.marks + 1] = mark
     local r, _, ecode = s:run(code)
+    if status == "late" then
+      proxy:release()
+      wbd.eventually(function() return proxy:stats().late_done > late end, 60)
+      assert(wb:gc{})
+    end
     local c = r and "ok" or tostring(ecode)
     row.codes[c] = (row.codes[c] or 0) + 1
     local items = assert(wb.client:list_all{ state = { "running", "paused" }, metadata = { [s.tag] = s.tag_value } })
@@ -220,6 +229,7 @@ add("lost lock", "holder cut off, later run's timeout 1 s", lost_row("holder cut
 add("create", "503 after forwarding", create_row(503))
 add("create", "429 after forwarding", create_row(429))
 add("create", "sent twice by an intermediary", create_row("twice"))
+add("create", "a copy forwarded after the run; a GC pass", create_row("late"))
 
 local head = { "case", "fault", "runs by code", "executions per cell", "overlapping executions",
   "refused whose cell ran", "orphans left" }
