@@ -133,6 +133,11 @@ local function prewarm_locked(s, lk, within)
     lk:set_state(state_codec.encode(st))
     if not ok then return nil, herr, hcode, hdetail end
   end
+  if st.creating then
+    -- What else a create made is found now, off the run's path (the run then lists nothing).
+    resolve.collect_orphans(s, st)
+    lk:set_state(state_codec.encode(st))
+  end
   return { action = action_of(info), sandbox_id = id, resumed = info.resumed, reused = info.reused }
 end
 
