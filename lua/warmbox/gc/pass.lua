@@ -27,7 +27,7 @@
 local decide = require "warmbox.gc.decide"
 local listing = require "warmbox.gc.listing"
 local release = require "warmbox.gc.release"
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 
 local type, pairs, ipairs, tostring, setmetatable =
   type, pairs, ipairs, tostring, setmetatable
@@ -37,8 +37,8 @@ local _M = {}
 local Pass = { __name = "warmbox.gc.Pass" }
 Pass.__index = Pass
 
-local forget, close_lock = release.forget, release.close_lock
-local decode_state = state_codec.decode
+local forget, close_lock = memo.drop, release.close_lock
+local decode_state = memo.read
 local finish = listing.finish
 local DEMOTE_LEASE = 60
 
@@ -222,7 +222,7 @@ function Pass:acquire(tv)
     close_lock(lk)
     return nil, lerr, lcode
   end
-  h = { lk = lk, refs = 1, state = decode_state(lk:get_state()) }
+  h = { lk = lk, refs = 1, state = decode_state(lk) }
   self.held[tv] = h
   return h
 end
@@ -236,7 +236,7 @@ function Pass:release_ref(tv)
     if h.forget then
       forget(h.lk)
     elseif h.rewrite then
-      h.lk:set_state(state_codec.encode(h.state))
+      memo.save(h.lk, h.state)
     end
     h.lk:unlock()
     close_lock(h.lk)
@@ -434,7 +434,7 @@ function Pass:acted(e, action, r, err, code)
       else
         -- its kernel is gone: the session must install its output hooks again
         -- and its memory: a session with require_memory replaces it
-        state_codec.kernel_lost(h.state, item.sandbox_id)
+        memo.kernel_lost(h.state, item.sandbox_id)
         h.rewrite = true
       end
     end

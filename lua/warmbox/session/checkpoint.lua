@@ -20,7 +20,7 @@
 -- @module warmbox.session.checkpoint
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 local decide = require "warmbox.session.decide"
 
 local type, ipairs, pairs, tostring, tonumber, math_floor, string_format =
@@ -103,12 +103,7 @@ local function session_list(self)
   return _M.list(self.client, function(cp) return cp.conv == conv and cp.key_hash == kh end)
 end
 
--- The remembered state under the lock, nil when it is not this session's.
-local function own_state(self, lk)
-  local st = state_codec.decode(lk:get_state())
-  if (st.tag ~= nil and st.tag ~= self.tag_value) or st.origin ~= self.origin then return {} end
-  return st
-end
+local own_state = memo.load_own
 
 -- Snapshots the remembered sandbox; a 404 (paused: E2B snapshots running
 -- sandboxes only; nothing was taken) connects it and asks once more.
@@ -118,7 +113,7 @@ local function take(self, st, name)
   if not snap and code == "NOT_FOUND" then
     local sb, cerr, ccode, cdetail = self.client:connect(id, { timeout = self.idle_timeout })
     if not sb then return nil, cerr, ccode, cdetail end
-    st.lease_end = self.clock() + self.idle_timeout
+    memo.leased(st, self.clock() + self.idle_timeout)
     snap, err, code, detail = self.client:snapshot(id, { name = name })
   end
   return snap, err, code, detail
@@ -157,7 +152,7 @@ local function checkpoint_locked(self, lk, label, want_turn)
   local name = _M.conv_prefix(self.tag_value, self.key) .. string_format("%d-%d-%s", turn, ms, nonce())
     .. (label and "_" .. label or "")
   local snap, err, code, detail = take(self, st, name)
-  lk:set_state(state_codec.encode(st))
+  memo.save(lk, st)
   if not snap then
     return nil, string_format("checkpoint of session '%s': %s", self.key, tostring(err)), code, detail
   end
@@ -231,14 +226,13 @@ local function restore_locked(target, lk, cp, fresh)
   if not sb then
     -- As it was: the remembered sandbox stays (a create whose answer never came is recorded, see session).
     saved.creating = st.creating
-    lk:set_state(state_codec.encode(saved))
+    memo.save(lk, saved)
     return nil, string_format("%s session '%s' from checkpoint '%s': %s", fresh and "branch to" or "rewind of",
       target.key, cp.id, tostring(err)), code, detail
   end
   if fresh then clear_fence(target, sb) end
-  st.turns = cp.turn
-  st.last_run = target.wall()
-  lk:set_state(state_codec.encode(st))
+  memo.restored(st, cp.turn, target.wall())
+  memo.save(lk, st)
   local killed, kill_error
   if old and old ~= sb.sandbox_id then
     local ok, kerr, kcode = target.client:kill(old)
@@ -248,10 +242,8 @@ local function restore_locked(target, lk, cp, fresh)
     else
       -- Still tagged with the conversation: the next run kills it.
       kill_error = { tostring(kerr), kcode }
-      local list = type(st.replaced) == "table" and st.replaced or {}
-      list[#list + 1] = old
-      st.replaced = list
-      lk:set_state(state_codec.encode(st))
+      memo.replaced(st, old)
+      memo.save(lk, st)
     end
   end
   return { sandbox_id = sb.sandbox_id, killed = killed, kill_error = kill_error }

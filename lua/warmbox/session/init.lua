@@ -20,7 +20,6 @@
 
 local policy_mod = require "warmbox.policy"
 local util = require "warmbox.util"
-local state_codec = require "warmbox.state"
 local tag_mod = require "warmbox.tag"
 local outputs = require "warmbox.outputs"
 local errors = require "warmbox.errors"
@@ -29,6 +28,7 @@ local decide = require "warmbox.session.decide"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local prewarm = require "warmbox.session.prewarm"
+local memo = require "warmbox.session.memo"
 
 local type, pairs, ipairs, tostring, error, setmetatable =
   type, pairs, ipairs, tostring, error, setmetatable
@@ -260,7 +260,7 @@ end
 -- before it is sent).
 function Session:_save(st)
   local lk = self._held
-  if lk then lk:set_state(state_codec.encode(st)) end
+  if lk then memo.save(lk, st) end
 end
 
 -- The context every hook gets.
@@ -460,7 +460,7 @@ end
 -- @return[2] nil, message, "BUSY" | "LOCK"
 function Session:forget()
   local ok, err, code = self:_with_lock(function(lk)
-    lk:set_state(nil)
+    memo.clear(lk)
     return true
   end)
   return ok, err, code
@@ -468,7 +468,7 @@ end
 
 --- What the session remembers (a copy without the access token); takes the lock.
 function Session:state()
-  local st, err, code = self:_with_lock(function(lk) return state_codec.decode(lk:get_state()) end)
+  local st, err, code = self:_with_lock(function(lk) return memo.read(lk) end)
   if st then st.access_token = nil end
   return st, err, code
 end

@@ -3,7 +3,7 @@
 -- flight instead of doing the same work.
 -- @module warmbox.session.prewarm
 
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local decide = require "warmbox.session.decide"
@@ -115,22 +115,21 @@ end
 -- resolve (`acquire`, eager: connect now), then the output hook in a kernel
 -- that may be new (which starts it), under the run's watchdog.
 local function prewarm_locked(s, lk, within)
-  local st = state_codec.decode(lk:get_state())
-  if state_codec.foreign(st, s.tag_value, s.origin) then state_codec.forget(st) end
+  local st = memo.load(lk, s)
   local now = s.clock()
   if st.sandbox_id and decide.prewarm_warm(now, st.lease_end, within, prewarm_lease(s, st, within))
     and not (s.require_memory and st.memory_lost == st.sandbox_id) then
     return { action = "warm", sandbox_id = st.sandbox_id }
   end
   local info, err, ecode, detail = resolve.acquire(s, st, within, true)
-  lk:set_state(state_codec.encode(st))
+  memo.save(lk, st)
   if not info then return nil, err, ecode, detail end
   local id = info.sandbox_id
   if st.hooked ~= id or st.memory_lost == id then
     local ok, herr, hcode, hdetail = execute.watched(s, info, st, function()
       return execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
     end)
-    lk:set_state(state_codec.encode(st))
+    memo.save(lk, st)
     if not ok then return nil, herr, hcode, hdetail end
   end
   return { action = action_of(info), sandbox_id = id, resumed = info.resumed, reused = info.reused }
