@@ -103,7 +103,7 @@ local function session_list(self)
   return _M.list(self.client, function(cp) return cp.conv == conv and cp.key_hash == kh end)
 end
 
-local own_state = memo.load_own
+local function own_state(s, lk) return memo.load_own(lk, s) end
 
 -- Snapshots the remembered sandbox; a 404 (paused: E2B snapshots running
 -- sandboxes only; nothing was taken) connects it and asks once more.
