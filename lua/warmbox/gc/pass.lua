@@ -42,25 +42,32 @@ local decode_state = memo.read
 local finish = listing.finish
 local DEMOTE_LEASE = 60
 
+-- Whether the pass is called from a task: of `caller` (the runner the caller
+-- gave: warmbox's own), or, given none, of any runner (`runner.running()`).
+local function in_task(caller)
+  if caller then return caller:where() ~= nil end
+  return require("warmbox.runner").running() ~= nil
+end
+
 -- GC's own tasks on the event engine (`warmbox.runner`), for a warmbox.e2b
 -- client used outside any task: the runner and a client like `client` whose
 -- requests go on that runner's engine inside its tasks. nil otherwise
--- (another client, one with a transport of its own, or already inside a
--- task: then the batch loop).
-local function on_engine(client)
+-- (another client, one with a transport of its own, or called from a task:
+-- then the batch loop, whose requests go on the caller's engine).
+local function on_engine(client, caller)
   -- a warmbox.e2b client says so by `with_transport` (as warmbox.new checks)
   if type(client.with_transport) ~= "function" or client.transport ~= nil or client.http == nil then return nil end
-  local runner = require "warmbox.runner"
-  if runner.running() then return nil end
-  local r = runner.new()
+  if in_task(caller) then return nil end
+  local r = require("warmbox.runner").new()
   if not r then return nil end
-  return r, client:with_transport(runner.transport(client.http))
+  return r, client:with_transport(function(http) return r:transport(http) end)
 end
 
 --- A pass, from `warmbox.gc.run`'s checked options `s` (defaults applied):
 -- `client`, `tag`, `policy`, `clock`, `concurrency`, `max_age`, `max_kills`,
 -- `dry_run`, `new_lock`, `limit`, `pages`, `next_token`, `on_action`,
--- `on_page`, `actions`, and the listing's ends (`both`, `resume_from`).
+-- `on_page`, `actions`, the listing's ends (`both`, `resume_from`) and
+-- `caller` (the runner whose task may be calling, or nil).
 function _M.new(s)
   local client, policy = s.client, s.policy
   local self = setmetatable({
@@ -83,7 +90,7 @@ function _M.new(s)
   }, Pass)
   if not s.dry_run then
     -- the pass's requests on its own tasks when it can (the runner is the drive's to close)
-    local r, tc = on_engine(client)
+    local r, tc = on_engine(client, s.caller)
     if r then self.runner, self.client = r, tc end
   end
   return self

@@ -21,10 +21,12 @@
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
 local memo = require "warmbox.session.memo"
+local resolve = require "warmbox.session.resolve"
+local prewarm = require "warmbox.session.prewarm"
 local decide = require "warmbox.session.decide"
 
-local type, ipairs, pairs, tostring, tonumber, math_floor, string_format =
-  type, ipairs, pairs, tostring, tonumber, math.floor, string.format
+local type, ipairs, pairs, tostring, tonumber, math_floor, string_format, setmetatable =
+  type, ipairs, pairs, tostring, tonumber, math.floor, string.format, setmetatable
 
 local _M = {}
 
@@ -213,7 +215,7 @@ local function restore_locked(target, lk, cp, fresh)
     return nil, string_format("branch to session '%s': it has a sandbox already", target.key), "CONFLICT"
   end
   local old = st.sandbox_id
-  local lease, lerr, lcode = target:_lease(target:_ctx(st))
+  local lease, lerr, lcode = resolve.lease(target, target:_ctx(st))
   if not lease then return nil, lerr, lcode end
   if target.parallel then
     -- the idle window's lease (from MIN_LEASE up): the next run's watchdog keeps a long cell's
@@ -222,7 +224,8 @@ local function restore_locked(target, lk, cp, fresh)
     lease = math.max(lease, math.ceil(target.exec_timeout + decide.LEASE_MARGIN))
   end
   local saved = util.copy(st)
-  local sb, err, code, detail = target:_create_from(st, lease, cp.id)
+  -- (the session's own create path: the policy's create_params, the tag, the create's id recorded first)
+  local sb, err, code, detail = resolve.create(target, st, lease, cp.id)
   if not sb then
     -- As it was: the remembered sandbox stays (a create whose answer never came is recorded, see session).
     saved.creating = st.creating
@@ -265,8 +268,10 @@ local function restore(target, cp, fresh)
   return r, err, code, detail
 end
 
---- `s:branch(cp, new_key, opts)`: a session for `new_key` starting from `cp`.
-function _M.branch(self, cp, new_key, opts)
+--- `s:branch(cp, new_key, opts)`: a session for `new_key` starting from `cp`,
+-- made with `new_session(key, opts)` (warmbox.session's `new`: this module
+-- never requires warmbox.session, which requires it).
+function _M.branch(self, cp, new_key, opts, new_session)
   check_cp(cp, 1, "branch")
   if type(new_key) ~= "string" or new_key == "" then
     error("bad argument #2 to 'branch' (non-empty string expected, got " .. type(new_key) .. ")", 3)
@@ -274,8 +279,7 @@ function _M.branch(self, cp, new_key, opts)
   local o = util.copy(self.new_opts)
   for k, v in pairs(errors.check_options(opts, { env = "map", actor = "string" }, "branch", 3, 3)) do o[k] = v end
   o.lock, o.policy = self.new_lock, self.policy
-  local s2 = self._new(new_key, o)
-  s2._branch_of = self.tag_value
+  local s2 = new_session(new_key, o)
   if s2.tag_value == self.tag_value then
     return nil, string_format("branch to session '%s': that is this conversation (rewind it instead)", new_key),
       "BAD_REQUEST"
@@ -300,6 +304,9 @@ end
 -- The policy hook `checkpoint(info) -> true | false | label`
 -- ------------------------------------------------------------------
 
+-- The automatic checkpoint each session object has in flight: session -> { task, runner }.
+local pending = setmetatable({}, { __mode = "k" })
+
 --- After a successful run (the lock released, the result not yet returned):
 -- asks the policy's `checkpoint` hook and, when it says so, takes the
 -- checkpoint off the run's path: on the session's runner, in a task that
@@ -318,30 +325,32 @@ function _M.after_run(self, r, turn)
     self:_event("checkpoint", { ok = false, turn = turn, message = "bad label from the policy", code = "POLICY" })
     return
   end
-  local rn = self:_runner()
+  local rn = prewarm.runner(self)
   local t = rn:spawn(function()
     local cp, err, code = self:_with_lock(function(lk) return checkpoint_locked(self, lk, label, turn) end)
     if not cp then self:_event("checkpoint", { ok = false, turn = turn, message = tostring(err), code = code }) end
     return cp, err, code
   end)
-  self._pending_cp = { task = t, runner = rn }
+  pending[self] = { task = t, runner = rn }
   -- Outside tasks: started now (its requests leave), finished at the next call (see settle).
   if not rn:current() and rn.kick then rn:kick(_M.KICK) end
 end
 
 --- Waits for the automatic checkpoint this session object started, if any
--- (a run, checkpoint, branch or rewind of it first lets it finish).
+-- (a run, checkpoint, branch or rewind of it first lets it finish): inside a
+-- task of its runner (`rn:current()`) it joins it; outside tasks it drives
+-- that runner until it ends (unless the runner is mid-round).
 -- @return the task's result (the checkpoint, or nil, msg, code) or nil when none
 function _M.settle(self)
-  local p = self._pending_cp
+  local p = pending[self]
   if not p then return nil end
-  self._pending_cp = nil
+  pending[self] = nil
   local t, rn = p.task, p.runner
-  local cur = require("warmbox.task").current()
-  if cur and cur ~= t and cur.sched == t.sched then
+  local cur = rn:current()
+  if cur and cur ~= t then
     rn:join(t)
   end
-  if not cur and not rn.stepping then
+  if not cur and not rn.stepping and not require("warmbox.task").current() then
     while not t:done() do
       if not rn:step() then break end
     end

@@ -608,6 +608,15 @@ local function pause_after(s, st, r)
   memo.lease_over(st, s.clock() - decide.PAUSE_GRACE)
 end
 
+-- The Retry-After pause on the session's runner (`r:pause`: inside one of its
+-- tasks the others go on, outside it blocks); a session given no runner (a
+-- bare session.new, the simulator's): the scheduler's `task.pause`.
+local function pause(s, seconds)
+  local r = s.runner
+  if r and r.pause then return r:pause(seconds) end
+  return task.pause(seconds)
+end
+
 -- A run's inputs, made once by run_locked and passed down (`attempt` fills in
 -- the per-attempt fields: `info` the sandbox secured, `sbx` its handle,
 -- `fence` the lock's fencing number, `report` the output hook's, `lock_error`
@@ -680,7 +689,7 @@ function _M.run_locked(s, lk, code, opts, files)
     memo.save(lk, st)
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
-    if wait then task.pause(wait) end
+    if wait then pause(s, wait) end
     metrics.phase(s._tm, "retry")
   end
 end
