@@ -437,17 +437,17 @@ local Transport = {}
 Transport.__index = Transport
 Transport.__name = "warmbox.Transport"
 
---- A transport over `http` (a `core.http` client): inside a task of any
--- runner its requests go on that runner's engine (`runner.running()`),
--- elsewhere they block.
-function _M.transport(http)
-  return setmetatable({ http = http }, Transport)
+--- A transport over `http` (a `core.http` client) bound to runner `r`:
+-- inside one of its tasks (or of its lane's, see `where`) its requests go on
+-- that engine, elsewhere they block. Without `r`: inside a task of any
+-- runner its requests go on that runner's engine (`runner.running()`).
+function _M.transport(http, r)
+  return setmetatable({ http = http, runner = r }, Transport)
 end
 
---- A transport over `http` bound to this runner: inside one of its tasks (or
--- of its lane's, see `where`) its requests go on that engine, elsewhere they block.
+--- `runner.transport(http, r)`: a transport bound to this runner.
 function Runner:transport(http)
-  return setmetatable({ http = http, runner = self }, Transport)
+  return _M.transport(http, self)
 end
 
 -- The runner and task a request of transport `tp` runs on, or nil: it blocks.

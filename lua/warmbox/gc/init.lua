@@ -20,7 +20,7 @@
 --     client = e2b_client, tag = "warmboxSessionId", policy = policy, lock = lock_opts,
 --     clock = os.time, concurrency = 8, dry_run = false, max_age = 86400,
 --     max_kills = nil, next_token = nil, pages = nil, limit = 100,
---     on_action = nil, on_page = nil, actions = true, order = nil }
+--     on_action = nil, on_page = nil, actions = true, order = nil, runner = nil }
 --
 -- The parts: `warmbox.gc.pass` (a pass as an object: what it was given, what
 -- it did, what it holds), `warmbox.gc.listing` (the pages, from one end or

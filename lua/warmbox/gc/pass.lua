@@ -58,9 +58,10 @@ local function on_engine(client, caller)
   -- a warmbox.e2b client says so by `with_transport` (as warmbox.new checks)
   if type(client.with_transport) ~= "function" or client.transport ~= nil or client.http == nil then return nil end
   if in_task(caller) then return nil end
-  local r = require("warmbox.runner").new()
+  local runner = require "warmbox.runner"
+  local r = runner.new()
   if not r then return nil end
-  return r, client:with_transport(function(http) return r:transport(http) end)
+  return r, client:with_transport(runner.transport(client.http, r))
 end
 
 --- A pass, from `warmbox.gc.run`'s checked options `s` (defaults applied):
