@@ -228,7 +228,7 @@ local function restore_locked(target, lk, cp, fresh)
   local sb, err, code, detail = resolve.create(target, st, lease, cp.id)
   if not sb then
     -- As it was: the remembered sandbox stays (a create whose answer never came is recorded, see session).
-    saved.creating = st.creating
+    memo.creates_from(saved, st)
     memo.save(lk, saved)
     return nil, string_format("%s session '%s' from checkpoint '%s': %s", fresh and "branch to" or "rewind of",
       target.key, cp.id, tostring(err)), code, detail

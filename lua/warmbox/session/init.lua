@@ -466,9 +466,9 @@ end
 
 --- What the session remembers (a copy without the access token); takes the lock.
 function Session:state()
-  local st, err, code = self:_with_lock(function(lk) return memo.read(lk) end)
-  if st then st.access_token = nil end
-  return st, err, code
+  local copy, err, code = self:_with_lock(function(lk) return memo.read(lk) end)
+  if copy then copy.access_token = nil end
+  return copy, err, code
 end
 
 -- ------------------------------------------------------------------

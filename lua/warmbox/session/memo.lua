@@ -185,6 +185,11 @@ function _M.answered_create(st, id, sandbox_id)
   end
 end
 
+--- `dst` (a state put back as it was) keeps the creates `src` recorded since.
+function _M.creates_from(dst, src)
+  dst.creating = src.creating
+end
+
 --- The creates still recorded after the orphans were collected (`left`).
 function _M.keep_creates(st, left)
   st.creating = #left > 0 and left or nil
