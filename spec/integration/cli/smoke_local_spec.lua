@@ -29,10 +29,11 @@ describe("warmbox smoke on a local server", function()
   end
 
   it("names the user's shared server, with its URL, when it runs", function()
-    local code, out, err = warmbox(x.dir, "server start")
+    local code, _, err = warmbox(x.dir, "server start")
     assert.equal(0, code, err)
     local st = assert(state_of(x.dir))
     x.pid = st.pid
+    local out
     code, out, err = warmbox(x.dir, SMOKE)
     assert_passed(code, out, err)
     local first = out:match("^[^\n]*")
