@@ -99,8 +99,9 @@ describe("warmboxd: a sandbox's own port at PORT-ID.localhost, over HTTP and HTT
     os.remove(dir)
     assert(os.execute("mkdir -p " .. q(dir)))
     assert(os.execute(string.format("env -u LD_PRELOAD openssl req -x509 -newkey rsa:2048 -nodes -days 1"
-      .. " -subj /CN=localhost -addext %s -keyout %s -out %s >/dev/null 2>&1", q("subjectAltName=DNS:*.wb.localhost,DNS:localhost"),
-      q(dir .. "/key.pem"), q(dir .. "/cert.pem"))), "openssl could not make a certificate")
+      .. " -subj /CN=localhost -addext %s -keyout %s -out %s >/dev/null 2>&1",
+      q("subjectAltName=DNS:*.wb.localhost,DNS:localhost"), q(dir .. "/key.pem"), q(dir .. "/cert.pem"))),
+      "openssl could not make a certificate")
     srv = wbd.start{ args = { "--tls-cert", dir .. "/cert.pem", "--tls-key", dir .. "/key.pem" } }
     tls_port = tonumber(wbd.eventually(function()
       return (wbd.read_all(srv.log_path) or ""):match("warmboxd listening on https://127%.0%.0%.1:(%d+)")
