@@ -12,6 +12,7 @@
 #include "util.h"
 #include "wbd.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <stdio.h>
@@ -157,19 +158,37 @@ static enum MHD_Result add_query_arg(void *cls, enum MHD_ValueKind kind, const c
   return MHD_YES;
 }
 
-/* Sets c up for req on 127.0.0.1:port; the caller frees *headers and *query. */
-static void setup(CURL *c, struct wbd_req *req, int port, struct fwd *f, struct curl_slist **headers, char **query) {
+/* The URL of req's path and query on 127.0.0.1:port (malloc'd), or NULL.
+ * libmicrohttpd hands the path decoded: what a path may not hold as it is
+ * (a space, '?', '#', '%', controls, bytes past ASCII) is encoded again. */
+static char *target_url(int port, const char *path, const char *query) {
+  static const char ok[] = "-._~!$&'()*+,;=:@/";
+  size_t n = strlen(path);
+  char *u = malloc(32 + 3 * n + (query ? strlen(query) : 0) + 1);
+  if (!u) return NULL;
+  size_t len = (size_t)sprintf(u, "http://127.0.0.1:%d", port);
+  for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
+    if (isalnum(*c) || (*c < 0x80 && strchr(ok, *c))) u[len++] = (char)*c;
+    else len += (size_t)sprintf(u + len, "%%%02X", *c);
+  }
+  strcpy(u + len, query ? query : "");
+  return u;
+}
+
+/* Sets c up for req on 127.0.0.1:port; the caller frees *headers and *url.
+ * 0, or -1 without memory. */
+static int setup(CURL *c, struct wbd_req *req, int port, struct fwd *f, struct curl_slist **headers, char **url) {
   struct query_out q = { c, NULL, 0 };
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_query_arg, &q);
-  *query = q.s;
-  char url[64 + 8192];
-  snprintf(url, sizeof url, "http://127.0.0.1:%d%s%s", port, req->path, q.s ? q.s : "");
+  *url = target_url(port, req->path, q.s);
+  free(q.s);
+  if (!*url) return -1;
   struct hdr_out h = { NULL };
   MHD_get_connection_values(req->conn, MHD_HEADER_KIND, add_request_header, &h);
   struct curl_slist *l = curl_slist_append(h.list, "Expect:");
   if (l) h.list = l;
   *headers = h.list;
-  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_URL, *url);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, h.list);
   curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket);
   curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, f);
@@ -191,6 +210,7 @@ static void setup(CURL *c, struct wbd_req *req, int port, struct fwd *f, struct 
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, req->body_fd >= 0 ? "" : req->body);
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(req->body_fd >= 0 ? 0 : req->body_len));
   }
+  return 0;
 }
 
 int wbd_ports_forward(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r) {
@@ -203,15 +223,14 @@ int wbd_ports_forward(struct wbd_req *req, struct wbd_sandbox *sb, int port, enu
     return 502;
   }
   struct curl_slist *headers = NULL;
-  char *query = NULL;
-  setup(c, req, port, &f, &headers, &query);
-  CURLcode cc = curl_easy_perform(c);
+  char *url = NULL;
+  CURLcode cc = setup(c, req, port, &f, &headers, &url) == 0 ? curl_easy_perform(c) : CURLE_OUT_OF_MEMORY;
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   curl_easy_cleanup(c);   /* closes the socket it took */
   if (f.fd >= 0) close(f.fd);
   curl_slist_free_all(headers);
-  free(query);
+  free(url);
   int rc;
   if (cc == CURLE_OK && status >= 100 && status <= 599) {
     wbd_stat_add("port_forwarded", 1);

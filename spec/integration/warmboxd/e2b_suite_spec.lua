@@ -127,6 +127,7 @@ describe("warmboxd: a sandbox's own port at PORT-ID.localhost, over HTTP and HTT
 
   local function start_server(sb, port)
     local cmd = "mkdir -p /tmp/www && cd /tmp/www && echo served-from-the-sandbox > index.html"
+      .. " && echo spaced > 'a b+c.txt'"
       .. " && exec python3 -m http.server " .. port
     local f = assert(io.open(dir .. "/start.req", "wb"))
     f:write(envd.envelope(0, { process = { cmd = "/bin/bash", args = { "-l", "-c", cmd }, envs = {} } }))
@@ -156,6 +157,10 @@ describe("warmboxd: a sandbox's own port at PORT-ID.localhost, over HTTP and HTT
     status, body = get("http://" .. host .. ":" .. srv.port .. "/index.html")
     assert.equal(200, status, body)
     assert.equal("served-from-the-sandbox\n", body)
+    -- the path as the client encoded it (warmboxd's server decodes it first)
+    status, body = get("http://" .. host .. ":" .. srv.port .. "/a%20b%2Bc.txt")
+    assert.equal(200, status, body)
+    assert.equal("spaced\n", body)
     -- the server's own answer, whatever its status (it has no POST)
     status = get("http://" .. host .. ":" .. srv.port .. "/index.html", "POST")
     assert.equal(501, status)
