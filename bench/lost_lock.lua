@@ -212,21 +212,9 @@ add("create", "429 after forwarding", create_row(429))
 
 local head = { "case", "fault", "runs by code", "executions per cell", "overlapping executions",
   "refused whose cell ran", "orphans left" }
-local w = {}
-for i, h in ipairs(head) do w[i] = #h end
-for _, l in ipairs(rows) do for i, c in ipairs(l) do w[i] = math.max(w[i], #tostring(c)) end end
-local function fmt(l)
-  local o = {}
-  for i, c in ipairs(l) do o[i] = tostring(c) .. string.rep(" ", w[i] - #tostring(c)) end
-  return "| " .. table.concat(o, " | ") .. " |"
-end
 print(("%d rounds per row (runs: the holder's and the later run's, or the create's); %ds in all"):format(ROUNDS,
   os.time() - t0))
-print(fmt(head))
-local sep = {}
-for i = 1, #head do sep[i] = string.rep("-", w[i]) end
-print(fmt(sep))
-for _, l in ipairs(rows) do print(fmt(l)) end
+env.print_table(head, rows)
 
 srv:stop()
 if redis then redis:stop() end
