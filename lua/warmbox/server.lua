@@ -270,11 +270,13 @@ function _M.start(opts)
 end
 
 --- The server's log so far.
+-- syntax: srv:log()
 function Server:log()
   return read_file(self.log_path) or ""
 end
 
 --- Stop the server (SIGTERM, SIGKILL after 5 s) and remove its data. Idempotent.
+-- syntax: srv:stop()
 function Server:stop()
   if self.stopped then return true end
   self.stopped = true
@@ -284,6 +286,7 @@ function Server:stop()
 end
 
 --- Let the server outlive this object: `stop`, `__gc` and `__close` then do nothing.
+-- syntax: srv:detach() (left running)
 function Server:detach()
   self.stopped = true
   return self
@@ -312,6 +315,7 @@ end
 -- user's home in the password database; never a shared directory such as /tmp).
 -- @treturn[1] string
 -- @return[2] nil, message
+-- syntax: dir = server.state_dir()
 function _M.state_dir()
   local run = nonempty(os_getenv("XDG_RUNTIME_DIR"))
   if run then return run .. "/warmbox" end
@@ -327,6 +331,7 @@ end
 --- The state file (JSON, mode 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at, idle_exit }`.
 -- @treturn[1] string
 -- @return[2] nil, message
+-- syntax: path = server.state_path()
 function _M.state_path()
   local dir, err = _M.state_dir()
   if not dir then return nil, err end
@@ -389,6 +394,7 @@ end
 -- @treturn[1] table its state `{ url, pid, api_key, admin_token, dir }`
 -- @return[2] nil, why ("not running", "stale state file (...)", "state directory: ...")
 -- @return[2] the stale state, when there is one
+-- syntax: st, why = server.local_server() (the CLI's per-user server, from its state file)
 function _M.local_server()
   local sdir, derr = _M.state_dir()
   if not sdir then return nil, derr end

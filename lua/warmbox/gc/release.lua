@@ -12,6 +12,7 @@ local _M = {}
 
 -- A collected or released session's lock: its state forgotten and, with
 -- warmbox.lock, its files removed (lk:remove releases it; unlock after is a no-op).
+-- syntax: release.forget(lk)
 function _M.forget(lk)
   if type(lk.remove) == "function" then return lk:remove() end
   return lk:set_state(nil)
@@ -19,6 +20,7 @@ end
 
 -- (a pass holds a batch of locks across steps, so it closes them by hand;
 -- release uses <close> through lock.closing.)
+-- syntax: release.close_lock(lk) (the lock helpers a GC pass shares with it)
 function _M.close_lock(lk)
   if type(lk.close) == "function" then pcall(lk.close, lk) end
 end
@@ -55,6 +57,8 @@ end
 -- them in a lock error): each session is locked first (waiting for a run in
 -- progress), its sandboxes listed under the lock and killed, its remembered
 -- state forgotten. Returns how many were killed, or nil, err, code.
+-- syntax: n = release.release(client, tag, order, what, new_lock, concurrency) (a conversation's sandboxes
+--   killed under its lock)
 function _M.release(client, tag, order, what, new_lock, concurrency)
   local killed = 0
   for _, v in ipairs(order) do
