@@ -324,9 +324,8 @@ function _M.state_dir()
   return home .. "/.local/state/warmbox"
 end
 
---- syntax: path = server.state_path(): the state file (JSON, 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at, idle_exit }`.
--- @treturn[1] string
--- @return[2] nil, message
+--- syntax: path = server.state_path(): the state file (JSON, mode 0600): `{ url, pid, api_key,
+-- admin_token, dir, bin, started_at, idle_exit }`; or nil, message.
 function _M.state_path()
   local dir, err = _M.state_dir()
   if not dir then return nil, err end
