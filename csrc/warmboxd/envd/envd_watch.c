@@ -420,7 +420,8 @@ static struct watcher *watcher_alloc(struct wbd_sandbox *sb, json_t *in, int str
 /* A new watcher on `path`, registered for sb; NULL with the reply sent. */
 static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, json_t *in, int stream,
                                    enum MHD_Result *r) {
-  enum MHD_Result (*fail)(struct wbd_req *, const char *, const char *, ...) = stream ? wbd_envd_stream_error : wbd_rpc_error;
+  enum MHD_Result (*fail)(struct wbd_req *, const char *, const char *, ...) =
+    stream ? wbd_envd_stream_error : wbd_rpc_error;
   const char *path = jstr(in, "path", NULL);
   if (!path) path = "";
   struct wbd_fspath p;
@@ -507,7 +508,12 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
 /* WatchDir: the stream                                                */
 /* ------------------------------------------------------------------ */
 
-enum { WS_START = WBD_STREAM_START, WS_RUNNING = WBD_STREAM_RUNNING, WS_DONE = WBD_STREAM_DONE, WS_ABORT = WBD_STREAM_ABORT };
+enum {
+  WS_START = WBD_STREAM_START,
+  WS_RUNNING = WBD_STREAM_RUNNING,
+  WS_DONE = WBD_STREAM_DONE,
+  WS_ABORT = WBD_STREAM_ABORT
+};
 
 struct wstream {
   struct watcher *w;
@@ -633,9 +639,12 @@ static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
   size_t len = 0;
   switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
     case WBD_ENV_OK: break;
-    case WBD_ENV_SHORT: return wbd_envd_stream_error(req, "invalid_argument", "missing request envelope");
-    case WBD_ENV_COMPRESSED: return wbd_envd_stream_error(req, "internal", "compressed envelopes are not supported");
-    default: return wbd_envd_stream_error(req, "invalid_argument", "request envelope length %zu does not match the body", len);
+    case WBD_ENV_SHORT:
+      return wbd_envd_stream_error(req, "invalid_argument", "missing request envelope");
+    case WBD_ENV_COMPRESSED:
+      return wbd_envd_stream_error(req, "internal", "compressed envelopes are not supported");
+    default:
+      return wbd_envd_stream_error(req, "invalid_argument", "request envelope length %zu does not match the body", len);
   }
   json_error_t jerr;
   json_t *in = json_loadb(req->body + 5, len, 0, &jerr);

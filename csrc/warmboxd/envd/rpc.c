@@ -141,8 +141,8 @@ void wbd_connect_frame(struct wbd_buf *b, unsigned char flag, json_t *msg) {
   char *s = json_dumps(msg, JSON_COMPACT);
   json_decref(msg);
   size_t n = s ? strlen(s) : 0;
-  unsigned char hdr[5] = { flag, (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
-                           (unsigned char)n };
+  unsigned char hdr[5] = {flag, (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
+                          (unsigned char)n};
   if (wbd_buf_add(b, hdr, 5) != 0 || (s && wbd_buf_add(b, s, n) != 0)) abort();
   free(s);
 }
