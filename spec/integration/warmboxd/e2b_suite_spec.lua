@@ -128,7 +128,7 @@ describe("warmboxd: a sandbox's own port at PORT-ID.localhost, over HTTP and HTT
   local function start_server(sb, port)
     local cmd = "mkdir -p /tmp/www && cd /tmp/www && echo served-from-the-sandbox > index.html"
       .. " && echo spaced > 'a b+c.txt'"
-      .. " && exec python3 -m http.server " .. port
+      .. " && exec python -m http.server " .. port   -- `python`, as E2B's host test runs it
     local f = assert(io.open(dir .. "/start.req", "wb"))
     f:write(envd.envelope(0, { process = { cmd = "/bin/bash", args = { "-l", "-c", cmd }, envs = {} } }))
     f:close()
