@@ -1563,6 +1563,22 @@ int wbd_rt_settling(struct wbd_sandbox *sb) {
   return busy;
 }
 
+int wbd_rt_port_socket(struct wbd_sandbox *sb) {
+  if (!g_isolated) return -ENOENT;   /* no namespace: the host's own ports are not the sandbox's */
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (!rt) return -ENOENT;
+  pthread_mutex_lock(&rt->mu);
+  int net = rt->dead || rt->net.net_fd < 0 ? -1 : fcntl(rt->net.net_fd, F_DUPFD_CLOEXEC, 0);
+  int userns = net >= 0 && rt->net.userns_fd >= 0 ? fcntl(rt->net.userns_fd, F_DUPFD_CLOEXEC, 0) : -1;
+  int lost = net >= 0 && rt->net.userns_fd >= 0 && userns < 0;
+  pthread_mutex_unlock(&rt->mu);
+  wbd_rt_put(rt);
+  int fd = net < 0 || lost ? -ENOENT : wbd_net_socket(net, userns);
+  if (net >= 0) close(net);
+  if (userns >= 0) close(userns);
+  return fd;
+}
+
 /* End every process of the sandbox and reap the ones we started. */
 static void kill_all_procs(struct wbd_rt *rt) {
   pthread_mutex_lock(&rt->mu);
