@@ -35,7 +35,13 @@ local function attempt(r, sb, kind)
     leaks = r:leaks(srv.dir .. "/data/" .. json[1].sandbox.sandboxID)
     http.api(srv, "DELETE", "/sandboxes/" .. json[1].sandbox.sandboxID)
   end
-  return res.status == 201 and (kind ~= "fork" or json[1].sandbox ~= nil), #leaks, moves
+  local ok = res.status == 201 and (kind ~= "fork" or json[1].sandbox ~= nil)
+  local why
+  if not ok then
+    local e = res.status == 201 and json[1].error or json or {}
+    why = tostring(e.code or res.status) .. " " .. tostring(e.message or res.body or "")
+  end
+  return ok, #leaks, moves, why
 end
 
 print(string.format("%-9s %8s %6s %6s %8s %8s %7s", "copy", "attempts", "made", "failed", "move200", "move409",
@@ -43,10 +49,11 @@ print(string.format("%-9s %8s %6s %6s %8s %8s %7s", "copy", "attempts", "made", 
 for _, kind in ipairs(KINDS) do
   local sb = http.create(srv, { templateID = "base", timeout = 3600, secure = true })
   local r = race.new(srv, sb, BIG_MB)
-  local made, failed, leaked, counts = 0, 0, 0, {}
+  local made, failed, leaked, counts, whys = 0, 0, 0, {}, {}
   for _ = 1, ATTEMPTS do
-    local ok, n, moves = attempt(r, sb, kind)
+    local ok, n, moves, why = attempt(r, sb, kind)
     if ok then made = made + 1 else failed = failed + 1 end
+    if why then whys[why] = (whys[why] or 0) + 1 end
     leaked = leaked + n
     for _, c in ipairs(moves) do counts[c] = (counts[c] or 0) + 1 end
   end
@@ -54,5 +61,6 @@ for _, kind in ipairs(KINDS) do
   http.api(srv, "DELETE", "/sandboxes/" .. sb.sandboxID)
   print(string.format("%-9s %8d %6d %6d %8d %8d %7d", kind, ATTEMPTS, made, failed, counts["200"] or 0,
     counts["409"] or 0, leaked))
+  for why, n in pairs(whys) do print(string.format("  %-7s failed %4d: %s", kind, n, why)) end
 end
 srv:stop()
