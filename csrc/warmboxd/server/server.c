@@ -1107,7 +1107,7 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
     *upload_data_size = 0;   /* answered early: drop what still comes */
     return MHD_YES;
   }
-  if (ctx->too_large) {   /* a refused body: dropped, then the 413 */
+  if (ctx->too_large) { /* a refused body: dropped, then the 413 */
     if (!*upload_data_size) return too_large(ctx, ctx->too_large);
     watch_body(conn, *upload_data_size);
     *upload_data_size = 0;
