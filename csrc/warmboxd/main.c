@@ -141,6 +141,22 @@ static int parse_int(const char *name, const char *s, int lo, int hi, int *out) 
   return 0;
 }
 
+/* An integer option found in a table: its getopt id, flag, range and
+ * destination. */
+struct int_opt {
+  int id;
+  const char *flag;
+  int lo, hi;
+  int *dst;
+};
+
+/* 0 (parsed), -1 (a bad value), or 1 when option `c` is not in the table. */
+static int parse_listed(const struct int_opt *t, size_t n, int c, const char *arg) {
+  for (size_t i = 0; i < n; i++)
+    if (t[i].id == c) return parse_int(t[i].flag, arg, t[i].lo, t[i].hi, t[i].dst);
+  return 1;
+}
+
 /* Every connection is a descriptor (and a thread): lift the soft limit to
  * the hard one, and keep the connection cap below what is left. */
 static void raise_fd_limit(void) {
@@ -219,6 +235,14 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
          O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT, O_SECALL, O_TEAMMEM,
          O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_MAXSPOOL, O_PAUSEW, O_SNAPAGE };
+  /* what a team keeps on disk (state.h) */
+  static const struct int_opt state_opts[] = {
+    { O_MAXSNAP, "--max-snapshots", 0, 1 << 20, &wbd_state_lim.max_snapshots },
+    { O_SNAPAGE, "--snapshot-max-age", 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s },
+    { O_MAXSTATE, "--max-state-mb", 0, 1 << 30, &wbd_state_lim.max_state_mb },
+    { O_MINFREE, "--min-free-mb", 0, 1 << 30, &wbd_state_lim.min_free_mb },
+    { O_PAUSEW, "--pause-workers", 1, 256, &wbd_state_lim.pause_workers },
+  };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -294,18 +318,15 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
     case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with); break;
     case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit); break;
-    case O_MAXSNAP: rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots); break;
-    case O_SNAPAGE:
-      rc = parse_int("--snapshot-max-age", optarg, 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s);
-      break;
-    case O_MAXSTATE: rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb); break;
-    case O_MINFREE: rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb); break;
     case O_MAXSPOOL: rc = parse_int("--max-spool-mb", optarg, 1, 1 << 30, &wbd_lim.max_spool_mb); break;
-    case O_PAUSEW: rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;
-    default: usage(stderr); return 2;
+    default:
+      if ((rc = parse_listed(state_opts, sizeof state_opts / sizeof *state_opts, c, optarg)) > 0) {
+        usage(stderr);
+        return 2;
+      }
     }
     if (rc) return 2;
   }
