@@ -69,7 +69,7 @@ local function conversation(i, prewarm, start)
   local s = session.new(key, { client = wb.client, lock = { backend = "file", dir = lockdir },
     exec_timeout = 300, idle_timeout = 300, parallel = wb.parallel, origin = wb.origin, counters = wb.counters,
     clock = function() return os.time() + skipped end,
-    runner = function() return wb.runner end })
+    runner = wb.runner })
   sched:sleep(start)
   for turn = 1, TURNS do
     if prewarm then s:prewarm() end

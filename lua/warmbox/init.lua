@@ -77,19 +77,21 @@ local function fork_guard(transport)
   end })
 end
 
--- The transport of the clients warmbox makes: blocking outside tasks, on the
--- engine of the task's runner inside one (given to the client when it is made).
-local function engine_transport(http)
-  return fork_guard(require("warmbox.runner").transport(http))
+-- The transport of the clients warmbox makes, bound to this object's runner:
+-- blocking outside its tasks, on its engine inside one (given to the client
+-- when it is made).
+local function engine_transport(self)
+  local r = self.runner
+  return function(http) return fork_guard(r:transport(http)) end
 end
 
 -- The options of the E2B client `new` makes: `base`, those of CLIENT_PASS
 -- given in `o`, and the engine's transport.
-local function client_options(o, base)
+local function client_options(self, o, base)
   for _, k in ipairs(CLIENT_PASS) do
     if o[k] ~= nil then base[k] = o[k] end
   end
-  base.transport = engine_transport
+  base.transport = engine_transport(self)
   return base
 end
 
@@ -114,23 +116,11 @@ Warmbox.__index = Warmbox
 Warmbox.__name = "warmbox.Warmbox"
 
 -- With the engine's transport, a session extends a lease alongside the
--- execute (`parallel`): inside a task on the task's runner, outside on a
--- private one of this object (the call blocks as ever).
+-- execute (`parallel`): on this object's runner, inside its tasks as a task
+-- beside the caller's, outside them on the runner's lane (the call blocks as ever).
 local function parallel_for(self)
-  return function(main, side)
-    local runner = require "warmbox.runner"
-    local r = runner.running()
-    if not r then
-      r = self.private_runner
-      if not r then
-        local msg, code
-        r, msg, code = runner.new()
-        if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code))) end
-        self.private_runner = r
-      end
-    end
-    return r:parallel(main, side)
-  end
+  local r = self.runner
+  return function(main, side) return r:parallel(main, side) end
 end
 
 -- No key, no URL: the user's shared local server (found, else started for
@@ -168,18 +158,19 @@ local function connect_backend(self, o)
       sandbox_url = api_url
     end
     if sandbox_url == "" then sandbox_url = nil end
-    self.client = e2b.new(client_options(o, { api_key = key, api_url = o.api_url, sandbox_url = sandbox_url,
+    self.client = e2b.new(client_options(self, o, { api_key = key, api_url = o.api_url, sandbox_url = sandbox_url,
       domain = o.domain }))
     self.origin = core.sha256((self.client.api_url or "") .. "\0" .. key):sub(1, 16)
   else
     local srv, serr, scode = local_backend(o)
     if not srv then return nil, serr, scode end
     self.server = srv
-    local copts = client_options(o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url })
+    local copts = client_options(self, o, { api_key = srv.api_key, api_url = srv.url, sandbox_url = srv.url })
     if srv.shared then
       -- The shared server may end (idle, `warmbox server stop`, a crash) while
       -- this object lives: its requests follow it to the next one.
-      copts.transport = function(http) return require("warmbox.server").follow(srv, engine_transport(http)) end
+      local transport = copts.transport
+      copts.transport = function(http) return require("warmbox.server").follow(srv, transport(http)) end
     end
     self.client = e2b.new(copts)
     self.client.rate_limit_hint = function(cap)
@@ -271,17 +262,27 @@ function _M.new(opts)
     on_event = o.on_event, log = o.log,
     counters = {}, -- s:prewarm's, shared by every session of this object (wb:stats())
   }, Warmbox)
+  -- The one runner (an event engine and a scheduler) this object owns and
+  -- passes to everything that waits: its clients' transports, its sessions
+  -- (the lease watchdog, prewarms, automatic checkpoints), its locks' waits,
+  -- GC; `wb:spawn`'s tasks are its tasks.
+  local r, rmsg, rcode = require("warmbox.runner").new()
+  if not r then return nil, "cannot start the event engine: " .. tostring(rmsg), rcode end
+  self.runner = r
   if o.client then
     self.client = o.client
     if type(o.client) == "table" and type(o.client.with_transport) == "function" and o.client.transport == nil then
       -- A warmbox.e2b client without a transport of its own: this object's
       -- requests go over its connection through the engine's transport (a
       -- copy made now; the caller's client is left as it is).
-      self.client = o.client:with_transport(engine_transport)
+      self.client = o.client:with_transport(engine_transport(self))
     end
   else
     local ok, err, code = connect_backend(self, o)
-    if not ok then return nil, err, code end
+    if not ok then
+      r:close()
+      return nil, err, code
+    end
   end
   if self.client ~= o.client or self.owns_client then self.parallel = parallel_for(self) end
   return self
@@ -318,8 +319,8 @@ function Warmbox:session(key, opts)
     max_output = settings.max_output, max_files_bytes = settings.max_files_bytes,
     parallel = self.parallel,
     require_memory = (opts.require_memory == nil) and self.require_memory or opts.require_memory,
-    -- prewarms go on the running task's runner, else on wb's (wb:step/loop drive it)
-    runner = function() return require("warmbox.runner").running() or self:_runner() end,
+    -- prewarms and automatic checkpoints are tasks of wb's runner (wb:step/loop drive it)
+    runner = self.runner,
     counters = self.counters,
     on_event = opts.on_event or self.on_event, log = opts.log or self.log,
   })
@@ -439,13 +440,10 @@ local function gc_run_opts(self, opts, fname)
       if user_action then return user_action(a) end
     end
   end
-  local lock = self.lock
-  if type(lock) == "string" then lock = { backend = lock } end
-  if self.runner then
-    -- Locks taken inside a task are tracked (closed when it ends).
-    lock = self.runner:lock_factory(require("warmbox.lock").factory(lock, nil, nil, "gc"))
-  end
-  o.lock = lock
+  -- Locks taken inside a task are tracked (closed when it ends); the pass
+  -- runs on this object's runner inside its tasks, else on its own tasks.
+  o.lock = self.runner:lock_factory(require("warmbox.lock").factory(self.lock, self:_lock_defaults(), nil, "gc"))
+  o.runner = self.runner
   return o
 end
 
@@ -485,7 +483,7 @@ function Warmbox:gc_every(seconds, opts)
   if not o then return nil, perr, pcode end
   if o.next_token ~= nil then bad_option(2, "gc_every", "next_token", "not accepted (gc_every manages it)") end
   local json = require "warmbox.json"
-  local lk = require("warmbox.lock").factory(self.lock, session.lock_defaults(self.exec_timeout))()
+  local lk = require("warmbox.lock").factory(self.lock, self:_lock_defaults(self.exec_timeout))()
   local key = "warmbox-gc:" .. self.tag
   local got, lerr, lcode = lk:try_lock(key)
   if not got then
@@ -532,30 +530,20 @@ end
 -- Tasks: many runs at once from one Lua state
 -- ------------------------------------------------------------------
 
+-- The defaults of this object's locks (a lock spec's own options win): the
+-- session's timeouts when `exec_timeout` is given, and the wait between
+-- attempts on this object's runner (`r:pause`: inside its tasks it yields).
+function Warmbox:_lock_defaults(exec_timeout)
+  local d = exec_timeout and session.lock_defaults(exec_timeout) or {}
+  local r = self.runner
+  d.wait = function(seconds, waker) return r:pause(seconds, waker) end
+  return d
+end
+
 -- The lock factory of sessions and release: inside a task, the locks are
 -- tracked so that a cancelled task frees its sessions.
 function Warmbox:_lock_factory(exec_timeout)
-  local base = require("warmbox.lock").factory(self.lock, session.lock_defaults(exec_timeout))
-  if not self.runner then
-    -- A runner may come later (the first spawn): look it up at each call.
-    return function()
-      local lk = base()
-      if self.runner then self.runner:track_lock(lk) end
-      return lk
-    end
-  end
-  return self.runner:lock_factory(base)
-end
-
--- The runner (an engine and a scheduler) of wb:spawn, made at the first spawn.
-function Warmbox:_runner()
-  local r = self.runner
-  if r then return r end
-  local msg, code
-  r, msg, code = require("warmbox.runner").new()
-  if not r then error(string_format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 3) end
-  self.runner = r
-  return r
+  return self.runner:lock_factory(require("warmbox.lock").factory(self.lock, self:_lock_defaults(exec_timeout)))
 end
 
 --- Start `fn(...)` as a task: a coroutine this object owns. Inside it every
@@ -568,14 +556,13 @@ function Warmbox:spawn(fn, ...)
   if type(fn) ~= "function" then
     error("bad argument #1 to 'spawn' (function expected, got " .. type(fn) .. ")", 2)
   end
-  return self:_runner():spawn(fn, ...)
+  return self.runner:spawn(fn, ...)
 end
 
 --- Run until every task finished.
 -- @treturn[1] true
 -- @return[2] nil, msg, "DEADLOCK"
 function Warmbox:loop()
-  if not self.runner then return true end
   return self.runner:loop()
 end
 
@@ -586,14 +573,13 @@ function Warmbox:step(timeout)
   if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
     error("bad argument #1 to 'step' (number >= 0 expected, got " .. tostring(timeout) .. ")", 2)
   end
-  if not self.runner then return false end
   return self.runner:step(timeout)
 end
 
 --- The engine's fd: watch it for readability and call `step(0)`.
 function Warmbox:pollfd()
   if self.closed then error("attempt to use a closed warmbox.Warmbox", 2) end
-  return self:_runner():pollfd()
+  return self.runner:pollfd()
 end
 
 --- "r": the events to watch on `pollfd()` (cqueues' polling protocol:
@@ -604,13 +590,12 @@ end
 
 --- Tasks not finished.
 function Warmbox:pending()
-  return self.runner and self.runner:count() or 0
+  return self.runner:count()
 end
 
 --- Seconds until `step(0)` is due without fd activity (0: now), nil when
 -- nothing is timed.
 function Warmbox:timeout()
-  if not self.runner then return nil end
   return self.runner:timeout()
 end
 
@@ -624,8 +609,7 @@ local function drain(self, opts)
     bad_option(1, "close", "drain", "seconds >= 0 expected, got " .. tostring(seconds), 3)
   end
   local r = self.runner
-  if not r then return 0 end
-  if require("warmbox.runner").running() == r then
+  if r:current() then
     error("bad argument #1 to 'close' (option 'drain': called inside one of its tasks, which cannot wait "
       .. "for themselves)", 3)
   end
@@ -645,8 +629,7 @@ function Warmbox:close(opts)
   if self.closed then return true, 0 end
   local left = drain(self, opts)
   self.closed = true
-  if self.runner then pcall(self.runner.close, self.runner) end
-  if self.private_runner then pcall(self.private_runner.close, self.private_runner) end
+  pcall(self.runner.close, self.runner)
   if self.owns_client and self.client and type(self.client.close) == "function" then
     pcall(self.client.close, self.client)
   end

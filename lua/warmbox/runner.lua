@@ -15,18 +15,25 @@
 --   local t = r:spawn(function() return tp:request{ url = "..." } end)
 --   r:loop()
 --
--- Pauses (lock waits, Retry-After): the engine backend has `pause`, which
--- `task.pause` (the scheduler's cooperative sleep, the lock's default wait)
--- calls inside a task of its scheduler, so they yield to the engine; and
--- each runner is registered with `task.step_while_blocked`, so a blocking
--- pause steps a runner with background work in flight.
+-- Where a call runs is decided by the runner it is given, never by a lookup:
+-- `r:transport(http)`, `r:pause(s)`, `r:parallel(main, side)` each ask `r`
+-- whether the caller is one of its tasks (`r:current()`), or of its lane's
+-- (the second scheduler `r:parallel` runs a blocking caller's work on):
+-- then the call yields to that engine; else it blocks. `runner.transport(http)`
+-- (no runner) is the one that asks which runner's task runs (`runner.running()`).
+--
+-- Pauses (lock waits, Retry-After): `r:pause(s, waker)` is the cooperative
+-- sleep: inside a task, the engine backend's `pause` (the other tasks go on);
+-- outside, it first steps `r` when it has background work in flight, then
+-- blocks. (Each runner is also registered with `task.step_while_blocked`, for
+-- the locks made without a runner, whose wait is `task.pause`.)
 -- @module warmbox.runner
 
 local core = require "warmbox.core"
 local task = require "warmbox.task"
 
-local type, error, setmetatable, pairs, pcall =
-  type, error, setmetatable, pairs, pcall
+local type, error, setmetatable, pairs, pcall, tostring =
+  type, error, setmetatable, pairs, pcall, tostring
 local table_pack, table_unpack = table.pack, table.unpack
 local now, poll = core.now, core.poll
 
@@ -286,6 +293,55 @@ function Runner:close()
   self.closed = true
   self.sched:cancel_all()
   self.eng:close()
+  if self.lane_runner then self.lane_runner:close() end
+end
+
+--- The runner's lane: a second runner of its own (made at the first call,
+-- closed with it) that `parallel` runs a caller outside its tasks on, so a
+-- blocking call drives its own work and never this runner's other tasks.
+function Runner:lane()
+  local l = self.lane_runner
+  if l then return l end
+  local msg, code
+  l, msg, code = _M.new()
+  if not l then error(string.format("cannot start the event engine: %s (%s)", tostring(msg), tostring(code)), 3) end
+  self.lane_runner = l
+  return l
+end
+
+--- The task of this runner (or of its lane) that is running, and the runner
+-- it belongs to; nil outside them: then a call blocks.
+function Runner:where()
+  local t = self.sched:current()
+  if t then return self, t end
+  local l = self.lane_runner
+  if l then
+    t = l.sched:current()
+    if t then return l, t end
+  end
+  return nil
+end
+
+--- The cooperative sleep of `seconds` (a lock's wait between attempts, a
+-- Retry-After pause): inside a task of this runner or of its lane, the
+-- engine backend's `pause` (the other tasks go on; a `waker.wake()` ends it
+-- early); inside a task of another scheduler, that scheduler's (`task.pause`);
+-- else it blocks, after a step of this runner when it has background work in
+-- flight (a prewarm that may hold the very lock waited for). → true when a
+-- `waker.wake()` ended it
+function Runner:pause(seconds, waker)
+  local r, t = self:where()
+  if r then return r.backend:pause(t, seconds, waker) end
+  if task.current() then return task.pause(seconds, waker) end
+  step_background(self)
+  if waker and waker.block then return waker.block(seconds) end
+  core.sleep(seconds)
+  return false
+end
+
+--- Sleeps `seconds` inside one of this runner's tasks.
+function Runner:sleep(seconds)
+  return self.sched:sleep(seconds)
 end
 
 -- Park the running task `t` until one of `trs` has news (or an interrupt).
@@ -326,15 +382,19 @@ end
 -- the side task, `ctl.wait(s)` too but returns early on `ctl.poke()` (from
 -- main) or when main returns. Returns main's values after side has finished too (side
 -- should stop early once main is done); side's returns are in `side_task`.
--- Outside this runner's tasks both run as tasks and this blocks until done.
+-- Outside this runner's tasks both run as tasks of its lane (see `lane`)
+-- and this blocks until done.
 -- @return side_task, main's returns...
 function Runner:parallel(main, side)
   local parent = self.sched:current()
   if not parent then
+    local l = self.lane_runner
+    if l and l.sched:current() then return l:parallel(main, side) end
+    l = self:lane()
     local out
-    local t = self:spawn(function() out = table_pack(self:parallel(main, side)) end)
+    local t = l:spawn(function() out = table_pack(l:parallel(main, side)) end)
     while not t:done() do
-      local more, err = self:step()
+      local more, err = l:step()
       if more == nil then error(err, 0) end
     end
     local ok, err = t:result()
@@ -377,14 +437,27 @@ local Transport = {}
 Transport.__index = Transport
 Transport.__name = "warmbox.Transport"
 
---- A transport over `http` (a `core.http` client): inside a task of any
--- runner its requests go on that runner's engine, elsewhere they block.
-function _M.transport(http)
-  return setmetatable({ http = http }, Transport)
+--- A transport over `http` (a `core.http` client) bound to runner `r`:
+-- inside one of its tasks (or of its lane's, see `where`) its requests go on
+-- that engine, elsewhere they block. Without `r`: inside a task of any
+-- runner its requests go on that runner's engine (`runner.running()`).
+function _M.transport(http, r)
+  return setmetatable({ http = http, runner = r }, Transport)
 end
 
-function Runner.transport(_, http)
-  return _M.transport(http)
+--- `runner.transport(http, r)`: a transport bound to this runner.
+function Runner:transport(http)
+  return _M.transport(http, self)
+end
+
+-- The runner and task a request of transport `tp` runs on, or nil: it blocks.
+local function placement(tp)
+  local r = tp.runner
+  if r then
+    if r.closed then return nil end
+    return r:where()
+  end
+  return running_runner()
 end
 
 local function without_on_chunk(req)
@@ -397,7 +470,7 @@ end
 
 --- As `h:request`; inside a task of the runner, on the engine.
 function Transport:request(req)
-  local r, t = running_runner()
+  local r, t = placement(self)
   if not r then return self.http:request(req) end
   if t.data.interrupt then return nil, t.data.interrupt, "ABORTED", false end
   local on_chunk = req.on_chunk
@@ -432,7 +505,7 @@ end
 --- As `h:batch` (results `{ res }` or `{ nil, msg, code, sent }` in order);
 -- inside a task, at most `concurrency` transfers on the engine at once.
 function Transport:batch(reqs, opts)
-  local r, t = running_runner()
+  local r, t = placement(self)
   if not r then return self.http:batch(reqs, opts) end
   local conc = opts and opts.concurrency or 8
   local out, nreq, nexti = {}, #reqs, 1

@@ -10,6 +10,12 @@ local function fake_core(version)
     sha256 = fake_hash,
     hmac_sha256 = fakes.hmac, embedded = fakes.embedded,
     now = os.clock, sleep = function() end, module_path = function() return "/nonexistent/warmbox/core.so" end,
+    -- warmbox.new makes its runner (an event engine): one with nothing to do
+    engine = function()
+      return { timeout = function() return nil end, pending = function() return 0 end,
+        pollfd = function() return -1 end, step = function() return {} end, close = function() end }
+    end,
+    poll = function() return false end,
   }
 end
 

@@ -149,4 +149,73 @@ describe("warmbox.runner", function()
     assert.same({ "main", "side" }, order)
     r:close()
   end)
+
+  describe("where a call runs, asked of the runner it is given", function()
+    it("r:where() is r and the task inside r's tasks, the lane inside its lane's, nil elsewhere", function()
+      local r, other = assert(runner.new()), assert(runner.new())
+      assert.is_nil(r:where())
+      local seen = {}
+      local t = r:spawn(function()
+        local rr, tt = r:where()
+        seen.own = rr == r and tt ~= nil
+        r:parallel(function() return true end, function() end)
+      end)
+      other:spawn(function() seen.other = r:where() end)
+      assert(other:loop())
+      assert(r:loop())
+      assert.is_true(t:done())
+      assert.is_true(seen.own)
+      assert.is_nil(seen.other)
+      -- a blocking parallel runs on the lane: inside it, where() names the lane
+      local _, lane_r = r:parallel(function() return (r:where()) end, function() end)
+      assert.equal(r:lane(), lane_r)
+      r:close()
+      other:close()
+    end)
+
+    it("r:parallel outside r's tasks runs on r's lane: r's other tasks wait for r's own loop", function()
+      local r = assert(runner.new())
+      local ran = false
+      r:spawn(function() ran = true end)
+      local _, v = r:parallel(function() return "main" end, function(ctl) ctl.sleep(0) end)
+      assert.equal("main", v)
+      assert.is_false(ran, "a blocking call ran the runner's other tasks")
+      assert(r:loop())
+      assert.is_true(ran)
+      r:close()
+      assert.is_true(r:lane().closed)
+    end)
+
+    it("r:pause yields inside r's tasks and blocks outside, stepping r only while it has background work", function()
+      local r = assert(runner.new())
+      local ticks = 0
+      local a = r:spawn(function() return r:pause(0.1) end)
+      r:spawn(function()
+        while not a:done() do
+          ticks = ticks + 1
+          r:sleep(0.01)
+        end
+      end)
+      assert(r:loop())
+      assert.is_true(a:done())
+      assert.is_true(ticks >= 3, "ticks: " .. ticks)
+      -- outside: blocks; r's task runs meanwhile only when r counts background work
+      local ran = false
+      r:spawn(function() ran = true end)
+      assert.is_false(r:pause(0.01))
+      assert.is_false(ran)
+      r:add_background(1)
+      r:pause(0.01)
+      assert.is_true(ran)
+      r:add_background(-1)
+      -- a waker ends a wait inside a task at once
+      local waker = {}
+      local w = r:spawn(function() return r:pause(5, waker) end)
+      r:step(0)
+      waker.wake()
+      assert(r:loop())
+      assert.is_true(w:result())
+      r:close()
+    end)
+  end)
 end)

@@ -98,6 +98,52 @@ describe("the lua/warmbox module graph", function()
   end)
 end)
 
+describe("one owner per thing in lua/warmbox", function()
+  it("writes the remembered state in one module: session/memo.lua", function()
+    local files = find("lua/warmbox/session", "*.lua")
+    for _, path in ipairs(find("lua/warmbox/gc", "*.lua")) do files[#files + 1] = path end
+    for _, path in ipairs(files) do
+      if path ~= "lua/warmbox/session/memo.lua" then
+        local n = 0
+        for line in (read(path):gsub("%-%-[^\n]*", "") .. "\n"):gmatch("([^\n]*)\n") do
+          n = n + 1
+          for _, pat in ipairs({ "%f[%w_]st%.[%w_]+%s*=[^=]", "%f[%w_]state%.[%w_]+%s*=[^=]",
+            "%f[%w_]saved%.[%w_]+%s*=[^=]", "[:.]set_state%(", "[:.]get_state%(" }) do
+            assert.falsy(line:find(pat), ("%s:%d writes or reads the remembered state itself: %s"):format(path, n,
+              line))
+          end
+        end
+      end
+    end
+  end)
+
+  it("gives checkpoint.lua no Session internals but the four HACKING allows", function()
+    local allowed = { _event = true, _ctx = true, _save = true, _with_lock = true }
+    local code = read("lua/warmbox/session/checkpoint.lua"):gsub("%-%-[^\n]*", "")
+    for name in code:gmatch("[:.](_[%a][%w_]*)") do
+      assert.truthy(allowed[name], "checkpoint.lua uses the session internal " .. name)
+    end
+    local init = read("lua/warmbox/session/init.lua"):gsub("%-%-[^\n]*", "")
+    assert.falsy(init:find("Session%._%a[%w_]*%s*="),
+      "session/init.lua injects a field into Session for another module")
+  end)
+
+  it("decides where a call runs from the runner it is given: runner.running() only where none is", function()
+    -- (runner.lua defines it; gc/pass.lua and session/prewarm.lua fall back on it for callers
+    -- that give no runner: gc.run without `runner`, a bare session.new)
+    local may = { ["lua/warmbox/runner.lua"] = true, ["lua/warmbox/gc/pass.lua"] = true,
+      ["lua/warmbox/session/prewarm.lua"] = true }
+    for _, path in ipairs(find("lua", "*.lua")) do
+      local code = read(path):gsub("%-%-[^\n]*", "")
+      if not may[path] then
+        assert.falsy(code:find("runner\"?%)?%.running%(") or code:find("runner%.running%("),
+          path .. " looks up the running runner")
+        assert.falsy(code:find("private_runner"), path .. " keeps a runner of its own")
+      end
+    end
+  end)
+end)
+
 describe("csrc/core", function()
   it("reads one monotonic clock and sleeps in one place: clock.c", function()
     local users = {}

@@ -20,7 +20,7 @@
 --     client = e2b_client, tag = "warmboxSessionId", policy = policy, lock = lock_opts,
 --     clock = os.time, concurrency = 8, dry_run = false, max_age = 86400,
 --     max_kills = nil, next_token = nil, pages = nil, limit = 100,
---     on_action = nil, on_page = nil, actions = true, order = nil }
+--     on_action = nil, on_page = nil, actions = true, order = nil, runner = nil }
 --
 -- The parts: `warmbox.gc.pass` (a pass as an object: what it was given, what
 -- it did, what it holds), `warmbox.gc.listing` (the pages, from one end or
@@ -81,7 +81,7 @@ end
 
 local RUN_OPTS = { client = true, tag = true, policy = true, lock = true, clock = true, concurrency = true,
   dry_run = true, max_age = true, max_kills = true, next_token = true, pages = true, limit = true,
-  on_action = true, on_page = true, actions = true, order = true }
+  on_action = true, on_page = true, actions = true, order = true, runner = true }
 local RELEASE_OPTS = { client = true, tag = true, tag_value = true, key = true, lock = true, concurrency = true }
 
 local function check_opts(opts, known, fname)
@@ -184,7 +184,7 @@ function _M.run(opts)
     concurrency = concurrency, max_age = max_age, max_kills = opts.max_kills, dry_run = opts.dry_run and true or false,
     new_lock = new_lock, limit = min(opts.limit or 100, 100), pages = opts.pages, next_token = opts.next_token,
     on_action = opts.on_action, on_page = opts.on_page, actions = opts.actions,
-    both = both, resume_from = resume_from,
+    both = both, resume_from = resume_from, caller = opts.runner,
   })
 end
 

@@ -27,7 +27,7 @@
 local decide = require "warmbox.gc.decide"
 local listing = require "warmbox.gc.listing"
 local release = require "warmbox.gc.release"
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 
 local type, pairs, ipairs, tostring, setmetatable =
   type, pairs, ipairs, tostring, setmetatable
@@ -37,30 +37,38 @@ local _M = {}
 local Pass = { __name = "warmbox.gc.Pass" }
 Pass.__index = Pass
 
-local forget, close_lock = release.forget, release.close_lock
-local decode_state = state_codec.decode
+local forget, close_lock = memo.drop, release.close_lock
+local decode_state = memo.read
 local finish = listing.finish
 local DEMOTE_LEASE = 60
+
+-- Whether the pass is called from a task: of `caller` (the runner the caller
+-- gave: warmbox's own), or, given none, of any runner (`runner.running()`).
+local function in_task(caller)
+  if caller then return caller:where() ~= nil end
+  return require("warmbox.runner").running() ~= nil
+end
 
 -- GC's own tasks on the event engine (`warmbox.runner`), for a warmbox.e2b
 -- client used outside any task: the runner and a client like `client` whose
 -- requests go on that runner's engine inside its tasks. nil otherwise
--- (another client, one with a transport of its own, or already inside a
--- task: then the batch loop).
-local function on_engine(client)
+-- (another client, one with a transport of its own, or called from a task:
+-- then the batch loop, whose requests go on the caller's engine).
+local function on_engine(client, caller)
   -- a warmbox.e2b client says so by `with_transport` (as warmbox.new checks)
   if type(client.with_transport) ~= "function" or client.transport ~= nil or client.http == nil then return nil end
+  if in_task(caller) then return nil end
   local runner = require "warmbox.runner"
-  if runner.running() then return nil end
   local r = runner.new()
   if not r then return nil end
-  return r, client:with_transport(runner.transport(client.http))
+  return r, client:with_transport(runner.transport(client.http, r))
 end
 
 --- A pass, from `warmbox.gc.run`'s checked options `s` (defaults applied):
 -- `client`, `tag`, `policy`, `clock`, `concurrency`, `max_age`, `max_kills`,
 -- `dry_run`, `new_lock`, `limit`, `pages`, `next_token`, `on_action`,
--- `on_page`, `actions`, and the listing's ends (`both`, `resume_from`).
+-- `on_page`, `actions`, the listing's ends (`both`, `resume_from`) and
+-- `caller` (the runner whose task may be calling, or nil).
 function _M.new(s)
   local client, policy = s.client, s.policy
   local self = setmetatable({
@@ -83,7 +91,7 @@ function _M.new(s)
   }, Pass)
   if not s.dry_run then
     -- the pass's requests on its own tasks when it can (the runner is the drive's to close)
-    local r, tc = on_engine(client)
+    local r, tc = on_engine(client, s.caller)
     if r then self.runner, self.client = r, tc end
   end
   return self
@@ -222,7 +230,7 @@ function Pass:acquire(tv)
     close_lock(lk)
     return nil, lerr, lcode
   end
-  h = { lk = lk, refs = 1, state = decode_state(lk:get_state()) }
+  h = { lk = lk, refs = 1, state = decode_state(lk) }
   self.held[tv] = h
   return h
 end
@@ -236,7 +244,7 @@ function Pass:release_ref(tv)
     if h.forget then
       forget(h.lk)
     elseif h.rewrite then
-      h.lk:set_state(state_codec.encode(h.state))
+      memo.save(h.lk, h.state)
     end
     h.lk:unlock()
     close_lock(h.lk)
@@ -434,7 +442,7 @@ function Pass:acted(e, action, r, err, code)
       else
         -- its kernel is gone: the session must install its output hooks again
         -- and its memory: a session with require_memory replaces it
-        state_codec.kernel_lost(h.state, item.sandbox_id)
+        memo.kernel_lost(h.state, item.sandbox_id)
         h.rewrite = true
       end
     end

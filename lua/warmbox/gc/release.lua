@@ -1,21 +1,16 @@
 --- warmbox.gc.release: kills the sandboxes of conversations (what
 -- `warmbox.gc.release` and `wb:release` do), and the two lock helpers a GC
--- pass shares with it (`forget`, `close_lock`). Requires no other GC module.
+-- pass shares with it (`close_lock`; the lock's state is dropped with
+-- `warmbox.session.memo.drop`). Requires no other GC module.
 -- @module warmbox.gc.release
 local listing = require "warmbox.gc.listing"
 local lock_mod = require "warmbox.lock"
+local memo = require "warmbox.session.memo"
 
 local type, ipairs, pcall = type, ipairs, pcall
 local fmt = string.format
 
 local _M = {}
-
--- A collected or released session's lock: its state forgotten and, with
--- warmbox.lock, its files removed (lk:remove releases it; unlock after is a no-op).
-function _M.forget(lk)
-  if type(lk.remove) == "function" then return lk:remove() end
-  return lk:set_state(nil)
-end
 
 -- (a pass holds a batch of locks across steps, so it closes them by hand;
 -- release uses <close> through lock.closing.)
@@ -23,7 +18,7 @@ function _M.close_lock(lk)
   if type(lk.close) == "function" then pcall(lk.close, lk) end
 end
 
-local forget, close_lock = _M.forget, _M.close_lock
+local forget, close_lock = memo.drop, _M.close_lock
 
 -- ---------------------------------------------------------------------------
 -- release: a conversation's sandboxes

@@ -70,7 +70,9 @@ function Bridge:call(fn, ...)
     error("bad argument #1 to 'call' (function expected, got " .. type(fn) .. ")", 2)
   end
   local _, in_cq = cqueues.running() -- true in a cq:wrap coroutine itself (not one nested in it)
-  if not in_cq or require("warmbox.runner").running() then return fn(...) end
+  -- (already in a task of wb's runner: called as it is, it yields to the engine)
+  local r = self.wb.runner
+  if not in_cq or (r and r:where()) then return fn(...) end
   local t = self.wb:spawn(fn, ...)
   local done = condition.new()
   t:on_done(function() done:signal() end)

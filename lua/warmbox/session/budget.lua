@@ -11,7 +11,7 @@
 -- conversation's budget state is an `on_event("budget", { state = "near" |
 -- "over", phase, action, reason, spent })`.
 -- @module warmbox.session.budget
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 local type, tostring, pcall, ipairs, math_floor = type, tostring, pcall, ipairs, math.floor
 
 local _M = {}
@@ -89,11 +89,11 @@ function _M.after_run(s, r)
   if action ~= "pause" or type(r) ~= "table" or not r.sandbox_id then return end
   local ok
   s:_with_lock(function(lk)
-    local st = state_codec.decode(lk:get_state())
+    local st = memo.read(lk)
     if st.sandbox_id ~= r.sandbox_id then return true end  -- replaced meanwhile: not ours to pause
     ok = s.client:pause(r.sandbox_id)
-    st.lease_end = 0
-    lk:set_state(state_codec.encode(st))
+    memo.lease_over(st, 0)
+    memo.save(lk, st)
     return true
   end)
   s:_event("budget_pause", { sandbox_id = r.sandbox_id, ok = ok ~= nil })

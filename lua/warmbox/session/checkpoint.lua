@@ -20,11 +20,13 @@
 -- @module warmbox.session.checkpoint
 local errors = require "warmbox.errors"
 local util = require "warmbox.util"
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
+local resolve = require "warmbox.session.resolve"
+local prewarm = require "warmbox.session.prewarm"
 local decide = require "warmbox.session.decide"
 
-local type, ipairs, pairs, tostring, tonumber, math_floor, string_format =
-  type, ipairs, pairs, tostring, tonumber, math.floor, string.format
+local type, ipairs, pairs, tostring, tonumber, math_floor, string_format, setmetatable =
+  type, ipairs, pairs, tostring, tonumber, math.floor, string.format, setmetatable
 
 local _M = {}
 
@@ -103,12 +105,7 @@ local function session_list(self)
   return _M.list(self.client, function(cp) return cp.conv == conv and cp.key_hash == kh end)
 end
 
--- The remembered state under the lock, nil when it is not this session's.
-local function own_state(self, lk)
-  local st = state_codec.decode(lk:get_state())
-  if (st.tag ~= nil and st.tag ~= self.tag_value) or st.origin ~= self.origin then return {} end
-  return st
-end
+local function own_state(s, lk) return memo.load_own(lk, s) end
 
 -- Snapshots the remembered sandbox; a 404 (paused: E2B snapshots running
 -- sandboxes only; nothing was taken) connects it and asks once more.
@@ -118,7 +115,7 @@ local function take(self, st, name)
   if not snap and code == "NOT_FOUND" then
     local sb, cerr, ccode, cdetail = self.client:connect(id, { timeout = self.idle_timeout })
     if not sb then return nil, cerr, ccode, cdetail end
-    st.lease_end = self.clock() + self.idle_timeout
+    memo.leased(st, self.clock() + self.idle_timeout)
     snap, err, code, detail = self.client:snapshot(id, { name = name })
   end
   return snap, err, code, detail
@@ -157,7 +154,7 @@ local function checkpoint_locked(self, lk, label, want_turn)
   local name = _M.conv_prefix(self.tag_value, self.key) .. string_format("%d-%d-%s", turn, ms, nonce())
     .. (label and "_" .. label or "")
   local snap, err, code, detail = take(self, st, name)
-  lk:set_state(state_codec.encode(st))
+  memo.save(lk, st)
   if not snap then
     return nil, string_format("checkpoint of session '%s': %s", self.key, tostring(err)), code, detail
   end
@@ -218,7 +215,7 @@ local function restore_locked(target, lk, cp, fresh)
     return nil, string_format("branch to session '%s': it has a sandbox already", target.key), "CONFLICT"
   end
   local old = st.sandbox_id
-  local lease, lerr, lcode = target:_lease(target:_ctx(st))
+  local lease, lerr, lcode = resolve.lease(target, target:_ctx(st))
   if not lease then return nil, lerr, lcode end
   if target.parallel then
     -- the idle window's lease (from MIN_LEASE up): the next run's watchdog keeps a long cell's
@@ -227,18 +224,18 @@ local function restore_locked(target, lk, cp, fresh)
     lease = math.max(lease, math.ceil(target.exec_timeout + decide.LEASE_MARGIN))
   end
   local saved = util.copy(st)
-  local sb, err, code, detail = target:_create_from(st, lease, cp.id)
+  -- (the session's own create path: the policy's create_params, the tag, the create's id recorded first)
+  local sb, err, code, detail = resolve.create(target, st, lease, cp.id)
   if not sb then
     -- As it was: the remembered sandbox stays (a create whose answer never came is recorded, see session).
-    saved.creating = st.creating
-    lk:set_state(state_codec.encode(saved))
+    memo.creates_from(saved, st)
+    memo.save(lk, saved)
     return nil, string_format("%s session '%s' from checkpoint '%s': %s", fresh and "branch to" or "rewind of",
       target.key, cp.id, tostring(err)), code, detail
   end
   if fresh then clear_fence(target, sb) end
-  st.turns = cp.turn
-  st.last_run = target.wall()
-  lk:set_state(state_codec.encode(st))
+  memo.restored(st, cp.turn, target.wall())
+  memo.save(lk, st)
   local killed, kill_error
   if old and old ~= sb.sandbox_id then
     local ok, kerr, kcode = target.client:kill(old)
@@ -248,10 +245,8 @@ local function restore_locked(target, lk, cp, fresh)
     else
       -- Still tagged with the conversation: the next run kills it.
       kill_error = { tostring(kerr), kcode }
-      local list = type(st.replaced) == "table" and st.replaced or {}
-      list[#list + 1] = old
-      st.replaced = list
-      lk:set_state(state_codec.encode(st))
+      memo.replaced(st, old)
+      memo.save(lk, st)
     end
   end
   return { sandbox_id = sb.sandbox_id, killed = killed, kill_error = kill_error }
@@ -273,8 +268,10 @@ local function restore(target, cp, fresh)
   return r, err, code, detail
 end
 
---- `s:branch(cp, new_key, opts)`: a session for `new_key` starting from `cp`.
-function _M.branch(self, cp, new_key, opts)
+--- `s:branch(cp, new_key, opts)`: a session for `new_key` starting from `cp`,
+-- made with `new_session(key, opts)` (warmbox.session's `new`: this module
+-- never requires warmbox.session, which requires it).
+function _M.branch(self, cp, new_key, opts, new_session)
   check_cp(cp, 1, "branch")
   if type(new_key) ~= "string" or new_key == "" then
     error("bad argument #2 to 'branch' (non-empty string expected, got " .. type(new_key) .. ")", 3)
@@ -282,8 +279,7 @@ function _M.branch(self, cp, new_key, opts)
   local o = util.copy(self.new_opts)
   for k, v in pairs(errors.check_options(opts, { env = "map", actor = "string" }, "branch", 3, 3)) do o[k] = v end
   o.lock, o.policy = self.new_lock, self.policy
-  local s2 = self._new(new_key, o)
-  s2._branch_of = self.tag_value
+  local s2 = new_session(new_key, o)
   if s2.tag_value == self.tag_value then
     return nil, string_format("branch to session '%s': that is this conversation (rewind it instead)", new_key),
       "BAD_REQUEST"
@@ -308,6 +304,9 @@ end
 -- The policy hook `checkpoint(info) -> true | false | label`
 -- ------------------------------------------------------------------
 
+-- The automatic checkpoint each session object has in flight: session -> { task, runner }.
+local pending = setmetatable({}, { __mode = "k" })
+
 --- After a successful run (the lock released, the result not yet returned):
 -- asks the policy's `checkpoint` hook and, when it says so, takes the
 -- checkpoint off the run's path: on the session's runner, in a task that
@@ -326,30 +325,32 @@ function _M.after_run(self, r, turn)
     self:_event("checkpoint", { ok = false, turn = turn, message = "bad label from the policy", code = "POLICY" })
     return
   end
-  local rn = self:_runner()
+  local rn = prewarm.runner(self)
   local t = rn:spawn(function()
     local cp, err, code = self:_with_lock(function(lk) return checkpoint_locked(self, lk, label, turn) end)
     if not cp then self:_event("checkpoint", { ok = false, turn = turn, message = tostring(err), code = code }) end
     return cp, err, code
   end)
-  self._pending_cp = { task = t, runner = rn }
+  pending[self] = { task = t, runner = rn }
   -- Outside tasks: started now (its requests leave), finished at the next call (see settle).
   if not rn:current() and rn.kick then rn:kick(_M.KICK) end
 end
 
 --- Waits for the automatic checkpoint this session object started, if any
--- (a run, checkpoint, branch or rewind of it first lets it finish).
+-- (a run, checkpoint, branch or rewind of it first lets it finish): inside a
+-- task of its runner (`rn:current()`) it joins it; outside tasks it drives
+-- that runner until it ends (unless the runner is mid-round).
 -- @return the task's result (the checkpoint, or nil, msg, code) or nil when none
 function _M.settle(self)
-  local p = self._pending_cp
+  local p = pending[self]
   if not p then return nil end
-  self._pending_cp = nil
+  pending[self] = nil
   local t, rn = p.task, p.runner
-  local cur = require("warmbox.task").current()
-  if cur and cur ~= t and cur.sched == t.sched then
+  local cur = rn:current()
+  if cur and cur ~= t then
     rn:join(t)
   end
-  if not cur and not rn.stepping then
+  if not cur and not rn.stepping and not require("warmbox.task").current() then
     while not t:done() do
       if not rn:step() then break end
     end

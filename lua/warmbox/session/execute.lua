@@ -8,7 +8,7 @@
 
 local json = require "warmbox.json"
 local util = require "warmbox.util"
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 local outputs = require "warmbox.outputs"
 local metrics = require "warmbox.metrics"
 local decide = require "warmbox.session.decide"
@@ -17,13 +17,12 @@ local resolve = require "warmbox.session.resolve"
 local task = require "warmbox.task"
 
 local type, ipairs, tostring, tonumber = type, ipairs, tostring, tonumber
-local string_format, table_concat, math_floor, math_max, math_min = string.format, table.concat, math.floor,
-  math.max, math.min
+local string_format, table_concat, math_min = string.format, table.concat, math.min
 local math_type = math.type
 
 local HOME, OUTPUT_DIR = outputs.HOME, outputs.OUTPUT_DIR
 local outputs_of = outputs.outputs_of
-local is_gone, forget = decide.is_gone, resolve.forget
+local is_gone, forget = decide.is_gone, memo.forget
 
 local _M = {}
 
@@ -86,7 +85,7 @@ function _M.hook(sbx, st, id, run_timeout, on_line, fence)
   })
   if not hout then return nil, herr, hcode, hdetail end
   for _, res in ipairs(hout.results or {}) do
-    if outputs_of(res) then st.hooked = id end
+    if outputs_of(res) then memo.hooked(st, id) end
   end
   return true
 end
@@ -119,18 +118,19 @@ end
 
 -- Inputs uploaded, the output directory ready (not python) or the hooks
 -- registered (python). → true | nil, msg, code, detail
-local function prepare(sbx, info, st, files, python, run_timeout, on_line)
-  if #files > 0 then
-    local ok, err, ecode, detail = upload_files(sbx, files)
+local function prepare(run)
+  local sbx, info, st = run.sbx, run.info, run.st
+  if #run.files > 0 then
+    local ok, err, ecode, detail = upload_files(sbx, run.files)
     if not ok then return nil, err, ecode, detail end
   end
-  if not python then return ready_output_dir(sbx, info.reused) end
+  if not run.python then return ready_output_dir(sbx, info.reused) end
   if st.hooked ~= info.sandbox_id then
     -- A kernel that may not have the output hooks gets them in a cell of their
     -- own, so the user's cell is sent as it is (its tracebacks and line numbers
     -- are the user's). Idempotent (guarded in the kernel), and the user's cell
     -- is not sent yet: a failure here is one before the run.
-    return _M.hook(sbx, st, info.sandbox_id, run_timeout, on_line, info.fence)
+    return _M.hook(sbx, st, info.sandbox_id, run.run_timeout, run.on_line, run.fence)
   end
   return true
 end
@@ -140,28 +140,29 @@ end
 -- lease set before them), a lease that no longer covers the cell's timeout +
 -- COVER_MARGIN is extended before the cell is sent (one request, only then).
 -- Watched, the run's watchdog does it (see `watched`). → true | nil, msg, code, detail
-local function cover(s, st, info, run_timeout)
+local function cover(run)
+  local s, st, info = run.s, run.st, run.info
   if s.parallel or not st.lease_end then return true end
   local t0 = s.clock()
-  local want = decide.extension(t0, st.lease_end, run_timeout)
+  local want = decide.extension(t0, st.lease_end, run.run_timeout)
   if not want then return true end
   local ok, err, code, detail = s.client:set_timeout(info.sandbox_id, want)
   metrics.phase(s._tm, "lease")
   s:_event("extend", { sandbox_id = info.sandbox_id, ok = ok == true, code = not ok and code or nil })
   if not ok then return nil, err, code, detail end
-  st.lease_end = math_max(st.lease_end, decide.lease_end(t0 + want, st.run_started, s.max_run_length))
+  memo.extend_lease(s, st, t0 + want)
   return true
 end
 
 -- Everything before the cell (prepare, then cover). Unreachable there: the
 -- remembered sandbox wins while it exists (the run is sent to it again, after a
 -- connect); only one that is gone is forgotten. → true | nil, msg, code, detail, reach
-local function ready(s, sbx, info, st, files, python, run_timeout, on_line)
-  local ok, err, code, detail = prepare(sbx, info, st, files, python, run_timeout, on_line)
-  metrics.phase(s._tm, "prepare")
-  if ok then ok, err, code, detail = cover(s, st, info, run_timeout) end
+local function ready(run)
+  local ok, err, code, detail = prepare(run)
+  metrics.phase(run.s._tm, "prepare")
+  if ok then ok, err, code, detail = cover(run) end
   if ok then return true end
-  return nil, err, code, detail, reach_of(s, "prepare", code, detail, sbx, info.sandbox_id)
+  return nil, err, code, detail, reach_of(run.s, "prepare", code, detail, run.sbx, run.info.sandbox_id)
 end
 
 -- ------------------------------------------------------------------
@@ -181,11 +182,11 @@ end
 local function output_files(sbx, st, id, report, python, cap)
   local out_files, ferr, fcode, partial
   if report then
-    st.hooked = id
+    memo.hooked(st, id)
     out_files, ferr, fcode, partial = outputs.files_from_report(sbx, report, cap)
   else
     -- No report: another language, or the kernel lost its hooks (restarted).
-    if python then st.hooked = nil end
+    if python then memo.hooked(st, nil) end
     out_files, ferr, fcode, partial = outputs.collect_envd(sbx, cap)
   end
   if not out_files then return partial or {}, { ferr, fcode } end
@@ -282,7 +283,7 @@ local function refused_run(out, info, st)
   local msg
   if code == "HOOKS_LOST" then
     -- The kernel lost the hooks (restarted): the cell failed on its first line.
-    st.hooked = nil
+    memo.hooked(st, nil)
     msg = "run in sandbox '" .. info.sandbox_id .. "': its kernel lost warmbox's hooks"
   else
     msg = fenced_msg(info.sandbox_id, out.error.value)
@@ -333,8 +334,9 @@ local function marked_cell(code, language, hooked, fence)
 end
 
 -- The run's output files (see output_files), timed, and the "outputs" event.
-local function collect(s, sbx, st, id, report, python, cap)
-  local out_files, files_error = output_files(sbx, st, id, report, python, cap)
+local function collect(run, report, cap)
+  local s, id = run.s, run.info.sandbox_id
+  local out_files, files_error = output_files(run.sbx, run.st, id, report, run.python, cap)
   metrics.phase(s._tm, "outputs")
   s:_event("outputs", { sandbox_id = id, files = #out_files, code = files_error and files_error[2] or nil })
   return out_files, files_error
@@ -371,63 +373,62 @@ end
 -- it, never re-run. A later run's fence found at the collection (the lock was
 -- lost under this run): no files (the output directory may be the later
 -- run's), `lock_lost`, never a refusal (the cell ran to its end).
-local function ran(s, sbx, st, info, out, report, python, fence, lock_error)
+local function ran(run, out)
+  local report, fence, lock_error = run.report, run.fence, run.lock_error
   local results = {}
   for _, res in ipairs(out.results or {}) do
     local rep = outputs_of(res)
     if rep then report = report or rep else results[#results + 1] = res end
   end
-  local cap = { left = s.max_files_bytes, dropped = {} }
-  local out_files, files_error = collect(s, sbx, st, info.sandbox_id, report, python, cap)
+  local cap = { left = run.s.max_files_bytes, dropped = {} }
+  local out_files, files_error = collect(run, report, cap)
   local fenced
   if fence and (lock_error or read_over_envd(report)) then
-    local ok, ferr, fcode = fence_holds(sbx, info.sandbox_id, fence)
+    local ok, ferr, fcode = fence_holds(run.sbx, run.info.sandbox_id, fence)
     if not ok then out_files, files_error, fenced = {}, { ferr, fcode }, fcode == "FENCED" end
   end
-  local r = run_result(out, info, results, out_files, files_error, cap, lock_error)
+  local r = run_result(out, run.info, results, out_files, files_error, cap, lock_error)
   if fenced then r.lock_lost = true end
   return r
 end
 
--- One attempt: everything before the cell, the cell, its outputs. → r | nil,
--- msg, code, detail, reach ("never" | "gone" only when the cell cannot have
--- run, see warmbox.session.retry)
-local function attempt(s, info, st, code, opts, files, run_timeout, lk)
-  local sbx = _M.handle(s, st, info.sandbox_id)
-  local language = opts.language or "python"
-  local python = language == "python"
-  local report
-  local user_on_result = opts.on_result
-  local lock_error
-  local keepalive = lk and lk.keepalive
-  local function on_line()
-    local ok, kerr, kcode = keepalive(lk)
-    if not ok and not lock_error then lock_error = { tostring(kerr), kcode } end
-  end
+-- The fencing number of the run's lock `lk` (see Sandbox:run_code), or nil.
+local function fence_of(lk)
   local fence = lk and type(lk.fence) == "function" and lk:fence() or nil
-  if math_type(fence) ~= "integer" or fence < 0 then fence = nil end
-  info.fence = fence
+  if math_type(fence) ~= "integer" or fence < 0 then return nil end
+  return fence
+end
+
+-- One attempt of `run` on the sandbox `info` just secured: everything before
+-- the cell, the cell, its outputs. → r | nil, msg, code, detail, reach
+-- ("never" | "gone" only when the cell cannot have run, see warmbox.session.retry)
+local function attempt(run, info)
+  local s, st, opts = run.s, run.st, run.opts
+  run.info, run.sbx, run.report, run.lock_error = info, _M.handle(s, st, info.sandbox_id), nil, nil
+  run.fence = fence_of(run.lk)
+  info.fence = run.fence
+  local sbx, fence = run.sbx, run.fence
   do
-    local ok, perr, pcode, pdetail, preach = ready(s, sbx, info, st, files, python, run_timeout,
-      keepalive and on_line or nil)
+    local ok, perr, pcode, pdetail, preach = ready(run)
     if not ok then return nil, perr, pcode, with_partial(pdetail), preach end
   end
-  local cell_id
-  code, cell_id = marked_cell(code, language, st.hooked == info.sandbox_id, fence)
+  local code, cell_id = marked_cell(run.code, run.language, st.hooked == info.sandbox_id, fence)
+  local user_on_result = opts.on_result
   local out, err, ecode, detail = sbx:run_code(code, {
-    language = language, timeout = run_timeout, max_output = s.max_output,
+    language = run.language, timeout = run.run_timeout, max_output = s.max_output,
     fence = fence,
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr,
     is_private = function(res) return outputs_of(res) ~= nil end,
     on_result = function(res)
       local rep = outputs_of(res)
-      if rep then report = rep return end
+      if rep then run.report = rep return end
       if user_on_result then return user_on_result(res) end
     end,
     -- Every stream event (keepalives included) keeps the session's lock alive.
-    on_line = keepalive and on_line or nil,
+    on_line = run.on_line,
   })
   metrics.phase(s._tm, "execute")
+  local lock_error = run.lock_error
   if not out then
     if detail and lock_error then detail.lock_error, detail.lock_lost = lock_error, lock_error[2] == "LOCK" or nil end
     detail = with_partial(detail)
@@ -440,8 +441,8 @@ local function attempt(s, info, st, code, opts, files, run_timeout, lk)
   -- Still the holder? Asked of the lock's backend now (a Redis failover may
   -- have lost the lock while the keeper had not looked yet): a run that lost
   -- it says so, and its outputs are checked against the sandbox's fence.
-  lock_error = lock_error or lock_lost(lk)
-  return ran(s, sbx, st, info, out, report, python, fence, lock_error)
+  run.lock_error = lock_error or lock_lost(run.lk)
+  return ran(run, out)
 end
 
 -- ------------------------------------------------------------------
@@ -465,7 +466,7 @@ local function extend(s, ctl, info, st, w, lease_end)
     if sb then
       w.err, w.extended = nil, (w.extended or 0) + 1
       if sb.sandbox_id == nil then sb.sandbox_id = id end
-      resolve.remember(s, st, sb, t0 + lease, res == true and t0 or nil)
+      memo.remember(s, st, sb, t0 + lease, res == true and t0 or nil)
       return st.lease_end
     end
     w.err = { tostring(res), ccode }
@@ -534,8 +535,7 @@ function _M.watched(s, info, st, main)
   end)
   if how == "auto_resume" and (r or not reach) then
     -- The execute reached the sandbox: traffic resumed it (a new E2B run).
-    st.run_started = t_exec
-    st.lease_end = math_max(st.lease_end or 0, decide.auto_resume_end(t_exec, s.max_run_length))
+    memo.resumed_at(s, st, t_exec)
   end
   local lease_err = w.err
   -- Confirmed gone: forgotten; the execute's own answer says what happened.
@@ -576,11 +576,8 @@ end
 
 -- After a run that ran: the conversation's count of turns, the orphans collected.
 local function succeeded(s, st, r)
-  st.last_run = s.wall()
-  st.turns = math_floor(tonumber(st.turns) or 0) + 1 -- (JSON gives a float)
-  r.turn = st.turns
-  -- It has run since it lost its memory: what its kernel holds now is kept.
-  st.memory_lost = nil
+  -- (since it lost its memory, if it did: what its kernel holds now is kept)
+  r.turn = memo.ran(st, s.wall())
   if st.creating then resolve.collect_orphans(s, st) end
   if st.replaced then resolve.collect_replaced(s, st) end
 end
@@ -590,9 +587,8 @@ end
 -- expiry) shows here: `r.lock_lost`, `r.lock_error` (a transient failure is
 -- tried once more: a connection a Redis restart broke reconnects).
 local function saved_after(lk, st, r)
-  local enc = state_codec.encode(st)
-  local ok, err, code = lk:set_state(enc)
-  if not ok and (code == "TRANSPORT" or code == "IO") then ok, err, code = lk:set_state(enc) end
+  local ok, err, code = memo.save(lk, st)
+  if not ok and (code == "TRANSPORT" or code == "IO") then ok, err, code = memo.save(lk, st) end
   if ok then return end
   r.lock_error = r.lock_error or { tostring(err), code }
   if code == "LOCK" then r.lock_lost = true end
@@ -609,18 +605,45 @@ local function pause_after(s, st, r)
     r.pause_error = { tostring(perr), pcode }
     return
   end
-  local now = s.clock()
-  st.lease_end = math_min(st.lease_end or now, now - decide.PAUSE_GRACE)
+  memo.lease_over(st, s.clock() - decide.PAUSE_GRACE)
+end
+
+-- The Retry-After pause on the session's runner (`r:pause`: inside one of its
+-- tasks the others go on, outside it blocks); a session given no runner (a
+-- bare session.new, the simulator's): the scheduler's `task.pause`.
+local function pause(s, seconds)
+  local r = s.runner
+  if r and r.pause then return r:pause(seconds) end
+  return task.pause(seconds)
+end
+
+-- A run's inputs, made once by run_locked and passed down (`attempt` fills in
+-- the per-attempt fields: `info` the sandbox secured, `sbx` its handle,
+-- `fence` the lock's fencing number, `report` the output hook's, `lock_error`
+-- a keepalive's failure).
+local function new_run(s, lk, st, code, opts, files)
+  local language = opts.language or "python"
+  local run = { s = s, lk = lk, st = st, code = code, opts = opts, files = files, language = language,
+    python = language == "python", run_timeout = opts.timeout or s.exec_timeout }
+  local keepalive = lk and lk.keepalive
+  if keepalive then
+    -- every stream event keeps the session's lock alive; the first failure is kept
+    run.on_line = function()
+      local ok, kerr, kcode = keepalive(lk)
+      if not ok and not run.lock_error then run.lock_error = { tostring(kerr), kcode } end
+    end
+  end
+  return run
 end
 
 --- Runs `code` holding the session's lock `lk` (`files`: normalized). At
 -- most once: the run is sent again only when warmbox.session.retry says the
 -- cell provably never reached a kernel. → r | nil, msg, code, detail
 function _M.run_locked(s, lk, code, opts, files)
-  local st = state_codec.decode(lk:get_state())
-  -- State written for another tag value or another E2B endpoint/account is not ours.
-  if state_codec.foreign(st, s.tag_value, s.origin) then forget(st) end
-  local run_timeout = opts.timeout or s.exec_timeout
+  -- (state written for another tag value or another E2B endpoint/account is not ours: forgotten)
+  local st = memo.load(lk, s)
+  local run = new_run(s, lk, st, code, opts, files)
+  local run_timeout = run.run_timeout
   local tries, hooks_resent = 0, false
   -- The conversation's sandbox before the run: one that is gone (killed, or
   -- lost by a restart of a server that could not keep its paused copy) is said.
@@ -628,13 +651,13 @@ function _M.run_locked(s, lk, code, opts, files)
   while true do
     tries = tries + 1
     local info, err, ecode, detail = resolve.acquire(s, st, run_timeout)
-    lk:set_state(state_codec.encode(st))
+    memo.save(lk, st)
     metrics.phase(s._tm, "resolve")
     if not info then return nil, err, ecode, detail end
     started(s, info)
     local r, reach
     r, err, ecode, detail, reach = _M.watched(s, info, st, function()
-      return attempt(s, info, st, code, opts, files, run_timeout, lk)
+      return attempt(run, info)
     end)
     metrics.phase(s._tm, "execute") -- (the attempt's end: its fencing, the lease's bookkeeping)
     if r then
@@ -661,12 +684,12 @@ function _M.run_locked(s, lk, code, opts, files)
     elseif retry.reconnect(ecode, detail) then
       -- Unreachable a moment ago: the next connect comes first (it resumes a
       -- sandbox paused under its remembered lease).
-      st.lease_end = nil
+      memo.lease_unknown(st)
     end
-    lk:set_state(state_codec.encode(st))
+    memo.save(lk, st)
     if not verdict then return nil, err, ecode, detail end
     local wait = retry.wait(detail)
-    if wait then task.pause(wait) end
+    if wait then pause(s, wait) end
     metrics.phase(s._tm, "retry")
   end
 end

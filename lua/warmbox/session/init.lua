@@ -20,15 +20,14 @@
 
 local policy_mod = require "warmbox.policy"
 local util = require "warmbox.util"
-local state_codec = require "warmbox.state"
 local tag_mod = require "warmbox.tag"
 local outputs = require "warmbox.outputs"
 local errors = require "warmbox.errors"
 local metrics = require "warmbox.metrics"
 local decide = require "warmbox.session.decide"
-local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local prewarm = require "warmbox.session.prewarm"
+local memo = require "warmbox.session.memo"
 
 local type, pairs, ipairs, tostring, error, setmetatable =
   type, pairs, ipairs, tostring, error, setmetatable
@@ -127,7 +126,7 @@ local NEW_OPTS = { client = "table", lock = "string|table|function", lock_opts =
   env = "map", actor = "string", secret = "string", hmac = "function", sha256 = "function", on_event = "function",
   log = "function",
   origin = "string", max_run_length = "number", max_output = "number", max_files_bytes = "number",
-  parallel = "function", require_memory = "boolean", runner = "function", counters = "table" }
+  parallel = "function", require_memory = "boolean", runner = "table|function", counters = "table" }
 
 -- Lease bookkeeping on a monotonic clock: unix seconds as the wall clock said
 -- when this process first asked, moved on by the monotonic clock since (one
@@ -169,6 +168,14 @@ local function complete_policy(policy)
     and policy.should_refresh and policy.create_params and policy.gc and true or false
 end
 
+-- The runner prewarms and automatic checkpoints are spawned on (warmbox.new
+-- gives wb's), or a function returning it: → runner, get_runner (neither:
+-- see warmbox.session.prewarm's `runner`).
+local function runner_option(r)
+  if type(r) == "function" then return nil, r end
+  return r, nil
+end
+
 --- Make a session object.
 -- @tparam string key the session key (any bytes)
 -- @tparam table opts parts and settings: `client` (a `warmbox.e2b` client,
@@ -186,8 +193,9 @@ end
 --   86400 on Pro, 3600 on Hobby; default 86400), `require_memory` (false: a sandbox
 --   paused without its memory, e.g. demoted by GC, is resumed and used with a fresh
 --   kernel, its files kept; true: it is replaced by a new sandbox, killed once the
---   new one is secured), `runner` (function returning the runner `s:prewarm` spawns its
---   task on: `spawn`, `current`, `join`, `step`, and optionally `kick`), `counters` (the
+--   new one is secured), `runner` (the runner `s:prewarm` and automatic checkpoints spawn
+--   their tasks on, or a function returning it: `spawn`, `current`, `join`, `step`, `sleep`,
+--   and optionally `kick`; warmbox.new gives its own), `counters` (the
 --   table `s:prewarm` counts into, see `s:stats`).
 -- @treturn warmbox.Session
 function _M.new(key, opts)
@@ -220,12 +228,10 @@ function _M.new(key, opts)
     -- lease is always extended before the execute.
     parallel = opts.parallel,
     require_memory = opts.require_memory == true,
-    -- runner(): the runner prewarms are spawned on (warmbox.new gives wb's);
-    -- nil: the running runner, else one of this module's.
-    get_runner = opts.runner,
     -- Counted events (prewarms); warmbox.new shares one table across its sessions.
     counters = opts.counters or {},
   }
+  self.runner, self.get_runner = runner_option(opts.runner)
   _M.check_settings(self, "new", 2)
   if self.tag == "" then bad_option(2, "new", "tag", "non-empty string expected") end
   self.env = opts.env and util.copy(opts.env) or {}
@@ -260,7 +266,7 @@ end
 -- before it is sent).
 function Session:_save(st)
   local lk = self._held
-  if lk then lk:set_state(state_codec.encode(st)) end
+  if lk then memo.save(lk, st) end
 end
 
 -- The context every hook gets.
@@ -276,15 +282,6 @@ function Session:_ctx(st, run_timeout)
   }
 end
 
-
--- The lease the policy's `lease` hook asks for (ceiled; warmbox.session.checkpoint's restore).
-function Session:_lease(ctx) return resolve.lease(self, ctx) end
-
--- A sandbox created from a snapshot (`from`: its id) for warmbox.session.checkpoint.
-function Session:_create_from(st, lease, from) return resolve.create(self, st, lease, from) end
-
--- The runner prewarms and automatic checkpoints are spawned on (see warmbox.session.prewarm).
-function Session:_runner() return prewarm.runner(self) end
 
 -- Sets `field` on the result `r`, else on the failure's detail (made when
 -- missing); returns the detail.
@@ -345,7 +342,8 @@ function Session:run(code, opts)
   if not files then return nil, ferr, "BAD_REQUEST" end
   -- A run allowed to take longer than exec_timeout keeps its lock long enough.
   local run_timeout = opts.timeout or self.exec_timeout
-  if self._pending_cp then checkpoints().settle(self) end
+  -- (an automatic checkpoint of the last run, if one is being taken, first)
+  if self.policy.checkpoint then checkpoints().settle(self) end
   if self.policy.budget then
     local action, reason = require("warmbox.session.budget").check(self, "run")
     if action == "refuse" then return nil, "budget: " .. tostring(reason), "BUDGET" end
@@ -460,7 +458,7 @@ end
 -- @return[2] nil, message, "BUSY" | "LOCK"
 function Session:forget()
   local ok, err, code = self:_with_lock(function(lk)
-    lk:set_state(nil)
+    memo.clear(lk)
     return true
   end)
   return ok, err, code
@@ -468,18 +466,14 @@ end
 
 --- What the session remembers (a copy without the access token); takes the lock.
 function Session:state()
-  local st, err, code = self:_with_lock(function(lk) return state_codec.decode(lk:get_state()) end)
-  if st then st.access_token = nil end
-  return st, err, code
+  local copy, err, code = self:_with_lock(function(lk) return memo.read(lk) end)
+  if copy then copy.access_token = nil end
+  return copy, err, code
 end
 
 -- ------------------------------------------------------------------
 -- Checkpoints: see warmbox.session.checkpoint and README, "Checkpoints"
 -- ------------------------------------------------------------------
-
--- (warmbox.session.checkpoint's branch makes its session with this constructor: a
--- require of warmbox.session from there would close a cycle)
-Session._new = _M.new
 
 --- Snapshots the conversation's sandbox as its last run left it (under the lock:
 -- a run in progress finishes first).
@@ -489,11 +483,12 @@ Session._new = _M.new
 function Session:checkpoint(opts) return checkpoints().checkpoint(self, opts) end
 --- This conversation's checkpoints, oldest first, as E2B lists them.
 function Session:checkpoints()
-  if self._pending_cp then checkpoints().settle(self) end
+  if self.policy.checkpoint then checkpoints().settle(self) end
   return checkpoints().checkpoints(self)
 end
---- A new session for `new_key` whose sandbox starts from `cp` (opts: `env`, `actor`).
-function Session:branch(cp, new_key, opts) return checkpoints().branch(self, cp, new_key, opts) end
+--- A new session for `new_key` whose sandbox starts from `cp` (opts: `env`, `actor`;
+-- made with this module's `new`, given to warmbox.session.checkpoint).
+function Session:branch(cp, new_key, opts) return checkpoints().branch(self, cp, new_key, opts, _M.new) end
 --- The conversation goes back to `cp`: a sandbox from it replaces its own.
 function Session:rewind(cp) return checkpoints().rewind(self, cp) end
 --- What this conversation cost (`warmbox.ledger`'s row: its sandboxes of every fingerprint, rewinds

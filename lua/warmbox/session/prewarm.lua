@@ -3,10 +3,11 @@
 -- flight instead of doing the same work.
 -- @module warmbox.session.prewarm
 
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 local resolve = require "warmbox.session.resolve"
 local execute = require "warmbox.session.execute"
 local decide = require "warmbox.session.decide"
+local task = require "warmbox.task"
 
 local xpcall, traceback, tostring, setmetatable, error = xpcall, debug.traceback, tostring, setmetatable, error
 local string_format = string.format
@@ -42,9 +43,12 @@ local function count(s, name)
 end
 
 local private_runner
---- The runner a prewarm is spawned on: the one the session's `runner` option
--- gives, else the runner whose task is running, else this module's own.
+--- The runner a session's background tasks (prewarms, automatic checkpoints)
+-- are spawned on: the session's `runner` (warmbox.new gives its own), else
+-- what its `runner` function returns; a bare session given neither: the
+-- runner whose task is running, else this module's own.
 function _M.runner(s)
+  if s.runner then return s.runner end
   if s.get_runner then return s.get_runner() end
   local runner = require "warmbox.runner"
   local r = runner.running()
@@ -62,9 +66,10 @@ end
 
 --- A run (or forget, state) of a session whose prewarm is in flight in this
 -- process waits for it, instead of doing the same work: inside a task of the
--- prewarm's runner it joins it; outside tasks it drives that runner until the
--- prewarm ends (its other tasks progress too). Elsewhere (a task of another
--- runner, a coroutine of the host's inside a task) the lock orders them.
+-- prewarm's runner (`rn:current()`) it joins it; outside tasks it drives that
+-- runner until the prewarm ends (its other tasks progress too). Elsewhere (a
+-- task of another scheduler, a coroutine of the host's inside a task: the
+-- runner is mid-round) the lock orders them.
 function _M.await(s)
   local key = inflight_key(s)
   local e = inflight[key]
@@ -81,14 +86,14 @@ function _M.await(s)
     return
   end
   local t, rn = e.task, e.runner
-  local cur = require("warmbox.task").current()
+  local cur = rn:current()
   if cur then
-    if cur.sched ~= t.sched or cur == t then return end
+    if cur == t then return end
     count(s, "prewarm_waits")
     rn:join(t)
     return
   end
-  if rn.stepping then return end
+  if rn.stepping or task.current() then return end
   count(s, "prewarm_waits")
   while not t:done() do
     if not rn:step() then break end
@@ -115,22 +120,21 @@ end
 -- resolve (`acquire`, eager: connect now), then the output hook in a kernel
 -- that may be new (which starts it), under the run's watchdog.
 local function prewarm_locked(s, lk, within)
-  local st = state_codec.decode(lk:get_state())
-  if state_codec.foreign(st, s.tag_value, s.origin) then state_codec.forget(st) end
+  local st = memo.load(lk, s)
   local now = s.clock()
   if st.sandbox_id and decide.prewarm_warm(now, st.lease_end, within, prewarm_lease(s, st, within))
     and not (s.require_memory and st.memory_lost == st.sandbox_id) then
     return { action = "warm", sandbox_id = st.sandbox_id }
   end
   local info, err, ecode, detail = resolve.acquire(s, st, within, true)
-  lk:set_state(state_codec.encode(st))
+  memo.save(lk, st)
   if not info then return nil, err, ecode, detail end
   local id = info.sandbox_id
   if st.hooked ~= id or st.memory_lost == id then
     local ok, herr, hcode, hdetail = execute.watched(s, info, st, function()
       return execute.hook(execute.handle(s, st, id), st, id, s.exec_timeout)
     end)
-    lk:set_state(state_codec.encode(st))
+    memo.save(lk, st)
     if not ok then return nil, herr, hcode, hdetail end
   end
   return { action = action_of(info), sandbox_id = id, resumed = info.resumed, reused = info.reused }
@@ -177,12 +181,12 @@ function _M.start(s, within, jit)
       if rn.add_background then rn:add_background(-1) end
     end })
     if entry.sleeping then
-      require("warmbox.task").current().sched:sleep(within - decide.JIT_LEAD)
+      rn:sleep(within - decide.JIT_LEAD)
       entry.sleeping = nil
     end
     return body(s, within)
   end)
-  -- Blocking lock waits drive a runner with background work (each runner registers with lock.step_while_blocked).
+  -- A blocking lock wait on this runner (`rn:pause`) steps it while it has background work.
   if rn.add_background then rn:add_background(1) end
   entry.task = t
   inflight[key] = entry

@@ -6,15 +6,14 @@
 -- remembered state `st` (warmbox.state's fields), called under its lock.
 -- @module warmbox.session.resolve
 
-local json = require "warmbox.json"
 local policy_mod = require "warmbox.policy"
 local util = require "warmbox.util"
-local state_codec = require "warmbox.state"
+local memo = require "warmbox.session.memo"
 local tag_mod = require "warmbox.tag"
 local decide = require "warmbox.session.decide"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
-local string_format, table_remove, math_max = string.format, table.remove, math.max
+local string_format, math_max = string.format, math.max
 
 local is_gone = decide.is_gone
 local CREATE_TAG = tag_mod.CREATE_TAG
@@ -29,10 +28,7 @@ local function bad_hook(s, hook, shown, want)
     shown, want), "POLICY"
 end
 
---- Forgets the remembered sandbox (warmbox.state's forget; the creates in
--- flight stay recorded, their orphans are recognised later, see `create`).
-_M.forget = state_codec.forget
-local forget = _M.forget
+local forget = memo.forget
 
 --- The lease the policy's `lease` hook asks for (ceiled). → lease | nil, msg, code
 function _M.lease(s, ctx)
@@ -43,22 +39,7 @@ function _M.lease(s, ctx)
   return lease
 end
 
---- Remembers the secured sandbox `sb`. `run_started` is when its current run
--- began (nil: unchanged for the same sandbox, unknown for another); E2B caps
--- every lease at run start + the maximum run length, so the remembered lease is too.
-function _M.remember(s, st, sb, lease_end, run_started)
-  st.tag, st.origin = s.tag_value, s.origin
-  if st.sandbox_id ~= sb.sandbox_id then
-    st.hooked, st.run_started, st.auto_resume = nil, nil, nil
-  end
-  st.sandbox_id = sb.sandbox_id
-  if sb.envd_access_token then st.access_token = sb.envd_access_token end
-  if sb.domain and sb.domain ~= json.null then st.domain = sb.domain end
-  if run_started then st.run_started = run_started end
-  st.lease_end = decide.lease_end(lease_end, st.run_started, s.max_run_length)
-end
-
-local remember = _M.remember
+local remember = memo.remember
 
 --- Whether sandbox `id` is gone as the control plane's `info` confirms (its
 -- 404): a 404 on another call may be an intermediary's after it forwarded
@@ -87,7 +68,7 @@ end
 -- seconds of its resume, as only a demote (connect + pause without memory) does.
 local function memory_lost(it, avoid)
   if avoid[it.sandbox_id] then return true end
-  return state_codec.looks_demoted(it)
+  return require("warmbox.state").looks_demoted(it)
 end
 
 -- The session's listed sandboxes (running or paused) that pass the exact
@@ -161,7 +142,7 @@ local function secure_candidate(s, st, ordered, lease, avoid, gone)
           if sb.sandbox_id == nil then sb.sandbox_id = it.sandbox_id end
           local resumed = res == true
           remember(s, st, sb, t0 + lease, resumed and t0 or util.parse_time(it.started_at))
-          st.auto_resume = auto_resumes(it.lifecycle)
+          memo.set_auto_resume(st, auto_resumes(it.lifecycle))
           return sb, resumed
         end
         if not is_gone(tcode) or not confirmed_gone(s, it.sandbox_id) then
@@ -190,44 +171,11 @@ end
 -- it made; one answered at its first attempt drops it (no list is paid for).
 local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
 
--- The recorded creates younger than CREATE_WINDOW (a create given up longer
--- ago has long made its sandbox or failed).
-local function recent_creates(st, now)
-  local list = {}
-  for _, c in ipairs(st.creating or {}) do
-    if type(c) == "table" and type(c.at) == "number" and now - c.at < decide.CREATE_WINDOW then
-      list[#list + 1] = c
-    end
-  end
-  return list
-end
-
 local function record_create(s, st)
-  local id, now = new_id(), s.clock()
-  local list = recent_creates(st, now)
-  list[#list + 1] = { id = id, at = now }
-  st.tag, st.origin = s.tag_value, s.origin
-  while #list > decide.CREATES_KEPT do table_remove(list, 1) end
-  st.creating = list
+  local id = new_id()
+  memo.record_create(s, st, id, s.clock())
   s:_save(st)
   return id
-end
-
-local function settle_create(st, id)
-  local list = st.creating
-  if not list then return end
-  for i = #list, 1, -1 do
-    if type(list[i]) ~= "table" or list[i].id == id then table_remove(list, i) end
-  end
-  if #list == 0 then st.creating = nil end
-end
-
--- The create `id` was answered with sandbox `sandbox_id`: its record stays
--- (the create may have made others), that sandbox is not its orphan.
-local function answered_create(st, id, sandbox_id)
-  for _, c in ipairs(st.creating or {}) do
-    if type(c) == "table" and c.id == id then c.kept = sandbox_id end
-  end
 end
 
 -- The create id of a listed sandbox whose create is still recorded (an
@@ -280,20 +228,20 @@ function _M.create(s, st, lease, from)
   local sb, cerr, ccode, cdetail = s.client:create(params)
   if not sb then
     -- An answer of the API itself that refused the create: nothing was made.
-    if REFUSED_CREATE[ccode] or type(cdetail) ~= "table" then settle_create(st, nonce) end
+    if REFUSED_CREATE[ccode] or type(cdetail) ~= "table" then memo.settle_create(st, nonce) end
     s:_save(st)
     return nil, cerr, ccode, cdetail
   end
   if type(cdetail) == "table" and (tonumber(cdetail.attempts) or 1) > 1 then
     -- Sent more than once: an earlier attempt may have made a sandbox too,
     -- found by the listing after the run (collect_orphans).
-    answered_create(st, nonce, sb.sandbox_id)
+    memo.answered_create(st, nonce, sb.sandbox_id)
   else
-    settle_create(st, nonce)
+    memo.settle_create(st, nonce)
   end
   s:_event("create", { sandbox_id = sb.sandbox_id })
   remember(s, st, sb, t0 + params.timeout, t0)
-  st.auto_resume = auto_resumes(params.lifecycle)
+  memo.set_auto_resume(st, auto_resumes(params.lifecycle))
   return sb
 end
 local create = _M.create
@@ -336,10 +284,10 @@ function _M.collect_orphans(s, st)
     end
   end
   local left = {}
-  for _, c in ipairs(recent_creates(st, s.clock())) do
+  for _, c in ipairs(memo.recent_creates(st, s.clock())) do
     if failed[c.id] or (c.kept == nil and not orphan_seen(cands, c.id)) then left[#left + 1] = c end
   end
-  st.creating = #left > 0 and left or nil
+  memo.keep_creates(st, left)
 end
 
 --- After a run: the sandboxes a rewind replaced but could not kill are killed
@@ -353,7 +301,7 @@ function _M.collect_replaced(s, st)
       if ok == nil then left[#left + 1] = id end
     end
   end
-  st.replaced = #left > 0 and left or nil
+  memo.keep_replaced(st, left)
 end
 
 -- Finds or creates the session's sandbox and secures its lease (the reference
@@ -389,7 +337,7 @@ local function resolve(s, st, lease, avoid)
       s.client:kill(it.sandbox_id)
       s:_event("kill", { sandbox_id = it.sandbox_id, reason = orphan and "orphan" or "duplicate" })
     end
-    if orphan then settle_create(st, orphan) end
+    if orphan then memo.settle_create(st, orphan) end
   end
   return { sandbox_id = kept.sandbox_id, reused = not created, resumed = resumed, how = created and "create"
     or "resolve", lease = lease }
@@ -467,7 +415,7 @@ local function recycle(s, st, got, lease)
   s:_event("recycle", { sandbox_id = got.sandbox_id, ok = sb ~= nil })
   if not sb then
     -- Paused (memory kept): the next run's connect resumes it, unless it is gone.
-    if is_gone(ccode) then forget(st) else st.lease_end = nil end
+    if is_gone(ccode) then forget(st) else memo.lease_unknown(st) end
     return nil, res, ccode, cdetail
   end
   if sb.sandbox_id == nil then sb.sandbox_id = got.sandbox_id end

@@ -33,6 +33,7 @@ local function sim_runner(sched)
   function rn.spawn(_, fn, ...) return sched:spawn(fn, ...) end
   function rn.current() return sched:current() end
   function rn.step() return sched:step(0) end
+  function rn.sleep(_, s) return sched:sleep(s) end
   function rn.join(_, t)
     if t:done() then return end
     local ev = sched:event()
@@ -207,14 +208,13 @@ function _M.simulate(X)
   local sched, clock, report, model, policy = X.sched, X.clock, X.report, X.model, X.policy
   local events = report.events
   local rn = sim_runner(sched)
-  local function get_runner() return rn end
   local function on_event(name) events[name] = (events[name] or 0) + 1 end
   local parallel = sim_parallel(sched)
   function X.new_session(key)
     return session_mod.new(key, { client = model, lock = X.new_lock, clock = clock, policy = policy,
       parallel = parallel,
       template = X.template, exec_timeout = X.exec_timeout, idle_timeout = X.idle_timeout, tag = X.tag,
-      origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length, runner = get_runner })
+      origin = "warmbox.sim", on_event = on_event, max_run_length = model.max_length, runner = rn })
   end
   X.nlat, X.last_end, X.active, X.arrived_all, X.horizon = #X.latencies, X.t0, 0, false, nil
   -- The GC task, while it sleeps until its next pass (gc_next): the simulation

@@ -29,7 +29,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     return session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
       exec_timeout = o.exec_timeout or 300, idle_timeout = o.idle_timeout or 300,
       parallel = wb.parallel, origin = wb.origin, clock = o.clock, counters = wb.counters,
-      runner = function() return require("warmbox.runner").running() or wb:_runner() end,
+      runner = wb.runner,
       on_event = function(name, info)
         if RUN_EVENTS[name] then return end
         local e = name .. (info.action and (":" .. info.action) or "") .. (info.alongside and "+" or "")
@@ -272,7 +272,7 @@ describe("s:prewarm (warmboxd --resume-ms 1000 --create-ms 500)", function()
     env:reset_stats()
     local done_at
     local s = session.new(key, { client = wb.client, lock = { backend = "file", dir = env.lockdir },
-      parallel = wb.parallel, origin = wb.origin, runner = function() return wb:_runner() end,
+      parallel = wb.parallel, origin = wb.origin, runner = wb.runner,
       on_event = function(name) if name == "prewarm" then done_at = core.now() end end })
     local p = s:prewarm()
     -- Let the prewarm get as far as its create (warmboxd takes 0.5 s to answer
