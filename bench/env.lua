@@ -2,7 +2,7 @@
 --   local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 -- It puts the checkout's lua/ (and its root, for spec.helpers) on package.path
 -- and the build (WARMBOX_BUILD_DIR, default build/) on package.cpath, and
--- returns `{ root, build, warmboxd, status_kb }` (absolute or relative to the current
+-- returns `{ root, build, warmboxd, status_kb, print_table }` (absolute or relative to the current
 -- directory; `warmboxd` is $WARMBOXD_BIN, else the build's binary when it
 -- exists, else nil: warmbox.server's own default).
 local here = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/[^/]*$")) or "."
@@ -30,4 +30,22 @@ local function status_kb(field)
   return tonumber(s:match(field .. ":%s*(%d+)")) or 0
 end
 
-return { root = root, build = build, warmboxd = warmboxd, status_kb = status_kb }
+-- Prints a Markdown table: the `head` row, a rule, then `rows` (lists of
+-- cells, any values), each column as wide as its widest cell.
+local function print_table(head, rows)
+  local w = {}
+  for i, h in ipairs(head) do w[i] = #tostring(h) end
+  for _, l in ipairs(rows) do for i, c in ipairs(l) do w[i] = math.max(w[i] or 0, #tostring(c)) end end
+  local function fmt(l)
+    local out = {}
+    for i, c in ipairs(l) do out[i] = tostring(c) .. string.rep(" ", w[i] - #tostring(c)) end
+    return "| " .. table.concat(out, " | ") .. " |"
+  end
+  local sep = {}
+  for i = 1, #head do sep[i] = string.rep("-", w[i]) end
+  print(fmt(head))
+  print(fmt(sep))
+  for _, l in ipairs(rows) do print(fmt(l)) end
+end
+
+return { root = root, build = build, warmboxd = warmboxd, status_kb = status_kb, print_table = print_table }

@@ -26,7 +26,7 @@
 -- The fault hits the route's next request only (count 1), so idempotent calls
 -- that are retried recover; "delay" holds the request past the client's
 -- timeout (request_timeout 2 s; for the execute, the run's timeout + grace).
-dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
+local env = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/env.lua")
 
 local warmbox = require "warmbox"
 local sandbox_mod = require "warmbox.e2b.sandbox"
@@ -281,21 +281,9 @@ if not ONLY or ONLY == "intermediary" then proxy_rows() end
 if not ONLY or ONLY == "stale holder" then stale_rows() end
 
 local head = { "route", "fault", "ok", "errors by code", "executions per cell", "state survived" }
-local w = {}
-for i, h in ipairs(head) do w[i] = #h end
-for _, l in ipairs(rows) do for i, c in ipairs(l) do w[i] = math.max(w[i], #tostring(c)) end end
-local function fmt(l)
-  local out = {}
-  for i, c in ipairs(l) do out[i] = tostring(c) .. string.rep(" ", w[i] - #tostring(c)) end
-  return "| " .. table.concat(out, " | ") .. " |"
-end
 print(("%d cells per row; request_timeout %gs, run timeout %gs; %ds in all"):format(CELLS, REQUEST_TIMEOUT,
   RUN_TIMEOUT, os.time() - t0))
-print(fmt(head))
-local sep = {}
-for i = 1, #head do sep[i] = string.rep("-", w[i]) end
-print(fmt(sep))
-for _, l in ipairs(rows) do print(fmt(l)) end
+env.print_table(head, rows)
 
 wb:close()
 srv:stop()

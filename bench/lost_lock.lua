@@ -26,6 +26,7 @@ local warmbox = require "warmbox"
 local wbd = require "spec.helpers.warmboxd"
 local redis_helper = require "spec.helpers.redis"
 local after_proxy = require "spec.helpers.after_proxy"
+local ledger_helper = require "spec.helpers.ledger"
 
 local ROUNDS = tonumber(arg and arg[1]) or 3
 local q = wbd.sh_quote
@@ -68,33 +69,10 @@ local function holder(backend, key, code, lang, out)
   return pid
 end
 
-local function ledger(id)
-  local t = {}
-  local f = io.open(srv:sandbox_home(id) .. "/ledger", "rb")
-  if f then
-    for line in f:lines() do t[#t + 1] = line end
-    f:close()
-  end
-  return t
-end
-
-local seq = 0
--- A cell of `lang` writing its start and end to the ledger; between them it
--- waits (up to 3 s) for cell `until_mark` to start. → code, mark
-local function cell(lang, until_mark)
-  seq = seq + 1
-  local mark = "c" .. seq
-  if lang == "bash" then
-    return "echo start " .. mark .. " >> /home/user/ledger\n"
-      .. (until_mark and ("end=$((SECONDS + 3)); while [ $SECONDS -lt $end ]; do grep -q '^start " .. until_mark
-        .. "$' /home/user/ledger && break; sleep 0.02; done\n") or "")
-      .. "echo end " .. mark .. " >> /home/user/ledger\n", mark
-  end
-  return "import time\nopen('/home/user/ledger', 'a').write('start " .. mark .. "\\n')\n"
-    .. (until_mark and ("end = time.monotonic() + 3\nwhile time.monotonic() < end:\n  if 'start " .. until_mark
-      .. "\\n' in open('/home/user/ledger').read(): break\n  time.sleep(0.02)\n") or "")
-    .. "open('/home/user/ledger', 'a').write('end " .. mark .. "\\n')\n", mark
-end
+local function ledger(id) return ledger_helper.read(srv, id) end
+-- A cell writing its start and end to the ledger; with `until_mark`, it waits
+-- (up to 3 s) for that cell to start. → code, mark
+local function cell(lang, until_mark) return ledger_helper.cell(lang, until_mark, 3) end
 
 -- Counts over a ledger: executions per mark, overlaps (a start while another cell ran).
 local function read_ledger(l, execs)
@@ -212,21 +190,9 @@ add("create", "429 after forwarding", create_row(429))
 
 local head = { "case", "fault", "runs by code", "executions per cell", "overlapping executions",
   "refused whose cell ran", "orphans left" }
-local w = {}
-for i, h in ipairs(head) do w[i] = #h end
-for _, l in ipairs(rows) do for i, c in ipairs(l) do w[i] = math.max(w[i], #tostring(c)) end end
-local function fmt(l)
-  local o = {}
-  for i, c in ipairs(l) do o[i] = tostring(c) .. string.rep(" ", w[i] - #tostring(c)) end
-  return "| " .. table.concat(o, " | ") .. " |"
-end
 print(("%d rounds per row (runs: the holder's and the later run's, or the create's); %ds in all"):format(ROUNDS,
   os.time() - t0))
-print(fmt(head))
-local sep = {}
-for i = 1, #head do sep[i] = string.rep("-", w[i]) end
-print(fmt(sep))
-for _, l in ipairs(rows) do print(fmt(l)) end
+env.print_table(head, rows)
 
 srv:stop()
 if redis then redis:stop() end

@@ -61,8 +61,11 @@ enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb
     }
     return wbd_interp_handle(req, sb);
   }
-  if (port != ENVD_PORT)
+  if (port != ENVD_PORT) {
+    enum MHD_Result r;
+    if (wbd_ports_forward(req, sb, port, &r) == 0) return r;
     return proxy_error(req, sb, 502, "The sandbox is running but port is not open", port);
+  }
   if (internal_route(req->path))
     return proxy_error(req, sb, 404, "This endpoint is reserved for the E2B control plane", 0);
 

@@ -91,6 +91,9 @@ static void usage(FILE *f) {
           "                        directory (default 1024)\n"
           "  --max-spool-mb N      upload bodies held at once, all sandboxes (default 1024)\n"
           "  --pause-workers N     sandboxes paused at once at their timeout (default 4)\n"
+          "  --tls-cert PATH, --tls-key PATH\n"
+          "                        also serve HTTPS (the same API and data plane) with this PEM\n"
+          "                        certificate and key, on --tls-port N (default 0: a free one)\n"
           "  --strict-tokens       a secure sandbox's token on every code interpreter call but\n"
           "                        /health (default: on /execute only, as E2B checks it);\n"
           "                        warmbox.server and `warmbox server start` use it\n"
@@ -109,7 +112,8 @@ static void usage(FILE *f) {
           "  --verbose             log requests to stderr\n"
           "  --version             print the version\n"
           "  --help                this text\n\n"
-          "Prints 'warmboxd listening on http://HOST:PORT' first on stdout.\n");
+          "Prints 'warmboxd listening on http://HOST:PORT' first on stdout (then\n"
+          "'warmboxd listening on https://HOST:PORT' with --tls-cert).\n");
 }
 
 /* --idle-exit: whether no sandbox has run for `idle_s` seconds (checked at
@@ -139,22 +143,6 @@ static int parse_int(const char *name, const char *s, int lo, int hi, int *out) 
   }
   *out = (int)v;
   return 0;
-}
-
-/* An integer option found in a table: its getopt id, flag, range and
- * destination. */
-struct int_opt {
-  int id;
-  const char *flag;
-  int lo, hi;
-  int *dst;
-};
-
-/* 0 (parsed), -1 (a bad value), or 1 when option `c` is not in the table. */
-static int parse_listed(const struct int_opt *t, size_t n, int c, const char *arg) {
-  for (size_t i = 0; i < n; i++)
-    if (t[i].id == c) return parse_int(t[i].flag, arg, t[i].lo, t[i].hi, t[i].dst);
-  return 1;
 }
 
 /* Every connection is a descriptor (and a thread): lift the soft limit to
@@ -228,21 +216,33 @@ struct run_opts {
   int idle_exit;   /* --idle-exit S, 0 */
 };
 
+/* The server's own options (limits, the TLS listener), out of parse_args.
+ * 0, 1 when the value is bad (said on stderr), -1 for an unknown option. */
+static int parse_limit(const char *name, const char *s, int lo, int hi, int *out) {
+  return parse_int(name, s, lo, hi, out) ? 1 : 0;
+}
+enum { O_CONNTO = 512, O_MAXCONN, O_MAXCONNIP, O_MAXUP, O_MAXSPOOL, O_TLSCERT, O_TLSKEY, O_TLSPORT };
+static int parse_server_opt(int c, const char *arg) {
+  switch (c) {
+  case O_CONNTO: return parse_limit("--conn-timeout", arg, 1, 3600, &wbd_lim.conn_timeout_s);
+  case O_MAXCONN: return parse_limit("--max-conns", arg, 1, 1 << 20, &wbd_lim.max_conns);
+  case O_MAXCONNIP: return parse_limit("--max-conns-per-ip", arg, 1, 1 << 20, &wbd_lim.max_conns_per_ip);
+  case O_MAXUP: return parse_limit("--max-upload-mb", arg, 1, 1 << 20, &wbd_lim.max_upload_mb);
+  case O_MAXSPOOL: return parse_limit("--max-spool-mb", arg, 1, 1 << 30, &wbd_lim.max_spool_mb);
+  case O_TLSCERT: wbd_lim.tls_cert = arg; return 0;
+  case O_TLSKEY: wbd_lim.tls_key = arg; return 0;
+  case O_TLSPORT: return parse_limit("--tls-port", arg, 0, 65535, &wbd_lim.tls_port);
+  default: return -1;
+  }
+}
+
 /* The command line into wbd_opt, wbd_lim and *run: -1 to go on, else the
  * exit code (0 after --help or --version, 2 for a bad option). */
 static int parse_args(int argc, char **argv, struct run_opts *run) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
-         O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN, O_CONNTO, O_MAXCONN, O_MAXCONNIP, O_MAXUP,
+         O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN,
          O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT, O_SECALL, O_TEAMMEM,
-         O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_MAXSPOOL, O_PAUSEW, O_SNAPAGE };
-  /* what a team keeps on disk (state.h) */
-  static const struct int_opt state_opts[] = {
-    { O_MAXSNAP, "--max-snapshots", 0, 1 << 20, &wbd_state_lim.max_snapshots },
-    { O_SNAPAGE, "--snapshot-max-age", 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s },
-    { O_MAXSTATE, "--max-state-mb", 0, 1 << 30, &wbd_state_lim.max_state_mb },
-    { O_MINFREE, "--min-free-mb", 0, 1 << 30, &wbd_state_lim.min_free_mb },
-    { O_PAUSEW, "--pause-workers", 1, 256, &wbd_state_lim.pause_workers },
-  };
+         O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_PAUSEW, O_SNAPAGE };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -276,6 +276,9 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     { "min-free-mb", required_argument, 0, O_MINFREE },
     { "max-spool-mb", required_argument, 0, O_MAXSPOOL },
     { "pause-workers", required_argument, 0, O_PAUSEW },
+    { "tls-cert", required_argument, 0, O_TLSCERT },
+    { "tls-key", required_argument, 0, O_TLSKEY },
+    { "tls-port", required_argument, 0, O_TLSPORT },
     { "verbose", no_argument, 0, O_VERBOSE },
     { "version", no_argument, 0, O_VERSION },
     { "help", no_argument, 0, O_HELP },
@@ -310,20 +313,22 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
       }
       wbd_lim.admin_token = optarg;
       break;
-    case O_CONNTO: rc = parse_int("--conn-timeout", optarg, 1, 3600, &wbd_lim.conn_timeout_s); break;
-    case O_MAXCONN: rc = parse_int("--max-conns", optarg, 1, 1 << 20, &wbd_lim.max_conns); break;
-    case O_MAXCONNIP: rc = parse_int("--max-conns-per-ip", optarg, 1, 1 << 20, &wbd_lim.max_conns_per_ip); break;
-    case O_MAXUP: rc = parse_int("--max-upload-mb", optarg, 1, 1 << 20, &wbd_lim.max_upload_mb); break;
     case O_MAXLIST: rc = parse_int("--max-list-entries", optarg, 1, 1 << 24, &wbd_opt.max_list_entries); break;
     case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
     case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with); break;
     case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit); break;
-    case O_MAXSPOOL: rc = parse_int("--max-spool-mb", optarg, 1, 1 << 30, &wbd_lim.max_spool_mb); break;
+    case O_MAXSNAP: rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots); break;
+    case O_SNAPAGE:
+      rc = parse_int("--snapshot-max-age", optarg, 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s);
+      break;
+    case O_MAXSTATE: rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb); break;
+    case O_MINFREE: rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb); break;
+    case O_PAUSEW: rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers); break;
     case O_VERBOSE: wbd_opt.verbose = 1; break;
     case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
     case O_HELP: usage(stdout); return 0;
     default:
-      if ((rc = parse_listed(state_opts, sizeof state_opts / sizeof *state_opts, c, optarg)) > 0) {
+      if ((rc = parse_server_opt(c, optarg)) < 0) {
         usage(stderr);
         return 2;
       }
@@ -431,6 +436,9 @@ static int start_all(void) {
   }
   printf("warmboxd listening on http://%s:%d\n", strcmp(wbd_opt.host, "localhost") == 0 ? "127.0.0.1" : wbd_opt.host,
          wbd_server_port());
+  if (wbd_server_tls_port() > 0)
+    printf("warmboxd listening on https://%s:%d\n", strcmp(wbd_opt.host, "localhost") == 0 ? "127.0.0.1" : wbd_opt.host,
+           wbd_server_tls_port());
   fflush(stdout);
   if (!wbd_opt.api_key && wbd_opt.verbose)
     fprintf(stderr, "warmboxd: accepting any e2b_<hex> API key, one team per key\n");

@@ -50,6 +50,7 @@ _M.codes = {
 -- @tparam integer status
 -- @tparam[opt] boolean data_plane a 502 from the sandbox proxy means SANDBOX_GONE
 -- @treturn string
+-- syntax: code = errors.code_for_status(status, data_plane)
 function _M.code_for_status(status, data_plane)
   if status == 401 or status == 403 then return "AUTH" end
   if status == 404 then return "NOT_FOUND" end
@@ -72,17 +73,20 @@ end
 -- @tparam string msg
 -- @tparam[opt=2] integer level as `error`'s, counted from the function that calls this one
 --   (2: that function's caller)
+-- syntax: errors.bad_argument(argn, fname, msg[, level])
 function _M.bad_argument(argn, fname, msg, level)
   error(string_format("bad argument #%d to '%s' (%s)", argn, fname, msg), (level or 2) + 1)
 end
 
 --- Raises `bad argument #argn to 'fname' (option 'key': msg)`.
+-- syntax: errors.bad_option(argn, fname, key, msg[, level])
 function _M.bad_option(argn, fname, key, msg, level)
   error(string_format("bad argument #%d to '%s' (option '%s': %s)", argn, fname, tostring(key), msg),
     (level or 2) + 1)
 end
 
 --- Raises `bad argument #n to 'fname' (msg)` at the caller's caller unless `cond`.
+-- syntax: errors.argcheck(cond, n, fname, msg)
 function _M.argcheck(cond, n, fname, msg)
   if not cond then error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), 3) end
 end
@@ -134,6 +138,7 @@ end
 -- @tparam[opt=2] integer level as `error`'s, counted from the function that calls this one
 -- @tparam[opt] string prefix put before option names (a nested table: "lifecycle.")
 -- @treturn table `t`, or a new empty table for nil
+-- syntax: errors.check_options(t, spec, fname, argn[, level, prefix])
 function _M.check_options(t, spec, fname, argn, level, prefix)
   level = (level or 2) + 1
   if t == nil then return {} end
@@ -173,6 +178,8 @@ end
 -- turn the interrupt into an ordinary failure. Raises it again when `e` (an
 -- error value, possibly with a traceback appended) is that interrupt;
 -- otherwise returns `e`.
+-- syntax: e = errors.reraise_interrupt(e) (raises lua.c's `interrupted!` again when a pcall caught it:
+--   json.decode, policy hooks, GC's tenant hook)
 function _M.reraise_interrupt(e)
   if type(e) == "string" and (e == "interrupted!" or e:match("^interrupted!\n") or e:match("^[^\n]*: interrupted!$")
     or e:match("^[^\n]*: interrupted!\n")) then
@@ -182,6 +189,7 @@ function _M.reraise_interrupt(e)
 end
 
 --- A detail table `{ status, message }` (E2B's status and message kept).
+-- syntax: d = errors.detail(status, message, extra)
 function _M.detail(status, message, extra)
   local d = setmetatable({ status = status, message = message }, Detail)
   if type(extra) == "table" then

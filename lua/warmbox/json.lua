@@ -30,16 +30,19 @@ local QUOTED_SENTINEL = '"' .. SENTINEL .. '"'
 --- Marks `t` (default a new table) as an array; returns it.
 -- @tparam[opt] table t
 -- @treturn table
+-- syntax: t = json.array(t)
 function _M.array(t)
   return setmetatable(t or {}, array_mt)
 end
 
 --- An empty array value (encodes as `[]`). A fresh table each call.
+-- syntax: t = json.empty_array()
 function _M.empty_array()
   return setmetatable({}, array_mt)
 end
 
 --- Whether `v` is JSON `null`.
+-- syntax: json.is_null(x)
 function _M.is_null(v)
   return v == codec.null
 end
@@ -70,6 +73,7 @@ end
 -- @treturn[1] string
 -- @return[2] nil
 -- @treturn[2] string error message
+-- syntax: s = json.encode(v)
 function _M.encode(v)
   if native_empty then return codec.encode(v) end
   local sv, changed = substitute(v, 0)
@@ -84,6 +88,7 @@ end
 -- @return[1] value
 -- @return[2] nil
 -- @treturn[2] string error message
+-- syntax: v, err = json.decode(s)
 function _M.decode(s)
   if type(s) ~= "string" then return nil, "expected a string, got " .. type(s) end
   local v, err = codec.decode(s)
@@ -102,6 +107,7 @@ local tonumber, utf8_len, table_concat = tonumber, utf8.len, table.concat
 -- @tparam string s JSON text
 -- @treturn string
 -- @treturn integer how many escapes were replaced
+-- syntax: s = json.repair_surrogates(s)
 function _M.repair_surrogates(s)
   local out, n, pos, last, fixed = {}, 0, 1, 1, 0
   while true do
@@ -139,6 +145,7 @@ local REPLACEMENT = "\xEF\xBF\xBD"
 -- `utf8.len`: no surrogates, nothing above U+10FFFF) replaced by U+FFFD.
 -- @tparam string s
 -- @treturn string
+-- syntax: s = json.utf8_clean(s)
 function _M.utf8_clean(s)
   if type(s) ~= "string" then return s end
   local ok, bad = utf8_len(s)
@@ -163,6 +170,7 @@ end
 -- @treturn[1] integer how many escapes were replaced
 -- @return[2] nil
 -- @treturn[2] string error message
+-- syntax: v, replaced = json.decode_lossless(s)
 function _M.decode_lossless(s)
   local v, err = _M.decode(s)
   if v ~= nil then return v, 0 end
@@ -179,6 +187,7 @@ function _M.decode_lossless(s)
 end
 
 --- `v` unless it is `json.null` (then nil).
+-- syntax: json.value(x) (nil for `null`)
 function _M.value(v)
   if v == codec.null then return nil end
   return v

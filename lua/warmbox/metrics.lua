@@ -34,6 +34,7 @@ _M.FIELDS = { "lock_wait", "resolve", "prepare", "lease", "execute", "outputs", 
 
 --- A run's timer: `tm[field]` accumulates (see `phase`); `t0` is its start and
 -- `mark` the end of its last phase; `locked` is set once the run has its lock.
+-- syntax: tm = metrics.timer()
 function _M.timer()
   local t = now()
   return { t0 = t, mark = t, lock_wait = 0, resolve = 0, prepare = 0, lease = 0, execute = 0, outputs = 0,
@@ -43,6 +44,10 @@ end
 --- Ends a phase: the time since the last one ended (or the run began) goes to
 -- `tm[field]` (nothing without a timer). The phases are contiguous, so they
 -- add up to the total.
+-- syntax: metrics.phase(tm, field) (ends a phase: the time since the last one ended, or the run began, goes to
+--   `tm[field]`; the phases are contiguous, so they add up to `total`: the session's run ends `lock_wait`,
+--   `resolve`, `prepare`, `lease`, `execute`, `outputs`, `retry` where each happens, and `timings` puts the
+--   rest, after the last phase, in `finish`; nothing when `tm` is nil)
 function _M.phase(tm, field)
   if tm then
     local t = now()
@@ -52,12 +57,14 @@ function _M.phase(tm, field)
 end
 
 --- Adds the time since `t0` to `tm[field]` (nothing without a timer).
+-- syntax: metrics.add(tm, field, t0) (adds `core.now() - t0`; nothing when `tm` is nil)
 function _M.add(tm, field, t0)
   if tm then tm[field] = tm[field] + (now() - t0) end
 end
 
 --- The timings table of `tm` (a copy; `total` up to now, and the time since
 -- its last phase in `finish`).
+-- syntax: t = metrics.timings(tm) (the `r.timings` table)
 function _M.timings(tm)
   local out = {}
   for _, f in pairs(_M.FIELDS) do out[f] = tm[f] end
@@ -78,6 +85,7 @@ local EVENT_LEVEL = { lease_floor = "warn", lease_failed = "warn", memory_lost =
 
 --- One event to the hooks: `on_event(name, info)`, then
 -- `log(level, "warmbox: <name> (<where>)", info)`; either may be nil.
+-- syntax: metrics.emit(on_event, log, name, info, where) (one event to both hooks; the level table is here)
 function _M.emit(on_event, log_fn, name, info, where)
   if on_event then on_event(name, info) end
   if log_fn then
@@ -98,6 +106,7 @@ end
 
 --- Counts one run into `counters`: its outcome (a result `r`, else `code`),
 -- how its sandbox was had, and its total latency.
+-- syntax: metrics.count_run(counters, r, code, total)
 function _M.count_run(counters, r, code, total)
   inc(counters, "runs")
   if r then
@@ -126,6 +135,7 @@ end
 
 --- A copy of `counters` for `stats()`: `defaults` for the counters not yet
 -- counted, `codes` copied, the histogram as `latency = { count, p50, p90, p99 }`.
+-- syntax: out = metrics.stats(counters, defaults) (wb:stats's copy, quantiles from the histogram)
 function _M.stats(counters, defaults)
   local out = { runs = 0, runs_ok = 0, runs_error = 0, runs_failed = 0, reuse = 0, resume = 0, create = 0 }
   for k, v in pairs(defaults or {}) do out[k] = v end

@@ -51,6 +51,9 @@ end
 
 --- The cell that installs the hooks, sent on its own before the user's cell when the
 -- kernel may not have them yet (idempotent: guarded by an attribute on `get_ipython()`).
+-- syntax: s = outputs.prelude_for(dir) (`outputs.PRELUDE` for /home/user/output; the cell is
+--   `python/output_hook.py` plus one `install(...)` call line; `dir` must be a plain path: a quote, backslash,
+--   control or non-ASCII byte is an error)
 function _M.prelude_for(dir)
   local call = string_format("install(%s, %s, %d, %s, %d, %d, %s, %d, %d)\n", py_str(_M.CELLS_DIR),
     py_str(_M.FENCE_FILE), _M.CELLS_KEPT, py_str(dir), _M.INLINE_LIMIT, _M.INLINE_TOTAL, py_str(_M.OUTPUTS_MIME),
@@ -63,6 +66,7 @@ _M.PRELUDE = _M.prelude_for(OUTPUT_DIR)
 -- line the hooks strip before the cell is compiled, so its line numbers stay
 -- the user's). A kernel without the hooks fails on that line (NameError)
 -- before anything of the cell runs.
+-- syntax: code = outputs.cell_marked(code, id)
 function _M.cell_marked(code, id, fence)
   if math.type(fence) == "integer" and fence >= 0 then
     return string_format("__warmbox_cell__('%s', %d)\n", id, fence) .. code
@@ -109,6 +113,7 @@ local GUARDED = { bash = "bash", javascript = "js", js = "js", typescript = "js"
 -- fencing number, as the python hooks guard theirs (the same records: see
 -- `CELLS_DIR`, `FENCE_FILE`), in plain code its own kernel runs; nil for a
 -- language without a guard (its cell is never sent twice after an unclear answer).
+-- syntax: code = outputs.cell_guarded(code, language, id, n) (see "At most once")
 function _M.cell_guarded(code, language, id, fence)
   local kind = GUARDED[language]
   if not kind then return nil end
@@ -130,6 +135,7 @@ local MIME = {
   docx = "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
   pptx = "application/vnd.openxmlformats-officedocument.presentationml.presentation",
 }
+-- syntax: outputs.mime_of(name)
 local function mime_of(name)
   local ext = name:match("%.([%w]+)$")
   return ext and MIME[ext:lower()] or "application/octet-stream"
@@ -142,6 +148,7 @@ _M.mime_of = mime_of
 -- silently collide.
 -- @treturn[1] string the name
 -- @return[2] nil, message
+-- syntax: name, err = outputs.check_file_name(name)
 function _M.check_file_name(name)
   if type(name) ~= "string" or name == "" then
     return nil, "input file name must be a non-empty string"
@@ -156,6 +163,7 @@ end
 -- Collecting a run's output files
 -- ------------------------------------------------------------------
 
+-- syntax: report = outputs.outputs_of(result)
 local function outputs_of(res)
   if type(res) ~= "table" then return nil end
   local v = type(res.extra) == "table" and res.extra[_M.OUTPUTS_MIME] or res[_M.OUTPUTS_MIME]
@@ -171,6 +179,7 @@ _M.outputs_of = outputs_of
 -- are refused, so no name the caller may join to a directory climbs out.
 -- @treturn[1] string the name
 -- @return[2] nil, message
+-- syntax: name, err = outputs.check_output_name(name)
 function _M.check_output_name(name)
   if type(name) ~= "string" or name == "" or name:find("%z") or name:sub(1, 1) == "/" or #name > 4096 then
     return nil, string_format("output file name %q is not a relative path", tostring(name))
@@ -300,6 +309,7 @@ local function list_by_command(sbx)
   return found
 end
 
+-- syntax: files, err, code = outputs.collect_envd(sbx, cap)
 local function collect_envd(sbx, cap)
   local entries, err, code = sbx:list_dir(OUTPUT_DIR, _M.FILES_DEPTH)
   if not entries then
@@ -336,6 +346,7 @@ end
 
 -- The files of the python hook's output report (walked in the kernel, in
 -- walk order: see python/output_hook.py).
+-- syntax: files, err, code = outputs.files_from_report(sbx, report, cap)
 local function files_from_report(sbx, report, cap)
   return take_walk(report.files, cap, function(f) return report_file(sbx, f) end)
 end

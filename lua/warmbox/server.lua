@@ -269,12 +269,12 @@ function _M.start(opts)
   end
 end
 
---- The server's log so far.
+--- syntax: srv:log(): the server's log so far.
 function Server:log()
   return read_file(self.log_path) or ""
 end
 
---- Stop the server (SIGTERM, SIGKILL after 5 s) and remove its data. Idempotent.
+--- syntax: srv:stop(): SIGTERM, SIGKILL after 5 s, and its data removed. Idempotent.
 function Server:stop()
   if self.stopped then return true end
   self.stopped = true
@@ -283,7 +283,7 @@ function Server:stop()
   return true
 end
 
---- Let the server outlive this object: `stop`, `__gc` and `__close` then do nothing.
+--- syntax: srv:detach(): the server outlives this object (`stop`, `__gc`, `__close` do nothing).
 function Server:detach()
   self.stopped = true
   return self
@@ -307,7 +307,7 @@ local function passwd_home()
   return nonempty(home)
 end
 
---- The directory of the per-user server's state: `$XDG_RUNTIME_DIR/warmbox`, else
+--- syntax: dir = server.state_dir(): the per-user server's state directory: `$XDG_RUNTIME_DIR/warmbox`, else
 -- `$XDG_STATE_HOME/warmbox`, else `~/.local/state/warmbox` (`~`: `$HOME`, else the
 -- user's home in the password database; never a shared directory such as /tmp).
 -- @treturn[1] string
@@ -324,9 +324,8 @@ function _M.state_dir()
   return home .. "/.local/state/warmbox"
 end
 
---- The state file (JSON, mode 0600): `{ url, pid, api_key, admin_token, dir, bin, started_at, idle_exit }`.
--- @treturn[1] string
--- @return[2] nil, message
+--- syntax: path = server.state_path(): the state file (JSON, mode 0600): `{ url, pid, api_key,
+-- admin_token, dir, bin, started_at, idle_exit }`; or nil, message.
 function _M.state_path()
   local dir, err = _M.state_dir()
   if not dir then return nil, err end
@@ -381,7 +380,7 @@ local function answers_token(st)
   return true
 end
 
---- The running per-user server.
+--- syntax: st, why = server.local_server(): the running per-user server (the CLI's, from its state file).
 -- The state directory is checked (this user's, no one else may write to it)
 -- before its state file is read; the server it names must be this user's
 -- shared warmboxd (its data directory, and its admin API answering the

@@ -20,6 +20,7 @@ local _M = {}
 -- `turns`: the session's successful runs, what a checkpoint's `turn` says, see warmbox.session.checkpoint).
 -- @tparam string|nil s
 -- @treturn table (empty when `s` is nil, empty or not warmbox state)
+-- syntax: st = state.decode(s)
 function _M.decode(s)
   if type(s) ~= "string" or s == "" then return {} end
   local t = json.decode(s)
@@ -30,6 +31,7 @@ function _M.decode(s)
   return t
 end
 
+-- syntax: s = state.encode(st)
 function _M.encode(st)
   if not st.sandbox_id and not st.creating then return nil end
   return json.encode({
@@ -46,6 +48,7 @@ end
 --- Forgets the remembered sandbox; the creates in flight (`creating`, their
 -- orphans are recognised later), the run count (`turns`) and the replaced
 -- sandboxes still to kill (`replaced`) stay.
+-- syntax: state.forget(st) (the sandbox; `creating` and `turns` stay)
 function _M.forget(st)
   local creating, turns, replaced = st.creating, st.turns, st.replaced
   for k in pairs(st) do st[k] = nil end
@@ -54,6 +57,7 @@ end
 
 --- Whether `st` was written by a session of another tag value or origin (a
 -- key shared by two deployments): then it is forgotten, never used.
+-- syntax: bool = state.foreign(st, tag_value, origin) (written by another deployment: forget it)
 function _M.foreign(st, tag_value, origin)
   return (st.tag ~= nil and st.tag ~= tag_value) or st.origin ~= origin
 end
@@ -61,6 +65,7 @@ end
 --- GC demoted the remembered sandbox `sandbox_id` (its kernel and memory are
 -- gone): the session installs its output hooks again, and one with
 -- require_memory replaces it.
+-- syntax: state.kernel_lost(st, sandbox_id) (GC demoted it: hooks and memory gone)
 function _M.kernel_lost(st, sandbox_id)
   st.hooked = nil
   st.memory_lost = sandbox_id
@@ -73,6 +78,7 @@ _M.DEMOTE_MARK = 10
 -- demoted by GC: paused within `DEMOTE_MARK` seconds of its resume, as only a
 -- demote (connect + pause without memory) does. A session never does that: its
 -- lease is at least its idle timeout, and a recycled sandbox runs again at once.
+-- syntax: bool = state.looks_demoted(item) (paused within `state.DEMOTE_MARK`, 10 s, of its resume)
 function _M.looks_demoted(d)
   if d.state ~= "paused" then return false end
   local s, e = util.parse_time(d.started_at), util.parse_time(d.end_at)

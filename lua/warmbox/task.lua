@@ -55,12 +55,15 @@ local by_co = setmetatable({}, { __mode = "kv" })
 --- A virtual clock: `wait(deadline)` jumps to the deadline, nothing sleeps.
 -- @tparam[opt=0] number start the clock's first reading
 -- @treturn table backend `{ now, wait, advance }`
+-- syntax: b = task.virtual(t0)
 function _M.virtual(start)
   if start ~= nil and type(start) ~= "number" then
     error("bad argument #1 to 'virtual' (number expected, got " .. type(start) .. ")", 2)
   end
   local b = { t = start or 0, virtual = true }
+  -- syntax: sched:now()
   function b.now(self) return self.t end
+  -- syntax: ev:wait(deadline)
   function b.wait(self, deadline)
     if deadline == nil then return false end
     if deadline > self.t then self.t = deadline end
@@ -124,6 +127,7 @@ Task.__index = Task
 Task.__name = "warmbox.Task"
 
 --- True when the task has finished (returned, raised or was cancelled).
+-- syntax: t:done()
 function Task:done()
   return self.state == "done"
 end
@@ -131,6 +135,7 @@ end
 --- The function's return values; `nil, msg, code` when it raised
 -- (`code` "TASK" for a raised string or object, "CANCELLED" when cancelled);
 -- `nil, "task not finished", "BUSY"` while it runs.
+-- syntax: t:result()
 function Task:result()
   if self.state ~= "done" then return nil, "task not finished", "BUSY" end
   if self.err ~= nil then return nil, self.err, self.code end
@@ -141,6 +146,7 @@ end
 -- its coroutine are closed). Its result is `nil, "cancelled", "CANCELLED"`.
 -- Cancelling a finished task does nothing; a task may not cancel itself.
 -- @treturn boolean true when it was cancelled now
+-- syntax: t:cancel()
 function Task:cancel()
   if self.state == "done" then return false end
   if co_status(self.co) ~= "suspended" then error("a task cannot cancel itself", 2) end
@@ -199,6 +205,7 @@ Sched.__name = "warmbox.task.Scheduler"
 --- Make a scheduler.
 -- @tparam[opt] table opts `backend` (default `virtual(0)`)
 -- @treturn warmbox.task.Scheduler
+-- syntax: sched = task.scheduler{ backend, on_error }
 function _M.scheduler(opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("bad argument #1 to 'scheduler' (table expected, got " .. type(opts) .. ")", 2)
@@ -222,6 +229,7 @@ function Sched:now()
 end
 
 --- Number of tasks not finished.
+-- syntax: sched:count()
 function Sched:count()
   return self.live
 end
@@ -235,6 +243,7 @@ end
 
 --- Start `fn(...)` as a task. It first runs at the next round of `loop`/`step`.
 -- @treturn warmbox.Task
+-- syntax: t = sched:spawn(fn, ...)
 function Sched:spawn(fn, ...)
   if type(fn) ~= "function" then
     error("bad argument #1 to 'spawn' (function expected, got " .. type(fn) .. ")", 2)
@@ -271,6 +280,7 @@ local function mine(self)
 end
 
 --- The running task (of any scheduler), or nil outside tasks.
+-- syntax: sched:current()
 function _M.current()
   return by_co[co_running()]
 end
@@ -284,6 +294,7 @@ local blocked_steps = setmetatable({}, { __mode = "k" })
 -- warmbox.runner registers each runner it makes: one with background work
 -- in flight (a prewarm started from blocking code, which may hold the very
 -- lock waited for) goes on meanwhile.
+-- syntax: task.step_while_blocked(owner, step)
 function _M.step_while_blocked(owner, step)
   if type(step) ~= "function" then
     error("bad argument #2 to 'step_while_blocked' (function expected, got " .. type(step) .. ")", 2)
@@ -298,6 +309,7 @@ end
 -- the steps registered with `step_while_blocked` (outside tasks), on
 -- `waker.block(seconds)` when given, else sleeping. Returns true when a
 -- `waker.wake()` ended it.
+-- syntax: woken = task.pause(seconds, waker)
 function _M.pause(seconds, waker)
   local t = _M.current()
   if t then
@@ -333,6 +345,7 @@ end
 
 --- Wait until the backend's clock reads `at` (returns at once when past).
 -- Outside this scheduler's tasks the backend waits (blocking, no task runs).
+-- syntax: sched:sleep_until(t)
 function Sched:sleep_until(at)
   if type(at) ~= "number" or at ~= at then
     error("bad argument #1 to 'sleep_until' (number expected, got " .. type(at) .. ")", 2)
@@ -365,6 +378,7 @@ function Sched:sleep_until(at)
 end
 
 --- Wait `seconds` (>= 0) of the backend's clock.
+-- syntax: sched:sleep(s)
 function Sched:sleep(seconds)
   if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 then
     error("bad argument #1 to 'sleep' (number >= 0 expected, got " .. tostring(seconds) .. ")", 2)
@@ -373,6 +387,7 @@ function Sched:sleep(seconds)
 end
 
 --- Let the other ready tasks run, then continue (same time).
+-- syntax: sched:yield()
 function Sched:yield()
   local t = mine(self)
   if not t then return true end
@@ -385,6 +400,7 @@ end
 --- Wake a waiting task now (for a backend whose I/O completed): its wait
 -- returns `value` (an event wait returns it as its result).
 -- @treturn boolean false when the task was not waiting
+-- syntax: sched:wake(t, v)
 function Sched:wake(t, value)
   if t.sched ~= self or t.state ~= "waiting" then return false end
   t.gen = t.gen + 1
@@ -403,12 +419,14 @@ Event.__index = Event
 Event.__name = "warmbox.task.Event"
 
 --- A new event (a FIFO queue of waiting tasks).
+-- syntax: ev = sched:event()
 function Sched:event()
   return setmetatable({ sched = self, q = {}, head = 1, tail = 0 }, Event)
 end
 
 --- Number of tasks waiting (an upper bound: cancelled or timed-out waiters
 -- are dropped lazily).
+-- syntax: ev:waiting()
 function Event:waiting()
   return self.tail - self.head + 1
 end
@@ -456,6 +474,7 @@ end
 
 --- Wake the first waiter (FIFO) with `value` (default true).
 -- @treturn boolean true when a task was woken
+-- syntax: ev:signal(v)
 function Event:signal(value)
   local t = pop_waiter(self)
   if not t then return false end
@@ -464,6 +483,7 @@ function Event:signal(value)
 end
 
 --- Wake every waiter, in arrival order. @treturn number woken
+-- syntax: ev:broadcast(v)
 function Event:broadcast(value)
   local n = 0
   while self:signal(value) do n = n + 1 end
@@ -550,6 +570,7 @@ end
 -- run the tasks it woke.
 -- @treturn[1] boolean true while tasks remain
 -- @return[2] nil, msg, "DEADLOCK" when tasks remain that nothing can ever wake
+-- syntax: sched:step(timeout)
 function Sched:step(timeout)
   if mine(self) then error("step/loop called from inside a task of the same scheduler", 2) end
   if run_ready(self) then return self.live > 0 end
@@ -570,6 +591,7 @@ end
 --- Run until every task has finished.
 -- @treturn[1] true
 -- @return[2] nil, msg, "DEADLOCK"
+-- syntax: sched:loop()
 function Sched:loop()
   while true do
     local more, err, code = self:step()
@@ -579,6 +601,7 @@ function Sched:loop()
 end
 
 --- Cancel every unfinished task. @treturn number cancelled
+-- syntax: sched:cancel_all()
 function Sched:cancel_all()
   local list = {}
   for _, t in pairs(by_co) do

@@ -17,6 +17,7 @@ end
 --- Parses an RFC 3339 date-time ("2026-11-29T11:03:50.123Z", "...+02:00")
 -- into unix seconds (a float when there is a fraction). Numbers pass through.
 -- @treturn number|nil
+-- syntax: t = util.parse_time(rfc3339)
 function _M.parse_time(s)
   if type(s) == "number" then return s end
   if type(s) ~= "string" then return nil end
@@ -48,6 +49,7 @@ B64_DEC[string_byte("_")] = 63
 -- of warmbox (the output report, Process streams, Connect payloads).
 -- @tparam string s
 -- @treturn string|nil nil when `s` holds a byte outside the alphabet
+-- syntax: bytes = util.b64_decode(s) (nil on a byte outside the alphabet)
 function _M.b64_decode(s)
   s = s:gsub("[%s=]", "")
   local out, n = {}, 0
@@ -76,6 +78,7 @@ end
 --- Standard base64 encoding with padding.
 -- @tparam string s
 -- @treturn string
+-- syntax: s = util.b64_encode(bytes)
 function _M.b64_encode(s)
   return (s:gsub("..?.?", function(c)
     local a, b, cc = string_byte(c, 1, 3)
@@ -89,10 +92,12 @@ end
 -- @tparam table t
 -- @treturn table
 --- `s` without terminal escape sequences (IPython colours its tracebacks).
+-- syntax: plain = util.strip_ansi(s) (terminal escape sequences removed)
 function _M.strip_ansi(s)
   return (s:gsub("\27%[[%d;?]*[ -/]*[@-~]", ""):gsub("\27%][^\7\27]*\7", ""))
 end
 
+-- syntax: t2 = util.copy(t)
 function _M.copy(t)
   local out = {}
   for k, v in pairs(t) do out[k] = v end
@@ -100,11 +105,13 @@ function _M.copy(t)
 end
 
 --- A string quoted for the POSIX shell (one word, whatever it holds).
+-- syntax: word = util.sh_quote(s) (one POSIX shell word)
 function _M.sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
 --- The whole of a file, or nil and the error.
+-- syntax: s, err = util.read_file(path)
 function _M.read_file(path)
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
@@ -114,6 +121,8 @@ function _M.read_file(path)
 end
 
 --- `n` random bytes from /dev/urandom in hex, or nil and why.
+-- syntax: hex, err = util.random_hex(n) (n bytes from /dev/urandom: the installation secret, the local
+--   server's key)
 function _M.random_hex(n)
   local f, err = io.open("/dev/urandom", "rb")
   if not f then return nil, "cannot read /dev/urandom: " .. tostring(err) end
@@ -130,6 +139,8 @@ local id_prefix, id_count = nil, 0
 --- An id unique across processes and hosts, in hex (cell ids, create ids,
 -- checkpoint nonces): never from math.random, which a host may seed with a
 -- constant and which processes started together (no ASLR) seed alike.
+-- syntax: id = util.unique_id() (hex, unique across processes: a per-process prefix from /dev/urandom and a
+--   count; cell, create and checkpoint ids, never from `math.random`)
 function _M.unique_id()
   if not id_prefix then
     id_prefix = _M.random_hex(8) or string.format("%08x%08x", os.time() % 0x100000000,

@@ -19,6 +19,16 @@
 --
 -- WARMBOXD_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full")
 -- runs the server under a wrapper; WARMBOXD_BIN overrides the binary.
+--
+-- This file is the one way to warmboxd's admin API, so an admin token lands in
+-- one place: srv:admin(method, path, json) and the methods over it
+-- (srv:fault{...}, srv:clear_faults(), srv:config{...}, srv:stats(),
+-- srv:reset_stats(), srv:count(route), srv:advance(seconds)), wbd.admin(srv,
+-- method, path, body, as_team), wbd.seed(srv, {...}) (raises unless all were
+-- created), wbd.stats(srv). srv:runtime_name(id) and srv:sandbox_dir(id) name
+-- a sandbox's runtime on the host (which never carries its id);
+-- srv:sandbox_home(id) is the host directory that is /home/user in it (specs
+-- count a cell's executions by a line it appends there first).
 local M = {}
 
 local function sh_quote(s)

@@ -77,6 +77,18 @@ describe("scripts/check-docs", function()
     assert.matches("names " .. missing("_co", "ver"), out, 1, true)
   end)
 
+  it("fails on an exported function with no syntax: line, passes with one in a source comment", function()
+    local name = missing("undocumented_", "export")
+    local bare = temp(".lua", "local M = {}\nfunction M." .. name .. "(x) return x end\nreturn M\n")
+    local status, out = run(bare)
+    assert.are.equal(1, status)
+    assert.matches("." .. name .. "\n", out, 1, true)
+    local commented = temp(".lua", "local M = {}\n-- syntax: y = M." .. name .. "(x)\nfunction M." .. name
+      .. "(x) return x end\nreturn M\n")
+    status, out = run(commented)
+    assert.are.equal(0, status, out)
+  end)
+
   it("accepts names that exist: a method, a module file, a flag, a variable", function()
     local doc = temp(".md", table.concat({
       "`s:run(code)` in `lua/warmbox/session/init.lua`, `session/execute.lua:483`,",

@@ -153,6 +153,10 @@ int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its pr
 /* 1 while a process of the sandbox runs or waits for a CPU (a command that
  * has not settled into waiting yet), else 0. */
 int  wbd_rt_settling(struct wbd_sandbox *sb);
+/* A new TCP socket (IPv4, blocking, close-on-exec) made in the sandbox's
+ * network namespace, for warmboxd to connect to one of its ports on its own
+ * loopback; -errno (-ENOENT: no namespace: unisolated, or no live jail). */
+int  wbd_rt_port_socket(struct wbd_sandbox *sb);
 void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
 /* A paused sandbox whose files are kept on disk gives its runtime up
  * (processes, tmpfs, cgroups, network): what held host RAM. The next use
@@ -175,6 +179,11 @@ int wbd_rt_is_name(const char *s);
  * referenced; access token NOT yet checked) on `port` (49983 envd, 49999 code
  * interpreter). Must reply. */
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port);
+/* ports.c: a request for one of the sandbox's own ports (not envd's, not the
+ * interpreter's) sent on to that port on the sandbox's loopback, its answer
+ * replied whole: 0 once replied (*r), else the status of the proxy's error
+ * to reply (502: nothing listens there, or no namespace to reach it in). */
+int wbd_ports_forward(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r);
 /* Whether a data-plane request may change the sandbox's files or start a
  * process (everything but the reads): refused while the sandbox's files
  * are copied (a pause, a snapshot, a fork). */
@@ -256,6 +265,8 @@ struct wbd_limits {
   int max_upload_mb;           /* envd POST /files body, default 100 */
   int body_timeout_s;          /* a request body must be in within this, default 120 */
   int max_spool_mb;            /* upload bodies spooled at once, all sandboxes, default 1024 */
+  const char *tls_cert, *tls_key;   /* PEM files: a second listener serves HTTPS, or NULL */
+  int tls_port;                /* its port (0: a free one) */
 };
 extern struct wbd_limits wbd_lim;
 

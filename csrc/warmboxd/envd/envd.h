@@ -23,6 +23,8 @@
 #define WBD_ENVD_H
 
 #include "wbd.h"
+#include "util.h"
+#include <dirent.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <sys/types.h>
@@ -54,6 +56,13 @@ int wbd_fs_parent(const struct wbd_fspath *p, const char **base);
 int wbd_fs_mkdirs(const struct wbd_fspath *p, int self);
 /* Give a created file or directory the owner of the tree. */
 void wbd_fs_chown(const struct wbd_fspath *p, int fd);
+
+/* A directory stream on fd, or with `dup_fd` on a dup of it (which shares
+ * fd's offset: rewinddir to walk it again); fd is the stream's, closed on
+ * failure, unless dup_fd. NULL with *err = -errno. */
+DIR *wbd_fs_dir(int fd, int dup_fd, int *err);
+/* d's next entry but "." and ".."; NULL at the end. */
+struct dirent *wbd_fs_next(DIR *d);
 
 /* rm -rf of the last component of p (never follows it); missing is fine. */
 int wbd_fs_remove(const struct wbd_fspath *p);
@@ -119,6 +128,21 @@ int wbd_content_type_is(struct wbd_req *req, const char *want);
  * an integer field (number or numeric string), or def. */
 const char *wbd_jstr(json_t *o, const char *camel, const char *snake);
 long long wbd_jint(json_t *o, const char *name, long long def);
+/* Appends a Connect envelope to b: flag (0, or 0x02 for the end-of-stream
+ * trailer), the 4-byte length, msg (stolen) as compact JSON. */
+void wbd_connect_frame(struct wbd_buf *b, unsigned char flag, json_t *msg);
+/* A non-negative numeric header (Connect-Timeout-Ms, ...), saturated to
+ * [0, hi]; -1 when absent or not a number (a sign, a huge value: it must
+ * not overflow into a negative interval). */
+int64_t wbd_rpc_header_num(struct wbd_req *req, const char *name, int64_t hi);
+/* A Connect server stream's phases (envd_watch.c's WatchDir, process.c's
+ * Start/Connect) and its content reader: hands out what `buf` holds; once
+ * that is empty, ends the stream at WBD_STREAM_DONE (cleanly) or
+ * WBD_STREAM_ABORT (cut), else asks step(cls, fds) for the next envelopes
+ * (0) or how many milliseconds to wait on fds, and parks the connection. */
+enum { WBD_STREAM_START, WBD_STREAM_RUNNING, WBD_STREAM_DONE, WBD_STREAM_ABORT };
+ssize_t wbd_rpc_stream_read(struct MHD_Connection *conn, struct wbd_buf *buf, const int *phase,
+                            int (*step)(void *cls, int wait_fds[2]), void *cls, char *out, size_t max);
 
 /* ---- process.c: process.Process ---- */
 enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb);

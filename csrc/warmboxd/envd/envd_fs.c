@@ -509,6 +509,23 @@ int wbd_fs_mkdirs(const struct wbd_fspath *p, int self) {
 /* Remove and move                                                     */
 /* ------------------------------------------------------------------ */
 
+DIR *wbd_fs_dir(int fd, int dup_fd, int *err) {
+  int dfd = dup_fd ? dup(fd) : fd;
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    *err = -errno;
+    if (dfd >= 0) close(dfd);
+  }
+  return d;
+}
+
+struct dirent *wbd_fs_next(DIR *d) {
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL)
+    if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) break;
+  return de;
+}
+
 /* rm -rf name in dirfd without following any symlink. */
 static int rm_tree(int dirfd, const char *name, int depth) {
   if (unlinkat(dirfd, name, 0) == 0) return 0;
@@ -517,16 +534,11 @@ static int rm_tree(int dirfd, const char *name, int depth) {
   if (depth > 256) return -ELOOP;
   int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT ? 0 : -errno;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    int e = -errno;
-    close(fd);
-    return e;
-  }
   int rc = 0;
+  DIR *d = wbd_fs_dir(fd, 0, &rc);
+  if (!d) return rc;
   struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+  while ((de = wbd_fs_next(d)) != NULL) {
     int r = rm_tree(fd, de->d_name, depth + 1);
     if (r < 0 && rc == 0) rc = r;
   }
@@ -893,21 +905,14 @@ static int walk_add(struct list_walk *w, json_t *e) {
 
 static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd, const char *shown, const char *real,
                       int level, struct list_walk *wk) {
-  int dfd = dup(fd);
-  if (dfd < 0) return -errno;
-  DIR *d = fdopendir(dfd);
-  if (!d) {
-    int e = -errno;
-    close(dfd);
-    return e;
-  }
+  int rc = 0;
+  DIR *d = wbd_fs_dir(fd, 1, &rc);
+  if (!d) return rc;
   rewinddir(d);   /* the dup shares fd's offset: a second walk starts over */
   char **names = NULL;
   size_t n = 0, cap = 0;
-  int rc = 0;
   struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+  while ((de = wbd_fs_next(d)) != NULL) {
     if (n == cap) {
       cap = cap ? cap * 2 : 32;
       char **nn = realloc(names, cap * sizeof *names);

@@ -85,85 +85,10 @@ struct wd_ref {
 static struct wd_ref *g_refs;
 static size_t g_nrefs, g_caprefs;
 
-/* ------------------------------------------------------------------ */
-/* Connect replies                                                     */
-/* ------------------------------------------------------------------ */
-
-static unsigned code_status(const char *code) {
-  static const struct { const char *code; unsigned status; } map[] = {
-    { "invalid_argument", 400 }, { "not_found", 404 }, { "permission_denied", 403 },
-    { "resource_exhausted", 429 }, { "unauthenticated", 401 }, { "unavailable", 503 },
-    { "deadline_exceeded", 504 },
-  };
-  for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-    if (strcmp(map[i].code, code) == 0) return map[i].status;
-  return 500;
-}
-
-static json_t *error_json(const char *code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static json_t *error_json(const char *code, const char *fmt, va_list ap) {
-  char msg[1024];
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  json_t *e = json_object();
-  json_object_set_new(e, "code", json_string(code));
-  json_object_set_new(e, "message", wbd_json_str(msg));
-  return e;
-}
-
-static void envelope_add(struct wbd_buf *b, unsigned char flag, json_t *msg /* stolen */) {
-  char *s = json_dumps(msg, JSON_COMPACT);
-  json_decref(msg);
-  size_t n = s ? strlen(s) : 0;
-  unsigned char hdr[5] = { flag, (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
-                           (unsigned char)n };
-  if (wbd_buf_add(b, hdr, 5) != 0 || (s && wbd_buf_add(b, s, n) != 0)) abort();
-  free(s);
-}
-
-/* Unary: an error status with {"code","message"}. */
-static enum MHD_Result unary_error(struct wbd_req *req, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static enum MHD_Result unary_error(struct wbd_req *req, const char *code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  json_t *e = error_json(code, fmt, ap);
-  va_end(ap);
-  return wbd_reply_json(req, code_status(code), e, NULL);
-}
-
-/* A stream that failed before it started: HTTP 200, only the end trailer. */
-static enum MHD_Result stream_error(struct wbd_req *req, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static enum MHD_Result stream_error(struct wbd_req *req, const char *code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  json_t *e = error_json(code, fmt, ap);
-  va_end(ap);
-  struct wbd_buf b = { 0 };
-  envelope_add(&b, 0x02, json_pack("{s:o}", "error", e));
-  enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", b.data, b.len, NULL);
-  wbd_buf_free(&b);
-  return r;
-}
-
-static int content_type_is(struct wbd_req *req, const char *want) {
-  const char *ct = wbd_req_header(req, "Content-Type");
-  size_t n = strlen(want);
-  return ct && strncasecmp(ct, want, n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
-}
-
-/* envd's users: Authorization "Basic base64(user:)" names user or root. */
+/* Connect replies and requests: rpc.c's. */
 static int user_ok(struct wbd_req *req) {
-  const char *auth = wbd_req_header(req, "Authorization");
-  if (!auth || strncasecmp(auth, "Basic ", 6) != 0) return 1;
-  size_t n;
-  unsigned char *dec = wbd_b64_decode(auth + 6, &n);
-  if (!dec) return 0;
-  char *colon = strchr((char *)dec, ':');
-  if (colon) *colon = 0;
-  int ok = !*dec || strcmp((char *)dec, "user") == 0 || strcmp((char *)dec, "root") == 0;
-  free(dec);
-  return ok;
+  char name[64];
+  return wbd_rpc_user(req, name, sizeof name) == 0;
 }
 
 static int jbool(json_t *o, const char *camel, const char *snake) {
@@ -370,18 +295,11 @@ static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
     w->nwds++;
   }
   if (!w->recursive || depth >= WALK_MAX_DEPTH) return 0;
-  int dfd = dup(fd);
-  if (dfd < 0) return -errno;
-  DIR *d = fdopendir(dfd);
-  if (!d) {
-    int e = -errno;
-    close(dfd);
-    return e;
-  }
   int rc = 0;
+  DIR *d = wbd_fs_dir(fd, 1, &rc);
+  if (!d) return rc;
   struct dirent *de;
-  while (rc == 0 && (de = readdir(d)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+  while (rc == 0 && (de = wbd_fs_next(d)) != NULL) {
     if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) continue;
     int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sub < 0) continue;   /* not a directory, or gone meanwhile */
@@ -502,7 +420,8 @@ static struct watcher *watcher_alloc(struct wbd_sandbox *sb, json_t *in, int str
 /* A new watcher on `path`, registered for sb; NULL with the reply sent. */
 static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, json_t *in, int stream,
                                    enum MHD_Result *r) {
-  enum MHD_Result (*fail)(struct wbd_req *, const char *, const char *, ...) = stream ? stream_error : unary_error;
+  enum MHD_Result (*fail)(struct wbd_req *, const char *, const char *, ...) =
+    stream ? wbd_envd_stream_error : wbd_rpc_error;
   const char *path = jstr(in, "path", NULL);
   if (!path) path = "";
   struct wbd_fspath p;
@@ -589,7 +508,12 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
 /* WatchDir: the stream                                                */
 /* ------------------------------------------------------------------ */
 
-enum { WS_START, WS_RUNNING, WS_DONE, WS_ABORT };
+enum {
+  WS_START = WBD_STREAM_START,
+  WS_RUNNING = WBD_STREAM_RUNNING,
+  WS_DONE = WBD_STREAM_DONE,
+  WS_ABORT = WBD_STREAM_ABORT
+};
 
 struct wstream {
   struct watcher *w;
@@ -610,17 +534,18 @@ static void ws_end(struct wstream *ws, const char *code, const char *msg) {
   json_t *e = json_object();
   json_object_set_new(e, "code", json_string(code));
   json_object_set_new(e, "message", wbd_json_str(msg));
-  envelope_add(&ws->buf, 0x02, json_pack("{s:o}", "error", e));
+  wbd_connect_frame(&ws->buf, 0x02, json_pack("{s:o}", "error", e));
   ws->phase = WS_DONE;
 }
 
 /* The next envelope(s) into ws->buf (or the stream's end): 0; or, with
  * nothing yet, the milliseconds to wait (*wait_fds: the descriptors that end
  * the wait). Never blocks. */
-static int ws_step(struct wstream *ws, int wait_fds[2]) {
+static int ws_step(void *cls, int wait_fds[2]) {
+  struct wstream *ws = cls;
   struct watcher *w = ws->w;
   if (ws->phase == WS_START) {
-    envelope_add(&ws->buf, 0, json_pack("{s:{}}", "start"));
+    wbd_connect_frame(&ws->buf, 0, json_pack("{s:{}}", "start"));
     ws->phase = WS_RUNNING;
     ws->last_sent_us = mono_us();
     return 0;
@@ -647,7 +572,7 @@ static int ws_step(struct wstream *ws, int wait_fds[2]) {
     }
     int64_t due = ws->last_sent_us + ws->keepalive_us;
     if (now >= due) {
-      envelope_add(&ws->buf, 0, json_pack("{s:{}}", "keepalive"));
+      wbd_connect_frame(&ws->buf, 0, json_pack("{s:{}}", "keepalive"));
       ws->last_sent_us = now;
       return 0;
     }
@@ -675,7 +600,7 @@ static int ws_step(struct wstream *ws, int wait_fds[2]) {
       pthread_mutex_unlock(&mu);
       size_t i;
       json_t *ev;
-      json_array_foreach(evs, i, ev) envelope_add(&ws->buf, 0, json_pack("{s:O}", "filesystem", ev));
+      json_array_foreach(evs, i, ev) wbd_connect_frame(&ws->buf, 0, json_pack("{s:O}", "filesystem", ev));
       json_decref(evs);
       if (w->error_code[0]) {
         ws_end(ws, w->error_code, w->error_msg);
@@ -692,14 +617,7 @@ static int ws_step(struct wstream *ws, int wait_fds[2]) {
 static ssize_t ws_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct wstream *ws = cls;
   (void)pos;
-  for (;;) {
-    size_t n = wbd_buf_take(&ws->buf, out, max);
-    if (n) return (ssize_t)n;
-    if (ws->phase == WS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
-    if (ws->phase == WS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
-    int fds[2], wait_ms = ws_step(ws, fds);
-    if (wait_ms > 0) return wbd_park(ws->conn, fds[0], fds[1], wait_ms) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
-  }
+  return wbd_rpc_stream_read(ws->conn, &ws->buf, &ws->phase, ws_step, ws, out, max);
 }
 
 static void ws_done(void *cls) {
@@ -713,31 +631,26 @@ static void ws_done(void *cls) {
   free(ws);
 }
 
-/* A non-negative numeric header saturated to [0, hi]; -1 when absent. */
-static int64_t header_num(struct wbd_req *req, const char *name, int64_t hi) {
-  const char *v = wbd_req_header(req, name);
-  long long n;
-  if (!v || wbd_parse_ll(v, 0, hi, -1, &n) != 0) return -1;
-  return n;
-}
-
 static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (strcmp(req->method, "POST") != 0) return wbd_reply_error(req, 405, "method not allowed");
-  if (!content_type_is(req, "application/connect+json"))
+  if (!wbd_content_type_is(req, "application/connect+json"))
     return wbd_reply_error(req, 415, "filesystem.Filesystem/WatchDir is a streaming RPC: use application/connect+json");
-  if (!user_ok(req)) return stream_error(req, "unauthenticated", "invalid username");
+  if (!user_ok(req)) return wbd_envd_stream_error(req, "unauthenticated", "invalid username");
   size_t len = 0;
   switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
     case WBD_ENV_OK: break;
-    case WBD_ENV_SHORT: return stream_error(req, "invalid_argument", "missing request envelope");
-    case WBD_ENV_COMPRESSED: return stream_error(req, "internal", "compressed envelopes are not supported");
-    default: return stream_error(req, "invalid_argument", "request envelope length %zu does not match the body", len);
+    case WBD_ENV_SHORT:
+      return wbd_envd_stream_error(req, "invalid_argument", "missing request envelope");
+    case WBD_ENV_COMPRESSED:
+      return wbd_envd_stream_error(req, "internal", "compressed envelopes are not supported");
+    default:
+      return wbd_envd_stream_error(req, "invalid_argument", "request envelope length %zu does not match the body", len);
   }
   json_error_t jerr;
   json_t *in = json_loadb(req->body + 5, len, 0, &jerr);
   if (!json_is_object(in)) {
     json_decref(in);
-    return stream_error(req, "invalid_argument", "the request is not a JSON object");
+    return wbd_envd_stream_error(req, "invalid_argument", "the request is not a JSON object");
   }
   enum MHD_Result r = MHD_NO;
   struct watcher *w = watcher_new(req, sb, in, 1, &r);
@@ -752,9 +665,9 @@ static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
   ws->sb = sb;
   ws->conn = req->conn;
   ws->phase = WS_START;
-  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", (int64_t)1 << 40);
+  int64_t timeout_ms = wbd_rpc_header_num(req, "Connect-Timeout-Ms", (int64_t)1 << 40);
   if (timeout_ms > 0) ws->deadline_us = mono_us() + timeout_ms * 1000;
-  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
+  int64_t ka = wbd_rpc_header_num(req, "Keepalive-Ping-Interval", 86400);
   ws->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
   return wbd_reply_stream(req, 200, "application/connect+json", ws_read, ws, ws_done, NULL);
 }
@@ -765,14 +678,14 @@ static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
 
 static enum MHD_Result polled(struct wbd_req *req, struct wbd_sandbox *sb, const char *method) {
   if (strcmp(req->method, "POST") != 0) return wbd_reply_error(req, 405, "method not allowed");
-  if (!content_type_is(req, "application/json"))
+  if (!wbd_content_type_is(req, "application/json"))
     return wbd_reply_error(req, 415, "unsupported content type: envd's RPCs speak application/json here");
-  if (!user_ok(req)) return unary_error(req, "unauthenticated", "invalid username");
+  if (!user_ok(req)) return wbd_rpc_error(req, "unauthenticated", "invalid username");
   json_error_t jerr;
   json_t *in = req->body_len ? json_loadb(req->body, req->body_len, 0, &jerr) : json_object();
   if (!json_is_object(in)) {
     json_decref(in);
-    return unary_error(req, "invalid_argument", "request body is not a JSON object");
+    return wbd_rpc_error(req, "invalid_argument", "request body is not a JSON object");
   }
   enum MHD_Result r = MHD_NO;
   if (strcmp(method, "CreateWatcher") == 0) {
@@ -808,11 +721,11 @@ static enum MHD_Result polled(struct wbd_req *req, struct wbd_sandbox *sb, const
   json_decref(in);
   if (!found) {
     json_decref(events);
-    return unary_error(req, "not_found", "watcher with id %s not found", shown);
+    return wbd_rpc_error(req, "not_found", "watcher with id %s not found", shown);
   }
   if (code[0]) {
     json_decref(events);
-    return unary_error(req, code, "%s", msg);
+    return wbd_rpc_error(req, code, "%s", msg);
   }
   if (!events) return wbd_reply_json(req, 200, json_object(), NULL);
   json_t *res = json_object();

@@ -156,17 +156,6 @@ static enum MHD_Result proc_not_found(struct wbd_req *req, json_t *sel) {
   return wbd_rpc_error(req, "not_found", "process with pid %lld not found", wbd_jint(sel, "pid", 0));
 }
 
-static void envelope_add(struct wbd_buf *b, unsigned char flag, json_t *msg /* stolen */) {
-  char *s = json_dumps(msg, JSON_COMPACT);
-  json_decref(msg);
-  size_t n = s ? strlen(s) : 0;
-  unsigned char hdr[5] = { flag, (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
-                           (unsigned char)n };
-  wbd_buf_add(b, hdr, 5);
-  if (s) wbd_buf_add(b, s, n);
-  free(s);
-}
-
 static json_t *trailer_error(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static json_t *trailer_error(const char *code, const char *fmt, ...) {
   va_list ap;
@@ -179,7 +168,7 @@ static json_t *trailer_error(const char *code, const char *fmt, ...) {
 /* A streaming RPC that failed before streaming: HTTP 200, only the trailer. */
 static enum MHD_Result stream_fail(struct wbd_req *req, json_t *trailer) {
   struct wbd_buf b = { 0 };
-  envelope_add(&b, 0x02, trailer);
+  wbd_connect_frame(&b, 0x02, trailer);
   enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", b.data, b.len, NULL);
   wbd_buf_free(&b);
   return r;
@@ -200,12 +189,12 @@ static struct sub *proc_subscribe(struct proc *p) {
     free(s);
     return NULL;
   }
-  envelope_add(&s->q, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
+  wbd_connect_frame(&s->q, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
   pthread_mutex_lock(&p->mu);
   if (p->exited) {
     if (p->end) {
-      envelope_add(&s->q, 0, json_pack("{s:{s:O}}", "event", "end", p->end));
-      envelope_add(&s->q, 0x02, json_object());
+      wbd_connect_frame(&s->q, 0, json_pack("{s:{s:O}}", "event", "end", p->end));
+      wbd_connect_frame(&s->q, 0x02, json_object());
       s->ended = 1;
     } else {
       s->dropped = 1;
@@ -238,7 +227,7 @@ static void proc_unsubscribe(struct proc *p, struct sub *s) {
  * envd's unbuffered channels make it); dropped when no stream is attached. */
 static void proc_publish(struct proc *p, json_t *msg /* stolen */) {
   struct wbd_buf env = { 0 };
-  envelope_add(&env, 0, msg);
+  wbd_connect_frame(&env, 0, msg);
   pthread_mutex_lock(&p->mu);
   for (;;) {
     int full = 0;
@@ -315,8 +304,8 @@ static void proc_ended(struct proc *p, int st) {
   p->config = NULL;
   for (struct sub *s = p->subs; s; s = s->next) {
     if (end) {
-      envelope_add(&s->q, 0, json_pack("{s:{s:O}}", "event", "end", end));
-      envelope_add(&s->q, 0x02, json_object());
+      wbd_connect_frame(&s->q, 0, json_pack("{s:{s:O}}", "event", "end", end));
+      wbd_connect_frame(&s->q, 0x02, json_object());
       s->ended = 1;
     } else {
       s->dropped = 1;
@@ -391,7 +380,7 @@ static void *proc_pump(void *arg) {
 
 /* ---- the streams (Start, Connect): one per attached client ---- */
 
-enum { PS_RUNNING, PS_DONE, PS_ABORT };
+enum { PS_RUNNING = WBD_STREAM_RUNNING, PS_DONE = WBD_STREAM_DONE, PS_ABORT = WBD_STREAM_ABORT };
 
 struct pstream {
   struct wbd_sandbox *sb;     /* our own reference */
@@ -408,12 +397,13 @@ struct pstream {
 /* Produce the next envelope(s) into ps->buf (or end the stream): 0; or,
  * with nothing to do yet, the milliseconds to wait (*wait_fds: the
  * descriptors that end the wait). Never blocks. */
-static int ps_step(struct pstream *ps, int wait_fds[2]) {
+static int ps_step(void *cls, int wait_fds[2]) {
+  struct pstream *ps = cls;
   struct proc *p = ps->p;
   struct sub *s = ps->s;
   int64_t now = mono_us();
   if (ps->deadline_us && now >= ps->deadline_us) {
-    envelope_add(&ps->buf, 0x02, trailer_error("deadline_exceeded", "the operation timed out"));
+    wbd_connect_frame(&ps->buf, 0x02, trailer_error("deadline_exceeded", "the operation timed out"));
     ps->phase = PS_DONE;
     return 0;
   }
@@ -441,7 +431,7 @@ static int ps_step(struct pstream *ps, int wait_fds[2]) {
   if (ps->keepalive_us) {
     int64_t due = ps->last_sent_us + ps->keepalive_us;
     if (now >= due) {
-      envelope_add(&ps->buf, 0, json_pack("{s:{s:{}}}", "event", "keepalive"));
+      wbd_connect_frame(&ps->buf, 0, json_pack("{s:{s:{}}}", "event", "keepalive"));
       ps->last_sent_us = now;
       return 0;
     }
@@ -472,14 +462,7 @@ static int ps_step(struct pstream *ps, int wait_fds[2]) {
 static ssize_t ps_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct pstream *ps = cls;
   (void)pos;
-  for (;;) {
-    size_t n = wbd_buf_take(&ps->buf, out, max);
-    if (n) return (ssize_t)n;
-    if (ps->phase == PS_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
-    if (ps->phase == PS_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
-    int fds[2], wait_ms = ps_step(ps, fds);
-    if (wait_ms > 0) return wbd_park(ps->conn, fds[0], fds[1], wait_ms) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
-  }
+  return wbd_rpc_stream_read(ps->conn, &ps->buf, &ps->phase, ps_step, ps, out, max);
 }
 
 static void ps_done(void *cls) {
@@ -492,15 +475,6 @@ static void ps_done(void *cls) {
   wbd_sandbox_unref(ps->sb);
   wbd_buf_free(&ps->buf);
   free(ps);
-}
-
-/* A non-negative numeric header, saturated to [0, hi]; -1 when absent or
- * not a number. A huge value must not overflow into a negative interval. */
-static int64_t header_num(struct wbd_req *req, const char *name, int64_t hi) {
-  const char *v = wbd_req_header(req, name);
-  long long n;
-  if (!v || !isdigit((unsigned char)*v) || wbd_parse_ll(v, 0, hi, -1, &n) != 0) return -1;
-  return n;
 }
 
 /* Saturated: ~34 years of milliseconds. */
@@ -524,10 +498,10 @@ static enum MHD_Result proc_stream(struct wbd_req *req, struct wbd_sandbox *sb, 
   ps->conn = req->conn;
   ps->phase = PS_RUNNING;
   ps->last_sent_us = mono_us();
-  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
+  int64_t timeout_ms = wbd_rpc_header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
   if (timeout_ms > 0) ps->deadline_us = mono_us() + timeout_ms * 1000;
   /* a day of seconds between pings at most */
-  int64_t ka = header_num(req, "Keepalive-Ping-Interval", 86400);
+  int64_t ka = wbd_rpc_header_num(req, "Keepalive-Ping-Interval", 86400);
   ps->keepalive_us = (ka > 0 ? ka : 50) * 1000000;
   return wbd_reply_stream(req, 200, "application/connect+json", ps_read, ps, ps_done, NULL);
 }
@@ -704,7 +678,7 @@ static void proc_init(struct proc *p, struct wbd_req *req, struct wbd_sandbox *s
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cond, NULL);
   pthread_mutex_init(&p->in_mu, NULL);
-  int64_t timeout_ms = header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
+  int64_t timeout_ms = wbd_rpc_header_num(req, "Connect-Timeout-Ms", TIMEOUT_MS_MAX);
   if (timeout_ms > 0) p->deadline_us = mono_us() + timeout_ms * 1000;
 }
 
@@ -950,8 +924,8 @@ enum MHD_Result wbd_process_stream_input(struct wbd_req *req, struct wbd_sandbox
   if (p) proc_unref(p);
   if (fail) return stream_fail(req, fail);
   struct wbd_buf out = { 0 };
-  envelope_add(&out, 0, json_object());
-  envelope_add(&out, 0x02, json_object());
+  wbd_connect_frame(&out, 0, json_object());
+  wbd_connect_frame(&out, 0x02, json_object());
   enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", out.data, out.len, NULL);
   wbd_buf_free(&out);
   return r;

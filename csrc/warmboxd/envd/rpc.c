@@ -1,7 +1,7 @@
 /*
  * rpc.c: what envd's Connect-RPC services share (envd.c's filesystem,
  * process.c's process): Connect errors and replies, the request's user,
- * content types and protojson fields (envd.h).
+ * content types and protojson fields, a server stream's reader (envd.h).
  */
 #include "jail.h"
 #include "envd.h"
@@ -123,4 +123,33 @@ long long wbd_jint(json_t *o, const char *name, long long def) {
   long long n;
   if (json_is_string(v) && wbd_parse_ll(json_string_value(v), LLONG_MIN / 2, LLONG_MAX / 2, def, &n) == 0) return n;
   return def;
+}
+
+ssize_t wbd_rpc_stream_read(struct MHD_Connection *conn, struct wbd_buf *buf, const int *phase,
+                            int (*step)(void *cls, int wait_fds[2]), void *cls, char *out, size_t max) {
+  for (;;) {
+    size_t n = wbd_buf_take(buf, out, max);
+    if (n) return (ssize_t)n;
+    if (*phase == WBD_STREAM_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (*phase == WBD_STREAM_ABORT) return MHD_CONTENT_READER_END_WITH_ERROR;
+    int fds[2], wait_ms = step(cls, fds);
+    if (wait_ms > 0) return wbd_park(conn, fds[0], fds[1], wait_ms) == 0 ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
+  }
+}
+
+void wbd_connect_frame(struct wbd_buf *b, unsigned char flag, json_t *msg) {
+  char *s = json_dumps(msg, JSON_COMPACT);
+  json_decref(msg);
+  size_t n = s ? strlen(s) : 0;
+  unsigned char hdr[5] = {flag, (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
+                          (unsigned char)n};
+  if (wbd_buf_add(b, hdr, 5) != 0 || (s && wbd_buf_add(b, s, n) != 0)) abort();
+  free(s);
+}
+
+int64_t wbd_rpc_header_num(struct wbd_req *req, const char *name, int64_t hi) {
+  const char *v = wbd_req_header(req, name);
+  long long n;
+  if (!v || !isdigit((unsigned char)*v) || wbd_parse_ll(v, 0, hi, -1, &n) != 0) return -1;
+  return n;
 }

@@ -240,6 +240,10 @@ void wbd_net_wait_ready(struct wbd_net *n, const char *id);
 void wbd_net_end(struct wbd_net *n);
 /* Closes the namespace's descriptors. */
 void wbd_net_close(struct wbd_net *n);
+/* A new TCP socket (IPv4) made in the network namespace net_fd (joining its
+ * owner userns_fd first, when >= 0) by a short-lived child of the spawner:
+ * warmboxd's threads never change namespace. The fd, or -errno. */
+int wbd_net_socket(int net_fd, int userns_fd);
 
 /* health.c: answers GET /health on listening socket fd (port 49999 of a
  * sandbox's network namespace, which net.c opens), which it then owns; a

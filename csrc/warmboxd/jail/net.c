@@ -15,6 +15,7 @@
 #include <net/route.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -132,6 +133,8 @@ static void child_loopback(const struct in_addr *host, int nhost, int errpipe) {
   close(s);
 }
 
+static void send_fd(int chan, int fd);
+
 /* In the hold child: a socket listening on port 49999 of the new namespace
  * (every address, IPv6 and IPv4), sent over chan for health.c (the code
  * interpreter's port, where a process of the sandbox asks its /health).
@@ -158,6 +161,12 @@ static void send_listener(int chan) {
     }
   }
   if (fd < 0 || listen(fd, 16) != 0) return;
+  send_fd(chan, fd);
+  close(fd);
+}
+
+/* Sends fd over the datagram socket chan (SCM_RIGHTS); the caller closes it. */
+static void send_fd(int chan, int fd) {
   char ctl[CMSG_SPACE(sizeof(int))];
   memset(ctl, 0, sizeof ctl);
   char b = 0;
@@ -169,7 +178,6 @@ static void send_listener(int chan) {
   c->cmsg_len = CMSG_LEN(sizeof(int));
   memcpy(CMSG_DATA(c), &fd, sizeof fd);
   if (sendmsg(chan, &m, MSG_NOSIGNAL) < 0) {}
-  close(fd);
 }
 
 /* The listener send_listener sent over chan, or -1. */
@@ -338,4 +346,49 @@ void wbd_net_close(struct wbd_net *n) {
       close(*fds[i]);
       *fds[i] = -1;
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* A socket in the namespace                                           */
+/* ------------------------------------------------------------------ */
+
+/* What sock_child joins: the spawner forks one job at a time, and these
+ * are set for it under g_sock_mu until wbd_spawn has returned. */
+static pthread_mutex_t g_sock_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_sock_net = -1, g_sock_userns = -1;
+
+/* The hold child: joins the namespace, sends a fresh socket over chan. */
+static void sock_child(pid_t parent, int errpipe, int chan) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+  if (g_sock_userns >= 0 && setns(g_sock_userns, CLONE_NEWUSER) != 0) wbd_child_fail(errpipe, errno);
+  if (setns(g_sock_net, CLONE_NEWNET) != 0) wbd_child_fail(errpipe, errno);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) wbd_child_fail(errpipe, errno);
+  send_fd(chan, fd);
+  int zero = 0;
+  if (write(errpipe, &zero, sizeof zero) < 0) {}
+  for (;;) pause();
+}
+
+int wbd_net_socket(int net_fd, int userns_fd) {
+  if (net_fd < 0) return -ENOENT;
+  int chan[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, chan) != 0) return -errno;
+  struct spawn_job j;
+  wbd_job_init(&j);
+  j.hold = sock_child;
+  j.hold_fd = chan[1];
+  pthread_mutex_lock(&g_sock_mu);
+  g_sock_net = net_fd;
+  g_sock_userns = userns_fd;
+  int rc = wbd_spawn(&j);
+  g_sock_net = g_sock_userns = -1;
+  pthread_mutex_unlock(&g_sock_mu);
+  close(chan[1]);
+  int fd = rc == 0 ? recv_listener(chan[0]) : -1;
+  close(chan[0]);
+  if (rc == 0) wbd_spawn_reap(j.pid);
+  if (rc) return rc;
+  return fd >= 0 ? fd : -EIO;
 }

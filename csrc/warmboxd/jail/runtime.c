@@ -1527,16 +1527,23 @@ static void signal_tree_locked(struct wbd_rt *rt, int sig) {
   free(d);
 }
 
-/* Whether pid runs, waits for a CPU or is in an uninterruptible wait. */
-static int proc_busy(pid_t pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+/* /proc/PID/stat read into buf, from its command's closing ")" on (the
+ * command may hold spaces and parentheses); NULL when it cannot be read. */
+static const char *proc_stat(int pid, char *buf, size_t len) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
   FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  if (!f) return NULL;
+  size_t n = fread(buf, 1, len - 1, f);
   fclose(f);
   buf[n] = 0;
-  const char *end = strrchr(buf, ')');
+  return strrchr(buf, ')');
+}
+
+/* Whether pid runs, waits for a CPU or is in an uninterruptible wait. */
+static int proc_busy(pid_t pid) {
+  char buf[512];
+  const char *end = proc_stat((int)pid, buf, sizeof buf);
   return end && end[1] == ' ' && (end[2] == 'R' || end[2] == 'D');
 }
 
@@ -1554,6 +1561,22 @@ int wbd_rt_settling(struct wbd_sandbox *sb) {
   free(d);
   wbd_rt_put(rt);
   return busy;
+}
+
+int wbd_rt_port_socket(struct wbd_sandbox *sb) {
+  if (!g_isolated) return -ENOENT;   /* no namespace: the host's own ports are not the sandbox's */
+  struct wbd_rt *rt = rt_take_live(sb);
+  if (!rt) return -ENOENT;
+  pthread_mutex_lock(&rt->mu);
+  int net = rt->dead || rt->net.net_fd < 0 ? -1 : fcntl(rt->net.net_fd, F_DUPFD_CLOEXEC, 0);
+  int userns = net >= 0 && rt->net.userns_fd >= 0 ? fcntl(rt->net.userns_fd, F_DUPFD_CLOEXEC, 0) : -1;
+  int lost = net >= 0 && rt->net.userns_fd >= 0 && userns < 0;
+  pthread_mutex_unlock(&rt->mu);
+  wbd_rt_put(rt);
+  int fd = net < 0 || lost ? -ENOENT : wbd_net_socket(net, userns);
+  if (net >= 0) close(net);
+  if (userns >= 0) close(userns);
+  return fd;
 }
 
 /* End every process of the sandbox and reap the ones we started. */
@@ -1794,14 +1817,8 @@ static void end_orphans(const char *cg, int freezer) {
  * never reaps it is dead all the same). */
 static int owner_alive(int pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
-  char p[64], buf[512];
-  snprintf(p, sizeof p, "/proc/%d/stat", pid);
-  FILE *f = fopen(p, "re");
-  if (!f) return 1;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char *rp = strrchr(buf, ')');
+  char buf[512];
+  const char *rp = proc_stat(pid, buf, sizeof buf);
   return !(rp && rp[1] == ' ' && rp[2] == 'Z');
 }
 
@@ -2110,14 +2127,8 @@ void wbd_rt_shutdown(void) {
 /* CPU seconds of one process and its reaped children (/proc/PID/stat's
  * utime, stime, cutime, cstime), 0 when it is gone. */
 static double proc_cpu_s(int pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char *p = strrchr(buf, ')');   /* the command may hold spaces and parentheses */
+  char buf[1024];
+  const char *p = proc_stat(pid, buf, sizeof buf);
   unsigned long long ut, st;
   long long cut, cst;
   if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", &ut, &st, &cut, &cst) != 4)

@@ -29,6 +29,10 @@
 
 static struct MHD_Daemon *daemon_;
 static int bound_port;
+/* --tls-cert: the HTTPS listener, its port and the PEM texts it serves */
+static struct MHD_Daemon *tls_daemon;
+static int tls_port;
+static char *tls_cert_pem, *tls_key_pem;
 static struct wbd_routes routes_;
 
 void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
@@ -1176,9 +1180,93 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
   vfprintf(stderr, fmt, ap);
 }
 
+/* The polling threads: they only read, write and park, never wait. */
+enum { CONN_SLACK = 64, POLL_THREADS = 4 };
+
+/* One listener on sa (tls: the TLS options, MHD_OPTION_END-terminated, or
+ * NULL for plain HTTP): every listener serves the same routes. */
+static struct MHD_Daemon *start_daemon(struct sockaddr_in *sa, struct MHD_OptionItem *tls) {
+  /* The caps are accept_policy's; libmicrohttpd's own, higher, leave room
+   * for connections it shut that are not closed yet: under a flood from one
+   * address (each new connection shutting an older one) those can be many,
+   * so its per-address cap is the total one (a connection refused there
+   * would be one accept_policy let in, /health's included). */
+  static struct MHD_OptionItem none[] = { { MHD_OPTION_END, 0, NULL } };
+  return MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                              MHD_USE_ERROR_LOG | (tls ? MHD_USE_TLS : 0),
+                          0, accept_policy, NULL, access_handler, NULL,
+                          MHD_OPTION_THREAD_POOL_SIZE, (unsigned)POLL_THREADS,
+                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
+                          MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                          MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
+                          MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+                          MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                          MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
+                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
+                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
+                          MHD_OPTION_ARRAY, tls ? tls : none,
+                          MHD_OPTION_END);
+}
+
+/* The port d listens on, or fallback. */
+static int daemon_port(struct MHD_Daemon *d, int fallback) {
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_LISTEN_FD);
+  struct sockaddr_in got;
+  socklen_t gl = sizeof got;
+  if (info && getsockname(info->listen_fd, (struct sockaddr *)&got, &gl) == 0) return ntohs(got.sin_port);
+  return fallback;
+}
+
+/* A PEM file's text (malloc'd), or NULL (said on stderr). */
+static char *read_pem(const char *what, const char *path) {
+  FILE *f = fopen(path, "re");
+  char *buf = NULL;
+  size_t len = 0;
+  if (f) {
+    buf = malloc(1 << 20);
+    len = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    if (buf && (ferror(f) || len == 0 || !feof(f))) len = 0;
+    fclose(f);
+  }
+  if (!buf || len == 0) {
+    fprintf(stderr, "warmboxd: cannot read the TLS %s %s%s%s\n", what, path, f ? "" : ": ", f ? "" : strerror(errno));
+    free(buf);
+    return NULL;
+  }
+  buf[len] = 0;
+  return buf;
+}
+
+/* --tls-cert/--tls-key: the second listener, serving HTTPS (libmicrohttpd's
+ * TLS, GnuTLS). 0 (none asked for, or started), -1 (said on stderr). */
+static int start_tls(struct sockaddr_in sa) {
+  if (!wbd_lim.tls_cert && !wbd_lim.tls_key) return 0;
+  if (!wbd_lim.tls_cert || !wbd_lim.tls_key) {
+    fprintf(stderr, "warmboxd: --tls-cert and --tls-key go together\n");
+    return -1;
+  }
+  tls_cert_pem = read_pem("certificate", wbd_lim.tls_cert);
+  tls_key_pem = tls_cert_pem ? read_pem("key", wbd_lim.tls_key) : NULL;
+  if (!tls_key_pem) return -1;
+  struct MHD_OptionItem tls[] = {
+    { MHD_OPTION_HTTPS_MEM_CERT, 0, tls_cert_pem },
+    { MHD_OPTION_HTTPS_MEM_KEY, 0, tls_key_pem },
+    { MHD_OPTION_END, 0, NULL },
+  };
+  sa.sin_port = htons((uint16_t)wbd_lim.tls_port);
+  tls_daemon = start_daemon(&sa, tls);
+  if (!tls_daemon) {
+    fprintf(stderr, "warmboxd: cannot serve TLS on %s:%d (a PEM certificate and key, and libmicrohttpd "
+                    "built with TLS, are needed)\n", wbd_opt.host, wbd_lim.tls_port);
+    return -1;
+  }
+  tls_port = daemon_port(tls_daemon, wbd_lim.tls_port);
+  return 0;
+}
+
 int wbd_server_start(void) {
-  /* The polling threads: they only read, write and park, never wait. */
-  enum { CONN_SLACK = 64, POLL_THREADS = 4 };
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
@@ -1189,45 +1277,28 @@ int wbd_server_start(void) {
     fprintf(stderr, "warmboxd: --host must be an IPv4 address, got '%s'\n", wbd_opt.host);
     return -1;
   }
-  /* The caps are accept_policy's; libmicrohttpd's own, higher, leave room
-   * for connections it shut that are not closed yet: under a flood from one
-   * address (each new connection shutting an older one) those can be many,
-   * so its per-address cap is the total one (a connection refused there
-   * would be one accept_policy let in, /health's included). */
   if (wbd_defer_start() != 0) {
     fprintf(stderr, "warmboxd: cannot start the server's workers: %s\n", strerror(errno));
     return -1;
   }
-  daemon_ = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                                 MHD_USE_ERROR_LOG,
-                             0, accept_policy, NULL, access_handler, NULL,
-                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)POLL_THREADS,
-                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                             MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-                             MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
-                             MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-                             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-                             MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
-                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
-                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
-                             MHD_OPTION_END);
+  daemon_ = start_daemon(&sa, NULL);
   if (!daemon_) {
     fprintf(stderr, "warmboxd: cannot listen on %s:%d: %s\n", wbd_opt.host, wbd_opt.port, strerror(errno));
     wbd_defer_stop();
     return -1;
   }
+  if (start_tls(sa) != 0) {
+    MHD_stop_daemon(daemon_);
+    daemon_ = NULL;
+    wbd_defer_stop();
+    return -1;
+  }
   if (pthread_create(&reaper, NULL, reaper_main, NULL) == 0) reaper_started = 1;
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_LISTEN_FD);
-  struct sockaddr_in got;
-  socklen_t gl = sizeof got;
-  if (info && getsockname(info->listen_fd, (struct sockaddr *)&got, &gl) == 0)
-    bound_port = ntohs(got.sin_port);
-  else
-    bound_port = wbd_opt.port;
+  bound_port = daemon_port(daemon_, wbd_opt.port);
   return 0;
 }
+
+int wbd_server_tls_port(void) { return tls_daemon ? tls_port : 0; }
 
 int wbd_server_port(void) { return bound_port; }
 
@@ -1235,6 +1306,7 @@ void wbd_server_quiesce(void) {
   if (!daemon_) return;
   MHD_socket fd = MHD_quiesce_daemon(daemon_);
   if (fd != MHD_INVALID_SOCKET) close(fd);
+  if (tls_daemon && (fd = MHD_quiesce_daemon(tls_daemon)) != MHD_INVALID_SOCKET) close(fd);
 }
 
 void wbd_server_stop(void) {
@@ -1242,6 +1314,11 @@ void wbd_server_stop(void) {
   wbd_defer_stop();   /* libmicrohttpd stops only with no connection suspended */
   if (daemon_) MHD_stop_daemon(daemon_);
   daemon_ = NULL;
+  if (tls_daemon) MHD_stop_daemon(tls_daemon);
+  tls_daemon = NULL;
+  free(tls_cert_pem);
+  free(tls_key_pem);
+  tls_cert_pem = tls_key_pem = NULL;
 }
 
 void wbd_stats_free(void) {

@@ -99,6 +99,7 @@ void wbd_faults_clear(void);
 
 int wbd_server_start(void);        /* binds, fills the port */
 int wbd_server_port(void);
+int wbd_server_tls_port(void);      /* the HTTPS listener's (--tls-cert), 0 without one */
 void wbd_server_quiesce(void);
 void wbd_server_stop(void);
 

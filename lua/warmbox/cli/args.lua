@@ -10,6 +10,7 @@ local _M = {}
 -- for an option with a value, or `{ function(flag) }` for a switch. Other
 -- arguments go to `positional(arg)` (anything not starting with "--"), or are
 -- refused.
+-- syntax: cli_args.parse_args(args, cmd, flags, positional)
 function _M.parse_args(args, cmd, flags, positional)
   local i = 1
   while i <= #args do
@@ -31,6 +32,7 @@ function _M.parse_args(args, cmd, flags, positional)
 end
 
 --- `--env K=V`: adds K to the table `env` (created when nil) and returns it.
+-- syntax: env = cli_args.env_arg(env, "K=V")
 function _M.env_arg(env, v)
   local k, val = v:match("^([^=]+)=(.*)$")
   if not k then error("--env needs K=V", 0) end
@@ -40,6 +42,7 @@ function _M.env_arg(env, v)
 end
 
 --- A number (an integer when `integer`) for option `flag`, or an error naming it.
+-- syntax: n = cli_args.number_arg(flag, v, integer)
 function _M.number_arg(flag, v, integer)
   local n = tonumber(v)
   if not n or (integer and math.type(n) ~= "integer") then
@@ -49,6 +52,7 @@ function _M.number_arg(flag, v, integer)
 end
 
 --- A duration for option `flag` (units s, m, h, d: "7d"; warmbox.policy.rules'), in seconds.
+-- syntax: s = cli_args.duration_arg(flag, v)
 function _M.duration_arg(flag, v)
   local rules = require "warmbox.policy.rules"
   local s, err = rules.duration(v or "")
@@ -57,6 +61,7 @@ function _M.duration_arg(flag, v)
 end
 
 --- An integer >= `min` (default 1) for option `flag`.
+-- syntax: n = cli_args.int_arg(flag, v, min)
 function _M.int_arg(flag, v, min)
   local n = tonumber(v)
   if not n or math.type(n) ~= "integer" or n < (min or 1) then

@@ -13,6 +13,7 @@ local _M = {}
 _M.FAILED = 2
 
 --- Says `msg` (and its `code`) on stream `err`; returns FAILED.
+-- syntax: status = common.fail(err, msg, code)
 function _M.fail(err, msg, code)
   err:write(string_format("warmbox: %s%s\n", tostring(msg), code and (" (" .. tostring(code) .. ")") or ""))
   return _M.FAILED
@@ -20,6 +21,7 @@ end
 local fail = _M.fail
 
 --- A note on stderr (which server, saved files): not an error, dropped by -q.
+-- syntax: common.note(io_, s)
 function _M.note(io_, s)
   if not io_.quiet then io_.stderr:write(s) end
 end
@@ -42,6 +44,7 @@ end
 --- The warmbox object of a command with global options `o`: on the local
 -- server when one runs and no backend is given, else on its own server
 -- (which ends with it). nil (said on stderr) when it cannot be made.
+-- syntax: wb = common.new_warmbox(o, io_)
 function _M.new_warmbox(o, io_)
   -- No local server running (and none asked for): this command's own, which ends with it.
   if not use_local_server(o, io_) and o.server == nil then o.server = "private" end
@@ -60,6 +63,7 @@ function _M.new_warmbox(o, io_)
 end
 
 --- Whether file descriptor `fd` is a terminal (`io_.is_tty` overrides).
+-- syntax: yes = common.is_tty(io_, fd)
 function _M.is_tty(io_, fd)
   if io_.is_tty then return io_.is_tty(fd) end
   return os.execute("test -t " .. fd) == true
@@ -69,6 +73,7 @@ local is_tty = _M.is_tty
 --- No local server: start one (`start`: --start), offer to on a terminal,
 -- else the command runs on an embedded one. false when starting failed
 -- (said on stderr).
+-- syntax: ok = common.ensure_local_server(o, io_, start)
 function _M.ensure_local_server(o, io_, start)
   if o.api_url then return true end
   local key = o.api_key or os.getenv("E2B_API_KEY")
@@ -98,6 +103,7 @@ function _M.ensure_local_server(o, io_, start)
 end
 
 --- Time `t` (epoch seconds) as RFC 3339 UTC, or nil.
+-- syntax: s = common.utc(t)
 function _M.utc(t) return t and os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(t)) end
 
 return _M

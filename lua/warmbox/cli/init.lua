@@ -34,7 +34,11 @@
 -- (warmbox.new's), `args` the command's arguments and `io_` its context
 -- (`stdout`, `stderr`, `stdin`, `quiet`: -q). A misuse it raises is printed
 -- with status 2. Shared: cli/args.lua (the argument reader), cli/common.lua
--- (failures, notes, the warmbox object and its server).
+-- (failures, notes, the warmbox object and its server). `io_` also has, for
+-- specs, `is_tty(fd)` and `isatty`. To add a command: write the module, add its
+-- name to COMMAND_LIST and its block to USAGE (`COMMAND --help` is cut from
+-- that block).
+-- syntax: status = cmd.execute(o, args, io_)
 -- @module warmbox.cli
 
 local tostring, tonumber, ipairs, pcall, setmetatable = tostring, tonumber, ipairs, pcall, setmetatable

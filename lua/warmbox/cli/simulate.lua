@@ -134,6 +134,15 @@ local function simulate_args(o, args, sim)
   return st
 end
 
+-- The rows of one configuration: the sweep's when a list of values is given,
+-- else one run's. → rows | nil, msg, code
+local function run_rows(sim, opts, sweep)
+  if sweep then return sim.sweep(opts, sweep) end
+  local r, msg, code = sim.run(opts)
+  if not r then return nil, msg, code end
+  return { r }
+end
+
 -- The rows of the policies compared (`--policies`, and `--policy FILE` beside
 -- them): a run each, or the sweep for each when a list of values is given
 -- (`series` names the policy of each row). → rows | nil, msg, code
@@ -143,14 +152,7 @@ local function compare_rows(sim, opts, policies, sweep)
     local o = {}
     for k, v in pairs(opts) do o[k] = v end
     o.builtin, o.policy = p.builtin, p.path
-    local got, msg, code
-    if sweep then
-      got, msg, code = sim.sweep(o, sweep)
-    else
-      local r
-      r, msg, code = sim.run(o)
-      got = r and { r }
-    end
+    local got, msg, code = run_rows(sim, o, sweep)
     if not got then return nil, msg, code end
     for _, r in ipairs(got) do
       local name = p.builtin or r.policy or p.path
@@ -224,12 +226,8 @@ function _M.execute(o, args, io_)
     if opts.policy then policies[#policies + 1] = { path = opts.policy } end
     opts.policy = nil
     rows, msg, code = compare_rows(sim, opts, policies, sweep)
-  elseif sweep then
-    rows, msg, code = sim.sweep(opts, sweep)
   else
-    local r
-    r, msg, code = sim.run(opts)
-    rows = r and { r }
+    rows, msg, code = run_rows(sim, opts, sweep)
   end
   if not rows then return fail(io_.stderr, msg, code) end
   st.chart_x, st.chart_y = st.chart_x or "compute_cost", st.chart_y or "p95_ms"

@@ -218,6 +218,7 @@ local lifecycle_fields = { on_timeout = "string", auto_resume = "boolean", keep_
 --- Builds the create body (exposed for specs).
 -- @return[1] table the body
 -- @return[2] nil, msg, "BAD_REQUEST"
+-- syntax: body = e2b.create_body(opts)
 function _M.create_body(opts)
   local body = { templateID = opts.template or "base" }
   local timeout = opts.timeout or DEFAULT_SANDBOX_TIMEOUT
@@ -287,6 +288,7 @@ local list_fields = { state = "string|table", metadata = "map", limit = "number"
   next_token = "string", template = "string", started_after = "string", max_pages = "number" }
 
 --- Builds the `/v2/sandboxes` URL path and query (exposed for specs).
+-- syntax: path = e2b.list_path(opts)
 function _M.list_path(opts)
   local q = {}
   local state = opts.state

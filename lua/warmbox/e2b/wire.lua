@@ -33,6 +33,7 @@ end
 -- Keys are sorted so the URL is deterministic.
 -- @tparam table metadata
 -- @treturn string the value of the `metadata` query parameter, as sent
+-- syntax: q = wire.encode_metadata(metadata) (re-exported as `e2b.encode_metadata`)
 function _M.encode_metadata(metadata)
   local keys = {}
   for k in pairs(metadata) do keys[#keys + 1] = k end
@@ -231,6 +232,7 @@ local function to_snapshot(t)
 end
 
 -- The `/snapshots` URL path and query of one page.
+-- syntax: path = e2b.snapshots_path(opts, token)
 local function snapshots_path(opts, token)
   local q = {}
   if opts.sandbox_id then q[#q + 1] = "sandboxID=" .. uri_component(opts.sandbox_id) end

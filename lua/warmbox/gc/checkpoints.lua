@@ -65,6 +65,7 @@ end
 --   "keep" | "busy" | "error", reason, code }`)
 -- @treturn[1] table report `{ listed, checkpoints, kept, deleted, busy, failed, errors, dry_run }`
 -- @return[2] nil, msg, code, partial report
+-- syntax: report = checkpoints.run(opts)
 function _M.run(opts)
   local client, hook = opts.client, opts.policy and opts.policy.checkpoint_gc
   local report = new_report(opts.dry_run and true or false)
@@ -119,6 +120,7 @@ end
 -- session (`tag_value`): what `wb:release` does after killing the sandboxes.
 -- @treturn[1] number how many were deleted
 -- @return[2] nil, msg, code
+-- syntax: n = checkpoints.release(client, key, tag_value)
 function _M.release(client, key, tag_value)
   -- A client without snapshots (the simulator's model) has none to delete.
   if type(client.list_snapshots) ~= "function" then return 0 end

@@ -38,6 +38,7 @@ end
 
 --- The default tenant of a session key: the part before the first `:`
 -- (the whole key when it has none).
+-- syntax: tenant = gc.default_tenant(key)
 function _M.default_tenant(key)
   if type(key) ~= "string" then return nil end
   return key:match("^([^:]*):") or key

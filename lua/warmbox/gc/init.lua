@@ -69,6 +69,7 @@ _M.before = listing.before
 _M.each_listed = listing.each_listed
 
 --- The session key of a tag value, and whether it is a warmbox tag (exposed for the CLI).
+-- syntax: key, is_warmbox = gc.describe_tag(tv)
 function _M.describe_tag(tv)
   local tag_mod = require "warmbox.tag"
   local key, enc = tag_mod.parse_tag(tv)

@@ -26,6 +26,7 @@ local _M = {}
 -- truncated to microseconds, ties by sandbox id ascending; `order=asc` is the
 -- exact reverse, and a page starts strictly after its cursor's item. A key is
 -- `{ microseconds, id }`, or nil when `started_at` cannot be read.
+-- syntax: key = gc.list_key(d)
 function _M.list_key(d)
   local s = d.started_at
   if type(s) ~= "string" or type(d.sandbox_id) ~= "string" then return nil end
@@ -38,6 +39,7 @@ end
 local list_key = _M.list_key
 
 --- Whether key a comes before key b in the newest-first order.
+-- syntax: bool = gc.before(a, b)
 function _M.before(a, b)
   if a[1] ~= b[1] then return a[1] > b[1] end
   return a[2] < b[2]

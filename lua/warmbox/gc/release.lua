@@ -14,6 +14,7 @@ local _M = {}
 
 -- (a pass holds a batch of locks across steps, so it closes them by hand;
 -- release uses <close> through lock.closing.)
+-- syntax: release.close_lock(lk) (the lock helpers a GC pass shares with it)
 function _M.close_lock(lk)
   if type(lk.close) == "function" then pcall(lk.close, lk) end
 end
@@ -50,6 +51,8 @@ end
 -- them in a lock error): each session is locked first (waiting for a run in
 -- progress), its sandboxes listed under the lock and killed, its remembered
 -- state forgotten. Returns how many were killed, or nil, err, code.
+-- syntax: n = release.release(client, tag, order, what, new_lock, concurrency) (a conversation's sandboxes
+--   killed under its lock)
 function _M.release(client, tag, order, what, new_lock, concurrency)
   local killed = 0
   for _, v in ipairs(order) do

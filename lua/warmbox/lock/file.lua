@@ -47,6 +47,7 @@ local made_dirs, break_locks = {}, {}
 --- A safe, injective file name for any key: bytes outside [A-Za-z0-9_-] are
 -- %XX-escaped (so no '/', no '.', no '..'); long keys are hashed. The two
 -- forms differ by suffix ('.' never appears in an escaped name).
+-- syntax: name = lock_file.file_name(key) (`warmbox.lock._file_name` is the same function)
 function _M.file_name(key)
   local enc = key:gsub("[^A-Za-z0-9_%-]", function(c) return fmt("%%%02X", c:byte()) end)
   if #enc > 200 then return core.sha256(key) .. ".hlock" end

@@ -3,7 +3,7 @@
 -- Mirrors lua-resty-lock. The public API and `lock.new`'s options are listed
 -- once, in README.md (warmbox.lock); the contract this file keeps (fair
 -- queue, expiry and fencing, waits and wake-ups, the per-key state) is
--- HACKING.md's "warmbox.lock" section.
+-- HACKING.md's "warmbox.lock" section, and how it works docs/locks.md's.
 --
 -- This file is the lock object and what every backend shares; one file per
 -- backend: lock/memory.lua (this Lua state only), lock/file.lua (flock(2),
@@ -24,6 +24,12 @@
 --   get_state(lk, key, e), set_state(lk, key, e, s)   the methods of the same names
 --   remove(lk, key, e)                         optional: what the key left in the backend
 --   blocker(lk, key, ticket)                   optional: block(s) -> woken, unblock(), watch
+--   held(lk, key, e)                           optional: ok | nil, err, code (redis: one GET on the primary)
+-- syntax: e, err, code, head = backend.acquire(lk, key, e, prev, mode, local_busy)
+-- syntax: ns = backend.ns(lk)
+-- syntax: backend.leave(lk, key, pkey, token)
+-- syntax: block, unblock, watch = backend.blocker(lk, key, ticket)
+-- syntax: ok, err, code = backend.held(lk, key, e) (optional; redis: one GET on the primary)
 local core = require "warmbox.core"
 local errors = require "warmbox.errors"
 local common = require "warmbox.lock.common"
@@ -434,6 +440,7 @@ end
 -- @tparam[opt="new"] string fname named in a misuse error (option 'lock' of it)
 -- @tparam[opt=1] integer argn
 -- @treturn function returning a new lock object
+-- syntax: new_lock = lock.factory(spec, defaults, module_opts, fname, argn)
 function _M.factory(spec, defaults, module_opts, fname, argn)
   if type(spec) == "function" then return spec end
   if type(spec) == "table" and type(spec.new) == "function" then
@@ -460,6 +467,7 @@ end
 -- (another holder kept it past the lock's timeout) is BUSY, anything else LOCK.
 -- @tparam string what the thing locked, for the message ("session 'k'")
 -- @return nil, message, "BUSY" | "LOCK"
+-- syntax: nil, msg, code = lock.failure(what, err)
 function _M.failure(what, err)
   if err == "timeout" then return nil, what .. " is busy (another run holds it)", "BUSY" end
   return nil, "cannot lock " .. what .. ": " .. tostring(err), "LOCK"
@@ -468,6 +476,7 @@ end
 --- For `local _ <close> = lock.closing(lk)`: `lk` itself when `<close>` can
 -- close it, else a guard that calls its `close` (a caller's own lock object
 -- may have neither).
+-- syntax: local guard <close> = lock.closing(lk)
 function _M.closing(lk)
   local m = getmetatable(lk)
   if type(m) == "table" and m.__close then return lk end

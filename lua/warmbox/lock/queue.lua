@@ -19,11 +19,13 @@ local fmt, ceil, concat = string.format, math.ceil, table.concat
 local _M = {}
 
 --- An empty queue.
+-- syntax: q = queue.new()
 function _M.new() return { next = 1, list = {} } end
 
 --- Drops lapsed tickets (and deadlines further away than twice their own
 -- ttl: the clock was reset, e.g. by a reboot) at time `t` (ms); true when
 -- something changed.
+-- syntax: changed = queue.purge(q, now_ms)
 function _M.purge(q, t)
   local keep = {}
   for _, tk in ipairs(q.list) do
@@ -36,6 +38,7 @@ end
 
 --- Enters (or refreshes) `token` with a deadline `ttl_ms` after `t`; true
 -- when it is the head.
+-- syntax: is_head = queue.enter(q, token, now_ms, ttl_ms)
 function _M.enter(q, token, t, ttl_ms)
   local mine
   for _, tk in ipairs(q.list) do
@@ -51,6 +54,7 @@ function _M.enter(q, token, t, ttl_ms)
 end
 
 --- Takes `token`'s ticket out; true when it was there.
+-- syntax: was_there = queue.leave(q, token)
 function _M.leave(q, token)
   for i, tk in ipairs(q.list) do
     if tk.token == token then
@@ -62,6 +66,7 @@ function _M.leave(q, token)
 end
 
 --- The queue in file form `s` (an empty queue when `s` is not one).
+-- syntax: q = queue.parse(s)
 function _M.parse(s)
   local nxt, pos = s:match("^warmbox%-queue 1 (%d+)\n()")
   local q = _M.new()
@@ -75,6 +80,7 @@ function _M.parse(s)
 end
 
 --- The file form of queue `q`.
+-- syntax: s = queue.format(q)
 function _M.format(q)
   local t = { fmt("warmbox-queue 1 %d\n", q.next) }
   for _, tk in ipairs(q.list) do t[#t + 1] = fmt("%d %d %d %s\n", tk.seq, tk.dl, tk.ttl, tk.token) end
@@ -85,6 +91,7 @@ end
 -- mode `mode` ("wait" | "try"): calls `grab()` when this waiter may take the
 -- lock (the head, or "try" on an empty queue) and the key is not busy in
 -- this process (`local_busy`). Returns changed, (e | nil, err, code, head).
+-- syntax: changed, e, err, code, head = queue.step(lk, q, e, mode, local_busy, grab)
 function _M.step(lk, q, e, mode, local_busy, grab)
   local t, ttl_ms = now_ms(), ceil(lk.ticket_ttl * 1000)
   local changed = _M.purge(q, t)

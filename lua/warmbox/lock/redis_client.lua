@@ -25,6 +25,7 @@ _M.NOT_BUILT = "the redis lock is not built: warmbox.core was built without hire
   .. "(install libhiredis-dev and rebuild, or use lock = \"file\")"
 
 -- The topology of redis options: "single" | "sentinel" | "cluster".
+-- syntax: t = redis_client.topology(r) ("single" | "sentinel" | "cluster")
 function _M.topology(r)
   if r.sentinels then return "sentinel" end
   if r.nodes then return "cluster" end
@@ -40,6 +41,7 @@ end
 -- empty one: `{~<hex of key>}` then the key), so one script may touch them
 -- all; elsewhere `<prefix><kind>:<key>` as ever.
 -- @return name, tag (the routing tag; the key itself off a Cluster)
+-- syntax: name, tag = redis_client.name(redis_opts, kind, key) (the hash tag `{key}` on a Cluster)
 function _M.name(r, kind, key)
   if not r.nodes then return r.prefix .. kind .. ":" .. key, key end
   if key ~= "" and not key:find("}", 1, true) then return r.prefix .. kind .. ":{" .. key .. "}", key end
@@ -82,6 +84,7 @@ end
 -- `redis://[[user]:password@]host[:port][/prefix][?db=N]`,
 -- `redis-sentinel://[[user]:password@]host:port,host:port/master[/prefix][?db=N]`
 -- (port 26379 by default), `redis-cluster://[[user]:password@]host:port,host:port[/prefix]`.
+-- syntax: r = redis_client.parse_url(url, what)
 function _M.parse_url(url, what)
   what = what or "url"
   local function bad()
@@ -123,6 +126,7 @@ end
 --- The redis options of the environment: $WARMBOX_REDIS_URL (any form of
 -- parse_url) with $WARMBOX_REDIS_USERNAME and $WARMBOX_REDIS_PASSWORD (they
 -- keep the secret out of the URL), or nil when the URL is unset.
+-- syntax: r = redis_client.from_env(getenv)
 function _M.from_env(getenv)
   local function get(n)
     local v = getenv(n)
@@ -146,6 +150,7 @@ local function check_list(l, k, bad)
 end
 
 --- Checks redis options `o` (the lock's, URL merged in): `bad(name, what)` raises.
+-- syntax: redis_client.check(o, bad)
 function _M.check(o, bad)
   if (o.sentinels == nil) ~= (o.master == nil) then
     bad(o.master and "sentinels" or "master", "sentinels and master go together")
@@ -169,6 +174,7 @@ local clients = {}
 
 --- The identity of a configuration (the in-process lock namespace and the
 -- client cache use it).
+-- syntax: id = redis_client.id(r)
 function _M.id(r)
   return concat({ _M.topology(r), tostring(r.host), tostring(r.port), tostring(r.timeout), tostring(r.db or 0),
     r.username or "", r.password or "", r.master or "", concat(r.sentinels or r.nodes or {}, ",") }, "\0")
@@ -183,6 +189,7 @@ end
 local Plain = {}
 Plain.__index = Plain
 
+-- syntax: r, err, code = c:conn() (their core.redis objects)
 function Plain:conn()
   if self.c then return self.c end
   if not core.redis then return nil, _M.NOT_BUILT, "LOCK" end
@@ -192,18 +199,22 @@ function Plain:conn()
   return c
 end
 
+-- syntax: v, err, code, sent = c:call(tag, cmd, ...) (`tag`: the key's routing tag; a Cluster client routes by
+--   it, follows MOVED and ASK; `sent` false: it cannot have run)
 function Plain:call(_, ...)
   local c, err, code = self:conn()
   if not c then return nil, err, code, false end
   return c:command(...)
 end
 
+-- syntax: k = c:keeper(tag, key, token, ttl, cap)
 function Plain:keeper(_, ...)
   local c = self:conn()
   if not c then return nil end
   return c:keeper(...)
 end
 
+-- syntax: addr = c:address(tag)
 function Plain:address()
   local c = self:conn()
   if not c then return nil end
@@ -218,6 +229,7 @@ Cluster.__index = Cluster
 -- The most tags remembered (then the memory starts over: a MOVED each re-learns).
 local MAX_ROUTES = 4096
 
+-- syntax: r, err, code = c:node(addr)
 function Cluster:node(addr)
   local c = self.pool[addr]
   if c then return c end
@@ -240,6 +252,7 @@ function Cluster:forget(addr)
   self.pool[addr] = nil
 end
 
+-- syntax: c:route(tag, addr) (a MOVED remembered)
 function Cluster:route(tag, addr)
   if addr and not self.routes[tag] then
     self.nroutes = self.nroutes + 1
@@ -249,6 +262,7 @@ function Cluster:route(tag, addr)
 end
 
 -- The node after `addr` in the known list (a dead node's stand-in).
+-- syntax: addr = c:next_addr(addr) (an unreachable node's stand-in)
 function Cluster:next_addr(addr)
   local order = self.order
   for i, a in ipairs(order) do
@@ -308,6 +322,8 @@ function Cluster:address(tag)
 end
 
 --- The client of redis options `r` (one per configuration and process).
+-- syntax: c = redis_client.client(redis_opts) (one per configuration and process; `redis_client.reset()` drops
+--   them)
 function _M.client(r)
   local id = _M.id(r)
   local c = clients[id]

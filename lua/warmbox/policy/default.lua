@@ -15,6 +15,7 @@ local _M = { name = "default", version = "1" }
 -- @tparam table candidates listed sandboxes whose tag matched exactly
 -- @tparam table ctx `key`, `tag`, `tag_value`, `now`
 -- @treturn table the candidates to try, in order (a subset of `candidates`)
+-- syntax: order(candidates, ctx)
 function _M.order(candidates, ctx) -- luacheck: ignore 212
   return candidates
 end
@@ -27,6 +28,7 @@ end
 -- `max(exec_timeout, idle_timeout)`).
 -- @tparam table ctx `exec_timeout`, `idle_timeout`
 -- @treturn number seconds
+-- syntax: lease(ctx)
 function _M.lease(ctx)
   return ctx.idle_timeout
 end
@@ -42,6 +44,7 @@ end
 -- @tparam table ctx `now`, `lease_end` (nil when unknown), `lease`, `exec_timeout`,
 --   `idle_timeout`, `run_timeout`, `margin`, `watched`
 -- @treturn boolean
+-- syntax: should_refresh(ctx)
 function _M.should_refresh(ctx)
   local lease_end = ctx.lease_end
   if not lease_end then return true end
@@ -57,6 +60,7 @@ end
 -- `metadata` afterwards, whatever this returns.
 -- @tparam table ctx `template`, `lease`, `tag`, `tag_value`, `env`
 -- @treturn table `{ template, timeout, metadata, env_vars, lifecycle }`
+-- syntax: create_params(ctx)
 function _M.create_params(ctx)
   return {
     template = ctx.template,
@@ -74,6 +78,7 @@ end
 -- @tparam table item the listed sandbox as GC sees it (see `warmbox.policy.rules`)
 -- @tparam table ctx `now`, `max_age` (default 86400), `counts`, `totals`
 -- @treturn string "keep" | "kill" | "demote", and a reason
+-- syntax: gc(item, ctx)
 function _M.gc(item, ctx)
   if item.orphan then return "keep" end
   local last = item.last_activity
@@ -86,6 +91,7 @@ end
 -- first `:` (the whole key when it has none).
 -- @tparam string key the session key (or the tag value when the key was hashed)
 -- @treturn string
+-- syntax: tenant(key)
 function _M.tenant(key)
   return key:match("^([^:]*):") or key
 end

@@ -35,6 +35,7 @@ local ANY_ORDER = setmetatable({}, { __mode = "k" })
 --- Declares a `gc` hook (or rule) independent of the listing order: its
 -- decision for an item does not depend on `ctx.counts`/`ctx.totals` (a kill
 -- budget is fine), so GC may list from both ends at once. Returns `fn`.
+-- syntax: fn = rules.any_order(fn)
 function _M.any_order(fn)
   if type(fn) ~= "function" then error("bad argument #1 to 'any_order' (function expected)", 2) end
   ANY_ORDER[fn] = true
@@ -43,6 +44,7 @@ end
 
 --- Whether `fn` was declared (or composed only of rules) independent of the
 -- listing order.
+-- syntax: bool = rules.is_any_order(fn)
 function _M.is_any_order(fn)
   return ANY_ORDER[fn] == true
 end
@@ -51,6 +53,7 @@ local any_order = _M.any_order
 --- Seconds of a duration: a number, or a string "90", "30s", "15m", "12h", "7d".
 -- @treturn[1] number
 -- @return[2] nil, message
+-- syntax: s = rules.duration(v)
 function _M.duration(v)
   if type(v) == "number" then
     if v ~= v or v < 0 then return nil, "duration must be >= 0, got " .. tostring(v) end
@@ -92,6 +95,7 @@ end
 -- `kill_after - demote_after` after the demote. Items without a last
 -- activity get no opinion.
 -- @tparam table o `demote_after`, `kill_after` (durations)
+-- syntax: rules.retention{ demote_after, kill_after }
 function _M.retention(o)
   o = o or {}
   if type(o) ~= "table" then error("bad argument #1 to 'retention' (table expected)", 2) end
@@ -124,6 +128,7 @@ end
 
 --- Sandboxes whose tag is not a valid warmbox tag value (orphans): `action`
 -- ("keep" by default, or "kill"); no opinion on the others.
+-- syntax: rules.orphans(action)
 function _M.orphans(action)
   action = action or "keep"
   if action ~= "keep" and action ~= "kill" then
@@ -136,6 +141,7 @@ function _M.orphans(action)
 end
 
 --- At most `max` kept sandboxes per tenant: the ones over it are killed.
+-- syntax: rules.tenant_cap(max)
 function _M.tenant_cap(max)
   max = count(max, "max", "tenant_cap")
   return function(item, ctx)
@@ -148,6 +154,7 @@ function _M.tenant_cap(max)
 end
 
 --- At most `max` kept sandboxes in all: the ones over it are killed.
+-- syntax: rules.global_cap(max)
 function _M.global_cap(max)
   max = count(max, "max", "global_cap")
   return function(_, ctx)
@@ -159,6 +166,7 @@ function _M.global_cap(max)
 end
 
 --- The first rule with an opinion wins; "keep" when none has one.
+-- syntax: rules.chain(...)
 function _M.chain(...)
   local list = { ... }
   for i = 1, select("#", ...) do
@@ -215,6 +223,7 @@ end
 --- Seconds between reads of the events a cost budget asked for (nil: the default).
 function _M.budget_refresh(fn) return REFRESH[fn] end
 
+-- syntax: rules.budget(n, rule)
 function _M.budget(n, rule)
   if type(n) == "table" then return cost_budget(n) end
   n = count(n, "n", "budget")
@@ -255,6 +264,7 @@ end
 -- ------------------------------------------------------------------
 
 --- At most `max` checkpoints per conversation: the older ones are deleted.
+-- syntax: rules.max_checkpoints(n)
 function _M.max_checkpoints(max)
   max = count(max, "max", "max_checkpoints")
   return function(_, ctx)
@@ -266,6 +276,7 @@ function _M.max_checkpoints(max)
 end
 
 --- Checkpoints older than `after` (a duration) are deleted.
+-- syntax: rules.checkpoint_after(d)
 function _M.checkpoint_after(after)
   local secs, err = _M.duration(after)
   if not secs then error("bad argument #1 to 'checkpoint_after' (" .. err .. ")", 2) end
@@ -278,6 +289,7 @@ function _M.checkpoint_after(after)
 end
 
 --- Checkpoints whose conversation has no sandbox: `action` ("delete" by default, or "keep").
+-- syntax: rules.checkpoint_orphans(action)
 function _M.checkpoint_orphans(action)
   action = action or "delete"
   if action ~= "keep" and action ~= "delete" then
@@ -293,6 +305,7 @@ end
 --- The usual composition for `checkpoint_gc`: orphans, then age, then the cap;
 -- the first with an opinion wins, else "keep".
 -- @tparam table o `max_checkpoints`, `checkpoint_after`, `orphans` ("keep" | "delete"; default: no opinion)
+-- syntax: rules.checkpoints{ max_checkpoints, checkpoint_after, orphans }
 function _M.checkpoints(o)
   o = require("warmbox.errors").check_options(o, { "max_checkpoints", "checkpoint_after", "orphans" },
     "checkpoints", 1)

@@ -39,13 +39,16 @@ local LABEL_MAX = 40
 local function sha(s) return require("warmbox.core").sha256(s) end
 
 --- The name part shared by a session's checkpoints (`wbcp-<conv>-<key>-`).
+-- syntax: prefix = checkpoint.conv_prefix(tag_value, key)
 function _M.conv_prefix(tag_value, key)
   return _M.PREFIX .. sha(tag_value):sub(1, 16) .. "-" .. sha(key):sub(1, 12) .. "-"
 end
 
 --- The 16 hex of a tag value as checkpoint names carry it (GC's orphan rule).
+-- syntax: h = checkpoint.conv_hash(tag_value)
 function _M.conv_hash(tag_value) return sha(tag_value):sub(1, 16) end
 --- The 12 hex of a key as checkpoint names carry it (release).
+-- syntax: h = checkpoint.key_hash(key)
 function _M.key_hash(key) return sha(key):sub(1, 12) end
 
 local function label_ok(label)
@@ -64,6 +67,7 @@ end
 
 --- Parses a listed snapshot `{ snapshot_id, names }` into a checkpoint, or nil
 -- when it is none of warmbox's: `{ id, name, conv, key_hash, turn, created_at, label }`.
+-- syntax: cp = checkpoint.parse(snapshot)
 function _M.parse(snap)
   local n = bare_name(snap)
   if not n then return nil end
@@ -87,6 +91,7 @@ end
 --- Every warmbox checkpoint of the team that `keep(cp)` keeps, oldest first.
 -- @return[1] table
 -- @return[2] nil, msg, code, detail
+-- syntax: list = checkpoint.list(client, keep)
 function _M.list(client, keep)
   local snaps, err, code, detail = client:list_snapshots()
   if not snaps then return nil, err, code, detail end
@@ -126,6 +131,7 @@ end
 -- after a lost answer) makes two snapshots, and the later takes the name from
 -- the earlier, which no listing by name finds again. warmbox never takes an
 -- unnamed snapshot of a session's sandbox. → how many were deleted
+-- syntax: n = checkpoint.drop_strays(client, sandbox_id)
 function _M.drop_strays(client, id)
   if type(client.list_snapshots) ~= "function" then return 0 end
   local snaps = client:list_snapshots{ sandbox_id = id }
@@ -255,6 +261,7 @@ end
 -- Checkpoints that a branch or rewind is creating from now, in this process
 -- (GC's checkpoint pass leaves them: `in_use`).
 local using = {}
+-- syntax: bool = checkpoint.in_use(id)
 function _M.in_use(id) return (using[id] or 0) > 0 end
 
 local function restore(target, cp, fresh)
@@ -311,6 +318,7 @@ local pending = setmetatable({}, { __mode = "k" })
 -- asks the policy's `checkpoint` hook and, when it says so, takes the
 -- checkpoint off the run's path: on the session's runner, in a task that
 -- takes the lock for the turn that just ran (a later turn first: skipped).
+-- syntax: checkpoint.after_run(s, r, turn)
 function _M.after_run(self, r, turn)
   local hook = self.policy.checkpoint
   if not hook or not turn then return end
@@ -341,6 +349,7 @@ end
 -- task of its runner (`rn:current()`) it joins it; outside tasks it drives
 -- that runner until it ends (unless the runner is mid-round).
 -- @return the task's result (the checkpoint, or nil, msg, code) or nil when none
+-- syntax: cp = checkpoint.settle(s) (what `syntax: cp = s:await_checkpoint()` calls)
 function _M.settle(self)
   local p = pending[self]
   if not p then return nil end

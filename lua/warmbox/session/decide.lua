@@ -57,6 +57,7 @@ _M.WATCH_POLL = 0.5
 -- @treturn[1] integer the lease (seconds)
 -- @treturn[1] boolean whether the run's timeout raised it
 -- @return[2] nil when the value is not a positive finite number
+-- syntax: lease, floored = decide.lease(value[, run_timeout[, watched]])
 function _M.lease(value, run_timeout, watched)
   if not (type(value) == "number" and value > 0 and value < math_huge) then return nil end
   local lease = math_ceil(value)
@@ -66,17 +67,20 @@ function _M.lease(value, run_timeout, watched)
 end
 
 --- How long before the lease end the watchdog of a run extends a lease of `lease` seconds.
+-- syntax: m = decide.watch_margin(lease)
 function _M.watch_margin(lease)
   return math_min(_M.WATCH_MARGIN, lease / 2)
 end
 
 --- When the watchdog extends a lease ending at `lease_end` (of `lease` seconds).
+-- syntax: t = decide.watch_at(lease_end, lease)
 function _M.watch_at(lease_end, lease)
   return lease_end - _M.watch_margin(lease)
 end
 
 --- The last moment the watchdog tries an extension of a lease ending at
 -- `lease_end` (its round trip must land before the end).
+-- syntax: t = decide.watch_deadline(lease_end, lease)
 function _M.watch_deadline(lease_end, lease)
   return lease_end - math_min(LEASE_MARGIN, _M.watch_margin(lease) / 2)
 end
@@ -84,12 +88,14 @@ end
 --- Whether a prewarm for a run coming within `within` seconds has nothing to
 -- do: the remembered lease (of `lease` seconds) still has the margin a run
 -- needs to start without a request (half the lease, or `within` when sooner).
+-- syntax: warm = decide.prewarm_warm(now, lease_end, within, lease)
 function _M.prewarm_warm(now, lease_end, within, lease)
   return lease_end ~= nil and lease_end >= now + math_min(within, lease / 2)
 end
 
 --- A lease end as E2B keeps it: every lease is capped at the sandbox's run
 -- start + the maximum run length (`run_started` nil: unknown, not capped).
+-- syntax: e = decide.lease_end(lease_end, run_started, max_run_length)
 function _M.lease_end(lease_end, run_started, max_run_length)
   if run_started then return math_min(lease_end, run_started + max_run_length) end
   return lease_end
@@ -98,6 +104,7 @@ end
 --- The extension to ask before a cell is sent at `now`: nil when the
 -- remembered lease (nil: unknown, nothing to compare) still covers the
 -- cell's timeout + COVER_MARGIN, else the lease to ask (timeout + LEASE_MARGIN).
+-- syntax: want = decide.extension(now, lease_end, run_timeout)
 function _M.extension(now, lease_end, run_timeout)
   if not lease_end or now + run_timeout + COVER_MARGIN <= lease_end then return nil end
   return math_ceil(run_timeout + LEASE_MARGIN)
@@ -107,6 +114,7 @@ end
 -- run length (E2B ends a run at its start + that, whatever the lease says):
 -- then the sandbox is recycled first (paused with its memory and connected:
 -- a new run of the same kernel).
+-- syntax: due = decide.recycle_due(run_started, max_run_length, now, run_timeout)
 function _M.recycle_due(run_started, max_run_length, now, run_timeout)
   return run_started ~= nil and run_started + max_run_length < now + run_timeout + LEASE_MARGIN
 end
@@ -119,6 +127,7 @@ end
 -- the execute resumes it, the run's watchdog extends it if the run outlasts
 -- it), else nil (connect before the execute: a paused sandbox resumed with
 -- the idle window's lease, never the longer auto-resume one).
+-- syntax: how = decide.remembered_way(lease_end, auto_resume, now, lease, alongside_ok)
 function _M.remembered_way(lease_end, auto_resume, now, lease, alongside_ok)
   if not alongside_ok or not lease_end then return nil end
   if lease_end - now >= ALONGSIDE_MARGIN then return "alongside" end
@@ -129,6 +138,7 @@ function _M.remembered_way(lease_end, auto_resume, now, lease, alongside_ok)
 end
 
 --- The lease end after traffic resumed a paused sandbox at `t` (a new E2B run).
+-- syntax: e = decide.auto_resume_end(t, max_run_length)
 function _M.auto_resume_end(t, max_run_length)
   return math_min(t + AUTO_RESUME_LEASE, t + max_run_length)
 end
@@ -137,6 +147,7 @@ end
 -- cell's id in the sandbox; the kernel claims it when it accepts the cell):
 -- claimed (true) "never" (the kernel never accepted it, and now never will),
 -- refused (false) "accepted" (it reached the kernel), no answer (nil) "unknown".
+-- syntax: a = decide.arrival(claimed)
 function _M.arrival(claimed)
   if claimed then return "never" end
   if claimed == false then return "accepted" end
@@ -146,6 +157,7 @@ end
 --- Whether a failed control-plane call says the sandbox is definitively gone
 -- (as opposed to a transient fault: 5xx, 429, a timeout or a transport error,
 -- which fail the run and leave the sandbox and its kernel alone).
+-- syntax: gone = decide.is_gone(code)
 function _M.is_gone(code)
   return code == "NOT_FOUND"
 end
@@ -158,6 +170,7 @@ local ASK_AFTER = { SANDBOX_GONE = true, NOT_FOUND = true, RATE_LIMITED = true, 
 --- Whether a failed request was answered without a stream byte by a status
 -- after which the sandbox is asked whether the cell arrived (the sandbox was
 -- unreachable a moment ago: the next run connects first).
+-- syntax: ask = decide.unanswered(code, detail)
 function _M.unanswered(code, detail)
   if type(detail) == "table" then
     if detail.output_started then return false end

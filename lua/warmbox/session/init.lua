@@ -87,6 +87,7 @@ local function is_positive_number(v) return type(v) == "number" and v > 0 and v 
 -- @tparam string fname the function named in the error
 -- @tparam integer argn the position of the options argument
 -- @tparam[opt=2] integer level as `error`'s, counted from the caller
+-- syntax: session.check_settings(o, fname, argn[, level])
 function _M.check_settings(o, fname, argn, level)
   level = (level or 2) + 2
   local function bad(k, want)
@@ -157,6 +158,7 @@ local function checkpoints() return require "warmbox.session.checkpoint" end
 --- The lock options a session's lock gets unless given: it waits long enough
 -- for a run of the same session to finish; a dead holder's lock expires
 -- (Redis) or is released by the kernel (file).
+-- syntax: opts = session.lock_defaults(exec_timeout)
 function _M.lock_defaults(exec_timeout)
   return { timeout = exec_timeout + 60, exptime = exec_timeout + 120 }
 end

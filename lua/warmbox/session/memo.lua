@@ -17,6 +17,7 @@ local math_floor, math_max, math_min, table_remove = math.floor, math.max, math.
 local _M = {}
 
 --- The state under the lock `lk` as it is (GC, the budget, `s:state`).
+-- syntax: st = memo.read(lk)
 function _M.read(lk)
   return state_codec.decode(lk:get_state())
 end
@@ -24,6 +25,7 @@ end
 --- The state under the lock `lk`; one written by a session of another tag
 -- value or origin (a key shared by two deployments) is forgotten (its creates,
 -- turns and replaced sandboxes kept, see `forget`).
+-- syntax: st = memo.load(lk, s) (foreign state forgotten)
 function _M.load(lk, s)
   local st = state_codec.decode(lk:get_state())
   if state_codec.foreign(st, s.tag_value, s.origin) then state_codec.forget(st) end
@@ -32,6 +34,7 @@ end
 
 --- The state under the lock `lk` when it is `s`'s own, else an empty one
 -- (checkpoints: nothing of another session's is carried over).
+-- syntax: st = memo.load_own(lk, s) (foreign: `{}`)
 function _M.load_own(lk, s)
   local st = state_codec.decode(lk:get_state())
   if state_codec.foreign(st, s.tag_value, s.origin) then return {} end
@@ -39,11 +42,13 @@ function _M.load_own(lk, s)
 end
 
 --- Writes `st` back under the lock `lk`. → what `lk:set_state` returns
+-- syntax: ok, err, code = memo.save(lk, st)
 function _M.save(lk, st)
   return lk:set_state(state_codec.encode(st))
 end
 
 --- Forgets everything under the lock `lk` (`s:forget`).
+-- syntax: memo.clear(lk) (`s:forget`)
 function _M.clear(lk)
   return lk:set_state(nil)
 end
@@ -51,6 +56,7 @@ end
 --- Forgets everything under the lock `lk` and, with warmbox.lock, removes the
 -- key's files (`lk:remove` releases it; an unlock after it is a no-op): the
 -- session's sandboxes were collected or released (GC).
+-- syntax: memo.drop(lk) (GC, release: `lk:remove` when it has it)
 function _M.drop(lk)
   if type(lk.remove) == "function" then return lk:remove() end
   return lk:set_state(nil)
@@ -58,15 +64,18 @@ end
 
 --- Forgets the remembered sandbox; the creates in flight, the run count and
 -- the replaced sandboxes still to kill stay.
+-- syntax: memo.forget(st)
 _M.forget = state_codec.forget
 
 --- GC demoted sandbox `id` (paused without memory): its kernel is new.
+-- syntax: memo.kernel_lost(st, id)
 _M.kernel_lost = state_codec.kernel_lost
 
 --- Remembers the secured sandbox `sb` (`sandbox_id`, `envd_access_token`,
 -- `domain`). `run_started` is when its current run began (nil: unchanged for
 -- the same sandbox, unknown for another); E2B caps every lease at run start +
 -- the maximum run length, so the remembered lease end is too.
+-- syntax: memo.remember(s, st, sb, lease_end[, run_started])
 function _M.remember(s, st, sb, lease_end, run_started)
   st.tag, st.origin = s.tag_value, s.origin
   if st.sandbox_id ~= sb.sandbox_id then
@@ -80,43 +89,51 @@ function _M.remember(s, st, sb, lease_end, run_started)
 end
 
 --- Whether the sandbox pauses at its lease end and traffic resumes it.
+-- syntax: memo.set_auto_resume(st, on)
 function _M.set_auto_resume(st, on)
   st.auto_resume = on
 end
 
 --- A connect leased the remembered sandbox until `lease_end` (as E2B was asked).
+-- syntax: memo.leased(st, lease_end)
 function _M.leased(st, lease_end)
   st.lease_end = lease_end
 end
 
 --- The lease was extended to `lease_end` (capped by the run's maximum length); never shortened.
+-- syntax: memo.extend_lease(s, st, lease_end)
 function _M.extend_lease(s, st, lease_end)
   st.lease_end = math_max(st.lease_end, decide.lease_end(lease_end, st.run_started, s.max_run_length))
 end
 
 --- The lease is over by `at` at the latest (the sandbox was paused): the next run connects.
+-- syntax: memo.lease_over(st, at)
 function _M.lease_over(st, at)
   st.lease_end = math_min(st.lease_end or at, at)
 end
 
 --- The lease is unknown (the sandbox was unreachable a moment ago): the next run connects first.
+-- syntax: memo.lease_unknown(st)
 function _M.lease_unknown(st)
   st.lease_end = nil
 end
 
 --- Traffic resumed the sandbox at `t` (an execute reached it): a new E2B run.
+-- syntax: memo.resumed_at(s, st, t)
 function _M.resumed_at(s, st, t)
   st.run_started = t
   st.lease_end = math_max(st.lease_end or 0, decide.auto_resume_end(t, s.max_run_length))
 end
 
 --- The python kernel of sandbox `id` has warmbox's output hooks (`id` nil: it lost them).
+-- syntax: memo.hooked(st, id)
 function _M.hooked(st, id)
   st.hooked = id
 end
 
 --- A run ran at `wall` (unix seconds): the turns counted, the memory it lost
 -- (if any) is behind it. → the session's turn
+-- syntax: turn = memo.ran(st, wall)
 function _M.ran(st, wall)
   st.last_run = wall
   st.turns = math_floor(tonumber(st.turns) or 0) + 1 -- (JSON gives a float)
@@ -125,12 +142,14 @@ function _M.ran(st, wall)
 end
 
 --- A branch or rewind restored the conversation to turn `turn` at `wall`.
+-- syntax: memo.restored(st, turn, wall)
 function _M.restored(st, turn, wall)
   st.turns = turn
   st.last_run = wall
 end
 
 --- A rewind replaced sandbox `id` but could not kill it: the next run does.
+-- syntax: memo.replaced(st, id)
 function _M.replaced(st, id)
   local list = type(st.replaced) == "table" and st.replaced or {}
   list[#list + 1] = id
@@ -138,6 +157,7 @@ function _M.replaced(st, id)
 end
 
 --- The replaced sandboxes still to kill after a try (`left`: those whose kill failed again).
+-- syntax: memo.keep_replaced(st, left)
 function _M.keep_replaced(st, left)
   st.replaced = #left > 0 and left or nil
 end
@@ -147,6 +167,7 @@ end
 -- ------------------------------------------------------------------
 
 --- The recorded creates younger than decide.CREATE_WINDOW at `now`.
+-- syntax: list = memo.recent_creates(st, now)
 function _M.recent_creates(st, now)
   local list = {}
   for _, c in ipairs(st.creating or {}) do
@@ -159,6 +180,7 @@ end
 
 --- Records the create `id` at `now` (before it is sent); the oldest records go
 -- beyond decide.CREATES_KEPT.
+-- syntax: memo.record_create(s, st, id, now)
 function _M.record_create(s, st, id, now)
   local list = _M.recent_creates(st, now)
   list[#list + 1] = { id = id, at = now }
@@ -168,6 +190,7 @@ function _M.record_create(s, st, id, now)
 end
 
 --- The create `id` is settled (answered at its first attempt, or refused): its record goes.
+-- syntax: memo.settle_create(st, id)
 function _M.settle_create(st, id)
   local list = st.creating
   if not list then return end
@@ -179,6 +202,7 @@ end
 
 --- The create `id` was answered with `sandbox_id` after more than one attempt:
 -- its record stays (it may have made others), that sandbox is not its orphan.
+-- syntax: memo.answered_create(st, id, sandbox_id)
 function _M.answered_create(st, id, sandbox_id)
   for _, c in ipairs(st.creating or {}) do
     if type(c) == "table" and c.id == id then c.kept = sandbox_id end
@@ -186,11 +210,13 @@ function _M.answered_create(st, id, sandbox_id)
 end
 
 --- `dst` (a state put back as it was) keeps the creates `src` recorded since.
+-- syntax: memo.creates_from(dst, src)
 function _M.creates_from(dst, src)
   dst.creating = src.creating
 end
 
 --- The creates still recorded after the orphans were collected (`left`).
+-- syntax: memo.keep_creates(st, left)
 function _M.keep_creates(st, left)
   st.creating = #left > 0 and left or nil
 end

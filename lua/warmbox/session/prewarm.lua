@@ -47,6 +47,8 @@ local private_runner
 -- are spawned on: the session's `runner` (warmbox.new gives its own), else
 -- what its `runner` function returns; a bare session given neither: the
 -- runner whose task is running, else this module's own.
+-- syntax: runner = prewarm.runner(s) (the session's `runner`; else its `runner` function's; a bare session
+--   given neither: the running task's runner, else a module-private one)
 function _M.runner(s)
   if s.runner then return s.runner end
   if s.get_runner then return s.get_runner() end
@@ -70,6 +72,7 @@ end
 -- runner until the prewarm ends (its other tasks progress too). Elsewhere (a
 -- task of another scheduler, a coroutine of the host's inside a task: the
 -- runner is mid-round) the lock orders them.
+-- syntax: prewarm.await(s)
 function _M.await(s)
   local key = inflight_key(s)
   local e = inflight[key]
@@ -168,6 +171,7 @@ end
 -- does not run while the run is not coming yet (a run that comes first
 -- cancels it and does the work itself).
 -- @treturn warmbox.Task
+-- syntax: task = prewarm.start(s, within[, jit])
 function _M.start(s, within, jit)
   local key = inflight_key(s)
   local e = inflight[key]

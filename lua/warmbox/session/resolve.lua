@@ -31,6 +31,7 @@ end
 local forget = memo.forget
 
 --- The lease the policy's `lease` hook asks for (ceiled). → lease | nil, msg, code
+-- syntax: lease, err, code = resolve.lease(s, ctx)
 function _M.lease(s, ctx)
   local v, err, code = policy_mod.call(s.policy, "lease", ctx)
   if code then return nil, err, code end
@@ -44,6 +45,7 @@ local remember = memo.remember
 --- Whether sandbox `id` is gone as the control plane's `info` confirms (its
 -- 404): a 404 on another call may be an intermediary's after it forwarded
 -- the call, no proof the sandbox (its kernel, its files) is gone.
+-- syntax: gone = resolve.confirmed_gone(s, id) (`info` says 404)
 function _M.confirmed_gone(s, id)
   local _, _, code = s.client:info(id)
   return code == "NOT_FOUND"
@@ -219,6 +221,7 @@ end
 --- Creates the session's sandbox with the policy's `create_params` (`from`:
 -- the id of a snapshot to start from, for warmbox.session.checkpoint).
 -- → sb | nil, msg, code, detail
+-- syntax: sb, err, code, detail = resolve.create(s, st, lease[, from])
 function _M.create(s, st, lease, from)
   local params, perr, pcode = create_params(s, st, lease, from)
   if not params then return nil, perr, pcode end
@@ -271,6 +274,7 @@ end
 -- killed, their records dropped (an answered create's too: the listing saw
 -- what else it made; a record whose orphan could not be killed stays). One
 -- list, only while a create is recorded.
+-- syntax: resolve.collect_orphans(s, st)
 function _M.collect_orphans(s, st)
   local cands = list_candidates(s)
   if not cands then return end
@@ -292,6 +296,7 @@ end
 
 --- After a run: the sandboxes a rewind replaced but could not kill are killed
 -- (those whose kill fails again stay recorded).
+-- syntax: resolve.collect_replaced(s, st) (kills the sandboxes a rewind could not)
 function _M.collect_replaced(s, st)
   local left = {}
   for _, id in ipairs(type(st.replaced) == "table" and st.replaced or {}) do
@@ -430,6 +435,7 @@ end
 -- `eager` (a prewarm): the sandbox is made ready now, never left to the
 -- execute (no alongside extension, no auto-resume by traffic).
 -- → info `{ sandbox_id, reused, resumed, how, lease }` | nil, msg, code, detail
+-- syntax: info, err, code, detail = resolve.acquire(s, st, run_timeout[, eager])
 function _M.acquire(s, st, run_timeout, eager)
   local ctx = s:_ctx(st, run_timeout)
   local v, err, code = policy_mod.call(s.policy, "lease", ctx)

@@ -39,6 +39,7 @@ local function unreachable(code) return code == "SANDBOX_GONE" or code == "NOT_F
 -- exists), "cell" (the execute; `guarded`: the cell carries an id its
 -- kernel claims when it accepts it), "refused" (the kernel refused a marked
 -- cell: "HOOKS_LOST" before its first line, "FENCED" never again).
+-- syntax: reach = retry.reach(kind, code, detail[, guarded])
 function _M.reach(kind, code, detail, guarded)
   if kind == "prepare" then return unreachable(code) and "exists" or false end
   if kind == "refused" then return code == "HOOKS_LOST" and "never" or false end
@@ -53,6 +54,7 @@ end
 -- answered: "ask" with the claim of the cell's id (true | false | nil: no
 -- answer, then "exists" is the next question); "exists" with whether the
 -- control plane still lists the sandbox (false only on its 404).
+-- syntax: reach = retry.answer(kind, question, value)
 function _M.answer(kind, question, value)
   if question == "ask" then
     local a = arrival(value)
@@ -74,6 +76,7 @@ end
 -- that re-send was made).
 -- @treturn string|nil the verdict
 -- @treturn boolean whether this is the hooks re-send
+-- syntax: verdict, hooks = retry.again(reach, code, attempt, hooks_resent)
 function _M.again(reach, code, attempt, hooks_resent)
   if not reach then return nil, false end
   local hooks = code == "HOOKS_LOST" and not hooks_resent
@@ -84,10 +87,12 @@ end
 --- Whether the next connect must come before anything else (the remembered
 -- lease end is dropped): the sandbox did not answer a moment ago, it may be
 -- paused under its remembered lease.
+-- syntax: again = retry.reconnect(code, detail)
 _M.reconnect = unanswered
 
 --- Seconds to wait before a re-send: the failure's Retry-After, capped at
 -- RETRY_AFTER_MAX (nil: none).
+-- syntax: seconds = retry.wait(detail)
 function _M.wait(detail)
   local w = type(detail) == "table" and detail.retry_after
   if type(w) == "number" and w > 0 then return math_min(w, decide.RETRY_AFTER_MAX) end
@@ -99,6 +104,7 @@ end
 -- must give up (the sandbox is gone, or the next try could not land before
 -- `deadline`, the lease end minus LEASE_MARGIN): the execute is interrupted.
 -- Tried while the cell runs; the pause doubles from 0.1 s up to 2 s.
+-- syntax: pause = retry.lease(code, attempt, now, deadline)
 function _M.lease(code, attempt, now, deadline)
   local pause = math_min(0.1 * 2 ^ (attempt - 1), 2)
   if is_gone(code) or now + pause >= deadline then return nil end

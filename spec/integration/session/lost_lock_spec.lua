@@ -7,6 +7,7 @@
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 local redis_helper = require "spec.helpers.redis"
+local ledger_helper = require "spec.helpers.ledger"
 
 local q = wbd.sh_quote
 
@@ -64,34 +65,8 @@ describe("sessions: a lock lost while its cell runs (warmboxd)", function()
     return s:match("^(%S+) (%S+)")
   end
 
-  local function ledger(id)
-    local f = io.open(srv:sandbox_home(id) .. "/ledger", "rb")
-    local t = {}
-    if f then
-      for line in f:lines() do t[#t + 1] = line end
-      f:close()
-    end
-    return t
-  end
-
-  local seq = 0
-  -- A cell of `lang` that writes its start to the ledger, then (`until_mark`)
-  -- waits until cell `until_mark` started or 4 s went by, then writes its end.
-  -- → code, mark
-  local function cell(lang, until_mark)
-    seq = seq + 1
-    local mark = "c" .. seq
-    if lang == "bash" then
-      return "echo start " .. mark .. " >> /home/user/ledger\n"
-        .. (until_mark and ("end=$((SECONDS + 4)); while [ $SECONDS -lt $end ]; do grep -q '^start " .. until_mark
-        .. "$' /home/user/ledger && break; sleep 0.02; done\n") or "")
-        .. "echo end " .. mark .. " >> /home/user/ledger\n", mark
-    end
-    return "import time\nopen('/home/user/ledger', 'a').write('start " .. mark .. "\\n')\n"
-      .. (until_mark and ("end = time.monotonic() + 4\nwhile time.monotonic() < end:\n  if 'start " .. until_mark
-      .. "\\n' in open('/home/user/ledger').read(): break\n  time.sleep(0.02)\n") or "")
-      .. "open('/home/user/ledger', 'a').write('end " .. mark .. "\\n')\n", mark
-  end
+  local function ledger(id) return ledger_helper.read(srv, id) end
+  local cell = ledger_helper.cell
 
   -- The ledger's cells never interleave: each start is followed by its own end.
   local function serial(id)
