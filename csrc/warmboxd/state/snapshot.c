@@ -9,9 +9,8 @@
  * expire (E2B's default) unless --snapshot-max-age says so: then one older
  * is deleted (its files, its place in the quota) when a snapshot call next
  * looks at the list. They outlive their sandbox and (with --data-dir) a
- * restart; a team
- * keeps at most --max-snapshots of them, their bytes counted toward its
- * --max-state-mb (quota.c). Process memory is not in them, the python
+ * restart; a team keeps at most --max-snapshots of them, their bytes
+ * counted toward its --max-state-mb (quota.c). Process memory is not in them, the python
  * namespace is (serialised): see state.h.
  */
 #include "state.h"
@@ -96,7 +95,6 @@ static int snap_matches(const struct wbd_snapshot *s, const char *base, const ch
   return s->name[0] && strcmp(s->name, base) == 0 && strcmp(s->tag, tag) == 0;
 }
 
-/* Under g_mu. */
 /* Under g_mu: unlinks the snapshots older than --snapshot-max-age (by the
  * server's clock) and returns them, for put_expired once g_mu is released. */
 static struct wbd_snapshot *expire_locked(void) {
@@ -133,6 +131,7 @@ static void expire(void) {
   put_expired(gone);
 }
 
+/* Under g_mu. */
 static struct wbd_snapshot *find_locked(const char *team, const char *ref) {
   char base[160], tag[80];
   if (split_ref(ref, base, sizeof base, tag, sizeof tag) != 0) return NULL;
