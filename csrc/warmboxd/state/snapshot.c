@@ -10,8 +10,8 @@
  * is deleted (its files, its place in the quota) when a snapshot call next
  * looks at the list. They outlive their sandbox and (with --data-dir) a
  * restart; a team keeps at most --max-snapshots of them, their bytes
- * counted toward its --max-state-mb (quota.c). Process memory is not in them, the python
- * namespace is (serialised): see state.h.
+ * counted toward its --max-state-mb (quota.c). Process memory is not in
+ * them, the python namespace is (serialised): see state.h.
  */
 #include "state.h"
 #include "util.h"
