@@ -213,8 +213,9 @@ local function clear_fence(target, sb)
 end
 
 -- Under `target`'s lock: its sandbox is replaced by one created from `cp`
--- (secured first); the one it had is killed after. `fresh`: a branch, which
--- refuses a session that has a sandbox already.
+-- (secured first); the one it had is killed after. `fresh`: a branch (the
+-- source's tag value, the new sandbox's lineage), which refuses a session
+-- that has a sandbox already.
 local function restore_locked(target, lk, cp, fresh)
   local st = own_state(target, lk)
   if fresh and st.sandbox_id then
@@ -231,7 +232,7 @@ local function restore_locked(target, lk, cp, fresh)
   end
   local saved = util.copy(st)
   -- (the session's own create path: the policy's create_params, the tag, the create's id recorded first)
-  local sb, err, code, detail = resolve.create(target, st, lease, cp.id)
+  local sb, err, code, detail = resolve.create(target, st, lease, cp.id, fresh or nil)
   if not sb then
     -- As it was: the remembered sandbox stays (a create whose answer never came is recorded, see session).
     memo.creates_from(saved, st)
@@ -293,7 +294,7 @@ function _M.branch(self, cp, new_key, opts, new_session)
   end
   _M.settle(self)
   -- The source's lock too: GC's checkpoint pass leaves the checkpoints of a locked session.
-  local r, err, code, detail = self:_with_lock(function() return restore(s2, cp, true) end)
+  local r, err, code, detail = self:_with_lock(function() return restore(s2, cp, self.tag_value) end)
   if not r then return nil, err, code, detail end
   return s2
 end

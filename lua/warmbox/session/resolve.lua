@@ -194,8 +194,9 @@ local function orphan_of(st, it)
 end
 
 -- The create's parameters from the policy's `create_params` (the tag and a
--- lease at least `lease` imposed; `from`: a snapshot id). → params | nil, msg, code
-local function create_params(s, st, lease, from)
+-- lease at least `lease` imposed; `from`: a snapshot id; `branch_of`: the
+-- source conversation's tag value of a branch). → params | nil, msg, code
+local function create_params(s, st, lease, from, branch_of)
   local ctx = s:_ctx(st)
   ctx.lease = lease
   local p, perr, pcode = policy_mod.call(s.policy, "create_params", ctx)
@@ -214,18 +215,19 @@ local function create_params(s, st, lease, from)
   local md = {}
   for k, v in pairs(params.metadata or {}) do md[k] = v end
   md[s.tag] = s.tag_value -- the tag is not negotiable: it is what keeps tenants apart
-  if s._branch_of then md.warmboxBranchOf = s._branch_of end  -- the ledger's lineage of a branch
+  if branch_of then md.warmboxBranchOf = branch_of end  -- the ledger's lineage of a branch
   params.metadata = md
   if next(s.env) and params.env_vars == nil then params.env_vars = s.env end
   return params
 end
 
 --- Creates the session's sandbox with the policy's `create_params` (`from`:
--- the id of a snapshot to start from, for warmbox.session.checkpoint).
+-- the id of a snapshot to start from, for warmbox.session.checkpoint;
+-- `branch_of`: a branch's source tag value, kept as the sandbox's lineage).
 -- → sb | nil, msg, code, detail
--- syntax: sb, err, code, detail = resolve.create(s, st, lease[, from])
-function _M.create(s, st, lease, from)
-  local params, perr, pcode = create_params(s, st, lease, from)
+-- syntax: sb, err, code, detail = resolve.create(s, st, lease[, from[, branch_of]])
+function _M.create(s, st, lease, from, branch_of)
+  local params, perr, pcode = create_params(s, st, lease, from, branch_of)
   if not params then return nil, perr, pcode end
   local nonce = record_create(s, st)
   params.metadata[CREATE_TAG] = nonce
