@@ -156,6 +156,21 @@ describe("warmboxd: E2B's traffic token (network.allowPublicTraffic false)", fun
     assert.equal(204, http.api(srv, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
   end)
 
+  it("checks the token before an auto-resume: a refused request leaves the sandbox paused", function()
+    local sb = http.create(srv, { templateID = "base", secure = true, timeout = 600, autoPause = true,
+      autoResume = { enabled = true }, network = PRIVATE })
+    local function state() return http.api(srv, "GET", "/sandboxes/" .. sb.sandboxID).json.state end
+    assert.equal(204, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/pause").status)
+    assert_refused(port_get(srv, sb, 8000, "/"), sb, MISSING)
+    assert_refused(port_get(srv, sb, 49999, "/health", { ["e2b-traffic-access-token"] = "ta_0" }), sb, INVALID)
+    assert.equal("paused", state())
+    local res = port_get(srv, sb, 8000, "/", { ["e2b-traffic-access-token"] = sb.trafficAccessToken })
+    assert.equal(502, res.status, res.body)   -- resumed; nothing listens on 8000
+    assert.equal("The sandbox is running but port is not open", res.json.message)
+    assert.equal("running", state())
+    assert.equal(204, http.api(srv, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
+  end)
+
   it("keeps the token across a restart of warmboxd", function()
     local sb = http.create(srv, { templateID = "base", secure = true, timeout = 600, network = PRIVATE })
     local token = sb.trafficAccessToken
