@@ -11,9 +11,15 @@
 -- continued once B's run returned. A and B alternate languages (python then
 -- bash, bash then python, python then python): A waits up to 3 s for B to
 -- start, so a sandbox that lets B in while A runs shows it in the ledger both
--- cells write ("start X", "end X"). "create after forwarding": an
+-- cells write ("start X", "end X"). The "timeout 1 s" row gives B's run a
+-- timeout shorter than A's wait: the sandbox holds B's cell, then refuses it
+-- (HELD: B's cell never runs, 0 executions; python then python: B waits for
+-- the kernel A runs in and runs after it). "create after forwarding": an
 -- intermediary (spec/helpers/after_proxy.py) forwards the create, then
--- answers 503 (or 429): the client sends it again.
+-- answers 503 (or 429): the client sends it again; "create sent twice": it
+-- forwards the create twice and answers the second (the client saw one answer);
+-- "a copy forwarded after the run": the copy is held until the run returned
+-- (past the listing after it); one GC pass (warmbox:gc) runs before the count.
 --
 -- Prints per row: executions per cell ("0x:n 1x:m"; only 0 or 1 is right),
 -- overlapping executions (a cell started while another ran: only 0), runs
@@ -97,8 +103,10 @@ end
 
 local LANGS = { { "python", "bash" }, { "bash", "python" }, { "python", "python" } }
 
--- One row of lost locks: `how` is "redis restart" or "holder cut off".
-local function lost_row(how)
+-- One row of lost locks: `how` is "redis restart" or "holder cut off";
+-- `b_timeout`: the later run's timeout (1 s: shorter than the older cell,
+-- which waits 3 s for it, so the sandbox holds the later cell, then refuses it).
+local function lost_row(how, b_timeout)
   local backend = how == "redis restart" and "redis" or "file"
   local wb = new_wb(backend)
   local row = { execs = {}, marks = {}, overlaps = 0, refused_ran = 0, orphans = 0, codes = {} }
@@ -116,8 +124,8 @@ local function lost_row(how)
       for _, line in ipairs(ledger(id)) do if line == "start " .. mark_a then return true end end
     end, 30)
     if backend == "redis" then redis:restart() else os.execute("kill -STOP " .. pid) end
-    local b = table.pack(s:run(code_b, { language = langs[2] }))
-    if b[3] == "LOCK" then b = table.pack(s:run(code_b, { language = langs[2] })) end
+    local b = table.pack(s:run(code_b, { language = langs[2], timeout = b_timeout }))
+    if b[3] == "LOCK" then b = table.pack(s:run(code_b, { language = langs[2], timeout = b_timeout })) end
     os.execute("kill -CONT " .. pid)
     local a
     wbd.eventually(function()
@@ -131,7 +139,8 @@ local function lost_row(how)
     row.overlaps = row.overlaps + read_ledger(ledger(id), execs)
     for m, n in pairs(execs) do row.execs[m] = (row.execs[m] or 0) + n end
     if a == "FENCED" and (execs[mark_a] or 0) > 0 then row.refused_ran = row.refused_ran + 1 end
-    if not b[1] and b[3] == "FENCED" and (execs[mark_b] or 0) > 0 then row.refused_ran = row.refused_ran + 1 end
+    local refused = b[3] == "FENCED" or b[3] == "HELD" or b[3] == "CONFLICT"
+    if not b[1] and refused and (execs[mark_b] or 0) > 0 then row.refused_ran = row.refused_ran + 1 end
     row.codes[a] = (row.codes[a] or 0) + 1
     local bc = b[1] and "ok" or tostring(b[3])
     row.codes[bc] = (row.codes[bc] or 0) + 1
@@ -141,17 +150,26 @@ local function lost_row(how)
   return row
 end
 
--- One row of creates an intermediary answered `status` after forwarding.
+-- One row of creates an intermediary answered `status` after forwarding
+-- (`status` "twice": forwarded twice, the second answer given; "late": answered,
+-- then forwarded again once the run returned: one GC pass, then counted).
 local function create_row(status)
   local proxy = after_proxy.start(srv.url)
   local wb = new_wb("file", proxy.url)
   local row = { execs = {}, marks = {}, overlaps = 0, refused_ran = 0, orphans = 0, codes = {} }
   for i = 1, ROUNDS do
     local s = wb:session("bench-lost:create:" .. status .. ":" .. i)
-    proxy:plan{ create = { { mode = "after", status = status, headers = { ["Retry-After"] = "0" } } } }
+    local late = proxy:stats().late_done
+    proxy:plan{ create = { (status == "twice" or status == "late") and { mode = status, held = true }
+      or { mode = "after", status = status, headers = { ["Retry-After"] = "0" } } } }
     local code, mark = cell("python")
     row.marks[#row.marks + 1] = mark
     local r, _, ecode = s:run(code)
+    if status == "late" then
+      proxy:release()
+      wbd.eventually(function() return proxy:stats().late_done > late end, 60)
+      assert(wb:gc{})
+    end
     local c = r and "ok" or tostring(ecode)
     row.codes[c] = (row.codes[c] or 0) + 1
     local items = assert(wb.client:list_all{ state = { "running", "paused" }, metadata = { [s.tag] = s.tag_value } })
@@ -185,8 +203,11 @@ end
 local t0 = os.time()
 if redis then add("lost lock", "redis restart mid-cell", lost_row("redis restart")) end
 add("lost lock", "holder cut off past its expiry", lost_row("holder cut off"))
+add("lost lock", "holder cut off, later run's timeout 1 s", lost_row("holder cut off", 1))
 add("create", "503 after forwarding", create_row(503))
 add("create", "429 after forwarding", create_row(429))
+add("create", "sent twice by an intermediary", create_row("twice"))
+add("create", "a copy forwarded after the run; a GC pass", create_row("late"))
 
 local head = { "case", "fault", "runs by code", "executions per cell", "overlapping executions",
   "refused whose cell ran", "orphans left" }

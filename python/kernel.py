@@ -357,7 +357,49 @@ def result_line(data, main):
         out["text"] = text[1:-1]
     out["is_main_result"] = bool(main)
     out["extra"] = extra
-    return out
+    return fit_result(out)
+
+
+# Bytes of JSON a result (or an error) line may take: well under warmboxd's
+# longest kernel line kept (16 MiB) and the client's frame limit. A larger one
+# keeps its text forms cut to fit, drops the forms that a cut would break
+# (images, pdf, structured data, extra), and says `"truncated": true`.
+RESULT_MAX = 8 << 20
+_BINARY = ("png", "jpeg", "pdf", "data", "chart", "graph", "json", "extra")
+
+
+def _json_len(v):
+    return len(json.dumps(v).encode("utf-8", "replace"))
+
+
+def _cut_text(text, room):
+    """The longest prefix of `text` whose JSON form takes at most `room` bytes."""
+    if room <= 2:
+        return ""
+    n = len(text)
+    size = _json_len(text)
+    while size > room and n > 0:
+        # escapes make some characters longer: shrink in proportion, a little more
+        n = min(n - 1, int(n * room / size * 0.99))
+        size = _json_len(text[:n])
+    return text[:n]
+
+
+def fit_result(out, limit=RESULT_MAX):
+    if _json_len(out) <= limit:
+        return out
+    fitted = {k: v for k, v in out.items() if not isinstance(v, str) and k not in _BINARY}
+    fitted["extra"] = {}
+    fitted["truncated"] = True
+    room = limit - _json_len(fitted) - 64
+    for k, v in out.items():
+        if k in fitted or k in _BINARY:
+            continue
+        if isinstance(v, str):
+            cut = _cut_text(v, room - len(k) - 4)
+            fitted[k] = cut
+            room -= _json_len(cut) + len(k) + 4
+    return fitted
 
 
 # ---------------------------------------------------------------- start-up
@@ -506,7 +548,7 @@ def error_line(name, value, traceback):
     RUN.error_sent = True
     OUT.flush()
     ERR.flush()
-    emit({"type": "error", "name": name, "value": value, "traceback": traceback})
+    emit(fit_result({"type": "error", "name": name, "value": value, "traceback": traceback}))
 
 
 _HIDDEN = ("In", "Out", "get_ipython", "exit", "quit")

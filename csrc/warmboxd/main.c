@@ -3,6 +3,7 @@
  */
 #include "control.h"
 #include "envd.h"
+#include "jail.h"
 #include "state.h"
 
 #include "util.h"
@@ -493,6 +494,8 @@ int main(int argc, char **argv) {
   /* The sandboxes' files are made with the modes a kernel expects, whatever
    * umask the host that started warmboxd runs under (Prosody's is 027). */
   umask(022);
+  /* Before any thread, descriptor or port: a SIGKILL still has its cgroups removed. */
+  if (wbd_janitor_start() != 0) fprintf(stderr, "warmboxd: no janitor (%s): a kill leaves cgroups\n", strerror(errno));
   if (signals_install() != 0 || start_all() != 0) {
     free(made_dir);
     return 1;

@@ -24,6 +24,8 @@ _M.codes = {
     .. "says the cell never arrived",
   FENCED = "the sandbox accepted a cell with a higher fencing number (the run's lock was lost or taken over): "
     .. "it refused the run's cell (never run), or, as files_error, its outputs, which may be the later run's",
+  HELD = "the sandbox held a run's cell while an older run's cell of the conversation still executed there (the "
+    .. "older run's lock was lost), up to the run's timeout, then refused it: it never started",
   HOOKS_LOST = "a python kernel lost warmbox's hooks (restarted) before the run's cell, twice: nothing of it ran",
   STREAM_BROKEN = "a run's or a command's stream broke after output started (not re-run)",
   NOT_FOUND = "E2B's 404; the warmboxd binary not found",

@@ -40,6 +40,12 @@ function Proxy:plan(steps)
   assert(res.status == 204, "plan: " .. tostring(res.status))
 end
 
+--- Forwards the held late copies (`{ mode = "late", held = true }`).
+function Proxy:release()
+  local res = http.request{ method = "POST", url = self.url .. "/_proxy/release" }
+  assert(res.status == 204, "release: " .. tostring(res.status))
+end
+
 --- `{ executes = forwarded, answered = answered by the plan }`
 function Proxy:stats()
   return assert(http.request{ url = self.url .. "/_proxy/stats" }.json)

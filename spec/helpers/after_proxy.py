@@ -11,7 +11,10 @@ execute `delay` seconds later (a copy that arrives after the client gave up).
 An execute with nothing queued is forwarded.
 {"create": [...]} likewise queues what the next creates (POST /sandboxes, when the
 proxy is also the API's address) get: "after" (forwarded, then `status` answered),
-"twice" (forwarded twice, one after the other, the second answer given). {"kill": [...]}: the
+"twice" (forwarded twice, one after the other, the second answer given), "late" (forwarded and
+answered, then forwarded again `delay` seconds later, or with "held": true once
+POST /_proxy/release comes: a copy that arrives after the conversation's run;
+"late_done" counts it once it ended). {"kill": [...]}: the
 same for the next kills (DELETE /sandboxes/{id}); {"connect": [...]}: for the next
 connects (POST /sandboxes/{id}/connect); {"snapshot": [...]}: for the next snapshots.
 GET /_proxy/stats -> {"executes": executes forwarded, "answered": executes answered
@@ -30,6 +33,7 @@ CREATE_PLAN = []
 KILL_PLAN = []
 CONNECT_PLAN = []
 SNAPSHOT_PLAN = []
+HELD = []   # late copies waiting for /_proxy/release: (handler, body, request line)
 STATS = {"executes": 0, "answered": 0, "late_done": 0, "creates": 0}
 LOCK = threading.Lock()
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
@@ -72,6 +76,13 @@ class Handler(BaseHTTPRequestHandler):
                 CONNECT_PLAN.extend(plan.get("connect", []))
                 SNAPSHOT_PLAN.extend(plan.get("snapshot", []))
             return self.reply(204)
+        if self.command == "POST" and self.path == "/_proxy/release":
+            with LOCK:
+                held = HELD[:]
+                del HELD[:]
+            for h, b, req in held:
+                threading.Thread(target=h.late, args=(b, req, False), daemon=True).start()
+            return self.reply(204)
         with LOCK:
             out = json.dumps(STATS).encode()
         return self.reply(200, out, {"Content-Type": "application/json"})
@@ -112,21 +123,29 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             step = plan.pop(0) if plan else None
             if plan is CREATE_PLAN:
-                STATS["creates"] += 2 if step is not None and step.get("mode") == "twice" else 1
+                STATS["creates"] += 2 if step is not None and step.get("mode") in ("twice", "late") else 1
         if step is not None and step.get("mode") == "twice":
             req = self.request_line()
             self.forward(body, req)
             status, data, headers = self.forward(body, req)
             return self.reply(status, data, headers)
         status, data, headers = self.forward(body)
+        if step is not None and step.get("mode") == "late":
+            if step.get("held"):
+                with LOCK:
+                    HELD.append((self, body, self.request_line()))
+            else:
+                threading.Timer(float(step.get("delay", 1)), self.late, (body, self.request_line(), False)).start()
+            return self.reply(status, data, headers)
         if step is not None:
             return self.reply(int(step["status"]), b'{"code":%d,"message":"intermediary"}' % int(step["status"]),
                               step.get("headers"))
         return self.reply(status, data, headers)
 
-    def late(self, body, req):
-        with LOCK:
-            STATS["executes"] += 1
+    def late(self, body, req, execute=True):
+        if execute:
+            with LOCK:
+                STATS["executes"] += 1
         try:
             self.forward(body, req)
         finally:

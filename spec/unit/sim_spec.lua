@@ -112,14 +112,15 @@ describe("warmbox.sim", function()
     it("simulates, by default, long enough for GC to reclaim a sandbox whatever the phase", function()
       -- Passes every 3600 s from 0; max_age 86400; a 305 s lease (the 300 s timeout +
       -- LEASE_MARGIN). a's sandbox: ready at 3296.53 s, paused at 3601.53 s, inactive more
-      -- than max_age only at the pass at 93600 s. a's run ends at 3297.58 s (list 20 ms,
-      -- create 520, hooks cell 1020, run 20). The default tail, max(300 + 5, 300) + 86400 +
-      -- 3600, ends the simulation at 93602.58 s, after that pass (a tail counting a 300 s
-      -- lease ended at 93597.58 s, before it, with a's sandbox still alive).
+      -- than max_age only at the pass at 93600 s. a's run ends at 3297.60 s (list 20 ms,
+      -- create 520, hooks cell 1020, run 20, the create's list after the run 20). The
+      -- default tail, max(300 + 5, 300) + 86400 + 3600, ends the simulation at 93602.60 s,
+      -- after that pass (a tail counting a 300 s lease ended at 93597.60 s, before it, with
+      -- a's sandbox still alive).
       local r = assert(sim.run{ trace = { { t = 0, session = "z", duration = 0 },
         { t = 3296, session = "a", duration = 0 } } })
       assert.same({ 0, 2 }, { r.alive, r.gc_kills })
-      assert.near(93602.58, r.simulated_seconds, 1e-6)
+      assert.near(93602.60, r.simulated_seconds, 1e-6)
     end)
 
     it("gives the same report for the same seed (and another for another seed)", function()

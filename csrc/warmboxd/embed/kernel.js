@@ -85,10 +85,43 @@
   process.stderr.write = sink('stderr').write;
   globalThis.console = new console.Console({ stdout: process.stdout, stderr: process.stderr });
 
+  // Bytes of JSON a result or an error line may take: well under warmboxd's
+  // longest kernel line kept (16 MiB) and the client's frame limit. A larger
+  // one keeps its text cut to fit and says "truncated": true.
+  const RESULT_MAX = 8 << 20;
+  const jsonLen = (v) => Buffer.byteLength(JSON.stringify(v), 'utf8');
+  function cutText(text, room) {
+    let n = text.length;
+    let size = jsonLen(text);
+    while (size > room && n > 0) {
+      // escapes make some characters longer: shrink in proportion, a little more
+      n = Math.min(n - 1, Math.floor(n * room / size * 0.99));
+      const c = n > 0 ? text.charCodeAt(n - 1) : 0;
+      if (c >= 0xd800 && c <= 0xdbff) n--;
+      size = jsonLen(text.slice(0, n));
+    }
+    return text.slice(0, n);
+  }
+  function fit(obj) {
+    if (jsonLen(obj) <= RESULT_MAX) return obj;
+    let room = RESULT_MAX - 256;
+    const out = {};
+    for (const [k, v] of Object.entries(obj)) {
+      if (typeof v === 'string' && k !== 'type' && k !== 'name') {
+        out[k] = cutText(v, Math.max(0, room - k.length - 4));
+        room -= jsonLen(out[k]) + k.length + 4;
+      } else {
+        out[k] = v;
+      }
+    }
+    out.truncated = true;
+    return out;
+  }
+
   function errorLine(name, value, traceback) {
     if (errorSent) return;
     errorSent = true;
-    emit({ type: 'error', name, value, traceback });
+    emit(fit({ type: 'error', name, value, traceback }));
   }
 
   // The stack down to the cell's own frames (not the kernel's).
@@ -261,7 +294,7 @@
       try {
         const script = new vm.Script(wrapped, { filename: 'cell', lineOffset: -1 });
         const value = await Promise.race([script.runInThisContext({ breakOnSigint: true }), interrupted]);
-        if (value !== undefined) emit({ type: 'result', text: resultText(value), is_main_result: true, extra: {} });
+        if (value !== undefined) emit(fit({ type: 'result', text: resultText(value), is_main_result: true, extra: {} }));
       } catch (e) {
         if (e && e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') errorLine('KeyboardInterrupt', '', '');
         else sendError(e);

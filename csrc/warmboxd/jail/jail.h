@@ -280,4 +280,12 @@ uid_t wbd_uid_range_take(const char *lock_dir, uid_t base, uid_t want, unsigned 
  * (errno). */
 int wbd_userns_enter(void);
 
+/* Forks the janitor (janitor.c): when warmboxd ends, however, it ends what
+ * is left in warmboxd's cgroups and removes them. Before any thread or
+ * descriptor of warmboxd's. 0 or -1 (no fork). */
+int wbd_janitor_start(void);
+/* Ends the processes in the cgroups warmboxd `pid` made and removes them
+ * (runtime.c: also what a start-up does for a killed warmboxd's). */
+void wbd_cgroups_reap(int pid);
+
 #endif

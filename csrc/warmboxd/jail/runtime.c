@@ -1822,6 +1822,24 @@ static int owner_alive(int pid) {
   return !(rp && rp[1] == ' ' && rp[2] == 'Z');
 }
 
+/* A gone warmboxd's group `top` (its sandboxes' groups in it): their
+ * processes ended, the groups removed. */
+static void reap_group(const char *top, int freezer) {
+  DIR *sd = opendir(top);
+  if (sd) {
+    struct dirent *se;
+    while ((se = readdir(sd)))
+      if (se->d_type == DT_DIR && se->d_name[0] != '.') {
+        char sub[PATH_MAX + 300];
+        snprintf(sub, sizeof sub, "%s/%s", top, se->d_name);
+        end_orphans(sub, freezer);
+        rmdir(sub); /* fails, and stays, while it holds a process */
+      }
+    closedir(sd);
+  }
+  rmdir(top);
+}
+
 /* Groups left by a warmboxd that was killed (SIGKILL skips the clean-up):
  * when their owner is gone, their processes are ended and they are removed. */
 static void reap_stale_cgroups(const char *ctrl) {
@@ -1837,21 +1855,17 @@ static void reap_stale_cgroups(const char *ctrl) {
     if (owner_alive(pid)) continue;
     char top[PATH_MAX];
     snprintf(top, sizeof top, "%s/%s", root, e->d_name);
-    DIR *sd = opendir(top);
-    if (sd) {
-      struct dirent *se;
-      while ((se = readdir(sd)))
-        if (se->d_type == DT_DIR && se->d_name[0] != '.') {
-          char sub[PATH_MAX + 300];
-          snprintf(sub, sizeof sub, "%s/%s", top, se->d_name);
-          end_orphans(sub, freezer);
-          rmdir(sub);  /* fails, and stays, while it holds a process */
-        }
-      closedir(sd);
-    }
-    rmdir(top);
+    reap_group(top, freezer);
   }
   closedir(d);
+}
+
+void wbd_cgroups_reap(int pid) {
+  for (int i = 0; i < CG_N; i++) {
+    char top[128];
+    snprintf(top, sizeof top, "/sys/fs/cgroup/%s/warmboxd-%d", cg_ctrl[i], pid);
+    reap_group(top, i == CG_FREEZER);
+  }
 }
 
 /* Runs a trivial jail; 0 when bubblewrap works. why gets bwrap's complaint. */

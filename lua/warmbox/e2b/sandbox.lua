@@ -427,11 +427,13 @@ local function result_line(st, _, t, line)
     if st.on_result then st.on_result(r) end
     return
   end
+  -- Cut by the kernel (too large for one line), or past the cap: what fits of its text is kept.
+  if v(t.truncated) == true or st.used + #line > st.max_output then st.exec.truncated = true end
   if st.used + #line > st.max_output then
-    st.exec.truncated = true
-    return
+    r = wire.cut_result(r, st.max_output - st.used)
+    if not r then return end
   end
-  st.used = st.used + #line
+  st.used = math.min(st.max_output, st.used + #line)
   st.exec.results[#st.exec.results + 1] = r
   if st.on_result then st.on_result(r) end
 end
@@ -610,9 +612,9 @@ function Sandbox:run_code(code, opts)
     on_stdout = opts.on_stdout, on_stderr = opts.on_stderr, on_result = opts.on_result, on_error = opts.on_error,
     on_line = opts.on_line, is_private = opts.is_private,
   }
-  -- Room for max_output bytes of text in one line, JSON-escaped; never above the core's limit.
-  local max_frame = nil
-  if max_output < math.huge then max_frame = math.min(64 * 1048576, math.max(1048576, 2 * max_output + 65536)) end
+  -- Room for max_output bytes of text in one line, JSON-escaped, and for a kernel's cut result (8 MiB:
+  -- what fits is kept); never above the core's limit.
+  local max_frame = max_output < math.huge and math.min(64 << 20, math.max(9 << 20, 2 * max_output + 65536)) or nil
   local mono = core.now or os.time -- (specs may fake the core without a clock)
   local t0 = mono()
   local res, msg, ecode, sent = (self.client.transport or self.client.http):request{

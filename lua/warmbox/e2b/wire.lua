@@ -264,6 +264,24 @@ local function cut_utf8(s, n)
 end
 _M.cut_utf8 = cut_utf8
 
+-- The forms of a result a cut keeps (text; a cut image or structure is broken).
+local CUT_KEYS = { "text", "html", "markdown", "svg", "latex", "javascript" }
+
+--- Result `r` cut to `room` bytes of its text forms (an output cap), or nil
+-- when none is left.
+function _M.cut_result(r, room)
+  local kept, any = { is_main_result = r.is_main_result, extra = {} }, false
+  for _, k in ipairs(CUT_KEYS) do
+    local s = r[k]
+    if type(s) == "string" and room > 0 then
+      s = cut_utf8(s, room)
+      room = room - #s
+      if s ~= "" then kept[k], any = s, true end
+    end
+  end
+  return any and kept or nil
+end
+
 local function clean_tree(x, depth)
   if type(x) == "string" then return clean(x) end
   if type(x) ~= "table" or depth > 32 then return x end

@@ -20,6 +20,14 @@
 -- Under the lock, a later last run the session remembers of that sandbox
 -- refines its last activity, and the policy is asked again.
 --
+-- A create made twice (an intermediary forwarded it twice, or a retry after a
+-- 503/429 that had been forwarded): two sandboxes of one session carry the
+-- same create id. Whatever the policy says, the one that is not the
+-- session's remembered sandbox is killed (locked and re-checked as any
+-- kill: never a busy session's, never the remembered one); a session that
+-- remembers neither keeps both. Pairs are found within a pass, acted on
+-- within a page.
+--
 -- Demote: a running sandbox is paused with `{ memory = false }`. A paused one
 -- is resumed (`connect`, 60 s lease) and paused again with `{ memory = false }`:
 -- E2B cannot turn a memory snapshot into a filesystem-only one in place.
@@ -29,8 +37,8 @@ local listing = require "warmbox.gc.listing"
 local release = require "warmbox.gc.release"
 local memo = require "warmbox.session.memo"
 
-local type, pairs, ipairs, tostring, setmetatable =
-  type, pairs, ipairs, tostring, setmetatable
+local type, pairs, ipairs, tostring, setmetatable, next =
+  type, pairs, ipairs, tostring, setmetatable, next
 
 local _M = {}
 
@@ -38,6 +46,7 @@ local Pass = { __name = "warmbox.gc.Pass" }
 Pass.__index = Pass
 
 local forget, close_lock = memo.drop, release.close_lock
+local CREATE_TAG = require("warmbox.tag").CREATE_TAG
 local decode_state = memo.read
 local finish = listing.finish
 local DEMOTE_LEASE = 60
@@ -88,6 +97,8 @@ function _M.new(s)
     held = {},
     -- re-checked kills, FIFO
     queue = {}, qhead = 1, qtail = 0,
+    -- the sandboxes seen per session and create id (tag value .. "\0" .. create id -> { id = true })
+    creates = {},
   }, Pass)
   if not s.dry_run then
     -- the pass's requests on its own tasks when it can (the runner is the drive's to close)
@@ -140,12 +151,52 @@ function Pass:decide(item)
   return action, reason
 end
 
+-- The key of `item`'s create (its session and create id), or nil.
+local function create_key(item)
+  local cid = type(item.metadata) == "table" and item.metadata[CREATE_TAG]
+  return type(cid) == "string" and item.tag_value .. "\0" .. cid or nil
+end
+
+--- The items of a page kept by the policy whose create made another sandbox
+-- seen in the pass (see the module comment) become kill entries `dup`,
+-- decided under their session's lock (`Pass:lock_entries`).
+function Pass:twins(page, entries)
+  local creates, twins = self.creates, {}
+  for _, p in ipairs(page) do
+    local k = create_key(p.item)
+    if k then
+      local seen = creates[k] or {}
+      creates[k] = seen
+      seen[p.item.sandbox_id] = true
+      if next(seen, next(seen)) then twins[k] = true end
+    end
+  end
+  if self.dry_run then return end -- which one goes is known only under the lock
+  for _, p in ipairs(page) do
+    local x = p.item
+    if p.kept and twins[create_key(x)] then
+      self:count(x, "keep", -1)
+      self:count(x, "kill", 1)
+      self.report.kept = self.report.kept - 1
+      entries[#entries + 1] = { item = x, action = "kill", reason = "another sandbox of its create", dup = true }
+    end
+  end
+end
+
+-- Whether a `dup` entry's sandbox may go: its session remembers another
+-- sandbox of the same create.
+function Pass:dup_collectable(item, st)
+  local rid = type(st) == "table" and st.sandbox_id
+  local seen = self.creates[create_key(item)]
+  return type(rid) == "string" and rid ~= item.sandbox_id and seen ~= nil and seen[rid] == true
+end
+
 --- A listed page: decides each tagged item; returns the entries to act on,
 -- `{ item, action, reason }`.
 function Pass:take_page(items)
   local report, totals = self.report, self.totals
   report.pages = report.pages + 1
-  local entries = {}
+  local entries, page = {}, {}
   for _, d in ipairs(items) do
     report.listed = report.listed + 1
     local item = decide.item(d, self.tag, self.tenant_of)
@@ -161,12 +212,15 @@ function Pass:take_page(items)
         if action == "keep" then
           report.kept = report.kept + 1
           if reason then self:note(item, "keep", reason) end
+          page[#page + 1] = { item = item, kept = true }
         else
           entries[#entries + 1] = { item = item, action = action, reason = reason }
+          page[#page + 1] = { item = item }
         end
       end
     end
   end
+  self:twins(page, entries)
   return entries
 end
 
@@ -302,6 +356,15 @@ function Pass:lock_entries(entries)
         self:fail(item, e.action, "cannot lock session: " .. tostring(lerr), lcode or "LOCK")
       end
       finish(e)
+    elseif e.dup then
+      -- another sandbox of its create: only when the session remembers the other
+      if self:dup_collectable(item, h.state) then
+        out[#out + 1] = e
+      else
+        self:undo(item, e.action, true)
+        self.report.kept = self.report.kept + 1
+        self:done_with(e)
+      end
     else
       local last_run = decide.remembered(item, h.state)
       if last_run then item.last_activity = last_run end

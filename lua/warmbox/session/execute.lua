@@ -354,15 +354,15 @@ end
 -- A failed execute: its reach (see warmbox.session.retry), `detail.started`
 -- settled by it (false once the sandbox said the cell never came). warmboxd's
 -- 409 for a fenced cell (another run's cell still executes in another of the
--- sandbox's kernels, its lock lost) is a refusal, reported and never re-sent;
--- the cell's id claimed proves it never started.
+-- sandbox's kernels, its lock lost) is a refusal (HELD), reported and never
+-- re-sent; the cell's id claimed proves it never started.
 -- → nil, msg, code, detail, reach
 local function cell_failed(s, err, ecode, detail, sbx, id, cell_id)
   local reach
   if ecode == "CONFLICT" and cell_id and type(detail) == "table" then
     if settle(s, "cell", "ask", sbx, id, cell_id, detail) == "never" then detail.started = false end
     return nil, string_format("run in sandbox '%s' not started: the cell of an older run of the conversation "
-      .. "still executes there (its lock was lost): %s", id, tostring(err)), ecode, detail, false
+      .. "still executes there (its lock was lost): %s", id, tostring(err)), "HELD", detail, false
   end
   reach = reach_of(s, "cell", ecode, detail, sbx, id, cell_id)
   if reach == "never" and type(detail) == "table" then detail.started = false end

@@ -189,7 +189,7 @@ function _M.record_create(s, st, id, now)
   st.creating = list
 end
 
---- The create `id` is settled (answered at its first attempt, or refused): its record goes.
+--- The create `id` is settled (refused, or found by a listing): its record goes.
 -- syntax: memo.settle_create(st, id)
 function _M.settle_create(st, id)
   local list = st.creating
@@ -200,8 +200,9 @@ function _M.settle_create(st, id)
   if #list == 0 then st.creating = nil end
 end
 
---- The create `id` was answered with `sandbox_id` after more than one attempt:
--- its record stays (it may have made others), that sandbox is not its orphan.
+--- The create `id` was answered with `sandbox_id`: its record stays until the
+-- listing after the next run (a retry or an intermediary's copy may have made
+-- others), that sandbox is not its orphan.
 -- syntax: memo.answered_create(st, id, sandbox_id)
 function _M.answered_create(st, id, sandbox_id)
   for _, c in ipairs(st.creating or {}) do

@@ -140,6 +140,11 @@ local function prewarm_locked(s, lk, within)
     memo.save(lk, st)
     if not ok then return nil, herr, hcode, hdetail end
   end
+  if st.creating then
+    -- What else a create made is found now, off the run's path (the run then lists nothing).
+    resolve.collect_orphans(s, st)
+    memo.save(lk, st)
+  end
   return { action = action_of(info), sandbox_id = id, resumed = info.resumed, reused = info.reused }
 end
 

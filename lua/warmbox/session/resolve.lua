@@ -167,10 +167,12 @@ end
 -- (its create was given up: a timeout, a crash, a cancelled task; or it was
 -- made more than once: answered 503/429 after an intermediary forwarded it,
 -- then sent again with the same id): never preferred to another, collected
--- once a sandbox is secured. A create answered after more than one attempt
--- keeps its record, with the sandbox it answered (`kept`: never an orphan),
--- until the first listing after a run (`collect_orphans`) has seen what else
--- it made; one answered at its first attempt drops it (no list is paid for).
+-- once a sandbox is secured. An answered create keeps its record, with the
+-- sandbox it answered (`kept`: never an orphan), until the first listing
+-- after a run (`collect_orphans`) has seen what else it made: sent more than
+-- once by the client (503/429 after forwarding), or by an intermediary that
+-- forwarded it twice and gave one answer (nothing tells the client). One list
+-- per create, none on a warm run.
 local REFUSED_CREATE = { BAD_REQUEST = true, AUTH = true, RATE_LIMITED = true, POLICY = true, FORBIDDEN = true }
 
 local function record_create(s, st)
@@ -235,13 +237,9 @@ function _M.create(s, st, lease, from)
     s:_save(st)
     return nil, cerr, ccode, cdetail
   end
-  if type(cdetail) == "table" and (tonumber(cdetail.attempts) or 1) > 1 then
-    -- Sent more than once: an earlier attempt may have made a sandbox too,
-    -- found by the listing after the run (collect_orphans).
-    memo.answered_create(st, nonce, sb.sandbox_id)
-  else
-    memo.settle_create(st, nonce)
-  end
+  -- Another attempt (or an intermediary's copy) may have made a sandbox too,
+  -- found by the listing after the run (collect_orphans).
+  memo.answered_create(st, nonce, sb.sandbox_id)
   s:_event("create", { sandbox_id = sb.sandbox_id })
   remember(s, st, sb, t0 + params.timeout, t0)
   memo.set_auto_resume(st, auto_resumes(params.lifecycle))

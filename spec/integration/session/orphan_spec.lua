@@ -28,13 +28,14 @@ describe("sessions: an orphan of a create given up (warmboxd)", function()
     return ids
   end
 
-  -- A conversation whose first create timed out (the orphan comes 2.5 s
-  -- later) and whose second made the sandbox it uses (x = 41 in its kernel).
+  -- A conversation whose first create timed out (the orphan comes 8 s
+  -- later: after the second run and the listing that follows it, even on a
+  -- loaded machine) and whose second made the sandbox it uses (x = 41 in its kernel).
   -- → the session, its sandbox, the orphan's id
   local function with_orphan(key, events)
     local s = wb:session(key)
     s.on_event = function(name, info) events[#events + 1] = { name, info } end
-    srv:config{ create_ms = 2500 }
+    srv:config{ create_ms = 8000 }
     local r, _, code = s:run("x = 0")
     assert.is_nil(r)
     assert.equal("TIMEOUT", code)

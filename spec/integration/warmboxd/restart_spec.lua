@@ -1,9 +1,9 @@
 -- warmboxd restarted on its data directory over real HTTP: paused sandboxes
 -- (record and files) and snapshots come back; a graceful stop first pauses
 -- the running sandboxes that pause at their timeout; memory is lost (the
--- kernels boot afresh, as after a filesystem-only pause). After a SIGKILL the
--- next start ends the frozen jail processes and removes the groups the dead
--- server left.
+-- kernels boot afresh, as after a filesystem-only pause). After a SIGKILL of
+-- the server and its janitor (which would clean up at once) the next start
+-- ends the frozen jail processes and removes the groups the dead server left.
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
 local cell = require "spec.helpers.cell"
@@ -137,6 +137,8 @@ describe("warmboxd restart", function()
     run(sb, "echo before-kill > /home/user/k.txt")
     run(sb, "y = 1", "python")
     assert.are.equal(204, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/pause").status)
+    -- its janitor first (warmboxd/janitor_spec.lua: it removes the groups once the server died)
+    os.execute("pkill -KILL -P " .. srv.pid .. " -x wbd-janitor")
     assert.is_true(srv:kill("KILL"))
     local old = srv
     assert.is_true(#cg_procs(old.pid) > 0, "the dead server left frozen jail processes")

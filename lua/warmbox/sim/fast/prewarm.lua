@@ -37,6 +37,12 @@ local function prewarm(sim, c, st, t)
     if not b then return t, false end
     if b.hooked then st.hooked = id end
   end
+  if st.creating then
+    -- what else its create made, listed now (session/prewarm.lua), not by the run
+    sim.nreq = sim.nreq + 1
+    t = t + 2 * sim.rtt2
+    st.creating = nil
+  end
   return t, true
 end
 

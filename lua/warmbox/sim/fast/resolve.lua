@@ -155,6 +155,7 @@ local function create(sim, c, st, lease, t)
   sim.m_created = true
   remember(st, b, t1 + timeout, t1, sim.max_length)
   st.auto_resume = auto_resume_of(lc)
+  st.creating = true -- its record: the next successful run lists once (session/resolve.lua's collect_orphans)
   return t, b.id
 end
 

@@ -240,6 +240,12 @@ local function run(sim, c, st, t, duration, timeout, language)
     if b then
       st.last_run = t
       st.memory_lost = nil
+      if st.creating then
+        -- a create's record: one list finds what else it made (nothing, in the model)
+        sim.nreq = sim.nreq + 1
+        t = t + 2 * sim.rtt2
+        st.creating = nil
+      end
       if sim.pause_after_run then t = pause_after(sim, st, id, t) end
       return t, true
     end
