@@ -156,6 +156,22 @@ describe("warmboxd: E2B's traffic token (network.allowPublicTraffic false)", fun
     assert.equal(204, http.api(srv, "DELETE", "/sandboxes/" .. sb.sandboxID).status)
   end)
 
+  it("warmbox's E2B client sends the token it was given on the interpreter's port", function()
+    local c = require("warmbox.e2b").new{ api_url = srv.url, sandbox_url = srv.url, api_key = srv.api_key }
+    local sb = assert(c:create{ template = "code-interpreter-v1", timeout = 600, network = PRIVATE })
+    assert.is_string(sb.traffic_access_token)
+    local box = c:sandbox(sb)
+    local ctx = assert(box:create_context{ language = "python" })
+    assert.is_string(ctx.id)
+    assert.is_truthy(box:run_code("6 * 7", { context_id = ctx.id, timeout = 60 }))
+    -- by id alone (no token): the proxy's 403
+    local bare = c:sandbox(sb.sandbox_id, { access_token = sb.envd_access_token })
+    local ok, msg = bare:create_context{ language = "python" }
+    assert.is_nil(ok)
+    assert.matches("403", msg, 1, true)
+    assert.is_truthy(c:kill(sb.sandbox_id))
+  end)
+
   it("checks the token before an auto-resume: a refused request leaves the sandbox paused", function()
     local sb = http.create(srv, { templateID = "base", secure = true, timeout = 600, autoPause = true,
       autoResume = { enabled = true }, network = PRIVATE })
