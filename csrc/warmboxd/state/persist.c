@@ -91,7 +91,8 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   if (!identity && wbd_opt.secure_all) sb->secure = 1;   /* a fork gets a token of its own */
   if (!sb->secure) sb->access_token[0] = 0;
   /* the traffic token: kept by a pause and a restart; a fork keeps the
-   * private ingress with a token of its own (E2B's is derived from the id) */
+   * private ingress with a token of its own (E2B's is derived from the id),
+   * and so does a record whose token is too long: never public by mistake */
   const char *traffic = json_string_value(json_object_get(o, "trafficAccessToken"));
   sb->traffic_token[0] = 0;
   if (traffic && traffic[0] && identity && strlen(traffic) < sizeof sb->traffic_token)
