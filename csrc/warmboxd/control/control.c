@@ -428,20 +428,20 @@ static enum MHD_Result in_transition(struct wbd_req *req, const char *id, int bu
 enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int port) {
   struct wbd_sandbox *sb = wbd_sandbox_get(id);
   if (!sb) return sandbox_gone(req, id);
+  wbd_store_lock();
+  enum wbd_state st = sb->state;
+  int can_resume = sb->auto_resume && sb->paused_with_memory;
+  wbd_store_unlock();
+  if (st == WBD_PAUSED && !can_resume) {
+    wbd_sandbox_unref(sb);
+    return sandbox_gone(req, id);
+  }
   enum MHD_Result denied;
   if (wbd_dataplane_refused(req, sb, port, &denied)) {   /* before an auto-resume, as E2B's */
     wbd_sandbox_unref(sb);
     return denied;
   }
-  wbd_store_lock();
-  enum wbd_state st = sb->state;
-  int can_resume = sb->auto_resume && sb->paused_with_memory;
-  wbd_store_unlock();
   if (st == WBD_PAUSED) {
-    if (!can_resume) {
-      wbd_sandbox_unref(sb);
-      return sandbox_gone(req, id);
-    }
     int rc = wbd_sandbox_auto_resume(sb);
     if (rc == 429 || rc == WBD_OVER_MEMORY) {
       wbd_sandbox_unref(sb);

@@ -107,6 +107,10 @@ describe("warmboxd: E2B's traffic token (network.allowPublicTraffic false)", fun
 
     -- pause, connect: the same token
     assert.equal(204, http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/pause").status)
+    -- paused without autoResume: E2B's 502 comes before the token is looked at
+    res = port_get(srv, sb, 8000, "/index.html")
+    assert.equal(502, res.status, res.body)
+    assert.equal("The sandbox was not found", res.json.message)
     local con = http.api(srv, "POST", "/sandboxes/" .. sb.sandboxID .. "/connect", { timeout = 600 })
     assert.equal(201, con.status, con.body)
     assert.equal(token, con.json.trafficAccessToken)
