@@ -84,6 +84,8 @@ static void usage(FILE *f) {
           "  --max-list-entries N  most entries envd's ListDir answers (default 50000)\n"
           "  --max-contexts N      most code contexts a sandbox may have (default 128)\n"
           "  --max-snapshots N     snapshots a team keeps (default 100; 0: unlimited)\n"
+          "  --snapshot-max-age S  delete a snapshot S seconds after it was taken (default 0:\n"
+          "                        never, as E2B's)\n"
           "  --max-state-mb N      disk a team's snapshots and paused copies take (default 8192;\n"
           "                        0: unlimited)\n"
           "  --min-free-mb N       free space a snapshot, fork or pause copy leaves in the data\n"
@@ -241,7 +243,7 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
   enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
          O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN,
          O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT, O_SECALL, O_TEAMMEM,
-         O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_PAUSEW };
+         O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_PAUSEW, O_SNAPAGE };
   static const struct option longopts[] = {
     { "port", required_argument, 0, O_PORT },
     { "host", required_argument, 0, O_HOST },
@@ -270,6 +272,7 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     { "max-contexts", required_argument, 0, O_MAXCTX },
     { "idle-exit", required_argument, 0, O_IDLEEXIT },
     { "max-snapshots", required_argument, 0, O_MAXSNAP },
+    { "snapshot-max-age", required_argument, 0, O_SNAPAGE },
     { "max-state-mb", required_argument, 0, O_MAXSTATE },
     { "min-free-mb", required_argument, 0, O_MINFREE },
     { "max-spool-mb", required_argument, 0, O_MAXSPOOL },
@@ -316,6 +319,9 @@ static int parse_args(int argc, char **argv, struct run_opts *run) {
     case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with); break;
     case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit); break;
     case O_MAXSNAP: rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots); break;
+    case O_SNAPAGE:
+      rc = parse_int("--snapshot-max-age", optarg, 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s);
+      break;
     case O_MAXSTATE: rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb); break;
     case O_MINFREE: rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb); break;
     case O_PAUSEW: rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers); break;

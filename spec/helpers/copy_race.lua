@@ -10,8 +10,9 @@
 --
 --   local race = require "spec.helpers.copy_race"
 --   local r = race.new(srv, sb [, big_mb])   -- sb: a created (secure) sandbox
---   local res, moves = r:attempt("POST", "/sandboxes/ID/snapshots", {})
+--   local res, moves = r:attempt("POST", "/sandboxes/ID/snapshots", {} [, timeout_s])
 --   r:leaks(dir) -> paths of files under dir holding the secret
+--   r:leaks_in(sb) -> the same, seen from inside a sandbox (a fork)
 --   r:cleanup()
 local wbd = require "spec.helpers.warmboxd"
 local http = require "spec.helpers.http"
@@ -64,15 +65,16 @@ local BACK = { { "/home/user/d", "/tmp/lnk" }, { "/tmp/d2", "/home/user/d" } }
 -- the data directory's .state) has reached d, then swaps d for
 -- lnk; the call (a copy) is made meanwhile; once it is answered the swap is
 -- undone. The watcher only times the race (a tenant would retry instead).
--- Returns the call's answer and the statuses of the swap's two Moves.
-function M:attempt(method, path, json)
+-- Returns the call's answer and the statuses of the swap's two Moves
+-- (timeout: the call's, in seconds; spec.helpers.http's default otherwise).
+function M:attempt(method, path, json, timeout)
   local out = os.tmpname()
   local glob = q(self.srv.dir .. "/data/.state") .. "/*/*/files/home/d"
   local watcher = "for i in $(seq 1 3000); do ls " .. glob .. " >/dev/null 2>&1 && break; sleep 0.002; done; "
     .. self:moves_cmd(SWAP) .. " > " .. q(out .. ".part") .. "; mv " .. q(out .. ".part") .. " " .. q(out)
   os.remove(out)
   assert(os.execute("( " .. watcher .. " ) >/dev/null 2>&1 &"))
-  local res = http.api(self.srv, method, path, json)
+  local res = http.api(self.srv, method, path, json, { timeout = timeout })
   local moves = wbd.eventually(function() return wbd.read_all(out) end, 30) or ""
   os.remove(out)
   local p = assert(io.popen(self:moves_cmd(BACK)))   -- back as it was, whatever the swap did
@@ -91,6 +93,18 @@ function M:leaks(dir)
   for l in p:lines() do out[#out + 1] = l end
   p:close()
   return out
+end
+
+--- Files a sandbox (a fork, or one made from a snapshot) sees under its home
+-- and /tmp that hold the host's secret, searched from inside it: a list of
+-- paths.
+function M:leaks_in(sb)
+  -- a pattern that matches the secret but not itself (the cell's own script is in /tmp)
+  local pattern = self.secret:sub(1, -2) .. "[" .. self.secret:sub(-1) .. "]"
+  local out = cell(self.srv, sb, "grep -rl " .. q(pattern) .. " /home/user /tmp 2>/dev/null; true")
+  local paths = {}
+  for l in out:gmatch("[^\n]+") do paths[#paths + 1] = l end
+  return paths
 end
 
 function M:cleanup() os.execute("rm -rf " .. q(self.host)) end

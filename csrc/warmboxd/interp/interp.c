@@ -1089,13 +1089,18 @@ static struct run *run_new_locked(struct wbd_rt *rt, struct ictx *c, struct wbd_
  * never let happen. */
 static int run_begin_locked(struct run *r, struct istate *ist) {
   struct ictx *c = r->ctx;
+  /* Two cells at once: another context's kernel still runs a cell (a
+   * stream whose cell ended but whose client has not read its end yet is
+   * not an execution). */
+  int overlap = 0;
+  for (struct ictx *o = ist->ctxs; o; o = o->next)
+    if (o != c && o->busy_kernel) overlap = 1;
   c->run = r;
   c->busy_kernel = 1;
   c->busy_stream = 1;
   c->busy_k = r->k;
   c->busy_fenced = r->fenced;
   c->busy_fence = r->fence;
-  int overlap = ist->active_runs > 0;
   ist->active_runs++;
   r->active = 1;
   return overlap;

@@ -810,6 +810,7 @@ struct req_ctx {
   char id[64];               /* data plane: sandbox id and port */
   int port;
   int bad_signature;         /* a signed /files URL that no sandbox signed */
+  long long too_large;       /* a refused body being read and dropped: its length */
   int spool;                 /* the body goes to an unlinked file (envd's uploads) */
   int spool_err;             /* errno of a failed spool write: the rest is dropped */
   long long room;            /* an upload: the sandbox's free disk bytes (-1: unknown) */
@@ -839,9 +840,27 @@ static size_t dataplane_limit(struct req_ctx *ctx) {
   return WBD_BODY_DATA;
 }
 
+/* A body over its route's limit is answered 413 at once when the client
+ * waits for a 100 Continue or the body is large; a smaller one is read and
+ * dropped first, then answered: a client that sends its whole body before it
+ * reads (most do below 1 MiB, curl's Expect threshold) would otherwise fail
+ * its send on the closed connection and never see the 413. */
+#define BODY_DRAIN_MAX ((long long)1 << 20)
+
+static int expects_continue(struct wbd_req *req) {
+  const char *e = wbd_req_header(req, "Expect");
+  return e && strcasecmp(e, "100-continue") == 0;
+}
+
+static enum MHD_Result too_large(struct req_ctx *ctx, long long n) {
+  return wbd_reply_error(&ctx->req, 413, "request body too large: %lld bytes, this route takes at most %zu", n,
+                         ctx->limit);
+}
+
 /* Classifies a request when its headers are in: route name, stats, and the
  * body limit. Replies (and returns -1) when it must not go on: the admin
- * gate, or a Content-Length over the limit. */
+ * gate, or a Content-Length over the limit (unless its body is drained
+ * first: ctx->too_large). */
 static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   struct wbd_req *req = &ctx->req;
   int signed_kind;
@@ -875,7 +894,12 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   long long n;
   if (cl && wbd_parse_ll(cl, 0, LLONG_MAX, 0, &n) == 0 && (unsigned long long)n > ctx->limit) {
     wbd_stat_add("body_too_large", 1);
-    *r = wbd_reply_error(req, 413, "request body too large: %lld bytes, this route takes at most %zu", n, ctx->limit);
+    if (n <= BODY_DRAIN_MAX && !expects_continue(req)) {
+      ctx->too_large = n;
+      ctx->spool = 0;
+      return 0;
+    }
+    *r = too_large(ctx, n);
     return -1;
   }
   /* an upload the sandbox's disk cannot take is refused before its body is read */
@@ -1085,6 +1109,12 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
   }
   if (ctx->req.replied) {
     *upload_data_size = 0;   /* answered early: drop what still comes */
+    return MHD_YES;
+  }
+  if (ctx->too_large) { /* a refused body: dropped, then the 413 */
+    if (!*upload_data_size) return too_large(ctx, ctx->too_large);
+    watch_body(conn, *upload_data_size);
+    *upload_data_size = 0;
     return MHD_YES;
   }
   if (*upload_data_size) {

@@ -5,11 +5,13 @@
  * id and lease); GET /snapshots lists a team's (filters sandboxID and name,
  * pages with X-Next-Token); DELETE /templates/{id} deletes one; POST
  * /sandboxes with templateID = a snapshot's id or name starts a sandbox on
- * its files, and the source's size (cpuCount, memoryMB). Snapshots never
- * expire, outlive their sandbox and (with --data-dir) a restart; a team
- * keeps at most --max-snapshots of them, their bytes counted toward its
- * --max-state-mb (quota.c). Process memory is not in them, the python
- * namespace is (serialised): see state.h.
+ * its files, and the source's size (cpuCount, memoryMB). Snapshots do not
+ * expire (E2B's default) unless --snapshot-max-age says so: then one older
+ * is deleted (its files, its place in the quota) when a snapshot call next
+ * looks at the list. They outlive their sandbox and (with --data-dir) a
+ * restart; a team keeps at most --max-snapshots of them, their bytes
+ * counted toward its --max-state-mb (quota.c). Process memory is not in
+ * them, the python namespace is (serialised): see state.h.
  */
 #include "state.h"
 #include "util.h"
@@ -93,6 +95,42 @@ static int snap_matches(const struct wbd_snapshot *s, const char *base, const ch
   return s->name[0] && strcmp(s->name, base) == 0 && strcmp(s->tag, tag) == 0;
 }
 
+/* Under g_mu: unlinks the snapshots older than --snapshot-max-age (by the
+ * server's clock) and returns them, for put_expired once g_mu is released. */
+static struct wbd_snapshot *expire_locked(void) {
+  if (wbd_state_lim.snapshot_max_age_s <= 0) return NULL;
+  int64_t cut = wbd_now_us() - (int64_t)wbd_state_lim.snapshot_max_age_s * 1000000;
+  struct wbd_snapshot *gone = NULL, **pp = &g_list;
+  while (*pp) {
+    struct wbd_snapshot *s = *pp;
+    if (s->created_us >= cut) {
+      pp = &s->next;
+      continue;
+    }
+    *pp = s->next;
+    s->deleted = 1;
+    s->next = gone;
+    gone = s;
+  }
+  return gone;
+}
+
+/* The list's references of expired snapshots: the files go with the last. */
+static void put_expired(struct wbd_snapshot *gone) {
+  while (gone) {
+    struct wbd_snapshot *n = gone->next;
+    wbd_snapshot_put(gone);
+    gone = n;
+  }
+}
+
+static void expire(void) {
+  pthread_mutex_lock(&g_mu);
+  struct wbd_snapshot *gone = expire_locked();
+  pthread_mutex_unlock(&g_mu);
+  put_expired(gone);
+}
+
 /* Under g_mu. */
 static struct wbd_snapshot *find_locked(const char *team, const char *ref) {
   char base[160], tag[80];
@@ -103,6 +141,7 @@ static struct wbd_snapshot *find_locked(const char *team, const char *ref) {
 }
 
 struct wbd_snapshot *wbd_snapshot_get(const char *team, const char *ref) {
+  expire();
   pthread_mutex_lock(&g_mu);
   struct wbd_snapshot *s = find_locked(team, ref);
   if (s) s->refs++;
@@ -168,6 +207,7 @@ static struct wbd_snapshot *snap_new(const char *team) {
 
 int wbd_snapshot_take(const char *team, const char *id, const char *name, struct wbd_snapshot **out, char *msg,
                       size_t len) {
+  expire(); /* expired ones count toward no quota */
   struct wbd_snapshot *s = snap_new(team);
   json_t *rec = NULL;
   struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
@@ -287,6 +327,7 @@ json_t *wbd_snapshot_page(const char *team, const char *sid, const char *name, l
   next[0] = 0;
   if (name && split_ref(name, base, sizeof base, tag, sizeof tag) != 0) return arr;
   char last[80] = "";
+  expire();
   pthread_mutex_lock(&g_mu);
   for (struct wbd_snapshot *s = g_list; s; s = s->next) {
     if (strcmp(s->team, team) != 0 || (sid && strcmp(s->sandbox_id, sid) != 0)) continue;
@@ -305,6 +346,7 @@ json_t *wbd_snapshot_page(const char *team, const char *sid, const char *name, l
 }
 
 int wbd_snapshot_delete(const char *team, const char *ref) {
+  expire();
   pthread_mutex_lock(&g_mu);
   struct wbd_snapshot *s = find_locked(team, ref), **pp = &g_list;
   if (s) {

@@ -145,6 +145,7 @@ int wbd_copy_status(const struct wbd_copy *c);
  * flags; 0: no limit). */
 struct wbd_state_limits {
   int max_snapshots;   /* --max-snapshots: per team (default 100) */
+  int snapshot_max_age_s; /* --snapshot-max-age: a snapshot older is deleted (default 0: never) */
   int max_state_mb;    /* --max-state-mb: a team's snapshots and paused copies (default 8192) */
   int min_free_mb;     /* --min-free-mb: free space a copy leaves in the data directory (default 1024) */
   int pause_workers;   /* --pause-workers: lease-end pauses at once (default 4) */

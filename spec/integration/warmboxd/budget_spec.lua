@@ -69,7 +69,17 @@ describe("warmboxd --max-team-memory-mb", function()
     local res = http.sandbox(srv, sb, 49999, "POST", "/execute",
       { json = { code = "open('/home/user/f.txt', 'w').write('files')\nx = 1" }, timeout = 120 })
     assert.are.equal(200, res.status, res.body)
+    -- the sandbox's memory-backed trees (tmpfs, in warmboxd's mount table) go with the pause
+    local function tmpfs()
+      local n = 0
+      for l in assert(wbd.read_all("/proc/" .. srv.pid .. "/mountinfo")):gmatch("[^\n]+") do
+        if l:find(" - tmpfs ", 1, true) then n = n + 1 end
+      end
+      return n
+    end
+    local held = tmpfs()
     assert.are.equal(204, api("POST", "/sandboxes/" .. sb.sandboxID .. "/pause", { memory = false }).status)
+    assert.is_true(tmpfs() < held, "the paused sandbox's tmpfs is still mounted")
     assert.are.equal(201, api("POST", "/sandboxes/" .. sb.sandboxID .. "/connect", { timeout = 600 }).status)
     res = http.sandbox(srv, sb, 49999, "POST", "/execute",
       { json = { code = "open('/home/user/f.txt').read() + str('x' in dir())" }, timeout = 120 })

@@ -204,4 +204,44 @@ describe("warmboxd snapshots", function()
     local gone = http.api(srv, "POST", "/sandboxes", { templateID = snap.snapshotID, timeout = 60 })
     assert.are.equal(404, gone.status, gone.body)
   end)
+
+  it("expires after --snapshot-max-age, its files and its place in the quota given back; never by default", function()
+    local aged = wbd.start{ args = { "--snapshot-max-age", "3600", "--max-snapshots", "2" } }
+    local plain = wbd.start{}
+    local ok, err = pcall(function()
+      local function take(s, sb) return http.api(s, "POST", "/sandboxes/" .. sb.sandboxID .. "/snapshots", {}) end
+      local function ids(s)
+        local out = {}
+        for _, e in ipairs(http.api(s, "GET", "/snapshots").json) do out[#out + 1] = e.snapshotID end
+        table.sort(out)
+        return out
+      end
+      local function on_disk(s, snap)
+        local f = io.open(s.dir .. "/data/.state/snapshots/" .. snap.snapshotID:match("^([^:]+)") .. "/snapshot.json")
+        if f then f:close() end
+        return f ~= nil
+      end
+      local sb = http.create(aged, { templateID = "base", timeout = 86400 })
+      local a = take(aged, sb).json
+      aged:advance(1800)
+      local b = take(aged, sb).json
+      assert.are.equal(429, take(aged, sb).status)   -- --max-snapshots 2
+      aged:advance(1801)   -- a is 3601 s old, b 1801 s
+      assert.are.same({ b.snapshotID }, ids(aged))
+      local from_a = http.api(aged, "POST", "/sandboxes", { templateID = a.snapshotID, timeout = 60 })
+      assert.are.equal(404, from_a.status, from_a.body)
+      assert.is_false(on_disk(aged, a))
+      assert.is_true(on_disk(aged, b))
+      assert.are.equal(201, take(aged, sb).status)   -- a's place in the quota is free again
+      -- by default (E2B's), a snapshot is kept however old
+      local psb = http.create(plain, { templateID = "base", timeout = 600 })
+      local kept = take(plain, psb).json
+      plain:advance(10 * 365 * 86400)
+      assert.are.same({ kept.snapshotID }, ids(plain))
+      assert.is_true(on_disk(plain, kept))
+    end)
+    aged:stop()
+    plain:stop()
+    assert(ok, err)
+  end)
 end)
