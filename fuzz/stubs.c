@@ -90,6 +90,14 @@ int wbd_dataplane_changes(const struct wbd_req *req, int port) {
   return 0;
 }
 
+int wbd_dataplane_refused(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r) {
+  (void)req;
+  (void)sb;
+  (void)port;
+  (void)r;
+  return 0;
+}
+
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {
   if (port == 49983 && strcmp(req->method, "POST") == 0 &&
       (strcmp(req->path, "/files") == 0 || strncmp(req->path, "/process.Process/", 17) == 0))

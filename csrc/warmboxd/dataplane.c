@@ -1,7 +1,8 @@
 /*
  * dataplane.c: what E2B's proxy and envd do to a request before a handler
  * sees it, once the server has found the (running, referenced) sandbox:
- * port routing, the proxy's errors, and envd's access-token check.
+ * port routing, the proxy's errors and traffic-token check, and envd's
+ * access-token check.
  */
 #include "envd.h"
 #include "interp.h"
@@ -45,6 +46,41 @@ int wbd_dataplane_changes(const struct wbd_req *req, int port) {
     for (int i = 0; reads[i]; i++)
       if (strcmp(req->path, reads[i]) == 0) return 0;
   return 1;
+}
+
+#define TRAFFIC_HEADER "e2b-traffic-access-token"
+
+static int token_ok(struct wbd_req *req, const char *header, const char *want) {
+  const char *tok = wbd_req_header(req, header);
+  return want[0] && tok && tok[0] && wbd_str_eq_ct(tok, want);
+}
+
+int wbd_dataplane_refused(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r) {
+  if (port == ENVD_PORT) return 0;   /* envd checks its own token */
+  if (sb->traffic_token[0]) {
+    /* E2B's proxy: every other port, the interpreter's included, /health too */
+    const char *tok = wbd_req_header(req, TRAFFIC_HEADER);
+    if (tok && tok[0] && wbd_str_eq_ct(tok, sb->traffic_token)) return 0;
+    wbd_stat_add("traffic_token_refused", 1);
+    *r = proxy_error(req, sb, 403,
+                     tok && tok[0] ? "Sandbox is secured with traffic access token. Provided token in header '"
+                                     TRAFFIC_HEADER "' is invalid"
+                                   : "Sandbox is secured with traffic access token. Token header '" TRAFFIC_HEADER
+                                     "' is missing",
+                     0);
+    return 1;
+  }
+  /* --secure-all (a server other local users reach): a sandbox's own
+   * servers answer its owner only, not whoever learns its id. */
+  if (wbd_opt.secure_all && port != INTERP_PORT && !token_ok(req, "X-Access-Token", sb->access_token)) {
+    wbd_stat_add("port_token_refused", 1);
+    *r = proxy_error(req, sb, 403,
+                     "warmboxd --secure-all: the sandbox's ports need its X-Access-Token or its "
+                     TRAFFIC_HEADER,
+                     port);
+    return 1;
+  }
+  return 0;
 }
 
 enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb, int port) {

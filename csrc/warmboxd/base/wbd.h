@@ -84,6 +84,7 @@ struct wbd_sandbox {
   json_t *metadata;         /* object string->string (never NULL) */
   json_t *env_vars;         /* object string->string (never NULL) */
   char access_token[72];    /* envdAccessToken, "" when not secure */
+  char traffic_token[72];   /* trafficAccessToken (network.allowPublicTraffic false), else "" */
   int secure;
   int allow_internet;
   int auto_pause;           /* lifecycle.onTimeout == "pause" */
@@ -188,6 +189,11 @@ int wbd_ports_forward(struct wbd_req *req, struct wbd_sandbox *sb, int port, enu
  * process (everything but the reads): refused while the sandbox's files
  * are copied (a pause, a snapshot, a fork). */
 int wbd_dataplane_changes(const struct wbd_req *req, int port);
+/* The proxy's credential check for a port other than envd's, made before an
+ * auto-resume as E2B's: the traffic token (e2b-traffic-access-token) when
+ * the sandbox has one; under --secure-all a forwarded port also needs the
+ * X-Access-Token or the traffic token. 1 once refused (*r: the 403), else 0. */
+int wbd_dataplane_refused(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r);
 
 /* ------------------------------------------------------------------ */
 /* Stats and options (server.c / config.c)                             */

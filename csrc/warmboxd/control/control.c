@@ -179,6 +179,7 @@ json_t *wbd_ctl_sandbox_json(const struct wbd_sandbox *sb) {
   json_object_set_new(o, "envdVersion", json_string(WBD_ENVD_VERSION));
   json_object_set_new(o, "sandboxID", json_string(sb->id));
   json_object_set_new(o, "templateID", json_string(sb->template_id));
+  if (sb->traffic_token[0]) json_object_set_new(o, "trafficAccessToken", json_string(sb->traffic_token));
   return o;
 }
 
@@ -431,11 +432,16 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
   enum wbd_state st = sb->state;
   int can_resume = sb->auto_resume && sb->paused_with_memory;
   wbd_store_unlock();
+  if (st == WBD_PAUSED && !can_resume) {
+    wbd_sandbox_unref(sb);
+    return sandbox_gone(req, id);
+  }
+  enum MHD_Result denied;
+  if (wbd_dataplane_refused(req, sb, port, &denied)) {   /* before an auto-resume, as E2B's */
+    wbd_sandbox_unref(sb);
+    return denied;
+  }
   if (st == WBD_PAUSED) {
-    if (!can_resume) {
-      wbd_sandbox_unref(sb);
-      return sandbox_gone(req, id);
-    }
     int rc = wbd_sandbox_auto_resume(sb);
     if (rc == 429 || rc == WBD_OVER_MEMORY) {
       wbd_sandbox_unref(sb);
@@ -522,6 +528,14 @@ int wbd_ctl_launch(struct wbd_sandbox *sb, long long to, int (*fill)(struct wbd_
   return 0;
 }
 
+/* E2B's `network.allowPublicTraffic` (default true): 1 when false. The
+ * other keys of `network` (egress rules) are not warmboxd's to enforce. */
+static int private_ingress(struct wbd_req *req, json_t *o, int *bad, enum MHD_Result *r) {
+  json_t *net = wbd_ctl_field(req, o, "network", J_OBJECT, bad, r);
+  json_t *pub = net ? wbd_ctl_field(req, net, "allowPublicTraffic", J_BOOL, bad, r) : NULL;
+  return pub && json_is_false(pub);
+}
+
 static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, 1, &r);
@@ -537,6 +551,7 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   json_t *inet = wbd_ctl_field(req, o, "allow_internet_access", J_BOOL, &bad, &r);
   json_t *meta = wbd_ctl_field(req, o, "metadata", J_STRMAP, &bad, &r);
   json_t *env = wbd_ctl_field(req, o, "envVars", J_STRMAP, &bad, &r);
+  int private = private_ingress(req, o, &bad, &r);   /* a trafficAccessToken for its other ports */
   if (bad) {
     json_decref(o);
     return r;
@@ -565,6 +580,9 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   else if (!auto_pause_memory && auto_resume)
     err = "A sandbox paused with autoPauseMemory=false cannot be auto-resumed by traffic "
           "and must be resumed explicitly.";
+  else if (private && !(v2 || (secure && json_is_true(secure)) || wbd_opt.secure_all))
+    err = "You cannot create a sandbox without public access unless you enable secure envd access "
+          "via 'secure' flag.";
   if (err) {
     json_decref(o);
     return wbd_reply_error(req, 400, "%s", err);
@@ -593,6 +611,7 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
    * on its id alone, which every local user might learn. */
   sb->secure = v2 || (secure && json_is_true(secure)) || wbd_opt.secure_all;
   if (!sb->secure) sb->access_token[0] = 0;
+  if (private) wbd_sandbox_traffic_token(sb);
   sb->allow_internet = inet ? json_is_true(inet) : 1;
   sb->auto_pause = auto_pause;
   sb->auto_pause_memory = auto_pause_memory;

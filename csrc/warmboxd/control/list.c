@@ -43,6 +43,8 @@ json_t *wbd_ctl_listed_json(const struct wbd_sandbox *sb, int detail) {
   }
   json_object_set_new(o, "memoryMB", json_integer(sb->memory_mb));
   json_object_set_new(o, "metadata", json_deep_copy(sb->metadata));
+  /* E2B's detail shows the ingress setting (not the traffic token) */
+  if (detail && sb->traffic_token[0]) json_object_set_new(o, "network", json_pack("{s:b}", "allowPublicTraffic", 0));
   json_object_set_new(o, "sandboxID", json_string(sb->id));
   set_time(o, "startedAt", sb->started_at_us);
   json_object_set_new(o, "state", json_string(sb->state == WBD_PAUSED ? "paused" : "running"));

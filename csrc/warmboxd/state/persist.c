@@ -55,6 +55,7 @@ json_t *wbd_persist_record_json(const struct wbd_sandbox *sb) {
   json_t *o = record_json(sb);
   json_object_set_new(o, "cpuCount", json_integer(sb->cpu_count));
   json_object_set_new(o, "memoryMB", json_integer(sb->memory_mb));
+  if (sb->traffic_token[0]) json_object_set_new(o, "trafficAccessToken", json_string(sb->traffic_token));
   return o;
 }
 
@@ -89,6 +90,15 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   sb->timeout_s = timeout;
   if (!identity && wbd_opt.secure_all) sb->secure = 1;   /* a fork gets a token of its own */
   if (!sb->secure) sb->access_token[0] = 0;
+  /* the traffic token: kept by a pause and a restart; a fork keeps the
+   * private ingress with a token of its own (E2B's is derived from the id),
+   * and so does a record whose token is too long: never public by mistake */
+  const char *traffic = json_string_value(json_object_get(o, "trafficAccessToken"));
+  sb->traffic_token[0] = 0;
+  if (traffic && traffic[0] && identity && strlen(traffic) < sizeof sb->traffic_token)
+    snprintf(sb->traffic_token, sizeof sb->traffic_token, "%s", traffic);
+  else if (traffic && traffic[0])
+    wbd_sandbox_traffic_token(sb);
   if (identity) {
     snprintf(sb->id, sizeof sb->id, "%s", id);
     snprintf(sb->team, sizeof sb->team, "%s", team);

@@ -58,6 +58,9 @@ struct wbd_team {
 
 /* A new record: fresh id, refcount 1 (the store's), empty metadata/env. */
 struct wbd_sandbox *wbd_store_alloc(const char *team);
+/* Gives sb a fresh trafficAccessToken ("ta_" + 64 random hex): its ports
+ * other than envd's then need it (network.allowPublicTraffic false). */
+void wbd_sandbox_traffic_token(struct wbd_sandbox *sb);
 /* Frees a record that was never inserted. */
 void wbd_store_discard(struct wbd_sandbox *sb);
 /* The team's record with that id (not killed), referenced, or NULL (takes the lock). */

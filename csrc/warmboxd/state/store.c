@@ -414,6 +414,12 @@ struct wbd_sandbox *wbd_store_alloc(const char *team) {
   return sb;
 }
 
+void wbd_sandbox_traffic_token(struct wbd_sandbox *sb) {
+  memcpy(sb->traffic_token, "ta_", 3);
+  wbd_random_chars(sb->traffic_token + 3, 64, "0123456789abcdef", 16);
+  sb->traffic_token[67] = 0;
+}
+
 static void rec_free(struct wbd_rec *r) {
   free(r->sb.template_id);
   free(r->sb.metrics);
