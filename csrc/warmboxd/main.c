@@ -501,7 +501,7 @@ int main(int argc, char **argv) {
    * umask the host that started warmboxd runs under (Prosody's is 027). */
   umask(022);
   /* Before any thread, descriptor or port: a SIGKILL still has its cgroups removed. */
-  if (wbd_janitor_start() != 0) fprintf(stderr, "warmboxd: no janitor (%s): a kill leaves cgroups\n", strerror(errno));
+  if (wbd_janitor_start(argc, argv) != 0) fprintf(stderr, "warmboxd: no janitor (%s): a kill leaves cgroups\n", strerror(errno));
   if (signals_install() != 0 || start_all() != 0) {
     free(made_dir);
     return 1;

@@ -282,8 +282,9 @@ int wbd_userns_enter(void);
 
 /* Forks the janitor (janitor.c): when warmboxd ends, however, it ends what
  * is left in warmboxd's cgroups and removes them. Before any thread or
- * descriptor of warmboxd's. 0 or -1 (no fork). */
-int wbd_janitor_start(void);
+ * descriptor of warmboxd's; its command line (argv's memory) then names
+ * it a janitor rather than repeating warmboxd's flags. 0 or -1 (no fork). */
+int wbd_janitor_start(int argc, char **argv);
 /* Ends the processes in the cgroups warmboxd `pid` made and removes them
  * (runtime.c: also what a start-up does for a killed warmboxd's). */
 void wbd_cgroups_reap(int pid);

@@ -18,6 +18,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -43,9 +45,23 @@ static void wait_parent(pid_t parent) {
   }
 }
 
+/* Its command line names it, not warmboxd's flags: `ps` shows one
+ * warmboxd serving the data directory (and a janitor of it), and nothing
+ * that looks for the server by its arguments finds two. argv's strings
+ * after argv[0] are rewritten in place (the kernel reads the command line
+ * from that memory), as far as they are contiguous. */
+static void janitor_title(int argc, char **argv, pid_t parent) {
+  if (argc < 2 || !argv) return;
+  char *start = argv[1], *end = argv[1] + strlen(argv[1]);
+  for (int i = 2; i < argc && argv[i] == end + 1; i++) end = argv[i] + strlen(argv[i]);
+  memset(start, 0, (size_t)(end - start));
+  snprintf(start, (size_t)(end - start) + 1, "--janitor-of=%ld", (long)parent);
+}
+
 /* The child's life: detached from what warmboxd holds, waits, cleans up. */
-static void janitor_main(pid_t parent) {
+static void janitor_main(pid_t parent, int argc, char **argv) {
   prctl(PR_SET_NAME, "wbd-janitor");
+  janitor_title(argc, argv, parent);
   static const int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2};
   for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
   int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -64,11 +80,11 @@ static void janitor_main(pid_t parent) {
   wbd_cgroups_reap(parent);
 }
 
-int wbd_janitor_start(void) {
+int wbd_janitor_start(int argc, char **argv) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid > 0) return 0;
-  janitor_main(parent);
+  janitor_main(parent, argc, argv);
   _exit(0);
 }
