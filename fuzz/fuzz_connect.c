@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(s, data, size);
   s[size] = 0;
   json_t *j = wbd_json_str(s);
-  if (!j) abort();   /* never NULL, whatever the bytes */
+  if (!j) abort(); /* never NULL, whatever the bytes */
   char *out = json_dumps(j, JSON_ENCODE_ANY);
   if (!out) abort();
   free(out);

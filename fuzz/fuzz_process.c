@@ -11,10 +11,15 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static const struct { const char *method, *ctype; } rpc[] = {
-    { "StreamInput", "application/connect+json" }, { "Connect", "application/connect+json" },
-    { "Start", "application/connect+json" },       { "SendInput", "application/json" },
-    { "Update", "application/json" },              { "CloseStdin", "application/json" },
+  static const struct {
+    const char *method, *ctype;
+  } rpc[] = {
+    {"StreamInput", "application/connect+json"},
+    {"Connect", "application/connect+json"},
+    {"Start", "application/connect+json"},
+    {"SendInput", "application/json"},
+    {"Update", "application/json"},
+    {"CloseStdin", "application/json"},
   };
   if (size < 1) return 0;
   size_t m = data[0] % (sizeof rpc / sizeof rpc[0]);

@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   s[size] = 0;
   const char *err = NULL;
   json_t *f = wbd_parse_metadata(s, &err);
-  if (!f && !err) abort();   /* a NULL filter always says why */
+  if (!f && !err) abort(); /* a NULL filter always says why */
   json_decref(f);
   int64_t us;
   (void)wbd_parse_time(s, &us);

@@ -64,15 +64,17 @@ int fuzz_server(void) {
   return port;
 }
 
-const char *fuzz_sandbox_id(void) { return sandbox_id; }
+const char *fuzz_sandbox_id(void) {
+  return sandbox_id;
+}
 
 void fuzz_send(const char *prefix, size_t plen, const unsigned char *data, size_t len) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
-  struct timeval tv = { 2, 0 };
+  struct timeval tv = {2, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)fuzz_server()) };
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fuzz_server())};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
     if (plen) (void)!send(fd, prefix, plen, MSG_NOSIGNAL);

@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 #define FUZZ_ADMIN_TOKEN "fuzz-admin-token-0123456789abcdef"
-#define FUZZ_API_KEY "e2b_0123456789abcdef0123456789abcdef01234567"
+#define FUZZ_API_KEY     "e2b_0123456789abcdef0123456789abcdef01234567"
 
 /* Sets warmboxd's options as the targets want them (stubs.c). */
 void fuzz_options(void);

@@ -27,11 +27,25 @@ void fuzz_options(void) {
 
 char fuzz_scratch[512];
 
-int wbd_rt_init(void) { return 0; }
-int wbd_rt_on_create(struct wbd_sandbox *sb) { (void)sb; return 0; }
-int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) { (void)sb; (void)memory; return 0; }
-int wbd_rt_on_resume(struct wbd_sandbox *sb) { (void)sb; return 0; }
-void wbd_rt_on_kill(struct wbd_sandbox *sb) { (void)sb; }
+int wbd_rt_init(void) {
+  return 0;
+}
+int wbd_rt_on_create(struct wbd_sandbox *sb) {
+  (void)sb;
+  return 0;
+}
+int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory) {
+  (void)sb;
+  (void)memory;
+  return 0;
+}
+int wbd_rt_on_resume(struct wbd_sandbox *sb) {
+  (void)sb;
+  return 0;
+}
+void wbd_rt_on_kill(struct wbd_sandbox *sb) {
+  (void)sb;
+}
 void wbd_rt_shutdown(void) {}
 
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
@@ -46,11 +60,13 @@ const char *wbd_rt_tmp(const struct wbd_sandbox *sb, char *buf, size_t len) {
   return buf;
 }
 
-int wbd_rt_isolated(void) { return 0; }
+int wbd_rt_isolated(void) {
+  return 0;
+}
 
 /* As an unisolated runtime: home and /tmp in the scratch directory, nothing else. */
 int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, size_t hlen, const char **rest) {
-  static const char *const trees[][2] = { { "/home/user", "home" }, { "/tmp", "tmp" } };
+  static const char *const trees[][2] = {{"/home/user", "home"}, {"/tmp", "tmp"}};
   (void)sb;
   for (int i = 0; i < 2; i++) {
     size_t n = strlen(trees[i][0]);
@@ -64,25 +80,48 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
 
 int wbd_rt_skeleton(const char *jail) {
   (void)jail;
-  return 0;   /* the fuzzer's scratch tree has no skeleton */
+  return 0; /* the fuzzer's scratch tree has no skeleton */
 }
 
-int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,
-                 int *stdin_fd, int *stdout_fd, int *stderr_fd) {
-  (void)sb; (void)argv; (void)envs; (void)cwd; (void)pid; (void)stdin_fd; (void)stdout_fd; (void)stderr_fd;
-  return -EPERM;   /* never run anything a fuzzer wrote */
+int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid, int *stdin_fd,
+                 int *stdout_fd, int *stderr_fd) {
+  (void)sb;
+  (void)argv;
+  (void)envs;
+  (void)cwd;
+  (void)pid;
+  (void)stdin_fd;
+  (void)stdout_fd;
+  (void)stderr_fd;
+  return -EPERM; /* never run anything a fuzzer wrote */
 }
 int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, unsigned cols,
                      unsigned rows, pid_t *pid, int *master_fd) {
-  (void)sb; (void)argv; (void)envs; (void)cwd; (void)cols; (void)rows; (void)pid; (void)master_fd;
+  (void)sb;
+  (void)argv;
+  (void)envs;
+  (void)cwd;
+  (void)cols;
+  (void)rows;
+  (void)pid;
+  (void)master_fd;
   return -EPERM;
 }
 void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
   (void)sb;
   if (len) buf[0] = 0;
 }
-int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig) { (void)sb; (void)pid; (void)sig; return -ESRCH; }
-int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) { (void)sb; (void)pid; return 0; }
+int wbd_rt_signal(struct wbd_sandbox *sb, pid_t pid, int sig) {
+  (void)sb;
+  (void)pid;
+  (void)sig;
+  return -ESRCH;
+}
+int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) {
+  (void)sb;
+  (void)pid;
+  return 0;
+}
 
 int wbd_dataplane_changes(const struct wbd_req *req, int port) {
   (void)req;
@@ -107,11 +146,27 @@ enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb
 
 /* state.h: the targets keep no state on disk and have no snapshots. */
 #include "state.h"
-struct wbd_snapshot *wbd_snapshot_get(const char *team, const char *ref) { (void)team; (void)ref; return NULL; }
-void wbd_snapshot_put(struct wbd_snapshot *s) { (void)s; }
-const char *wbd_snapshot_template(const struct wbd_snapshot *s) { (void)s; return ""; }
-void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) { (void)s; (void)env; }
-int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls) { (void)sb; (void)cls; return 0; }
+struct wbd_snapshot *wbd_snapshot_get(const char *team, const char *ref) {
+  (void)team;
+  (void)ref;
+  return NULL;
+}
+void wbd_snapshot_put(struct wbd_snapshot *s) {
+  (void)s;
+}
+const char *wbd_snapshot_template(const struct wbd_snapshot *s) {
+  (void)s;
+  return "";
+}
+void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) {
+  (void)s;
+  (void)env;
+}
+int wbd_snapshot_fill(struct wbd_sandbox *sb, void *cls) {
+  (void)sb;
+  (void)cls;
+  return 0;
+}
 int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len) {
   (void)sb;
   (void)msg;
@@ -120,25 +175,33 @@ int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len) {
 }
 int wbd_persist_release(struct wbd_sandbox *sb) {
   (void)sb;
-  return -1;   /* the runtime stays (the targets have none to release) */
+  return -1; /* the runtime stays (the targets have none to release) */
 }
 /* wbd.h's runtime names and the pause's settle: no jails in the targets. */
 int wbd_rt_settling(struct wbd_sandbox *sb) {
   (void)sb;
   return 0;
 }
-void wbd_rt_name(const char *id, char *out, size_t len) { snprintf(out, len, "r-%s", id); }
+void wbd_rt_name(const char *id, char *out, size_t len) {
+  snprintf(out, len, "r-%s", id);
+}
 void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb) {
   (void)s;
   (void)sb;
 }
-struct wbd_state_limits wbd_state_lim = { .pause_workers = 1 };
-int wbd_persist_restore(struct wbd_sandbox *sb) { (void)sb; return 0; }
-void wbd_persist_drop(struct wbd_sandbox *sb) { (void)sb; }
+struct wbd_state_limits wbd_state_lim = {.pause_workers = 1};
+int wbd_persist_restore(struct wbd_sandbox *sb) {
+  (void)sb;
+  return 0;
+}
+void wbd_persist_drop(struct wbd_sandbox *sb) {
+  (void)sb;
+}
 
 /* The metrics routes read cgroups: not the parsers' business. */
 enum MHD_Result wbd_metrics_one(struct wbd_req *req, const char *team, const char *id) {
-  (void)team; (void)id;
+  (void)team;
+  (void)id;
   return wbd_reply_error(req, 404, "no metrics in the fuzzer");
 }
 enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team) {
@@ -154,10 +217,22 @@ json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
 static enum MHD_Result no_route(struct wbd_req *req) {
   return wbd_reply_error(req, 404, "no route for %s %s", req->method, req->path);
 }
-enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
-enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
-enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
-enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) {
+  (void)c;
+  return no_route(req);
+}
+enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) {
+  (void)c;
+  return no_route(req);
+}
+enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) {
+  (void)c;
+  return no_route(req);
+}
+enum MHD_Result wbd_h_fork(struct wbd_req *req, const struct wbd_call *c) {
+  (void)c;
+  return no_route(req);
+}
 
 /* The lifecycle events (control/events.c, control/webhooks.c) are left out:
  * the control plane's hooks record nothing, the knobs have their storage. */
@@ -168,5 +243,11 @@ void wbd_event_locked(const struct wbd_sandbox *sb, enum wbd_event_type type, in
   (void)type;
   (void)at_us;
 }
-enum MHD_Result wbd_h_events(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
-enum MHD_Result wbd_h_webhooks(struct wbd_req *req, const struct wbd_call *c) { (void)c; return no_route(req); }
+enum MHD_Result wbd_h_events(struct wbd_req *req, const struct wbd_call *c) {
+  (void)c;
+  return no_route(req);
+}
+enum MHD_Result wbd_h_webhooks(struct wbd_req *req, const struct wbd_call *c) {
+  (void)c;
+  return no_route(req);
+}

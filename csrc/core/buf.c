@@ -5,7 +5,7 @@
 
 int warmbox_buf_append(warmbox_buf *b, const void *p, size_t n) {
   if (n == 0) return 0;
-  if (b->len + n < b->len) return -1;  /* overflow */
+  if (b->len + n < b->len) return -1; /* overflow */
   if (b->len + n > b->cap) {
     size_t cap = b->cap ? b->cap : 256;
     char *d;
@@ -32,7 +32,9 @@ void warmbox_buf_consume(warmbox_buf *b, size_t n) {
   b->len -= n;
 }
 
-void warmbox_buf_reset(warmbox_buf *b) { b->len = 0; }
+void warmbox_buf_reset(warmbox_buf *b) {
+  b->len = 0;
+}
 
 void warmbox_buf_free(warmbox_buf *b) {
   free(b->data);

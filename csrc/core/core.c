@@ -100,24 +100,18 @@ static int warmbox_embedded_file(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg warmbox_core_funcs[] = {
-  {"embedded", warmbox_embedded_file},
-  {"module_path", warmbox_module_path},
-  {"sha256", warmbox_sha256},
-  {"hmac_sha256", warmbox_hmac_sha256},
-  {"now", warmbox_now},
-  {"sleep", warmbox_sleep},
-  {NULL, NULL}
-};
+static const luaL_Reg warmbox_core_funcs[] = {{"embedded", warmbox_embedded_file},
+                                              {"module_path", warmbox_module_path},
+                                              {"sha256", warmbox_sha256},
+                                              {"hmac_sha256", warmbox_hmac_sha256},
+                                              {"now", warmbox_now},
+                                              {"sleep", warmbox_sleep},
+                                              {NULL, NULL}};
 
 /* The parts, each adding its functions and metatables to the module table
  * on the top of the stack (luasocket's mod[]). */
 static void (*const parts[])(lua_State *L) = {
-  warmbox_http_register,
-  warmbox_lock_register,
-  warmbox_redis_register,
-  warmbox_engine_register,
-  warmbox_retry_register,
+  warmbox_http_register, warmbox_lock_register, warmbox_redis_register, warmbox_engine_register, warmbox_retry_register,
 };
 
 int luaopen_warmbox_core(lua_State *L) {

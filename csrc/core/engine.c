@@ -39,9 +39,9 @@
 #include "warmbox_buf.h"
 #include "warmbox_http.h"
 
-#define ENGINE_MT "warmbox.Engine"
-#define TRANSFER_MT "warmbox.Transfer"
-#define ENGINE_MAX_EVENTS 64
+#define ENGINE_MT               "warmbox.Engine"
+#define TRANSFER_MT             "warmbox.Transfer"
+#define ENGINE_MAX_EVENTS       64
 #define ENGINE_DEFAULT_BUFFERED ((size_t)1024 * 1024)
 
 enum { TR_WAITING = 0, TR_RUNNING = 1, TR_DONE = 2 };
@@ -50,17 +50,17 @@ enum { TR_OK = 0, TR_CANCELLED = 1, TR_ENGINE_CLOSED = 2, TR_SETUP_FAILED = 3, T
 typedef struct engine engine;
 
 typedef struct transfer {
-  engine *eng;             /* valid while this object lives (a user value holds it) */
-  warmbox_xfer *x;         /* NULL once tr:result() has built the result */
-  int state;               /* TR_WAITING (for its first try or a retry), TR_RUNNING, TR_DONE */
-  int why;                 /* TR_OK or how it ended other than by its response */
-  int paused;              /* CURL_WRITEFUNC_PAUSE returned: too many unread frames */
-  int news;                /* on the engine's news list */
-  int live;                /* on the engine's live list */
-  double not_before;       /* TR_WAITING: when the next attempt may start */
-  warmbox_buf frames;      /* unread frames, each [u32 len][u8 flags][bytes] */
+  engine *eng;        /* valid while this object lives (a user value holds it) */
+  warmbox_xfer *x;    /* NULL once tr:result() has built the result */
+  int state;          /* TR_WAITING (for its first try or a retry), TR_RUNNING, TR_DONE */
+  int why;            /* TR_OK or how it ended other than by its response */
+  int paused;         /* CURL_WRITEFUNC_PAUSE returned: too many unread frames */
+  int news;           /* on the engine's news list */
+  int live;           /* on the engine's live list */
+  double not_before;  /* TR_WAITING: when the next attempt may start */
+  warmbox_buf frames; /* unread frames, each [u32 len][u8 flags][bytes] */
   size_t nframes;
-  struct transfer *prev, *next;  /* live list: not done */
+  struct transfer *prev, *next; /* live list: not done */
   struct transfer *next_news;
 } transfer;
 
@@ -68,11 +68,11 @@ struct engine {
   CURLM *multi;
   int epfd, tfd;
   int closed;
-  double curl_deadline;    /* libcurl's timeout (monotonic s), < 0 none */
-  double armed;            /* what the timerfd is armed for, < 0 disarmed */
-  size_t max_buffered;     /* unread frame bytes per transfer before pausing it */
-  long pending;            /* transfers not done */
-  long waiting;            /* transfers in TR_WAITING (the deadline scan skips when 0) */
+  double curl_deadline; /* libcurl's timeout (monotonic s), < 0 none */
+  double armed;         /* what the timerfd is armed for, < 0 disarmed */
+  size_t max_buffered;  /* unread frame bytes per transfer before pausing it */
+  long pending;         /* transfers not done */
+  long waiting;         /* transfers in TR_WAITING (the deadline scan skips when 0) */
   transfer *live;
   transfer *news, *news_tail;
 };
@@ -93,7 +93,10 @@ static void news_add(transfer *t) {
   if (t->news || e->closed) return;
   t->news = 1;
   t->next_news = NULL;
-  if (e->news_tail) e->news_tail->next_news = t; else e->news = t;
+  if (e->news_tail)
+    e->news_tail->next_news = t;
+  else
+    e->news = t;
   e->news_tail = t;
 }
 
@@ -125,7 +128,10 @@ static void live_add(transfer *t) {
 static void live_remove(transfer *t) {
   engine *e = t->eng;
   if (!t->live) return;
-  if (t->prev) t->prev->next = t->next; else e->live = t->next;
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    e->live = t->next;
   if (t->next) t->next->prev = t->prev;
   t->prev = t->next = NULL;
   t->live = 0;
@@ -199,7 +205,7 @@ static int engine_frame_sink(void *ud, const char *data, size_t len, int flags) 
   hdr[4] = (unsigned char)flags;
   if (warmbox_buf_append(&t->frames, hdr, sizeof hdr) || warmbox_buf_append(&t->frames, data, len)) {
     t->why = TR_OOM;
-    return 1;  /* stops the transfer; delivered frames forbid a retry */
+    return 1; /* stops the transfer; delivered frames forbid a retry */
   }
   t->nframes++;
   news_add(t);
@@ -268,12 +274,13 @@ static void engine_run(engine *e, int ms) {
   transfer *t, *next;
   if (e->news) ms = 0;
   n = epoll_wait(e->epfd, evs, ENGINE_MAX_EVENTS, ms);
-  if (n < 0) n = 0;  /* EINTR: nothing ready */
+  if (n < 0) n = 0; /* EINTR: nothing ready */
   for (i = 0; i < n; i++) {
     int fd = evs[i].data.fd, flags = 0;
     if (fd == e->tfd) {
       uint64_t ticks;
-      if (read(e->tfd, &ticks, sizeof ticks) < 0) {} /* drained; EAGAIN when raced */
+      if (read(e->tfd, &ticks, sizeof ticks) < 0) {
+      } /* drained; EAGAIN when raced */
       continue;
     }
     if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP)) flags |= CURL_CSELECT_IN;
@@ -287,11 +294,11 @@ static void engine_run(engine *e, int ms) {
     if (t->state == TR_WAITING && t->not_before <= now) engine_launch(e, t);
   }
   if (e->curl_deadline >= 0 && e->curl_deadline <= warmbox_clock_now()) {
-    e->curl_deadline = -1;  /* libcurl sets the next one from inside */
+    e->curl_deadline = -1; /* libcurl sets the next one from inside */
     curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
   }
   engine_read_info(e);
-  e->armed = -2;  /* rearm unconditionally: a fired timerfd stays readable */
+  e->armed = -2; /* rearm unconditionally: a fired timerfd stays readable */
   engine_rearm(e);
 }
 
@@ -364,8 +371,8 @@ static int engine_new(lua_State *L) {
     lua_getfield(L, 1, "max_buffered");
     if (!lua_isnil(L, -1)) {
       if (!lua_isnumber(L, -1))
-        return luaL_argerror(L, 1, lua_pushfstring(L, "option 'max_buffered': number expected, got %s",
-                                                   luaL_typename(L, -1)));
+        return luaL_argerror(
+          L, 1, lua_pushfstring(L, "option 'max_buffered': number expected, got %s", luaL_typename(L, -1)));
       mb = (double)lua_tonumber(L, -1);
       if (!(mb >= 1)) return luaL_argerror(L, 1, "option 'max_buffered': a number >= 1 expected");
     }
@@ -378,7 +385,7 @@ static int engine_new(lua_State *L) {
   e->closed = 1;
   e->epfd = e->tfd = -1;
   luaL_setmetatable(L, ENGINE_MT);
-  lua_createtable(L, 0, 0);  /* lightuserdata -> transfer, weak values */
+  lua_createtable(L, 0, 0); /* lightuserdata -> transfer, weak values */
   lua_createtable(L, 0, 1);
   lua_pushliteral(L, "v");
   lua_setfield(L, -2, "__mode");
@@ -424,20 +431,20 @@ static int engine_start(lua_State *L) {
   t = (transfer *)lua_newuserdatauv(L, sizeof *t, 3); /* 4 */
   memset(t, 0, sizeof *t);
   t->eng = e;
-  t->state = TR_DONE;  /* until it is on the live list */
+  t->state = TR_DONE; /* until it is on the live list */
   t->why = TR_SETUP_FAILED;
   luaL_setmetatable(L, TRANSFER_MT);
   lua_pushvalue(L, 1);
-  lua_setiuservalue(L, 4, 1);  /* the engine outlives its transfers */
+  lua_setiuservalue(L, 4, 1); /* the engine outlives its transfers */
   lua_pushvalue(L, 2);
-  lua_setiuservalue(L, 4, 2);  /* and so does the client (its pool) */
+  lua_setiuservalue(L, 4, 2); /* and so does the client (its pool) */
   lua_getiuservalue(L, 1, 1);
   lua_pushvalue(L, 4);
   lua_rawsetp(L, -2, t);
   lua_pop(L, 1);
   t->x = warmbox_xfer_new(h);
   if (!t->x) return luaL_error(L, "out of memory");
-  failed = warmbox_xfer_setup(L, 3, t->x, engine_frame_sink, t);  /* if it raises, __gc frees t->x */
+  failed = warmbox_xfer_setup(L, 3, t->x, engine_frame_sink, t); /* if it raises, __gc frees t->x */
   if (failed) {
     news_add(t);
     return 1;
@@ -448,7 +455,7 @@ static int engine_start(lua_State *L) {
   t->why = TR_OK;
   set_state(t, TR_WAITING);
   live_add(t);
-  engine_launch(e, t);  /* libcurl asks for a timeout of 0: the pollfd turns readable */
+  engine_launch(e, t); /* libcurl asks for a timeout of 0: the pollfd turns readable */
   return 1;
 }
 
@@ -479,7 +486,7 @@ static int engine_step(lua_State *L) {
     if (lua_rawgetp(L, 2, t) == LUA_TUSERDATA) {
       lua_rawseti(L, 3, ++n);
     } else {
-      lua_pop(L, 1);  /* being collected */
+      lua_pop(L, 1); /* being collected */
     }
   }
   return 1;
@@ -583,13 +590,21 @@ static int transfer_result(lua_State *L) {
     if (!t->x) return luaL_error(L, "out of memory");
     lua_createtable(L, 3, 1); /* 2 */
     switch (t->why) {
-      case TR_CANCELLED: nres = warmbox_xfer_push_error(L, t->x, "transfer cancelled", "ABORTED"); break;
-      case TR_ENGINE_CLOSED: nres = warmbox_xfer_push_error(L, t->x, "engine closed", "ABORTED"); break;
-      case TR_OOM: nres = warmbox_xfer_push_error(L, t->x, "out of memory", "TRANSPORT"); break;
+      case TR_CANCELLED:
+        nres = warmbox_xfer_push_error(L, t->x, "transfer cancelled", "ABORTED");
+        break;
+      case TR_ENGINE_CLOSED:
+        nres = warmbox_xfer_push_error(L, t->x, "engine closed", "ABORTED");
+        break;
+      case TR_OOM:
+        nres = warmbox_xfer_push_error(L, t->x, "out of memory", "TRANSPORT");
+        break;
       case TR_ADD_FAILED:
         nres = warmbox_xfer_push_error(L, t->x, "cannot add the transfer to the engine", "TRANSPORT");
         break;
-      default: nres = warmbox_xfer_push_outcome(L, t->x); break;
+      default:
+        nres = warmbox_xfer_push_outcome(L, t->x);
+        break;
     }
     for (k = nres; k >= 1; k--) lua_rawseti(L, -1 - k, k);
     lua_pushinteger(L, nres);
@@ -622,7 +637,7 @@ static int transfer_cancel(lua_State *L) {
 
 static int transfer_gc(lua_State *L) {
   transfer *t = transfer_check(L, 1);
-  if (!t->eng) return 0;  /* never set up */
+  if (!t->eng) return 0; /* never set up */
   transfer_detach(t, TR_CANCELLED);
   news_remove(t);
   if (t->x) warmbox_xfer_destroy(t->x);
@@ -681,37 +696,20 @@ static int core_poll(lua_State *L) {
  * ====================================================================== */
 
 static const luaL_Reg engine_methods[] = {
-  {"start", engine_start},
-  {"step", engine_step},
-  {"timeout", engine_timeout},
-  {"pollfd", engine_pollfd},
-  {"events", engine_events},
-  {"pending", engine_pending},
-  {"close", engine_close},
-  {NULL, NULL}
-};
+  {"start", engine_start},   {"step", engine_step},       {"timeout", engine_timeout}, {"pollfd", engine_pollfd},
+  {"events", engine_events}, {"pending", engine_pending}, {"close", engine_close},     {NULL, NULL}};
 
 static const luaL_Reg engine_meta[] = {
-  {"__gc", engine_close},
-  {"__close", engine_close},
-  {"__tostring", engine_tostring},
-  {NULL, NULL}
-};
+  {"__gc", engine_close}, {"__close", engine_close}, {"__tostring", engine_tostring}, {NULL, NULL}};
 
-static const luaL_Reg transfer_methods[] = {
-  {"done", transfer_done},
-  {"result", transfer_result},
-  {"frames", transfer_frames},
-  {"cancel", transfer_cancel},
-  {NULL, NULL}
-};
+static const luaL_Reg transfer_methods[] = {{"done", transfer_done},
+                                            {"result", transfer_result},
+                                            {"frames", transfer_frames},
+                                            {"cancel", transfer_cancel},
+                                            {NULL, NULL}};
 
 static const luaL_Reg transfer_meta[] = {
-  {"__gc", transfer_gc},
-  {"__close", transfer_close},
-  {"__tostring", transfer_tostring},
-  {NULL, NULL}
-};
+  {"__gc", transfer_gc}, {"__close", transfer_close}, {"__tostring", transfer_tostring}, {NULL, NULL}};
 
 void warmbox_engine_register(lua_State *L) {
   if (luaL_newmetatable(L, ENGINE_MT)) {

@@ -23,8 +23,8 @@
 #include "warmbox_retry.h"
 #include "warmbox_http.h"
 
-#define WARMBOX_MAX_FRAME ((size_t)64 * 1024 * 1024)
-#define WARMBOX_MAX_SECRETS 8
+#define WARMBOX_MAX_FRAME    ((size_t)64 * 1024 * 1024)
+#define WARMBOX_MAX_SECRETS  8
 #define WARMBOX_MAX_STATUSES 16
 
 /* ======================================================================
@@ -32,17 +32,17 @@
  * ====================================================================== */
 
 struct warmbox_http {
-  CURL *easy;      /* reused for every h:request */
-  CURLM *multi;    /* created on the first h:batch */
-  CURLSH *share;   /* DNS + connections, shared by every handle of this client */
-  char *proxy;     /* NULL: libcurl's default (environment); "": none */
+  CURL *easy;    /* reused for every h:request */
+  CURLM *multi;  /* created on the first h:batch */
+  CURLSH *share; /* DNS + connections, shared by every handle of this client */
+  char *proxy;   /* NULL: libcurl's default (environment); "": none */
   char *user_agent;
   char *ca_file;
   long connect_timeout_ms;
   long timeout_ms;
   long max_connections;
-  uint64_t rng;    /* jitter; per client, so no mutable C statics */
-  int busy;        /* h->easy is in a transfer (a callback may call us again) */
+  uint64_t rng; /* jitter; per client, so no mutable C statics */
+  int busy;     /* h->easy is in a transfer (a callback may call us again) */
   int closed;
   long share_users; /* engine transfers using the share: it outlives h:close() */
 };
@@ -123,8 +123,8 @@ static double warmbox_opt_number(lua_State *L, int idx, int arg, const char *key
   lua_getfield(L, idx, key);
   if (!lua_isnil(L, -1)) {
     if (!lua_isnumber(L, -1))
-      luaL_argerror(L, arg, lua_pushfstring(L, "option '%s%s': number expected, got %s", prefix, key,
-                                            luaL_typename(L, -1)));
+      luaL_argerror(L, arg,
+                    lua_pushfstring(L, "option '%s%s': number expected, got %s", prefix, key, luaL_typename(L, -1)));
     v = (double)lua_tonumber(L, -1);
     if (!(v >= 0)) luaL_argerror(L, arg, lua_pushfstring(L, "option '%s%s': a number >= 0 expected", prefix, key));
   }
@@ -140,8 +140,8 @@ static const char *warmbox_opt_string(lua_State *L, int idx, int arg, const char
   lua_getfield(L, idx, key);
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TSTRING)
-      luaL_argerror(L, arg, lua_pushfstring(L, "option '%s%s': string expected, got %s", prefix, key,
-                                            luaL_typename(L, -1)));
+      luaL_argerror(L, arg,
+                    lua_pushfstring(L, "option '%s%s': string expected, got %s", prefix, key, luaL_typename(L, -1)));
     s = lua_tolstring(L, -1, len);
   }
   lua_pop(L, 1);
@@ -155,26 +155,26 @@ static const char *warmbox_opt_string(lua_State *L, int idx, int arg, const char
 struct warmbox_xfer {
   warmbox_http *client;
   CURL *easy;
-  int own_easy;                 /* batch handles are ours to clean up */
+  int own_easy; /* batch handles are ours to clean up */
   struct curl_slist *headers;
-  warmbox_buf body;             /* response body (streamed 2xx bodies are not kept) */
-  size_t max_body;              /* 0: no limit; else a longer body aborts the transfer */
-  int too_large;                /* the body went past max_body */
-  warmbox_buf head;             /* header lines of the last response */
+  warmbox_buf body; /* response body (streamed 2xx bodies are not kept) */
+  size_t max_body;  /* 0: no limit; else a longer body aborts the transfer */
+  int too_large;    /* the body went past max_body */
+  warmbox_buf head; /* header lines of the last response */
   char errbuf[CURL_ERROR_SIZE];
   char method[16];
-  char *url;                    /* for messages: scheme://host/path, no query */
+  char *url; /* for messages: scheme://host/path, no query */
   char *secrets[WARMBOX_MAX_SECRETS];
   int nsecrets;
   /* retry policy */
   int idempotent;
   long statuses[WARMBOX_MAX_STATUSES]; /* retried statuses */
   int nstatuses;
-  long refused[WARMBOX_MAX_STATUSES];  /* statuses retried even when not idempotent */
+  long refused[WARMBOX_MAX_STATUSES]; /* statuses retried even when not idempotent */
   int nrefused;
   int max_attempts;
   double budget, base, cap;
-  double retry_after_max;  /* retry.retry_after_max; -1: Retry-After uncapped */
+  double retry_after_max; /* retry.retry_after_max; -1: Retry-After uncapped */
   int attempts;
   double t0;
   double not_before;
@@ -187,19 +187,19 @@ struct warmbox_xfer {
   int stream_mode;
   warmbox_stream parser;
   lua_State *L;
-  int cb_index;                 /* absolute stack index of on_chunk */
-  int err_slot;                 /* absolute stack index where a callback error is stashed */
-  int cb_state;                 /* 0 ok, 1 aborted (returned false), 2 raised */
+  int cb_index; /* absolute stack index of on_chunk */
+  int err_slot; /* absolute stack index where a callback error is stashed */
+  int cb_state; /* 0 ok, 1 aborted (returned false), 2 raised */
   int parse_error;
   long delivered;
   int status_known;
-  int streaming;                /* this response is 2xx: frames go to the callback */
-  warmbox_frame_fn sink;        /* engine transfers: frames go here, never to Lua */
-  void *owner;                  /* the sink's argument (the engine's transfer) */
+  int streaming;         /* this response is 2xx: frames go to the callback */
+  warmbox_frame_fn sink; /* engine transfers: frames go here, never to Lua */
+  void *owner;           /* the sink's argument (the engine's transfer) */
   /* outcome */
   CURLcode rc;
   long status;
-  int state;                    /* batch: 0 waiting, 1 running, 2 done */
+  int state; /* batch: 0 waiting, 1 running, 2 done */
 };
 
 typedef struct warmbox_frame_call {
@@ -267,7 +267,7 @@ static size_t warmbox_on_write(char *p, size_t size, size_t n, void *ud) {
       int r = warmbox_stream_feed(&x->parser, p, len, warmbox_emit, x);
       if (r == WARMBOX_STREAM_OK) return len;
       if (r != WARMBOX_STREAM_STOPPED) x->parse_error = r;
-      return 0;  /* anything but len aborts the transfer */
+      return 0; /* anything but len aborts the transfer */
     }
   }
   if (x->max_body && len > x->max_body - x->body.len) {
@@ -315,8 +315,8 @@ static int warmbox_on_seek(void *ud, curl_off_t offset, int origin) {
 }
 
 static int warmbox_is_secret_header(const char *name, size_t n) {
-  static const char *const names[] = {"x-api-key", "x-access-token", "authorization",
-    "proxy-authorization", "e2b-traffic-access-token", NULL};
+  static const char *const names[] = {"x-api-key",           "x-access-token",           "authorization",
+                                      "proxy-authorization", "e2b-traffic-access-token", NULL};
   const char *const *s;
   for (s = names; *s; s++) {
     if (strlen(*s) == n) {
@@ -347,10 +347,11 @@ static void warmbox_xfer_free(warmbox_xfer *x) {
 }
 
 /* Pass 1: validate a request table (raises on misuse; allocates nothing). */
-static const char *const warmbox_req_fields[] = {"method", "url", "headers", "body", "timeout",
-  "connect_timeout", "retry", "stream", "on_chunk", "max_frame", "max_body", NULL};
-static const char *const warmbox_retry_fields[] = {"attempts", "budget", "base", "cap", "idempotent", "statuses",
-  "refused", "retry_after_max", NULL};
+static const char *const warmbox_req_fields[] = {"method",          "url",   "headers", "body",     "timeout",
+                                                 "connect_timeout", "retry", "stream",  "on_chunk", "max_frame",
+                                                 "max_body",        NULL};
+static const char *const warmbox_retry_fields[] = {
+  "attempts", "budget", "base", "cap", "idempotent", "statuses", "refused", "retry_after_max", NULL};
 
 static void warmbox_check_status_list(lua_State *L, int t, int arg, const char *name) {
   lua_getfield(L, t, name);
@@ -364,8 +365,8 @@ static void warmbox_check_status_list(lua_State *L, int t, int arg, const char *
     }
     if (!ok) luaL_argerror(L, arg, lua_pushfstring(L, "option 'retry.%s': a list of status codes expected", name));
     if (n > WARMBOX_MAX_STATUSES)
-      luaL_argerror(L, arg, lua_pushfstring(L, "option 'retry.%s': at most %d codes expected", name,
-                                            WARMBOX_MAX_STATUSES));
+      luaL_argerror(L, arg,
+                    lua_pushfstring(L, "option 'retry.%s': at most %d codes expected", name, WARMBOX_MAX_STATUSES));
   }
   lua_pop(L, 1);
 }
@@ -482,8 +483,7 @@ static void warmbox_setup_method(lua_State *L, int idx, warmbox_xfer *x) {
   if (!method) method = "GET";
   for (n = 0; method[n] && n < sizeof x->method - 1; n++) x->method[n] = (char)toupper((unsigned char)method[n]);
   x->method[n] = '\0';
-  x->idempotent = strcmp(x->method, "GET") == 0 || strcmp(x->method, "DELETE") == 0 ||
-                  strcmp(x->method, "HEAD") == 0;
+  x->idempotent = strcmp(x->method, "GET") == 0 || strcmp(x->method, "DELETE") == 0 || strcmp(x->method, "HEAD") == 0;
 }
 
 /* The retry rule's inputs (retry.c decides): the defaults (3 attempts in
@@ -566,7 +566,7 @@ static int warmbox_setup_headers(lua_State *L, int idx, warmbox_xfer *x) {
     while (lua_next(L, t)) {
       size_t kl, vl;
       const char *k = lua_tolstring(L, -2, &kl);
-      lua_pushvalue(L, -1);  /* tolstring on a copy: never convert the value in place */
+      lua_pushvalue(L, -1); /* tolstring on a copy: never convert the value in place */
       const char *v = lua_tolstring(L, -1, &vl);
       if (warmbox_add_header(x, k, kl, v, vl) != 0) {
         lua_pop(L, 4);
@@ -584,8 +584,9 @@ static int warmbox_setup_headers(lua_State *L, int idx, warmbox_xfer *x) {
 static void warmbox_setup_stream(lua_State *L, int idx, warmbox_xfer *x) {
   size_t n;
   const char *mode = warmbox_opt_string(L, idx, 0, "stream", &n, "");
-  x->stream_mode = !mode ? WARMBOX_STREAM_NONE
-                         : strcmp(mode, "lines") == 0 ? WARMBOX_STREAM_LINES : WARMBOX_STREAM_CONNECT;
+  x->stream_mode = !mode                        ? WARMBOX_STREAM_NONE
+                   : strcmp(mode, "lines") == 0 ? WARMBOX_STREAM_LINES
+                                                : WARMBOX_STREAM_CONNECT;
   double mf = warmbox_opt_number(L, idx, 0, "max_frame", (double)WARMBOX_MAX_FRAME, "");
   if (mf > (double)WARMBOX_MAX_FRAME) mf = (double)WARMBOX_MAX_FRAME;
   if (mf < 1) mf = 1;
@@ -760,8 +761,7 @@ static int warmbox_is_connection_error(CURLcode rc) {
 static int warmbox_failed_before_send(const warmbox_xfer *x, CURLcode rc) {
   curl_off_t up = 0;
   long connects = 0;
-  if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY || rc == CURLE_COULDNT_CONNECT)
-    return 1;
+  if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY || rc == CURLE_COULDNT_CONNECT) return 1;
   if (rc == CURLE_OPERATION_TIMEDOUT) {
     /* A connect timeout: no connection was ever made. */
     double pre = 0;
@@ -886,7 +886,8 @@ static void warmbox_push_headers(lua_State *L, const warmbox_xfer *x) {
   while (i < x->head.len) {
     size_t e = i, c, s, t, k;
     while (e < x->head.len && d[e] != '\n') e++;
-    for (c = i; c < e && d[c] != ':'; c++) {}
+    for (c = i; c < e && d[c] != ':'; c++) {
+    }
     if (c < e && c > i && !(e - i >= 5 && memcmp(d + i, "HTTP/", 5) == 0)) {
       s = c + 1;
       t = e;
@@ -957,8 +958,8 @@ static int warmbox_http_request(lua_State *L) {
   int nres;
   warmbox_check_request(L, 2, 2, WARMBOX_REQ_CALLBACK);
   lua_settop(L, 2);
-  lua_pushnil(L);                  /* 3: a callback's error, stashed */
-  lua_getfield(L, 2, "on_chunk");  /* 4: the callback */
+  lua_pushnil(L);                 /* 3: a callback's error, stashed */
+  lua_getfield(L, 2, "on_chunk"); /* 4: the callback */
   luaL_checkstack(L, 16, "warmbox.Http");
   memset(&x, 0, sizeof x);
   if (h->busy) {
@@ -1133,7 +1134,7 @@ static int warmbox_http_batch(lua_State *L) {
  * ====================================================================== */
 
 static const char *const warmbox_http_fields[] = {"connect_timeout", "timeout", "proxy", "user_agent",
-  "max_connections", "ca_file", NULL};
+                                                  "max_connections", "ca_file", NULL};
 
 static int warmbox_http_new(lua_State *L) {
   warmbox_http *h;
@@ -1260,13 +1261,15 @@ static int warmbox_split(lua_State *L) {
     const char *p;
     lua_geti(L, 2, i);
     p = lua_tolstring(L, -1, &len);
-    lua_pop(L, 1);  /* still anchored in the table */
+    lua_pop(L, 1); /* still anchored in the table */
     r = warmbox_stream_feed(&s, p, len, warmbox_collect_frame, &c);
   }
   if (r == WARMBOX_STREAM_OK) r = warmbox_stream_finish(&s, warmbox_collect_frame, &c);
   warmbox_stream_free(&s);
-  lua_pushstring(L, r == WARMBOX_STREAM_OK ? "ok" : r == WARMBOX_STREAM_TRUNCATED ? "truncated"
-                    : r == WARMBOX_STREAM_TOOBIG ? "too_big" : "error");
+  lua_pushstring(L, r == WARMBOX_STREAM_OK          ? "ok"
+                    : r == WARMBOX_STREAM_TRUNCATED ? "truncated"
+                    : r == WARMBOX_STREAM_TOOBIG    ? "too_big"
+                                                    : "error");
   return 2;
 }
 
@@ -1274,9 +1277,13 @@ static int warmbox_split(lua_State *L) {
  * For the engine (warmbox_http.h)
  * ====================================================================== */
 
-warmbox_http *warmbox_http_check(lua_State *L, int idx) { return warmbox_check_http(L, idx); }
+warmbox_http *warmbox_http_check(lua_State *L, int idx) {
+  return warmbox_check_http(L, idx);
+}
 
-void warmbox_http_check_request(lua_State *L, int idx, int mode) { warmbox_check_request(L, idx, idx, mode); }
+void warmbox_http_check_request(lua_State *L, int idx, int mode) {
+  warmbox_check_request(L, idx, idx, mode);
+}
 
 warmbox_xfer *warmbox_xfer_new(warmbox_http *h) {
   warmbox_xfer *x = (warmbox_xfer *)calloc(1, sizeof *x);
@@ -1297,7 +1304,9 @@ int warmbox_xfer_setup(lua_State *L, int idx, warmbox_xfer *x, warmbox_frame_fn 
   return failed;
 }
 
-CURL *warmbox_xfer_easy(warmbox_xfer *x) { return x->easy; }
+CURL *warmbox_xfer_easy(warmbox_xfer *x) {
+  return x->easy;
+}
 
 void warmbox_xfer_begin(warmbox_xfer *x) {
   warmbox_xfer_reset_attempt(x);
@@ -1310,15 +1319,21 @@ void warmbox_xfer_end(warmbox_xfer *x, CURLcode rc) {
   warmbox_finish_stream(x);
 }
 
-double warmbox_xfer_retry_delay(warmbox_xfer *x) { return warmbox_retry_delay(x); }
+double warmbox_xfer_retry_delay(warmbox_xfer *x) {
+  return warmbox_retry_delay(x);
+}
 
-size_t warmbox_xfer_write(char *p, size_t size, size_t n, void *x) { return warmbox_on_write(p, size, n, x); }
+size_t warmbox_xfer_write(char *p, size_t size, size_t n, void *x) {
+  return warmbox_on_write(p, size, n, x);
+}
 
 int warmbox_xfer_streaming(const warmbox_xfer *x) {
   return x->stream_mode != WARMBOX_STREAM_NONE && x->status_known && x->streaming;
 }
 
-int warmbox_xfer_push_outcome(lua_State *L, warmbox_xfer *x) { return warmbox_push_outcome(L, x); }
+int warmbox_xfer_push_outcome(lua_State *L, warmbox_xfer *x) {
+  return warmbox_push_outcome(L, x);
+}
 
 int warmbox_xfer_push_error(lua_State *L, warmbox_xfer *x, const char *what, const char *code) {
   return warmbox_push_error(L, x, what, code);
@@ -1326,7 +1341,7 @@ int warmbox_xfer_push_error(lua_State *L, warmbox_xfer *x, const char *what, con
 
 void warmbox_xfer_destroy(warmbox_xfer *x) {
   warmbox_http *h = x->client;
-  warmbox_xfer_free(x);  /* the easy handle first: it holds the share */
+  warmbox_xfer_free(x); /* the easy handle first: it holds the share */
   free(x);
   if (h && --h->share_users == 0 && h->closed && h->share) {
     curl_share_cleanup(h->share);
@@ -1339,18 +1354,10 @@ void warmbox_xfer_destroy(warmbox_xfer *x) {
  * ====================================================================== */
 
 static const luaL_Reg warmbox_http_methods[] = {
-  {"request", warmbox_http_request},
-  {"batch", warmbox_http_batch},
-  {"close", warmbox_http_close},
-  {NULL, NULL}
-};
+  {"request", warmbox_http_request}, {"batch", warmbox_http_batch}, {"close", warmbox_http_close}, {NULL, NULL}};
 
 static const luaL_Reg warmbox_http_meta[] = {
-  {"__gc", warmbox_http_close},
-  {"__close", warmbox_http_close},
-  {"__tostring", warmbox_http_tostring},
-  {NULL, NULL}
-};
+  {"__gc", warmbox_http_close}, {"__close", warmbox_http_close}, {"__tostring", warmbox_http_tostring}, {NULL, NULL}};
 
 void warmbox_http_register(lua_State *L) {
   /* Reference-counted by libcurl, so every Lua state loading us may call it.

@@ -28,8 +28,8 @@
 #define WARMBOX_FLOCK_MT "warmbox.Flock"
 
 typedef struct {
-  int fd;      /* -1 when closed */
-  int locked;  /* we hold flock on fd (as far as we know) */
+  int fd;     /* -1 when closed */
+  int locked; /* we hold flock on fd (as far as we know) */
 } warmbox_flock;
 
 /* ---------- warmbox.Flock ---------- */
@@ -81,10 +81,14 @@ static int warmbox_flock_open(lua_State *L) {
   {
     struct stat st;
     const char *why = NULL;
-    if (fstat(fd, &st) != 0) why = strerror(errno);
-    else if (!S_ISREG(st.st_mode)) why = "not a regular file";
-    else if (st.st_uid != geteuid()) why = "owned by another user";
-    else if (st.st_mode & 022) why = "writable by others";
+    if (fstat(fd, &st) != 0)
+      why = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+      why = "not a regular file";
+    else if (st.st_uid != geteuid())
+      why = "owned by another user";
+    else if (st.st_mode & 022)
+      why = "writable by others";
     if (why) {
       close(fd);
       luaL_pushfail(L);
@@ -110,10 +114,14 @@ static int warmbox_private_dir(lua_State *L) {
     lua_pushliteral(L, "IO");
     return 3;
   }
-  if (S_ISLNK(st.st_mode)) why = "it is a symbolic link";
-  else if (!S_ISDIR(st.st_mode)) why = "not a directory";
-  else if (st.st_uid != geteuid()) why = "owned by another user";
-  else if (st.st_mode & 022) why = "writable by others";
+  if (S_ISLNK(st.st_mode))
+    why = "it is a symbolic link";
+  else if (!S_ISDIR(st.st_mode))
+    why = "not a directory";
+  else if (st.st_uid != geteuid())
+    why = "owned by another user";
+  else if (st.st_mode & 022)
+    why = "writable by others";
   if (!why) {
     lua_pushboolean(L, 1);
     return 1;
@@ -304,26 +312,17 @@ static int warmbox_flock_is_locked(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg warmbox_flock_methods[] = {
-  {"lock", warmbox_flock_lock},
-  {"try_lock", warmbox_flock_try_lock},
-  {"unlock", warmbox_flock_unlock},
-  {"read", warmbox_flock_read},
-  {"write", warmbox_flock_write},
-  {"stale", warmbox_flock_stale},
-  {"touch", warmbox_flock_touch},
-  {"locked", warmbox_flock_is_locked},
-  {"close", warmbox_flock_close},
-  {NULL, NULL}
-};
+static const luaL_Reg warmbox_flock_methods[] = {{"lock", warmbox_flock_lock},     {"try_lock", warmbox_flock_try_lock},
+                                                 {"unlock", warmbox_flock_unlock}, {"read", warmbox_flock_read},
+                                                 {"write", warmbox_flock_write},   {"stale", warmbox_flock_stale},
+                                                 {"touch", warmbox_flock_touch},   {"locked", warmbox_flock_is_locked},
+                                                 {"close", warmbox_flock_close},   {NULL, NULL}};
 
-static const luaL_Reg warmbox_flock_meta[] = {
-  {"__gc", warmbox_flock_gc},
-  {"__close", warmbox_flock_gc},
-  {"__tostring", warmbox_flock_tostring},
-  {"__index", NULL},
-  {NULL, NULL}
-};
+static const luaL_Reg warmbox_flock_meta[] = {{"__gc", warmbox_flock_gc},
+                                              {"__close", warmbox_flock_gc},
+                                              {"__tostring", warmbox_flock_tostring},
+                                              {"__index", NULL},
+                                              {NULL, NULL}};
 
 /* ---------- warmbox.LockWatch: a waiter's wake-up (inotify) ----------
  *
@@ -388,7 +387,7 @@ static int warmbox_watch_wait(lua_State *L) {
   double deadline = warmbox_clock_now() + (timeout > 0 ? timeout : 0);
   int got = warmbox_watch_drain(w->fd); /* one that came meanwhile counts */
   while (!got) {
-    struct pollfd p = { w->fd, POLLIN, 0 };
+    struct pollfd p = {w->fd, POLLIN, 0};
     double left = deadline - warmbox_clock_now();
     int r;
     if (left <= 0) break;
@@ -428,20 +427,14 @@ static int warmbox_watch_close(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg warmbox_watch_methods[] = {
-  {"add", warmbox_watch_add},
-  {"wait", warmbox_watch_wait},
-  {"attach", warmbox_watch_attach},
-  {"close", warmbox_watch_close},
-  {NULL, NULL}
-};
+static const luaL_Reg warmbox_watch_methods[] = {{"add", warmbox_watch_add},
+                                                 {"wait", warmbox_watch_wait},
+                                                 {"attach", warmbox_watch_attach},
+                                                 {"close", warmbox_watch_close},
+                                                 {NULL, NULL}};
 
 static const luaL_Reg warmbox_watch_meta[] = {
-  {"__gc", warmbox_watch_close},
-  {"__close", warmbox_watch_close},
-  {"__index", NULL},
-  {NULL, NULL}
-};
+  {"__gc", warmbox_watch_close}, {"__close", warmbox_watch_close}, {"__index", NULL}, {NULL, NULL}};
 
 /* ---------- module helpers ---------- */
 

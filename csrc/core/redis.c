@@ -30,7 +30,7 @@
 #include "warmbox_clock.h"
 #include "warmbox_redis_topo.h"
 
-#define WARMBOX_REDIS_MT "warmbox.Redis"
+#define WARMBOX_REDIS_MT       "warmbox.Redis"
 #define WARMBOX_REDIS_MAX_ARGS 1024
 
 typedef struct {
@@ -70,8 +70,8 @@ static int warmbox_redis_ensure(lua_State *L, warmbox_redis *r) {
   return 0;
 }
 
-static const char *warmbox_redis_opt_keys[] = {"host", "port", "timeout", "username", "password", "db",
-                                               "sentinels", "master", "nodes", NULL};
+static const char *warmbox_redis_opt_keys[] = {"host", "port",      "timeout", "username", "password",
+                                               "db",   "sentinels", "master",  "nodes",    NULL};
 
 /* Raises a bad option after freeing c. */
 static int warmbox_redis_bad(lua_State *L, warmbox_redis_conf *c, const char *msg) {
@@ -152,7 +152,8 @@ static void warmbox_redis_num_opts(lua_State *L, warmbox_redis_conf *c) {
   }
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "timeout") != LUA_TNIL) {
-    if (lua_type(L, -1) != LUA_TNUMBER || !(lua_tonumber(L, -1) > 0)) bad = "option 'timeout': a positive number expected";
+    if (lua_type(L, -1) != LUA_TNUMBER || !(lua_tonumber(L, -1) > 0))
+      bad = "option 'timeout': a positive number expected";
     c->timeout = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -298,8 +299,7 @@ static int warmbox_redis_command(lua_State *L) {
   luaL_argcheck(L, n <= WARMBOX_REDIS_MAX_ARGS, WARMBOX_REDIS_MAX_ARGS + 2, "too many arguments");
   for (i = 0; i < n; i++) {
     int t = lua_type(L, i + 2);
-    if (t != LUA_TSTRING && t != LUA_TNUMBER)
-      return luaL_typeerror(L, i + 2, "string or number");
+    if (t != LUA_TSTRING && t != LUA_TNUMBER) return luaL_typeerror(L, i + 2, "string or number");
   }
   /* Convert numbers in place (lua_tolstring does), after the type checks. */
   for (i = 0; i < n; i++) argv[i] = lua_tolstring(L, i + 2, &argvlen[i]);
@@ -670,34 +670,22 @@ static int warmbox_keeper_gc(lua_State *L) {
 }
 
 static const luaL_Reg warmbox_keeper_methods[] = {
-  {"status", warmbox_keeper_status},
-  {"extend", warmbox_keeper_extend},
-  {"stop", warmbox_keeper_stop_l},
-  {NULL, NULL}
-};
+  {"status", warmbox_keeper_status}, {"extend", warmbox_keeper_extend}, {"stop", warmbox_keeper_stop_l}, {NULL, NULL}};
 
 static const luaL_Reg warmbox_keeper_meta[] = {
-  {"__gc", warmbox_keeper_gc},
-  {"__close", warmbox_keeper_gc},
-  {"__index", NULL},
-  {NULL, NULL}
-};
+  {"__gc", warmbox_keeper_gc}, {"__close", warmbox_keeper_gc}, {"__index", NULL}, {NULL, NULL}};
 
-static const luaL_Reg warmbox_redis_methods[] = {
-  {"command", warmbox_redis_command},
-  {"address", warmbox_redis_address},
-  {"keeper", warmbox_redis_keeper},
-  {"close", warmbox_redis_close},
-  {NULL, NULL}
-};
+static const luaL_Reg warmbox_redis_methods[] = {{"command", warmbox_redis_command},
+                                                 {"address", warmbox_redis_address},
+                                                 {"keeper", warmbox_redis_keeper},
+                                                 {"close", warmbox_redis_close},
+                                                 {NULL, NULL}};
 
-static const luaL_Reg warmbox_redis_meta[] = {
-  {"__gc", warmbox_redis_gc},
-  {"__close", warmbox_redis_gc},
-  {"__tostring", warmbox_redis_tostring},
-  {"__index", NULL},
-  {NULL, NULL}
-};
+static const luaL_Reg warmbox_redis_meta[] = {{"__gc", warmbox_redis_gc},
+                                              {"__close", warmbox_redis_gc},
+                                              {"__tostring", warmbox_redis_tostring},
+                                              {"__index", NULL},
+                                              {NULL, NULL}};
 
 void warmbox_redis_register(lua_State *L) {
   if (luaL_newmetatable(L, WARMBOX_KEEPER_MT)) {

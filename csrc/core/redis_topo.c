@@ -88,8 +88,7 @@ warmbox_redis_conf *warmbox_redis_conf_dup(const warmbox_redis_conf *c) {
       if (!d->addr_host[i]) bad = 1;
     }
   }
-  if (bad || !d->host || (c->username && !d->username) || (c->password && !d->password) ||
-      (c->master && !d->master)) {
+  if (bad || !d->host || (c->username && !d->username) || (c->password && !d->password) || (c->master && !d->master)) {
     warmbox_redis_conf_free(d);
     return NULL;
   }

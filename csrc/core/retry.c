@@ -38,7 +38,7 @@ double warmbox_retry_decide(const warmbox_retry_facts *f) {
   if (shift < 0) shift = 0;
   delay = f->base * (double)(1u << shift);
   if (delay > f->cap) delay = f->cap;
-  delay = delay / 2 + f->jitter * delay / 2;  /* jitter in [d/2, d] */
+  delay = delay / 2 + f->jitter * delay / 2; /* jitter in [d/2, d] */
   if (ra >= 0) delay = f->retry_after_max >= 0 && ra > f->retry_after_max ? f->retry_after_max : ra;
   if (f->elapsed + delay > f->budget) return -1;
   return delay;

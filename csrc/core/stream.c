@@ -10,11 +10,13 @@ void warmbox_stream_init(warmbox_stream *s, int mode, size_t max_frame) {
   s->pending.len = s->pending.cap = 0;
 }
 
-void warmbox_stream_free(warmbox_stream *s) { warmbox_buf_free(&s->pending); }
+void warmbox_stream_free(warmbox_stream *s) {
+  warmbox_buf_free(&s->pending);
+}
 
 static int warmbox_emit_line(const char *p, size_t n, warmbox_frame_fn fn, void *ud) {
   if (n > 0 && p[n - 1] == '\r') n--;
-  if (n == 0) return 0;  /* blank lines carry nothing in NDJSON */
+  if (n == 0) return 0; /* blank lines carry nothing in NDJSON */
   return fn(ud, p, n, 0);
 }
 

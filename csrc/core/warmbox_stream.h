@@ -12,10 +12,10 @@ enum { WARMBOX_STREAM_NONE = 0, WARMBOX_STREAM_LINES = 1, WARMBOX_STREAM_CONNECT
 /* Results of feed/finish. */
 enum {
   WARMBOX_STREAM_OK = 0,
-  WARMBOX_STREAM_STOPPED = 1,    /* the frame function asked to stop */
+  WARMBOX_STREAM_STOPPED = 1, /* the frame function asked to stop */
   WARMBOX_STREAM_NOMEM = -1,
-  WARMBOX_STREAM_TOOBIG = -2,    /* an envelope longer than the limit */
-  WARMBOX_STREAM_TRUNCATED = -3  /* the body ended inside an envelope */
+  WARMBOX_STREAM_TOOBIG = -2,   /* an envelope longer than the limit */
+  WARMBOX_STREAM_TRUNCATED = -3 /* the body ended inside an envelope */
 };
 
 /* The flags of a line longer than max_frame, delivered cut to max_frame bytes
@@ -29,7 +29,7 @@ typedef int (*warmbox_frame_fn)(void *ud, const char *data, size_t len, int flag
 typedef struct warmbox_stream {
   int mode;
   size_t max_frame;
-  int skipping;  /* lines mode: dropping the rest of a line that was too long */
+  int skipping; /* lines mode: dropping the rest of a line that was too long */
   warmbox_buf pending;
 } warmbox_stream;
 

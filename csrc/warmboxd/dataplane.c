@@ -10,12 +10,12 @@
 
 #include <string.h>
 
-#define ENVD_PORT 49983
+#define ENVD_PORT   49983
 #define INTERP_PORT 49999
 
 /* The proxy's error shape: {"sandboxId", "message", "code"} (+ "port"). */
-static enum MHD_Result proxy_error(struct wbd_req *req, struct wbd_sandbox *sb, unsigned status,
-                                   const char *message, int port) {
+static enum MHD_Result proxy_error(struct wbd_req *req, struct wbd_sandbox *sb, unsigned status, const char *message,
+                                   int port) {
   json_t *b = json_object();
   json_object_set_new(b, "sandboxId", json_string(sb->id));
   json_object_set_new(b, "message", json_string(message));
@@ -26,8 +26,7 @@ static enum MHD_Result proxy_error(struct wbd_req *req, struct wbd_sandbox *sb, 
 
 /* envd routes the proxy keeps for the control plane. */
 static int internal_route(const char *path) {
-  static const char *const routes[] = { "/init", "/freeze", "/unfreeze", "/fsfreeze", "/fsthaw",
-                                        "/collapse", NULL };
+  static const char *const routes[] = {"/init", "/freeze", "/unfreeze", "/fsfreeze", "/fsthaw", "/collapse", NULL};
   for (int i = 0; routes[i]; i++) {
     size_t n = strlen(routes[i]);
     if (strncmp(path, routes[i], n) == 0 && (path[n] == 0 || path[n] == '/')) return 1;
@@ -37,9 +36,15 @@ static int internal_route(const char *path) {
 
 int wbd_dataplane_changes(const struct wbd_req *req, int port) {
   static const char *const reads[] = {
-    "/filesystem.Filesystem/Stat", "/filesystem.Filesystem/ListDir", "/filesystem.Filesystem/WatchDir",
-    "/filesystem.Filesystem/CreateWatcher", "/filesystem.Filesystem/GetWatcherEvents",
-    "/filesystem.Filesystem/RemoveWatcher", "/process.Process/List", "/process.Process/Connect", NULL,
+    "/filesystem.Filesystem/Stat",
+    "/filesystem.Filesystem/ListDir",
+    "/filesystem.Filesystem/WatchDir",
+    "/filesystem.Filesystem/CreateWatcher",
+    "/filesystem.Filesystem/GetWatcherEvents",
+    "/filesystem.Filesystem/RemoveWatcher",
+    "/process.Process/List",
+    "/process.Process/Connect",
+    NULL,
   };
   if (strcmp(req->method, "GET") == 0 || (port != ENVD_PORT && port != INTERP_PORT)) return 0;
   if (port == ENVD_PORT && strcmp(req->method, "POST") == 0)
@@ -56,17 +61,17 @@ static int token_ok(struct wbd_req *req, const char *header, const char *want) {
 }
 
 int wbd_dataplane_refused(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r) {
-  if (port == ENVD_PORT) return 0;   /* envd checks its own token */
+  if (port == ENVD_PORT) return 0; /* envd checks its own token */
   if (sb->traffic_token[0]) {
     /* E2B's proxy: every other port, the interpreter's included, /health too */
     const char *tok = wbd_req_header(req, TRAFFIC_HEADER);
     if (tok && tok[0] && wbd_str_eq_ct(tok, sb->traffic_token)) return 0;
     wbd_stat_add("traffic_token_refused", 1);
     *r = proxy_error(req, sb, 403,
-                     tok && tok[0] ? "Sandbox is secured with traffic access token. Provided token in header '"
-                                     TRAFFIC_HEADER "' is invalid"
-                                   : "Sandbox is secured with traffic access token. Token header '" TRAFFIC_HEADER
-                                     "' is missing",
+                     tok && tok[0]
+                       ? "Sandbox is secured with traffic access token. Provided token in header '" TRAFFIC_HEADER
+                         "' is invalid"
+                       : "Sandbox is secured with traffic access token. Token header '" TRAFFIC_HEADER "' is missing",
                      0);
     return 1;
   }
@@ -75,9 +80,7 @@ int wbd_dataplane_refused(struct wbd_req *req, struct wbd_sandbox *sb, int port,
   if (wbd_opt.secure_all && port != INTERP_PORT && !token_ok(req, "X-Access-Token", sb->access_token)) {
     wbd_stat_add("port_token_refused", 1);
     *r = proxy_error(req, sb, 403,
-                     "warmboxd --secure-all: the sandbox's ports need its X-Access-Token or its "
-                     TRAFFIC_HEADER,
-                     port);
+                     "warmboxd --secure-all: the sandbox's ports need its X-Access-Token or its " TRAFFIC_HEADER, port);
     return 1;
   }
   return 0;
@@ -109,13 +112,14 @@ enum MHD_Result wbd_dataplane_handle(struct wbd_req *req, struct wbd_sandbox *sb
     int is_get = strcmp(req->method, "GET") == 0, is_post = strcmp(req->method, "POST") == 0;
     /* envd's exceptions: /health needs nothing; /files checks the token or
      * a URL signature itself (envd.c). */
-    int exempt = (is_get && strcmp(req->path, "/health") == 0) ||
-                 ((is_get || is_post) && strcmp(req->path, "/files") == 0);
+    int exempt =
+      (is_get && strcmp(req->path, "/health") == 0) || ((is_get || is_post) && strcmp(req->path, "/files") == 0);
     if (!exempt) {
       const char *tok = wbd_req_header(req, "X-Access-Token");
       if (!tok || !wbd_str_eq_ct(tok, sb->access_token))
-        return wbd_reply_error(req, 401, "unauthorized access, please provide a valid access token or "
-                                         "method signing if supported");
+        return wbd_reply_error(req, 401,
+                               "unauthorized access, please provide a valid access token or "
+                               "method signing if supported");
     }
   }
   return wbd_envd_handle(req, sb);

@@ -45,7 +45,7 @@ static int open_pidfd(pid_t pid) {
 }
 
 /* A signal handler may only write(2); the main thread waits on this pipe. */
-static int sig_pipe[2] = { -1, -1 };
+static int sig_pipe[2] = {-1, -1};
 
 static void on_signal(int sig) {
   int saved = errno;
@@ -171,10 +171,14 @@ static const char *read_key_file(const char *path) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
   struct stat st;
   const char *bad = NULL;
-  if (fd < 0 || fstat(fd, &st) != 0) bad = strerror(errno);
-  else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
-  else if (st.st_uid != geteuid()) bad = "owned by another user";
-  else if (st.st_mode & 077) bad = "readable or writable by others (chmod 600 it)";
+  if (fd < 0 || fstat(fd, &st) != 0)
+    bad = strerror(errno);
+  else if (!S_ISREG(st.st_mode))
+    bad = "not a regular file";
+  else if (st.st_uid != geteuid())
+    bad = "owned by another user";
+  else if (st.st_mode & 077)
+    bad = "readable or writable by others (chmod 600 it)";
   ssize_t n = bad ? 0 : read(fd, key, sizeof key - 1);
   if (fd >= 0) close(fd);
   if (!bad && n < 0) bad = strerror(errno);
@@ -202,7 +206,7 @@ static int make_admin_token(char out[65]) {
   char *path = malloc(n);
   if (!path) return -1;
   snprintf(path, n, "%s/admin-token", wbd_opt.data_dir);
-  unlink(path);   /* never write through a planted link or into someone's file */
+  unlink(path); /* never write through a planted link or into someone's file */
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   int ok = fd >= 0 && fchmod(fd, 0600) == 0 && write(fd, out, 64) == 64;
   if (fd >= 0 && close(fd) != 0) ok = 0;
@@ -213,8 +217,8 @@ static int make_admin_token(char out[65]) {
 
 /* What main keeps of the command line beside wbd_opt and wbd_lim. */
 struct run_opts {
-  int exit_with;   /* --exit-with PID, 0 */
-  int idle_exit;   /* --idle-exit S, 0 */
+  int exit_with; /* --exit-with PID, 0 */
+  int idle_exit; /* --idle-exit S, 0 */
 };
 
 /* The server's own options (limits, the TLS listener), out of parse_args.
@@ -225,114 +229,207 @@ static int parse_limit(const char *name, const char *s, int lo, int hi, int *out
 enum { O_CONNTO = 512, O_MAXCONN, O_MAXCONNIP, O_MAXUP, O_MAXSPOOL, O_TLSCERT, O_TLSKEY, O_TLSPORT };
 static int parse_server_opt(int c, const char *arg) {
   switch (c) {
-  case O_CONNTO: return parse_limit("--conn-timeout", arg, 1, 3600, &wbd_lim.conn_timeout_s);
-  case O_MAXCONN: return parse_limit("--max-conns", arg, 1, 1 << 20, &wbd_lim.max_conns);
-  case O_MAXCONNIP: return parse_limit("--max-conns-per-ip", arg, 1, 1 << 20, &wbd_lim.max_conns_per_ip);
-  case O_MAXUP: return parse_limit("--max-upload-mb", arg, 1, 1 << 20, &wbd_lim.max_upload_mb);
-  case O_MAXSPOOL: return parse_limit("--max-spool-mb", arg, 1, 1 << 30, &wbd_lim.max_spool_mb);
-  case O_TLSCERT: wbd_lim.tls_cert = arg; return 0;
-  case O_TLSKEY: wbd_lim.tls_key = arg; return 0;
-  case O_TLSPORT: return parse_limit("--tls-port", arg, 0, 65535, &wbd_lim.tls_port);
-  default: return -1;
+    case O_CONNTO:
+      return parse_limit("--conn-timeout", arg, 1, 3600, &wbd_lim.conn_timeout_s);
+    case O_MAXCONN:
+      return parse_limit("--max-conns", arg, 1, 1 << 20, &wbd_lim.max_conns);
+    case O_MAXCONNIP:
+      return parse_limit("--max-conns-per-ip", arg, 1, 1 << 20, &wbd_lim.max_conns_per_ip);
+    case O_MAXUP:
+      return parse_limit("--max-upload-mb", arg, 1, 1 << 20, &wbd_lim.max_upload_mb);
+    case O_MAXSPOOL:
+      return parse_limit("--max-spool-mb", arg, 1, 1 << 30, &wbd_lim.max_spool_mb);
+    case O_TLSCERT:
+      wbd_lim.tls_cert = arg;
+      return 0;
+    case O_TLSKEY:
+      wbd_lim.tls_key = arg;
+      return 0;
+    case O_TLSPORT:
+      return parse_limit("--tls-port", arg, 0, 65535, &wbd_lim.tls_port);
+    default:
+      return -1;
   }
 }
 
 /* The command line into wbd_opt, wbd_lim and *run: -1 to go on, else the
  * exit code (0 after --help or --version, 2 for a bad option). */
 static int parse_args(int argc, char **argv, struct run_opts *run) {
-  enum { O_PORT = 256, O_HOST, O_KEY, O_MAXLEN, O_MAXRUN, O_DEFTO, O_RTT, O_CREATE, O_RESUME, O_DATA,
-         O_UNISO, O_VERBOSE, O_VERSION, O_HELP, O_ADMIN,
-         O_EXITWITH, O_KEYFILE, O_BODYTO, O_MAXLIST, O_MAXCTX, O_IDLEEXIT, O_STRICT, O_SECALL, O_TEAMMEM,
-         O_MAXSTREAMS, O_MAXSNAP, O_MAXSTATE, O_MINFREE, O_PAUSEW, O_SNAPAGE };
+  enum {
+    O_PORT = 256,
+    O_HOST,
+    O_KEY,
+    O_MAXLEN,
+    O_MAXRUN,
+    O_DEFTO,
+    O_RTT,
+    O_CREATE,
+    O_RESUME,
+    O_DATA,
+    O_UNISO,
+    O_VERBOSE,
+    O_VERSION,
+    O_HELP,
+    O_ADMIN,
+    O_EXITWITH,
+    O_KEYFILE,
+    O_BODYTO,
+    O_MAXLIST,
+    O_MAXCTX,
+    O_IDLEEXIT,
+    O_STRICT,
+    O_SECALL,
+    O_TEAMMEM,
+    O_MAXSTREAMS,
+    O_MAXSNAP,
+    O_MAXSTATE,
+    O_MINFREE,
+    O_PAUSEW,
+    O_SNAPAGE
+  };
   static const struct option longopts[] = {
-    { "port", required_argument, 0, O_PORT },
-    { "host", required_argument, 0, O_HOST },
-    { "api-key", required_argument, 0, O_KEY },
-    { "api-key-file", required_argument, 0, O_KEYFILE },
-    { "body-timeout", required_argument, 0, O_BODYTO },
-    { "max-length-hours", required_argument, 0, O_MAXLEN },
-    { "max-running", required_argument, 0, O_MAXRUN },
-    { "default-timeout", required_argument, 0, O_DEFTO },
-    { "rtt-ms", required_argument, 0, O_RTT },
-    { "create-ms", required_argument, 0, O_CREATE },
-    { "resume-ms", required_argument, 0, O_RESUME },
-    { "data-dir", required_argument, 0, O_DATA },
-    { "unisolated", no_argument, 0, O_UNISO },
-    { "strict-tokens", no_argument, 0, O_STRICT },
-    { "secure-all", no_argument, 0, O_SECALL },
-    { "max-team-memory-mb", required_argument, 0, O_TEAMMEM },
-    { "max-streams", required_argument, 0, O_MAXSTREAMS },
-    { "admin-token", required_argument, 0, O_ADMIN },
-    { "conn-timeout", required_argument, 0, O_CONNTO },
-    { "max-conns", required_argument, 0, O_MAXCONN },
-    { "max-conns-per-ip", required_argument, 0, O_MAXCONNIP },
-    { "max-upload-mb", required_argument, 0, O_MAXUP },
-    { "exit-with", required_argument, 0, O_EXITWITH },
-    { "max-list-entries", required_argument, 0, O_MAXLIST },
-    { "max-contexts", required_argument, 0, O_MAXCTX },
-    { "idle-exit", required_argument, 0, O_IDLEEXIT },
-    { "max-snapshots", required_argument, 0, O_MAXSNAP },
-    { "snapshot-max-age", required_argument, 0, O_SNAPAGE },
-    { "max-state-mb", required_argument, 0, O_MAXSTATE },
-    { "min-free-mb", required_argument, 0, O_MINFREE },
-    { "max-spool-mb", required_argument, 0, O_MAXSPOOL },
-    { "pause-workers", required_argument, 0, O_PAUSEW },
-    { "tls-cert", required_argument, 0, O_TLSCERT },
-    { "tls-key", required_argument, 0, O_TLSKEY },
-    { "tls-port", required_argument, 0, O_TLSPORT },
-    { "verbose", no_argument, 0, O_VERBOSE },
-    { "version", no_argument, 0, O_VERSION },
-    { "help", no_argument, 0, O_HELP },
-    { 0, 0, 0, 0 },
+    {"port", required_argument, 0, O_PORT},
+    {"host", required_argument, 0, O_HOST},
+    {"api-key", required_argument, 0, O_KEY},
+    {"api-key-file", required_argument, 0, O_KEYFILE},
+    {"body-timeout", required_argument, 0, O_BODYTO},
+    {"max-length-hours", required_argument, 0, O_MAXLEN},
+    {"max-running", required_argument, 0, O_MAXRUN},
+    {"default-timeout", required_argument, 0, O_DEFTO},
+    {"rtt-ms", required_argument, 0, O_RTT},
+    {"create-ms", required_argument, 0, O_CREATE},
+    {"resume-ms", required_argument, 0, O_RESUME},
+    {"data-dir", required_argument, 0, O_DATA},
+    {"unisolated", no_argument, 0, O_UNISO},
+    {"strict-tokens", no_argument, 0, O_STRICT},
+    {"secure-all", no_argument, 0, O_SECALL},
+    {"max-team-memory-mb", required_argument, 0, O_TEAMMEM},
+    {"max-streams", required_argument, 0, O_MAXSTREAMS},
+    {"admin-token", required_argument, 0, O_ADMIN},
+    {"conn-timeout", required_argument, 0, O_CONNTO},
+    {"max-conns", required_argument, 0, O_MAXCONN},
+    {"max-conns-per-ip", required_argument, 0, O_MAXCONNIP},
+    {"max-upload-mb", required_argument, 0, O_MAXUP},
+    {"exit-with", required_argument, 0, O_EXITWITH},
+    {"max-list-entries", required_argument, 0, O_MAXLIST},
+    {"max-contexts", required_argument, 0, O_MAXCTX},
+    {"idle-exit", required_argument, 0, O_IDLEEXIT},
+    {"max-snapshots", required_argument, 0, O_MAXSNAP},
+    {"snapshot-max-age", required_argument, 0, O_SNAPAGE},
+    {"max-state-mb", required_argument, 0, O_MAXSTATE},
+    {"min-free-mb", required_argument, 0, O_MINFREE},
+    {"max-spool-mb", required_argument, 0, O_MAXSPOOL},
+    {"pause-workers", required_argument, 0, O_PAUSEW},
+    {"tls-cert", required_argument, 0, O_TLSCERT},
+    {"tls-key", required_argument, 0, O_TLSKEY},
+    {"tls-port", required_argument, 0, O_TLSPORT},
+    {"verbose", no_argument, 0, O_VERBOSE},
+    {"version", no_argument, 0, O_VERSION},
+    {"help", no_argument, 0, O_HELP},
+    {0, 0, 0, 0},
   };
   int c, rc = 0;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (c) {
-    case O_PORT: rc = parse_int("--port", optarg, 0, 65535, &wbd_opt.port); break;
-    case O_HOST: wbd_opt.host = optarg; break;
-    case O_KEY: wbd_opt.api_key = optarg; break;
-    case O_KEYFILE:
-      if (!(wbd_opt.api_key = read_key_file(optarg))) return 2;
-      break;
-    case O_BODYTO: rc = parse_int("--body-timeout", optarg, 1, 86400, &wbd_lim.body_timeout_s); break;
-    case O_MAXLEN: rc = parse_int("--max-length-hours", optarg, 1, 24 * 365, &wbd_opt.max_length_hours); break;
-    case O_MAXRUN: rc = parse_int("--max-running", optarg, 0, 1 << 30, &wbd_opt.max_running); break;
-    case O_DEFTO: rc = parse_int("--default-timeout", optarg, 1, 1 << 30, &wbd_opt.default_timeout_s); break;
-    case O_RTT: rc = parse_int("--rtt-ms", optarg, 0, 600000, &wbd_opt.rtt_ms); break;
-    case O_CREATE: rc = parse_int("--create-ms", optarg, 0, 600000, &wbd_opt.create_ms); break;
-    case O_RESUME: rc = parse_int("--resume-ms", optarg, 0, 600000, &wbd_opt.resume_ms); break;
-    case O_DATA: wbd_opt.data_dir = optarg; break;
-    case O_UNISO: wbd_opt.unisolated = 1; break;
-    case O_STRICT: wbd_opt.strict_tokens = 1; break;
-    case O_SECALL: wbd_opt.secure_all = 1; break;
-    case O_TEAMMEM: rc = parse_int("--max-team-memory-mb", optarg, 0, INT_MAX, &wbd_opt.max_team_memory_mb); break;
-    case O_MAXSTREAMS: rc = parse_int("--max-streams", optarg, 0, 1 << 20, &wbd_opt.max_streams); break;
-    case O_ADMIN:
-      if (strlen(optarg) < 16) {
-        fprintf(stderr, "warmboxd: --admin-token must be at least 16 characters\n");
-        return 2;
-      }
-      wbd_lim.admin_token = optarg;
-      break;
-    case O_MAXLIST: rc = parse_int("--max-list-entries", optarg, 1, 1 << 24, &wbd_opt.max_list_entries); break;
-    case O_MAXCTX: rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts); break;
-    case O_EXITWITH: rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with); break;
-    case O_IDLEEXIT: rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit); break;
-    case O_MAXSNAP: rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots); break;
-    case O_SNAPAGE:
-      rc = parse_int("--snapshot-max-age", optarg, 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s);
-      break;
-    case O_MAXSTATE: rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb); break;
-    case O_MINFREE: rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb); break;
-    case O_PAUSEW: rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers); break;
-    case O_VERBOSE: wbd_opt.verbose = 1; break;
-    case O_VERSION: printf("warmboxd %s\n", WARMBOX_VERSION); return 0;
-    case O_HELP: usage(stdout); return 0;
-    default:
-      if ((rc = parse_server_opt(c, optarg)) < 0) {
-        usage(stderr);
-        return 2;
-      }
+      case O_PORT:
+        rc = parse_int("--port", optarg, 0, 65535, &wbd_opt.port);
+        break;
+      case O_HOST:
+        wbd_opt.host = optarg;
+        break;
+      case O_KEY:
+        wbd_opt.api_key = optarg;
+        break;
+      case O_KEYFILE:
+        if (!(wbd_opt.api_key = read_key_file(optarg))) return 2;
+        break;
+      case O_BODYTO:
+        rc = parse_int("--body-timeout", optarg, 1, 86400, &wbd_lim.body_timeout_s);
+        break;
+      case O_MAXLEN:
+        rc = parse_int("--max-length-hours", optarg, 1, 24 * 365, &wbd_opt.max_length_hours);
+        break;
+      case O_MAXRUN:
+        rc = parse_int("--max-running", optarg, 0, 1 << 30, &wbd_opt.max_running);
+        break;
+      case O_DEFTO:
+        rc = parse_int("--default-timeout", optarg, 1, 1 << 30, &wbd_opt.default_timeout_s);
+        break;
+      case O_RTT:
+        rc = parse_int("--rtt-ms", optarg, 0, 600000, &wbd_opt.rtt_ms);
+        break;
+      case O_CREATE:
+        rc = parse_int("--create-ms", optarg, 0, 600000, &wbd_opt.create_ms);
+        break;
+      case O_RESUME:
+        rc = parse_int("--resume-ms", optarg, 0, 600000, &wbd_opt.resume_ms);
+        break;
+      case O_DATA:
+        wbd_opt.data_dir = optarg;
+        break;
+      case O_UNISO:
+        wbd_opt.unisolated = 1;
+        break;
+      case O_STRICT:
+        wbd_opt.strict_tokens = 1;
+        break;
+      case O_SECALL:
+        wbd_opt.secure_all = 1;
+        break;
+      case O_TEAMMEM:
+        rc = parse_int("--max-team-memory-mb", optarg, 0, INT_MAX, &wbd_opt.max_team_memory_mb);
+        break;
+      case O_MAXSTREAMS:
+        rc = parse_int("--max-streams", optarg, 0, 1 << 20, &wbd_opt.max_streams);
+        break;
+      case O_ADMIN:
+        if (strlen(optarg) < 16) {
+          fprintf(stderr, "warmboxd: --admin-token must be at least 16 characters\n");
+          return 2;
+        }
+        wbd_lim.admin_token = optarg;
+        break;
+      case O_MAXLIST:
+        rc = parse_int("--max-list-entries", optarg, 1, 1 << 24, &wbd_opt.max_list_entries);
+        break;
+      case O_MAXCTX:
+        rc = parse_int("--max-contexts", optarg, 2, 1 << 20, &wbd_opt.max_contexts);
+        break;
+      case O_EXITWITH:
+        rc = parse_int("--exit-with", optarg, 1, INT_MAX, &run->exit_with);
+        break;
+      case O_IDLEEXIT:
+        rc = parse_int("--idle-exit", optarg, 1, INT_MAX, &run->idle_exit);
+        break;
+      case O_MAXSNAP:
+        rc = parse_int("--max-snapshots", optarg, 0, 1 << 20, &wbd_state_lim.max_snapshots);
+        break;
+      case O_SNAPAGE:
+        rc = parse_int("--snapshot-max-age", optarg, 0, INT_MAX, &wbd_state_lim.snapshot_max_age_s);
+        break;
+      case O_MAXSTATE:
+        rc = parse_int("--max-state-mb", optarg, 0, 1 << 30, &wbd_state_lim.max_state_mb);
+        break;
+      case O_MINFREE:
+        rc = parse_int("--min-free-mb", optarg, 0, 1 << 30, &wbd_state_lim.min_free_mb);
+        break;
+      case O_PAUSEW:
+        rc = parse_int("--pause-workers", optarg, 1, 256, &wbd_state_lim.pause_workers);
+        break;
+      case O_VERBOSE:
+        wbd_opt.verbose = 1;
+        break;
+      case O_VERSION:
+        printf("warmboxd %s\n", WARMBOX_VERSION);
+        return 0;
+      case O_HELP:
+        usage(stdout);
+        return 0;
+      default:
+        if ((rc = parse_server_opt(c, optarg)) < 0) {
+          usage(stderr);
+          return 2;
+        }
     }
     if (rc) return 2;
   }
@@ -452,13 +549,13 @@ static int start_all(void) {
  * see the signal. */
 static int wait_for_exit(int host_fd, const struct run_opts *run) {
   unsigned char b = 0;
-  struct timespec busy_at = { 0, 0 };
+  struct timespec busy_at = {0, 0};
   for (;;) {
-    struct pollfd pfd[2] = { { .fd = sig_pipe[0], .events = POLLIN }, { .fd = host_fd, .events = POLLIN } };
+    struct pollfd pfd[2] = {{.fd = sig_pipe[0], .events = POLLIN}, {.fd = host_fd, .events = POLLIN}};
     int n = poll(pfd, host_fd >= 0 ? 2 : 1, 250);
     if (n < 0 && errno != EINTR) break;
     if (n > 0 && (pfd[0].revents & POLLIN) && read(sig_pipe[0], &b, 1) == 1) break;
-    if (n > 0 && host_fd >= 0 && pfd[1].revents) break;   /* the host ended */
+    if (n > 0 && host_fd >= 0 && pfd[1].revents) break; /* the host ended */
     if (run->exit_with > 0 && host_fd < 0 && kill((pid_t)run->exit_with, 0) != 0 && errno == ESRCH) break;
     if (idle_expired(run->idle_exit, &busy_at)) {
       fprintf(stderr, "warmboxd: no sandbox ran for %d s (--idle-exit), shutting down\n", run->idle_exit);
@@ -484,7 +581,7 @@ static void stop_all(void) {
 }
 
 int main(int argc, char **argv) {
-  struct run_opts run = { 0, 0 };
+  struct run_opts run = {0, 0};
   int rc = parse_args(argc, argv, &run);
   if (rc >= 0) return rc;
   if (wbd_opt.max_team_memory_mb < 0) {
@@ -501,15 +598,18 @@ int main(int argc, char **argv) {
    * umask the host that started warmboxd runs under (Prosody's is 027). */
   umask(022);
   /* Before any thread, descriptor or port: a SIGKILL still has its cgroups removed. */
-  if (wbd_janitor_start(argc, argv) != 0) fprintf(stderr, "warmboxd: no janitor (%s): a kill leaves cgroups\n", strerror(errno));
+  if (wbd_janitor_start(argc, argv) != 0)
+    fprintf(stderr, "warmboxd: no janitor (%s): a kill leaves cgroups\n", strerror(errno));
   if (signals_install() != 0 || start_all() != 0) {
     free(made_dir);
     return 1;
   }
   int sig = wait_for_exit(host_fd, &run);
   if (wbd_opt.verbose) {
-    if (sig) fprintf(stderr, "warmboxd: signal %d, shutting down\n", sig);
-    else if (run.exit_with > 0) fprintf(stderr, "warmboxd: process %d ended, shutting down\n", run.exit_with);
+    if (sig)
+      fprintf(stderr, "warmboxd: signal %d, shutting down\n", sig);
+    else if (run.exit_with > 0)
+      fprintf(stderr, "warmboxd: process %d ended, shutting down\n", run.exit_with);
   }
   if (host_fd >= 0) close(host_fd);
   stop_all();

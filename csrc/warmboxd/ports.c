@@ -21,28 +21,39 @@
 #include <strings.h>
 #include <unistd.h>
 
-#define PORT_BODY_MAX ((size_t)64 << 20)
+#define PORT_BODY_MAX    ((size_t)64 << 20)
 #define PORT_HEADERS_MAX 64
-#define PORT_TIMEOUT_S 120
+#define PORT_TIMEOUT_S   120
 
 /* Hop-by-hop headers and the ones warmboxd sets itself: never passed on,
  * either way; E2B's routing headers are not the server's either. */
 static int skipped(const char *name) {
-  static const char *const names[] = { "Connection", "Keep-Alive", "Transfer-Encoding", "TE", "Trailer",
-                                       "Upgrade", "Proxy-Connection", "Proxy-Authorization", "Content-Length",
-                                       "Expect", "Date", "E2b-Sandbox-Id", "E2b-Sandbox-Port",
-                                       "E2b-Traffic-Access-Token", NULL };
+  static const char *const names[] = {"Connection",
+                                      "Keep-Alive",
+                                      "Transfer-Encoding",
+                                      "TE",
+                                      "Trailer",
+                                      "Upgrade",
+                                      "Proxy-Connection",
+                                      "Proxy-Authorization",
+                                      "Content-Length",
+                                      "Expect",
+                                      "Date",
+                                      "E2b-Sandbox-Id",
+                                      "E2b-Sandbox-Port",
+                                      "E2b-Traffic-Access-Token",
+                                      NULL};
   for (int i = 0; names[i]; i++)
     if (strcasecmp(name, names[i]) == 0) return 1;
   return 0;
 }
 
 struct fwd {
-  int fd;                     /* the socket for libcurl's one connection, -1 once taken */
+  int fd; /* the socket for libcurl's one connection, -1 once taken */
   char *body;
   size_t len, cap;
-  int over;                   /* the answer ran past PORT_BODY_MAX */
-  char *hdr[2 * PORT_HEADERS_MAX + 1];   /* "Name", "value" pairs of the answer, NULL-terminated */
+  int over;                            /* the answer ran past PORT_BODY_MAX */
+  char *hdr[2 * PORT_HEADERS_MAX + 1]; /* "Name", "value" pairs of the answer, NULL-terminated */
   int nhdr;
   char *content_type;
 };
@@ -67,7 +78,7 @@ static curl_socket_t open_socket(void *cls, curlsocktype purpose, struct curl_so
 static size_t on_header(char *p, size_t size, size_t n, void *cls) {
   struct fwd *f = cls;
   size_t len = size * n;
-  if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {   /* a new answer (after a 100 Continue): its own */
+  if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) { /* a new answer (after a 100 Continue): its own */
     headers_clear(f);
     return len;
   }
@@ -100,7 +111,7 @@ static size_t on_body(char *p, size_t size, size_t n, void *cls) {
   size_t len = size * n;
   if (f->len + len > PORT_BODY_MAX) {
     f->over = 1;
-    return 0;   /* ends the transfer */
+    return 0; /* ends the transfer */
   }
   if (f->len + len > f->cap) {
     size_t nc = f->cap ? f->cap : 16384;
@@ -127,8 +138,10 @@ static enum MHD_Result add_request_header(void *cls, enum MHD_ValueKind kind, co
   char *line = malloc(n);
   if (!line) return MHD_YES;
   /* "Name;" sends a header with an empty value ("Name:" would drop it) */
-  if (value && *value) snprintf(line, n, "%s: %s", key, value);
-  else snprintf(line, n, "%s;", key);
+  if (value && *value)
+    snprintf(line, n, "%s: %s", key, value);
+  else
+    snprintf(line, n, "%s;", key);
   struct curl_slist *l = curl_slist_append(h->list, line);
   free(line);
   if (l) h->list = l;
@@ -168,8 +181,10 @@ static char *target_url(int port, const char *path, const char *query) {
   if (!u) return NULL;
   size_t len = (size_t)sprintf(u, "http://127.0.0.1:%d", port);
   for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
-    if (isalnum(*c) || (*c < 0x80 && strchr(ok, *c))) u[len++] = (char)*c;
-    else len += (size_t)sprintf(u + len, "%%%02X", *c);
+    if (isalnum(*c) || (*c < 0x80 && strchr(ok, *c)))
+      u[len++] = (char)*c;
+    else
+      len += (size_t)sprintf(u + len, "%%%02X", *c);
   }
   strcpy(u + len, query ? query : "");
   return u;
@@ -178,12 +193,12 @@ static char *target_url(int port, const char *path, const char *query) {
 /* Sets c up for req on 127.0.0.1:port; the caller frees *headers and *url.
  * 0, or -1 without memory. */
 static int setup(CURL *c, struct wbd_req *req, int port, struct fwd *f, struct curl_slist **headers, char **url) {
-  struct query_out q = { c, NULL, 0 };
+  struct query_out q = {c, NULL, 0};
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_query_arg, &q);
   *url = target_url(port, req->path, q.s);
   free(q.s);
   if (!*url) return -1;
-  struct hdr_out h = { NULL };
+  struct hdr_out h = {NULL};
   MHD_get_connection_values(req->conn, MHD_HEADER_KIND, add_request_header, &h);
   struct curl_slist *l = curl_slist_append(h.list, "Expect:");
   if (l) h.list = l;
@@ -214,8 +229,8 @@ static int setup(CURL *c, struct wbd_req *req, int port, struct fwd *f, struct c
 }
 
 int wbd_ports_forward(struct wbd_req *req, struct wbd_sandbox *sb, int port, enum MHD_Result *r) {
-  if (req->body_fd >= 0) return 502;   /* only envd's uploads are spooled */
-  struct fwd f = { .fd = wbd_rt_port_socket(sb) };
+  if (req->body_fd >= 0) return 502; /* only envd's uploads are spooled */
+  struct fwd f = {.fd = wbd_rt_port_socket(sb)};
   if (f.fd < 0) return 502;
   CURL *c = curl_easy_init();
   if (!c) {
@@ -227,15 +242,14 @@ int wbd_ports_forward(struct wbd_req *req, struct wbd_sandbox *sb, int port, enu
   CURLcode cc = setup(c, req, port, &f, &headers, &url) == 0 ? curl_easy_perform(c) : CURLE_OUT_OF_MEMORY;
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-  curl_easy_cleanup(c);   /* closes the socket it took */
+  curl_easy_cleanup(c); /* closes the socket it took */
   if (f.fd >= 0) close(f.fd);
   curl_slist_free_all(headers);
   free(url);
   int rc;
   if (cc == CURLE_OK && status >= 100 && status <= 599) {
     wbd_stat_add("port_forwarded", 1);
-    *r = wbd_reply_raw(req, (unsigned)status, f.content_type, f.body ? f.body : "", f.len,
-                       (const char *const *)f.hdr);
+    *r = wbd_reply_raw(req, (unsigned)status, f.content_type, f.body ? f.body : "", f.len, (const char *const *)f.hdr);
     rc = 0;
   } else if (cc == CURLE_COULDNT_CONNECT) {
     rc = 502;

@@ -4,4 +4,6 @@
  * that it is not built. */
 #include "warmbox_core.h"
 
-void warmbox_redis_register(lua_State *L) { (void)L; }
+void warmbox_redis_register(lua_State *L) {
+  (void)L;
+}

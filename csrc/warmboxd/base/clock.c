@@ -34,7 +34,7 @@ static int64_t wall_us(void) {
 static int64_t clock_read(int64_t *offset, int64_t *frozen) {
   for (;;) {
     unsigned seq = atomic_load(&clock_seq);
-    if (seq & 1u) continue;  /* a move under way */
+    if (seq & 1u) continue; /* a move under way */
     *offset = atomic_load(&clock_offset_us);
     *frozen = atomic_load(&clock_frozen_us);
     int64_t now = *frozen ? *frozen : wall_us() + *offset;
@@ -62,12 +62,12 @@ void wbd_clock_advance(int64_t us, int freeze) {
     off += us;
     if (fz) fz += us;
   }
-  if (freeze == 0 && fz) {   /* thawed: goes on from where it stood */
+  if (freeze == 0 && fz) { /* thawed: goes on from where it stood */
     int64_t w = wall_us();
     if (fz > w + off) off = fz - w;
     fz = 0;
   }
-  atomic_fetch_add(&clock_seq, 1u);  /* odd: readers wait */
+  atomic_fetch_add(&clock_seq, 1u); /* odd: readers wait */
   atomic_store(&clock_offset_us, off);
   atomic_store(&clock_frozen_us, fz);
   atomic_fetch_add(&clock_seq, 1u);
@@ -83,13 +83,13 @@ void wbd_format_time(int64_t us, char *buf, size_t len) {
   }
   struct tm tm;
   gmtime_r(&s, &tm);
-  snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%06lld000Z", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long long)frac);
+  snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%06lld000Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+           tm.tm_hour, tm.tm_min, tm.tm_sec, (long long)frac);
 }
 
 void wbd_sleep_ms(int ms) {
   if (ms <= 0) return;
-  struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
   }
 }

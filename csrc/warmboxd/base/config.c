@@ -20,7 +20,7 @@ struct wbd_options wbd_opt = {
   .data_dir = NULL,
   .max_list_entries = 50000,
   .max_contexts = 128,
-  .max_team_memory_mb = -1,   /* main.c: the host's memory */
+  .max_team_memory_mb = -1, /* main.c: the host's memory */
   .max_streams = 64,
 };
 
@@ -40,9 +40,12 @@ int wbd_loose_metadata;
 /* Templates by size: E2B's code-interpreter template is built with
  * cpu_count=2, memory_mb=2048 (e2b-dev/code-interpreter template/build_prod.py);
  * E2B's default for a template is 2 vCPU and 512 MB. */
-static const struct { const char *id; int cpu_count, memory_mb; } template_sizes[] = {
-  { "code-interpreter-v1", 2, 2048 },
-  { "code-interpreter", 2, 2048 },
+static const struct {
+  const char *id;
+  int cpu_count, memory_mb;
+} template_sizes[] = {
+  {"code-interpreter-v1", 2, 2048},
+  {"code-interpreter", 2, 2048},
 };
 
 void wbd_sandbox_set_template(struct wbd_sandbox *sb, const char *template_id) {

@@ -53,7 +53,8 @@ static size_t utf8_seq(const unsigned char *s) {
   if (c < 0x80) return 1;
   size_t n;
   unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 2;
   else if (c >= 0xE0 && c <= 0xEF) {
     n = 3;
     if (c == 0xE0) lo = 0xA0;
@@ -224,14 +225,28 @@ static void sha_block(uint32_t h[8], const unsigned char *p) {
   for (int i = 0; i < 64; i++) {
     uint32_t t1 = hh + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
     uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    hh = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
   }
-  h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+  h[0] += a;
+  h[1] += b;
+  h[2] += c;
+  h[3] += d;
+  h[4] += e;
+  h[5] += f;
+  h[6] += g;
+  h[7] += hh;
 }
 
 void wbd_sha256_init(struct wbd_sha256 *c) {
-  static const uint32_t h0[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+  static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   memcpy(c->h, h0, sizeof h0);
   c->n = 0;
   c->len = 0;
@@ -256,7 +271,7 @@ void wbd_sha256_update(struct wbd_sha256 *c, const void *data, size_t len) {
 }
 
 void wbd_sha256_final(struct wbd_sha256 *c, unsigned char out[32]) {
-  unsigned char tail[128] = { 0 };
+  unsigned char tail[128] = {0};
   size_t n = c->n;
   memcpy(tail, c->buf, n);
   tail[n] = 0x80;
@@ -285,12 +300,11 @@ void wbd_sha256(const void *data, size_t len, unsigned char out[32]) {
  * candidate token costs only its own few blocks (wbd_files_sig_finish). */
 void wbd_files_sig_prefix(struct wbd_sha256 *c, const char *path, const char *op, const char *user) {
   wbd_sha256_init(c);
-  const char *parts[] = { path ? path : "", ":", op, ":", user ? user : "", ":" };
+  const char *parts[] = {path ? path : "", ":", op, ":", user ? user : "", ":"};
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) wbd_sha256_update(c, parts[i], strlen(parts[i]));
 }
 
-void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, const char *expiration,
-                          char out[64]) {
+void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, const char *expiration, char out[64]) {
   struct wbd_sha256 c = *prefix;
   wbd_sha256_update(&c, token, strlen(token));
   if (expiration) {
@@ -307,8 +321,8 @@ void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, co
   free(b64);
 }
 
-void wbd_files_signature(const char *path, const char *op, const char *user, const char *token,
-                         const char *expiration, char out[64]) {
+void wbd_files_signature(const char *path, const char *op, const char *user, const char *token, const char *expiration,
+                         char out[64]) {
   struct wbd_sha256 c;
   wbd_files_sig_prefix(&c, path, op, user);
   wbd_files_sig_finish(&c, token, expiration, out);
@@ -324,9 +338,10 @@ int wbd_str_eq_ct(const char *a, const char *b) {
 int wbd_env_refused(const char *name) {
   /* glibc's unsecure-envvars list (what ld.so drops for setuid programs),
    * plus GLIBC_TUNABLES and every LD_ name. */
-  static const char *const names[] = { "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN",
-                                       "LOCPATH", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_TRACE",
-                                       "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS" };
+  static const char *const names[] = {"GCONV_PATH",   "GETCONF_DIR", "GLIBC_TUNABLES",   "HOSTALIASES",
+                                      "LOCALDOMAIN",  "LOCPATH",     "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST",
+                                      "MALLOC_TRACE", "NIS_PATH",    "NLSPATH",          "RESOLV_HOST_CONF",
+                                      "RES_OPTIONS"};
   if (strncmp(name, "LD_", 3) == 0) return 1;
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (strcmp(name, names[i]) == 0) return 1;
@@ -342,7 +357,8 @@ void wbd_random(void *buf, size_t len) {
   size_t got = 0;
   while (got < len) {
     ssize_t r = getrandom(p + got, len - got, 0);
-    if (r > 0) got += (size_t)r;
+    if (r > 0)
+      got += (size_t)r;
     else if (r < 0 && errno != EINTR) {
       fprintf(stderr, "warmboxd: getrandom: %s\n", strerror(errno));
       abort();
@@ -368,8 +384,8 @@ void wbd_random_chars(char *out, size_t n, const char *alphabet, size_t alen) {
 static void uuid_format(unsigned char b[16], char *buf, size_t len) {
   b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
   b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+           b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
 void wbd_uuid4(char *buf, size_t len) {

@@ -13,10 +13,10 @@
 
 struct wbd_buf {
   char *data;
-  size_t len, cap, off;   /* off: bytes already consumed by a reader */
+  size_t len, cap, off; /* off: bytes already consumed by a reader */
 };
 
-int  wbd_buf_add(struct wbd_buf *b, const void *data, size_t len);   /* 0 or -1 (ENOMEM) */
+int wbd_buf_add(struct wbd_buf *b, const void *data, size_t len); /* 0 or -1 (ENOMEM) */
 void wbd_buf_free(struct wbd_buf *b);
 /* Moves up to `max` unread bytes to `out` (a stream's reader); the buffer is
  * emptied once all is read. Returns how many (0: nothing unread). */
@@ -33,8 +33,8 @@ void wbd_sha256(const void *data, size_t len, unsigned char out[32]);
 struct wbd_sha256 {
   uint32_t h[8];
   unsigned char buf[64];
-  size_t n;           /* bytes in buf */
-  uint64_t len;       /* bytes hashed in all */
+  size_t n;     /* bytes in buf */
+  uint64_t len; /* bytes hashed in all */
 };
 void wbd_sha256_init(struct wbd_sha256 *c);
 void wbd_sha256_update(struct wbd_sha256 *c, const void *data, size_t len);
@@ -42,8 +42,7 @@ void wbd_sha256_final(struct wbd_sha256 *c, unsigned char out[32]);
 /* wbd_files_signature in two steps: the part every token shares ("path:op:
  * user:"), once; then one token's signature from a copy of it. */
 void wbd_files_sig_prefix(struct wbd_sha256 *c, const char *path, const char *op, const char *user);
-void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, const char *expiration,
-                          char out[64]);
+void wbd_files_sig_finish(const struct wbd_sha256 *prefix, const char *token, const char *expiration, char out[64]);
 
 /* The one source of randomness (ids, tokens, UUIDs, the admin token):
  * getrandom(2), retried when a signal interrupts it; warmboxd aborts when
@@ -85,8 +84,8 @@ int wbd_connect_envelope(const char *body, size_t body_len, size_t *len);
  * SHA-256("<path>:<op>:<user>:<token>[:<expiration>]"), op "read" or
  * "write", user "" when absent, expiration only when given. `out` gets at
  * least 48 bytes. */
-void wbd_files_signature(const char *path, const char *op, const char *user, const char *token,
-                         const char *expiration, char out[64]);
+void wbd_files_signature(const char *path, const char *op, const char *user, const char *token, const char *expiration,
+                         char out[64]);
 
 /* Constant-time string comparison (tokens). */
 int wbd_str_eq_ct(const char *a, const char *b);

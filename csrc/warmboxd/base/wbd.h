@@ -27,13 +27,13 @@
 
 struct wbd_req {
   struct MHD_Connection *conn;
-  const char *method;       /* "GET", "POST", ... */
-  const char *path;         /* URL path, no query string */
-  char *body;               /* whole request body, NUL-terminated (body[body_len] == 0) */
+  const char *method; /* "GET", "POST", ... */
+  const char *path;   /* URL path, no query string */
+  char *body;         /* whole request body, NUL-terminated (body[body_len] == 0) */
   size_t body_len;
-  int body_fd;              /* >= 0: the body (body_len bytes) is in this unlinked file, read from
-                             * offset 0, and `body` is ""; only envd's POST /files gets one */
-  int replied;              /* set by the wbd_reply_* functions */
+  int body_fd; /* >= 0: the body (body_len bytes) is in this unlinked file, read from
+                * offset 0, and `body` is ""; only envd's POST /files gets one */
+  int replied; /* set by the wbd_reply_* functions */
 };
 
 /* Case-insensitive header lookup; NULL when absent. */
@@ -48,7 +48,7 @@ enum MHD_Result wbd_reply_json(struct wbd_req *req, unsigned status, json_t *bod
                                const char *const *headers);
 /* E2B's error body: {"code": status, "message": "..."} */
 enum MHD_Result wbd_reply_error(struct wbd_req *req, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+  __attribute__((format(printf, 3, 4)));
 enum MHD_Result wbd_reply_raw(struct wbd_req *req, unsigned status, const char *content_type /* may be NULL */,
                               const void *data, size_t len, const char *const *headers);
 /* Streamed body. `reader` follows MHD_ContentReaderCallback and runs on one
@@ -58,8 +58,8 @@ enum MHD_Result wbd_reply_raw(struct wbd_req *req, unsigned status, const char *
  * interrupt a kernel). Handlers themselves run on a worker thread of their
  * own and may block. */
 enum MHD_Result wbd_reply_stream(struct wbd_req *req, unsigned status, const char *content_type,
-                                 MHD_ContentReaderCallback reader, void *cls,
-                                 MHD_ContentReaderFreeCallback done, const char *const *headers);
+                                 MHD_ContentReaderCallback reader, void *cls, MHD_ContentReaderFreeCallback done,
+                                 const char *const *headers);
 /* From a stream's reader only: suspends the connection until `data_fd` is
  * readable, `conn_fd` (the client's socket, or -1) hangs up, or timeout_ms
  * passes, whichever is first; then the reader is called again (and looks
@@ -75,37 +75,37 @@ int wbd_park(struct MHD_Connection *conn, int data_fd, int conn_fd, int timeout_
 
 enum wbd_state { WBD_RUNNING = 0, WBD_PAUSED = 1, WBD_KILLED = 2 };
 
-struct wbd_rt;  /* runtime state, owned by runtime.c; NULL until first needed */
+struct wbd_rt; /* runtime state, owned by runtime.c; NULL until first needed */
 
 struct wbd_sandbox {
-  char id[32];              /* "i" + 20 [a-z0-9] */
-  char team[64];            /* which API key owns it */
+  char id[32];   /* "i" + 20 [a-z0-9] */
+  char team[64]; /* which API key owns it */
   char *template_id;
-  json_t *metadata;         /* object string->string (never NULL) */
-  json_t *env_vars;         /* object string->string (never NULL) */
-  char access_token[72];    /* envdAccessToken, "" when not secure */
-  char traffic_token[72];   /* trafficAccessToken (network.allowPublicTraffic false), else "" */
+  json_t *metadata;       /* object string->string (never NULL) */
+  json_t *env_vars;       /* object string->string (never NULL) */
+  char access_token[72];  /* envdAccessToken, "" when not secure */
+  char traffic_token[72]; /* trafficAccessToken (network.allowPublicTraffic false), else "" */
   int secure;
   int allow_internet;
-  int auto_pause;           /* lifecycle.onTimeout == "pause" */
-  int auto_pause_memory;    /* default 1; 0: filesystem-only snapshot on auto-pause */
+  int auto_pause;        /* lifecycle.onTimeout == "pause" */
+  int auto_pause_memory; /* default 1; 0: filesystem-only snapshot on auto-pause */
   int auto_resume;
-  int timeout_s;            /* timeout given at create (auto-resume lease rule) */
-  int cpu_count, memory_mb; /* the template's size (wbd_sandbox_set_template): cpuCount, memoryMB */
-  struct wbd_metrics *metrics;  /* metrics.c's samples, NULL before the first (under the store lock) */
+  int timeout_s;               /* timeout given at create (auto-resume lease rule) */
+  int cpu_count, memory_mb;    /* the template's size (wbd_sandbox_set_template): cpuCount, memoryMB */
+  struct wbd_metrics *metrics; /* metrics.c's samples, NULL before the first (under the store lock) */
   enum wbd_state state;
-  int64_t started_at_us;    /* start of the current run, unix microseconds */
-  int64_t end_at_us;        /* running: lease end; paused: when it was paused */
-  int paused_with_memory;   /* last pause kept memory */
-  int refcount;             /* under the store lock; record freed at 0 after kill */
+  int64_t started_at_us;  /* start of the current run, unix microseconds */
+  int64_t end_at_us;      /* running: lease end; paused: when it was paused */
+  int paused_with_memory; /* last pause kept memory */
+  int refcount;           /* under the store lock; record freed at 0 after kill */
   /* data plane bookkeeping (under the store lock) */
-  int runs_in_flight;       /* /execute and Process.Start streams now running */
-  int64_t last_start_mono_us;  /* CLOCK_MONOTONIC of its last Process.Start (a pause lets it settle) */
-  int files_on_disk;        /* paused, its files only in the data directory (loaded after a restart,
-                             * or released by a pause without memory) */
-  int paused_ram;           /* paused with its runtime in host RAM (frozen processes, its tmpfs):
-                             * counts toward the team's --max-team-memory-mb; set it with
-                             * wbd_store_set_paused_ram_locked once the record is in the store */
+  int runs_in_flight;         /* /execute and Process.Start streams now running */
+  int64_t last_start_mono_us; /* CLOCK_MONOTONIC of its last Process.Start (a pause lets it settle) */
+  int files_on_disk;          /* paused, its files only in the data directory (loaded after a restart,
+                               * or released by a pause without memory) */
+  int paused_ram;             /* paused with its runtime in host RAM (frozen processes, its tmpfs):
+                               * counts toward the team's --max-team-memory-mb; set it with
+                               * wbd_store_set_paused_ram_locked once the record is in the store */
   struct wbd_rt *rt;
 };
 
@@ -139,31 +139,34 @@ int wbd_sandbox_auto_resume(struct wbd_sandbox *sb);
 
 /* Called once at start-up, after options are parsed (checks bubblewrap,
  * prepares wbd_opt.data_dir). Nonzero aborts start-up with a message. */
-int  wbd_rt_init(void);
+int wbd_rt_init(void);
 /* Called without the store lock held. Return 0 on success. */
-int  wbd_rt_on_create(struct wbd_sandbox *sb);               /* make its directory */
+int wbd_rt_on_create(struct wbd_sandbox *sb); /* make its directory */
 /* What a sandbox's jail uses now, read from its cgroups and its disk tmpfs:
  * the CPU seconds of the processes in its groups (their reaped children
  * included), memory.usage_in_bytes and the page cache in it, the disk's used
  * and total bytes. A part without its group or tmpfs is 0. Returns 0, or -1
  * when the sandbox has no live jail (no process ever ran, or killed). */
-struct wbd_usage { double cpu_s; long long mem_used, mem_cache, disk_used, disk_total; };
-int  wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u);
-int  wbd_rt_on_pause(struct wbd_sandbox *sb, int memory);     /* stop (memory) or end (no memory) its processes */
-int  wbd_rt_on_resume(struct wbd_sandbox *sb);                /* continue its processes */
+struct wbd_usage {
+  double cpu_s;
+  long long mem_used, mem_cache, disk_used, disk_total;
+};
+int wbd_rt_usage(struct wbd_sandbox *sb, struct wbd_usage *u);
+int wbd_rt_on_pause(struct wbd_sandbox *sb, int memory); /* stop (memory) or end (no memory) its processes */
+int wbd_rt_on_resume(struct wbd_sandbox *sb);            /* continue its processes */
 /* 1 while a process of the sandbox runs or waits for a CPU (a command that
  * has not settled into waiting yet), else 0. */
-int  wbd_rt_settling(struct wbd_sandbox *sb);
+int wbd_rt_settling(struct wbd_sandbox *sb);
 /* A new TCP socket (IPv4, blocking, close-on-exec) made in the sandbox's
  * network namespace, for warmboxd to connect to one of its ports on its own
  * loopback; -errno (-ENOENT: no namespace: unisolated, or no live jail). */
-int  wbd_rt_port_socket(struct wbd_sandbox *sb);
-void wbd_rt_on_kill(struct wbd_sandbox *sb);                  /* end processes, remove directory */
+int wbd_rt_port_socket(struct wbd_sandbox *sb);
+void wbd_rt_on_kill(struct wbd_sandbox *sb); /* end processes, remove directory */
 /* A paused sandbox whose files are kept on disk gives its runtime up
  * (processes, tmpfs, cgroups, network): what held host RAM. The next use
  * makes a fresh one (as after a restart). 0, or -1 (killed, shutting down). */
-int  wbd_rt_release(struct wbd_sandbox *sb);
-void wbd_rt_shutdown(void);                                   /* warmboxd exits: clean up everything */
+int wbd_rt_release(struct wbd_sandbox *sb);
+void wbd_rt_shutdown(void); /* warmboxd exits: clean up everything */
 /* The name of a sandbox's runtime on the host (its directory under the data
  * directory, its cgroups, bubblewrap's command line): "r" + 20 hex, a keyed
  * hash of the id that only this process can make (out: 22 bytes or more),
@@ -206,21 +209,21 @@ void wbd_stat_add(const char *name, long delta);
 struct wbd_options {
   const char *host;
   int port;
-  const char *api_key;      /* NULL: any e2b_<hex> key, one team per key */
-  int max_length_hours;     /* default 24 */
-  int max_running;          /* per team; 0: unlimited (default 20) */
-  int default_timeout_s;    /* 15, E2B's server default */
+  const char *api_key;   /* NULL: any e2b_<hex> key, one team per key */
+  int max_length_hours;  /* default 24 */
+  int max_running;       /* per team; 0: unlimited (default 20) */
+  int default_timeout_s; /* 15, E2B's server default */
   int rtt_ms, create_ms, resume_ms;
-  const char *data_dir;     /* where sandbox directories live */
-  int unisolated;           /* --unisolated: run without bubblewrap (warned) */
-  int keep_state;           /* --data-dir given: paused sandboxes and snapshots outlive a restart */
-  int strict_tokens;        /* --strict-tokens: /contexts* of a secure sandbox need its token too */
+  const char *data_dir; /* where sandbox directories live */
+  int unisolated;       /* --unisolated: run without bubblewrap (warned) */
+  int keep_state;       /* --data-dir given: paused sandboxes and snapshots outlive a restart */
+  int strict_tokens;    /* --strict-tokens: /contexts* of a secure sandbox need its token too */
   int verbose;
-  int max_list_entries;     /* envd ListDir answers at most this many (default 50000) */
-  int max_contexts;         /* code contexts per sandbox, the two defaults included (default 128) */
-  int secure_all;           /* --secure-all: every sandbox gets an access token (no id-only data plane) */
-  int max_team_memory_mb;   /* memoryMB of a team's sandboxes held in RAM (-1: the host's; 0: none) */
-  int max_streams;          /* concurrent streamed calls per team (default 64; 0: unlimited) */
+  int max_list_entries;   /* envd ListDir answers at most this many (default 50000) */
+  int max_contexts;       /* code contexts per sandbox, the two defaults included (default 128) */
+  int secure_all;         /* --secure-all: every sandbox gets an access token (no id-only data plane) */
+  int max_team_memory_mb; /* memoryMB of a team's sandboxes held in RAM (-1: the host's; 0: none) */
+  int max_streams;        /* concurrent streamed calls per team (default 64; 0: unlimited) */
 };
 extern struct wbd_options wbd_opt;
 
@@ -250,29 +253,33 @@ void wbd_format_time(int64_t us, char *buf, size_t len);
  * disk: what the listing shows and the jail gets. */
 #define WBD_CPU_COUNT 2
 #define WBD_MEMORY_MB 512
-#define WBD_DISK_MB 1024
+#define WBD_DISK_MB   1024
 /* E2B's 404 for a sandbox id a team cannot see */
 #define NOT_FOUND_FMT "Sandbox \"%s\" doesn't exist or you don't have access to it"
 
 /* Options changed at run time by POST /_warmboxd/config are read and written
  * atomically (handlers run on many threads). */
-static inline int wbd_knob(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-static inline void wbd_knob_set(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+static inline int wbd_knob(const int *p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+static inline void wbd_knob_set(int *p, int v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
 extern int wbd_loose_metadata;
 
 /* Server limits (main.c's flags). Body limits are per route class, checked
  * against Content-Length when the headers are in and again while the body
  * streams, once the route and the caller's credentials are known. */
 struct wbd_limits {
-  const char *admin_token;     /* required on the admin API (X-Warmboxd-Token) */
-  int conn_timeout_s;          /* idle connection / slow headers, default 30 */
-  int max_conns;               /* connections in total, default 1024 */
-  int max_conns_per_ip;        /* connections per client address, default 128 */
-  int max_upload_mb;           /* envd POST /files body, default 100 */
-  int body_timeout_s;          /* a request body must be in within this, default 120 */
-  int max_spool_mb;            /* upload bodies spooled at once, all sandboxes, default 1024 */
-  const char *tls_cert, *tls_key;   /* PEM files: a second listener serves HTTPS, or NULL */
-  int tls_port;                /* its port (0: a free one) */
+  const char *admin_token;        /* required on the admin API (X-Warmboxd-Token) */
+  int conn_timeout_s;             /* idle connection / slow headers, default 30 */
+  int max_conns;                  /* connections in total, default 1024 */
+  int max_conns_per_ip;           /* connections per client address, default 128 */
+  int max_upload_mb;              /* envd POST /files body, default 100 */
+  int body_timeout_s;             /* a request body must be in within this, default 120 */
+  int max_spool_mb;               /* upload bodies spooled at once, all sandboxes, default 1024 */
+  const char *tls_cert, *tls_key; /* PEM files: a second listener serves HTTPS, or NULL */
+  int tls_port;                   /* its port (0: a free one) */
 };
 extern struct wbd_limits wbd_lim;
 

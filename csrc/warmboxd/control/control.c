@@ -15,7 +15,9 @@
 #include <string.h>
 #include <time.h>
 
-static int64_t max_len_us(void) { return (int64_t)wbd_opt.max_length_hours * 3600 * US; }
+static int64_t max_len_us(void) {
+  return (int64_t)wbd_opt.max_length_hours * 3600 * US;
+}
 
 static int64_t cap_end(const struct wbd_sandbox *sb, int64_t end) {
   int64_t cap = sb->started_at_us + max_len_us();
@@ -53,7 +55,9 @@ enum MHD_Result wbd_ctl_reply_limit(struct wbd_req *req, int rc) {
 /* ------------------------------------------------------------------ */
 
 /* One path segment (no '/'), returns its length or 0. */
-static size_t segment(const char *p) { return strcspn(p, "/"); }
+static size_t segment(const char *p) {
+  return strcspn(p, "/");
+}
 
 /* The {id} of a path, as E2B reads it ("<id>" or the old "<id>-<clientID>").
  * Returns 0, or -1 for a malformed id (400 "Invalid sandbox ID"). */
@@ -130,33 +134,45 @@ json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jty
   if (!v || json_is_null(v) || *bad) return NULL;
   const char *want = NULL;
   switch (t) {
-  case J_BOOL: if (!json_is_boolean(v)) want = "value must be a boolean"; break;
-  case J_INT:
-    if (!json_is_integer(v)) want = "value must be an integer";
-    else if (json_integer_value(v) < -2147483648LL || json_integer_value(v) > 2147483647LL)
-      want = "number must be an int32";
-    break;
-  case J_STRING: if (!json_is_string(v)) want = "value must be a string"; break;
-  case J_OBJECT: if (!json_is_object(v)) want = "value must be an object"; break;
-  case J_STRMAP:
-    if (!json_is_object(v)) want = "value must be an object";
-    else {
-      const char *k;
-      json_t *x;
-      size_t bytes = 0, max = strcmp(name, "envVars") == 0 ? WBD_ENV_MAX_BYTES : WBD_META_MAX_BYTES;
-      json_object_foreach(v, k, x) {
-        if (!json_is_string(x)) want = "value must be a string";
-        else if (strlen(k) > WBD_MAP_MAX_KEY) want = "a key is longer than 256 bytes";
-        else if (max == WBD_ENV_MAX_BYTES && wbd_env_refused(k))
-          want = "a loader variable (LD_*, GCONV_PATH, GLIBC_TUNABLES, ...) is not allowed";
-        else bytes += strlen(k) + json_string_length(x);
+    case J_BOOL:
+      if (!json_is_boolean(v)) want = "value must be a boolean";
+      break;
+    case J_INT:
+      if (!json_is_integer(v))
+        want = "value must be an integer";
+      else if (json_integer_value(v) < -2147483648LL || json_integer_value(v) > 2147483647LL)
+        want = "number must be an int32";
+      break;
+    case J_STRING:
+      if (!json_is_string(v)) want = "value must be a string";
+      break;
+    case J_OBJECT:
+      if (!json_is_object(v)) want = "value must be an object";
+      break;
+    case J_STRMAP:
+      if (!json_is_object(v))
+        want = "value must be an object";
+      else {
+        const char *k;
+        json_t *x;
+        size_t bytes = 0, max = strcmp(name, "envVars") == 0 ? WBD_ENV_MAX_BYTES : WBD_META_MAX_BYTES;
+        json_object_foreach(v, k, x) {
+          if (!json_is_string(x))
+            want = "value must be a string";
+          else if (strlen(k) > WBD_MAP_MAX_KEY)
+            want = "a key is longer than 256 bytes";
+          else if (max == WBD_ENV_MAX_BYTES && wbd_env_refused(k))
+            want = "a loader variable (LD_*, GCONV_PATH, GLIBC_TUNABLES, ...) is not allowed";
+          else
+            bytes += strlen(k) + json_string_length(x);
+        }
+        if (!want && json_object_size(v) > WBD_MAP_MAX_KEYS)
+          want = "more than 1000 entries";
+        else if (!want && bytes > max)
+          want = max == WBD_ENV_MAX_BYTES ? "keys and values add up to more than 256 KiB"
+                                          : "keys and values add up to more than 64 KiB";
       }
-      if (!want && json_object_size(v) > WBD_MAP_MAX_KEYS) want = "more than 1000 entries";
-      else if (!want && bytes > max)
-        want = max == WBD_ENV_MAX_BYTES ? "keys and values add up to more than 256 KiB"
-                                        : "keys and values add up to more than 64 KiB";
-    }
-    break;
+      break;
   }
   if (want) {
     *bad = 1;
@@ -194,7 +210,9 @@ static struct wbd_sandbox *find_locked(const char *team, const char *id) {
   return sb;
 }
 
-struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) { return wbd_store_team_ref(team, id); }
+struct wbd_sandbox *wbd_ctl_find_ref(const char *team, const char *id) {
+  return wbd_store_team_ref(team, id);
+}
 
 /* Cost accounting (the stats' "running_ms"): the milliseconds of a run that
  * ends now (a pause or a kill; the lease timer's at the lease end, however
@@ -210,8 +228,7 @@ static void count_running_locked(struct wbd_sandbox *sb, int expire_only) {
 static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   wbd_store_lock();
   wbd_store_wait_idle_locked(sb);
-  if (sb->state == WBD_KILLED ||
-      (expire_only && (sb->state != WBD_RUNNING || sb->end_at_us > wbd_now_us()))) {
+  if (sb->state == WBD_KILLED || (expire_only && (sb->state != WBD_RUNNING || sb->end_at_us > wbd_now_us()))) {
     wbd_store_unlock();
     return 404;
   }
@@ -224,7 +241,7 @@ static int op_kill(struct wbd_sandbox *sb, int expire_only) {
   wbd_rt_on_kill(sb);
   wbd_persist_drop(sb);
   wbd_store_lock();
-  wbd_store_unref_locked(sb);  /* the store's own reference */
+  wbd_store_unref_locked(sb); /* the store's own reference */
   wbd_store_unlock();
   return 204;
 }
@@ -280,7 +297,7 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg
   /* envd's changes already under way end first; new ones are refused */
   wbd_store_wait_changes_locked(sb);
   wbd_store_unlock();
-  if (memory) settle_started(sb);  /* (a pause without memory ends the processes anyway) */
+  if (memory) settle_started(sb); /* (a pause without memory ends the processes anyway) */
   if (wbd_opt.keep_state) wbd_sleep_ms(wbd_knob(&wbd_state_lim.copy_ms));
   int rc = wbd_rt_on_pause(sb, memory), kept = 0;
   char why[800] = "";
@@ -289,8 +306,10 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg
     /* An explicit pause whose copy cannot be kept fails and the sandbox
      * runs on; the lease timer's stays paused (in memory only: a restart
      * would lose it). */
-    if (!expire_only) wbd_rt_on_resume(sb);
-    else fprintf(stderr, "warmboxd: %s paused at its timeout but not kept on disk: %s\n", sb->id, why);
+    if (!expire_only)
+      wbd_rt_on_resume(sb);
+    else
+      fprintf(stderr, "warmboxd: %s paused at its timeout but not kept on disk: %s\n", sb->id, why);
   }
   int failed = rc != 0 || (kept && !expire_only);
   /* Without memory nothing needs the runtime until the resume: the files
@@ -299,11 +318,11 @@ int wbd_ctl_pause(struct wbd_sandbox *sb, int memory, int expire_only, char *msg
   if (rc == 0 && !kept && !memory && !released) wbd_stat_add("pause_kept_in_ram", 1);
   wbd_store_lock();
   if (!failed) {
-    count_running_locked(sb, expire_only);   /* a failed pause's run goes on */
+    count_running_locked(sb, expire_only); /* a failed pause's run goes on */
     wbd_event_locked(sb, WBD_EV_PAUSED, expire_only ? sb->end_at_us : 0);
     sb->paused_with_memory = memory;
     if (released) sb->files_on_disk = 1;
-    sb->paused_ram = !released;   /* counted when it turns paused, just below */
+    sb->paused_ram = !released; /* counted when it turns paused, just below */
     wbd_store_set_end_locked(sb, wbd_now_us());
     wbd_store_update_locked(sb, sb->started_at_us, WBD_PAUSED);
   }
@@ -361,7 +380,7 @@ static int op_resume(struct wbd_sandbox *sb, int timeout_s, int memory, enum res
   wbd_store_unlock();
 
   int rc = 0;
-  if (reboot) rc = wbd_rt_on_pause(sb, 0);  /* end the kept processes: a cold boot */
+  if (reboot) rc = wbd_rt_on_pause(sb, 0); /* end the kept processes: a cold boot */
   if (rc == 0) rc = wbd_persist_restore(sb);
   if (rc == 0) rc = wbd_rt_on_resume(sb);
   /* --resume-ms: the answer comes that much after the thaw, as E2B's comes
@@ -417,7 +436,9 @@ static enum MHD_Result sandbox_gone(struct wbd_req *req, const char *id) {
 static enum MHD_Result in_transition(struct wbd_req *req, const char *id, int busy) {
   char msg[128];
   snprintf(msg, sizeof msg, "Sandbox \"%s\" is being %s", id,
-           busy == WBD_BUSY_SNAPSHOT ? "snapshotted" : busy == WBD_BUSY_PAUSING ? "paused" : "resumed");
+           busy == WBD_BUSY_SNAPSHOT  ? "snapshotted"
+           : busy == WBD_BUSY_PAUSING ? "paused"
+                                      : "resumed");
   json_t *o = json_object();
   json_object_set_new(o, "sandboxId", wbd_json_str(id));
   json_object_set_new(o, "message", json_string(msg));
@@ -437,7 +458,7 @@ enum MHD_Result wbd_control_dataplane(struct wbd_req *req, const char *id, int p
     return sandbox_gone(req, id);
   }
   enum MHD_Result denied;
-  if (wbd_dataplane_refused(req, sb, port, &denied)) {   /* before an auto-resume, as E2B's */
+  if (wbd_dataplane_refused(req, sb, port, &denied)) { /* before an auto-resume, as E2B's */
     wbd_sandbox_unref(sb);
     return denied;
   }
@@ -551,14 +572,15 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   json_t *inet = wbd_ctl_field(req, o, "allow_internet_access", J_BOOL, &bad, &r);
   json_t *meta = wbd_ctl_field(req, o, "metadata", J_STRMAP, &bad, &r);
   json_t *env = wbd_ctl_field(req, o, "envVars", J_STRMAP, &bad, &r);
-  int private = private_ingress(req, o, &bad, &r);   /* a trafficAccessToken for its other ports */
+  int private = private_ingress(req, o, &bad, &r); /* a trafficAccessToken for its other ports */
   if (bad) {
     json_decref(o);
     return r;
   }
   if (!tmpl) {
     json_decref(o);
-    return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/templateID\": property \"templateID\" is missing");
+    return wbd_reply_error(req, 400,
+                           VERR "doesn't match schema: Error at \"/templateID\": property \"templateID\" is missing");
   }
   const char *tid = json_string_value(tmpl);
   if (!*tid) {
@@ -571,18 +593,21 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   int auto_resume = are && json_is_true(are);
   const char *err = NULL;
   char msg[128];
-  if (to <= 0) err = "Timeout must be greater than 0";
+  if (to <= 0)
+    err = "Timeout must be greater than 0";
   else if (to > (long long)wbd_opt.max_length_hours * 3600) {
     snprintf(msg, sizeof msg, "Timeout cannot be greater than %d hours", wbd_opt.max_length_hours);
     err = msg;
   } else if (!auto_pause_memory && !auto_pause)
     err = "autoPauseMemory=false only applies when autoPause is true.";
   else if (!auto_pause_memory && auto_resume)
-    err = "A sandbox paused with autoPauseMemory=false cannot be auto-resumed by traffic "
-          "and must be resumed explicitly.";
+    err =
+      "A sandbox paused with autoPauseMemory=false cannot be auto-resumed by traffic "
+      "and must be resumed explicitly.";
   else if (private && !(v2 || (secure && json_is_true(secure)) || wbd_opt.secure_all))
-    err = "You cannot create a sandbox without public access unless you enable secure envd access "
-          "via 'secure' flag.";
+    err =
+      "You cannot create a sandbox without public access unless you enable secure envd access "
+      "via 'secure' flag.";
   if (err) {
     json_decref(o);
     return wbd_reply_error(req, 400, "%s", err);
@@ -592,7 +617,7 @@ static enum MHD_Result h_create(struct wbd_req *req, const char *team, int v2) {
   /* A snapshot id (`<name>:<tag>`) this team has not got, deleted or another
    * team's, starts nothing: a checkpoint never silently becomes a new sandbox. */
   if (!snap && strchr(tid, ':')) {
-    enum MHD_Result gone = wbd_reply_error(req, 404, "template '%s' not found", tid);  /* tid is o's */
+    enum MHD_Result gone = wbd_reply_error(req, 404, "template '%s' not found", tid); /* tid is o's */
     json_decref(o);
     return gone;
   }
@@ -658,12 +683,18 @@ static enum MHD_Result h_timeout(struct wbd_req *req, const char *team, const ch
   int missing = !v;
   json_decref(o);
   if (refresh) {
-    if (secs < 0) return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/duration\": number must be at least 0");
-    if (secs > 3600) return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/duration\": number must be at most 3600");
+    if (secs < 0)
+      return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/duration\": number must be at least 0");
+    if (secs > 3600)
+      return wbd_reply_error(req, 400,
+                             VERR "doesn't match schema: Error at \"/duration\": number must be at most 3600");
     if (secs < 15) secs = 15;
   } else {
-    if (missing) return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/timeout\": property \"timeout\" is missing");
-    if (secs < 0) return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/timeout\": number must be at least 0");
+    if (missing)
+      return wbd_reply_error(req, 400,
+                             VERR "doesn't match schema: Error at \"/timeout\": property \"timeout\" is missing");
+    if (secs < 0)
+      return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/timeout\": number must be at least 0");
   }
   wbd_store_lock();
   struct wbd_sandbox *sb = find_locked(team, id);
@@ -711,8 +742,7 @@ static enum MHD_Result h_pause(struct wbd_req *req, const char *team, const char
   return wbd_reply_json(req, 204, NULL, NULL);
 }
 
-static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const char *id, enum resume_mode mode,
-                                 int v2) {
+static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const char *id, enum resume_mode mode, int v2) {
   enum MHD_Result r = MHD_NO;
   json_t *o = wbd_ctl_body_object(req, mode == R_CONNECT && !v2, &r);
   if (!o) return r;
@@ -726,7 +756,8 @@ static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const ch
   }
   if (!to && mode == R_CONNECT && !v2) {
     json_decref(o);
-    return wbd_reply_error(req, 400, VERR "doesn't match schema: Error at \"/timeout\": property \"timeout\" is missing");
+    return wbd_reply_error(req, 400,
+                           VERR "doesn't match schema: Error at \"/timeout\": property \"timeout\" is missing");
   }
   long long secs = to ? json_integer_value(to) : wbd_opt.default_timeout_s;
   int memory = mem ? json_is_true(mem) : -1;
@@ -742,13 +773,18 @@ static enum MHD_Result h_connect(struct wbd_req *req, const char *team, const ch
   int rc = sb ? op_resume(sb, (int)secs, memory, mode, auto_pause, &out) : 404;
   wbd_sandbox_unref(sb);
   switch (rc) {
-  case 200:
-  case 201: return wbd_reply_json(req, (unsigned)rc, out, NULL);
-  case 404: return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
-  case 409: return wbd_reply_error(req, 409, "Sandbox %s is already running", id);
-  case 429:
-  case WBD_OVER_MEMORY: return wbd_ctl_reply_limit(req, rc);
-  default: return wbd_reply_error(req, 500, "Failed to resume sandbox");
+    case 200:
+    case 201:
+      return wbd_reply_json(req, (unsigned)rc, out, NULL);
+    case 404:
+      return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
+    case 409:
+      return wbd_reply_error(req, 409, "Sandbox %s is already running", id);
+    case 429:
+    case WBD_OVER_MEMORY:
+      return wbd_ctl_reply_limit(req, rc);
+    default:
+      return wbd_reply_error(req, 500, "Failed to resume sandbox");
   }
 }
 
@@ -758,21 +794,33 @@ enum MHD_Result wbd_h_health(struct wbd_req *req, const struct wbd_call *c) {
   (void)c;
   return wbd_reply_raw(req, 200, "text/plain; charset=utf-8", ok, sizeof ok - 1, NULL);
 }
-enum MHD_Result wbd_h_create(struct wbd_req *req, const struct wbd_call *c) { return h_create(req, c->team, c->arg); }
-enum MHD_Result wbd_h_list_v2(struct wbd_req *req, const struct wbd_call *c) { return wbd_list_v2(req, c->team); }
-enum MHD_Result wbd_h_list_v1(struct wbd_req *req, const struct wbd_call *c) { return wbd_list_v1(req, c->team); }
+enum MHD_Result wbd_h_create(struct wbd_req *req, const struct wbd_call *c) {
+  return h_create(req, c->team, c->arg);
+}
+enum MHD_Result wbd_h_list_v2(struct wbd_req *req, const struct wbd_call *c) {
+  return wbd_list_v2(req, c->team);
+}
+enum MHD_Result wbd_h_list_v1(struct wbd_req *req, const struct wbd_call *c) {
+  return wbd_list_v1(req, c->team);
+}
 enum MHD_Result wbd_h_metrics_many(struct wbd_req *req, const struct wbd_call *c) {
   return wbd_metrics_many(req, c->team);
 }
-enum MHD_Result wbd_h_info(struct wbd_req *req, const struct wbd_call *c) { return h_info(req, c->team, c->id); }
+enum MHD_Result wbd_h_info(struct wbd_req *req, const struct wbd_call *c) {
+  return h_info(req, c->team, c->id);
+}
 enum MHD_Result wbd_h_metrics_one(struct wbd_req *req, const struct wbd_call *c) {
   return wbd_metrics_one(req, c->team, c->id);
 }
-enum MHD_Result wbd_h_kill(struct wbd_req *req, const struct wbd_call *c) { return h_kill(req, c->team, c->id); }
+enum MHD_Result wbd_h_kill(struct wbd_req *req, const struct wbd_call *c) {
+  return h_kill(req, c->team, c->id);
+}
 enum MHD_Result wbd_h_timeout(struct wbd_req *req, const struct wbd_call *c) {
   return h_timeout(req, c->team, c->id, c->arg);
 }
-enum MHD_Result wbd_h_pause(struct wbd_req *req, const struct wbd_call *c) { return h_pause(req, c->team, c->id); }
+enum MHD_Result wbd_h_pause(struct wbd_req *req, const struct wbd_call *c) {
+  return h_pause(req, c->team, c->id);
+}
 enum MHD_Result wbd_h_connect(struct wbd_req *req, const struct wbd_call *c) {
   return h_connect(req, c->team, c->id, c->arg == WBD_RESUME ? R_RESUME : R_CONNECT, c->arg == WBD_CONNECT_V2);
 }
@@ -792,13 +840,13 @@ static int lc_stop, lc_started;
  * at most half the workers (at least one): one team's many expiring
  * sandboxes never hold back another team's pause. */
 struct pjob {
-  struct wbd_sandbox *sb;    /* referenced */
+  struct wbd_sandbox *sb; /* referenced */
   int memory;
   struct pjob *next;
 };
 static pthread_mutex_t pq_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pq_cv = PTHREAD_COND_INITIALIZER;
-static struct pjob *pq_queue, *pq_running;   /* queued (oldest first), in flight */
+static struct pjob *pq_queue, *pq_running; /* queued (oldest first), in flight */
 static pthread_t *pq_threads;
 static int pq_nthreads, pq_stop;
 
@@ -854,7 +902,7 @@ static void *pause_worker(void *arg) {
       }
     wbd_sandbox_unref(j->sb);
     free(j);
-    pthread_cond_broadcast(&pq_cv);   /* a team's slot is free; and for expire_once's wait */
+    pthread_cond_broadcast(&pq_cv); /* a team's slot is free; and for expire_once's wait */
   }
   pthread_mutex_unlock(&pq_mu);
   return NULL;
@@ -892,7 +940,7 @@ static void expire_once(int wait) {
   int64_t now = wbd_now_us();
   wbd_store_lock();
   struct wbd_sandbox **v = wbd_store_expired_locked(now, &n);
-  int *pause = n ? malloc(n * sizeof *pause) : NULL;  /* -1 kill, else pause with that memory flag */
+  int *pause = n ? malloc(n * sizeof *pause) : NULL; /* -1 kill, else pause with that memory flag */
   if (n && !pause) abort();
   for (size_t i = 0; i < n; i++) pause[i] = v[i]->auto_pause ? v[i]->auto_pause_memory : -1;
   wbd_store_unlock();
@@ -912,7 +960,9 @@ static void expire_once(int wait) {
   pthread_mutex_unlock(&pq_mu);
 }
 
-void wbd_lifecycle_expire_now(void) { expire_once(1); }
+void wbd_lifecycle_expire_now(void) {
+  expire_once(1);
+}
 
 static void *lifecycle_main(void *arg) {
   (void)arg;

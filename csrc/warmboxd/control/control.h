@@ -12,15 +12,15 @@
 #include "server.h"
 #include "state.h"
 
-#define US 1000000LL
-#define VERR "validation error: request body has an error: "
-#define WBD_CLIENT_ID "6532622b"
+#define US               1000000LL
+#define VERR             "validation error: request body has an error: "
+#define WBD_CLIENT_ID    "6532622b"
 #define WBD_ENVD_VERSION "0.6.4"
 /* E2B-style bounds on a sandbox's metadata and envVars (control.c). */
-#define WBD_MAP_MAX_KEYS 1000
-#define WBD_MAP_MAX_KEY 256
-#define WBD_META_MAX_BYTES (64 << 10)          /* keys + values */
-#define WBD_ENV_MAX_BYTES (256 << 10)
+#define WBD_MAP_MAX_KEYS   1000
+#define WBD_MAP_MAX_KEY    256
+#define WBD_META_MAX_BYTES (64 << 10) /* keys + values */
+#define WBD_ENV_MAX_BYTES  (256 << 10)
 
 enum jtype { J_BOOL, J_INT, J_STRING, J_OBJECT, J_STRMAP };
 
@@ -29,8 +29,7 @@ enum jtype { J_BOOL, J_INT, J_STRING, J_OBJECT, J_STRMAP };
 json_t *wbd_ctl_body_object(struct wbd_req *req, int required, enum MHD_Result *r);
 /* Field `name` of `o`: NULL when absent or null; sets *bad and replies 400
  * when it has the wrong type (J_STRMAP also bounds metadata/envVars). */
-json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jtype t, int *bad,
-                      enum MHD_Result *r);
+json_t *wbd_ctl_field(struct wbd_req *req, json_t *o, const char *name, enum jtype t, int *bad, enum MHD_Result *r);
 /* Fills `team` from X-API-Key; replies 401 and returns -1 when it is bad. */
 int wbd_ctl_authenticate(struct wbd_req *req, char *team, size_t len, enum MHD_Result *r);
 /* `ListedSandbox`; with `detail`, `SandboxDetail`. Under the store lock. */
@@ -81,14 +80,14 @@ enum MHD_Result wbd_route_call(struct wbd_req *req, const struct wbd_route *row)
 /* control.c; wbd_h_connect's arg: */
 enum { WBD_CONNECT = 0, WBD_CONNECT_V2 = 1, WBD_RESUME = 2 };
 enum MHD_Result wbd_h_health(struct wbd_req *req, const struct wbd_call *c);
-enum MHD_Result wbd_h_create(struct wbd_req *req, const struct wbd_call *c);   /* arg: v2 */
+enum MHD_Result wbd_h_create(struct wbd_req *req, const struct wbd_call *c); /* arg: v2 */
 enum MHD_Result wbd_h_list_v2(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_h_list_v1(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_h_metrics_many(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_h_info(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_h_metrics_one(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_h_kill(struct wbd_req *req, const struct wbd_call *c);
-enum MHD_Result wbd_h_timeout(struct wbd_req *req, const struct wbd_call *c);  /* arg: a refresh */
+enum MHD_Result wbd_h_timeout(struct wbd_req *req, const struct wbd_call *c); /* arg: a refresh */
 enum MHD_Result wbd_h_pause(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_h_connect(struct wbd_req *req, const struct wbd_call *c);
 /* snapshot_api.c */
@@ -105,7 +104,7 @@ enum MHD_Result wbd_admin_fault_add(struct wbd_req *req, const struct wbd_call *
 enum MHD_Result wbd_admin_faults_clear(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *c);
 enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *c);
-enum MHD_Result wbd_admin_clock(struct wbd_req *req, const struct wbd_call *c);   /* GET reads, POST moves */
+enum MHD_Result wbd_admin_clock(struct wbd_req *req, const struct wbd_call *c); /* GET reads, POST moves */
 
 /* ---- control.c ---- */
 /* Whether X-API-Key names a team (the same test the handlers make). */
@@ -126,7 +125,6 @@ enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const cha
 /* Shutdown: running sandboxes that pause at their timeout are paused
  * (files only) now, so that they come back after the restart. */
 void wbd_state_shutdown(void);
-
 
 /* ---- events.c, webhooks.c: E2B's lifecycle events ---- */
 /*

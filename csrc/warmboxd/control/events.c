@@ -30,7 +30,7 @@ static const char *const type_names[] = {
   "sandbox.lifecycle.resumed", "sandbox.lifecycle.updated", "sandbox.lifecycle.checkpointed",
 };
 /* infra's migration pairs (none for checkpointed) */
-static const char *const labels[] = { "create", "kill", "pause", "resume", "update", NULL };
+static const char *const labels[] = {"create", "kill", "pause", "resume", "update", NULL};
 #define N_TYPES (sizeof type_names / sizeof *type_names)
 
 struct ev {
@@ -50,7 +50,9 @@ static FILE *log_file;
 /* Keeping                                                             */
 /* ------------------------------------------------------------------ */
 
-static int64_t retention_us(void) { return (int64_t)wbd_knob(&wbd_events_ttl_days) * 86400 * US; }
+static int64_t retention_us(void) {
+  return (int64_t)wbd_knob(&wbd_events_ttl_days) * 86400 * US;
+}
 
 /* Drops what is past the retention (evs is in time order). Under mu. */
 static void prune_locked(int64_t now) {
@@ -107,7 +109,8 @@ static void rfc3339_s(int64_t us, char *buf, size_t len) {
 
 static json_t *event_data(const struct wbd_sandbox *sb, int type, int64_t at) {
   json_t *d = json_object();
-  if (sb->metadata && json_object_size(sb->metadata) > 0) json_object_set_new(d, "sandbox_metadata", json_deep_copy(sb->metadata));
+  if (sb->metadata && json_object_size(sb->metadata) > 0)
+    json_object_set_new(d, "sandbox_metadata", json_deep_copy(sb->metadata));
   if ((type == WBD_EV_PAUSED || type == WBD_EV_KILLED) && sb->state == WBD_RUNNING) {
     char started[40];
     rfc3339_s(sb->started_at_us, started, sizeof started);
@@ -229,7 +232,7 @@ void wbd_events_stop(void) {
 /* ------------------------------------------------------------------ */
 
 struct query {
-  unsigned types;   /* bit per type; 0: all */
+  unsigned types; /* bit per type; 0: all */
   int bad;
   char bad_type[64];
 };
@@ -285,7 +288,7 @@ static enum MHD_Result h_list(struct wbd_req *req, const char *team, const char 
   const char *oa = wbd_req_query(req, "orderAsc");
   if (oa && strcmp(oa, "true") != 0 && strcmp(oa, "false") != 0)
     return wbd_reply_error(req, 400, "validation error: parameter \"orderAsc\" must be true or false");
-  struct query q = { 0, 0, "" };
+  struct query q = {0, 0, ""};
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, each_arg, &q);
   if (q.bad) return wbd_reply_error(req, 400, "validation error: invalid event type \"%s\"", q.bad_type);
   return wbd_reply_json(req, 200, page(team, sid, q.types, oa && strcmp(oa, "true") == 0, offset, limit), NULL);

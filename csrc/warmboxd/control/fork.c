@@ -17,7 +17,9 @@
 
 #define FORK_MAX 100
 
-static int fill_from(struct wbd_sandbox *sb, void *cls) { return wbd_files_load(sb, cls); }
+static int fill_from(struct wbd_sandbox *sb, void *cls) {
+  return wbd_files_load(sb, cls);
+}
 
 static json_t *fork_error(int code, const char *msg) {
   return json_pack("{s:{s:i, s:s}}", "error", "code", code, "message", msg);
@@ -33,11 +35,11 @@ static json_t *fork_one(const char *team, json_t *rec, char *dir, long long time
   sb->timeout_s = (int)timeout;
   json_t *out = NULL;
   int rc = wbd_ctl_launch(sb, timeout, fill_from, dir, &out);
-  if (rc == 429)
-    return fork_error(429, "you have reached the maximum number of concurrent E2B sandboxes");
+  if (rc == 429) return fork_error(429, "you have reached the maximum number of concurrent E2B sandboxes");
   if (rc == WBD_OVER_MEMORY)
-    return fork_error(429, "you have reached the maximum memory of your running and paused sandboxes "
-                           "(warmboxd --max-team-memory-mb)");
+    return fork_error(429,
+                      "you have reached the maximum memory of your running and paused sandboxes "
+                      "(warmboxd --max-team-memory-mb)");
   if (rc != 0) return fork_error(500, "Failed to start forked sandbox");
   return json_pack("{s:o}", "sandbox", out);
 }
@@ -53,9 +55,12 @@ static int parse(struct wbd_req *req, long long *count, long long *timeout, enum
   json_decref(o);
   if (bad) return -1;
   const char *err = NULL;
-  if (*count < 1 || *count > FORK_MAX) err = VERR "doesn't match schema: Error at \"/count\": number must be between 1 and 100";
-  else if (*timeout <= 0) err = "Timeout must be greater than 0";
-  else if (*timeout > (long long)wbd_opt.max_length_hours * 3600) err = "Timeout cannot be greater than the maximum sandbox length";
+  if (*count < 1 || *count > FORK_MAX)
+    err = VERR "doesn't match schema: Error at \"/count\": number must be between 1 and 100";
+  else if (*timeout <= 0)
+    err = "Timeout must be greater than 0";
+  else if (*timeout > (long long)wbd_opt.max_length_hours * 3600)
+    err = "Timeout cannot be greater than the maximum sandbox length";
   if (err) {
     *r = wbd_reply_error(req, 400, "%s", err);
     return -1;
@@ -73,7 +78,7 @@ enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const cha
   snprintf(dir, sizeof dir, "%s/%s-%ld", top, id, __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
   json_t *rec = NULL;
   /* the copy lives until the forks have started: bounded as a snapshot's */
-  struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
+  struct wbd_copy c = {.budget = -1, .pool_limit = -1};
   int rc = wbd_quota_begin(team, 0, &c);
   if (rc) return wbd_reply_error(req, (unsigned)rc, "%s", c.msg);
   rc = wbd_state_capture(team, id, dir, 409, &rec, &c);
@@ -82,7 +87,8 @@ enum MHD_Result wbd_fork_handle(struct wbd_req *req, const char *team, const cha
     wbd_files_remove(dir);
   }
   if (rc == 404) return wbd_reply_error(req, 404, NOT_FOUND_FMT, id);
-  if (rc == 409) return wbd_reply_error(req, 409, "Sandbox \"%s\" is paused or being snapshotted and cannot be forked", id);
+  if (rc == 409)
+    return wbd_reply_error(req, 409, "Sandbox \"%s\" is paused or being snapshotted and cannot be forked", id);
   if (rc == 429 || rc == 507) return wbd_reply_error(req, (unsigned)rc, "%s", c.msg);
   if (rc != 0) return wbd_reply_error(req, 500, "Error forking sandbox: %s", c.msg);
   json_t *arr = json_array();

@@ -29,7 +29,9 @@
 #endif
 #ifdef WBD_ASAN
 size_t __sanitizer_get_current_allocated_bytes(void); /* sanitizer/allocator_interface.h, not always installed */
-static long long heap_in_use(void) { return (long long)__sanitizer_get_current_allocated_bytes(); }
+static long long heap_in_use(void) {
+  return (long long)__sanitizer_get_current_allocated_bytes();
+}
 #else
 #include <malloc.h>
 static long long heap_in_use(void) {
@@ -49,7 +51,7 @@ enum MHD_Result wbd_admin_stats(struct wbd_req *req, const struct wbd_call *call
   wbd_store_unlock();
   json_t *o = wbd_stats_json();
   json_t *c = json_object_get(o, "counters");
-  static const char *const known[] = { "exec_overlap", "kill_during_run", "pause_during_run", "running_ms" };
+  static const char *const known[] = {"exec_overlap", "kill_during_run", "pause_during_run", "running_ms"};
   for (size_t i = 0; i < sizeof known / sizeof *known; i++)
     if (!json_object_get(c, known[i])) json_object_set_new(c, known[i], json_integer(0));
   json_t *s = json_object();
@@ -89,8 +91,7 @@ static const char *fault_refusal(json_t *o) {
   if (drop && !json_is_boolean(drop)) return "drop must be a boolean";
   const char *k;
   json_t *v;
-  if (headers)
-    json_object_foreach(headers, k, v) {
+  if (headers) json_object_foreach(headers, k, v) {
       if (!json_is_string(v)) return "header values must be strings";
     }
   return NULL;
@@ -163,8 +164,7 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
     int is_int = strcmp(k, "rtt_ms") == 0 || strcmp(k, "create_ms") == 0 || strcmp(k, "resume_ms") == 0 ||
                  strcmp(k, "max_running") == 0 || strcmp(k, "webhook_retry_ms") == 0 ||
                  strcmp(k, "webhook_retries") == 0 || strcmp(k, "events_ttl_days") == 0 ||
-                 strcmp(k, "max_team_memory_mb") == 0 || strcmp(k, "max_streams") == 0 ||
-                 strcmp(k, "copy_ms") == 0;
+                 strcmp(k, "max_team_memory_mb") == 0 || strcmp(k, "max_streams") == 0 || strcmp(k, "copy_ms") == 0;
     if (!is_bool && !is_int) {
       r = wbd_reply_error(req, 400, "config: unknown key '%s'", k);
       json_decref(o);
@@ -179,18 +179,30 @@ enum MHD_Result wbd_admin_config(struct wbd_req *req, const struct wbd_call *cal
   }
   json_object_foreach(o, k, v) {
     int iv = json_is_integer(v) ? (int)json_integer_value(v) : json_is_true(v);
-    if (strcmp(k, "loose_metadata") == 0) wbd_knob_set(&wbd_loose_metadata, iv);
-    else if (strcmp(k, "rtt_ms") == 0) wbd_knob_set(&wbd_opt.rtt_ms, iv);
-    else if (strcmp(k, "create_ms") == 0) wbd_knob_set(&wbd_opt.create_ms, iv);
-    else if (strcmp(k, "resume_ms") == 0) wbd_knob_set(&wbd_opt.resume_ms, iv);
-    else if (strcmp(k, "max_running") == 0) wbd_knob_set(&wbd_opt.max_running, iv);
-    else if (strcmp(k, "max_team_memory_mb") == 0) wbd_knob_set(&wbd_opt.max_team_memory_mb, iv);
-    else if (strcmp(k, "max_streams") == 0) wbd_knob_set(&wbd_opt.max_streams, iv);
-    else if (strcmp(k, "webhook_duplicates") == 0) wbd_knob_set(&wbd_webhook_duplicates, iv);
-    else if (strcmp(k, "webhook_retry_ms") == 0) wbd_knob_set(&wbd_webhook_retry_ms, iv);
-    else if (strcmp(k, "webhook_retries") == 0) wbd_knob_set(&wbd_webhook_retries, iv);
-    else if (strcmp(k, "events_ttl_days") == 0) wbd_knob_set(&wbd_events_ttl_days, iv);
-    else if (strcmp(k, "copy_ms") == 0) wbd_knob_set(&wbd_state_lim.copy_ms, iv);
+    if (strcmp(k, "loose_metadata") == 0)
+      wbd_knob_set(&wbd_loose_metadata, iv);
+    else if (strcmp(k, "rtt_ms") == 0)
+      wbd_knob_set(&wbd_opt.rtt_ms, iv);
+    else if (strcmp(k, "create_ms") == 0)
+      wbd_knob_set(&wbd_opt.create_ms, iv);
+    else if (strcmp(k, "resume_ms") == 0)
+      wbd_knob_set(&wbd_opt.resume_ms, iv);
+    else if (strcmp(k, "max_running") == 0)
+      wbd_knob_set(&wbd_opt.max_running, iv);
+    else if (strcmp(k, "max_team_memory_mb") == 0)
+      wbd_knob_set(&wbd_opt.max_team_memory_mb, iv);
+    else if (strcmp(k, "max_streams") == 0)
+      wbd_knob_set(&wbd_opt.max_streams, iv);
+    else if (strcmp(k, "webhook_duplicates") == 0)
+      wbd_knob_set(&wbd_webhook_duplicates, iv);
+    else if (strcmp(k, "webhook_retry_ms") == 0)
+      wbd_knob_set(&wbd_webhook_retry_ms, iv);
+    else if (strcmp(k, "webhook_retries") == 0)
+      wbd_knob_set(&wbd_webhook_retries, iv);
+    else if (strcmp(k, "events_ttl_days") == 0)
+      wbd_knob_set(&wbd_events_ttl_days, iv);
+    else if (strcmp(k, "copy_ms") == 0)
+      wbd_knob_set(&wbd_state_lim.copy_ms, iv);
   }
   json_decref(o);
   return wbd_reply_json(req, 204, NULL, NULL);
@@ -227,8 +239,8 @@ enum MHD_Result wbd_admin_clock(struct wbd_req *req, const struct wbd_call *call
   int frozen;
   wbd_clock_state(&offset, &frozen);
   wbd_format_time(wbd_now_us(), now, sizeof now);
-  return wbd_reply_json(req, 200, json_pack("{s:s,s:I,s:b}", "now", now, "offset_ms", (json_int_t)(offset / 1000),
-                                            "frozen", frozen), NULL);
+  return wbd_reply_json(
+    req, 200, json_pack("{s:s,s:I,s:b}", "now", now, "offset_ms", (json_int_t)(offset / 1000), "frozen", frozen), NULL);
 }
 
 /* POST /_warmboxd/seed {"count", "state", "metadata", "templateID",
@@ -266,8 +278,9 @@ enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *call)
   if (n < 1 || n > 1000000 || (!running && strcmp(st, "paused") != 0) || to <= 0 || sago < 0 || pago < 0 ||
       pago > sago) {
     json_decref(o);
-    return wbd_reply_error(req, 400, "seed: count must be 1..1000000, state running or paused, timeout > 0, "
-                                     "0 <= paused_ago_s <= started_ago_s");
+    return wbd_reply_error(req, 400,
+                           "seed: count must be 1..1000000, state running or paused, timeout > 0, "
+                           "0 <= paused_ago_s <= started_ago_s");
   }
   const char *tid = tmpl ? json_string_value(tmpl) : "base";
   json_t *shared = json_object();
@@ -279,7 +292,7 @@ enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *call)
     struct wbd_sandbox *sb = wbd_store_alloc(team);
     wbd_sandbox_set_template(sb, tid);
     json_decref(sb->metadata);
-    sb->metadata = json_incref(shared);  /* immutable after create: one copy for all */
+    sb->metadata = json_incref(shared); /* immutable after create: one copy for all */
     sb->secure = 1;
     sb->timeout_s = (int)to;
     sb->auto_pause = auto_pause;
@@ -288,7 +301,7 @@ enum MHD_Result wbd_admin_seed(struct wbd_req *req, const struct wbd_call *call)
     sb->started_at_us = now - sago - (n - i);
     if (running) {
       sb->state = WBD_RUNNING;
-      sb->end_at_us = now + to * US;  /* not capped: a record may outlive the maximum length */
+      sb->end_at_us = now + to * US; /* not capped: a record may outlive the maximum length */
     } else {
       sb->state = WBD_PAUSED;
       sb->end_at_us = now - pago;

@@ -68,7 +68,7 @@ static char *query_unescape(const char *s, size_t n, size_t *outlen) {
         free(out);
         return NULL;
       }
-      char hx[3] = { s[i + 1], s[i + 2], 0 };
+      char hx[3] = {s[i + 1], s[i + 2], 0};
       *w++ = (char)strtol(hx, NULL, 16);
       i += 2;
     } else if (s[i] == '+') {
@@ -97,7 +97,7 @@ json_t *wbd_parse_metadata(const char *q, const char **err) {
     *err = "error when unescaping query: invalid URL escape";
     return NULL;
   }
-  if (wn != strlen(whole)) {   /* a NUL would cut the filter short and widen it */
+  if (wn != strlen(whole)) { /* a NUL would cut the filter short and widen it */
     free(whole);
     return impossible_filter();
   }
@@ -182,7 +182,8 @@ int wbd_parse_time(const char *s, int64_t *us) {
     for (int d = digits; d < 6; d++) frac *= 10;
   }
   int64_t off = 0;
-  if (*p == 'Z' || *p == 'z') p++;
+  if (*p == 'Z' || *p == 'z')
+    p++;
   else if (*p == '+' || *p == '-') {
     int sign = *p == '-' ? -1 : 1;
     if (!isdigit((unsigned char)p[1]) || !isdigit((unsigned char)p[2]) || p[3] != ':' ||
@@ -309,7 +310,7 @@ typedef int (*walk_fn)(struct wbd_sandbox *sb, void *cls);
  * meanwhile are seen or not as in a paginated listing. */
 static void list_walk(const char *team, int asc, int has_cursor, int64_t cur_ts, const char *cur_id, walk_fn fn,
                       void *cls) {
-  char id[sizeof ((struct wbd_sandbox *)0)->id] = "";
+  char id[sizeof((struct wbd_sandbox *)0)->id] = "";
   int64_t ts = cur_ts;
   if (has_cursor) snprintf(id, sizeof id, "%s", cur_id);
   for (;;) {
@@ -320,8 +321,8 @@ static void list_walk(const char *team, int asc, int has_cursor, int64_t cur_ts,
       return;
     }
     size_t n = t->n;
-    size_t i = asc ? (has_cursor ? wbd_store_upper_locked(t, ts, id) : 0)
-                   : (has_cursor ? wbd_store_lower_locked(t, ts, id) : n);
+    size_t i =
+      asc ? (has_cursor ? wbd_store_upper_locked(t, ts, id) : 0) : (has_cursor ? wbd_store_lower_locked(t, ts, id) : n);
     int stop = 0;
     for (int k = 0; k < WALK_CHUNK; k++) {
       if (asc ? i >= n : i == 0) {
@@ -362,7 +363,7 @@ static int q_match(struct list_q *q, const struct wbd_sandbox *sb) {
 
 static int page_fn(struct wbd_sandbox *sb, void *cls) {
   struct list_q *q = cls;
-  if (!q->asc && q->has_after && sb->started_at_us < q->after) return 1;  /* desc: all older from here */
+  if (!q->asc && q->has_after && sb->started_at_us < q->after) return 1; /* desc: all older from here */
   if (sb->state == WBD_RUNNING ? !q->want_running : !q->want_paused) return 0;
   if (!q_match(q, sb)) return 0;
   if (q->got == q->limit) {
@@ -399,8 +400,8 @@ static enum MHD_Result metadata_filter(struct wbd_req *req, const char *metadata
   const char *err = NULL;
   const char *raw = NULL;
   size_t rawlen = 0;
-  if (MHD_lookup_connection_value_n(req->conn, MHD_GET_ARGUMENT_KIND, "metadata", 8, &raw, &rawlen) == MHD_YES &&
-      raw && rawlen != strlen(raw)) {
+  if (MHD_lookup_connection_value_n(req->conn, MHD_GET_ARGUMENT_KIND, "metadata", 8, &raw, &rawlen) == MHD_YES && raw &&
+      rawlen != strlen(raw)) {
     /* A NUL inside: C strings would cut the filter there and widen it.
      * Metadata holds no NUL, so nothing matches. */
     *filter = impossible_filter();
@@ -422,8 +423,10 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
     const char *p = state;
     for (;;) {
       size_t n = strcspn(p, ",");
-      if (n == 7 && strncmp(p, "running", 7) == 0) want_running = 1;
-      else if (n == 6 && strncmp(p, "paused", 6) == 0) want_paused = 1;
+      if (n == 7 && strncmp(p, "running", 7) == 0)
+        want_running = 1;
+      else if (n == 6 && strncmp(p, "paused", 6) == 0)
+        want_paused = 1;
       else
         return wbd_reply_error(req, 400, QERR "value is not one of the allowed values [\"running\",\"paused\"]",
                                "state");
@@ -443,7 +446,8 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
   }
   int asc = 0;
   if (order) {
-    if (strcmp(order, "asc") == 0) asc = 1;
+    if (strcmp(order, "asc") == 0)
+      asc = 1;
     else if (strcmp(order, "desc") != 0)
       return wbd_reply_error(req, 400, QERR "value is not one of the allowed values [\"asc\",\"desc\"]", "order");
   }
@@ -458,7 +462,7 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
     return wbd_reply_error(req, 400, "Template tags are not supported when filtering sandboxes");
   if (tmpl && !*tmpl) tmpl = NULL;
   int64_t cur_ts = 0;
-  char cur_id[sizeof ((struct wbd_sandbox *)0)->id]; /* a longer id in a token is refused, never cut */
+  char cur_id[sizeof((struct wbd_sandbox *)0)->id]; /* a longer id in a token is refused, never cut */
   int has_cursor = 0;
   if (token) {
     if (wbd_parse_token(token, asc, &cur_ts, cur_id, sizeof cur_id) != 0)
@@ -469,9 +473,17 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
   enum MHD_Result mr = metadata_filter(req, metadata, &filter);
   if (req->replied) return mr;
 
-  struct list_q q = { .want_running = want_running, .want_paused = want_paused, .has_after = has_after,
-                      .asc = asc, .loose = wbd_knob(&wbd_loose_metadata), .after = after, .tmpl = tmpl,
-                      .filter = filter, .limit = limit, .total_running = -1, .items = json_array() };
+  struct list_q q = {.want_running = want_running,
+                     .want_paused = want_paused,
+                     .has_after = has_after,
+                     .asc = asc,
+                     .loose = wbd_knob(&wbd_loose_metadata),
+                     .after = after,
+                     .tmpl = tmpl,
+                     .filter = filter,
+                     .limit = limit,
+                     .total_running = -1,
+                     .items = json_array()};
   list_walk(team, asc, has_cursor, cur_ts, cur_id, page_fn, &q);
   if (want_running) {
     int counted = 0;
@@ -492,7 +504,7 @@ enum MHD_Result wbd_list_v2(struct wbd_req *req, const char *team) {
   char *next = q.next;
   long total_running = q.total_running;
 
-  const char *hv[5] = { NULL };
+  const char *hv[5] = {NULL};
   char tr[32];
   int k = 0;
   if (next) {
@@ -515,7 +527,7 @@ enum MHD_Result wbd_list_v1(struct wbd_req *req, const char *team) {
   enum MHD_Result mr = metadata_filter(req, metadata, &filter);
   if (req->replied) return mr;
   /* newest first (startedAt desc, id asc): the desc listing order */
-  struct list_q q = { .loose = wbd_knob(&wbd_loose_metadata), .filter = filter, .items = json_array() };
+  struct list_q q = {.loose = wbd_knob(&wbd_loose_metadata), .filter = filter, .items = json_array()};
   list_walk(team, 0, 0, 0, NULL, running_fn, &q);
   json_decref(filter);
   return wbd_reply_json(req, 200, q.items, NULL);

@@ -29,7 +29,8 @@ static enum MHD_Result h_take(struct wbd_req *req, const char *team) {
   }
   if (name && !wbd_snapshot_name_ok(json_string_value(name))) {
     json_decref(o);
-    return wbd_reply_error(req, 400, "Invalid snapshot name: letters, digits, '-', '_' and '.', with an optional ':tag'");
+    return wbd_reply_error(req, 400,
+                           "Invalid snapshot name: letters, digits, '-', '_' and '.', with an optional ':tag'");
   }
   struct wbd_snapshot *s = NULL;
   char msg[800] = "";
@@ -65,7 +66,7 @@ static enum MHD_Result h_list(struct wbd_req *req, const char *team) {
     return wbd_reply_error(req, 400, "Invalid next token");
   json_t *arr = wbd_snapshot_page(team, sid && *sid ? sid : NULL, name && *name ? name : NULL, after_us,
                                   after_id[0] ? after_id : NULL, limit, next, sizeof next);
-  const char *const hdr[] = { "X-Next-Token", next, NULL };
+  const char *const hdr[] = {"X-Next-Token", next, NULL};
   return wbd_reply_json(req, 200, arr, next[0] ? hdr : NULL);
 }
 
@@ -79,8 +80,12 @@ static enum MHD_Result h_delete(struct wbd_req *req, const char *team) {
 /* Routes                                                              */
 /* ------------------------------------------------------------------ */
 
-enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) { return h_take(req, c->team); }
-enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) { return h_list(req, c->team); }
+enum MHD_Result wbd_h_snapshot_take(struct wbd_req *req, const struct wbd_call *c) {
+  return h_take(req, c->team);
+}
+enum MHD_Result wbd_h_snapshot_list(struct wbd_req *req, const struct wbd_call *c) {
+  return h_list(req, c->team);
+}
 enum MHD_Result wbd_h_template_delete(struct wbd_req *req, const struct wbd_call *c) {
   return h_delete(req, c->team);
 }

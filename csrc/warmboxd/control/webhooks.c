@@ -29,8 +29,8 @@
 int wbd_webhook_retry_ms = 10000, wbd_webhook_retries = 3, wbd_webhook_duplicates = 0;
 
 #define MAX_WEBHOOKS 100   /* per team */
-#define MAX_QUEUED 10000   /* deliveries waiting (a receiver that never answers cannot grow memory without bound) */
-#define ALL_TYPES 0x3fu
+#define MAX_QUEUED   10000 /* deliveries waiting (a receiver that never answers cannot grow memory without bound) */
+#define ALL_TYPES    0x3fu
 
 static const char *const type_names[] = {
   "sandbox.lifecycle.created", "sandbox.lifecycle.killed",  "sandbox.lifecycle.paused",
@@ -59,7 +59,7 @@ struct delivery {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static struct webhook *hooks;
-static struct delivery *queue;   /* by due_ms */
+static struct delivery *queue; /* by due_ms */
 static size_t queued;
 static pthread_t thread;
 static int started, stopping;
@@ -389,7 +389,8 @@ static const char *check_fields(json_t *o, int create) {
   if (url && !url_ok(json_string_value(url)))
     return "\"url\" must be an http(s) URL on a loopback address (warmboxd delivers to this machine only)";
   if (en && !json_is_boolean(en)) return "\"enabled\" must be a boolean";
-  if ((name && !json_is_string(name)) || (sec && !json_is_string(sec))) return "\"name\" and \"signatureSecret\" are strings";
+  if ((name && !json_is_string(name)) || (sec && !json_is_string(sec)))
+    return "\"name\" and \"signatureSecret\" are strings";
   int bad = 0;
   if (ev && (parse_types(ev, &bad) == 0 || bad)) return "\"events\" must list sandbox.lifecycle.* event types";
   return NULL;

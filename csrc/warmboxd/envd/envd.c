@@ -13,7 +13,6 @@
 #include "server.h"
 #include "util.h"
 
-
 #include <ctype.h>
 #include <limits.h>
 #include <errno.h>
@@ -37,17 +36,32 @@
 #include <unistd.h>
 #include <zlib.h>
 
-
 /* The Connect code for a filesystem errno. */
 static const char *errno_code(int err) {
   switch (-err) {
-    case ENOENT: return "not_found";
-    case EACCES: case EPERM: case EROFS: return "permission_denied";
-    case EEXIST: case ENOTEMPTY: return "already_exists";
-    case ENOTDIR: case EISDIR: case EINVAL: case ENAMETOOLONG: case ELOOP: case EXDEV: return "invalid_argument";
-    case ENOSPC: case EDQUOT: return "resource_exhausted";
-    case ESTALE: return "unavailable";
-    default: return "internal";
+    case ENOENT:
+      return "not_found";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "permission_denied";
+    case EEXIST:
+    case ENOTEMPTY:
+      return "already_exists";
+    case ENOTDIR:
+    case EISDIR:
+    case EINVAL:
+    case ENAMETOOLONG:
+    case ELOOP:
+    case EXDEV:
+      return "invalid_argument";
+    case ENOSPC:
+    case EDQUOT:
+      return "resource_exhausted";
+    case ESTALE:
+      return "unavailable";
+    default:
+      return "internal";
   }
 }
 
@@ -61,8 +75,8 @@ static enum MHD_Result rpc_fs_error(struct wbd_req *req, int err, const char *pa
 /* ------------------------------------------------------------------ */
 
 /* envd's /files auth: the token when sent, else a URL signature. */
-static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *op, const char *path,
-                      const char *user, const char **why) {
+static int files_auth(struct wbd_req *req, struct wbd_sandbox *sb, const char *op, const char *path, const char *user,
+                      const char **why) {
   if (!sb->secure || !sb->access_token[0]) return 0;
   const char *tok = wbd_req_header(req, "X-Access-Token");
   if (tok) {
@@ -114,13 +128,23 @@ int wbd_envd_body_authorized(struct wbd_req *req, struct wbd_sandbox *sb) {
 /* The HTTP error for a /files path error. */
 static enum MHD_Result files_path_error(struct wbd_req *req, int err, const char *shown) {
   switch (-err) {
-    case ENOENT: return wbd_reply_error(req, 404, "path '%s' does not exist", shown);
-    case EISDIR: return wbd_reply_error(req, 400, "path '%s' is a directory", shown);
-    case ENOTDIR: return wbd_reply_error(req, 400, "path '%s': a parent is not a directory", shown);
-    case EACCES: case EPERM: case ELOOP: case ENAMETOOLONG: case EINVAL:
+    case ENOENT:
+      return wbd_reply_error(req, 404, "path '%s' does not exist", shown);
+    case EISDIR:
+      return wbd_reply_error(req, 400, "path '%s' is a directory", shown);
+    case ENOTDIR:
+      return wbd_reply_error(req, 400, "path '%s': a parent is not a directory", shown);
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+    case ENAMETOOLONG:
+    case EINVAL:
       return wbd_reply_error(req, 400, "invalid path '%s': %s", shown, wbd_fs_strerror(err));
-    case ENOSPC: case EDQUOT: return wbd_reply_error(req, 507, "not enough disk space for '%s'", shown);
-    default: return wbd_reply_error(req, 500, "'%s': %s", shown, wbd_fs_strerror(err));
+    case ENOSPC:
+    case EDQUOT:
+      return wbd_reply_error(req, 507, "not enough disk space for '%s'", shown);
+    default:
+      return wbd_reply_error(req, 500, "'%s': %s", shown, wbd_fs_strerror(err));
   }
 }
 
@@ -180,7 +204,7 @@ static int accepts_gzip(const char *ae) {
 
 /* gzip of len bytes into out; 0 or -1. */
 static int gzip_buf(const char *data, size_t len, struct wbd_buf *out) {
-  z_stream z = { 0 };
+  z_stream z = {0};
   if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) return -1;
   uLong bound = deflateBound(&z, (uLong)len);
   char *buf = malloc(bound ? bound : 1);
@@ -206,17 +230,17 @@ static int gzip_buf(const char *data, size_t len, struct wbd_buf *out) {
 /* The request body, chunk by chunk, to a sink (0, or nonzero to stop). */
 typedef int (*body_sink)(void *cls, const char *data, size_t len);
 
-#define FEED_CORRUPT (-1)    /* not a gzip stream, or a truncated one */
-#define FEED_OVER_CAP (-2)   /* inflates to more than the cap: a decompression bomb */
+#define FEED_CORRUPT   (-1) /* not a gzip stream, or a truncated one */
+#define FEED_OVER_CAP  (-2) /* inflates to more than the cap: a decompression bomb */
 #define FEED_NO_MEMORY (-3)
-#define FEED_READ (-4)       /* the spooled body could not be read */
-#define FEED_SINK (-5)       /* the sink stopped */
+#define FEED_READ      (-4) /* the spooled body could not be read */
+#define FEED_SINK      (-5) /* the sink stopped */
 
 /* A gzip (or zlib) stream inflated on the way to the sink, at most cap bytes. */
 struct inflater {
   z_stream z;
   size_t out, cap;
-  int ended, err;           /* err: the FEED_* error that stopped it */
+  int ended, err; /* err: the FEED_* error that stopped it */
   body_sink sink;
   void *cls;
 };
@@ -235,7 +259,7 @@ static int inflate_step(struct inflater *f, const char *data, size_t len) {
     if ((f->out += n) > f->cap) return FEED_OVER_CAP;
     if (n && f->sink(f->cls, chunk, n) != 0) return FEED_SINK;
     f->ended = rc == Z_STREAM_END;
-    if (n == 0 && (len == 0 || rc == Z_BUF_ERROR)) break;   /* needs more input */
+    if (n == 0 && (len == 0 || rc == Z_BUF_ERROR)) break; /* needs more input */
   }
   return len == 0 && !f->ended ? FEED_CORRUPT : 0;
 }
@@ -263,8 +287,8 @@ static int feed_raw(struct wbd_req *req, body_sink sink, void *cls) {
 /* The body to sink, inflated first when gz (at most cap bytes then): 0 or a FEED_* error. */
 static int feed_body(struct wbd_req *req, int gz, size_t cap, body_sink sink, void *cls) {
   if (!gz) return feed_raw(req, sink, cls);
-  struct inflater f = { .cap = cap, .sink = sink, .cls = cls };
-  if (inflateInit2(&f.z, 32 + MAX_WBITS) != Z_OK) return FEED_NO_MEMORY;   /* 32: gzip or zlib header */
+  struct inflater f = {.cap = cap, .sink = sink, .cls = cls};
+  if (inflateInit2(&f.z, 32 + MAX_WBITS) != Z_OK) return FEED_NO_MEMORY; /* 32: gzip or zlib header */
   int rc = feed_raw(req, inflate_chunk, &f);
   if (rc == FEED_SINK) rc = f.err;
   if (rc == 0) rc = inflate_step(&f, "", 0);
@@ -312,7 +336,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   for (char *c = name; *c; c++)
     if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '_';
   snprintf(disp, sizeof disp, "inline; filename=\"%s\"", name);
-  const char *headers[] = { "Content-Disposition", disp, "Vary", "Accept-Encoding", NULL };
+  const char *headers[] = {"Content-Disposition", disp, "Vary", "Accept-Encoding", NULL};
   if ((uint64_t)st.st_size > FILES_INLINE_MAX) {
     struct fstream *f = malloc(sizeof *f);
     if (!f) {
@@ -325,7 +349,7 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
     wbd_fs_release(&p);
     return wbd_reply_stream(req, 200, "application/octet-stream", fstream_read, f, fstream_done, headers);
   }
-  struct wbd_buf data = { 0 };
+  struct wbd_buf data = {0};
   char chunk[65536];
   ssize_t n;
   int failed = 0;
@@ -344,14 +368,14 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
   }
   close(fd);
   enum MHD_Result r;
-  struct wbd_buf gz = { 0 };
+  struct wbd_buf gz = {0};
   if (failed) {
     r = wbd_reply_error(req, 500, "reading '%s': %s", p.jail, strerror(failed));
   } else if (accepts_gzip(wbd_req_header(req, "Accept-Encoding")) &&
              gzip_buf(data.data ? data.data : "", data.len, &gz) == 0) {
     /* As envd: gzip when asked (files up to FILES_INLINE_MAX; larger ones
      * stream uncompressed, which Accept-Encoding allows). */
-    const char *gzh[] = { "Content-Disposition", disp, "Vary", "Accept-Encoding", "Content-Encoding", "gzip", NULL };
+    const char *gzh[] = {"Content-Disposition", disp, "Vary", "Accept-Encoding", "Content-Encoding", "gzip", NULL};
     r = wbd_reply_raw(req, 200, "application/octet-stream", gz.data ? gz.data : "", gz.len, gzh);
   } else {
     r = wbd_reply_raw(req, 200, "application/octet-stream", data.data ? data.data : "", data.len, headers);
@@ -364,25 +388,24 @@ static enum MHD_Result files_get(struct wbd_req *req, struct wbd_sandbox *sb) {
 
 struct upload {
   struct wbd_sandbox *sb;
-  const char *user;          /* the username query parameter: whose home a relative path is in */
-  const char *qpath;         /* the `path` query parameter, or NULL */
-  int fd;                    /* file being written, -1 */
-  size_t expect;             /* bytes a file may get (the body's size), 0: unknown (gzip) */
-  json_t *entries;           /* [EntryInfo] answered */
-  struct upfile {            /* the files written so far: the jail path (raw bytes: the
-                              * JSON copies may have U+FFFD where a path is not UTF-8) */
+  const char *user;  /* the username query parameter: whose home a relative path is in */
+  const char *qpath; /* the `path` query parameter, or NULL */
+  int fd;            /* file being written, -1 */
+  size_t expect;     /* bytes a file may get (the body's size), 0: unknown (gzip) */
+  json_t *entries;   /* [EntryInfo] answered */
+  struct upfile {    /* the files written so far: the jail path (raw bytes: the
+                      * JSON copies may have U+FFFD where a path is not UTF-8) */
     char *jail;
     dev_t dev;
     ino_t ino;
-  } *files;
+  } * files;
   size_t nfiles;
-  json_t *meta;              /* X-Metadata-* headers: each file's user.e2b.* xattrs */
-  unsigned status;           /* error to answer, 0 while fine */
+  json_t *meta;    /* X-Metadata-* headers: each file's user.e2b.* xattrs */
+  unsigned status; /* error to answer, 0 while fine */
   char msg[PATH_MAX + 128];
 };
 
-static void upload_fail(struct upload *u, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static void upload_fail(struct upload *u, unsigned status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void upload_fail(struct upload *u, unsigned status, const char *fmt, ...) {
   if (u->status) return;
   va_list ap;
@@ -394,13 +417,26 @@ static void upload_fail(struct upload *u, unsigned status, const char *fmt, ...)
 
 static void upload_path_fail(struct upload *u, int err, const char *shown) {
   switch (-err) {
-    case EISDIR: upload_fail(u, 400, "path '%s' is a directory", shown); break;
-    case ENOTDIR: upload_fail(u, 400, "path '%s': a parent is not a directory", shown); break;
-    case EACCES: case EPERM: case ELOOP: case ENAMETOOLONG: case EINVAL: case ENOENT:
+    case EISDIR:
+      upload_fail(u, 400, "path '%s' is a directory", shown);
+      break;
+    case ENOTDIR:
+      upload_fail(u, 400, "path '%s': a parent is not a directory", shown);
+      break;
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+    case ENAMETOOLONG:
+    case EINVAL:
+    case ENOENT:
       upload_fail(u, 400, "invalid path '%s': %s", shown, wbd_fs_strerror(err));
       break;
-    case ENOSPC: case EDQUOT: upload_fail(u, 507, "not enough disk space for '%s'", shown); break;
-    default: upload_fail(u, 500, "'%s': %s", shown, wbd_fs_strerror(err));
+    case ENOSPC:
+    case EDQUOT:
+      upload_fail(u, 507, "not enough disk space for '%s'", shown);
+      break;
+    default:
+      upload_fail(u, 500, "'%s': %s", shown, wbd_fs_strerror(err));
   }
 }
 
@@ -534,9 +570,11 @@ static enum MHD_Result upload_part(void *cls, enum MHD_ValueKind kind, const cha
                                    const char *content_type, const char *transfer_encoding, const char *data,
                                    uint64_t off, size_t size) {
   struct upload *u = cls;
-  (void)kind; (void)content_type; (void)transfer_encoding;
+  (void)kind;
+  (void)content_type;
+  (void)transfer_encoding;
   if (u->status) return MHD_NO;
-  if (!key || strcmp(key, "file") != 0) return MHD_YES;   /* other fields are ignored, as envd does */
+  if (!key || strcmp(key, "file") != 0) return MHD_YES; /* other fields are ignored, as envd does */
   /* MHD calls once with off == 0 at the start of every part, even an empty one. */
   if (off == 0 && upload_begin(u, u->qpath && *u->qpath ? u->qpath : filename) != 0) return MHD_NO;
   if (u->fd < 0) return MHD_NO;
@@ -547,14 +585,20 @@ static int multipart_sink(void *cls, const char *data, size_t len) {
   return MHD_post_process(cls, data, len) == MHD_YES ? 0 : -1;
 }
 
-static int octet_sink(void *cls, const char *data, size_t len) { return upload_write(cls, data, len); }
+static int octet_sink(void *cls, const char *data, size_t len) {
+  return upload_write(cls, data, len);
+}
 
 /* The status of a body that could not be fed (FEED_SINK: the sink's own). */
 static void upload_feed_fail(struct upload *u, int rc, size_t cap) {
-  if (rc == FEED_OVER_CAP) upload_fail(u, 413, "the decompressed body exceeds the upload limit (%zu bytes)", cap);
-  else if (rc == FEED_CORRUPT) upload_fail(u, 400, "invalid gzip body");
-  else if (rc == FEED_NO_MEMORY) upload_fail(u, 500, "out of memory");
-  else if (rc == FEED_READ) upload_fail(u, 500, "reading the spooled upload failed");
+  if (rc == FEED_OVER_CAP)
+    upload_fail(u, 413, "the decompressed body exceeds the upload limit (%zu bytes)", cap);
+  else if (rc == FEED_CORRUPT)
+    upload_fail(u, 400, "invalid gzip body");
+  else if (rc == FEED_NO_MEMORY)
+    upload_fail(u, 500, "out of memory");
+  else if (rc == FEED_READ)
+    upload_fail(u, 500, "reading the spooled upload failed");
 }
 
 static void upload_multipart(struct wbd_req *req, struct upload *u, int gz, size_t cap) {
@@ -590,8 +634,13 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
   char merr[256];
   json_t *meta = wbd_fs_meta_headers(req, merr, sizeof merr);
   if (!meta) return wbd_reply_error(req, 400, "invalid metadata: %s", merr);
-  struct upload u = { .sb = sb, .user = user, .qpath = path, .fd = -1, .expect = gz ? 0 : req->body_len,
-                      .entries = json_array(), .meta = meta };
+  struct upload u = {.sb = sb,
+                     .user = user,
+                     .qpath = path,
+                     .fd = -1,
+                     .expect = gz ? 0 : req->body_len,
+                     .entries = json_array(),
+                     .meta = meta};
   if (wbd_content_type_is(req, "multipart/form-data")) {
     upload_multipart(req, &u, gz, cap);
   } else if (wbd_content_type_is(req, "application/octet-stream")) {
@@ -623,8 +672,10 @@ static enum MHD_Result files_post(struct wbd_req *req, struct wbd_sandbox *sb) {
 
 /* The jail's mount points and what holds them stay, whoever asks. */
 static enum MHD_Result skeleton_error(struct wbd_req *req, const char *jail) {
-  return wbd_rpc_error(req, "permission_denied", "'%s' is part of the sandbox's filesystem skeleton: it cannot be "
-                   "removed, renamed or replaced", jail);
+  return wbd_rpc_error(req, "permission_denied",
+                       "'%s' is part of the sandbox's filesystem skeleton: it cannot be "
+                       "removed, renamed or replaced",
+                       jail);
 }
 
 static enum MHD_Result fs_entry_reply(struct wbd_req *req, const struct wbd_fspath *p) {
@@ -696,14 +747,16 @@ static enum MHD_Result fs_list_dir(struct wbd_req *req, struct wbd_fspath *p, js
   long long depth = wbd_jint(in, "depth", 1);
   if (depth < 0) return wbd_rpc_error(req, "invalid_argument", "depth should be at least one");
   int err = 0;
-  json_t *res = wbd_fs_list(p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth),
-                            (size_t)wbd_opt.max_list_entries, &err);
+  json_t *res =
+    wbd_fs_list(p, depth == 0 ? 1 : (int)(depth > 1024 ? 1024 : depth), (size_t)wbd_opt.max_list_entries, &err);
   if (res) return wbd_rpc_ok(req, res);
   if (err == -ENOTDIR) return wbd_rpc_error(req, "invalid_argument", "path '%s' is not a directory", p->jail);
   if (err == -ENOENT) return wbd_rpc_error(req, "not_found", "directory '%s' does not exist", p->jail);
   if (err == -E2BIG)
-    return wbd_rpc_error(req, "resource_exhausted", "directory '%s' has more than %d entries at depth %lld: "
-                     "list a smaller depth or a subdirectory", p->jail, wbd_opt.max_list_entries, (long long)depth);
+    return wbd_rpc_error(req, "resource_exhausted",
+                         "directory '%s' has more than %d entries at depth %lld: "
+                         "list a smaller depth or a subdirectory",
+                         p->jail, wbd_opt.max_list_entries, (long long)depth);
   return rpc_fs_error(req, err, p->jail);
 }
 
@@ -718,14 +771,17 @@ static const struct {
   const char *method;
   enum MHD_Result (*fn)(struct wbd_req *req, struct wbd_fspath *p, json_t *in);
 } fs_methods[] = {
-  { "Stat", fs_stat }, { "MakeDir", fs_make_dir }, { "ListDir", fs_list_dir }, { "Remove", fs_remove },
+  {"Stat", fs_stat},
+  {"MakeDir", fs_make_dir},
+  {"ListDir", fs_list_dir},
+  {"Remove", fs_remove},
 };
 
 /* filesystem.Filesystem's unary methods: Move, or one of fs_methods on the
  * request's path resolved as the caller. */
 static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in) {
   char user[64];
-  wbd_rpc_user(req, user, sizeof user);   /* checked by unary_rpc */
+  wbd_rpc_user(req, user, sizeof user); /* checked by unary_rpc */
   if (strcmp(method, "Move") == 0) return fs_move(req, sb, user, in);
   size_t i = 0;
   while (i < sizeof fs_methods / sizeof *fs_methods && strcmp(method, fs_methods[i].method) != 0) i++;
@@ -749,21 +805,21 @@ static enum MHD_Result fs_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const
 /* Routing                                                             */
 /* ------------------------------------------------------------------ */
 
-static enum MHD_Result unary_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *service,
-                                 const char *method) {
+static enum MHD_Result unary_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *service, const char *method) {
   if (strcmp(req->method, "POST") != 0) return wbd_reply_error(req, 405, "method not allowed");
   if (!wbd_content_type_is(req, "application/json"))
     return wbd_reply_error(req, 415, "unsupported content type: envd's RPCs speak application/json here");
   char bad[128];
-  if (wbd_rpc_user(req, bad, sizeof bad) != 0) return wbd_rpc_error(req, "unauthenticated", "invalid username: '%s'", bad);
+  if (wbd_rpc_user(req, bad, sizeof bad) != 0)
+    return wbd_rpc_error(req, "unauthenticated", "invalid username: '%s'", bad);
   json_error_t jerr;
   json_t *in = req->body_len ? json_loadb(req->body, req->body_len, 0, &jerr) : json_object();
   if (!json_is_object(in)) {
     json_decref(in);
     return wbd_rpc_error(req, "invalid_argument", "request body is not a JSON object");
   }
-  enum MHD_Result r = strcmp(service, "filesystem") == 0 ? fs_rpc(req, sb, method, in)
-                                                         : wbd_process_rpc(req, sb, method, in);
+  enum MHD_Result r =
+    strcmp(service, "filesystem") == 0 ? fs_rpc(req, sb, method, in) : wbd_process_rpc(req, sb, method, in);
   json_decref(in);
   return r;
 }
@@ -790,10 +846,11 @@ enum MHD_Result wbd_envd_handle(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (strcmp(path, "/process.Process/Connect") == 0 && post) return wbd_process_connect(req, sb);
   if (strcmp(path, "/process.Process/StreamInput") == 0 && post) return wbd_process_stream_input(req, sb);
   enum MHD_Result wr;
-  if (wbd_envd_watch_route(req, sb, &wr)) return wr;   /* WatchDir and the polled watchers */
+  if (wbd_envd_watch_route(req, sb, &wr)) return wr; /* WatchDir and the polled watchers */
   static const char fs_prefix[] = "/filesystem.Filesystem/", proc_prefix[] = "/process.Process/";
-  int is_rpc = strncmp(path, fs_prefix, sizeof fs_prefix - 1) == 0 || strncmp(path, proc_prefix, sizeof proc_prefix - 1) == 0;
-  if (is_rpc && post && wbd_content_type_is(req, "application/connect+json"))   /* Connect, WatchDir, ... */
+  int is_rpc =
+    strncmp(path, fs_prefix, sizeof fs_prefix - 1) == 0 || strncmp(path, proc_prefix, sizeof proc_prefix - 1) == 0;
+  if (is_rpc && post && wbd_content_type_is(req, "application/connect+json")) /* Connect, WatchDir, ... */
     return wbd_envd_stream_error(req, "unimplemented", "%s is not implemented", path + 1);
   if (strncmp(path, fs_prefix, sizeof fs_prefix - 1) == 0)
     return unary_rpc(req, sb, "filesystem", path + sizeof fs_prefix - 1);

@@ -31,20 +31,20 @@
 
 struct wbd_fspath {
   struct wbd_sandbox *sb;
-  int root;              /* O_PATH fd of the tree's root, -1 when not open */
-  char jail[PATH_MAX];   /* the cleaned path as the sandbox sees it */
-  char rel[PATH_MAX];    /* relative to root; "." for the root itself */
-  int ro;                /* a host tree the jail has read-only: every change is -EROFS */
-  uid_t uid;             /* the sandbox user's: new files get it */
+  int root;            /* O_PATH fd of the tree's root, -1 when not open */
+  char jail[PATH_MAX]; /* the cleaned path as the sandbox sees it */
+  char rel[PATH_MAX];  /* relative to root; "." for the root itself */
+  int ro;              /* a host tree the jail has read-only: every change is -EROFS */
+  uid_t uid;           /* the sandbox user's: new files get it */
   gid_t gid;
 };
 
 /* Errors are -errno; -EACCES: outside the sandbox's trees (or a symlink
  * that leads out); -EINVAL: empty or malformed. */
-int  wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *p);
+int wbd_fs_resolve(struct wbd_sandbox *sb, const char *path, struct wbd_fspath *p);
 /* As wbd_fs_resolve, for envd's `user`: relative paths and "~" are from
  * its home (/root for "root" in a jail, else /home/user). */
-int  wbd_fs_resolve_as(struct wbd_sandbox *sb, const char *path, const char *user, struct wbd_fspath *p);
+int wbd_fs_resolve_as(struct wbd_sandbox *sb, const char *path, const char *user, struct wbd_fspath *p);
 void wbd_fs_release(struct wbd_fspath *p);
 
 /* openat2 beneath the root (follows symlinks only inside it); fd or -errno. */
@@ -116,7 +116,7 @@ long long wbd_envd_upload_room(struct wbd_sandbox *sb);
 json_t *wbd_connect_error_json(const char *code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 /* A unary Connect error: non-200 status, {"code":"<connect code>","message"}. */
 enum MHD_Result wbd_rpc_error(struct wbd_req *req, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+  __attribute__((format(printf, 3, 4)));
 enum MHD_Result wbd_rpc_ok(struct wbd_req *req, json_t *body);
 /* The request's envd user (Authorization: Basic <user>:): 0, or -1 with
  * the bad name in `name`. */
@@ -152,7 +152,7 @@ enum MHD_Result wbd_process_stream_input(struct wbd_req *req, struct wbd_sandbox
 enum MHD_Result wbd_process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, const char *method, json_t *in);
 /* A streaming RPC that failed before streaming: HTTP 200, only the trailer. */
 enum MHD_Result wbd_envd_stream_error(struct wbd_req *req, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+  __attribute__((format(printf, 3, 4)));
 
 /* ---- envd_watch.c: envd's directory watchers (filesystem.Filesystem/WatchDir,
  * a server stream, and the polled CreateWatcher / GetWatcherEvents /
@@ -164,8 +164,8 @@ enum MHD_Result wbd_envd_stream_error(struct wbd_req *req, const char *code, con
  * of a sandbox's watchers together, and all of them end when the
  * sandbox stops running (kill or pause): a stream is dropped as a process
  * stream is, a polled watcher is freed (its id is then not found). */
-#define WBD_WATCH_MAX 32
-#define WBD_WATCH_MAX_DIRS 4096
+#define WBD_WATCH_MAX          32
+#define WBD_WATCH_MAX_DIRS     4096
 #define WBD_WATCH_SANDBOX_DIRS 8192
 
 /* Serves the request when its path is one of the four watcher RPCs:

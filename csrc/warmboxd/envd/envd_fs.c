@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HOME "/home/user"
+#define HOME      "/home/user"
 #define ROOT_HOME "/root"
 
 /* ------------------------------------------------------------------ */
@@ -68,7 +68,9 @@ static int clean_path(const char *abs_in, char *jail, size_t jlen) {
 #endif
 #ifndef MOUNT_ATTR_RDONLY
 #define MOUNT_ATTR_RDONLY 0x00000001
-struct mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+struct mount_attr {
+  uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
 #endif
 #ifndef AT_RECURSIVE
 #define AT_RECURSIVE 0x8000
@@ -204,12 +206,12 @@ struct walker {
   char *resolved;
   int stack[WALK_MAX_DEPTH];
   int depth, links, owned_root, ro;
-  int open_err;                 /* errno of the last name that did not open */
-  int rc;                       /* the result, once a step is STEP_DONE */
-  char todo[2 * PATH_MAX];      /* the path left, in the current tree */
-  char next[2 * PATH_MAX];      /* a jail path to resolve again from its own tree */
+  int open_err;            /* errno of the last name that did not open */
+  int rc;                  /* the result, once a step is STEP_DONE */
+  char todo[2 * PATH_MAX]; /* the path left, in the current tree */
+  char next[2 * PATH_MAX]; /* a jail path to resolve again from its own tree */
   char here[PATH_MAX], tree_host[PATH_MAX];
-  char jail[PATH_MAX];          /* the jail path of the current name */
+  char jail[PATH_MAX]; /* the jail path of the current name */
 };
 
 /* What a step leads to: the walk goes on (with this name's next check, or
@@ -225,7 +227,7 @@ static enum step walk_done(struct walker *w, int rc) {
 struct comp {
   char name[NAME_MAX + 1];
   size_t len;
-  char *rest;                   /* after the name and its slashes */
+  char *rest; /* after the name and its slashes */
   int last;
 };
 
@@ -309,8 +311,10 @@ static enum step walk_open(struct walker *w, const struct comp *c, int *fd, stru
 /* The last name (fd: it opened as O_PATH, or -1): opened with the caller's
  * flags, never following, created when missing and O_CREAT asks. */
 static enum step walk_last(struct walker *w, const struct comp *c, int fd) {
-  if (fd >= 0) close(fd);
-  else if (w->open_err != ENOENT || !(w->flags & O_CREAT)) return walk_done(w, -w->open_err);
+  if (fd >= 0)
+    close(fd);
+  else if (w->open_err != ENOENT || !(w->flags & O_CREAT))
+    return walk_done(w, -w->open_err);
   if (w->mutate && w->ro) return walk_done(w, -EROFS);
   int rc = openat(w->stack[w->depth], c->name, w->flags | O_NOFOLLOW | O_CLOEXEC, w->mode);
   rc = rc < 0 ? -errno : rc;
@@ -360,7 +364,7 @@ static enum step walk_reroot(struct walker *w) {
 
 /* `resolved` (PATH_MAX, or NULL): the jail path the fd is for, after links. */
 static int walk(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate, char *resolved) {
-  struct walker w;   /* not zeroed: its buffers are written before they are read */
+  struct walker w; /* not zeroed: its buffers are written before they are read */
   if (strlen(rel) >= sizeof w.todo) return -ENAMETOOLONG;
   w.p = p;
   w.flags = flags;
@@ -406,8 +410,7 @@ static int have_openat2 = 1;
 
 /* `mutate`: the fd is for a change (a write, or a directory to change
  * entries of): refused in a read-only tree, however it is reached. */
-static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate,
-                   char *resolved) {
+static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_t mode, int mutate, char *resolved) {
   if (flags & WRITING) mutate = 1;
   if (mutate && p->ro) return -EROFS;
   if (__atomic_load_n(&have_openat2, __ATOMIC_RELAXED)) {
@@ -424,7 +427,7 @@ static int fs_open(const struct wbd_fspath *p, const char *rel, int flags, mode_
       fd = syscall(SYS_openat2, p->root, rel, &how, sizeof how);
     } while (fd < 0 && errno == EAGAIN);
     if (fd >= 0) {
-      if (resolved) {   /* no link on the way: the path itself */
+      if (resolved) { /* no link on the way: the path itself */
         char top[PATH_MAX], joined[2 * PATH_MAX];
         tree_root_jail(p, top, sizeof top);
         snprintf(joined, sizeof joined, "%s/%s", top, rel);
@@ -457,16 +460,20 @@ static int parent_fd(const struct wbd_fspath *p, const char **base, int mutate) 
   return fs_open(p, dir, O_PATH | O_DIRECTORY, 0, mutate, NULL);
 }
 
-int wbd_fs_parent(const struct wbd_fspath *p, const char **base) { return parent_fd(p, base, 0); }
+int wbd_fs_parent(const struct wbd_fspath *p, const char **base) {
+  return parent_fd(p, base, 0);
+}
 
 void wbd_fs_chown(const struct wbd_fspath *p, int fd) {
   if (geteuid() != 0) return;
-  if (fchown(fd, p->uid, p->gid) != 0) { /* best effort */ }
+  if (fchown(fd, p->uid, p->gid) != 0) { /* best effort */
+  }
 }
 
 static void chown_at(const struct wbd_fspath *p, int dirfd, const char *name) {
   if (geteuid() != 0) return;
-  if (fchownat(dirfd, name, p->uid, p->gid, AT_SYMLINK_NOFOLLOW) != 0) { /* best effort */ }
+  if (fchownat(dirfd, name, p->uid, p->gid, AT_SYMLINK_NOFOLLOW) != 0) { /* best effort */
+  }
 }
 
 int wbd_fs_mkdirs(const struct wbd_fspath *p, int self) {
@@ -550,7 +557,7 @@ static int rm_tree(int dirfd, const char *name, int depth) {
 int wbd_fs_remove(const struct wbd_fspath *p) {
   const char *base;
   int dfd = parent_fd(p, &base, 1);
-  if (dfd == -ENOENT || dfd == -ENOTDIR) return 0;   /* RemoveAll: nothing there */
+  if (dfd == -ENOENT || dfd == -ENOTDIR) return 0; /* RemoveAll: nothing there */
   if (dfd < 0) return dfd;
   int rc = rm_tree(dfd, base, 0);
   close(dfd);
@@ -604,8 +611,8 @@ static void go_mode_string(mode_t m, char *out) {
 /* ------------------------------------------------------------------ */
 
 #define META_PREFIX_LEN (sizeof WBD_META_XATTR_PREFIX - 1)
-#define META_MAX_KEY (255 - META_PREFIX_LEN)   /* an xattr name is at most 255 bytes */
-#define META_MAX_TOTAL 4096                    /* names with prefix + values, as envd */
+#define META_MAX_KEY    (255 - META_PREFIX_LEN) /* an xattr name is at most 255 bytes */
+#define META_MAX_TOTAL  4096                    /* names with prefix + values, as envd */
 
 struct meta_scan {
   json_t *out;
@@ -618,13 +625,13 @@ static enum MHD_Result meta_header(void *cls, enum MHD_ValueKind kind, const cha
   if (!name || strncasecmp(name, pre, sizeof pre - 1) != 0 || !name[sizeof pre - 1]) return MHD_YES;
   char key[512];
   size_t n = strlen(name + sizeof pre - 1);
-  if (n >= sizeof key) n = sizeof key - 1;   /* too long anyway: the check below refuses it */
+  if (n >= sizeof key) n = sizeof key - 1; /* too long anyway: the check below refuses it */
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)name[sizeof pre - 1 + i];
     key[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
   }
   key[n] = 0;
-  if (strlen(name + sizeof pre - 1) > n) key[n - 1] = '~';   /* keeps it over the limit */
+  if (strlen(name + sizeof pre - 1) > n) key[n - 1] = '~'; /* keeps it over the limit */
   if (!json_object_get(m->out, key)) json_object_set_new(m->out, key, wbd_json_str(value ? value : ""));
   return MHD_YES;
 }
@@ -636,7 +643,7 @@ static int printable(const char *s) {
 }
 
 json_t *wbd_fs_meta_headers(struct wbd_req *req, char *err, size_t errlen) {
-  struct meta_scan m = { json_object() };
+  struct meta_scan m = {json_object()};
   MHD_get_connection_values(req->conn, MHD_HEADER_KIND, meta_header, &m);
   size_t total = 0;
   const char *k;
@@ -686,7 +693,7 @@ static char *xattr_names(const char *procpath, int fd, ssize_t *len) {
     int e = errno;
     free(buf);
     errno = e;
-    if (e != ERANGE) return NULL;   /* ERANGE: the list grew meanwhile */
+    if (e != ERANGE) return NULL; /* ERANGE: the list grew meanwhile */
   }
   return NULL;
 }
@@ -695,7 +702,7 @@ int wbd_fs_meta_write(int fd, json_t *meta) {
   ssize_t len;
   char *names = xattr_names(NULL, fd, &len);
   if (!names && (errno == ENOTSUP || errno == EOPNOTSUPP))
-    return json_object_size(meta) ? -errno : 0;   /* nothing to clear, nothing asked */
+    return json_object_size(meta) ? -errno : 0; /* nothing to clear, nothing asked */
   for (ssize_t off = 0; names && off < len; off += (ssize_t)strlen(names + off) + 1) {
     const char *name = names + off;
     if (strncmp(name, WBD_META_XATTR_PREFIX, META_PREFIX_LEN) != 0) continue;
@@ -727,7 +734,7 @@ static json_t *meta_read_path(const char *procpath) {
     if (strncmp(name, WBD_META_XATTR_PREFIX, META_PREFIX_LEN) != 0) continue;
     char val[META_MAX_TOTAL + 1];
     ssize_t n = getxattr(procpath, name, val, sizeof val - 1);
-    if (n < 0) continue;   /* gone meanwhile, or larger than envd ever stores */
+    if (n < 0) continue; /* gone meanwhile, or larger than envd ever stores */
     /* json_stringn and json_string refuse bytes that are not UTF-8: such an
      * entry (set from inside the sandbox) is skipped, as envd skips it. */
     json_t *js = json_stringn(val, (size_t)n), *key = json_string(name + META_PREFIX_LEN);
@@ -751,9 +758,10 @@ json_t *wbd_fs_meta_read(int fd) {
 static json_t *entry_json(const struct stat *st, const char *jailpath, const char *target) {
   const char *name = strrchr(jailpath, '/');
   name = name && name[1] ? name + 1 : jailpath;
-  const char *type = S_ISDIR(st->st_mode) ? "FILE_TYPE_DIRECTORY"
-                   : S_ISLNK(st->st_mode) ? "FILE_TYPE_SYMLINK"
-                   : S_ISREG(st->st_mode) ? "FILE_TYPE_FILE" : "FILE_TYPE_UNSPECIFIED";
+  const char *type = S_ISDIR(st->st_mode)   ? "FILE_TYPE_DIRECTORY"
+                     : S_ISLNK(st->st_mode) ? "FILE_TYPE_SYMLINK"
+                     : S_ISREG(st->st_mode) ? "FILE_TYPE_FILE"
+                                            : "FILE_TYPE_UNSPECIFIED";
   json_t *e = json_object();
   json_object_set_new(e, "name", wbd_json_str(name));
   json_object_set_new(e, "type", json_string(type));
@@ -892,8 +900,8 @@ static int mounted_child(const struct wbd_fspath *p, const char *tree_host, cons
  * `real` its jail path once links are resolved (what the jail mounts there
  * is decided from it). */
 struct list_walk {
-  json_t *out;     /* NULL: only count */
-  size_t n, cap;   /* entries seen; more than cap: -E2BIG */
+  json_t *out;   /* NULL: only count */
+  size_t n, cap; /* entries seen; more than cap: -E2BIG */
   int depth;
 };
 
@@ -908,7 +916,7 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
   int rc = 0;
   DIR *d = wbd_fs_dir(fd, 1, &rc);
   if (!d) return rc;
-  rewinddir(d);   /* the dup shares fd's offset: a second walk starts over */
+  rewinddir(d); /* the dup shares fd's offset: a second walk starts over */
   char **names = NULL;
   size_t n = 0, cap = 0;
   struct dirent *de;
@@ -926,8 +934,8 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
   for (size_t i = 0; i < n; i++) {
     char child[PATH_MAX], real_child[PATH_MAX];
     int w = snprintf(child, sizeof child, "%s%s%s", shown, shown[strlen(shown) - 1] == '/' ? "" : "/", names[i]);
-    int w2 = snprintf(real_child, sizeof real_child, "%s%s%s", real, real[strlen(real) - 1] == '/' ? "" : "/",
-                      names[i]);
+    int w2 =
+      snprintf(real_child, sizeof real_child, "%s%s%s", real, real[strlen(real) - 1] == '/' ? "" : "/", names[i]);
     if (w < 0 || (size_t)w >= sizeof child || w2 < 0 || (size_t)w2 >= sizeof real_child) continue;
     int sub = -1;
     json_t *e = NULL;
@@ -937,7 +945,7 @@ static int list_level(const struct wbd_fspath *p, const char *tree_host, int fd,
     } else {
       e = entry_at(fd, names[i], child);
     }
-    if (!e) {   /* vanished meanwhile */
+    if (!e) { /* vanished meanwhile */
       if (sub >= 0) close(sub);
       continue;
     }
@@ -978,7 +986,7 @@ json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, size_t max, int *err)
   const char *r;
   if (wbd_rt_locate(p->sb, real, host, sizeof host, &r) < 0) host[0] = 0;
   /* Counted first, so a listing over the cap never holds its entries. */
-  struct list_walk wk = { NULL, 0, max, depth < 1 ? 1 : depth };
+  struct list_walk wk = {NULL, 0, max, depth < 1 ? 1 : depth};
   int rc = list_level(p, host, fd, p->jail, real, 1, &wk);
   json_t *arr = json_array();
   if (rc == 0) {
@@ -1002,11 +1010,17 @@ json_t *wbd_fs_list(const struct wbd_fspath *p, int depth, size_t max, int *err)
 
 const char *wbd_fs_strerror(int err) {
   switch (err) {
-    case -EACCES: return "path is not served (outside the sandbox, or its per-process /proc, /dev, /sys)";
-    case -EROFS: return "read-only file system";
-    case -ELOOP: return "too many levels of symbolic links";
-    case -ESTALE: return "the sandbox's filesystem is gone";
-    case -EPERM: return "operation not permitted on the sandbox's root directory";
-    default: return strerror(-err);
+    case -EACCES:
+      return "path is not served (outside the sandbox, or its per-process /proc, /dev, /sys)";
+    case -EROFS:
+      return "read-only file system";
+    case -ELOOP:
+      return "too many levels of symbolic links";
+    case -ESTALE:
+      return "the sandbox's filesystem is gone";
+    case -EPERM:
+      return "operation not permitted on the sandbox's root directory";
+    default:
+      return strerror(-err);
   }
 }

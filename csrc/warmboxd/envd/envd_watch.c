@@ -42,30 +42,31 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WATCH_MASK (IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB | IN_MODIFY | IN_DELETE | \
-                    IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
-#define WALK_MAX_DEPTH 256
+#define WATCH_MASK                                                                                               \
+  (IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB | IN_MODIFY | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | \
+   IN_ONLYDIR)
+#define WALK_MAX_DEPTH  256
 #define WATCH_QUEUE_MAX (1 << 20)
 
 struct wd_ent {
   int wd;
-  char *rel;                 /* "" for the watched directory itself */
+  char *rel; /* "" for the watched directory itself */
 };
 
 struct watcher {
   struct watcher *next;
   char sbid[32];
-  char id[24];               /* "w" + 20 random characters; polled watchers only */
+  char id[24]; /* "w" + 20 random characters; polled watchers only */
   int stream;
-  int wake;                  /* eventfd: events queued, or the sandbox stopped running */
-  int gone;                  /* the sandbox stopped running (under mu) */
-  struct wbd_buf queue;      /* raw inotify events for this watcher (under mu) */
-  int overflow;              /* the queue was full: events were lost (under mu) */
+  int wake;             /* eventfd: events queued, or the sandbox stopped running */
+  int gone;             /* the sandbox stopped running (under mu) */
+  struct wbd_buf queue; /* raw inotify events for this watcher (under mu) */
+  int overflow;         /* the queue was full: events were lost (under mu) */
   int recursive, include_entry;
-  struct wbd_fspath base;    /* root: the watched directory (O_PATH); jail: its path */
+  struct wbd_fspath base; /* root: the watched directory (O_PATH); jail: its path */
   struct wd_ent *wds;
   size_t nwds, cap;
-  char error_code[24];       /* a terminal error, "" while fine */
+  char error_code[24]; /* a terminal error, "" while fine */
   char error_msg[256];
 };
 
@@ -73,9 +74,9 @@ struct watcher {
  * shared instance's references. */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct watcher *watchers;
-static struct watcher *g_pending;   /* being made: not yet counted or found, but fed events */
+static struct watcher *g_pending; /* being made: not yet counted or found, but fed events */
 static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
-static int g_ifd = -1;       /* the shared inotify instance, -1 when it cannot be made */
+static int g_ifd = -1; /* the shared inotify instance, -1 when it cannot be made */
 static int g_ifd_errno;
 
 /* Watch descriptors of the shared instance and how many watchers hold each. */
@@ -161,10 +162,11 @@ static void on_leave(struct wbd_sandbox *sb) {
       pp = &w->next;
       continue;
     }
-    if (w->stream) {   /* its thread frees it */
+    if (w->stream) { /* its thread frees it */
       w->gone = 1;
       uint64_t one = 1;
-      if (write(w->wake, &one, sizeof one) < 0) { /* the counter cannot overflow here */ }
+      if (write(w->wake, &one, sizeof one) < 0) { /* the counter cannot overflow here */
+      }
       pp = &w->next;
     } else {
       *pp = w->next;
@@ -182,10 +184,13 @@ static void dispatch_to(struct watcher *list, const struct inotify_event *ev) {
   size_t sz = sizeof *ev + ev->len;
   for (struct watcher *w = list; w; w = w->next) {
     if (!(ev->mask & IN_Q_OVERFLOW) && !wd_rel(w, ev->wd)) continue;
-    if ((ev->mask & IN_Q_OVERFLOW) || w->queue.len - w->queue.off + sz > WATCH_QUEUE_MAX) w->overflow = 1;
-    else if (wbd_buf_add(&w->queue, ev, sz) != 0) abort();
+    if ((ev->mask & IN_Q_OVERFLOW) || w->queue.len - w->queue.off + sz > WATCH_QUEUE_MAX)
+      w->overflow = 1;
+    else if (wbd_buf_add(&w->queue, ev, sz) != 0)
+      abort();
     uint64_t one = 1;
-    if (write(w->wake, &one, sizeof one) < 0) { /* the counter cannot overflow here */ }
+    if (write(w->wake, &one, sizeof one) < 0) { /* the counter cannot overflow here */
+    }
   }
 }
 
@@ -206,7 +211,7 @@ static void *reader(void *arg) {
     ssize_t n = read(g_ifd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      struct pollfd pf = { .fd = g_ifd, .events = POLLIN };
+      struct pollfd pf = {.fd = g_ifd, .events = POLLIN};
       poll(&pf, 1, -1);
       continue;
     }
@@ -280,7 +285,7 @@ static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
   snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
   int wd = inotify_add_watch(g_ifd, proc, WATCH_MASK);
   if (wd < 0) return -errno;
-  if (!wd_rel(w, wd)) {   /* the same directory again (a move): keep its first name */
+  if (!wd_rel(w, wd)) { /* the same directory again (a move): keep its first name */
     ref_take(wd);
     if (w->nwds == w->cap) {
       size_t nc = w->cap ? w->cap * 2 : 16;
@@ -302,7 +307,7 @@ static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
   while (rc == 0 && (de = wbd_fs_next(d)) != NULL) {
     if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) continue;
     int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (sub < 0) continue;   /* not a directory, or gone meanwhile */
+    if (sub < 0) continue; /* not a directory, or gone meanwhile */
     char child[PATH_MAX];
     int n = snprintf(child, sizeof child, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
     if (n > 0 && (size_t)n < sizeof child) rc = watch_tree(w, sub, child, depth + 1);
@@ -313,18 +318,18 @@ static int watch_tree(struct watcher *w, int fd, const char *rel, int depth) {
 }
 
 #define STR_(x) #x
-#define STR(x) STR_(x)
+#define STR(x)  STR_(x)
 static const char *limit_msg(int rc) {
   if (rc == -ENOSPC) return "the host's inotify watch limit is reached";
   return "more than " STR(WBD_WATCH_MAX_DIRS) " directories to watch for one watcher, or " STR(
-      WBD_WATCH_SANDBOX_DIRS) " for all of a sandbox's watchers";
+    WBD_WATCH_SANDBOX_DIRS) " for all of a sandbox's watchers";
 }
 
 /* A directory created or moved in below a recursive watch. */
 static void watch_new_dir(struct watcher *w, struct wbd_sandbox *sb, const char *rel) {
   w->base.sb = sb;
   int fd = wbd_fs_open(&w->base, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
-  if (fd < 0) return;   /* gone again, or replaced by something else */
+  if (fd < 0) return; /* gone again, or replaced by something else */
   int rc = watch_tree(w, fd, rel, 1);
   close(fd);
   if (rc == -EDQUOT || rc == -ENOSPC) set_error(w, "resource_exhausted", "watcher error: %s", limit_msg(rc));
@@ -352,7 +357,7 @@ static json_t *event_json(struct watcher *w, struct wbd_sandbox *sb, const char 
 /* Takes the events queued for the watcher (never blocks) and appends
  * FilesystemEvents to `out`; sets the watcher's error on overflow. Under mu. */
 static void drain(struct watcher *w, struct wbd_sandbox *sb, json_t *out) {
-  struct wbd_buf q = w->queue;   /* what the reader queued so far; it waits for mu */
+  struct wbd_buf q = w->queue; /* what the reader queued so far; it waits for mu */
   memset(&w->queue, 0, sizeof w->queue);
   if (w->overflow) set_error(w, "internal", "watcher error: fsnotify: queue or buffer overflow");
   for (char *p = q.data + q.off; p < q.data + q.len;) {
@@ -368,13 +373,18 @@ static void drain(struct watcher *w, struct wbd_sandbox *sb, json_t *out) {
     if (ev->len && ev->name[0])
       snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", ev->name);
     else if (!*rel)
-      snprintf(name, sizeof name, ".");   /* the watched directory itself */
+      snprintf(name, sizeof name, "."); /* the watched directory itself */
     else
-      continue;   /* a subdirectory's own event: its parent reported it */
-    static const struct { uint32_t mask; const char *type; } ops[] = {
-      { IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE" }, { IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME" },
-      { IN_ATTRIB, "EVENT_TYPE_CHMOD" }, { IN_MODIFY, "EVENT_TYPE_WRITE" },
-      { IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE" },
+      continue; /* a subdirectory's own event: its parent reported it */
+    static const struct {
+      uint32_t mask;
+      const char *type;
+    } ops[] = {
+      {IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE"},
+      {IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME"},
+      {IN_ATTRIB, "EVENT_TYPE_CHMOD"},
+      {IN_MODIFY, "EVENT_TYPE_WRITE"},
+      {IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE"},
     };
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
       if (ev->mask & ops[i].mask) json_array_append_new(out, event_json(w, sb, name, ops[i].type));
@@ -503,7 +513,6 @@ static struct watcher *watcher_new(struct wbd_req *req, struct wbd_sandbox *sb, 
   return w;
 }
 
-
 /* ------------------------------------------------------------------ */
 /* WatchDir: the stream                                                */
 /* ------------------------------------------------------------------ */
@@ -517,7 +526,7 @@ enum {
 
 struct wstream {
   struct watcher *w;
-  struct wbd_sandbox *sb;    /* our own reference */
+  struct wbd_sandbox *sb; /* our own reference */
   struct MHD_Connection *conn;
   int phase;
   int64_t deadline_us, keepalive_us, last_sent_us;
@@ -552,13 +561,14 @@ static int ws_step(void *cls, int wait_fds[2]) {
   }
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ws->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   struct pollfd fds[2] = {
-    { .fd = w->wake, .events = POLLIN }, { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP },
+    {.fd = w->wake, .events = POLLIN},
+    {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP},
   };
   for (;;) {
     pthread_mutex_lock(&mu);
     int gone = w->gone;
     pthread_mutex_unlock(&mu);
-    if (gone) {   /* as a VM going away: no end, no trailer */
+    if (gone) { /* as a VM going away: no end, no trailer */
       ws->phase = WS_ABORT;
       return 0;
     }
@@ -588,12 +598,13 @@ static int ws_step(void *cls, int wait_fds[2]) {
       return (int)((wait_us + 999) / 1000);
     }
     if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-      ws->phase = WS_ABORT;   /* the client went away */
+      ws->phase = WS_ABORT; /* the client went away */
       return 0;
     }
-    if (fds[0].revents) {   /* events queued, or `gone` (seen at the top) */
+    if (fds[0].revents) { /* events queued, or `gone` (seen at the top) */
       uint64_t cnt;
-      if (read(w->wake, &cnt, sizeof cnt) < 0) { /* EAGAIN: already read */ }
+      if (read(w->wake, &cnt, sizeof cnt) < 0) { /* EAGAIN: already read */
+      }
       json_t *evs = json_array();
       pthread_mutex_lock(&mu);
       drain(w, ws->sb, evs);
@@ -638,7 +649,8 @@ static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
   if (!user_ok(req)) return wbd_envd_stream_error(req, "unauthenticated", "invalid username");
   size_t len = 0;
   switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
-    case WBD_ENV_OK: break;
+    case WBD_ENV_OK:
+      break;
     case WBD_ENV_SHORT:
       return wbd_envd_stream_error(req, "invalid_argument", "missing request envelope");
     case WBD_ENV_COMPRESSED:
@@ -659,7 +671,7 @@ static enum MHD_Result watch_dir(struct wbd_req *req, struct wbd_sandbox *sb) {
   struct wstream *ws = calloc(1, sizeof *ws);
   if (!ws) abort();
   wbd_store_lock();
-  sb->refcount++;   /* the stream outlives this handler */
+  sb->refcount++; /* the stream outlives this handler */
   wbd_store_unlock();
   ws->w = w;
   ws->sb = sb;
@@ -712,7 +724,7 @@ static enum MHD_Result polled(struct wbd_req *req, struct wbd_sandbox *sb, const
     }
     events = json_array();
     drain(w, sb, events);
-    if (w->error_code[0]) {   /* as envd: the error, every time it is asked */
+    if (w->error_code[0]) { /* as envd: the error, every time it is asked */
       snprintf(code, sizeof code, "%s", w->error_code);
       snprintf(msg, sizeof msg, "%s", w->error_msg);
     }
@@ -729,8 +741,10 @@ static enum MHD_Result polled(struct wbd_req *req, struct wbd_sandbox *sb, const
   }
   if (!events) return wbd_reply_json(req, 200, json_object(), NULL);
   json_t *res = json_object();
-  if (json_array_size(events)) json_object_set_new(res, "events", events);
-  else json_decref(events);
+  if (json_array_size(events))
+    json_object_set_new(res, "events", events);
+  else
+    json_decref(events);
   return wbd_reply_json(req, 200, res, NULL);
 }
 

@@ -44,43 +44,43 @@
  * out to the streams attached to it (dropped while none is), and its end is
  * kept PROC_RETAIN_US after it exited for a late Connect. Lock order:
  * procs_mu, then a proc's mu; in_mu alone. */
-#define PROC_QUEUE_MAX (256u << 10)    /* envelope bytes waiting per stream: then the pump (and the process) waits */
-#define PROC_TAG_MAX 4096              /* bytes of a tag (kept with an ended process) */
-#define PROC_LIVE_MAX 64               /* running processes per sandbox (WARMBOXD_PROCS_MAX) */
-#define PROC_RETAINED_MAX 64           /* ended ones kept per sandbox */
-#define PROC_RETAIN_US (30 * 1000000LL)
-#define PROC_INPUT_WAIT_MS 30000       /* a process that reads no input fails the write after this */
+#define PROC_QUEUE_MAX     (256u << 10) /* envelope bytes waiting per stream: then the pump (and the process) waits */
+#define PROC_TAG_MAX       4096         /* bytes of a tag (kept with an ended process) */
+#define PROC_LIVE_MAX      64           /* running processes per sandbox (WARMBOXD_PROCS_MAX) */
+#define PROC_RETAINED_MAX  64           /* ended ones kept per sandbox */
+#define PROC_RETAIN_US     (30 * 1000000LL)
+#define PROC_INPUT_WAIT_MS 30000 /* a process that reads no input fails the write after this */
 
-struct sub {                           /* a stream attached to a process */
+struct sub { /* a stream attached to a process */
   struct sub *next;
-  struct wbd_buf q;                    /* envelopes not yet taken by the stream, under proc.mu */
-  int efd;                             /* eventfd: q grew, or the stream must end */
-  int ended;                           /* q holds the end and the trailer: nothing follows */
-  int dropped;                         /* the sandbox went away under the process: drop the stream */
+  struct wbd_buf q; /* envelopes not yet taken by the stream, under proc.mu */
+  int efd;          /* eventfd: q grew, or the stream must end */
+  int ended;        /* q holds the end and the trailer: nothing follows */
+  int dropped;      /* the sandbox went away under the process: drop the stream */
 };
 
 struct proc {
-  struct proc *next;                   /* procs, under procs_mu */
-  int refs;                            /* under procs_mu: the list, the pump, each stream */
+  struct proc *next; /* procs, under procs_mu */
+  int refs;          /* under procs_mu: the list, the pump, each stream */
   char sbid[32];
   pid_t pid;
-  json_t *config;                      /* ProcessConfig as received; NULL once ended */
+  json_t *config; /* ProcessConfig as received; NULL once ended */
   char *tag;
   int is_pty;
-  int exited;                          /* under procs_mu and mu: the end is known */
-  int64_t expire_us;                   /* ended: forgotten at this time */
-  pthread_mutex_t mu;                  /* subs, end */
-  pthread_cond_t cond;                 /* a stream took from its queue or left */
+  int exited;          /* under procs_mu and mu: the end is known */
+  int64_t expire_us;   /* ended: forgotten at this time */
+  pthread_mutex_t mu;  /* subs, end */
+  pthread_cond_t cond; /* a stream took from its queue or left */
   struct sub *subs;
-  json_t *end;                         /* the EndEvent, once exited (NULL: dropped) */
-  pthread_mutex_t in_mu;               /* input, resize, CloseStdin */
-  int in_fd;                           /* stdin's write end, or -1 (a pty: the master) */
-  int pty_fd;                          /* pty master, or -1; closed when freed */
+  json_t *end;           /* the EndEvent, once exited (NULL: dropped) */
+  pthread_mutex_t in_mu; /* input, resize, CloseStdin */
+  int in_fd;             /* stdin's write end, or -1 (a pty: the master) */
+  int pty_fd;            /* pty master, or -1; closed when freed */
   /* the pump's own */
-  struct wbd_sandbox *sb;              /* reference, held while the process runs */
+  struct wbd_sandbox *sb; /* reference, held while the process runs */
   int out_fd, err_fd, pid_fd;
-  int64_t deadline_us;                 /* Start's Connect-Timeout-Ms: then the process is killed */
-  char boot[48];                       /* the sandbox's boot id when it started */
+  int64_t deadline_us; /* Start's Connect-Timeout-Ms: then the process is killed */
+  char boot[48];       /* the sandbox's boot id when it started */
 };
 static pthread_mutex_t procs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct proc *procs;
@@ -167,7 +167,7 @@ static json_t *trailer_error(const char *code, const char *fmt, ...) {
 
 /* A streaming RPC that failed before streaming: HTTP 200, only the trailer. */
 static enum MHD_Result stream_fail(struct wbd_req *req, json_t *trailer) {
-  struct wbd_buf b = { 0 };
+  struct wbd_buf b = {0};
   wbd_connect_frame(&b, 0x02, trailer);
   enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", b.data, b.len, NULL);
   wbd_buf_free(&b);
@@ -176,7 +176,8 @@ static enum MHD_Result stream_fail(struct wbd_req *req, json_t *trailer) {
 
 static void sub_wake(struct sub *s) {
   uint64_t one = 1;
-  if (write(s->efd, &one, sizeof one) < 0) {}   /* EAGAIN: already signalled */
+  if (write(s->efd, &one, sizeof one) < 0) {
+  } /* EAGAIN: already signalled */
 }
 
 /* A new stream attached to p, its start event queued; with the end too when
@@ -226,7 +227,7 @@ static void proc_unsubscribe(struct proc *p, struct sub *s) {
  * is PROC_QUEUE_MAX behind (its client reads slowly: the process waits, as
  * envd's unbuffered channels make it); dropped when no stream is attached. */
 static void proc_publish(struct proc *p, json_t *msg /* stolen */) {
-  struct wbd_buf env = { 0 };
+  struct wbd_buf env = {0};
   wbd_connect_frame(&env, 0, msg);
   pthread_mutex_lock(&p->mu);
   for (;;) {
@@ -246,15 +247,24 @@ static void proc_publish(struct proc *p, json_t *msg /* stolen */) {
 /* Go's ProcessState.String() for a signal. */
 static const char *go_signal_name(int sig) {
   switch (sig) {
-    case SIGKILL: return "killed";
-    case SIGTERM: return "terminated";
-    case SIGINT: return "interrupt";
-    case SIGHUP: return "hangup";
-    case SIGQUIT: return "quit";
-    case SIGPIPE: return "broken pipe";
-    case SIGSEGV: return "segmentation fault";
-    case SIGABRT: return "aborted";
-    default: return strsignal(sig);
+    case SIGKILL:
+      return "killed";
+    case SIGTERM:
+      return "terminated";
+    case SIGINT:
+      return "interrupt";
+    case SIGHUP:
+      return "hangup";
+    case SIGQUIT:
+      return "quit";
+    case SIGPIPE:
+      return "broken pipe";
+    case SIGSEGV:
+      return "segmentation fault";
+    case SIGABRT:
+      return "aborted";
+    default:
+      return strsignal(sig);
   }
 }
 
@@ -312,7 +322,7 @@ static void proc_ended(struct proc *p, int st) {
     }
     sub_wake(s);
   }
-  p->subs = NULL;   /* the streams unsubscribe from an empty list */
+  p->subs = NULL; /* the streams unsubscribe from an empty list */
   pthread_mutex_unlock(&p->mu);
   procs_sweep_locked(p->sbid);
   pthread_mutex_unlock(&procs_mu);
@@ -325,11 +335,11 @@ static void *proc_pump(void *arg) {
     /* Like Go's exec.Cmd, the end comes when the output is at EOF and the
      * process has exited. */
     struct pollfd fds[3] = {
-      { .fd = p->out_fd, .events = POLLIN },
-      { .fd = p->err_fd, .events = POLLIN },
-      { .fd = fds_open ? -1 : p->pid_fd, .events = POLLIN },
+      {.fd = p->out_fd, .events = POLLIN},
+      {.fd = p->err_fd, .events = POLLIN},
+      {.fd = fds_open ? -1 : p->pid_fd, .events = POLLIN},
     };
-    if (!fds_open && p->pid_fd < 0) break;   /* no pidfd: a blocking wait */
+    if (!fds_open && p->pid_fd < 0) break; /* no pidfd: a blocking wait */
     int timeout = -1;
     if (p->deadline_us) {
       int64_t now = mono_us();
@@ -352,19 +362,25 @@ static void *proc_pump(void *arg) {
       /* 16 KiB from a pty, 32 KiB from a pipe, as envd reads them */
       ssize_t r = read(fds[i].fd, chunk, p->is_pty ? 16384 : sizeof chunk);
       if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (r <= 0) {   /* EOF, or EIO: a pty's last slave end closed */
+      if (r <= 0) { /* EOF, or EIO: a pty's last slave end closed */
         if (fds[i].fd != p->pty_fd) close(fds[i].fd);
-        if (i == 0) p->out_fd = -1; else p->err_fd = -1;
+        if (i == 0)
+          p->out_fd = -1;
+        else
+          p->err_fd = -1;
         fds_open--;
         continue;
       }
       pthread_mutex_lock(&p->mu);
       int attached = p->subs != NULL;
       pthread_mutex_unlock(&p->mu);
-      if (!attached) continue;   /* nobody to send it to: not even encoded */
+      if (!attached) continue; /* nobody to send it to: not even encoded */
       char *b64 = wbd_b64_encode(chunk, (size_t)r);
       proc_publish(p, json_pack("{s:{s:{s:s}}}", "event", "data",
-                                p->is_pty ? "pty" : i == 0 ? "stdout" : "stderr", b64 ? b64 : ""));
+                                p->is_pty ? "pty"
+                                : i == 0  ? "stdout"
+                                          : "stderr",
+                                b64 ? b64 : ""));
       free(b64);
     }
   }
@@ -383,12 +399,12 @@ static void *proc_pump(void *arg) {
 enum { PS_RUNNING = WBD_STREAM_RUNNING, PS_DONE = WBD_STREAM_DONE, PS_ABORT = WBD_STREAM_ABORT };
 
 struct pstream {
-  struct wbd_sandbox *sb;     /* our own reference */
-  struct proc *p;             /* referenced */
+  struct wbd_sandbox *sb; /* our own reference */
+  struct proc *p;         /* referenced */
   struct sub *s;
   struct MHD_Connection *conn;
   int phase;
-  int64_t deadline_us;        /* this stream's Connect-Timeout-Ms; 0: none */
+  int64_t deadline_us; /* this stream's Connect-Timeout-Ms; 0: none */
   int64_t keepalive_us;
   int64_t last_sent_us;
   struct wbd_buf buf;
@@ -438,20 +454,20 @@ static int ps_step(void *cls, int wait_fds[2]) {
     if (due - now < wait_us) wait_us = due - now;
   }
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(ps->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  struct pollfd fds[2] = { { .fd = s->efd, .events = POLLIN },
-                           { .fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP } };
+  struct pollfd fds[2] = {{.fd = s->efd, .events = POLLIN}, {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP}};
   int n = poll(fds, 2, 0);
   if (n < 0 && errno != EINTR) {
     ps->phase = PS_ABORT;
     return 0;
   }
   if (n > 0 && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-    ps->phase = PS_ABORT;   /* the client went away; the process goes on */
+    ps->phase = PS_ABORT; /* the client went away; the process goes on */
     return 0;
   }
   if (n > 0 && fds[0].revents) {
     uint64_t v;
-    if (read(s->efd, &v, sizeof v) < 0) {}
+    if (read(s->efd, &v, sizeof v) < 0) {
+    }
     return 0;
   }
   wait_fds[0] = fds[0].fd;
@@ -489,7 +505,7 @@ static enum MHD_Result proc_stream(struct wbd_req *req, struct wbd_sandbox *sb, 
     return stream_fail(req, trailer_error("internal", "out of memory"));
   }
   wbd_store_lock();
-  sb->refcount++;            /* the stream outlives this handler */
+  sb->refcount++; /* the stream outlives this handler */
   sb->runs_in_flight++;
   wbd_store_unlock();
   ps->sb = sb;
@@ -520,7 +536,8 @@ static json_t *stream_request(struct wbd_req *req, const char *what, enum MHD_Re
   }
   size_t len = 0;
   switch (wbd_connect_envelope(req->body, req->body_len, &len)) {
-    case WBD_ENV_OK: break;
+    case WBD_ENV_OK:
+      break;
     case WBD_ENV_SHORT:
       *r = stream_fail(req, trailer_error("invalid_argument", "missing request envelope"));
       return NULL;
@@ -528,8 +545,8 @@ static json_t *stream_request(struct wbd_req *req, const char *what, enum MHD_Re
       *r = stream_fail(req, trailer_error("internal", "compressed envelopes are not supported"));
       return NULL;
     default:
-      *r = stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body",
-                                          len));
+      *r =
+        stream_fail(req, trailer_error("invalid_argument", "request envelope length %zu does not match the body", len));
       return NULL;
   }
   json_error_t jerr;
@@ -578,7 +595,7 @@ static json_t *start_refusal(json_t *in) {
  * the request set it. A relative cwd or "~" is under the home. */
 static void start_home(struct wbd_req *req, json_t *proc, char *cwd, size_t len) {
   char user[64];
-  wbd_rpc_user(req, user, sizeof user);   /* checked by stream_request */
+  wbd_rpc_user(req, user, sizeof user); /* checked by stream_request */
   const char *home = strcmp(user, "root") == 0 && wbd_rt_isolated() ? "/root" : ENVD_HOME;
   if (strcmp(home, ENVD_HOME) != 0 && json_is_object(proc)) {
     json_t *envs = json_object_get(proc, "envs");
@@ -667,13 +684,13 @@ static void proc_init(struct proc *p, struct wbd_req *req, struct wbd_sandbox *s
   const char *tag = wbd_jstr(in, "tag", NULL);
   snprintf(p->sbid, sizeof p->sbid, "%s", sb->id);
   p->config = json_object();
-  static const char *const fields[] = { "cmd", "args", "envs", "cwd" };
+  static const char *const fields[] = {"cmd", "args", "envs", "cwd"};
   for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
     json_t *v = json_object_get(proc, fields[i]);
     if (v) json_object_set_new(p->config, fields[i], json_deep_copy(v));
   }
   p->tag = tag ? strdup(tag) : NULL;
-  p->pid_fd = (int)syscall(SYS_pidfd_open, p->pid, 0);   /* -1 (ENOSYS...): a blocking wait at the end */
+  p->pid_fd = (int)syscall(SYS_pidfd_open, p->pid, 0); /* -1 (ENOSYS...): a blocking wait at the end */
   wbd_rt_boot_id(sb, p->boot, sizeof p->boot);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cond, NULL);
@@ -706,7 +723,7 @@ static int proc_launch(struct proc *p, struct sub *s) {
   p->next = procs;
   procs = p;
   int started = s && pthread_create(&th, &attr, proc_pump, p) == 0;
-  if (!started) p->refs--;   /* no pump */
+  if (!started) p->refs--; /* no pump */
   pthread_mutex_unlock(&procs_mu);
   pthread_attr_destroy(&attr);
   return started;
@@ -744,8 +761,8 @@ enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
   long max = procs_max();
   if (procs_live(sb->id) >= max) {
     json_decref(in);
-    return stream_fail(req, trailer_error("resource_exhausted", "too many running processes in this sandbox (%ld)",
-                                          max));
+    return stream_fail(req,
+                       trailer_error("resource_exhausted", "too many running processes in this sandbox (%ld)", max));
   }
   const char *cmd = wbd_jstr(proc, "cmd", NULL);
   size_t nargs;
@@ -764,7 +781,7 @@ enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
     free(p);
     t = trailer_error(rc == -ENOENT || rc == -ENOTDIR ? "invalid_argument" : "internal",
                       "failed to start process '%s': %s", cmd, strerror(-rc));
-    json_decref(in);   /* cmd is in it */
+    json_decref(in); /* cmd is in it */
     return stream_fail(req, t);
   }
   proc_init(p, req, sb, in);
@@ -772,11 +789,11 @@ enum MHD_Result wbd_process_start(struct wbd_req *req, struct wbd_sandbox *sb) {
   struct timespec started;
   clock_gettime(CLOCK_MONOTONIC, &started);
   wbd_store_lock();
-  sb->refcount++;   /* the pump's */
+  sb->refcount++; /* the pump's */
   sb->last_start_mono_us = (int64_t)started.tv_sec * 1000000 + started.tv_nsec / 1000;
   wbd_store_unlock();
   p->sb = sb;
-  p->refs = 3;      /* the list, the pump, this stream */
+  p->refs = 3; /* the list, the pump, this stream */
   struct sub *s = proc_subscribe(p);
   if (!proc_launch(p, s)) return start_unpumped(req, p, s);
   return proc_stream(req, sb, p, s);
@@ -794,8 +811,8 @@ enum MHD_Result wbd_process_connect(struct wbd_req *req, struct wbd_sandbox *sb)
   if (!p) {
     const char *tag = wbd_jstr(sel, "tag", NULL);
     json_t *t = wbd_jint(sel, "pid", 0) <= 0 && tag
-                    ? trailer_error("not_found", "process with tag %s not found", tag)
-                    : trailer_error("not_found", "process with pid %lld not found", wbd_jint(sel, "pid", 0));
+                  ? trailer_error("not_found", "process with tag %s not found", tag)
+                  : trailer_error("not_found", "process with pid %lld not found", wbd_jint(sel, "pid", 0));
     json_decref(in);
     return stream_fail(req, t);
   }
@@ -821,8 +838,9 @@ static int proc_input(struct proc *p, json_t *input, const char **code, char *ms
     return -1;
   }
   if (to_pty != p->is_pty) {
-    snprintf(msg, msglen, "%s", to_pty ? "tty not assigned to process — input should be written to the stdin, not the tty"
-                                       : "tty assigned to process — input should be written to the pty, not the stdin");
+    snprintf(msg, msglen, "%s",
+             to_pty ? "tty not assigned to process — input should be written to the stdin, not the tty"
+                    : "tty assigned to process — input should be written to the pty, not the stdin");
     return -1;
   }
   size_t n = 0;
@@ -849,7 +867,7 @@ static int proc_input(struct proc *p, json_t *input, const char **code, char *ms
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EAGAIN) {
       int64_t left = until - mono_us();
-      struct pollfd pf = { .fd = p->in_fd, .events = POLLOUT };
+      struct pollfd pf = {.fd = p->in_fd, .events = POLLOUT};
       if (left > 0 && poll(&pf, 1, (int)((left + 999) / 1000)) >= 0) continue;
       *code = "deadline_exceeded";
       snprintf(msg, msglen, "process %d did not read its input within %d s", (int)p->pid, PROC_INPUT_WAIT_MS / 1000);
@@ -905,9 +923,9 @@ enum MHD_Result wbd_process_stream_input(struct wbd_req *req, struct wbd_sandbox
       p = proc_find(sb, sel, 1);
       if (!p) {
         const char *tag = wbd_jstr(sel, "tag", NULL);
-        fail = wbd_jint(sel, "pid", 0) <= 0 && tag ? trailer_error("not_found", "process with tag %s not found", tag)
-                                               : trailer_error("not_found", "process with pid %lld not found",
-                                                               wbd_jint(sel, "pid", 0));
+        fail = wbd_jint(sel, "pid", 0) <= 0 && tag
+                 ? trailer_error("not_found", "process with tag %s not found", tag)
+                 : trailer_error("not_found", "process with pid %lld not found", wbd_jint(sel, "pid", 0));
       }
     } else if (json_is_object(data)) {
       const char *code;
@@ -923,7 +941,7 @@ enum MHD_Result wbd_process_stream_input(struct wbd_req *req, struct wbd_sandbox
   }
   if (p) proc_unref(p);
   if (fail) return stream_fail(req, fail);
-  struct wbd_buf out = { 0 };
+  struct wbd_buf out = {0};
   wbd_connect_frame(&out, 0, json_object());
   wbd_connect_frame(&out, 0x02, json_object());
   enum MHD_Result r = wbd_reply_raw(req, 200, "application/connect+json", out.data, out.len, NULL);
@@ -937,14 +955,17 @@ enum MHD_Result wbd_process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, con
     pthread_mutex_lock(&procs_mu);
     for (struct proc *p = procs; p; p = p->next) {
       if (p->exited || strcmp(p->sbid, sb->id) != 0) continue;
-      json_t *o = json_pack("{s:o,s:I}", "config", p->config ? json_incref(p->config) : json_object(), "pid",
-                            (json_int_t)p->pid);
+      json_t *o =
+        json_pack("{s:o,s:I}", "config", p->config ? json_incref(p->config) : json_object(), "pid", (json_int_t)p->pid);
       if (p->tag) json_object_set_new(o, "tag", json_string(p->tag));
       json_array_append_new(arr, o);
     }
     pthread_mutex_unlock(&procs_mu);
     json_t *res = json_object();
-    if (json_array_size(arr)) json_object_set_new(res, "processes", arr); else json_decref(arr);
+    if (json_array_size(arr))
+      json_object_set_new(res, "processes", arr);
+    else
+      json_decref(arr);
     return wbd_rpc_ok(req, res);
   }
   int is_signal = strcmp(method, "SendSignal") == 0, is_close = strcmp(method, "CloseStdin") == 0,
@@ -970,38 +991,45 @@ enum MHD_Result wbd_process_rpc(struct wbd_req *req, struct wbd_sandbox *sb, con
     const char *code;
     char msg[256];
     r = proc_input(p, json_object_get(in, "input"), &code, msg, sizeof msg) == 0 ? wbd_rpc_ok(req, NULL)
-                                                                                  : wbd_rpc_error(req, code, "%s", msg);
+                                                                                 : wbd_rpc_error(req, code, "%s", msg);
   } else if (is_update) {
     json_t *pty = json_object_get(in, "pty");
     if (!json_is_object(pty)) {
-      r = wbd_rpc_ok(req, NULL);   /* nothing to change */
+      r = wbd_rpc_ok(req, NULL); /* nothing to change */
     } else if (!p->is_pty) {
       r = wbd_rpc_error(req, "internal", "error resizing tty: tty not assigned to process");
     } else {
       json_t *size = json_object_get(pty, "size");
-      struct winsize ws = { .ws_row = (unsigned short)pty_dim(size, "rows"),
-                            .ws_col = (unsigned short)pty_dim(size, "cols") };
+      struct winsize ws = {.ws_row = (unsigned short)pty_dim(size, "rows"),
+                           .ws_col = (unsigned short)pty_dim(size, "cols")};
       /* the master lives as long as p: the kernel signals SIGWINCH to the
        * terminal's foreground process group */
-      r = ioctl(p->pty_fd, TIOCSWINSZ, &ws) == 0 ? wbd_rpc_ok(req, NULL)
-                                                  : wbd_rpc_error(req, "internal", "error resizing tty: %s", strerror(errno));
+      r = ioctl(p->pty_fd, TIOCSWINSZ, &ws) == 0
+            ? wbd_rpc_ok(req, NULL)
+            : wbd_rpc_error(req, "internal", "error resizing tty: %s", strerror(errno));
     }
   } else {
     json_t *sv = json_object_get(in, "signal");
     int sig = 0;
     if (json_is_string(sv)) {
       const char *s = json_string_value(sv);
-      if (strcmp(s, "SIGNAL_SIGKILL") == 0) sig = SIGKILL;
-      else if (strcmp(s, "SIGNAL_SIGTERM") == 0) sig = SIGTERM;
+      if (strcmp(s, "SIGNAL_SIGKILL") == 0)
+        sig = SIGKILL;
+      else if (strcmp(s, "SIGNAL_SIGTERM") == 0)
+        sig = SIGTERM;
     } else if (json_is_integer(sv)) {
       json_int_t n = json_integer_value(sv);
       if (n == SIGKILL || n == SIGTERM) sig = (int)n;
     }
     int rc = sig ? wbd_rt_signal(sb, p->pid, sig) : 0;
-    if (!sig) r = wbd_rpc_error(req, "invalid_argument", "unsupported signal");
-    else if (rc == -ESRCH) r = wbd_rpc_error(req, "not_found", "process with pid %d not found", (int)p->pid);
-    else if (rc < 0) r = wbd_rpc_error(req, "internal", "signalling process %d: %s", (int)p->pid, strerror(-rc));
-    else r = wbd_rpc_ok(req, NULL);
+    if (!sig)
+      r = wbd_rpc_error(req, "invalid_argument", "unsupported signal");
+    else if (rc == -ESRCH)
+      r = wbd_rpc_error(req, "not_found", "process with pid %d not found", (int)p->pid);
+    else if (rc < 0)
+      r = wbd_rpc_error(req, "internal", "signalling process %d: %s", (int)p->pid, strerror(-rc));
+    else
+      r = wbd_rpc_ok(req, NULL);
   }
   proc_unref(p);
   return r;

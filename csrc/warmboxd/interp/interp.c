@@ -41,9 +41,9 @@ const unsigned char *wbd_embedded(const char *name, size_t *len);
 /* After an execute timeout's interrupt, how long the cell has to stop before
  * the kernel is restarted (WARMBOXD_INTERRUPT_GRACE_MS). */
 #define GRACE_MS_DEFAULT 2000
-#define END_LINE "{\"type\": \"end_of_execution\"}\n"
-#define DONE_MARK "{\"type\": \"__wb_done__\"}"
-#define DUMP_MARK "{\"type\": \"__wb_dump__\""
+#define END_LINE         "{\"type\": \"end_of_execution\"}\n"
+#define DONE_MARK        "{\"type\": \"__wb_done__\"}"
+#define DUMP_MARK        "{\"type\": \"__wb_dump__\""
 /* How long a snapshot waits for the python kernel's namespace dump. */
 #define DUMP_WAIT_S 30
 
@@ -56,14 +56,14 @@ struct line {
 struct ictx;
 
 struct kern {
-  int refs;                 /* under the interp lock */
+  int refs; /* under the interp lock */
   pid_t pid;
   int in_fd, out_fd;
   int dead;
-  pthread_mutex_t wmu;      /* one writer at a time on in_fd */
-  pthread_cond_t space;     /* the stream took lines off its queue, or ended */
-  struct ictx *ctx;         /* referenced */
-  char *dump;               /* the last __wb_dump__ line (under the interp lock) */
+  pthread_mutex_t wmu;  /* one writer at a time on in_fd */
+  pthread_cond_t space; /* the stream took lines off its queue, or ended */
+  struct ictx *ctx;     /* referenced */
+  char *dump;           /* the last __wb_dump__ line (under the interp lock) */
 };
 
 struct run;
@@ -73,45 +73,45 @@ struct ictx {
   char id[40];
   char lang[16];
   char cwd[1024];
-  int gone;                 /* deleted, or the sandbox lost its memory */
-  struct kern *k;           /* referenced; NULL until first used */
-  int busy_kernel;          /* busy_k still runs this run's cell */
-  int busy_stream;          /* this run's stream is not over */
+  int gone;        /* deleted, or the sandbox lost its memory */
+  struct kern *k;  /* referenced; NULL until first used */
+  int busy_kernel; /* busy_k still runs this run's cell */
+  int busy_stream; /* this run's stream is not over */
   struct kern *busy_k;
-  int busy_fenced;          /* busy_k's cell came with a fencing number ... */
-  unsigned long long busy_fence;   /* ... this one (X-Warmbox-Fence) */
-  struct run *run;          /* the stream that gets the kernel's lines */
-  pthread_cond_t cond;      /* the context became free, or gone */
+  int busy_fenced;               /* busy_k's cell came with a fencing number ... */
+  unsigned long long busy_fence; /* ... this one (X-Warmbox-Fence) */
+  struct run *run;               /* the stream that gets the kernel's lines */
+  pthread_cond_t cond;           /* the context became free, or gone */
   struct ictx *next;
 };
 
 struct istate {
   int init;
-  int active_runs;          /* /execute streams not over, all contexts */
-  struct ictx *ctxs;        /* each referenced by the list */
+  int active_runs;   /* /execute streams not over, all contexts */
+  struct ictx *ctxs; /* each referenced by the list */
   struct ictx *def_python, *def_bash, *def_js, *def_ts;
-  char *restore;            /* a load line for def_python's first kernel */
+  char *restore; /* a load line for def_python's first kernel */
 };
 
 struct run {
   struct wbd_rt *rt;
   pthread_mutex_t *mu;
-  struct wbd_sandbox *sb;   /* referenced */
-  struct ictx *ctx;         /* referenced */
-  struct kern *k;           /* referenced */
+  struct wbd_sandbox *sb; /* referenced */
+  struct ictx *ctx;       /* referenced */
+  struct kern *k;         /* referenced */
   struct line *head, *tail;
-  size_t queued;            /* bytes in head..tail */
+  size_t queued; /* bytes in head..tail */
   int efd;
-  struct MHD_Connection *conn;   /* parked on while nothing is to be sent (wbd_park) */
+  struct MHD_Connection *conn; /* parked on while nothing is to be sent (wbd_park) */
   int conn_fd;
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
-  int keep_cell;            /* dropped by a pause: the cell goes on after resume */
-  int active;               /* counted in istate.active_runs */
-  int restarted;            /* the context was restarted under it */
-  int timed_out;            /* restarted because the cell outlived its timeout */
-  long oom0;                /* the memory group's OOM kills when the run began, -1 */
+  int keep_cell; /* dropped by a pause: the cell goes on after resume */
+  int active;    /* counted in istate.active_runs */
+  int restarted; /* the context was restarted under it */
+  int timed_out; /* restarted because the cell outlived its timeout */
+  long oom0;     /* the memory group's OOM kills when the run began, -1 */
   int64_t last_us, deadline_us;
-  int fenced;               /* the execute carried X-Warmbox-Fence: fence */
+  int fenced; /* the execute carried X-Warmbox-Fence: fence */
   unsigned long long fence;
   char *pend;
   size_t pend_len, pend_off;
@@ -123,11 +123,12 @@ struct run {
 
 static void notify(struct run *r) {
   uint64_t one = 1;
-  if (r->efd >= 0 && write(r->efd, &one, sizeof one) < 0) {}
+  if (r->efd >= 0 && write(r->efd, &one, sizeof one) < 0) {
+  }
 }
 
 static enum MHD_Result reply_text(struct wbd_req *req, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+  __attribute__((format(printf, 3, 4)));
 static enum MHD_Result reply_text(struct wbd_req *req, unsigned status, const char *fmt, ...) {
   char buf[1024];
   va_list ap;
@@ -192,7 +193,7 @@ static size_t ctx_count_locked(const struct istate *ist) {
 static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const char *cwd) {
   struct ictx *c = calloc(1, sizeof *c);
   if (!c) abort();
-  c->refs = 1;  /* the list's */
+  c->refs = 1; /* the list's */
   wbd_uuid4(c->id, sizeof c->id);
   snprintf(c->lang, sizeof c->lang, "%s", lang);
   snprintf(c->cwd, sizeof c->cwd, "%s", cwd && *cwd ? cwd : "/home/user");
@@ -204,7 +205,7 @@ static struct ictx *ctx_new_locked(struct istate *ist, const char *lang, const c
 
 static void interp_on_pause(struct wbd_rt *rt, int memory);
 static void interp_free(void *slot);
-static const struct wbd_rt_hooks interp_hooks = { interp_on_pause, interp_free };
+static const struct wbd_rt_hooks interp_hooks = {interp_on_pause, interp_free};
 
 /* Locks the sandbox's interpreter state, creating it (with the default
  * python context) when needed. */
@@ -226,7 +227,9 @@ static struct istate *ist_lock(struct wbd_rt *rt) {
   return ist;
 }
 
-static void ist_unlock(struct wbd_rt *rt) { pthread_mutex_unlock(wbd_rt_interp_mu(rt)); }
+static void ist_unlock(struct wbd_rt *rt) {
+  pthread_mutex_unlock(wbd_rt_interp_mu(rt));
+}
 
 static struct ictx *ctx_find_locked(struct istate *ist, const char *id) {
   for (struct ictx *c = ist->ctxs; c; c = c->next)
@@ -252,7 +255,7 @@ static struct kern *ctx_remove_locked(struct istate *ist, struct ictx *c) {
   }
   pthread_cond_broadcast(&c->cond);
   struct kern *k = c->k;
-  if (k) k->refs++;   /* for the caller, to end it */
+  if (k) k->refs++; /* for the caller, to end it */
   ctx_put_locked(c);
   return k;
 }
@@ -272,8 +275,10 @@ static void kern_cell_over_locked(struct ictx *c, struct kern *k, int dead) {
   c->busy_k = NULL;
   c->busy_fenced = 0;
   if (c->run && c->run->k == k) {
-    if (dead) c->run->kernel_dead = 1;
-    else c->run->kernel_done = 1;
+    if (dead)
+      c->run->kernel_dead = 1;
+    else
+      c->run->kernel_done = 1;
     notify(c->run);
   }
   maybe_release_locked(c);
@@ -292,7 +297,7 @@ static int kern_write(struct kern *k, const char *s, size_t n) {
     }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EAGAIN && waited < 30000) {
-      struct pollfd p = { k->in_fd, POLLOUT, 0 };
+      struct pollfd p = {k->in_fd, POLLOUT, 0};
       poll(&p, 1, 100);
       waited += 100;
       continue;
@@ -321,7 +326,7 @@ static void *kern_thread(void *arg) {
   free(kt);
   pthread_mutex_t *mu = wbd_rt_interp_mu(rt);
   size_t cap = 65536, len = 0, scanned = 0;
-  int skipping = 0;  /* inside a line longer than LINE_MAX_BYTES */
+  int skipping = 0; /* inside a line longer than LINE_MAX_BYTES */
   char *buf = malloc(cap);
   if (!buf) abort();
   for (;;) {
@@ -365,8 +370,10 @@ static void *kern_thread(void *arg) {
         l->len = n;
         memcpy(l->data, s, n);
         struct run *rn = c->run;
-        if (rn->tail) rn->tail->next = l;
-        else rn->head = l;
+        if (rn->tail)
+          rn->tail->next = l;
+        else
+          rn->head = l;
         rn->tail = l;
         rn->queued += n;
         notify(rn);
@@ -400,19 +407,18 @@ static void *kern_thread(void *arg) {
   free(buf);
   pthread_mutex_lock(mu);
   k->dead = 1;
-  pthread_cond_broadcast(&k->ctx->cond);  /* a dump waiting for it (wbd_interp_dump) */
+  pthread_cond_broadcast(&k->ctx->cond); /* a dump waiting for it (wbd_interp_dump) */
   kern_cell_over_locked(k->ctx, k, 1);
   if (k->ctx->k == k) {
     k->ctx->k = NULL;
-    kern_put_locked(k);  /* the context's reference */
+    kern_put_locked(k); /* the context's reference */
   }
   pthread_mutex_unlock(mu);
   close(k->out_fd);
   int st = wbd_rt_wait_rt(rt, k->pid);
-  if (wbd_opt.verbose)
-    fprintf(stderr, "warmboxd: kernel %d exited (status %d)\n", (int)k->pid, st);
+  if (wbd_opt.verbose) fprintf(stderr, "warmboxd: kernel %d exited (status %d)\n", (int)k->pid, st);
   pthread_mutex_lock(mu);
-  kern_put_locked(k);    /* the thread's */
+  kern_put_locked(k); /* the thread's */
   pthread_mutex_unlock(mu);
   wbd_rt_put(rt);
   return NULL;
@@ -431,12 +437,12 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
   /* A python kernel also gets charts.py, its e2b/chart formatter. */
   size_t clen = 0;
   const unsigned char *charts = strcmp(c->lang, "python") == 0 ? wbd_embedded("charts.py", &clen) : NULL;
-  char *py_argv[] = { "/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang,
-                      (char *)(uintptr_t)charts, NULL };
+  char *py_argv[] = {"/usr/bin/python3", "-c", (char *)(uintptr_t)src, c->lang, (char *)(uintptr_t)charts, NULL};
   /* node cannot move its own fds aside: the shell gives it the control pipe
    * as fd 3, the event pipe as fd 4 and /dev/null as fds 0-2 (kernel.js). */
-  char *js_argv[] = { "/bin/sh", "-c", "exec /usr/bin/node -e \"$0\" \"$1\" 3<&0 4>&1 </dev/null >&2",
-                      (char *)(uintptr_t)src, c->lang, NULL };
+  char *js_argv[] = {
+    "/bin/sh", "-c", "exec /usr/bin/node -e \"$0\" \"$1\" 3<&0 4>&1 </dev/null >&2", (char *)(uintptr_t)src,
+    c->lang,   NULL};
   char **argv = js ? js_argv : py_argv;
   json_t *envs = json_object();
   json_object_set_new(envs, "PYTHONDONTWRITEBYTECODE", json_string("1"));
@@ -457,7 +463,7 @@ static int kern_start_locked(struct wbd_rt *rt, struct ictx *c, char *err, size_
   fcntl(in, F_SETFL, fcntl(in, F_GETFL) | O_NONBLOCK);
   struct kern *k = calloc(1, sizeof *k);
   if (!k) abort();
-  k->refs = 2;  /* the context's and the thread's */
+  k->refs = 2; /* the context's and the thread's */
   k->pid = pid;
   k->in_fd = in;
   k->out_fd = out;
@@ -523,10 +529,10 @@ static void interp_on_pause(struct wbd_rt *rt, int memory) {
   } else {
     while (ist->ctxs) {
       struct kern *k = ctx_remove_locked(ist, ist->ctxs);
-      if (k) kern_put_locked(k);  /* runtime.c ends every process next */
+      if (k) kern_put_locked(k); /* runtime.c ends every process next */
     }
     ist->init = 0;
-    free(ist->restore);  /* a namespace not loaded yet is memory too */
+    free(ist->restore); /* a namespace not loaded yet is memory too */
     ist->restore = NULL;
   }
   pthread_mutex_unlock(wbd_rt_interp_mu(rt));
@@ -704,19 +710,21 @@ static void run_pend_end(struct run *r, int dead) {
   char oom[320];
   long kills = dead && !r->error_seen && !r->timed_out && r->oom0 >= 0 ? wbd_rt_oom_kills(r->rt) : -1;
   if (kills > r->oom0) {
-    snprintf(oom, sizeof oom, "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
+    snprintf(oom, sizeof oom,
+             "{\"type\": \"error\", \"name\": \"OutOfMemoryError\", \"value\": \"The sandbox "
              "reached its memory limit (%ld MB): the context's kernel was killed and its state was lost\", "
-             "\"traceback\": \"\"}\n", wbd_rt_memory_mb(r->rt));
+             "\"traceback\": \"\"}\n",
+             wbd_rt_memory_mb(r->rt));
     err = oom;
   } else if (dead && !r->error_seen && r->timed_out)
-    err = "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "
-          "timeout was reached: the context's kernel was restarted and its state was lost\", \"traceback\": \"\"}\n";
+    err =
+      "{\"type\": \"error\", \"name\": \"TimeoutError\", \"value\": \"The cell did not stop after its "
+      "timeout was reached: the context's kernel was restarted and its state was lost\", \"traceback\": \"\"}\n";
   else if (dead && !r->error_seen)
-    err = r->restarted
-              ? "{\"type\": \"error\", \"name\": \"ContextRestarting\", \"value\": \"Context was restarted\", "
-                "\"traceback\": \"\"}\n"
-              : "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
-                "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
+    err = r->restarted ? "{\"type\": \"error\", \"name\": \"ContextRestarting\", \"value\": \"Context was restarted\", "
+                         "\"traceback\": \"\"}\n"
+                       : "{\"type\": \"error\", \"name\": \"UnexpectedEndOfExecution\", \"value\": \"Connection to the "
+                         "execution was closed before the execution was finished\", \"traceback\": \"\"}\n";
   size_t n = strlen(err) + strlen(END_LINE);
   char *s = malloc(n + 1);
   if (!s) abort();
@@ -767,15 +775,15 @@ static int run_idle(struct run *r) {
   int64_t wake = run_wake_at(r);
   int64_t ms = (wake - now) / 1000;
   if (ms < 0) ms = 0;
-  struct pollfd p[2] = { { r->efd, POLLIN, 0 }, { r->conn_fd, POLLRDHUP, 0 } };
+  struct pollfd p[2] = {{r->efd, POLLIN, 0}, {r->conn_fd, POLLRDHUP, 0}};
   int np = r->conn_fd >= 0 ? 2 : 1;
   int pr = poll(p, (nfds_t)np, 0);
   if (pr < 0 && errno != EINTR) pr = 0;
-  if (pr <= 0 && wake > now)
-    return wbd_park(r->conn, r->efd, r->conn_fd, (int)(ms + 1)) == 0 ? 0 : -1;
+  if (pr <= 0 && wake > now) return wbd_park(r->conn, r->efd, r->conn_fd, (int)(ms + 1)) == 0 ? 0 : -1;
   if (pr > 0 && (p[0].revents & POLLIN)) {
     uint64_t v;
-    if (read(r->efd, &v, sizeof v) < 0) {}
+    if (read(r->efd, &v, sizeof v) < 0) {
+    }
   }
   if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
     /* The client went away: stop the cell, drop the stream. */
@@ -854,8 +862,9 @@ static void run_done(void *cls) {
 }
 
 static enum MHD_Result sandbox_gone(struct wbd_req *req, struct wbd_sandbox *sb) {
-  return wbd_reply_json(req, 502, json_pack("{s:s,s:s,s:i}", "sandboxId", sb->id, "message",
-                                            "The sandbox was not found", "code", 502), NULL);
+  return wbd_reply_json(
+    req, 502, json_pack("{s:s,s:s,s:i}", "sandboxId", sb->id, "message", "The sandbox was not found", "code", 502),
+    NULL);
 }
 
 static enum MHD_Result unprocessable(struct wbd_req *req, const char *type, const char *field, const char *msg) {
@@ -867,7 +876,7 @@ static enum MHD_Result unprocessable(struct wbd_req *req, const char *type, cons
 static int client_gone(struct wbd_req *req) {
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   if (!ci) return 0;
-  struct pollfd p = { ci->connect_fd, POLLRDHUP, 0 };
+  struct pollfd p = {ci->connect_fd, POLLRDHUP, 0};
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
@@ -877,7 +886,7 @@ static int client_gone(struct wbd_req *req) {
 struct exec_req {
   json_t *body, *code, *env, *timeout;
   const char *ctx_id, *lang;
-  int fenced;                 /* X-Warmbox-Fence (warmbox's own header; E2B ignores it) */
+  int fenced; /* X-Warmbox-Fence (warmbox's own header; E2B ignores it) */
   unsigned long long fence;
 };
 
@@ -912,7 +921,8 @@ static int exec_parse(struct wbd_req *req, struct exec_req *e, enum MHD_Result *
   json_t *jctx = json_object_get(body, "context_id");
   json_t *jlang = json_object_get(body, "language");
   json_t *jenv = json_object_get(body, "env_vars");
-  if ((jctx && !json_is_null(jctx) && !json_is_string(jctx)) || (jlang && !json_is_null(jlang) && !json_is_string(jlang)) ||
+  if ((jctx && !json_is_null(jctx) && !json_is_string(jctx)) ||
+      (jlang && !json_is_null(jlang) && !json_is_string(jlang)) ||
       (jenv && !json_is_null(jenv) && !json_is_object(jenv))) {
     json_decref(body);
     *m = unprocessable(req, "type_error", "body", "Input should be a valid string or object");
@@ -925,9 +935,14 @@ static int exec_parse(struct wbd_req *req, struct exec_req *e, enum MHD_Result *
     *m = reply_text(req, 400, "X-Warmbox-Fence must be a decimal number");
     return -1;
   }
-  *e = (struct exec_req){ .body = body, .code = code, .env = jenv, .timeout = json_object_get(body, "timeout"),
-                          .ctx_id = json_string_value(jctx), .lang = json_string_value(jlang),
-                          .fenced = fenced, .fence = fence };
+  *e = (struct exec_req){.body = body,
+                         .code = code,
+                         .env = jenv,
+                         .timeout = json_object_get(body, "timeout"),
+                         .ctx_id = json_string_value(jctx),
+                         .lang = json_string_value(jlang),
+                         .fenced = fenced,
+                         .fence = fence};
   if (e->ctx_id && !*e->ctx_id) e->ctx_id = NULL;
   if (e->lang && !*e->lang) e->lang = NULL;
   if (e->ctx_id && e->lang) {
@@ -963,7 +978,8 @@ static struct ictx *exec_context_locked(struct wbd_req *req, struct wbd_rt *rt, 
   const char *lang = norm_lang(e->lang ? e->lang : "python", lbuf, sizeof lbuf);
   if (!lang) {
     exec_leave_locked(rt, NULL);
-    *m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
+    *m = reply_text(req, 500,
+                    "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
     return NULL;
   }
   struct ictx **def = strcmp(lang, "bash") == 0         ? &ist->def_bash
@@ -1007,15 +1023,17 @@ static int exec_wait_free_locked(struct wbd_req *req, struct wbd_rt *rt, struct 
     struct ictx *o = c->gone ? NULL : fenced_elsewhere_locked(ist, c, e);
     if (!o) return 0;
     if (!waited++) wbd_stat_add("exec_fence_waited", 1);
-    if (client_gone(req)) return 0;   /* exec_ready_locked replies */
+    if (client_gone(req)) return 0; /* exec_ready_locked replies */
     if (wbd_now_us() >= until) {
       unsigned long long other = o->busy_fence;
       char oid[sizeof o->id];
       snprintf(oid, sizeof oid, "%s", o->id);
       exec_leave_locked(rt, c);
       wbd_stat_add("exec_fence_refused", 1);
-      *m = reply_text(req, 409, "Conflict: run %llu's cell still executes in context %s of this sandbox; the cell "
-                      "of run %llu was not started", other, oid, e->fence);
+      *m = reply_text(req, 409,
+                      "Conflict: run %llu's cell still executes in context %s of this sandbox; the cell "
+                      "of run %llu was not started",
+                      other, oid, e->fence);
       return -1;
     }
     struct timespec dl;
@@ -1051,7 +1069,7 @@ static int exec_ready_locked(struct wbd_req *req, struct wbd_rt *rt, struct ista
   if (c->k && !c->k->dead) return 0;
   char err[256], lang[sizeof c->lang];
   if (kern_start_locked(rt, c, err, sizeof err) == 0) return 0;
-  snprintf(lang, sizeof lang, "%s", c->lang);   /* c may go once its reference is dropped */
+  snprintf(lang, sizeof lang, "%s", c->lang); /* c may go once its reference is dropped */
   exec_leave_locked(rt, c);
   *m = reply_text(req, 500, "Failed to start the %s kernel: %s", lang, err);
   return -1;
@@ -1116,7 +1134,8 @@ static void run_send(struct run *r, const struct exec_req *e) {
   json_decref(msg);
   json_t *jto = e->timeout;
   if (json_is_number(jto) && json_number_value(jto) > 0)
-    r->deadline_us = wbd_now_us() + (int64_t)(json_number_value(jto) < 31536000 ? json_number_value(jto) * 1e6 : 31536000e6);
+    r->deadline_us =
+      wbd_now_us() + (int64_t)(json_number_value(jto) < 31536000 ? json_number_value(jto) * 1e6 : 31536000e6);
   int bad = !s;
   if (s) {
     size_t n = strlen(s);
@@ -1221,14 +1240,17 @@ static enum MHD_Result handle_contexts(struct wbd_req *req, struct wbd_sandbox *
       char lbuf[32];
       const char *lang = norm_lang(lang_in ? lang_in : "python", lbuf, sizeof lbuf);
       if (!lang) {
-        m = reply_text(req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
+        m = reply_text(
+          req, 500, "Failed to create context: warmboxd has no %s kernel (python, bash, javascript, typescript)", lbuf);
       } else {
         struct istate *ist = ist_lock(rt);
         int full = (long)ctx_count_locked(ist) >= (long)wbd_opt.max_contexts;
         json_t *o = full ? NULL : ctx_json(ctx_new_locked(ist, lang, cwd ? cwd : "/home/user"));
         ist_unlock(rt);
-        m = full ? reply_text(req, 429, "Failed to create context: this sandbox has %d contexts, the most it "
-                              "may have (remove one first)", wbd_opt.max_contexts)
+        m = full ? reply_text(req, 429,
+                              "Failed to create context: this sandbox has %d contexts, the most it "
+                              "may have (remove one first)",
+                              wbd_opt.max_contexts)
                  : wbd_reply_json(req, 200, o, NULL);
       }
       json_decref(body);

@@ -30,14 +30,14 @@
 #include "jail.h"
 
 #define CONN_MAX 8
-#define CONN_MS 5000
-#define REQ_MAX 2048
+#define CONN_MS  5000
+#define REQ_MAX  2048
 
 struct listener {
   int fd;
   int conns;
   int dead;
-  struct listener *next;   /* g_dead, once removed */
+  struct listener *next; /* g_dead, once removed */
 };
 
 struct conn {
@@ -58,7 +58,7 @@ struct tag {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_ep = -1;
-static int g_wake = -1;   /* an eventfd: a listener was removed (free it) */
+static int g_wake = -1; /* an eventfd: a listener was removed (free it) */
 static struct conn *g_conns;
 static struct listener *g_dead;
 
@@ -74,23 +74,26 @@ static void conn_close(struct conn *c) {
       *pp = c->next;
       break;
     }
-  close(c->fd);   /* also leaves the epoll set */
+  close(c->fd); /* also leaves the epoll set */
   if (c->l) c->l->conns--;
   free(c);
 }
 
 static void reply(struct conn *c) {
-  static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
-                           "Connection: close\r\n\r\n\"OK\"";
-  static const char nf[] = "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 22\r\n"
-                           "Connection: close\r\n\r\n{\"detail\":\"Not Found\"}";
+  static const char ok[] =
+    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
+    "Connection: close\r\n\r\n\"OK\"";
+  static const char nf[] =
+    "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 22\r\n"
+    "Connection: close\r\n\r\n{\"detail\":\"Not Found\"}";
   int health = (strncmp(c->buf, "GET /health ", 12) == 0 || strncmp(c->buf, "GET /health?", 12) == 0 ||
                 strncmp(c->buf, "HEAD /health ", 13) == 0);
   const char *r = health ? ok : nf;
   size_t n = health ? sizeof ok - 1 : sizeof nf - 1;
   if (strncmp(c->buf, "HEAD ", 5) == 0) n = (size_t)(strstr(r, "\r\n\r\n") + 4 - r);
   /* a few hundred bytes: the new socket's buffer takes them at once */
-  if (send(c->fd, r, n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {}
+  if (send(c->fd, r, n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+  }
   conn_close(c);
 }
 
@@ -113,7 +116,7 @@ static void on_accept(struct listener *l) {
     c->fd = fd;
     c->l = l;
     c->until = now_ms() + CONN_MS;
-    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = t };
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = t};
     if (epoll_ctl(g_ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
       close(fd);
       free(c);
@@ -150,7 +153,8 @@ static void *serve(void *arg) {
       struct tag *t = evs[i].data.ptr;
       if (!t) {
         uint64_t v;
-        if (read(g_wake, &v, sizeof v) < 0) {}
+        if (read(g_wake, &v, sizeof v) < 0) {
+        }
         continue;
       }
       if (!t->conn) {
@@ -181,7 +185,7 @@ static void start(void) {
   g_ep = epoll_create1(EPOLL_CLOEXEC);
   if (g_ep < 0) return;
   g_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
   if (g_wake < 0 || epoll_ctl(g_ep, EPOLL_CTL_ADD, g_wake, &ev) != 0) {
     if (g_wake >= 0) close(g_wake);
     close(g_ep);
@@ -208,7 +212,7 @@ void *wbd_health_add(int fd) {
   t->conn = 0;
   t->p = l;
   l->fd = fd;
-  struct epoll_event ev = { .events = EPOLLIN, .data.ptr = t };
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = t};
   pthread_mutex_lock(&g_mu);
   int rc = epoll_ctl(g_ep, EPOLL_CTL_ADD, fd, &ev);
   pthread_mutex_unlock(&g_mu);
@@ -225,10 +229,11 @@ void wbd_health_remove(void *h) {
   pthread_mutex_lock(&g_mu);
   epoll_ctl(g_ep, EPOLL_CTL_DEL, l->fd, NULL);
   close(l->fd);
-  l->dead = 1;   /* its connections close, and it is freed, by the thread */
+  l->dead = 1; /* its connections close, and it is freed, by the thread */
   l->next = g_dead;
   g_dead = l;
   pthread_mutex_unlock(&g_mu);
   uint64_t one = 1;
-  if (write(g_wake, &one, sizeof one) < 0) {}
+  if (write(g_wake, &one, sizeof one) < 0) {
+  }
 }

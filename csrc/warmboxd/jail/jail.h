@@ -53,8 +53,8 @@ int wbd_rt_skeleton(const char *jail);
  * the sandbox's envVars overlaid with `envs` (object or NULL). Fills the
  * pipe ends the caller now owns (any may be NULL to get /dev/null). The
  * process is tracked: pause stops it, kill ends it. Returns 0 or -errno. */
-int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd,
-                 pid_t *pid, int *stdin_fd, int *stdout_fd, int *stderr_fd);
+int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid, int *stdin_fd,
+                 int *stdout_fd, int *stderr_fd);
 /* As wbd_rt_spawn, on a new pseudo-terminal of cols x rows (0: 80 x 24):
  * the process leads a session whose controlling terminal it is (its fds
  * 0-2 are the slave end); *master_fd (close-on-exec) is the caller's: the
@@ -153,27 +153,27 @@ enum { CG_FREEZER, CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
  * needs there, before it drops root. STAGED_PATHS: where each of
  * spawn_job.stage_src goes, in that order (home, tmp, passwd, group,
  * resolv, root). */
-#define STAGE "/tmp"
-#define N_STAGED 6
+#define STAGE        "/tmp"
+#define N_STAGED     6
 #define STAGED_PATHS STAGE "/h", STAGE "/t", STAGE "/p", STAGE "/g", STAGE "/r", STAGE "/R"
 
 /* What the spawner thread forks, and what the child does before its exec.
  * wbd_job_init first (every fd -1). */
 struct spawn_job {
   char **argv, **envp;
-  const char *chdir_to;     /* host path, or NULL */
-  int fds[3];               /* child's 0/1/2: an fd, -1 /dev/null */
-  int ctty;                 /* fds[0] is a terminal: it becomes the child's controlling one */
-  int pass[MAX_PASS];       /* become the child's fds 3, 4, ... */
+  const char *chdir_to; /* host path, or NULL */
+  int fds[3];           /* child's 0/1/2: an fd, -1 /dev/null */
+  int ctty;             /* fds[0] is a terminal: it becomes the child's controlling one */
+  int pass[MAX_PASS];   /* become the child's fds 3, 4, ... */
   int npass;
-  int cg_fd[CG_N];          /* cgroup.procs of the sandbox's groups, or -1 */
-  int userns_fd, net_fd;    /* joined before exec, or -1 */
-  int stage;                /* bind stage_src under STAGE (STAGED_PATHS) */
-  const char *stage_src[N_STAGED];   /* host paths; resolv ([4]) may be NULL */
-  int setid;                /* become uid/gid (warmboxd is root) */
+  int cg_fd[CG_N];                 /* cgroup.procs of the sandbox's groups, or -1 */
+  int userns_fd, net_fd;           /* joined before exec, or -1 */
+  int stage;                       /* bind stage_src under STAGE (STAGED_PATHS) */
+  const char *stage_src[N_STAGED]; /* host paths; resolv ([4]) may be NULL */
+  int setid;                       /* become uid/gid (warmboxd is root) */
   uid_t uid;
   gid_t gid;
-  long nproc, data_mb;      /* rlimits when there is no cgroup for them; 0: none */
+  long nproc, data_mb; /* rlimits when there is no cgroup for them; 0: none */
   /* NULL: the child execs argv. Else it runs hold(parent, errpipe, hold_fd)
    * instead, which never returns: it writes a 0 on errpipe once ready (an
    * errno on failure) and then waits to be killed. wbd_spawn returns with it
@@ -182,7 +182,7 @@ struct spawn_job {
   void (*hold)(pid_t parent, int errpipe, int hold_fd);
   int hold_fd;
   pid_t pid;
-  int errfd;                /* the child's error pipe, inside wbd_spawn */
+  int errfd; /* the child's error pipe, inside wbd_spawn */
   int err;
   int done;
   struct spawn_job *next;
@@ -215,12 +215,12 @@ void wbd_spawner_stop(void);
 /* A sandbox's network namespace and the slirp4netns that gives it the
  * internet. Only its owner's thread uses it, or callers under its lock. */
 struct wbd_net {
-  int net_fd, userns_fd;    /* the namespace (and its owner when not root), -1 */
-  pid_t slirp_pid;          /* slirp4netns giving net_fd the internet, 0 */
-  int slirp_exit_fd;        /* its --exit-fd: closing it ends slirp4netns */
-  int slirp_ready_fd;       /* readable once slirp4netns configured tap0 */
-  int checked;              /* slirp_ready_fd was read */
-  void *health;             /* health.c's handle of port 49999 in net_fd, or NULL */
+  int net_fd, userns_fd; /* the namespace (and its owner when not root), -1 */
+  pid_t slirp_pid;       /* slirp4netns giving net_fd the internet, 0 */
+  int slirp_exit_fd;     /* its --exit-fd: closing it ends slirp4netns */
+  int slirp_ready_fd;    /* readable once slirp4netns configured tap0 */
+  int checked;           /* slirp_ready_fd was read */
+  void *health;          /* health.c's handle of port 49999 in net_fd, or NULL */
 };
 
 /* Once, isolated, before the first wbd_net_make: root says whether

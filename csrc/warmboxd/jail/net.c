@@ -29,17 +29,19 @@
 #define SLIRP "/usr/bin/slirp4netns"
 /* Without root: a sandbox's share of the user's inotify quota. */
 #define USERNS_INOTIFY_INSTANCES 16
-#define USERNS_INOTIFY_WATCHES 8192
+#define USERNS_INOTIFY_WATCHES   8192
 
-static int g_root;          /* warmboxd is host root: no user namespace of its own per sandbox */
+static int g_root; /* warmboxd is host root: no user namespace of its own per sandbox */
 static int g_have_slirp;
 
 void wbd_net_init(int root) {
   g_root = root;
   g_have_slirp = access(SLIRP, X_OK) == 0;
   if (!g_have_slirp)
-    fprintf(stderr, "warmboxd: %s not found (install Debian's slirp4netns): sandboxes that allow internet "
-                    "access cannot start\n", SLIRP);
+    fprintf(stderr,
+            "warmboxd: %s not found (install Debian's slirp4netns): sandboxes that allow internet "
+            "access cannot start\n",
+            SLIRP);
 }
 
 void wbd_net_clear(struct wbd_net *n) {
@@ -143,7 +145,7 @@ static void send_listener(int chan) {
   int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int off = 0, on = 1;
   if (fd >= 0) {
-    struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons(49999), .sin6_addr = IN6ADDR_ANY_INIT };
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(49999), .sin6_addr = IN6ADDR_ANY_INIT};
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     if (bind(fd, (struct sockaddr *)&a6, sizeof a6) != 0) {
@@ -151,9 +153,9 @@ static void send_listener(int chan) {
       fd = -1;
     }
   }
-  if (fd < 0) {   /* no IPv6 in this kernel */
+  if (fd < 0) { /* no IPv6 in this kernel */
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons(49999), .sin_addr.s_addr = htonl(INADDR_ANY) };
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons(49999), .sin_addr.s_addr = htonl(INADDR_ANY)};
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     if (fd >= 0 && bind(fd, (struct sockaddr *)&a4, sizeof a4) != 0) {
       close(fd);
@@ -170,22 +172,23 @@ static void send_fd(int chan, int fd) {
   char ctl[CMSG_SPACE(sizeof(int))];
   memset(ctl, 0, sizeof ctl);
   char b = 0;
-  struct iovec iov = { &b, 1 };
-  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+  struct iovec iov = {&b, 1};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
   struct cmsghdr *c = CMSG_FIRSTHDR(&m);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  if (sendmsg(chan, &m, MSG_NOSIGNAL) < 0) {}
+  if (sendmsg(chan, &m, MSG_NOSIGNAL) < 0) {
+  }
 }
 
 /* The listener send_listener sent over chan, or -1. */
 static int recv_listener(int chan) {
   char ctl[CMSG_SPACE(sizeof(int))];
   char b;
-  struct iovec iov = { &b, 1 };
-  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+  struct iovec iov = {&b, 1};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
   if (recvmsg(chan, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) != 1) return -1;
   struct cmsghdr *c = CMSG_FIRSTHDR(&m);
   if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
@@ -216,7 +219,8 @@ static void child_netns(pid_t parent, int errpipe, int chan) {
   write_at("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
   if (chan >= 0) send_listener(chan);
   int zero = 0;
-  if (write(errpipe, &zero, sizeof zero) < 0) {}
+  if (write(errpipe, &zero, sizeof zero) < 0) {
+  }
   for (;;) pause();
 }
 
@@ -226,7 +230,7 @@ static int netns_open(struct wbd_net *n) {
   struct spawn_job j;
   wbd_job_init(&j);
   j.hold = child_netns;
-  int chan[2] = { -1, -1 };
+  int chan[2] = {-1, -1};
   if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, chan) == 0) j.hold_fd = chan[1];
   int rc = wbd_spawn(&j);
   if (chan[1] >= 0) close(chan[1]);
@@ -268,7 +272,7 @@ static int slirp_start(struct wbd_net *n) {
     return rc;
   }
   /* fds in slirp4netns: 3 the netns, 4 exit, 5 ready, 6 the userns */
-  struct wbd_sv av = { 0 };
+  struct wbd_sv av = {0};
   wbd_sv_add(&av, SLIRP);
   wbd_sv_add(&av, "--netns-type=path");
   wbd_sv_add(&av, "--configure");
@@ -284,7 +288,7 @@ static int slirp_start(struct wbd_net *n) {
   if (n->userns_fd >= 0) wbd_sv_add(&av, "--userns-path=/proc/self/fd/6");
   wbd_sv_add(&av, "/proc/self/fd/3");
   wbd_sv_add(&av, "tap0");
-  char *envp[] = { "PATH=" JAIL_PATH, NULL };
+  char *envp[] = {"PATH=" JAIL_PATH, NULL};
   struct spawn_job j;
   wbd_job_init(&j);
   j.argv = av.v;
@@ -319,9 +323,10 @@ int wbd_net_make(struct wbd_net *n, int internet) {
 void wbd_net_wait_ready(struct wbd_net *n, const char *id) {
   if (n->slirp_ready_fd < 0 || n->checked) return;
   /* slirp4netns is usually ready long before the first process. */
-  struct pollfd pf = { n->slirp_ready_fd, POLLIN, 0 };
+  struct pollfd pf = {n->slirp_ready_fd, POLLIN, 0};
   int pr;
-  while ((pr = poll(&pf, 1, 2000)) < 0 && errno == EINTR) {}
+  while ((pr = poll(&pf, 1, 2000)) < 0 && errno == EINTR) {
+  }
   char b;
   if (pr <= 0 || read(n->slirp_ready_fd, &b, 1) != 1)
     fprintf(stderr, "warmboxd: slirp4netns did not start for %s: it has no internet access\n", id);
@@ -340,7 +345,7 @@ void wbd_net_end(struct wbd_net *n) {
 }
 
 void wbd_net_close(struct wbd_net *n) {
-  int *fds[] = { &n->net_fd, &n->userns_fd, &n->slirp_exit_fd, &n->slirp_ready_fd };
+  int *fds[] = {&n->net_fd, &n->userns_fd, &n->slirp_exit_fd, &n->slirp_ready_fd};
   for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
     if (*fds[i] >= 0) {
       close(*fds[i]);
@@ -367,7 +372,8 @@ static void sock_child(pid_t parent, int errpipe, int chan) {
   if (fd < 0) wbd_child_fail(errpipe, errno);
   send_fd(chan, fd);
   int zero = 0;
-  if (write(errpipe, &zero, sizeof zero) < 0) {}
+  if (write(errpipe, &zero, sizeof zero) < 0) {
+  }
   for (;;) pause();
 }
 

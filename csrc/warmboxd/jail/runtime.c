@@ -42,23 +42,23 @@
 
 #define BWRAP "/usr/bin/bwrap"
 /* One host uid per live sandbox when warmboxd is root: base + slot. */
-#define UID_SLOTS 4096
+#define UID_SLOTS        4096
 #define UID_BASE_DEFAULT 1900000000u
 /* Where a root warmboxd locks its uid range (uidmap.c). */
-#define UID_LOCK_DIR "/run/warmboxd"
+#define UID_LOCK_DIR     "/run/warmboxd"
 #define PIDS_MAX_DEFAULT 256
-static const char *const cg_ctrl[CG_N] = { "freezer", "memory", "pids", "cpu" };
+static const char *const cg_ctrl[CG_N] = {"freezer", "memory", "pids", "cpu"};
 
 /* Host paths (as bubblewrap sees them) of what a jail binds, NULL: none. */
 struct jail_src {
   const char *home, *tmp, *passwd, *group;
-  const char *resolv;     /* slirp4netns's DNS (10.0.2.3), or NULL: the host's resolv.conf */
-  const char *root;       /* the sandbox's persistent `/` (root_prepare), or NULL: a tmpfs per process */
-  long memory_mb;         /* the sandbox's memoryMB (0: the default), for /dev/shm */
+  const char *resolv; /* slirp4netns's DNS (10.0.2.3), or NULL: the host's resolv.conf */
+  const char *root;   /* the sandbox's persistent `/` (root_prepare), or NULL: a tmpfs per process */
+  long memory_mb;     /* the sandbox's memoryMB (0: the default), for /dev/shm */
 };
 
 /* A root warmboxd's jails bind what their child staged (jail.h, STAGE). */
-static const struct jail_src g_staged = { STAGED_PATHS, 0 };
+static const struct jail_src g_staged = {STAGED_PATHS, 0};
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
@@ -66,37 +66,37 @@ static const struct jail_src g_staged = { STAGED_PATHS, 0 };
 
 struct rt_proc {
   pid_t pid;
-  int waiters;      /* threads inside wbd_rt_wait for it */
+  int waiters; /* threads inside wbd_rt_wait for it */
   int exited;
   int status;
   struct rt_proc *next;
 };
 
 struct wbd_rt {
-  pthread_mutex_t mu;       /* procs, frozen, dead */
-  pthread_cond_t cond;      /* a tracked process was reaped */
-  int refs;                 /* under g_mu */
-  int owner;                /* sb->rt's reference is still held (under g_mu) */
+  pthread_mutex_t mu;  /* procs, frozen, dead */
+  pthread_cond_t cond; /* a tracked process was reaped */
+  int refs;            /* under g_mu */
+  int owner;           /* sb->rt's reference is still held (under g_mu) */
   char id[32];
-  char name[32];            /* wbd_rt_name(id): what the host sees (dir, cgroups) */
+  char name[32]; /* wbd_rt_name(id): what the host sees (dir, cgroups) */
   char dir[PATH_MAX + 64];
-  char cg[PATH_MAX + 64];   /* freezer group, "" without one */
-  char cgx[CG_N][PATH_MAX + 64];  /* memory, pids, cpu groups ([CG_FREEZER] unused), "" without */
+  char cg[PATH_MAX + 64];        /* freezer group, "" without one */
+  char cgx[CG_N][PATH_MAX + 64]; /* memory, pids, cpu groups ([CG_FREEZER] unused), "" without */
   int allow_net;
-  long memory_mb;           /* the sandbox's memoryMB */
-  int cpu_count;            /* and cpuCount */
-  uid_t uid;                /* host uid and gid of the jail's processes */
+  long memory_mb; /* the sandbox's memoryMB */
+  int cpu_count;  /* and cpuCount */
+  uid_t uid;      /* host uid and gid of the jail's processes */
   gid_t gid;
-  int slot;                 /* uid slot (root only), -1 */
-  int mounted;              /* dir is a size-limited tmpfs */
-  struct wbd_net net;       /* its network namespace (net.checked: under mu) */
+  int slot;           /* uid slot (root only), -1 */
+  int mounted;        /* dir is a size-limited tmpfs */
+  struct wbd_net net; /* its network namespace (net.checked: under mu) */
   int frozen;
-  int dead;                 /* torn down: no new processes */
+  int dead; /* torn down: no new processes */
   struct rt_proc *procs;
   pthread_mutex_t interp_mu;
   void *interp;
-  const struct wbd_rt_hooks *hooks;   /* the interpreter's, with interp; NULL before */
-  char boot_id[40];         /* this boot's /proc/sys/kernel/random/boot_id, with "\n" */
+  const struct wbd_rt_hooks *hooks; /* the interpreter's, with interp; NULL before */
+  char boot_id[40];                 /* this boot's /proc/sys/kernel/random/boot_id, with "\n" */
   struct wbd_rt *prev, *next;
 };
 
@@ -111,15 +111,15 @@ static struct wbd_rt *g_all;
 static int g_shut;
 static int g_isolated;
 static char g_cg_root[PATH_MAX];
-static char g_cgx_root[CG_N][PATH_MAX];   /* memory, pids, cpu parents, "" without */
+static char g_cgx_root[CG_N][PATH_MAX]; /* memory, pids, cpu parents, "" without */
 static char g_etc[PATH_MAX + 32];
-static int g_root;                /* warmboxd is host root: jails get their own host uid */
+static int g_root; /* warmboxd is host root: jails get their own host uid */
 static uid_t g_uid_base = UID_BASE_DEFAULT;
-static unsigned char g_slots[UID_SLOTS];   /* under g_mu */
-static int g_private_mnt;         /* warmboxd has its own mount namespace: homes are tmpfs */
+static unsigned char g_slots[UID_SLOTS]; /* under g_mu */
+static int g_private_mnt;                /* warmboxd has its own mount namespace: homes are tmpfs */
 static long g_pids_max = PIDS_MAX_DEFAULT, g_disk_mb = WBD_DISK_MB;
-static char g_data[PATH_MAX];     /* wbd_opt.data_dir, absolute */
-static unsigned char g_name_key[32];   /* wbd_rt_name's key, random per process */
+static char g_data[PATH_MAX];        /* wbd_opt.data_dir, absolute */
+static unsigned char g_name_key[32]; /* wbd_rt_name's key, random per process */
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -159,7 +159,8 @@ struct di_path {
  * when an entry cannot be removed. */
 static int rm_entries(int fd, char **sub) {
   /* A jailed process may have made a directory unreadable to itself. */
-  if (fchmod(fd, 0700) != 0) {}
+  if (fchmod(fd, 0700) != 0) {
+  }
   int dfd = dup(fd);
   DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
   if (!d) {
@@ -191,7 +192,8 @@ static int rm_entries(int fd, char **sub) {
 /* Opens sub (freed) below fd, recorded in p: its fd, or -1. */
 static int rm_descend(int fd, char *sub, struct di_path *p) {
   /* Not root: our own directory made unreadable is made readable first. */
-  if (fchmodat(fd, sub, 0700, 0) != 0) {}
+  if (fchmodat(fd, sub, 0700, 0) != 0) {
+  }
   int nfd = openat(fd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat ns;
   free(sub);
@@ -205,7 +207,7 @@ static int rm_descend(int fd, char *sub, struct di_path *p) {
     if (!nv) abort();
     p->v = nv;
   }
-  p->v[++p->depth] = (struct di){ ns.st_dev, ns.st_ino };
+  p->v[++p->depth] = (struct di){ns.st_dev, ns.st_ino};
   return nfd;
 }
 
@@ -233,9 +235,9 @@ static void rm_rf(const char *path) {
   }
   int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  struct di_path p = { malloc(64 * sizeof(struct di)), 0, 64 };
+  struct di_path p = {malloc(64 * sizeof(struct di)), 0, 64};
   if (!p.v) abort();
-  p.v[0] = (struct di){ st.st_dev, st.st_ino };
+  p.v[0] = (struct di){st.st_dev, st.st_ino};
   for (;;) {
     char *sub = NULL;
     int rc = rm_entries(fd, &sub);
@@ -268,8 +270,9 @@ static int write_new_file(const char *path, const char *data) {
 }
 
 static void sleep_ms(int ms) {
-  struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -323,7 +326,7 @@ static size_t descendants(const pid_t *roots, size_t nroots, pid_t **out) {
   struct pp *t;
   size_t n = proc_table(&t);
   size_t cap = nroots + 16, m = 0;
-  pid_t *v = calloc(cap, sizeof *v);  /* calloc: gcc -O2 cannot see every slot read was written */
+  pid_t *v = calloc(cap, sizeof *v); /* calloc: gcc -O2 cannot see every slot read was written */
   if (!v) abort();
   for (size_t i = 0; i < nroots; i++) v[m++] = roots[i];
   for (size_t q = 0; q < m; q++)
@@ -391,13 +394,13 @@ static int cg_set_state(const char *cg, const char *state) {
   /* FREEZING until every task has stopped: usually well under a millisecond. */
   long wait_us = 100, waited_us = 0;
   while (waited_us < 2000000) {
-    char buf[32] = { 0 };
+    char buf[32] = {0};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -errno;
     ssize_t r = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (r > 0 && strncmp(buf, state, strlen(state)) == 0) return 0;
-    struct timespec ts = { 0, wait_us * 1000L };
+    struct timespec ts = {0, wait_us * 1000L};
     nanosleep(&ts, NULL);
     waited_us += wait_us;
     if (wait_us < 5000) wait_us *= 2;
@@ -416,11 +419,22 @@ static void cg_rmdir(const char *cg) {
 
 static const char *const etc_ro[] = {
   /* /etc/ssl/private holds keys: only the public parts of /etc/ssl */
-  "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl/certs",
-  "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "hosts", "nsswitch.conf", "host.conf",
-  "gai.conf", "protocols", "services", "matplotlibrc", "mime.types", "python3", "python3.11",
-  "bash.bashrc", "profile", "inputrc", "fonts", "magic", "magic.mime", "os-release",
-  "debian_version", "login.defs", "terminfo", "mailcap", NULL,
+  "alternatives",    "ld.so.cache",
+  "ld.so.conf",      "ld.so.conf.d",
+  "localtime",       "timezone",
+  "ssl/certs",       "ssl/openssl.cnf",
+  "ca-certificates", "ca-certificates.conf",
+  "hosts",           "nsswitch.conf",
+  "host.conf",       "gai.conf",
+  "protocols",       "services",
+  "matplotlibrc",    "mime.types",
+  "python3",         "python3.11",
+  "bash.bashrc",     "profile",
+  "inputrc",         "fonts",
+  "magic",           "magic.mime",
+  "os-release",      "debian_version",
+  "login.defs",      "terminfo",
+  "mailcap",         NULL,
 };
 
 /* embed/'s files, compiled in (cmake/embed.cmake). */
@@ -459,7 +473,7 @@ static int env_args_fd(const struct wbd_sv *ev) {
 
 /* The host's top-level trees the jail binds read-only (or re-creates as the
  * same symlinks, /bin -> usr/bin on a merged-/usr system), besides /usr. */
-static const char *const top_dirs[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL };
+static const char *const top_dirs[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL};
 
 /* shared_net: the process already is in the sandbox's network namespace. */
 /* boot_fd: bubblewrap's fd holding the boot id, or -1; sudo_fd: holding
@@ -505,7 +519,7 @@ static void jail_args(struct wbd_sv *a, const char *id, const struct jail_src *f
     struct stat st;
     if (lstat(p, &st) != 0) continue;
     if (S_ISLNK(st.st_mode)) {
-      if (f->root) continue;   /* root_prepare made it */
+      if (f->root) continue; /* root_prepare made it */
       ssize_t n = readlink(p, target, sizeof target - 1);
       if (n <= 0) continue;
       target[n] = 0;
@@ -527,8 +541,10 @@ static void jail_args(struct wbd_sv *a, const char *id, const struct jail_src *f
   }
   /* The host's resolver may listen on its loopback (127.0.0.53), out of
    * reach: internet jails ask slirp4netns's forwarder. */
-  if (f->resolv) wbd_sv_add3(a, "--ro-bind", f->resolv, "/etc/resolv.conf");
-  else wbd_sv_add3(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf");
+  if (f->resolv)
+    wbd_sv_add3(a, "--ro-bind", f->resolv, "/etc/resolv.conf");
+  else
+    wbd_sv_add3(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf");
   if (f->passwd) wbd_sv_add3(a, "--ro-bind", f->passwd, "/etc/passwd");
   if (f->group) wbd_sv_add3(a, "--ro-bind", f->group, "/etc/group");
   wbd_sv_add(a, "--proc");
@@ -575,7 +591,7 @@ static void jail_args(struct wbd_sv *a, const char *id, const struct jail_src *f
     wbd_sv_add(a, "/run");
     wbd_sv_add(a, "--dir");
     wbd_sv_add(a, "/var/tmp");
-  }   /* else the root's own /run and /var/tmp */
+  } /* else the root's own /run and /var/tmp */
   /* bubblewrap mounts binds nosuid (and nodev, without --dev-bind). */
   if (f->home) {
     wbd_sv_add3(a, "--bind", f->home, "/home/user");
@@ -678,7 +694,7 @@ static void new_boot_id(char *buf, size_t len) {
  * Without root, warmboxd and the jail's user are one uid: the user owns it
  * all (and can only break its own jail). */
 static int root_prepare(const struct wbd_rt *rt, const char *root) {
-  static const char *const dirs[] = { "", "usr", "proc", "dev", "etc", "home", "home/user", "tmp", "var", NULL };
+  static const char *const dirs[] = {"", "usr", "proc", "dev", "etc", "home", "home/user", "tmp", "var", NULL};
   char p[PATH_MAX + 256];
   for (int i = 0; dirs[i]; i++) {
     snprintf(p, sizeof p, "%s/%s", root, dirs[i]);
@@ -699,12 +715,12 @@ static int root_prepare(const struct wbd_rt *rt, const char *root) {
       return -1;
     }
   }
-  static const char *const etc_own[] = { "passwd", "group", "resolv.conf", NULL };
+  static const char *const etc_own[] = {"passwd", "group", "resolv.conf", NULL};
   for (int pass = 0; pass < 2; pass++) {
     const char *const *list = pass ? etc_own : etc_ro;
     for (int i = 0; list[i]; i++) {
       int is_dir = 0;
-      if (!pass) {   /* --ro-bind-try: only what the host has */
+      if (!pass) { /* --ro-bind-try: only what the host has */
         char hp[PATH_MAX];
         struct stat st;
         snprintf(hp, sizeof hp, "/etc/%s", list[i]);
@@ -726,8 +742,13 @@ static int root_prepare(const struct wbd_rt *rt, const char *root) {
       }
     }
   }
-  static const struct { const char *name; mode_t mode; } own[] = {
-    { "root", 0700 }, { "run", 0755 }, { "var/tmp", 01777 },
+  static const struct {
+    const char *name;
+    mode_t mode;
+  } own[] = {
+    {"root", 0700},
+    {"run", 0755},
+    {"var/tmp", 01777},
   };
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
     snprintf(p, sizeof p, "%s/%s", root, own[i].name);
@@ -746,8 +767,9 @@ static int holds(const char *jail, const char *s) {
 }
 
 int wbd_rt_skeleton(const char *jail) {
-  static const char *const fixed[] = { "/usr", "/proc", "/dev", "/home/user", "/tmp", "/root", "/run",
-                                       "/var/tmp", "/etc/passwd", "/etc/group", "/etc/resolv.conf", NULL };
+  static const char *const fixed[] = {
+    "/usr",     "/proc",       "/dev",       "/home/user",       "/tmp", "/root", "/run",
+    "/var/tmp", "/etc/passwd", "/etc/group", "/etc/resolv.conf", NULL};
   if (!g_isolated || !jail || !*jail) return 0;
   for (int i = 0; fixed[i]; i++)
     if (holds(jail, fixed[i])) return 1;
@@ -864,8 +886,10 @@ void wbd_rt_put(struct wbd_rt *rt) {
     pthread_mutex_unlock(&g_mu);
     return;
   }
-  if (rt->prev) rt->prev->next = rt->next;
-  else g_all = rt->next;
+  if (rt->prev)
+    rt->prev->next = rt->next;
+  else
+    g_all = rt->next;
   if (rt->next) rt->next->prev = rt->prev;
   pthread_cond_broadcast(&g_cond);
   pthread_mutex_unlock(&g_mu);
@@ -933,9 +957,13 @@ struct wbd_rt *wbd_rt_get(struct wbd_sandbox *sb) {
   return rt;
 }
 
-int wbd_rt_isolated(void) { return g_isolated; }
+int wbd_rt_isolated(void) {
+  return g_isolated;
+}
 
-long wbd_rt_memory_mb(const struct wbd_rt *rt) { return rt->memory_mb; }
+long wbd_rt_memory_mb(const struct wbd_rt *rt) {
+  return rt->memory_mb;
+}
 
 long wbd_rt_oom_kills(struct wbd_rt *rt) {
   if (!rt->cgx[CG_MEMORY][0]) return -1;
@@ -950,9 +978,15 @@ long wbd_rt_oom_kills(struct wbd_rt *rt) {
   return n;
 }
 
-void **wbd_rt_interp_slot(struct wbd_rt *rt) { return &rt->interp; }
-void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks) { rt->hooks = hooks; }
-pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) { return &rt->interp_mu; }
+void **wbd_rt_interp_slot(struct wbd_rt *rt) {
+  return &rt->interp;
+}
+void wbd_rt_set_hooks(struct wbd_rt *rt, const struct wbd_rt_hooks *hooks) {
+  rt->hooks = hooks;
+}
+pthread_mutex_t *wbd_rt_interp_mu(struct wbd_rt *rt) {
+  return &rt->interp_mu;
+}
 
 const char *wbd_rt_home(const struct wbd_sandbox *sb, char *buf, size_t len) {
   char name[32];
@@ -1007,7 +1041,7 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
       /* The generated files, then the host's bound ones: a directory is its
        * own tree (nothing beside it in the host's /etc is reachable), a file
        * is served from the host's /etc by its one name. */
-      static const char *const own[] = { "passwd", "group", NULL };
+      static const char *const own[] = {"passwd", "group", NULL};
       for (int i = 0; own[i] && n < 0; i++)
         if (strcmp(r, own[i]) == 0) n = snprintf(host, hlen, "%s", g_etc);
       if (n < 0 && strcmp(r, "resolv.conf") == 0)
@@ -1028,7 +1062,7 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
       }
       if (n >= 0) kind = WBD_TREE_HOST;
     }
-    if (n < 0) {   /* everything else is the sandbox's own root */
+    if (n < 0) { /* everything else is the sandbox's own root */
       r = jail[1] ? jail + 1 : ".";
       n = snprintf(host, hlen, "%s/%s/root", data, name);
     }
@@ -1042,17 +1076,23 @@ int wbd_rt_locate(const struct wbd_sandbox *sb, const char *jail, char *host, si
 /* Spawn, signal, wait                                                 */
 /* ------------------------------------------------------------------ */
 
-static int valid_env_key(const char *k) { return k[0] && !strchr(k, '=') && !wbd_env_refused(k); }
+static int valid_env_key(const char *k) {
+  return k[0] && !strchr(k, '=') && !wbd_env_refused(k);
+}
 
 static void env_set_from(json_t *env, json_t *src) {
   const char *k;
   json_t *v;
   json_object_foreach(src, k, v) {
     if (!valid_env_key(k)) continue;
-    if (json_is_string(v)) json_object_set(env, k, v);
-    else if (json_is_integer(v)) json_object_set_new(env, k, json_sprintf("%" JSON_INTEGER_FORMAT, json_integer_value(v)));
-    else if (json_is_real(v)) json_object_set_new(env, k, json_sprintf("%g", json_real_value(v)));
-    else if (json_is_boolean(v)) json_object_set_new(env, k, json_string(json_is_true(v) ? "true" : "false"));
+    if (json_is_string(v))
+      json_object_set(env, k, v);
+    else if (json_is_integer(v))
+      json_object_set_new(env, k, json_sprintf("%" JSON_INTEGER_FORMAT, json_integer_value(v)));
+    else if (json_is_real(v))
+      json_object_set_new(env, k, json_sprintf("%g", json_real_value(v)));
+    else if (json_is_boolean(v))
+      json_object_set_new(env, k, json_string(json_is_true(v) ? "true" : "false"));
   }
 }
 
@@ -1062,21 +1102,22 @@ static void host_path(const struct wbd_rt *rt, const char *p, char *buf, size_t 
     snprintf(buf, len, "%s/home%s", rt->dir, p + 10);
   else if (strncmp(p, "/tmp", 4) == 0 && (p[4] == 0 || p[4] == '/'))
     snprintf(buf, len, "%s/tmp%s", rt->dir, p + 4);
-  else snprintf(buf, len, "%s", p);
+  else
+    snprintf(buf, len, "%s", p);
 }
 
 /* One spawn's parts, from the request to the tracked process (spawn_rt owns
  * them; spawn_release lets them go). */
 struct spawn {
-  struct wbd_sv env;        /* the command's environment, "K=V" */
-  struct wbd_sv argv;       /* what the spawner execs: bubblewrap and the command, or the command */
-  char home[PATH_MAX + 128], tmp[PATH_MAX + 128], root[PATH_MAX + 128];   /* the sandbox's trees */
-  char passwd[PATH_MAX + 64], group[PATH_MAX + 64], resolv[PATH_MAX + 64];   /* the generated /etc files */
-  char hcwd[PATH_MAX + 128];   /* unisolated: the working directory on the host */
+  struct wbd_sv env;  /* the command's environment, "K=V" */
+  struct wbd_sv argv; /* what the spawner execs: bubblewrap and the command, or the command */
+  char home[PATH_MAX + 128], tmp[PATH_MAX + 128], root[PATH_MAX + 128];    /* the sandbox's trees */
+  char passwd[PATH_MAX + 64], group[PATH_MAX + 64], resolv[PATH_MAX + 64]; /* the generated /etc files */
+  char hcwd[PATH_MAX + 128]; /* unisolated: the working directory on the host */
   /* What bubblewrap reads, -1: the seccomp program, the boot id, embed/sudo
    * and its environment's arguments; its fds 3, 4, ... in this order. */
   int seccomp_fd, boot_fd, sudo_fd, env_fd;
-  int in[2], out[2], err[2];   /* the std pipes asked for, -1 */
+  int in[2], out[2], err[2]; /* the std pipes asked for, -1 */
 };
 
 static void spawn_init(struct spawn *s, const struct wbd_rt *rt) {
@@ -1095,8 +1136,8 @@ static void spawn_init(struct spawn *s, const struct wbd_rt *rt) {
 
 /* What the jail binds from the host (resolv.conf: only with internet). */
 static struct jail_src spawn_src(const struct wbd_rt *rt, const struct spawn *s) {
-  struct jail_src own = { s->home, s->tmp, s->passwd, s->group, rt->allow_net ? s->resolv : NULL, s->root,
-                          rt->memory_mb };
+  struct jail_src own = {s->home, s->tmp,       s->passwd, s->group, rt->allow_net ? s->resolv : NULL,
+                         s->root, rt->memory_mb};
   return own;
 }
 
@@ -1173,7 +1214,7 @@ static void bwrap_args(const struct wbd_rt *rt, const struct spawn *s, int keep_
   jail_args(av, rt->name, g_root ? &staged : &src, 1, seccomp_n, boot_n, sudo_n, keep_tty, cwd);
   char n[16];
   snprintf(n, sizeof n, "%d", next++);
-  free(av->v[--av->n]);   /* jail_args' closing "--": the arguments go before it */
+  free(av->v[--av->n]); /* jail_args' closing "--": the arguments go before it */
   av->v[av->n] = NULL;
   wbd_sv_add(av, "--args");
   wbd_sv_add(av, n);
@@ -1191,7 +1232,7 @@ static int std_pipes(struct spawn *s, const int *stdin_fd, const int *stdout_fd,
 /* What the child execs, with which fds 0-2 (tty_fd >= 0: that terminal on
  * all three, as its controlling one), and where. */
 static void job_fill(struct spawn_job *j, struct spawn *s, int tty_fd) {
-  static char *bwrap_env[] = { "PATH=" JAIL_PATH, NULL };
+  static char *bwrap_env[] = {"PATH=" JAIL_PATH, NULL};
   wbd_job_init(j);
   j->argv = s->argv.v;
   j->envp = g_isolated ? bwrap_env : s->env.v;
@@ -1209,7 +1250,7 @@ static void job_fill(struct spawn_job *j, struct spawn *s, int tty_fd) {
  * cgroup.procs, opened here); without a memory or pids group, per-process
  * rlimits stand in. */
 static void job_groups(const struct wbd_rt *rt, struct spawn_job *j) {
-  const char *groups[CG_N] = { rt->cg, rt->cgx[CG_MEMORY], rt->cgx[CG_PIDS], rt->cgx[CG_CPU] };
+  const char *groups[CG_N] = {rt->cg, rt->cgx[CG_MEMORY], rt->cgx[CG_PIDS], rt->cgx[CG_CPU]};
   for (int i = 0; i < CG_N; i++)
     if (groups[i][0]) {
       char p[PATH_MAX + 128];
@@ -1223,12 +1264,12 @@ static void job_groups(const struct wbd_rt *rt, struct spawn_job *j) {
 /* Under rt->mu, isolated: bubblewrap's fds, the staging of the jail's
  * binds (root), the sandbox's network namespace (ready) and host uid. */
 static void job_jail(struct wbd_rt *rt, struct spawn_job *j, const struct spawn *s) {
-  const int bw[] = { s->seccomp_fd, s->boot_fd, s->sudo_fd, s->env_fd };
+  const int bw[] = {s->seccomp_fd, s->boot_fd, s->sudo_fd, s->env_fd};
   for (size_t i = 0; i < sizeof bw / sizeof *bw; i++)
     if (bw[i] >= 0) j->pass[j->npass++] = bw[i];
   if (g_root) {
     struct jail_src src = spawn_src(rt, s);
-    const char *stage[N_STAGED] = { src.home, src.tmp, src.passwd, src.group, src.resolv, src.root };
+    const char *stage[N_STAGED] = {src.home, src.tmp, src.passwd, src.group, src.resolv, src.root};
     j->stage = 1;
     memcpy(j->stage_src, stage, sizeof stage);
   }
@@ -1250,7 +1291,8 @@ static int spawn_tracked(struct wbd_rt *rt, struct spawn_job *j, const struct sp
    * new process: the child would join the frozen group before its exec and
    * the spawner would wait for it forever, holding up every sandbox. A pause
    * takes rt->mu to freeze, so it waits for a spawn in flight instead. */
-  else if (rt->frozen) rc = -EAGAIN;
+  else if (rt->frozen)
+    rc = -EAGAIN;
   if (!rc) {
     job_groups(rt, j);
     if (g_isolated) job_jail(rt, j, s);
@@ -1278,7 +1320,7 @@ static void close_fd(int fd) {
 static void spawn_release(struct spawn *s, int failed) {
   wbd_sv_free(&s->argv);
   wbd_sv_free(&s->env);
-  const int fds[] = { s->seccomp_fd, s->boot_fd, s->sudo_fd, s->env_fd, s->in[0], s->out[1], s->err[1] };
+  const int fds[] = {s->seccomp_fd, s->boot_fd, s->sudo_fd, s->env_fd, s->in[0], s->out[1], s->err[1]};
   for (size_t i = 0; i < sizeof fds / sizeof *fds; i++) close_fd(fds[i]);
   if (failed) {
     close_fd(s->in[1]);
@@ -1333,7 +1375,7 @@ int wbd_rt_spawn_pty(struct wbd_sandbox *sb, char *const argv[], json_t *envs, c
   int s = -1;
   if (grantpt(m) == 0 && unlockpt(m) == 0 && ptsname_r(m, name, sizeof name) == 0)
     s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
-  struct winsize ws = { .ws_row = (unsigned short)(rows ? rows : 24), .ws_col = (unsigned short)(cols ? cols : 80) };
+  struct winsize ws = {.ws_row = (unsigned short)(rows ? rows : 24), .ws_col = (unsigned short)(cols ? cols : 80)};
   if (s < 0 || ioctl(m, TIOCSWINSZ, &ws) != 0) {
     int e = errno ? errno : EIO;
     if (s >= 0) close(s);
@@ -1362,8 +1404,8 @@ void wbd_rt_boot_id(struct wbd_sandbox *sb, char *buf, size_t len) {
   wbd_rt_put(rt);
 }
 
-int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid,
-                 int *stdin_fd, int *stdout_fd, int *stderr_fd) {
+int wbd_rt_spawn(struct wbd_sandbox *sb, char *const argv[], json_t *envs, const char *cwd, pid_t *pid, int *stdin_fd,
+                 int *stdout_fd, int *stderr_fd) {
   struct wbd_rt *rt = wbd_rt_get(sb);
   if (!rt) return -ESRCH;
   int rc = wbd_rt_spawn_rt(rt, argv, envs, cwd, 0, pid, stdin_fd, stdout_fd, stderr_fd);
@@ -1430,7 +1472,8 @@ int wbd_rt_wait_rt(struct wbd_rt *rt, pid_t pid) {
     /* Wait without reaping, so that the pid cannot be reused before the
      * record says it exited. */
     siginfo_t si;
-    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) != 0 && errno == EINTR) {}
+    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+    }
     pthread_mutex_lock(&rt->mu);
     if (!p->exited) {
       int st = 0;
@@ -1467,7 +1510,7 @@ int wbd_rt_wait(struct wbd_sandbox *sb, pid_t pid) {
 static size_t live_pids(struct wbd_rt *rt, pid_t **out) {
   size_t n = 0;
   for (struct rt_proc *p = rt->procs; p; p = p->next) n++;
-  pid_t *v = calloc(n + 1, sizeof *v);  /* calloc: see descendants() */
+  pid_t *v = calloc(n + 1, sizeof *v); /* calloc: see descendants() */
   if (!v) abort();
   n = 0;
   for (struct rt_proc *p = rt->procs; p; p = p->next)
@@ -1485,7 +1528,7 @@ static void signal_tagged(const struct wbd_rt *rt, int sig) {
   DIR *d = opendir("/proc");
   if (!d) return;
   struct dirent *e;
-  static char buf[65536];  /* too big for a thread stack; guarded by buf_mu */
+  static char buf[65536]; /* too big for a thread stack; guarded by buf_mu */
   static pthread_mutex_t buf_mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_mutex_lock(&buf_mu);
   while ((e = readdir(d))) {
@@ -1564,7 +1607,7 @@ int wbd_rt_settling(struct wbd_sandbox *sb) {
 }
 
 int wbd_rt_port_socket(struct wbd_sandbox *sb) {
-  if (!g_isolated) return -ENOENT;   /* no namespace: the host's own ports are not the sandbox's */
+  if (!g_isolated) return -ENOENT; /* no namespace: the host's own ports are not the sandbox's */
   struct wbd_rt *rt = rt_take_live(sb);
   if (!rt) return -ENOENT;
   pthread_mutex_lock(&rt->mu);
@@ -1620,7 +1663,8 @@ static void kill_all_procs(struct wbd_rt *rt) {
     if (p->exited && p->waiters == 0) {
       *pp = p->next;
       free(p);
-    } else pp = &p->next;
+    } else
+      pp = &p->next;
   }
   pthread_mutex_unlock(&rt->mu);
   if (rt->cg[0]) {
@@ -1682,8 +1726,10 @@ int wbd_rt_on_create(struct wbd_sandbox *sb) {
 static struct wbd_rt *rt_take_live(struct wbd_sandbox *sb) {
   wbd_store_lock();
   struct wbd_rt *rt = sb->rt;
-  if (rt == RT_KILLED || !rt || g_shut) rt = NULL;
-  else wbd_rt_ref(rt);
+  if (rt == RT_KILLED || !rt || g_shut)
+    rt = NULL;
+  else
+    wbd_rt_ref(rt);
   wbd_store_unlock();
   return rt;
 }
@@ -1724,8 +1770,10 @@ int wbd_rt_on_resume(struct wbd_sandbox *sb) {
   if (!rt) return 0;
   pthread_mutex_lock(&rt->mu);
   if (rt->frozen) {
-    if (rt->cg[0]) cg_set_state(rt->cg, "THAWED");
-    else signal_tree_locked(rt, SIGCONT);
+    if (rt->cg[0])
+      cg_set_state(rt->cg, "THAWED");
+    else
+      signal_tree_locked(rt, SIGCONT);
     rt->frozen = 0;
   }
   pthread_mutex_unlock(&rt->mu);
@@ -1764,9 +1812,13 @@ int wbd_rt_release(struct wbd_sandbox *sb) {
   return 0;
 }
 
-const char *wbd_rt_dir(const struct wbd_rt *rt) { return rt->dir; }
+const char *wbd_rt_dir(const struct wbd_rt *rt) {
+  return rt->dir;
+}
 
-void wbd_rt_remove_tree(const char *path) { rm_rf(path); }
+void wbd_rt_remove_tree(const char *path) {
+  rm_rf(path);
+}
 
 void wbd_rt_owner(const struct wbd_rt *rt, uid_t *uid, gid_t *gid) {
   *uid = rt->uid;
@@ -1780,15 +1832,18 @@ int wbd_rt_hold(struct wbd_rt *rt, int on) {
   int did = 0;
   pthread_mutex_lock(&rt->mu);
   if (on && !rt->frozen) {
-    if (rt->cg[0]) did = cg_set_state(rt->cg, "FROZEN") == 0;
+    if (rt->cg[0])
+      did = cg_set_state(rt->cg, "FROZEN") == 0;
     else {
       signal_tree_locked(rt, SIGSTOP);
       did = 1;
     }
     rt->frozen = did;
   } else if (!on && rt->frozen) {
-    if (rt->cg[0]) cg_set_state(rt->cg, "THAWED");
-    else signal_tree_locked(rt, SIGCONT);
+    if (rt->cg[0])
+      cg_set_state(rt->cg, "THAWED");
+    else
+      signal_tree_locked(rt, SIGCONT);
     rt->frozen = 0;
   }
   pthread_mutex_unlock(&rt->mu);
@@ -1875,8 +1930,8 @@ static int check_bwrap(char *why, size_t len) {
     snprintf(why, len, "%s not found (install Debian's bubblewrap)", BWRAP);
     return -1;
   }
-  struct wbd_sv a = { 0 };
-  struct jail_src none = { NULL, NULL, NULL, NULL, NULL, NULL, 0 };
+  struct wbd_sv a = {0};
+  struct jail_src none = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
   jail_args(&a, "check", &none, 0, -1, -1, -1, 0, "/");
   wbd_sv_add(&a, "/bin/true");
   int ep[2];
@@ -1918,7 +1973,8 @@ static int check_bwrap(char *why, size_t len) {
     return -1;
   }
   int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
   if (!why[0]) snprintf(why, len, "exit status %d", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
   return -1;
@@ -1955,8 +2011,9 @@ static int uid_range_init(void) {
     fprintf(stderr, "warmboxd: no host uid range for the jails: %s\n", why);
     return -1;
   }
-  if (wbd_opt.verbose) fprintf(stderr, "warmboxd: jails run as host uids %lu-%lu\n", (unsigned long)g_uid_base,
-                               (unsigned long)g_uid_base + UID_SLOTS - 1);
+  if (wbd_opt.verbose)
+    fprintf(stderr, "warmboxd: jails run as host uids %lu-%lu\n", (unsigned long)g_uid_base,
+            (unsigned long)g_uid_base + UID_SLOTS - 1);
   return 0;
 }
 
@@ -1968,7 +2025,8 @@ static void private_mounts(void) {
   if ((g_root || wbd_userns_enter() == 0) && unshare(CLONE_NEWNS) == 0 &&
       mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0)
     g_private_mnt = 1;
-  else fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
+  else
+    fprintf(stderr, "warmboxd: no private mount namespace (%s): homes are not size-limited\n", strerror(errno));
 }
 
 /* g_data (the data directory, absolute: for bubblewrap's binds and HOME in
@@ -1985,8 +2043,9 @@ static int etc_prepare(void) {
     return -1;
   }
   snprintf(p, sizeof p, "%s/passwd", g_etc);
-  write_new_file(p, "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
-                    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+  write_new_file(p,
+                 "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
+                 "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
   snprintf(p, sizeof p, "%s/group", g_etc);
   write_new_file(p, "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n");
   /* slirp4netns's DNS forwarder, for jails with internet access. */
@@ -2040,8 +2099,7 @@ static void cgroups_init(void) {
   const char *nofreeze = getenv("WARMBOXD_NO_FREEZER");
   snprintf(g_cg_root, sizeof g_cg_root, "/sys/fs/cgroup/freezer/warmboxd-%d", (int)getpid());
   if ((nofreeze && strcmp(nofreeze, "1") == 0) || mkdir(g_cg_root, 0755) != 0) {
-    if (wbd_opt.verbose)
-      fprintf(stderr, "warmboxd: no cgroup freezer (%s): pausing with SIGSTOP\n", strerror(errno));
+    if (wbd_opt.verbose) fprintf(stderr, "warmboxd: no cgroup freezer (%s): pausing with SIGSTOP\n", strerror(errno));
     g_cg_root[0] = 0;
   }
 }
@@ -2075,8 +2133,10 @@ int wbd_rt_init(void) {
   size_t got = 0;
   while (got < sizeof g_name_key) {
     ssize_t r = getrandom(g_name_key + got, sizeof g_name_key - got, 0);
-    if (r > 0) got += (size_t)r;
-    else if (errno != EINTR) return -1;
+    if (r > 0)
+      got += (size_t)r;
+    else if (errno != EINTR)
+      return -1;
   }
   if (data_dir_prepare() != 0) return -1;
   g_root = geteuid() == 0;
@@ -2123,7 +2183,8 @@ void wbd_rt_shutdown(void) {
   clock_gettime(CLOCK_REALTIME, &dl);
   dl.tv_sec += 10;
   pthread_mutex_lock(&g_mu);
-  while (g_all && pthread_cond_timedwait(&g_cond, &g_mu, &dl) != ETIMEDOUT) {}
+  while (g_all && pthread_cond_timedwait(&g_cond, &g_mu, &dl) != ETIMEDOUT) {
+  }
   if (g_all) fprintf(stderr, "warmboxd: some sandbox runtimes are still referenced at exit\n");
   pthread_mutex_unlock(&g_mu);
 
@@ -2145,7 +2206,8 @@ static double proc_cpu_s(int pid) {
   const char *p = proc_stat(pid, buf, sizeof buf);
   unsigned long long ut, st;
   long long cut, cst;
-  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", &ut, &st, &cut, &cst) != 4)
+  if (!p ||
+      sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", &ut, &st, &cut, &cst) != 4)
     return 0;
   return (double)(ut + st + (unsigned long long)(cut + cst)) / (double)sysconf(_SC_CLK_TCK);
 }

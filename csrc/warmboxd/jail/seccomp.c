@@ -29,18 +29,44 @@ static size_t g_bpf_len;
 
 #ifdef __x86_64__
 static const int seccomp_deny[] = {
-  SYS_keyctl, SYS_add_key, SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd,
-  SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register, SYS_open_by_handle_at, SYS_name_to_handle_at,
-  SYS_kexec_load, SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_acct,
-  SYS_swapon, SYS_swapoff, SYS_reboot, SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex,
-  SYS_quotactl, SYS_lookup_dcookie, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_setns, SYS_unshare,
+  SYS_keyctl,
+  SYS_add_key,
+  SYS_request_key,
+  SYS_bpf,
+  SYS_perf_event_open,
+  SYS_userfaultfd,
+  SYS_io_uring_setup,
+  SYS_io_uring_enter,
+  SYS_io_uring_register,
+  SYS_open_by_handle_at,
+  SYS_name_to_handle_at,
+  SYS_kexec_load,
+  SYS_kexec_file_load,
+  SYS_init_module,
+  SYS_finit_module,
+  SYS_delete_module,
+  SYS_acct,
+  SYS_swapon,
+  SYS_swapoff,
+  SYS_reboot,
+  SYS_settimeofday,
+  SYS_clock_settime,
+  SYS_clock_adjtime,
+  SYS_adjtimex,
+  SYS_quotactl,
+  SYS_lookup_dcookie,
+  SYS_mount,
+  SYS_umount2,
+  SYS_pivot_root,
+  SYS_setns,
+  SYS_unshare,
 };
 #define N_DENY (sizeof seccomp_deny / sizeof *seccomp_deny)
 /* The two socket-creating calls whose first argument is the family. */
-static const int family_calls[] = { SYS_socket, SYS_socketpair };
+static const int family_calls[] = {SYS_socket, SYS_socketpair};
 #define N_FAM (sizeof family_calls / sizeof *family_calls)
 
-#define STMT(code, k) ((struct sock_filter)BPF_STMT((code), (k)))
+#define STMT(code, k)         ((struct sock_filter)BPF_STMT((code), (k)))
 #define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP((code), (k), (unsigned char)(jt), (unsigned char)(jf)))
 
 /* Fills f (cap >= SECCOMP_MAX) with the jail's filter; its length, 0 where
@@ -55,8 +81,8 @@ static size_t seccomp_build(struct sock_filter *f, size_t cap) {
   /* Layout after this point (k = N_DENY, m = N_FAM):
    *   [x32 check] [k deny jumps] [m family jumps] ALLOW DENY
    *   FAMILY: load args[0]; == AF_VSOCK ? EAFNOSUPPORT : ALLOW */
-  size_t allow = 1 + N_DENY + N_FAM;   /* index of ALLOW, counted from the x32 check */
-  f[n++] = JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, allow, 0);   /* x32 (bit 30): deny */
+  size_t allow = 1 + N_DENY + N_FAM;                               /* index of ALLOW, counted from the x32 check */
+  f[n++] = JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, allow, 0); /* x32 (bit 30): deny */
   for (size_t i = 0; i < N_DENY; i++)
     f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)seccomp_deny[i], allow - 1 - i, 0);
   for (size_t i = 0; i < N_FAM; i++)
@@ -78,7 +104,9 @@ static size_t seccomp_build(struct sock_filter *f, size_t cap) {
 }
 #endif
 
-void wbd_seccomp_init(void) { g_bpf_len = seccomp_build(g_bpf, SECCOMP_MAX); }
+void wbd_seccomp_init(void) {
+  g_bpf_len = seccomp_build(g_bpf, SECCOMP_MAX);
+}
 
 int wbd_seccomp_pipe(int *fd) {
   *fd = g_bpf_len ? wbd_data_pipe(g_bpf, g_bpf_len * sizeof *g_bpf) : -1;

@@ -86,7 +86,8 @@ void wbd_job_init(struct spawn_job *j) {
 }
 
 void wbd_child_fail(int errpipe, int e) {
-  if (write(errpipe, &e, sizeof e) < 0) {}
+  if (write(errpipe, &e, sizeof e) < 0) {
+  }
   _exit(127);
 }
 
@@ -117,7 +118,7 @@ static int stage_binds(const struct spawn_job *j) {
     if (src[i] < 0) return -1;
   }
   if (mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0711") != 0) return -1;
-  static const char *const dst[N_STAGED] = { STAGED_PATHS };
+  static const char *const dst[N_STAGED] = {STAGED_PATHS};
   for (int i = 0; i < N_STAGED; i++) {
     if (src[i] < 0) continue;
     char from[64];
@@ -138,7 +139,8 @@ static void child_stall(char **argv) {
 
 static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   for (int i = 0; i < CG_N; i++)
-    if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {}
+    if (j->cg_fd[i] >= 0 && write(j->cg_fd[i], "0", 1) < 0) {
+    }
   child_stall(j->argv);
   setsid();
   /* A pty process: its own fresh terminal becomes the new session's
@@ -148,11 +150,11 @@ static void child_exec(struct spawn_job *j, pid_t parent, int errpipe) {
   if (j->userns_fd >= 0 && setns(j->userns_fd, CLONE_NEWUSER) != 0) wbd_child_fail(errpipe, errno);
   if (j->net_fd >= 0 && setns(j->net_fd, CLONE_NEWNET) != 0) wbd_child_fail(errpipe, errno);
   if (j->nproc > 0) {
-    struct rlimit rl = { (rlim_t)j->nproc, (rlim_t)j->nproc };
+    struct rlimit rl = {(rlim_t)j->nproc, (rlim_t)j->nproc};
     setrlimit(RLIMIT_NPROC, &rl);
   }
   if (j->data_mb > 0) {
-    struct rlimit rl = { (rlim_t)j->data_mb << 20, (rlim_t)j->data_mb << 20 };
+    struct rlimit rl = {(rlim_t)j->data_mb << 20, (rlim_t)j->data_mb << 20};
     setrlimit(RLIMIT_DATA, &rl);
   }
   if (j->setid) {
@@ -228,9 +230,10 @@ static void run_job(struct spawn_job *j) {
 /* The child's word on its error pipe: 0 and *e set, 1 at EOF (it exec'd),
  * -ETIMEDOUT when it said nothing within the spawn timeout. */
 static int errpipe_read(int fd, int *e) {
-  struct pollfd pf = { fd, POLLIN, 0 };
+  struct pollfd pf = {fd, POLLIN, 0};
   int pr;
-  while ((pr = poll(&pf, 1, g_spawn_timeout_ms)) < 0 && errno == EINTR) {}
+  while ((pr = poll(&pf, 1, g_spawn_timeout_ms)) < 0 && errno == EINTR) {
+  }
   if (pr == 0) return -ETIMEDOUT;
   ssize_t r;
   do r = read(fd, e, sizeof *e);
@@ -240,7 +243,8 @@ static int errpipe_read(int fd, int *e) {
 
 void wbd_spawn_reap(pid_t pid) {
   kill(pid, SIGKILL);
-  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
 }
 
 /* The caller's part, in its own thread: waits (at most the spawn timeout)
@@ -268,7 +272,8 @@ static void job_finish(struct spawn_job *j) {
   }
   if (rd == 0) {
     int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
     j->pid = 0;
     j->err = -e;
   }
@@ -300,8 +305,10 @@ int wbd_spawn(struct spawn_job *j) {
     return -ESHUTDOWN;
   }
   j->next = NULL;
-  if (sp_tail) sp_tail->next = j;
-  else sp_head = j;
+  if (sp_tail)
+    sp_tail->next = j;
+  else
+    sp_head = j;
   sp_tail = j;
   pthread_cond_broadcast(&sp_cond);
   while (!j->done) pthread_cond_wait(&sp_cond, &sp_mu);

@@ -90,14 +90,15 @@ static int try_range(const char *lock_dir, uid_t first, unsigned slots, char *wh
   long pid = process_in(first, slots);
   const char *who = pid ? NULL : account_in(first, slots, acct, sizeof acct);
   if (pid || who) {
-    if (pid) snprintf(why, len, "uids %lu-%lu are in use: process %ld runs as one", (unsigned long)first,
-                      (unsigned long)first + slots - 1, pid);
-    else snprintf(why, len, "uids %lu-%lu are in use: %s", (unsigned long)first, (unsigned long)first + slots - 1,
-                  who);
+    if (pid)
+      snprintf(why, len, "uids %lu-%lu are in use: process %ld runs as one", (unsigned long)first,
+               (unsigned long)first + slots - 1, pid);
+    else
+      snprintf(why, len, "uids %lu-%lu are in use: %s", (unsigned long)first, (unsigned long)first + slots - 1, who);
     close(fd);
     return -1;
   }
-  return 0;   /* fd is kept: the lock lasts as long as the process */
+  return 0; /* fd is kept: the lock lasts as long as the process */
 }
 
 uid_t wbd_uid_range_take(const char *lock_dir, uid_t base, uid_t want, unsigned slots, char *why, size_t len) {

@@ -44,8 +44,8 @@ struct job {
 };
 
 static pthread_mutex_t jobs_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t jobs_cv = PTHREAD_COND_INITIALIZER;   /* a job queued, or stopping */
-static pthread_cond_t quiet_cv = PTHREAD_COND_INITIALIZER;  /* a job done, or a worker ended */
+static pthread_cond_t jobs_cv = PTHREAD_COND_INITIALIZER;  /* a job queued, or stopping */
+static pthread_cond_t quiet_cv = PTHREAD_COND_INITIALIZER; /* a job done, or a worker ended */
 static struct job *jobs_head, **jobs_tail = &jobs_head;
 static int queued, idle, workers, busy, jobs_stopping;
 
@@ -140,14 +140,14 @@ static void workers_stop(void) {
 struct park {
   struct MHD_Connection *conn;
   int data_fd, conn_fd;
-  int64_t due_us;            /* monotonic */
+  int64_t due_us; /* monotonic */
   struct park *next;
 };
 
 static pthread_mutex_t park_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct park *parked;
 static size_t n_parked;
-static int park_wake = -1;   /* eventfd: the parked set changed, or stopping */
+static int park_wake = -1; /* eventfd: the parked set changed, or stopping */
 static int park_stopping, parker_started;
 static pthread_t parker;
 
@@ -159,7 +159,8 @@ static int64_t mono_us(void) {
 
 static void wake_parker(void) {
   uint64_t one = 1;
-  if (write(park_wake, &one, sizeof one) < 0) { /* already due to wake */ }
+  if (write(park_wake, &one, sizeof one) < 0) { /* already due to wake */
+  }
 }
 
 int wbd_park(struct MHD_Connection *conn, int data_fd, int conn_fd, int timeout_ms) {
@@ -190,10 +191,10 @@ int wbd_park(struct MHD_Connection *conn, int data_fd, int conn_fd, int timeout_
 static int park_fds(struct pollfd *fds, int64_t now) {
   int64_t soonest = -1;
   size_t i = 1;
-  fds[0] = (struct pollfd){ .fd = park_wake, .events = POLLIN };
+  fds[0] = (struct pollfd){.fd = park_wake, .events = POLLIN};
   for (struct park *pk = parked; pk; pk = pk->next, i += 2) {
-    fds[i] = (struct pollfd){ .fd = pk->data_fd, .events = POLLIN };
-    fds[i + 1] = (struct pollfd){ .fd = pk->conn_fd, .events = POLLRDHUP };
+    fds[i] = (struct pollfd){.fd = pk->data_fd, .events = POLLIN};
+    fds[i + 1] = (struct pollfd){.fd = pk->conn_fd, .events = POLLRDHUP};
     if (soonest < 0 || pk->due_us < soonest) soonest = pk->due_us;
   }
   if (soonest < 0) return -1;
@@ -240,7 +241,8 @@ static void *parker_main(void *arg) {
     if (rc < 0 && errno != EINTR) abort();
     if (rc > 0 && fds[0].revents) {
       uint64_t v;
-      if (read(park_wake, &v, sizeof v) < 0) { /* EAGAIN: already read */ }
+      if (read(park_wake, &v, sizeof v) < 0) { /* EAGAIN: already read */
+      }
     }
     pthread_mutex_lock(&park_mu);
     park_resume(fds, n, 0);

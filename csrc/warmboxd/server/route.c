@@ -33,13 +33,13 @@ static int path_match(const char *pat, const char *path) {
   return *path == 0;
 }
 
-const struct wbd_route *wbd_route_match(const struct wbd_route *table, size_t n, const char *method,
-                                        const char *path, int admin) {
+const struct wbd_route *wbd_route_match(const struct wbd_route *table, size_t n, const char *method, const char *path,
+                                        int admin) {
   for (size_t i = 0; i < n; i++) {
     const char *pattern;
     if ((table[i].auth == WBD_AUTH_ADMIN) != (admin != 0)) continue;
     if (method_match(table[i].route, method, &pattern) && path_match(pattern, path))
-      return table[i].fn ? &table[i] : NULL;   /* a row without a handler: no route */
+      return table[i].fn ? &table[i] : NULL; /* a row without a handler: no route */
   }
   return NULL;
 }

@@ -35,7 +35,9 @@ static int tls_port;
 static char *tls_cert_pem, *tls_key_pem;
 static struct wbd_routes routes_;
 
-void wbd_server_routes(const struct wbd_routes *r) { routes_ = *r; }
+void wbd_server_routes(const struct wbd_routes *r) {
+  routes_ = *r;
+}
 
 /* ------------------------------------------------------------------ */
 /* Stats                                                               */
@@ -204,18 +206,16 @@ static enum MHD_Result queue(struct wbd_req *req, unsigned status, struct MHD_Re
   return r;
 }
 
-enum MHD_Result wbd_reply_raw(struct wbd_req *req, unsigned status, const char *content_type,
-                              const void *data, size_t len, const char *const *headers) {
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(len, (void *)(uintptr_t)data, MHD_RESPMEM_MUST_COPY);
+enum MHD_Result wbd_reply_raw(struct wbd_req *req, unsigned status, const char *content_type, const void *data,
+                              size_t len, const char *const *headers) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)(uintptr_t)data, MHD_RESPMEM_MUST_COPY);
   if (!resp) return MHD_NO;
   if (content_type) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
   add_headers(resp, headers);
   return queue(req, status, resp);
 }
 
-enum MHD_Result wbd_reply_json(struct wbd_req *req, unsigned status, json_t *body,
-                               const char *const *headers) {
+enum MHD_Result wbd_reply_json(struct wbd_req *req, unsigned status, json_t *body, const char *const *headers) {
   if (!body) return wbd_reply_raw(req, status, NULL, "", 0, headers);
   char *s = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
   json_decref(body);
@@ -230,10 +230,10 @@ enum MHD_Result wbd_reply_json(struct wbd_req *req, unsigned status, json_t *bod
   return queue(req, status, resp);
 }
 
-static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const char *const *headers,
-                                    const char *fmt, va_list ap) __attribute__((format(printf, 4, 0)));
-static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const char *const *headers,
-                                    const char *fmt, va_list ap) {
+static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const char *const *headers, const char *fmt,
+                                    va_list ap) __attribute__((format(printf, 4, 0)));
+static enum MHD_Result vreply_error(struct wbd_req *req, unsigned status, const char *const *headers, const char *fmt,
+                                    va_list ap) {
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
   json_t *o = json_object();
@@ -251,8 +251,8 @@ enum MHD_Result wbd_reply_error(struct wbd_req *req, unsigned status, const char
 }
 
 enum MHD_Result wbd_reply_stream(struct wbd_req *req, unsigned status, const char *content_type,
-                                 MHD_ContentReaderCallback reader, void *cls,
-                                 MHD_ContentReaderFreeCallback done, const char *const *headers) {
+                                 MHD_ContentReaderCallback reader, void *cls, MHD_ContentReaderFreeCallback done,
+                                 const char *const *headers) {
   struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, reader, cls, done);
   if (!resp) {
     if (done) done(cls);
@@ -302,7 +302,7 @@ static int host_name(const char *host, char *h, size_t len) {
 /* Host: localhost, 127.x.y.z or [::1], with an optional :port. A browser
  * tricked by DNS rebinding sends the attacker's name instead. */
 static int host_is_loopback(const char *host) {
-  if (!host) return 1;   /* HTTP/1.0 without Host: no browser sends that */
+  if (!host) return 1; /* HTTP/1.0 without Host: no browser sends that */
   char h[128];
   if (host_name(host, h, sizeof h) != 0) return 0;
   if (h[0] == '[') return strcmp(h, "[::1]") == 0;
@@ -319,7 +319,7 @@ static int host_is_ours(const char *host) {
   if (!host) return 1;
   if (host_name(host, h, sizeof h) != 0) return 0;
   size_t n = strlen(h);
-  if (h[n - 1] == '.') h[--n] = 0;   /* "localhost." is localhost */
+  if (h[n - 1] == '.') h[--n] = 0; /* "localhost." is localhost */
   struct in_addr a4;
   struct in6_addr a6;
   if (inet_pton(AF_INET, h, &a4) == 1) return 1;
@@ -342,8 +342,9 @@ static int client_gate(struct wbd_req *req, enum MHD_Result *r) {
   }
   if (!host_is_ours(wbd_req_header(req, MHD_HTTP_HEADER_HOST))) {
     wbd_stat_add("foreign_host", 1);
-    *r = wbd_reply_error(req, 403, "warmboxd answers only a Host that is an address, localhost or "
-                                   "*.localhost (a DNS name could be rebound by a web page)");
+    *r = wbd_reply_error(req, 403,
+                         "warmboxd answers only a Host that is an address, localhost or "
+                         "*.localhost (a DNS name could be rebound by a web page)");
     return -1;
   }
   return 0;
@@ -361,7 +362,8 @@ static int admin_gate(struct wbd_req *req, enum MHD_Result *r) {
   }
   const char *tok = wbd_req_header(req, WBD_ADMIN_HEADER);
   if (!tok || !wbd_lim.admin_token || !wbd_str_eq_ct(tok, wbd_lim.admin_token)) {
-    *r = wbd_reply_error(req, 401, "the warmboxd admin API needs its token in " WBD_ADMIN_HEADER
+    *r = wbd_reply_error(req, 401,
+                         "the warmboxd admin API needs its token in " WBD_ADMIN_HEADER
                          " (see --admin-token; by default it is in <data-dir>/admin-token)");
     return -1;
   }
@@ -415,9 +417,9 @@ static int dataplane_target(struct wbd_req *req, char *id, size_t idlen, int *po
  * signed string before the token (its path, bounded) is hashed once, and
  * each running secure sandbox's token adds only its own few blocks. */
 struct signed_want {
-  struct wbd_sha256 prefix;   /* "path:op:user:" */
+  struct wbd_sha256 prefix; /* "path:op:user:" */
   const char *exp, *sig;
-  size_t hashed;              /* bytes hashed (the stat signed_url_hashed_bytes) */
+  size_t hashed; /* bytes hashed (the stat signed_url_hashed_bytes) */
 };
 
 static int signed_match(const char *token, void *cls) {
@@ -430,7 +432,7 @@ static int signed_match(const char *token, void *cls) {
 
 /* What a signed request may hold: a path envd could serve (PATH_MAX), a
  * user name and an expiration of sane length. */
-#define SIGNED_PATH_MAX 4096
+#define SIGNED_PATH_MAX  4096
 #define SIGNED_FIELD_MAX 256
 
 /* 1 with the sandbox's id when the request is a signed GET/POST /files whose
@@ -445,7 +447,7 @@ static int signed_target(struct wbd_req *req, char *id, size_t idlen) {
   /* "v1_" + 43 characters of unpadded base64: anything else matches no one. */
   if (strncmp(sig, "v1_", 3) != 0 || strlen(sig) != 46) return -1;
   const char *path = wbd_req_query(req, "path"), *user = wbd_req_query(req, "username");
-  struct signed_want w = { .exp = wbd_req_query(req, "signature_expiration"), .sig = sig };
+  struct signed_want w = {.exp = wbd_req_query(req, "signature_expiration"), .sig = sig};
   if ((path && strlen(path) > SIGNED_PATH_MAX) || (user && strlen(user) > SIGNED_FIELD_MAX) ||
       (w.exp && strlen(w.exp) > SIGNED_FIELD_MAX))
     return -1;
@@ -459,16 +461,30 @@ static int signed_target(struct wbd_req *req, char *id, size_t idlen) {
 /* Data-plane paths that stats name one by one; any other path counts as
  * "<svc> <METHOD> unknown" so the table stays bounded (and holds no ids). */
 static const char *const envd_paths[] = {
-  "/health", "/files", "/envs", "/metrics", "/init",
-  "/filesystem.Filesystem/Stat", "/filesystem.Filesystem/MakeDir", "/filesystem.Filesystem/Move",
-  "/filesystem.Filesystem/ListDir", "/filesystem.Filesystem/Remove", "/filesystem.Filesystem/WatchDir",
-  "/filesystem.Filesystem/CreateWatcher", "/filesystem.Filesystem/GetWatcherEvents",
+  "/health",
+  "/files",
+  "/envs",
+  "/metrics",
+  "/init",
+  "/filesystem.Filesystem/Stat",
+  "/filesystem.Filesystem/MakeDir",
+  "/filesystem.Filesystem/Move",
+  "/filesystem.Filesystem/ListDir",
+  "/filesystem.Filesystem/Remove",
+  "/filesystem.Filesystem/WatchDir",
+  "/filesystem.Filesystem/CreateWatcher",
+  "/filesystem.Filesystem/GetWatcherEvents",
   "/filesystem.Filesystem/RemoveWatcher",
-  "/process.Process/List", "/process.Process/Connect", "/process.Process/Start", "/process.Process/Update",
-  "/process.Process/StreamInput", "/process.Process/SendInput", "/process.Process/SendSignal",
+  "/process.Process/List",
+  "/process.Process/Connect",
+  "/process.Process/Start",
+  "/process.Process/Update",
+  "/process.Process/StreamInput",
+  "/process.Process/SendInput",
+  "/process.Process/SendSignal",
   "/process.Process/CloseStdin",
 };
-static const char *const interp_paths[] = { "/health", "/execute", "/contexts" };
+static const char *const interp_paths[] = {"/health", "/execute", "/contexts"};
 
 static int path_known(const char *path, const char *const *v, size_t n) {
   for (size_t i = 0; i < n; i++)
@@ -480,9 +496,10 @@ static void dataplane_route(struct wbd_req *req, int port, char *buf, size_t len
   const char *svc = port == 49983 ? "envd" : port == 49999 ? "interp" : "other-port";
   const char *path = req->path;
   const char *method = strcmp(req->method, "GET") == 0 || strcmp(req->method, "POST") == 0 ||
-                               strcmp(req->method, "DELETE") == 0 || strcmp(req->method, "PUT") == 0 ||
-                               strcmp(req->method, "PATCH") == 0 || strcmp(req->method, "HEAD") == 0
-                           ? req->method : "OTHER";
+                           strcmp(req->method, "DELETE") == 0 || strcmp(req->method, "PUT") == 0 ||
+                           strcmp(req->method, "PATCH") == 0 || strcmp(req->method, "HEAD") == 0
+                         ? req->method
+                         : "OTHER";
   if (port == 49999 && strncmp(path, "/contexts/", 10) == 0) {
     const char *rest = strchr(path + 10, '/');
     if (!rest || strcmp(rest, "/restart") == 0) {
@@ -534,13 +551,13 @@ enum { W_HEAD, W_BODY, W_SERVING };
 
 struct conn_watch {
   MHD_socket fd;
-  uint32_t addr;              /* IPv4 peer (host order), 0 when not IPv4 */
-  int64_t since_us;           /* monotonic: when the present state began */
-  int state;                  /* W_* */
+  uint32_t addr;    /* IPv4 peer (host order), 0 when not IPv4 */
+  int64_t since_us; /* monotonic: when the present state began */
+  int state;        /* W_* */
   int shut;
-  int64_t body_bytes;         /* W_BODY: bytes of the body in so far */
-  int64_t chunk_us;           /* W_BODY: when the last of them came */
-  int stream;                 /* holds a stream slot (stream_take) of `team` */
+  int64_t body_bytes; /* W_BODY: bytes of the body in so far */
+  int64_t chunk_us;   /* W_BODY: when the last of them came */
+  int stream;         /* holds a stream slot (stream_take) of `team` */
   char team[64];
   struct conn_watch *prev, *next;
 };
@@ -564,7 +581,7 @@ static uint32_t ipv4_of(const struct sockaddr *sa) {
 
 /* Under watch_mu. */
 static void watch_shut(struct conn_watch *w, const char *why) {
-  shutdown(w->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
+  shutdown(w->fd, SHUT_RDWR); /* its thread sees the end and closes it */
   w->shut = 1;
   wbd_stat_add(why, 1);
 }
@@ -573,9 +590,12 @@ static void watch_shut(struct conn_watch *w, const char *why) {
  * yet: counted toward the caps, so polling threads accepting at once cannot
  * both take the last slot. One that never starts is forgotten after
  * PENDING_TTL_US. Under watch_mu. */
-#define PENDING_MAX 64
+#define PENDING_MAX    64
 #define PENDING_TTL_US (1000 * 1000)
-struct pending_conn { uint32_t addr; int64_t since_us; };
+struct pending_conn {
+  uint32_t addr;
+  int64_t since_us;
+};
 static struct pending_conn pending[PENDING_MAX];
 static int n_pending;
 
@@ -649,7 +669,7 @@ static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, soc
   int64_t now = mono_us();
   uint32_t a = ipv4_of(addr);
   int ok = make_room(a, now);
-  if (ok) pending[n_pending++] = (struct pending_conn){ a, now };
+  if (ok) pending[n_pending++] = (struct pending_conn){a, now};
   pthread_mutex_unlock(&watch_mu);
   if (!ok) wbd_stat_add("refused_conn", 1);
   return ok ? MHD_YES : MHD_NO;
@@ -680,8 +700,10 @@ static void notify_connection(void *cls, struct MHD_Connection *conn, void **soc
     struct conn_watch *w = *socket_context;
     if (!w) return;
     pthread_mutex_lock(&watch_mu);
-    if (w->prev) w->prev->next = w->next;
-    else watch_head = w->next;
+    if (w->prev)
+      w->prev->next = w->next;
+    else
+      watch_head = w->next;
     if (w->next) w->next->prev = w->prev;
     pthread_mutex_unlock(&watch_mu);
     free(w);
@@ -720,9 +742,9 @@ static void watch_body(struct MHD_Connection *conn, size_t n) {
 /* Routes whose answer streams for as long as the caller likes. */
 static int stream_route(int port, const char *path) {
   if (port == 49999) return strcmp(path, "/execute") == 0;
-  return port == 49983 && (strcmp(path, "/process.Process/Start") == 0 ||
-                           strcmp(path, "/process.Process/Connect") == 0 ||
-                           strcmp(path, "/filesystem.Filesystem/WatchDir") == 0);
+  return port == 49983 &&
+         (strcmp(path, "/process.Process/Start") == 0 || strcmp(path, "/process.Process/Connect") == 0 ||
+          strcmp(path, "/filesystem.Filesystem/WatchDir") == 0);
 }
 
 /* Slots of a cap that streams never take: room for new requests. */
@@ -748,7 +770,8 @@ static int stream_take(struct MHD_Connection *conn, const char *team, const char
     of_team += strcmp(w->team, team) == 0;
   }
   *why = NULL;
-  if (max_team > 0 && of_team >= max_team) *why = "this team's concurrent streams (--max-streams)";
+  if (max_team > 0 && of_team >= max_team)
+    *why = "this team's concurrent streams (--max-streams)";
   else if (of_addr >= wbd_lim.max_conns_per_ip - stream_reserve(wbd_lim.max_conns_per_ip))
     *why = "the streams this client address may hold (--max-conns-per-ip, less the slots kept for new requests)";
   else if (total >= wbd_lim.max_conns - stream_reserve(wbd_lim.max_conns))
@@ -769,8 +792,10 @@ static void *reaper_main(void *arg) {
     int64_t now = mono_us();
     for (struct conn_watch *w = watch_head; w; w = w->next) {
       if (w->shut || w->state == W_SERVING) continue;
-      if (w->state == W_HEAD && now - w->since_us >= head) watch_shut(w, "slow_request_head");
-      else if (w->state == W_BODY && now - w->since_us >= body) watch_shut(w, "slow_request_body");
+      if (w->state == W_HEAD && now - w->since_us >= head)
+        watch_shut(w, "slow_request_head");
+      else if (w->state == W_BODY && now - w->since_us >= body)
+        watch_shut(w, "slow_request_body");
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -804,20 +829,20 @@ enum req_kind { K_ADMIN, K_CONTROL, K_DATA, K_UNKNOWN };
 struct req_ctx {
   struct wbd_req req;
   size_t cap;
-  size_t limit;              /* body bytes this request may send */
+  size_t limit; /* body bytes this request may send */
   enum req_kind kind;
-  const struct wbd_route *row;   /* the control route's row */
-  char id[64];               /* data plane: sandbox id and port */
+  const struct wbd_route *row; /* the control route's row */
+  char id[64];                 /* data plane: sandbox id and port */
   int port;
-  int bad_signature;         /* a signed /files URL that no sandbox signed */
-  long long too_large;       /* a refused body being read and dropped: its length */
-  int spool;                 /* the body goes to an unlinked file (envd's uploads) */
-  int spool_err;             /* errno of a failed spool write: the rest is dropped */
-  long long room;            /* an upload: the sandbox's free disk bytes (-1: unknown) */
-  size_t spooled;            /* bytes counted in g_spooled */
-  char route[160];           /* the stats / faults name */
-  enum { H_NOT, H_WORKER, H_REFUSED } handed;   /* where its handler went (serve) */
-  enum MHD_Result result;    /* what serve's handler returned */
+  int bad_signature;                          /* a signed /files URL that no sandbox signed */
+  long long too_large;                        /* a refused body being read and dropped: its length */
+  int spool;                                  /* the body goes to an unlinked file (envd's uploads) */
+  int spool_err;                              /* errno of a failed spool write: the rest is dropped */
+  long long room;                             /* an upload: the sandbox's free disk bytes (-1: unknown) */
+  size_t spooled;                             /* bytes counted in g_spooled */
+  char route[160];                            /* the stats / faults name */
+  enum { H_NOT, H_WORKER, H_REFUSED } handed; /* where its handler went (serve) */
+  enum MHD_Result result;                     /* what serve's handler returned */
 };
 
 /* The body limit of a data-plane route, once the caller's credentials are
@@ -827,7 +852,8 @@ static size_t dataplane_limit(struct req_ctx *ctx) {
   struct wbd_sandbox *sb = wbd_sandbox_get(ctx->id);
   if (!sb) return WBD_BODY_UNAUTH;
   int authed = ctx->port == 49983 || ctx->port == 49999
-                   ? !routes_.dataplane_body_ok || routes_.dataplane_body_ok(&ctx->req, sb) : 0;
+                 ? !routes_.dataplane_body_ok || routes_.dataplane_body_ok(&ctx->req, sb)
+                 : 0;
   wbd_sandbox_unref(sb);
   if (!authed) return WBD_BODY_UNAUTH;
   if (ctx->port == 49983 && strcmp(ctx->req.path, "/files") == 0) {
@@ -905,8 +931,8 @@ static int classify(struct req_ctx *ctx, enum MHD_Result *r) {
   /* an upload the sandbox's disk cannot take is refused before its body is read */
   if (ctx->spool && cl && ctx->room >= 0 && wbd_parse_ll(cl, 0, LLONG_MAX, 0, &n) == 0 && n > ctx->room) {
     wbd_stat_add("upload_no_room", 1);
-    *r = wbd_reply_error(req, 507, "not enough disk space in the sandbox: the upload has %lld bytes, %lld are free",
-                         n, ctx->room);
+    *r = wbd_reply_error(req, 507, "not enough disk space in the sandbox: the upload has %lld bytes, %lld are free", n,
+                         ctx->room);
     return -1;
   }
   return 0;
@@ -949,7 +975,7 @@ static enum MHD_Result dispatch(struct req_ctx *ctx) {
     wbd_sleep_ms(f->delay_ms);
     if (f->drop) {
       fault_free(f);
-      return MHD_NO;  /* libmicrohttpd closes the connection without an answer */
+      return MHD_NO; /* libmicrohttpd closes the connection without an answer */
     }
     if (f->status) {
       const char **hv = NULL;
@@ -1043,8 +1069,10 @@ static enum MHD_Result spool_failed(struct req_ctx *ctx) {
   int e = ctx->spool_err;
   if (e == EDQUOT) {
     wbd_stat_add("upload_spool_full", 1);
-    return wbd_reply_error(&ctx->req, 507, "not enough space to take the upload: the server holds %d MB of uploads "
-                           "at once (--max-spool-mb); try again", wbd_lim.max_spool_mb);
+    return wbd_reply_error(&ctx->req, 507,
+                           "not enough space to take the upload: the server holds %d MB of uploads "
+                           "at once (--max-spool-mb); try again",
+                           wbd_lim.max_spool_mb);
   }
   if (e == ENOSPC && ctx->room >= 0)
     return wbd_reply_error(&ctx->req, 507, "not enough disk space in the sandbox: %lld bytes are free", ctx->room);
@@ -1061,7 +1089,7 @@ static void serve(void *arg) {
   enum MHD_Result r = ctx->spool_err ? spool_failed(ctx) : dispatch(ctx);
   if (r == MHD_YES && !ctx->req.replied) r = wbd_reply_error(&ctx->req, 500, "no reply");
   ctx->result = r;
-  MHD_resume_connection(ctx->req.conn);   /* ctx is the connection's again */
+  MHD_resume_connection(ctx->req.conn); /* ctx is the connection's again */
 }
 
 /* The request is in: its handler goes to a worker. Called again once the
@@ -1072,7 +1100,7 @@ static enum MHD_Result hand_over(struct req_ctx *ctx) {
   if (ctx->handed) return ctx->result;
   watch_mark(ctx->req.conn, W_SERVING);
   ctx->handed = H_WORKER;
-  MHD_suspend_connection(ctx->req.conn);   /* before the worker can resume it */
+  MHD_suspend_connection(ctx->req.conn); /* before the worker can resume it */
   if (wbd_defer_run(serve, ctx) != 0) {
     ctx->handed = H_REFUSED;
     MHD_resume_connection(ctx->req.conn);
@@ -1080,9 +1108,9 @@ static enum MHD_Result hand_over(struct req_ctx *ctx) {
   return MHD_YES;
 }
 
-static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, const char *url,
-                                      const char *method, const char *version, const char *upload_data,
-                                      size_t *upload_data_size, void **con_cls) {
+static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                      const char *version, const char *upload_data, size_t *upload_data_size,
+                                      void **con_cls) {
   (void)cls;
   (void)version;
   struct req_ctx *ctx = *con_cls;
@@ -1104,11 +1132,11 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
     watch_mark(conn, W_BODY);
     if (wbd_opt.verbose) fprintf(stderr, "warmboxd: %s %s\n", method, url);
     enum MHD_Result r = MHD_NO;
-    if (classify(ctx, &r) != 0) return r;   /* answered before any body is read */
+    if (classify(ctx, &r) != 0) return r; /* answered before any body is read */
     return MHD_YES;
   }
   if (ctx->req.replied) {
-    *upload_data_size = 0;   /* answered early: drop what still comes */
+    *upload_data_size = 0; /* answered early: drop what still comes */
     return MHD_YES;
   }
   if (ctx->too_large) { /* a refused body: dropped, then the 413 */
@@ -1148,8 +1176,7 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *conn, co
   return hand_over(ctx);
 }
 
-static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-                      enum MHD_RequestTerminationCode toe) {
+static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
   (void)cls;
   (void)toe;
   watch_mark(conn, W_HEAD);
@@ -1191,23 +1218,17 @@ static struct MHD_Daemon *start_daemon(struct sockaddr_in *sa, struct MHD_Option
    * address (each new connection shutting an older one) those can be many,
    * so its per-address cap is the total one (a connection refused there
    * would be one accept_policy let in, /health's included). */
-  static struct MHD_OptionItem none[] = { { MHD_OPTION_END, 0, NULL } };
+  static struct MHD_OptionItem none[] = {{MHD_OPTION_END, 0, NULL}};
   return MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                              MHD_USE_ERROR_LOG | (tls ? MHD_USE_TLS : 0),
-                          0, accept_policy, NULL, access_handler, NULL,
-                          MHD_OPTION_THREAD_POOL_SIZE, (unsigned)POLL_THREADS,
-                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
-                          MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-                          MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
-                          MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-                          MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-                          MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
-                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
-                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
-                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)wbd_lim.max_conns + CONN_SLACK,
-                          MHD_OPTION_ARRAY, tls ? tls : none,
-                          MHD_OPTION_END);
+                            MHD_USE_ERROR_LOG | (tls ? MHD_USE_TLS : 0),
+                          0, accept_policy, NULL, access_handler, NULL, MHD_OPTION_THREAD_POOL_SIZE,
+                          (unsigned)POLL_THREADS, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
+                          MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, notify_connection,
+                          NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                          MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)wbd_lim.conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                          (unsigned)wbd_lim.max_conns + CONN_SLACK, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                          (unsigned)wbd_lim.max_conns + CONN_SLACK, MHD_OPTION_ARRAY, tls ? tls : none, MHD_OPTION_END);
 }
 
 /* The port d listens on, or fallback. */
@@ -1251,15 +1272,17 @@ static int start_tls(struct sockaddr_in sa) {
   tls_key_pem = tls_cert_pem ? read_pem("key", wbd_lim.tls_key) : NULL;
   if (!tls_key_pem) return -1;
   struct MHD_OptionItem tls[] = {
-    { MHD_OPTION_HTTPS_MEM_CERT, 0, tls_cert_pem },
-    { MHD_OPTION_HTTPS_MEM_KEY, 0, tls_key_pem },
-    { MHD_OPTION_END, 0, NULL },
+    {MHD_OPTION_HTTPS_MEM_CERT, 0, tls_cert_pem},
+    {MHD_OPTION_HTTPS_MEM_KEY, 0, tls_key_pem},
+    {MHD_OPTION_END, 0, NULL},
   };
   sa.sin_port = htons((uint16_t)wbd_lim.tls_port);
   tls_daemon = start_daemon(&sa, tls);
   if (!tls_daemon) {
-    fprintf(stderr, "warmboxd: cannot serve TLS on %s:%d (a PEM certificate and key, and libmicrohttpd "
-                    "built with TLS, are needed)\n", wbd_opt.host, wbd_lim.tls_port);
+    fprintf(stderr,
+            "warmboxd: cannot serve TLS on %s:%d (a PEM certificate and key, and libmicrohttpd "
+            "built with TLS, are needed)\n",
+            wbd_opt.host, wbd_lim.tls_port);
     return -1;
   }
   tls_port = daemon_port(tls_daemon, wbd_lim.tls_port);
@@ -1298,9 +1321,13 @@ int wbd_server_start(void) {
   return 0;
 }
 
-int wbd_server_tls_port(void) { return tls_daemon ? tls_port : 0; }
+int wbd_server_tls_port(void) {
+  return tls_daemon ? tls_port : 0;
+}
 
-int wbd_server_port(void) { return bound_port; }
+int wbd_server_port(void) {
+  return bound_port;
+}
 
 void wbd_server_quiesce(void) {
   if (!daemon_) return;
@@ -1311,7 +1338,7 @@ void wbd_server_quiesce(void) {
 
 void wbd_server_stop(void) {
   reaper_end();
-  wbd_defer_stop();   /* libmicrohttpd stops only with no connection suspended */
+  wbd_defer_stop(); /* libmicrohttpd stops only with no connection suspended */
   if (daemon_) MHD_stop_daemon(daemon_);
   daemon_ = NULL;
   if (tls_daemon) MHD_stop_daemon(tls_daemon);

@@ -17,10 +17,10 @@
 /* Who may call a route: the server checks ADMIN (its admin gate) before
  * the row is found; wbd_routes.call checks the others before the handler. */
 enum wbd_auth {
-  WBD_AUTH_NONE,      /* anyone */
-  WBD_AUTH_TEAM,      /* X-API-Key names a team (401 otherwise) */
-  WBD_AUTH_SANDBOX,   /* as TEAM, and the path's {id} is a sandbox id (400 "Invalid sandbox ID") */
-  WBD_AUTH_ADMIN,     /* the admin API, /_warmboxd/... (X-Warmboxd-Token) */
+  WBD_AUTH_NONE,    /* anyone */
+  WBD_AUTH_TEAM,    /* X-API-Key names a team (401 otherwise) */
+  WBD_AUTH_SANDBOX, /* as TEAM, and the path's {id} is a sandbox id (400 "Invalid sandbox ID") */
+  WBD_AUTH_ADMIN,   /* the admin API, /_warmboxd/... (X-Warmboxd-Token) */
 };
 
 /* What a handler is called with, once its row's auth let the request in:
@@ -46,15 +46,15 @@ struct wbd_route {
 /* The first row of table[0..n) that matches method and path, among the
  * admin rows (admin = 1) or the others (admin = 0); NULL when none does or
  * that row has no handler. */
-const struct wbd_route *wbd_route_match(const struct wbd_route *table, size_t n, const char *method,
-                                        const char *path, int admin);
+const struct wbd_route *wbd_route_match(const struct wbd_route *table, size_t n, const char *method, const char *path,
+                                        int admin);
 
 /* ---- server.c ---- */
 
 /* What the server calls for each kind of request. main.c fills this in
  * (server.c knows no handler by name: every layer only calls down). */
 struct wbd_routes {
-  const struct wbd_route *table;   /* every control-plane and admin route (control/routes.c) */
+  const struct wbd_route *table; /* every control-plane and admin route (control/routes.c) */
   size_t n;
   /* checks a matched row's auth (not ADMIN: the server did) and calls its handler */
   enum MHD_Result (*call)(struct wbd_req *req, const struct wbd_route *row);
@@ -78,11 +78,11 @@ void wbd_stats_reset(void);
  * delay, then a dropped connection, or an answer with `status` (0: none,
  * the request goes on), `body` (NULL: an E2B error body) and `headers`. */
 struct wbd_fault {
-  char *route;       /* malloc'd */
+  char *route; /* malloc'd */
   long count;
   unsigned status;
-  char *body;        /* malloc'd, or NULL */
-  json_t *headers;   /* an object of strings (a reference), or NULL */
+  char *body;      /* malloc'd, or NULL */
+  json_t *headers; /* an object of strings (a reference), or NULL */
   int delay_ms;
   int drop;
   struct wbd_fault *next;
@@ -93,20 +93,20 @@ void wbd_fault_add(struct wbd_fault *f);
 void wbd_faults_clear(void);
 
 #define WBD_ADMIN_HEADER "X-Warmboxd-Token"
-#define WBD_BODY_CONTROL ((size_t)1 << 20)     /* control plane and admin JSON */
-#define WBD_BODY_DATA ((size_t)16 << 20)       /* data-plane RPCs, /execute */
-#define WBD_BODY_UNAUTH ((size_t)64 << 10)     /* no or wrong credentials: enough for the 401 */
+#define WBD_BODY_CONTROL ((size_t)1 << 20)  /* control plane and admin JSON */
+#define WBD_BODY_DATA    ((size_t)16 << 20) /* data-plane RPCs, /execute */
+#define WBD_BODY_UNAUTH  ((size_t)64 << 10) /* no or wrong credentials: enough for the 401 */
 
-int wbd_server_start(void);        /* binds, fills the port */
+int wbd_server_start(void); /* binds, fills the port */
 int wbd_server_port(void);
-int wbd_server_tls_port(void);      /* the HTTPS listener's (--tls-cert), 0 without one */
+int wbd_server_tls_port(void); /* the HTTPS listener's (--tls-cert), 0 without one */
 void wbd_server_quiesce(void);
 void wbd_server_stop(void);
 
 /* defer.c: handlers on workers, streams parked, off the polling threads.
  * wbd_defer_run runs fn(arg) on a worker (-1: stopping, or no thread). */
 int wbd_defer_start(void);
-void wbd_defer_stop(void);   /* waits for the handlers in flight, resumes every parked stream */
+void wbd_defer_stop(void); /* waits for the handlers in flight, resumes every parked stream */
 int wbd_defer_run(void (*fn)(void *), void *arg);
 void wbd_stats_free(void);
 

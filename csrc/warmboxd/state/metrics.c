@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define METRICS_KEEP 64
-#define METRICS_IDS_MAX 100   /* E2B's maxItems of sandbox_ids */
+#define METRICS_KEEP    64
+#define METRICS_IDS_MAX 100 /* E2B's maxItems of sandbox_ids */
 
 struct metric {
   int64_t ts_us;
@@ -27,8 +27,8 @@ struct metric {
 };
 
 struct wbd_metrics {
-  size_t n, head;             /* samples s[(head + i) % KEEP], i < n, oldest first */
-  double last_cpu_s;          /* the jail's CPU seconds at the last sample */
+  size_t n, head;    /* samples s[(head + i) % KEEP], i < n, oldest first */
+  double last_cpu_s; /* the jail's CPU seconds at the last sample */
   struct metric s[METRICS_KEEP];
 };
 
@@ -43,8 +43,10 @@ static void keep(struct wbd_metrics *m, const struct metric *x) {
     *last = *x;
     return;
   }
-  if (m->n == METRICS_KEEP) m->head = (m->head + 1) % METRICS_KEEP;
-  else m->n++;
+  if (m->n == METRICS_KEEP)
+    m->head = (m->head + 1) % METRICS_KEEP;
+  else
+    m->n++;
   m->s[(m->head + m->n - 1) % METRICS_KEEP] = *x;
 }
 
@@ -59,9 +61,13 @@ static void sample(struct wbd_sandbox *sb) {
     struct metric *last = newest(m);
     int64_t since = last && last->ts_us >= sb->started_at_us ? last->ts_us : sb->started_at_us;
     double wall = (double)(now - since) / 1e6, used = live ? u.cpu_s - m->last_cpu_s : 0;
-    struct metric x = { .ts_us = now, .cpu_count = sb->cpu_count, .mem_used = u.mem_used,
-                        .mem_total = (long long)sb->memory_mb << 20, .mem_cache = u.mem_cache,
-                        .disk_used = u.disk_used, .disk_total = u.disk_total };
+    struct metric x = {.ts_us = now,
+                       .cpu_count = sb->cpu_count,
+                       .mem_used = u.mem_used,
+                       .mem_total = (long long)sb->memory_mb << 20,
+                       .mem_cache = u.mem_cache,
+                       .disk_used = u.disk_used,
+                       .disk_total = u.disk_total};
     x.cpu_pct = wall > 0 && used > 0 ? 100.0 * used / (wall * (sb->cpu_count > 0 ? sb->cpu_count : 1)) : 0;
     if (x.cpu_pct > 100) x.cpu_pct = 100;
     if (live) m->last_cpu_s = u.cpu_s;
@@ -75,10 +81,9 @@ static json_t *metric_json(const struct metric *x) {
   char ts[48];
   wbd_format_time(x->ts_us, ts, sizeof ts);
   return json_pack("{s:s,s:I,s:i,s:f,s:I,s:I,s:I,s:I,s:I}", "timestamp", ts, "timestampUnix",
-                   (json_int_t)(x->ts_us / 1000000), "cpuCount", x->cpu_count, "cpuUsedPct", x->cpu_pct,
-                   "memUsed", (json_int_t)x->mem_used, "memTotal", (json_int_t)x->mem_total, "memCache",
-                   (json_int_t)x->mem_cache, "diskUsed", (json_int_t)x->disk_used, "diskTotal",
-                   (json_int_t)x->disk_total);
+                   (json_int_t)(x->ts_us / 1000000), "cpuCount", x->cpu_count, "cpuUsedPct", x->cpu_pct, "memUsed",
+                   (json_int_t)x->mem_used, "memTotal", (json_int_t)x->mem_total, "memCache", (json_int_t)x->mem_cache,
+                   "diskUsed", (json_int_t)x->disk_used, "diskTotal", (json_int_t)x->disk_total);
 }
 
 /* A query integer >= 0 (Unix seconds); absent: `dflt`. -1 when malformed. */
@@ -101,15 +106,15 @@ json_t *wbd_metrics_envd(struct wbd_sandbox *sb) {
   sample(sb);
   wbd_store_lock();
   struct metric *last = sb->metrics ? newest(sb->metrics) : NULL;
-  struct metric x = last ? *last : (struct metric){ .ts_us = wbd_now_us() };
+  struct metric x = last ? *last : (struct metric){.ts_us = wbd_now_us()};
   if (!last) {
     x.cpu_count = sb->cpu_count;
     x.mem_total = (long long)sb->memory_mb << 20;
   }
   wbd_store_unlock();
-  return json_pack("{s:I,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "ts", (json_int_t)(x.ts_us / 1000000),
-                   "cpu_count", x.cpu_count, "cpu_used_pct", x.cpu_pct, "mem_total", (json_int_t)x.mem_total,
-                   "mem_used", (json_int_t)x.mem_used, "mem_cache", (json_int_t)x.mem_cache, "mem_total_mib",
+  return json_pack("{s:I,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "ts", (json_int_t)(x.ts_us / 1000000), "cpu_count",
+                   x.cpu_count, "cpu_used_pct", x.cpu_pct, "mem_total", (json_int_t)x.mem_total, "mem_used",
+                   (json_int_t)x.mem_used, "mem_cache", (json_int_t)x.mem_cache, "mem_total_mib",
                    (json_int_t)(x.mem_total >> 20), "mem_used_mib", (json_int_t)(x.mem_used >> 20), "disk_used",
                    (json_int_t)x.disk_used, "disk_total", (json_int_t)x.disk_total);
 }
@@ -152,13 +157,16 @@ static void add_latest(json_t *out, const char *team, const char *id) {
 enum MHD_Result wbd_metrics_many(struct wbd_req *req, const char *team) {
   const char *ids = wbd_req_query(req, "sandbox_ids");
   if (!ids || !*ids)
-    return wbd_reply_error(req, 400, "validation error: parameter \"sandbox_ids\" in query has an error: "
-                                     "value is required but missing");
+    return wbd_reply_error(req, 400,
+                           "validation error: parameter \"sandbox_ids\" in query has an error: "
+                           "value is required but missing");
   size_t count = 1;
   for (const char *p = ids; *p; p++) count += *p == ',';
   if (count > METRICS_IDS_MAX)
-    return wbd_reply_error(req, 400, "validation error: parameter \"sandbox_ids\" in query has an error: "
-                                     "maximum number of items is %d", METRICS_IDS_MAX);
+    return wbd_reply_error(req, 400,
+                           "validation error: parameter \"sandbox_ids\" in query has an error: "
+                           "maximum number of items is %d",
+                           METRICS_IDS_MAX);
   json_t *out = json_object();
   for (const char *p = ids; *p;) {
     size_t n = strcspn(p, ",");

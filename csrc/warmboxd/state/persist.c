@@ -35,11 +35,11 @@ static const char *paused_dir(const char *id, char *buf, size_t len) {
 
 static json_t *record_json(const struct wbd_sandbox *sb) {
   return json_pack("{s:s, s:s, s:s, s:O, s:O, s:s, s:b, s:b, s:b, s:b, s:b, s:i, s:I, s:I}", "id", sb->id, "team",
-                   sb->team, "templateID", sb->template_id ? sb->template_id : "", "metadata", sb->metadata,
-                   "envVars", sb->env_vars, "envdAccessToken", sb->access_token, "secure", sb->secure,
-                   "allowInternet", sb->allow_internet, "autoPause", sb->auto_pause, "autoPauseMemory",
-                   sb->auto_pause_memory, "autoResume", sb->auto_resume, "timeout", sb->timeout_s, "startedAt",
-                   (json_int_t)sb->started_at_us, "endAt", (json_int_t)sb->end_at_us);
+                   sb->team, "templateID", sb->template_id ? sb->template_id : "", "metadata", sb->metadata, "envVars",
+                   sb->env_vars, "envdAccessToken", sb->access_token, "secure", sb->secure, "allowInternet",
+                   sb->allow_internet, "autoPause", sb->auto_pause, "autoPauseMemory", sb->auto_pause_memory,
+                   "autoResume", sb->auto_resume, "timeout", sb->timeout_s, "startedAt", (json_int_t)sb->started_at_us,
+                   "endAt", (json_int_t)sb->end_at_us);
 }
 
 /* The size a record carries (its source's, for a sandbox made from a
@@ -72,13 +72,13 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   json_t *meta, *env;
   int secure, inet, ap, apm, ar, timeout;
   json_int_t started, end;
-  if (json_unpack(o, "{s:s, s:s, s:s, s:o, s:o, s:s, s:b, s:b, s:b, s:b, s:b, s:i, s:I, s:I}", "id", &id, "team",
-                  &team, "templateID", &tmpl, "metadata", &meta, "envVars", &env, "envdAccessToken", &token, "secure",
-                  &secure, "allowInternet", &inet, "autoPause", &ap, "autoPauseMemory", &apm, "autoResume", &ar,
-                  "timeout", &timeout, "startedAt", &started, "endAt", &end) != 0 ||
+  if (json_unpack(o, "{s:s, s:s, s:s, s:o, s:o, s:s, s:b, s:b, s:b, s:b, s:b, s:i, s:I, s:I}", "id", &id, "team", &team,
+                  "templateID", &tmpl, "metadata", &meta, "envVars", &env, "envdAccessToken", &token, "secure", &secure,
+                  "allowInternet", &inet, "autoPause", &ap, "autoPauseMemory", &apm, "autoResume", &ar, "timeout",
+                  &timeout, "startedAt", &started, "endAt", &end) != 0 ||
       !json_is_object(meta) || !json_is_object(env) || (identity && (!valid_id(id) || strlen(token) >= 72)))
     return -1;
-  wbd_sandbox_set_template(sb, tmpl);   /* and its size */
+  wbd_sandbox_set_template(sb, tmpl); /* and its size */
   apply_size(sb, o);
   json_object_update(sb->metadata, meta);
   json_object_update(sb->env_vars, env);
@@ -88,7 +88,7 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity) {
   sb->auto_pause_memory = apm;
   sb->auto_resume = ar;
   sb->timeout_s = timeout;
-  if (!identity && wbd_opt.secure_all) sb->secure = 1;   /* a fork gets a token of its own */
+  if (!identity && wbd_opt.secure_all) sb->secure = 1; /* a fork gets a token of its own */
   if (!sb->secure) sb->access_token[0] = 0;
   /* the traffic token: kept by a pause and a restart; a fork keeps the
    * private ingress with a token of its own (E2B's is derived from the id),
@@ -130,7 +130,7 @@ static int save_copy(struct wbd_sandbox *sb, char *msg, size_t len) {
   }
   copy_release(dir);
   wbd_files_remove(dir);
-  struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
+  struct wbd_copy c = {.budget = -1, .pool_limit = -1};
   int status = wbd_quota_begin(sb->team, 0, &c);
   if (status) {
     snprintf(msg, len, "%s", c.msg);
@@ -236,8 +236,10 @@ static void load_one(const char *dir) {
   int clash = wbd_store_lookup_locked(sb->id) != NULL;
   if (!clash) wbd_store_insert_locked(sb);
   wbd_store_unlock();
-  if (clash) wbd_store_discard(sb);
-  else if (bytes > 0) wbd_quota_add(sb->team, 0, bytes);
+  if (clash)
+    wbd_store_discard(sb);
+  else if (bytes > 0)
+    wbd_quota_add(sb->team, 0, bytes);
 }
 
 /* Sandbox directories (<data_dir>/r..., wbd_rt_name; <data_dir>/i... from

@@ -25,9 +25,9 @@ struct wbd_state_limits wbd_state_lim = {
 
 struct team_use {
   char team[64];
-  long long bytes;        /* snapshots and paused copies, atomically */
-  int snapshots;          /* under g_mu, those being taken included */
-  struct team_use *next;  /* never freed: wbd_copy.pool points into it */
+  long long bytes;       /* snapshots and paused copies, atomically */
+  int snapshots;         /* under g_mu, those being taken included */
+  struct team_use *next; /* never freed: wbd_copy.pool points into it */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -51,12 +51,16 @@ int wbd_quota_begin(const char *team, int snapshot, struct wbd_copy *c) {
   int status = 0;
   if (snapshot && wbd_state_lim.max_snapshots > 0 && t->snapshots >= wbd_state_lim.max_snapshots) {
     status = 429;
-    snprintf(c->msg, sizeof c->msg, "you have reached the maximum number of snapshots (%d) of your team: "
-             "delete one (DELETE /templates/{id}) first", wbd_state_lim.max_snapshots);
+    snprintf(c->msg, sizeof c->msg,
+             "you have reached the maximum number of snapshots (%d) of your team: "
+             "delete one (DELETE /templates/{id}) first",
+             wbd_state_lim.max_snapshots);
   } else if (limit > 0 && __atomic_load_n(&t->bytes, __ATOMIC_RELAXED) >= limit) {
     status = 429;
-    snprintf(c->msg, sizeof c->msg, "you have reached the storage limit of your team's snapshots and paused "
-             "sandboxes (%d MB): delete a snapshot or kill a paused sandbox first", wbd_state_lim.max_state_mb);
+    snprintf(c->msg, sizeof c->msg,
+             "you have reached the storage limit of your team's snapshots and paused "
+             "sandboxes (%d MB): delete a snapshot or kill a paused sandbox first",
+             wbd_state_lim.max_state_mb);
   } else if (snapshot) {
     t->snapshots++;
   }

@@ -27,7 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char *const g_trees[] = { "home", "tmp", "root", NULL };
+static const char *const g_trees[] = {"home", "tmp", "root", NULL};
 
 const char *wbd_state_dir(const char *sub, char *buf, size_t len) {
   char top[PATH_MAX];
@@ -91,7 +91,7 @@ int wbd_files_load(struct wbd_sandbox *sb, const char *src) {
   if (!rt) return -1;
   char files[PATH_MAX + 16];
   snprintf(files, sizeof files, "%s/files", src);
-  struct wbd_copy c = { .budget = -1, .pool_limit = -1, .remap = 1 };
+  struct wbd_copy c = {.budget = -1, .pool_limit = -1, .remap = 1};
   wbd_rt_owner(rt, &c.to_uid, &c.to_gid);
   int rc = copy_trees(files, wbd_rt_dir(rt), &c);
   wbd_rt_put(rt);
@@ -103,7 +103,9 @@ int wbd_files_load(struct wbd_sandbox *sb, const char *src) {
   return rc;
 }
 
-void wbd_files_remove(const char *dir) { wbd_rt_remove_tree(dir); }
+void wbd_files_remove(const char *dir) {
+  wbd_rt_remove_tree(dir);
+}
 
 int wbd_state_write_json(const char *dir, const char *name, json_t *o) {
   char tmp[PATH_MAX + 64], path[PATH_MAX + 64];

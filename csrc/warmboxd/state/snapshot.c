@@ -28,24 +28,24 @@
 #define TAG_DEFAULT "default"
 
 struct wbd_snapshot {
-  char tid[32];            /* its template id: "s" + 20 [a-z0-9] */
+  char tid[32]; /* its template id: "s" + 20 [a-z0-9] */
   char team[64];
-  char sandbox_id[32];     /* the sandbox it was taken from */
-  char name[129];          /* "" when unnamed */
+  char sandbox_id[32]; /* the sandbox it was taken from */
+  char name[129];      /* "" when unnamed */
   char tag[65];
-  char *template_id;       /* the source sandbox's template */
-  json_t *env;             /* the source's envVars */
+  char *template_id; /* the source sandbox's template */
+  json_t *env;       /* the source's envVars */
   int64_t created_us;
-  long long bytes;         /* what its copy holds (the team's quota) */
-  int cpu_count, memory_mb;  /* the source's size */
-  int refs;                /* under g_mu; the list holds one */
+  long long bytes;          /* what its copy holds (the team's quota) */
+  int cpu_count, memory_mb; /* the source's size */
+  int refs;                 /* under g_mu; the list holds one */
   int deleted;
   char dir[PATH_MAX + 400];
   struct wbd_snapshot *next;
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct wbd_snapshot *g_list;   /* newest first */
+static struct wbd_snapshot *g_list; /* newest first */
 
 /* ------------------------------------------------------------------ */
 /* Records                                                             */
@@ -69,8 +69,12 @@ void wbd_snapshot_put(struct wbd_snapshot *s) {
   if (last) snap_free(s);
 }
 
-const char *wbd_snapshot_template(const struct wbd_snapshot *s) { return s->tid; }
-void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) { json_object_update(env, s->env); }
+const char *wbd_snapshot_template(const struct wbd_snapshot *s) {
+  return s->tid;
+}
+void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env) {
+  json_object_update(env, s->env);
+}
 void wbd_snapshot_size(const struct wbd_snapshot *s, struct wbd_sandbox *sb) {
   if (s->cpu_count > 0) sb->cpu_count = s->cpu_count;
   if (s->memory_mb > 0) sb->memory_mb = s->memory_mb;
@@ -164,8 +168,8 @@ static json_t *info_json(const struct wbd_snapshot *s) {
 static json_t *snap_json(const struct wbd_snapshot *s) {
   return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:O, s:I, s:I, s:i, s:i}", "templateID", s->tid, "team", s->team,
                    "sandboxID", s->sandbox_id, "name", s->name, "tag", s->tag, "sourceTemplateID", s->template_id,
-                   "envVars", s->env, "createdAt", (json_int_t)s->created_us, "bytes", (json_int_t)s->bytes,
-                   "cpuCount", s->cpu_count, "memoryMB", s->memory_mb);
+                   "envVars", s->env, "createdAt", (json_int_t)s->created_us, "bytes", (json_int_t)s->bytes, "cpuCount",
+                   s->cpu_count, "memoryMB", s->memory_mb);
 }
 
 /* Adds s (one reference: the list's) newest first; a name it takes from an
@@ -179,8 +183,8 @@ static void list_add(struct wbd_snapshot *s) {
       wbd_state_write_json(o->dir, "snapshot.json", snap_json(o));
     }
   struct wbd_snapshot **pp = &g_list;
-  while (*pp && ((*pp)->created_us > s->created_us ||
-                 ((*pp)->created_us == s->created_us && strcmp((*pp)->tid, s->tid) > 0)))
+  while (*pp &&
+         ((*pp)->created_us > s->created_us || ((*pp)->created_us == s->created_us && strcmp((*pp)->tid, s->tid) > 0)))
     pp = &(*pp)->next;
   s->next = *pp;
   *pp = s;
@@ -210,7 +214,7 @@ int wbd_snapshot_take(const char *team, const char *id, const char *name, struct
   expire(); /* expired ones count toward no quota */
   struct wbd_snapshot *s = snap_new(team);
   json_t *rec = NULL;
-  struct wbd_copy c = { .budget = -1, .pool_limit = -1 };
+  struct wbd_copy c = {.budget = -1, .pool_limit = -1};
   int rc = s->dir[0] ? wbd_quota_begin(team, 1, &c) : 500;
   if (rc != 0) {
     snprintf(msg, len, "%s", s->dir[0] ? c.msg : "cannot make the state directory");
@@ -235,7 +239,7 @@ int wbd_snapshot_take(const char *team, const char *id, const char *name, struct
   json_decref(rec);
   if (rc != 0) {
     snprintf(msg, len, "%s", c.msg);
-    s->deleted = 1;   /* its files and its place in the quota go */
+    s->deleted = 1; /* its files and its place in the quota go */
     snap_free(s);
     return rc;
   }
@@ -256,9 +260,9 @@ static void load_one(const char *dir, const char *tid) {
   const char *t, *team, *sid, *name, *tag, *src;
   json_t *env;
   json_int_t created;
-  if (!o || json_unpack(o, "{s:s, s:s, s:s, s:s, s:s, s:s, s:o, s:I}", "templateID", &t, "team", &team, "sandboxID",
-                        &sid, "name", &name, "tag", &tag, "sourceTemplateID", &src, "envVars", &env, "createdAt",
-                        &created) != 0 ||
+  if (!o ||
+      json_unpack(o, "{s:s, s:s, s:s, s:s, s:s, s:s, s:o, s:I}", "templateID", &t, "team", &team, "sandboxID", &sid,
+                  "name", &name, "tag", &tag, "sourceTemplateID", &src, "envVars", &env, "createdAt", &created) != 0 ||
       strcmp(t, tid) != 0 || !json_is_object(env)) {
     fprintf(stderr, "warmboxd: dropping the incomplete snapshot in %s\n", dir);
     json_decref(o);
@@ -320,8 +324,8 @@ json_t *wbd_snapshot_info(struct wbd_snapshot *s) {
   return o;
 }
 
-json_t *wbd_snapshot_page(const char *team, const char *sid, const char *name, long long after_us,
-                          const char *after_id, long limit, char *next, size_t nlen) {
+json_t *wbd_snapshot_page(const char *team, const char *sid, const char *name, long long after_us, const char *after_id,
+                          long limit, char *next, size_t nlen) {
   char base[160], tag[80];
   json_t *arr = json_array();
   next[0] = 0;
@@ -335,7 +339,7 @@ json_t *wbd_snapshot_page(const char *team, const char *sid, const char *name, l
     if (after_id && (s->created_us > after_us || (s->created_us == after_us && strcmp(s->tid, after_id) >= 0)))
       continue;
     if ((long)json_array_size(arr) == limit) {
-      snprintf(next, nlen, "%s", last);  /* one more exists */
+      snprintf(next, nlen, "%s", last); /* one more exists */
       break;
     }
     json_array_append_new(arr, info_json(s));
@@ -356,7 +360,7 @@ int wbd_snapshot_delete(const char *team, const char *ref) {
   }
   pthread_mutex_unlock(&g_mu);
   if (!s) return -1;
-  wbd_snapshot_put(s);  /* the list's reference: the files go with the last one */
+  wbd_snapshot_put(s); /* the list's reference: the files go with the last one */
   return 0;
 }
 

@@ -31,28 +31,28 @@ struct wbd_team;
 /* A record as the store keeps it; `sb` first so the two pointers convert. */
 struct wbd_rec {
   struct wbd_sandbox sb;
-  int busy;                    /* a pause/resume/create is in flight (WBD_BUSY_*) */
-  int changing;                /* data-plane requests that may change its files, in flight */
-  int indexed;                 /* in the hash and the team's index */
-  struct wbd_rec *hnext;       /* hash chain */
-  struct wbd_rec *rprev, *rnext;  /* the team's running list */
+  int busy;                      /* a pause/resume/create is in flight (WBD_BUSY_*) */
+  int changing;                  /* data-plane requests that may change its files, in flight */
+  int indexed;                   /* in the hash and the team's index */
+  struct wbd_rec *hnext;         /* hash chain */
+  struct wbd_rec *rprev, *rnext; /* the team's running list */
   struct wbd_team *team;
-  size_t hidx;                 /* 1 + position in the lease heap; 0: not in it */
-  size_t sidx;                 /* 1 + position in the signing index; 0: not in it */
-  long held_mb;                /* what it adds to its team's held_mb now */
+  size_t hidx;  /* 1 + position in the lease heap; 0: not in it */
+  size_t sidx;  /* 1 + position in the signing index; 0: not in it */
+  long held_mb; /* what it adds to its team's held_mb now */
 };
-#define WBD_REC(s) ((struct wbd_rec *)(s))
-#define WBD_BUSY_PAUSING 2     /* busy: a pause (and its copy) */
-#define WBD_BUSY_SNAPSHOT 3    /* busy: a snapshot's or a fork's copy */
+#define WBD_REC(s)        ((struct wbd_rec *)(s))
+#define WBD_BUSY_PAUSING  2 /* busy: a pause (and its copy) */
+#define WBD_BUSY_SNAPSHOT 3 /* busy: a snapshot's or a fork's copy */
 
 struct wbd_team {
   char name[64];
-  struct wbd_rec **v;          /* ordered: startedAt asc, id desc (the asc listing) */
+  struct wbd_rec **v; /* ordered: startedAt asc, id desc (the asc listing) */
   size_t n, cap;
-  struct wbd_rec *run_head;    /* running records, any order */
-  int running, paused, reserved;  /* reserved: creates/resumes in flight */
-  long held_mb, reserved_mb;   /* memoryMB held in host RAM (running, and paused_ram), and
-                                * that creates/resumes in flight will hold */
+  struct wbd_rec *run_head;      /* running records, any order */
+  int running, paused, reserved; /* reserved: creates/resumes in flight */
+  long held_mb, reserved_mb;     /* memoryMB held in host RAM (running, and paused_ram), and
+                                  * that creates/resumes in flight will hold */
   struct wbd_team *next;
 };
 
@@ -128,7 +128,7 @@ struct wbd_copy {
   int remap;
   uid_t from_uid, to_uid;
   gid_t from_gid, to_gid;
-  long long bytes;         /* written (also added to *pool) */
+  long long bytes; /* written (also added to *pool) */
   int err;
   char msg[768];
 };
@@ -144,12 +144,12 @@ int wbd_copy_status(const struct wbd_copy *c);
 /* What a team may keep on disk and how the copies are made (main.c's
  * flags; 0: no limit). */
 struct wbd_state_limits {
-  int max_snapshots;   /* --max-snapshots: per team (default 100) */
+  int max_snapshots;      /* --max-snapshots: per team (default 100) */
   int snapshot_max_age_s; /* --snapshot-max-age: a snapshot older is deleted (default 0: never) */
-  int max_state_mb;    /* --max-state-mb: a team's snapshots and paused copies (default 8192) */
-  int min_free_mb;     /* --min-free-mb: free space a copy leaves in the data directory (default 1024) */
-  int pause_workers;   /* --pause-workers: lease-end pauses at once (default 4) */
-  int copy_ms;         /* POST /_warmboxd/config's copy_ms: a copy starts this late (wbd_knob) */
+  int max_state_mb;       /* --max-state-mb: a team's snapshots and paused copies (default 8192) */
+  int min_free_mb;        /* --min-free-mb: free space a copy leaves in the data directory (default 1024) */
+  int pause_workers;      /* --pause-workers: lease-end pauses at once (default 4) */
+  int copy_ms;            /* POST /_warmboxd/config's copy_ms: a copy starts this late (wbd_knob) */
 };
 extern struct wbd_state_limits wbd_state_lim;
 /* Before a copy for `team` (snapshot: a snapshot's, counted among the
@@ -187,8 +187,8 @@ int wbd_persist_record_apply(struct wbd_sandbox *sb, json_t *o, int identity);
 /* The hooks control.c calls (without the store lock): */
 /* paused: record and files to disk; 0, or 429 / 507 / 500 with msg */
 int wbd_persist_save(struct wbd_sandbox *sb, char *msg, size_t len);
-int wbd_persist_restore(struct wbd_sandbox *sb);   /* resuming: files back when they are on disk only */
-void wbd_persist_drop(struct wbd_sandbox *sb);     /* resumed or killed: forget the copy */
+int wbd_persist_restore(struct wbd_sandbox *sb); /* resuming: files back when they are on disk only */
+void wbd_persist_drop(struct wbd_sandbox *sb);   /* resumed or killed: forget the copy */
 /* A pause without memory, saved: the files stay on disk only (a copy made
  * now without --data-dir) and the runtime that held them in RAM goes
  * (wbd_rt_release); the resume brings them back (wbd_persist_restore).
@@ -197,7 +197,7 @@ int wbd_persist_release(struct wbd_sandbox *sb);
 /* Start-up: takes the data directory (an flock: one server each), cleans
  * what a killed warmboxd left, loads the paused records. 0 or -1. */
 int wbd_persist_load_all(void);
-void wbd_persist_close(void);                      /* lets go of the data directory */
+void wbd_persist_close(void); /* lets go of the data directory */
 /* Holds the team's running sandbox `id` still while its files are copied
  * to dir/files within c's bounds (envd's changes refused meanwhile); *rec
  * gets its record (wbd_persist_record_json). 0, 404, 409 (a snapshot of it
@@ -211,7 +211,7 @@ struct wbd_snapshot;
 /* The team's snapshot named by `ref` (its id, "id:tag", name or "name:tag"),
  * referenced, or NULL. */
 struct wbd_snapshot *wbd_snapshot_get(const char *team, const char *ref);
-void wbd_snapshot_put(struct wbd_snapshot *s);   /* NULL is fine */
+void wbd_snapshot_put(struct wbd_snapshot *s); /* NULL is fine */
 const char *wbd_snapshot_template(const struct wbd_snapshot *s);
 /* Adds the snapshot's envVars to `env`. */
 void wbd_snapshot_env(const struct wbd_snapshot *s, json_t *env);
@@ -230,10 +230,10 @@ json_t *wbd_snapshot_info(struct wbd_snapshot *s);
  * of the next page, "" when this is the last. */
 json_t *wbd_snapshot_page(const char *team, const char *sandbox_id, const char *name, long long after_us,
                           const char *after_id, long limit, char *next, size_t nlen);
-int wbd_snapshot_delete(const char *team, const char *ref);   /* 0, or -1: none */
+int wbd_snapshot_delete(const char *team, const char *ref); /* 0, or -1: none */
 /* A snapshot name: [A-Za-z0-9._-]{1,128}, optionally ":tag". */
 int wbd_snapshot_name_ok(const char *name);
-void wbd_snapshot_load_all(void);                /* start-up, with --data-dir */
+void wbd_snapshot_load_all(void); /* start-up, with --data-dir */
 void wbd_snapshot_free_all(void);
 
 #endif

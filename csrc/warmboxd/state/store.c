@@ -19,13 +19,16 @@ static size_t nbuckets, nrecs;
 static struct wbd_team *teams;
 static long total_running, total_paused;
 
-void wbd_store_lock(void) { pthread_mutex_lock(&store_mu); }
-void wbd_store_unlock(void) { pthread_mutex_unlock(&store_mu); }
+void wbd_store_lock(void) {
+  pthread_mutex_lock(&store_mu);
+}
+void wbd_store_unlock(void) {
+  pthread_mutex_unlock(&store_mu);
+}
 
 /* ------------------------------------------------------------------ */
 /* Ids and tokens                                                      */
 /* ------------------------------------------------------------------ */
-
 
 static uint64_t hash_id(const char *s) {
   uint64_t h = 1469598103934665603ULL;
@@ -88,7 +91,9 @@ static void hash_del(struct wbd_rec *r) {
 /* Teams and their ordered index                                       */
 /* ------------------------------------------------------------------ */
 
-struct wbd_team *wbd_store_teams_locked(void) { return teams; }
+struct wbd_team *wbd_store_teams_locked(void) {
+  return teams;
+}
 
 struct wbd_team *wbd_store_team_locked(const char *name, int create) {
   for (struct wbd_team *t = teams; t; t = t->next)
@@ -166,7 +171,9 @@ static void index_del(struct wbd_team *t, struct wbd_rec *r) {
 static struct wbd_rec **heap;
 static size_t heap_n, heap_cap;
 
-static int heap_less(size_t a, size_t b) { return heap[a]->sb.end_at_us < heap[b]->sb.end_at_us; }
+static int heap_less(size_t a, size_t b) {
+  return heap[a]->sb.end_at_us < heap[b]->sb.end_at_us;
+}
 
 static void heap_swap(size_t a, size_t b) {
   struct wbd_rec *x = heap[a];
@@ -353,8 +360,10 @@ static void run_link(struct wbd_team *t, struct wbd_rec *r) {
 }
 
 static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
-  if (r->rprev) r->rprev->rnext = r->rnext;
-  else t->run_head = r->rnext;
+  if (r->rprev)
+    r->rprev->rnext = r->rnext;
+  else
+    t->run_head = r->rnext;
   if (r->rnext) r->rnext->rprev = r->rprev;
   r->rprev = r->rnext = NULL;
   t->running--;
@@ -364,7 +373,9 @@ static void run_unlink(struct wbd_team *t, struct wbd_rec *r) {
   if (leave_hook) leave_hook(&r->sb);
 }
 
-long wbd_store_rec_mb(const struct wbd_sandbox *sb) { return sb->memory_mb > 0 ? sb->memory_mb : WBD_MEMORY_MB; }
+long wbd_store_rec_mb(const struct wbd_sandbox *sb) {
+  return sb->memory_mb > 0 ? sb->memory_mb : WBD_MEMORY_MB;
+}
 
 /* What a record in its present state holds of its team's memory budget:
  * all of its size running, or paused with its runtime in RAM. */
@@ -382,8 +393,10 @@ static void count_held(struct wbd_team *t, struct wbd_rec *r, int add) {
 static void count_state(struct wbd_team *t, struct wbd_rec *r, int add) {
   count_held(t, r, add);
   if (r->sb.state == WBD_RUNNING) {
-    if (add) run_link(t, r);
-    else run_unlink(t, r);
+    if (add)
+      run_link(t, r);
+    else
+      run_unlink(t, r);
   } else if (r->sb.state == WBD_PAUSED) {
     t->paused += add ? 1 : -1;
     total_paused += add ? 1 : -1;
@@ -405,7 +418,7 @@ struct wbd_sandbox *wbd_store_alloc(const char *team) {
   snprintf(sb->team, sizeof sb->team, "%s", team);
   sb->metadata = json_object();
   sb->env_vars = json_object();
-  memcpy(sb->access_token, "ea_", 3);  /* token prefix; the rest random hex */
+  memcpy(sb->access_token, "ea_", 3); /* token prefix; the rest random hex */
   wbd_random_chars(sb->access_token + 3, 64, hex, 16);
   sb->allow_internet = 1;
   sb->auto_pause_memory = 1;
@@ -428,7 +441,9 @@ static void rec_free(struct wbd_rec *r) {
   free(r);
 }
 
-void wbd_store_discard(struct wbd_sandbox *sb) { rec_free(WBD_REC(sb)); }
+void wbd_store_discard(struct wbd_sandbox *sb) {
+  rec_free(WBD_REC(sb));
+}
 
 void wbd_store_insert_locked(struct wbd_sandbox *sb) {
   struct wbd_rec *r = WBD_REC(sb);
@@ -496,7 +511,9 @@ void wbd_store_update_locked(struct wbd_sandbox *sb, int64_t started_at_us, enum
   }
 }
 
-void wbd_store_ref_locked(struct wbd_sandbox *sb) { sb->refcount++; }
+void wbd_store_ref_locked(struct wbd_sandbox *sb) {
+  sb->refcount++;
+}
 
 void wbd_store_unref_locked(struct wbd_sandbox *sb) {
   if (--sb->refcount == 0) {
@@ -545,8 +562,10 @@ void wbd_store_counts_locked(long *running, long *paused) {
 struct wbd_sandbox *wbd_sandbox_get(const char *id) {
   wbd_store_lock();
   struct wbd_sandbox *sb = wbd_store_lookup_locked(id);
-  if (sb && sb->state != WBD_KILLED) wbd_store_ref_locked(sb);
-  else sb = NULL;
+  if (sb && sb->state != WBD_KILLED)
+    wbd_store_ref_locked(sb);
+  else
+    sb = NULL;
   wbd_store_unlock();
   return sb;
 }

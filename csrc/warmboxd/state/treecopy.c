@@ -32,23 +32,23 @@
 #include <unistd.h>
 
 #define WINDOW 32
-#define CHUNK ((size_t)1 << 20)
+#define CHUNK  ((size_t)1 << 20)
 #define DFLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
 
 struct level {
   char **names;
   size_t n, i;
-  struct stat st;        /* the source directory */
-  dev_t ddev;            /* the destination directory */
+  struct stat st; /* the source directory */
+  dev_t ddev;     /* the destination directory */
   ino_t dino;
-  int sfd, dfd;          /* -1 when closed (outside the window) */
-  size_t plen;           /* length of the relative path up to here */
+  int sfd, dfd; /* -1 when closed (outside the window) */
+  size_t plen;  /* length of the relative path up to here */
 };
 
 struct link_ent {
   dev_t dev;
   ino_t ino;
-  char *rel;             /* its copy's path below the destination top */
+  char *rel; /* its copy's path below the destination top */
   struct link_ent *next;
 };
 
@@ -57,8 +57,8 @@ struct walk {
   struct level *v;
   size_t depth, cap;
   dev_t top_dev;
-  int dtop;              /* the destination top's parent, for linkat */
-  char *path;            /* relative path of the entry at hand */
+  int dtop;   /* the destination top's parent, for linkat */
+  char *path; /* relative path of the entry at hand */
   size_t pcap;
   struct link_ent *links[256];
 };
@@ -97,8 +97,12 @@ static void path_set(struct walk *w, size_t base, const char *name) {
 
 /* ---- metadata ---- */
 
-static uid_t map_uid(const struct wbd_copy *c, uid_t u) { return c->remap && u == c->from_uid ? c->to_uid : u; }
-static gid_t map_gid(const struct wbd_copy *c, gid_t g) { return c->remap && g == c->from_gid ? c->to_gid : g; }
+static uid_t map_uid(const struct wbd_copy *c, uid_t u) {
+  return c->remap && u == c->from_uid ? c->to_uid : u;
+}
+static gid_t map_gid(const struct wbd_copy *c, gid_t g) {
+  return c->remap && g == c->from_gid ? c->to_gid : g;
+}
 
 /* Owner then mode (chown clears set-id bits). Without root, another owner
  * is not ours to give: left as it is, as cp -a does. */
@@ -110,7 +114,7 @@ static int set_owner_mode(struct walk *w, int fd, const struct stat *st) {
 }
 
 static int set_times(struct walk *w, int fd, const struct stat *st) {
-  struct timespec ts[2] = { st->st_atim, st->st_mtim };
+  struct timespec ts[2] = {st->st_atim, st->st_mtim};
   if (futimens(fd, ts) != 0) return fail_errno(w, "cannot set the times");
   return 0;
 }
@@ -136,7 +140,8 @@ static int copy_xattrs(struct walk *w, int in, int out) {
       rc = fail_errno(w, "cannot read an extended attribute");
       break;
     }
-    if (fsetxattr(out, k, val, (size_t)vn, 0) != 0) {}
+    if (fsetxattr(out, k, val, (size_t)vn, 0) != 0) {
+    }
   }
   free(names);
   free(val);
@@ -181,8 +186,10 @@ static int copy_range(struct walk *w, int in, int out, off_t off, off_t end) {
       }
     }
     if (got == -1 || got >= 0) {
-      if (got < 0) rc = fail_errno(w, "cannot copy the data");
-      else if (got == 0) rc = fail(w, EIO, "the file shrank during the copy");
+      if (got < 0)
+        rc = fail_errno(w, "cannot copy the data");
+      else if (got == 0)
+        rc = fail(w, EIO, "the file shrank during the copy");
       off += got > 0 ? got : 0;
       if (got > 0) charge(w, -(long long)(want - (size_t)got));
       continue;
@@ -222,7 +229,7 @@ static int copy_data(struct walk *w, int in, int out, const struct stat *st) {
   off_t off = 0;
   while (off < st->st_size) {
     off_t data = lseek(in, off, SEEK_DATA);
-    if (data < 0 && errno == ENXIO) break;   /* only a hole is left */
+    if (data < 0 && errno == ENXIO) break; /* only a hole is left */
     if (data < 0) return fail_errno(w, "cannot find the data");
     off_t hole = lseek(in, data, SEEK_HOLE);
     if (hole < 0) return fail_errno(w, "cannot find the holes");
@@ -234,7 +241,9 @@ static int copy_data(struct walk *w, int in, int out, const struct stat *st) {
   return 0;
 }
 
-static unsigned link_hash(dev_t d, ino_t i) { return (unsigned)((d * 31u + i) % 256u); }
+static unsigned link_hash(dev_t d, ino_t i) {
+  return (unsigned)((d * 31u + i) % 256u);
+}
 
 static struct link_ent *link_find(struct walk *w, const struct stat *st) {
   for (struct link_ent *e = w->links[link_hash(st->st_dev, st->st_ino)]; e; e = e->next)
@@ -282,7 +291,8 @@ static int copy_file(struct walk *w, int sfd, int dfd, const char *name, const s
     return fail(w, EAGAIN, "changed during the copy");
   }
   int out = open_out(dfd, name), rc = -1;
-  if (out < 0) rc = fail_errno(w, "cannot create the copy");
+  if (out < 0)
+    rc = fail_errno(w, "cannot create the copy");
   else if (copy_data(w, in, out, &now) == 0 && copy_xattrs(w, in, out) == 0 && set_owner_mode(w, out, &now) == 0 &&
            set_times(w, out, &now) == 0)
     rc = 0;
@@ -311,9 +321,12 @@ static int make_node(struct walk *w, int sfd, int dfd, const char *name, const s
   }
   int rc = -1;
   for (int tries = 0; tries < 2 && rc != 0; tries++) {
-    if (target) rc = symlinkat(target, dfd, name);
-    else if (S_ISFIFO(st->st_mode)) rc = mkfifoat(dfd, name, 0600);
-    else rc = mknodat(dfd, name, S_IFSOCK | 0600, 0);
+    if (target)
+      rc = symlinkat(target, dfd, name);
+    else if (S_ISFIFO(st->st_mode))
+      rc = mkfifoat(dfd, name, 0600);
+    else
+      rc = mknodat(dfd, name, S_IFSOCK | 0600, 0);
     if (rc != 0 && (errno != EEXIST || unlinkat(dfd, name, 0) != 0)) break;
   }
   free(target);
@@ -324,14 +337,16 @@ static int make_node(struct walk *w, int sfd, int dfd, const char *name, const s
   /* the node was just made in the copy, which only warmboxd writes */
   if (!S_ISLNK(st->st_mode) && fchmodat(dfd, name, st->st_mode & 07777, 0) != 0)
     return fail_errno(w, "cannot set the mode");
-  struct timespec ts[2] = { st->st_atim, st->st_mtim };
+  struct timespec ts[2] = {st->st_atim, st->st_mtim};
   if (utimensat(dfd, name, ts, AT_SYMLINK_NOFOLLOW) != 0) return fail_errno(w, "cannot set the times");
   return 0;
 }
 
 /* ---- directories ---- */
 
-static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* The names in the directory open at fd (a copy of fd is read). */
 static int read_names(struct walk *w, int fd, struct level *l) {
@@ -437,10 +452,10 @@ static int copy_entry(struct walk *w, struct level *l, const char *name) {
   struct stat st;
   path_set(w, l->plen, name);
   if (fstatat(l->sfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return 0;   /* gone meanwhile */
+    if (errno == ENOENT) return 0; /* gone meanwhile */
     return fail_errno(w, "cannot look at it");
   }
-  if (st.st_dev != w->top_dev) return 0;   /* a mount point: not the sandbox's files */
+  if (st.st_dev != w->top_dev) return 0; /* a mount point: not the sandbox's files */
   if (S_ISDIR(st.st_mode)) return push(w, l->sfd, l->dfd, name, &st);
   if (S_ISREG(st.st_mode)) return copy_file(w, l->sfd, l->dfd, name, &st);
   if (S_ISLNK(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
@@ -449,7 +464,7 @@ static int copy_entry(struct walk *w, struct level *l, const char *name) {
 }
 
 int wbd_copy_tree(int sparent, const char *name, int dparent, struct wbd_copy *c) {
-  struct walk w = { .c = c, .dtop = dparent, .pcap = 256 };
+  struct walk w = {.c = c, .dtop = dparent, .pcap = 256};
   if (!(w.path = malloc(w.pcap))) abort();
   path_set(&w, 0, name);
   struct stat st;
@@ -463,8 +478,10 @@ int wbd_copy_tree(int sparent, const char *name, int dparent, struct wbd_copy *c
     rc = push(&w, sparent, dparent, name, &st);
     while (rc == 0 && w.depth) {
       struct level *l = &w.v[w.depth - 1];
-      if (l->i < l->n) rc = copy_entry(&w, l, l->names[l->i++]);
-      else rc = pop(&w);
+      if (l->i < l->n)
+        rc = copy_entry(&w, l, l->names[l->i++]);
+      else
+        rc = pop(&w);
     }
   }
   while (w.depth) level_free(&w.v[--w.depth]);
