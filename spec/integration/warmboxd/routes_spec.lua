@@ -10,7 +10,7 @@ local function rows()
   local f = assert(io.open(wbd.root() .. "/csrc/warmboxd/control/routes.c", "rb"))
   local src = f:read("a")
   f:close()
-  for route, auth, fn in src:gmatch('{ "([^"]+)", WBD_AUTH_(%u+), ([%w_]+),') do
+  for route, auth, fn in src:gmatch('{%s*"([^"]+)",%s*WBD_AUTH_(%u+),%s*([%w_]+),') do
     out[#out + 1] = { route = route, auth = auth, fn = fn }
   end
   return out
