@@ -838,15 +838,17 @@ static struct wbd_rt *rt_new(struct wbd_sandbox *sb) {
     rt_sub(rt, "root", root, sizeof root);
     ok = root_prepare(rt, root) == 0;
   }
+  int net_failed = 0;
   if (ok && g_isolated) {
     int rc = wbd_net_make(&rt->net, rt->allow_net);
     if (rc) {
       fprintf(stderr, "warmboxd: cannot make the network of %s: %s\n", rt->id, strerror(-rc));
       ok = 0;
+      net_failed = 1;
     }
   }
   if (!ok) {
-    fprintf(stderr, "warmboxd: cannot create %s: %s\n", rt->dir, strerror(errno));
+    if (!net_failed) fprintf(stderr, "warmboxd: cannot create %s: %s\n", rt->dir, strerror(errno));
     wbd_net_end(&rt->net);
     wbd_net_close(&rt->net);
     if (rt->mounted) umount2(rt->dir, MNT_DETACH);
