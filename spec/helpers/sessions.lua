@@ -16,6 +16,29 @@ local M = {}
 --- Unix seconds of an RFC 3339 UTC time (spec.helpers.warmboxd's parser).
 M.utc = wbd.utc
 
+--- Runs `script` (Lua source) in a `lua5.4` of its own, in the background
+-- (a holder or a later run of another host). → its pid
+function M.spawn_lua(script)
+  local p = io.popen("lua5.4 -e " .. wbd.sh_quote(script) .. " >/dev/null 2>&1 & echo $!")
+  local pid = tonumber(p:read("l"))
+  p:close()
+  return pid
+end
+
+--- The line such a process wrote to file `out` (waits up to 60 s for it),
+-- the file then removed. → the line's text, or nil
+function M.result_line(out)
+  local s
+  wbd.eventually(function()
+    local f = io.open(out)
+    s = f and f:read("a")
+    if f then f:close() end
+    return s and s:find("\n")
+  end, 60)
+  os.remove(out)
+  return s
+end
+
 local Env = {}
 Env.__index = Env
 

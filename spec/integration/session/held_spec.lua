@@ -7,7 +7,6 @@
 local wbd = require "spec.helpers.warmboxd"
 local sessions = require "spec.helpers.sessions"
 
-local q = wbd.sh_quote
 
 describe("sessions: a cell held while an older run's cell executes (warmboxd)", function()
   local env = sessions.new()
@@ -32,23 +31,13 @@ describe("sessions: a cell held while an older run's cell executes (warmboxd)", 
       f:close()
       wb:close()
     ]], package.path, package.cpath, srv.url, srv.url, srv.api_key, env.lockdir, key, code, language, out)
-    local p = io.popen("lua5.4 -e " .. q(script) .. " >/dev/null 2>&1 & echo $!")
-    local pid = tonumber(p:read("l"))
-    p:close()
+    local pid = sessions.spawn_lua(script)
     finally(function() os.execute("kill -CONT " .. pid .. " 2>/dev/null") end)
     return pid
   end
 
   local function result_of(out)
-    local s
-    wbd.eventually(function()
-      local f = io.open(out)
-      s = f and f:read("a")
-      if f then f:close() end
-      return s and s:find("\n")
-    end, 60)
-    os.remove(out)
-    return s:match("^(%S+) (%S+) (%S+)")
+    return sessions.result_line(out):match("^(%S+) (%S+) (%S+)")
   end
 
   -- The ledger: { mark = { starts, ends } } with the times each cell wrote.

@@ -9,7 +9,6 @@ local sessions = require "spec.helpers.sessions"
 local redis_helper = require "spec.helpers.redis"
 local ledger_helper = require "spec.helpers.ledger"
 
-local q = wbd.sh_quote
 
 describe("sessions: a lock lost while its cell runs (warmboxd)", function()
   local env = sessions.new()
@@ -46,23 +45,13 @@ describe("sessions: a lock lost while its cell runs (warmboxd)", function()
       f:close()
       wb:close()
     ]], package.path, package.cpath, srv.url, srv.url, srv.api_key, lock_src(backend), key, code, language, out)
-    local p = io.popen("lua5.4 -e " .. q(script) .. " >/dev/null 2>&1 & echo $!")
-    local pid = tonumber(p:read("l"))
-    p:close()
+    local pid = sessions.spawn_lua(script)
     finally(function() os.execute("kill -CONT " .. pid .. " 2>/dev/null") end)
     return pid
   end
 
   local function result_of(out)
-    local s
-    wbd.eventually(function()
-      local f = io.open(out)
-      s = f and f:read("a")
-      if f then f:close() end
-      return s and s:find("\n")
-    end, 60)
-    os.remove(out)
-    return s:match("^(%S+) (%S+)")
+    return sessions.result_line(out):match("^(%S+) (%S+)")
   end
 
   local function ledger(id) return ledger_helper.read(srv, id) end

@@ -10,7 +10,6 @@ local sessions = require "spec.helpers.sessions"
 local redis_helper = require "spec.helpers.redis"
 local redis_ha = require "spec.helpers.redis_ha"
 
-local q = wbd.sh_quote
 
 describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", function()
   local env = sessions.new()
@@ -61,24 +60,14 @@ describe("sessions: a real holder stopped past its lock's expiry (warmboxd)", fu
       wb:close()
     ]], package.path, package.cpath, srv.url, srv.url, srv.api_key, lock_src(backend), key, code, language,
       files and "{ { name = 'in.txt', data = 'in' } }" or "nil", out)
-    local p = io.popen("lua5.4 -e " .. q(script) .. " >/dev/null 2>&1 & echo $!")
-    local pid = tonumber(p:read("l"))
-    p:close()
+    local pid = sessions.spawn_lua(script)
     -- never left stopped by a failed assertion; ends on its own once continued
     finally(function() os.execute("kill -CONT " .. pid .. " 2>/dev/null") end)
     return pid
   end
 
   local function result_of(out)
-    local s
-    wbd.eventually(function()
-      local f = io.open(out)
-      s = f and f:read("a")
-      if f then f:close() end
-      return s and s:find("\n")
-    end, 60)
-    os.remove(out)
-    return s:match("^(%S+) (%S+) (%S+)")
+    return sessions.result_line(out):match("^(%S+) (%S+) (%S+)")
   end
 
   local function warm(backend, key)
