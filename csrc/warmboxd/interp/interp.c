@@ -87,7 +87,6 @@ struct ictx {
 
 struct istate {
   int init;
-  int active_runs;   /* /execute streams not over, all contexts */
   struct ictx *ctxs; /* each referenced by the list */
   struct ictx *def_python, *def_bash, *def_js, *def_ts;
   char *restore; /* a load line for def_python's first kernel */
@@ -106,7 +105,6 @@ struct run {
   int conn_fd;
   int kernel_done, kernel_dead, aborted, finished, counted, error_seen, interrupted;
   int keep_cell; /* dropped by a pause: the cell goes on after resume */
-  int active;    /* counted in istate.active_runs */
   int restarted; /* the context was restarted under it */
   int timed_out; /* restarted because the cell outlived its timeout */
   long oom0;     /* the memory group's OOM kills when the run began, -1 */
@@ -645,11 +643,6 @@ static int run_finish_locked(struct run *r) {
   struct ictx *c = r->ctx;
   if (c->run == r) c->run = NULL;
   c->busy_stream = 0;
-  if (r->active) {
-    r->active = 0;
-    struct istate *ist = *wbd_rt_interp_slot(r->rt);
-    if (ist && ist->active_runs > 0) ist->active_runs--;
-  }
   int interrupt = c->busy_kernel && c->busy_k == r->k && !r->keep_cell;
   pthread_cond_broadcast(&r->k->space);
   maybe_release_locked(c);
@@ -1101,10 +1094,9 @@ static struct run *run_new_locked(struct wbd_rt *rt, struct ictx *c, struct wbd_
 }
 
 /* Under the lock: the run holds its context (busy until the kernel is done
- * with the cell and the stream is over) and counts among the sandbox's
- * active runs. 1 when another run of the sandbox was active: two /execute
- * runs at once (other contexts included) are what the session layer must
- * never let happen. */
+ * with the cell and the stream is over). 1 when another context's kernel
+ * was still running a cell: two cells of a sandbox at once (other contexts
+ * included) are what the session layer must never let happen. */
 static int run_begin_locked(struct run *r, struct istate *ist) {
   struct ictx *c = r->ctx;
   /* Two cells at once: another context's kernel still runs a cell (a
@@ -1119,8 +1111,6 @@ static int run_begin_locked(struct run *r, struct istate *ist) {
   c->busy_k = r->k;
   c->busy_fenced = r->fenced;
   c->busy_fence = r->fence;
-  ist->active_runs++;
-  r->active = 1;
   return overlap;
 }
 
